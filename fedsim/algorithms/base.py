@@ -1,0 +1,236 @@
+"""The Strategy interface (server-side algorithm), its context, and the algorithm registry.
+
+The engine only knows this interface: it asks a Strategy whom to invite, from which
+parameters each invited device starts, with which learning rate and how many local steps,
+and hands it whatever arrived by the deadline (every round, also when nothing arrived).
+
+``server_lr`` (η_g) scales every algorithm's model update. Where the spec (ALGORITHMS.md §1)
+has η_g this is exactly its role; elsewhere (MIFA, FedLaAvg, fedavg-wait, amplified,
+sequential-sgd) it is a plain multiplier that the papers keep at 1, so the default
+reproduces them and a comparison can share one value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedsim.algorithms.selection import SELECTIONS, Selector
+from fedsim.errors import FedsimError
+
+
+@dataclass
+class Arrivals:
+    """The updates that reached the server in one round (possibly none)."""
+
+    ids: np.ndarray  # int64 [k]
+    deltas: Tensor  # [k, d] end minus start parameters
+    steps: Tensor  # [k] local steps taken
+    samples: Tensor  # [k] samples used
+    loss: Tensor  # [k] mean training loss
+    version: np.ndarray  # int64 [k] round whose model the device started from
+    lr: Tensor  # [k] client learning rate each device used
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class Context:
+    """What a Strategy may know about the run besides its own state."""
+
+    n_devices: int
+    dim: int
+    device: torch.device
+    seed: int
+    server_lr: float
+    local_steps: int
+    clients_per_round: int  # 0 = every online device
+    invite: int  # how many to invite (clients_per_round with overcommit; 0 = all online)
+    options: dict[str, Any]
+    lr: Callable[[int], float]  # client lr schedule of update round t (1-based)
+    client_sizes: np.ndarray  # int [N]
+    known_p: Callable[[int], np.ndarray] | None = None  # true p_i^t where the trace knows it
+    selection: str = ""  # "" = the algorithm's default policy
+    # sequential-sgd: `steps` plain SGD steps of size `lr` over the pooled data of all devices,
+    # from `params` [d], in round `rnd`; returns end minus start parameters [d].
+    train_pooled: Callable[[int, Tensor, int, float], Tensor] | None = None
+
+
+class Strategy:
+    """Base class: FedAvg-shaped defaults that concrete algorithms override where they differ.
+
+    Class attributes: ``name`` (registry key), ``options`` (the algorithm's own config keys with
+    typed defaults), ``selection`` (default selection policy), ``state`` (attributes that make
+    up the server state: checkpointed and counted by ``memory_bytes``) and ``device_state``
+    (what the devices themselves would keep in a deployment, e.g. FedAWE's local models:
+    checkpointed and counted by ``device_memory_bytes`` instead). A state value is a Tensor,
+    a numpy array, a number, or an object with ``state_dict``/``load_state_dict``/
+    ``server_bytes``/``device_bytes`` (a ``DeviceTable``).
+    """
+
+    name: ClassVar[str] = ""
+    options: ClassVar[dict[str, Any]] = {}
+    selection: ClassVar[str] = "uniform"  # with clients_per_round = 0: every online device
+    state: ClassVar[tuple[str, ...]] = ("params",)
+    device_state: ClassVar[tuple[str, ...]] = ()
+
+    params: Tensor
+    prox_mu: float = 0.0
+
+    def setup(self, n_devices: int, params: Tensor, ctx: Context) -> None:
+        self.n = n_devices
+        self.ctx = ctx
+        self.opt = {**self.options, **ctx.options}
+        self.validate()
+        policy = ctx.selection or self.selection
+        if policy not in SELECTIONS:
+            raise FedsimError(f"[algorithm] selection = {policy!r} is unknown; "
+                              f"valid: {', '.join(SELECTIONS)}")
+        self.selector: Selector = SELECTIONS[policy](n_devices, self.budget())
+        self.init_state(params.detach().clone())
+
+    def validate(self) -> None:
+        """Check the algorithm's own options (``self.opt``); raise FedsimError on a bad value."""
+
+    def init_state(self, params: Tensor) -> None:
+        """Create the algorithm's state from the initial global model (flat [d])."""
+        self.params = params
+
+    def budget(self) -> int:
+        """How many devices the selection policy may invite per round (0 = all online)."""
+        return self.ctx.invite
+
+    # --- what the engine asks before training -------------------------------------------------
+    def select(self, rnd: int, online: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Ids (int64) to invite among the `online` ids."""
+        return self.selector(rnd, online, rng)
+
+    def start_params(self, ids: np.ndarray) -> Tensor:
+        return self.params.unsqueeze(0).expand(len(ids), -1)
+
+    def client_lr(self, rnd: int) -> float:
+        return self.ctx.lr(rnd + 1)
+
+    def local_steps(self, rnd: int, ids: np.ndarray) -> np.ndarray:
+        return np.full(len(ids), self.ctx.local_steps, dtype=np.int64)
+
+    # --- what the engine hands back -----------------------------------------------------------
+    def aggregate(self, rnd: int, arrivals: Arrivals) -> None:
+        raise NotImplementedError
+
+    def metrics(self) -> dict[str, float]:
+        """Algorithm-specific numbers recorded with the round (same keys every round)."""
+        return {}
+
+    # --- checkpoints and the price of the state ---------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        sd = {name: _save(getattr(self, name)) for name in (*self.state, *self.device_state)}
+        sd["selector"] = self.selector.state_dict()
+        return sd
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        for name in (*self.state, *self.device_state):
+            current, value = getattr(self, name), sd[name]
+            if hasattr(current, "load_state_dict"):
+                current.load_state_dict(value)
+            elif isinstance(value, Tensor):
+                setattr(self, name, value.to(self.ctx.device))
+            elif isinstance(value, np.ndarray):
+                setattr(self, name, value.copy())
+            else:
+                setattr(self, name, value)
+        self.selector.load_state_dict(sd["selector"])
+
+    def memory_bytes(self) -> int:
+        """Bytes the server keeps between rounds (the spec's memory column)."""
+        own = sum(_nbytes(getattr(self, name), "server") for name in self.state)
+        return own + sum(_nbytes(v, "server") for v in self.selector.state_dict().values())
+
+    def device_memory_bytes(self) -> int:
+        """Bytes the devices keep for the algorithm, all devices together (simulated here)."""
+        named = (*self.state, *self.device_state)
+        return sum(_nbytes(getattr(self, name), "device") for name in named)
+
+
+def _save(value: Any) -> Any:
+    if hasattr(value, "state_dict"):
+        return value.state_dict()
+    if isinstance(value, (Tensor, np.ndarray)):
+        return value.clone() if isinstance(value, Tensor) else value.copy()
+    return value
+
+
+def _nbytes(value: Any, side: str) -> int:
+    if hasattr(value, "server_bytes"):
+        return value.server_bytes() if side == "server" else value.device_bytes()
+    if side == "device":
+        return 0
+    if isinstance(value, Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    return 0
+
+
+def weighted_sum(deltas: Tensor, weights: Tensor) -> Tensor:
+    """Σ_i w_i Δ_i over the rows of ``deltas`` [k, d] (one matrix-vector product)."""
+    return weights.to(deltas.dtype) @ deltas
+
+
+def nan_stats(values: np.ndarray) -> tuple[float, float]:
+    """(mean, max) of a possibly empty array; NaN when empty, so metric keys never change."""
+    if len(values) == 0:
+        return math.nan, math.nan
+    return float(np.mean(values)), float(np.max(values))
+
+
+def check_range(strategy: Strategy, key: str, low: float, high: float = math.inf, *,
+                low_open: bool = False, why: str = "") -> None:
+    """FedsimError unless ``low <(=) opt[key] <= high``: one line naming the key and the fix."""
+    value = strategy.opt[key]
+    ok = (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        bound = f"> {low:g}" if low_open else f">= {low:g}"
+        if high != math.inf:
+            bound = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+        raise FedsimError(f"[algorithm] {key} = {value!r} for {strategy.name!r} must be {bound}"
+                          + (f" ({why})" if why else ""))
+
+
+REGISTRY: dict[str, type[Strategy]] = {}
+
+
+def register(cls: type[Strategy]) -> type[Strategy]:
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def _lookup(name: str, origin: str) -> type[Strategy]:
+    if name not in REGISTRY:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(REGISTRY), n=1, cutoff=0.5)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise FedsimError(
+            f"{origin}: unknown algorithm {name!r}; {hint}valid: {', '.join(sorted(REGISTRY))}"
+        )
+    return REGISTRY[name]
+
+
+def algorithm_options(name: str, origin: str = "algorithm") -> dict[str, Any]:
+    """The algorithm's own config keys with their typed defaults (FedsimError if unknown)."""
+    return dict(_lookup(name, origin).options)
+
+
+def make_strategy(name: str, origin: str = "algorithm") -> Strategy:
+    return _lookup(name, origin)()
+
+
+__all__ = ["Arrivals", "Context", "Strategy", "register", "algorithm_options", "make_strategy",
+           "REGISTRY", "weighted_sum", "nan_stats", "check_range"]

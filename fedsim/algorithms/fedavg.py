@@ -1,0 +1,101 @@
+"""The FedAvg family (ALGORITHMS.md §1): x <- x + η_g Σ_{i∈A_t} w_i Δ_i for some weights w.
+
+The members differ only in the weights: the mean over the arrivals (``fedavg``, and its
+``fedsgd``/``fedprox`` variants), absent devices counted as zero (``fedavg-all``, biased
+towards often-available devices), or inverse true availability (``fedavg-known-p``,
+unbiased when the trace knows p_i^t). Nobody arrived: the model is unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedsim.algorithms.base import Arrivals, Strategy, check_range, register, weighted_sum
+from fedsim.errors import FedsimError
+
+
+@register
+class FedAvg(Strategy):
+    """x <- x + η_g · mean of the arrived deltas."""
+
+    name = "fedavg"
+
+    def weights(self, rnd: int, arrivals: Arrivals) -> Tensor:
+        """w_i of each arrival (only called when something arrived)."""
+        k = len(arrivals)
+        return torch.full((k,), 1.0 / k, device=arrivals.deltas.device)
+
+    def step(self, rnd: int, arrivals: Arrivals) -> Tensor | None:
+        """η_g Σ w_i Δ_i, or None when nobody arrived."""
+        if not len(arrivals):
+            return None
+        return self.ctx.server_lr * weighted_sum(arrivals.deltas, self.weights(rnd, arrivals))
+
+    def aggregate(self, rnd: int, arrivals: Arrivals) -> None:
+        step = self.step(rnd, arrivals)
+        if step is not None:
+            self.params = self.params + step
+
+
+@register
+class FedAvgAll(FedAvg):
+    """(1/N) Σ Δ_i: absent devices count as a zero update (Xiang et al. Example 1: biased)."""
+
+    name = "fedavg-all"
+
+    def weights(self, rnd, arrivals):
+        return torch.full((len(arrivals),), 1.0 / self.n, device=arrivals.deltas.device)
+
+
+@register
+class FedAvgKnownP(FedAvg):
+    """(1/N) Σ Δ_i / p_i^t with the trace's true availability probability (unbiased)."""
+
+    name = "fedavg-known-p"
+
+    def validate(self):
+        p = self.ctx.known_p(0) if self.ctx.known_p is not None else None
+        if p is None:
+            raise FedsimError(
+                "[algorithm] name = 'fedavg-known-p' needs the true availability probabilities "
+                "p_i^t, which this trace cannot give; use a round-indexed generator "
+                "([trace] source = 'bernoulli', 'grid', 'periodic', 'always') or another algorithm"
+            )
+
+    def weights(self, rnd, arrivals):
+        p = np.asarray(self.ctx.known_p(rnd), dtype=np.float64)[arrivals.ids]
+        if (p <= 0).any():
+            who = int(arrivals.ids[np.flatnonzero(p <= 0)[0]])
+            raise FedsimError(
+                f"fedavg-known-p: device {who} arrived in round {rnd} although the trace gives it "
+                f"availability probability 0 there; the trace's p_i^t does not describe this run "
+                f"(check [server] timing and round_duration against the trace's round grid)"
+            )
+        return torch.as_tensor(1.0 / (self.n * p), dtype=torch.float32, device=arrivals.deltas.device)
+
+
+@register
+class FedSGD(FedAvg):
+    """FedAvg with one local step per round, whatever ``[client] local_steps`` says."""
+
+    name = "fedsgd"
+
+    def local_steps(self, rnd, ids):
+        return np.ones(len(ids), dtype=np.int64)
+
+
+@register
+class FedProx(FedAvg):
+    """FedAvg whose local loss adds (mu/2)·‖w − x‖² (the trainer applies ``prox_mu``)."""
+
+    name = "fedprox"
+    options = {"mu": 0.01}
+
+    def validate(self):
+        check_range(self, "mu", 0.0, why="proximal coefficient; 1.0 on MNIST, 0.01 on text in FedLaAvg")
+
+    def init_state(self, params):
+        super().init_state(params)
+        self.prox_mu = float(self.opt["mu"])

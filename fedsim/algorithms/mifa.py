@@ -1,0 +1,95 @@
+"""Latest-gradient averaging: MIFA (Gu et al., Alg. 1) and FedLaAvg (Yan et al., §3.2, §5).
+
+Both keep every device's most recent summed gradient G_i = (x − LocalSGD(x)) / lr and step
+with the average over ALL N devices every round, also when nobody arrived, so a rarely
+available device keeps its weight through its stored gradient (0 before it first arrives,
+N stays the denominator). They differ in who is invited and where G_i lives: MIFA invites
+every online device and stores the table on the server (O(N·d) server memory); FedLaAvg
+invites the K = round(beta·N) longest-absent ones, each device keeps its own G_i and uploads
+G_i − G_i^last, so the server holds only the running mean (O(d) + N). With beta = 1 and a
+constant lr the two are the same algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedsim.algorithms.base import Strategy, check_range, nan_stats, register
+from fedsim.algorithms.table import DeviceTable
+
+
+@register
+class Mifa(Strategy):
+    """x <- x − η_g · lr_t · (1/N) Σ_i G^i, with lr_t counted over update rounds.
+
+    ``warmup = true`` (the paper's experiments): no update until every device was available
+    at least once; in that round all devices compute G^i at the same x.
+    """
+
+    name = "mifa"
+    options = {"warmup": False}
+    state = ("params", "table", "seen", "updates", "last_round")
+    stored_on_devices = False
+
+    def init_state(self, params):
+        super().init_state(params)
+        self.table = DeviceTable(self.n, params.numel(), params.device,
+                                 on_devices=self.stored_on_devices)
+        self.seen = np.zeros(self.n, dtype=bool)  # warmup: was available at least once
+        self.updates = 0  # update rounds so far: the t of lr_t
+        self.last_round = -1  # for the staleness metric
+
+    def warming_up(self) -> bool:
+        return bool(self.opt.get("warmup", False)) and not self.seen.all()
+
+    def client_lr(self, rnd: int) -> float:
+        return self.ctx.lr(self.updates + 1)
+
+    def select(self, rnd, online, rng):
+        if self.warming_up():
+            self.seen[online] = True
+            # Nothing until all were seen; then everyone computes at x (offline ones included).
+            return np.arange(self.n, dtype=np.int64) if self.seen.all() else online[:0]
+        return super().select(rnd, online, rng)
+
+    def aggregate(self, rnd, arrivals):
+        self.last_round = rnd
+        if self.warming_up():
+            return
+        if len(arrivals):
+            fresh = -arrivals.deltas / arrivals.lr.unsqueeze(1)  # G_i = (x − LocalSGD(x)) / lr
+            self.table.write(arrivals.ids, fresh, rnd)
+        self.updates += 1
+        lr = self.ctx.lr(self.updates)
+        self.params = self.params - (self.ctx.server_lr * lr) * self.table.mean()
+
+    def metrics(self):
+        mean, worst = nan_stats(self.table.staleness(self.last_round))
+        return {"memory_filled": float(self.table.filled().mean()),
+                "staleness_mean": mean, "staleness_max": worst}
+
+
+@register
+class FedLaAvg(Mifa):
+    """MIFA's update with longest-absent selection of K = round(beta·N) devices per round.
+
+    ``beta = 0`` (default) takes K from ``[server] clients_per_round`` (every online device
+    when that is 0 too), so FedLaAvg invites as many devices as the algorithms beside it.
+    """
+
+    name = "fedlaavg"
+    options = {"beta": 0.0}
+    selection = "longest-absent"
+    stored_on_devices = True  # each device keeps its G^last and uploads the difference
+
+    def validate(self):
+        check_range(self, "beta", 0.0, 1.0, why="fraction of all devices selected per round; "
+                                                "0 = use [server] clients_per_round")
+
+    def budget(self):
+        beta = float(self.opt["beta"])
+        if beta == 0.0:
+            return self.ctx.invite
+        return max(1, math.floor(beta * self.n + 0.5))  # round half up, never 0 (= "all")

@@ -1,0 +1,113 @@
+"""Selection policies: whom the server invites among the online devices (ALGORITHMS.md §1).
+
+A selector is called once per round with the ids of the online devices and returns the ids
+to invite (at most ``k``; ``k = 0`` means all of them). Policies with memory keep it in numpy
+arrays so that checkpoints can save it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class Selector:
+    def __init__(self, n_devices: int, k: int):
+        self.n = n_devices
+        self.k = k
+
+    def budget(self, online: np.ndarray) -> int:
+        return len(online) if self.k == 0 else min(self.k, len(online))
+
+    def __call__(self, rnd: int, online: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        pass
+
+
+class SelectAll(Selector):
+    """Every online device (the papers' A_t = available set); ``k`` is ignored."""
+
+    def __call__(self, rnd, online, rng):
+        return online.astype(np.int64)
+
+
+class SelectUniform(Selector):
+    """``k`` devices uniformly without replacement among the online ones."""
+
+    def __call__(self, rnd, online, rng):
+        if self.budget(online) == len(online):
+            return online.astype(np.int64)
+        return np.sort(rng.choice(online, size=self.budget(online), replace=False)).astype(np.int64)
+
+
+class SelectRegularized(Selector):
+    """Wang & Ji App. D.1: pop a queue of random permutations of all devices, keep online ones.
+
+    Offline devices popped on the way are discarded, so over a cycle every device gets
+    the same number of chances however its availability is patterned.
+    """
+
+    def __init__(self, n_devices: int, k: int):
+        super().__init__(n_devices, k)
+        self.queue = np.empty(0, dtype=np.int64)
+
+    def __call__(self, rnd, online, rng):
+        need = self.budget(online)
+        is_online = np.zeros(self.n, dtype=bool)
+        is_online[online] = True
+        chosen: list[np.ndarray] = []
+        while need > 0:
+            if len(self.queue) == 0:
+                self.queue = rng.permutation(self.n).astype(np.int64)
+            hits = np.flatnonzero(is_online[self.queue])
+            if len(hits) >= need:
+                cut = hits[need - 1] + 1
+                taken = self.queue[hits[:need]]
+                self.queue = self.queue[cut:]
+            else:
+                taken = self.queue[hits]
+                self.queue = self.queue[:0]
+            is_online[taken] = False  # never the same device twice in a round
+            chosen.append(taken)
+            need -= len(taken)
+        return np.sort(np.concatenate(chosen)) if chosen else np.empty(0, dtype=np.int64)
+
+    def state_dict(self):
+        return {"queue": self.queue.copy()}
+
+    def load_state_dict(self, sd):
+        self.queue = np.asarray(sd["queue"], dtype=np.int64)
+
+
+class SelectLongestAbsent(Selector):
+    """FedLaAvg: online devices by last participation ascending (never = -1), ties by id."""
+
+    def __init__(self, n_devices: int, k: int):
+        super().__init__(n_devices, k)
+        self.last = np.full(n_devices, -1, dtype=np.int64)
+
+    def __call__(self, rnd, online, rng):
+        order = np.lexsort((online, self.last[online]))  # primary: last, secondary: id
+        picked = np.sort(online[order[: self.budget(online)]]).astype(np.int64)
+        self.last[picked] = rnd
+        return picked
+
+    def state_dict(self):
+        return {"last": self.last.copy()}
+
+    def load_state_dict(self, sd):
+        self.last = np.asarray(sd["last"], dtype=np.int64)
+
+
+SELECTIONS: dict[str, type[Selector]] = {
+    "all": SelectAll,
+    "uniform": SelectUniform,
+    "regularized": SelectRegularized,
+    "longest-absent": SelectLongestAbsent,
+}

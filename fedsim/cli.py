@@ -1,0 +1,114 @@
+"""The `fedsim` command: run, resume, plot, scenarios, and the trace tools.
+
+User mistakes (FedsimError) print one line ``error: ...`` and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fedsim.errors import FedsimError
+
+
+def _summary_table(result) -> str:
+    runs = result.runs or [result]
+    header = f"{'algorithm':<16} {'status':<10} {'rounds':>7} {'sim time':>10} {'test acc':>9} {'test loss':>10} {'server mem':>11}"
+    lines = [header, "-" * len(header)]
+    for r in runs:
+        import json
+
+        manifest = json.loads((r.run_dir / "manifest.json").read_text())
+        acc = f"{100 * r.final_accuracy:.2f}%" if r.final_accuracy is not None else "-"
+        loss = f"{r.final_loss:.4g}" if r.final_loss is not None else "-"
+        hours = manifest["sim_time_s"] / 3600
+        mem = manifest["server_memory_bytes"] / 1024
+        lines.append(f"{r.algorithm:<16} {r.status:<10} {manifest['rounds']:>7} {hours:>9.2f}h "
+                     f"{acc:>9} {loss:>10} {mem:>9.1f}KB")
+    return "\n".join(lines)
+
+
+def cmd_run(args) -> int:
+    from fedsim.config import load_config
+    from fedsim.experiment import fresh_run_dir, resume, run
+
+    if args.resume:
+        print(f"resuming {args.resume}", flush=True)
+        result = resume(Path(args.resume), args.set, progress=not args.quiet)
+    else:
+        config = load_config(args.config, args.set)
+        run_dir = fresh_run_dir(config.run.out, config.run.name)
+        print(f"run directory: {run_dir}", flush=True)
+        result = run(config, progress=not args.quiet, run_dir=run_dir)
+    print(_summary_table(result))
+    for r in result.runs or [result]:
+        if r.status != "completed":
+            print(f"{r.algorithm}: {r.status} ({r.reason})")
+    print(f"results: {result.run_dir}")
+    return 0 if result.status in ("completed", "interrupted") else 1
+
+
+def cmd_plot(args) -> int:
+    from fedsim.results.plots import plot_run_dir
+
+    for path in plot_run_dir(Path(args.run_dir)):
+        print(path)
+    return 0
+
+
+def cmd_scenarios(args) -> int:
+    from fedsim.config import scenario_names, scenario_path
+
+    for name in scenario_names():
+        text = scenario_path(name).read_text().splitlines()
+        about = next((line.lstrip("# ").strip() for line in text if line.startswith("#")), "")
+        print(f"{name:<20} {about}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedsim",
+        description="Federated learning under intermittent device availability, simulated.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run a simulation (default: the built-in quickstart)")
+    p.add_argument("config", nargs="?", default=None,
+                   help="a config .toml or a built-in scenario name (see `fedsim scenarios`)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config key, e.g. --set run.rounds=50 (repeatable)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a run from its checkpoint (with --set run.rounds=N to extend it)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("plot", help="(re)draw the plots of a run directory")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("scenarios", help="list the built-in scenarios")
+    p.set_defaults(func=cmd_scenarios)
+
+    try:  # TEMP until the trace commands land
+        from fedsim.traces.commands import add_trace_commands
+
+        add_trace_commands(sub)
+    except ImportError:
+        pass
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except FedsimError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def entry() -> None:
+    sys.exit(main())

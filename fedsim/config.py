@@ -1,0 +1,375 @@
+"""Typed run configuration: TOML file + ``--set section.key=value`` overrides, validated.
+
+Every key a user can write is a dataclass field below (or an option declared by the chosen
+trace generator / algorithm), so unknown keys and wrong types are caught before anything
+runs, with the closest valid key suggested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fedsim.errors import FedsimError
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    out: str = "runs"
+    seed: int = 0
+    rounds: int = 100
+    max_time: float = 0.0  # simulated seconds; 0 = no limit
+    eval_every: int = 10
+    device: str = "auto"  # auto | cpu | cuda
+    algorithms: list = field(default_factory=list)  # several algorithms, same trace/data/seed
+    checkpoint_every: int = 0  # rounds between checkpoints; 0 = only at the end
+    progress: bool = True
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "digits"
+    root: str = ""  # dataset folder; "" = the dataset's default location
+    download: bool = False
+    clients: int = 100
+    partition: str = "iid"  # iid | dirichlet | classes | one-class | majority
+    alpha: float = 0.5  # dirichlet concentration
+    classes_per_client: int = 2
+    size_sigma: float = 0.3  # one-class: relative spread of the normal client sizes
+    majority: float = 0.95  # majority: fraction of a client's samples with its majority label
+    test_fraction: float = 0.25  # datasets without a test split (digits, logistic)
+    targets: list = field(default_factory=list)  # quadratic: one target vector per client
+    dim: int = 2  # quadratic / logistic: dimension when no targets are given
+    noise: float = 0.0  # quadratic: std of the gradient noise
+    samples: int = 5000  # logistic: number of synthetic samples (train + test)
+    classes: int = 10  # logistic: number of classes
+
+
+@dataclass
+class ModelConfig:
+    name: str = "logreg"  # logreg | mlp | lenet5 | cnn-* | lstm (ignored by quadratic)
+    hidden: int = 64  # mlp width
+    dropout: float = 0.0
+    init: list = field(default_factory=list)  # quadratic: x0 (default zeros)
+
+
+@dataclass
+class TraceConfig:
+    source: str = "always"  # file | always | bernoulli | diurnal | ...
+    path: str = ""  # source = "file"
+    days: float = 0.0  # wall-clock generators: length; 0 = long enough for the run
+    devices_table: str = ""  # optional devices.parquet feeding the timing model
+    options: dict = field(default_factory=dict)  # the generator's own keys
+
+
+@dataclass
+class ServerConfig:
+    mode: str = "sync"  # sync | async
+    clients_per_round: int = 0  # 0 = every online device
+    overcommit: float = 0.0  # invite ceil(K * (1 + overcommit)), keep the first K
+    deadline: float = 600.0  # seconds after the round start
+    timing: str = "model"  # model | ideal
+    round_duration: float = 60.0  # ideal timing: round r spans [r*D, (r+1)*D)
+    buffer: int = 10  # async: aggregate every `buffer` arrivals
+    concurrency: int = 20  # async: devices kept training
+
+
+@dataclass
+class ClientConfig:
+    local_steps: int = 5
+    batch_size: int = 32  # 0 = the full local data (exact gradient)
+    lr: float = 0.05
+    lr_schedule: str = "constant"  # constant | inverse | inverse-sqrt | step
+    lr_step_every: int = 100  # step schedule: rounds between decays
+    lr_step_gamma: float = 0.5  # step schedule: decay factor
+    weight_decay: float = 0.0
+    clip: float = 0.0  # max gradient L2 norm per step; 0 = off
+    trainer: str = "auto"  # auto | batched | loop
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "fedavg"
+    server_lr: float = 1.0
+    selection: str = ""  # "" = the algorithm's default policy
+    options: dict = field(default_factory=dict)  # the algorithm's own keys
+
+
+@dataclass
+class DevicesConfig:
+    model: str = "lognormal"  # constant | lognormal | table
+    seconds_per_sample: float = 0.002  # median compute time per training sample
+    bandwidth_bps: float = 1.0e6  # median link speed, bits per second
+    latency_s: float = 0.1  # per transfer
+    compute_sigma: float = 0.5  # lognormal spread of seconds_per_sample across devices
+    bandwidth_sigma: float = 0.5  # lognormal spread of bandwidth across devices
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+    source: str = "<defaults>"  # where it came from, for error messages
+
+    def to_dict(self) -> dict:
+        """Plain nested dict, with generator/algorithm options folded back into their sections."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name == "source":
+                continue
+            section = dataclasses.asdict(getattr(self, f.name))
+            section.update(section.pop("options", {}))
+            out[f.name] = section
+        return out
+
+    def with_algorithm(self, name: str) -> "Config":
+        """A copy running `name` (options of the configured algorithm that `name` lacks are dropped)."""
+        from fedsim.algorithms import algorithm_options
+
+        valid = algorithm_options(name)
+        algo = dataclasses.replace(
+            self.algorithm,
+            name=name,
+            options={k: v for k, v in self.algorithm.options.items() if k in valid},
+        )
+        return dataclasses.replace(self, algorithm=algo, run=dataclasses.replace(self.run, algorithms=[]))
+
+
+_SECTION_CLASSES = {
+    "run": RunConfig,
+    "data": DataConfig,
+    "model": ModelConfig,
+    "trace": TraceConfig,
+    "server": ServerConfig,
+    "client": ClientConfig,
+    "algorithm": AlgorithmConfig,
+    "devices": DevicesConfig,
+}
+CHOICES = {
+    ("run", "device"): ("auto", "cpu", "cuda"),
+    ("data", "partition"): ("iid", "dirichlet", "classes", "one-class", "majority"),
+    ("server", "mode"): ("sync", "async"),
+    ("server", "timing"): ("model", "ideal"),
+    ("client", "lr_schedule"): ("constant", "inverse", "inverse-sqrt", "step"),
+    ("client", "trainer"): ("auto", "batched", "loop"),
+    ("algorithm", "selection"): ("", "all", "uniform", "regularized", "longest-absent"),
+    ("devices", "model"): ("constant", "lognormal", "table"),
+}
+POSITIVE = {
+    ("run", "rounds"), ("run", "eval_every"), ("data", "clients"), ("server", "deadline"),
+    ("server", "round_duration"), ("server", "buffer"), ("server", "concurrency"),
+    ("devices", "bandwidth_bps"),
+}
+NON_NEGATIVE = {
+    ("run", "max_time"), ("run", "checkpoint_every"), ("server", "clients_per_round"),
+    ("server", "overcommit"), ("client", "local_steps"), ("client", "batch_size"),
+    ("client", "lr"), ("client", "weight_decay"), ("client", "clip"), ("data", "noise"),
+    ("devices", "seconds_per_sample"), ("devices", "latency_s"), ("data", "alpha"),
+    ("trace", "days"),
+}
+
+
+def _suggest(key: str, valid) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    return f"did you mean '{close[0]}'?" if close else "valid keys: " + ", ".join(sorted(valid))
+
+
+def _check_type(where: str, value: Any, default: Any) -> Any:
+    """Coerce ints to floats where a float is expected; refuse every other mismatch."""
+    expected = type(default)
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, expected) and not (expected is int and isinstance(value, bool)):
+        return value
+    names = {float: "a number", int: "an integer", str: "a string", bool: "true or false",
+             list: "a list", dict: "a table"}
+    raise FedsimError(
+        f"{where}: expected {names.get(expected, expected.__name__)}, got {value!r} "
+        f"({type(value).__name__})"
+    )
+
+
+def _declared_options(section: str, raw: dict, algorithms: list, origin: str) -> dict[str, Any] | None:
+    """Option keys (with typed defaults) that the chosen generator / algorithm(s) declare.
+
+    None for sections without options. [algorithm] accepts the options of its own `name` and of
+    every name in run.algorithms, so one file can configure a side-by-side comparison.
+    """
+    if section == "trace":
+        from fedsim.traces.generators import GENERATORS
+
+        source = raw.get("source", TraceConfig.source)
+        if source == "file":
+            return {}
+        if source not in GENERATORS:
+            valid = ["file", *GENERATORS]
+            raise FedsimError(
+                f"{origin}: [trace] source = {source!r} is unknown; {_suggest(source, valid)} "
+                f"(one of: {', '.join(valid)})"
+            )
+        return dict(GENERATORS[source].options)
+    if section == "algorithm":
+        from fedsim.algorithms import algorithm_options
+
+        options: dict[str, Any] = {}
+        for name in [raw.get("name", AlgorithmConfig.name), *algorithms]:
+            if not isinstance(name, str):
+                raise FedsimError(f"{origin}: algorithm names must be strings, got {name!r}")
+            options.update(algorithm_options(name, origin=origin))
+        return options
+    return None
+
+
+def _build_section(section: str, raw: dict, algorithms: list, origin: str):
+    cls = _SECTION_CLASSES[section]
+    fields = {f.name for f in dataclasses.fields(cls) if f.name != "options"}
+    extra = _declared_options(section, raw, algorithms, origin)
+    defaults = cls()
+    kwargs, options = {}, {}
+    for key, value in raw.items():
+        where = f"{origin}: [{section}] {key}"
+        if key in fields:
+            value = _check_type(where, value, getattr(defaults, key))
+            if (section, key) in CHOICES and value not in CHOICES[(section, key)]:
+                choices = [c for c in CHOICES[(section, key)] if c]
+                raise FedsimError(
+                    f"{where} = {value!r} is not valid; {_suggest(value, choices)} "
+                    f"(one of: {', '.join(choices)})"
+                )
+            if (section, key) in POSITIVE and not value > 0:
+                raise FedsimError(f"{where} = {value!r} must be > 0")
+            if (section, key) in NON_NEGATIVE and not value >= 0:
+                raise FedsimError(f"{where} = {value!r} must be >= 0")
+            kwargs[key] = value
+        elif extra is not None and key in extra:
+            default = extra[key]
+            options[key] = value if default is None else _check_type(where, value, default)
+        else:
+            owner = raw.get("source") if section == "trace" else raw.get("name")
+            scope = f" for {owner!r}" if extra is not None and owner else ""
+            raise FedsimError(
+                f"{origin}: unknown key [{section}] {key}{scope}; "
+                f"{_suggest(key, [*fields, *(extra or {})])}"
+            )
+    if extra is not None:
+        kwargs["options"] = options
+    return cls(**kwargs)
+
+
+def config_from_dict(raw: dict, origin: str = "<config>") -> Config:
+    """Validate a nested dict (as parsed from TOML) into a Config."""
+    for section, body in raw.items():
+        if section not in _SECTION_CLASSES:
+            raise FedsimError(
+                f"{origin}: unknown section [{section}]; {_suggest(section, _SECTION_CLASSES)}"
+            )
+        if not isinstance(body, dict):
+            raise FedsimError(f"{origin}: '{section}' must be a [{section}] table, got {body!r}")
+    algorithms = raw.get("run", {}).get("algorithms", [])
+    if not isinstance(algorithms, list):
+        raise FedsimError(f"{origin}: [run] algorithms must be a list of names, got {algorithms!r}")
+    built = {
+        section: _build_section(section, raw.get(section, {}), algorithms, origin)
+        for section in _SECTION_CLASSES
+    }
+    config = Config(**built, source=origin)
+    _check_consistency(config)
+    return config
+
+
+def _check_consistency(config: Config) -> None:
+    """Cross-key rules that no single field can check."""
+    origin = config.source
+    if config.trace.source == "file" and not config.trace.path:
+        raise FedsimError(f"{origin}: [trace] source = 'file' needs [trace] path = 'trace.parquet'")
+    if config.data.dataset == "quadratic" and config.data.targets:
+        if len(config.data.targets) != config.data.clients:
+            raise FedsimError(
+                f"{origin}: [data] targets has {len(config.data.targets)} entries but "
+                f"[data] clients = {config.data.clients}; give one target per client"
+            )
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """`section.key=value` -> (section, key, value); value is a TOML literal or a bare string."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise FedsimError(f"--set {text!r}: expected section.key=value, e.g. --set run.rounds=50")
+    path, literal = text.split("=", 1)
+    section, key = path.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {literal}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = literal
+    return section, key.strip(), value
+
+
+def read_toml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise FedsimError(f"config {path}: no such file; pass an existing .toml file or a scenario name")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise FedsimError(f"config {path}: invalid TOML ({err})") from None
+
+
+def scenario_names() -> list[str]:
+    files = resources.files("fedsim.scenarios").iterdir()
+    return sorted(p.name[:-5] for p in files if p.name.endswith(".toml"))
+
+
+def scenario_path(name: str) -> Path:
+    return Path(str(resources.files("fedsim.scenarios").joinpath(f"{name}.toml")))
+
+
+def load_config(source: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Load a config file (or a built-in scenario by name; None = quickstart) plus overrides."""
+    if source is None:
+        source = "quickstart"
+    path = Path(source)
+    if not path.exists() and str(source) in scenario_names():
+        path = scenario_path(str(source))
+    raw = read_toml(path)
+    for text in overrides:
+        section, key, value = parse_override(text)
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise FedsimError(f"--set {text!r}: [{section}] is not a table")
+        raw[section][key] = value
+    return config_from_dict(raw, origin=str(path))
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value) if not (isinstance(value, float) and value != value) else "nan"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def dump_toml(sections: dict[str, dict[str, Any]]) -> str:
+    """TOML text of a two-level dict (the resolved config written to the run directory)."""
+    lines = []
+    for section, body in sections.items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in body.items()]
+        lines.append("")
+    return "\n".join(lines)

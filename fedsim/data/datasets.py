@@ -1,0 +1,194 @@
+"""Datasets as arrays: train/test features and labels, read from local files or generated.
+
+Image pixels stay uint8 (with a `scale` to [0, 1]) so that even CIFAR-10 fits on a GPU four
+times over; the trainer converts only the gathered minibatch to float. Nothing is downloaded
+unless `[data] download = true`.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedsim.config import DataConfig, _suggest
+from fedsim.errors import FedsimError
+
+
+@dataclass
+class Dataset:
+    name: str
+    x_train: np.ndarray  # [n, *shape] uint8 (images) or float32
+    y_train: np.ndarray  # [n] int64
+    x_test: np.ndarray
+    y_test: np.ndarray
+    n_classes: int
+    scale: float = 1.0  # features = x * scale (1/255 for uint8 images)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of one sample: (channels, height, width) for images, (dim,) for vectors."""
+        return tuple(self.x_train.shape[1:])
+
+
+def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, where: str):
+    """Stratified train/test split with a fixed seed: the test set does not change with [run] seed."""
+    if not 0 < test_fraction < 1:
+        raise FedsimError(f"{where}: [data] test_fraction = {test_fraction} must be in (0, 1)")
+    from sklearn.model_selection import train_test_split
+
+    stratify = y if np.bincount(y).min() >= 2 else None  # stratify when every class can be split
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, y, test_size=test_fraction, random_state=0, stratify=stratify
+    )
+    return x_tr, y_tr.astype(np.int64), x_te, y_te.astype(np.int64)
+
+
+def _digits(cfg: DataConfig, seed: int) -> Dataset:
+    """scikit-learn's bundled 8x8 digits (1797 images, values 0..16)."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = bunch.images.astype(np.uint8)[:, None, :, :]
+    x_tr, y_tr, x_te, y_te = _split(x, bunch.target, cfg.test_fraction, "digits")
+    return Dataset("digits", x_tr, y_tr, x_te, y_te, 10, scale=1 / 16)
+
+
+def _logistic(cfg: DataConfig, seed: int) -> Dataset:
+    """Synthetic multinomial logistic data: x ~ N(0, I), y ~ softmax(x W + b), W, b ~ N(0, 1)."""
+    if cfg.classes < 2 or cfg.samples < 2 * cfg.classes or cfg.dim < 1:
+        raise FedsimError(
+            "[data] dataset = 'logistic' needs classes >= 2, dim >= 1 and samples >= 2 * classes; "
+            f"got classes = {cfg.classes}, dim = {cfg.dim}, samples = {cfg.samples}"
+        )
+    rng = np.random.default_rng([seed, 0x10615])
+    w = rng.normal(size=(cfg.dim, cfg.classes))
+    b = rng.normal(size=cfg.classes)
+    x = rng.normal(size=(cfg.samples, cfg.dim)).astype(np.float32)
+    logits = x @ w + b
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    cum = np.cumsum(p / p.sum(axis=1, keepdims=True), axis=1)
+    y = np.minimum((rng.random(cfg.samples)[:, None] > cum).sum(axis=1), cfg.classes - 1)
+    x_tr, y_tr, x_te, y_te = _split(x, y, cfg.test_fraction, "logistic")
+    return Dataset("logistic", x_tr, y_tr, x_te, y_te, cfg.classes)
+
+
+# --- IDX files (MNIST, Fashion-MNIST) -------------------------------------------------------
+
+_IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    """An IDX array (the MNIST file format), gzipped or not."""
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    ndim = raw[3]
+    dims = np.frombuffer(raw, dtype=">u4", count=ndim, offset=4)
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def _find_idx(folder: Path) -> list[Path] | None:
+    """The four IDX files in `folder` (plain or .gz), or None if any is missing."""
+    found = []
+    for stem in _IDX_FILES:
+        hits = [folder / stem, folder / f"{stem}.gz"]
+        hit = next((p for p in hits if p.is_file()), None)
+        if hit is None:
+            return None
+        found.append(hit)
+    return found
+
+
+def _idx_dataset(name: str, torchvision_class: str, cfg: DataConfig, root: Path) -> Dataset:
+    """MNIST-format files in `root` (Debian's layout) or `root/<Class>/raw` (torchvision's)."""
+    folders = [root, root / torchvision_class / "raw"]
+    files = next((f for f in map(_find_idx, folders) if f), None)
+    if files is None and cfg.download:
+        import torchvision.datasets
+
+        getattr(torchvision.datasets, torchvision_class)(str(root), download=True)
+        files = _find_idx(folders[1])
+    if files is None:
+        raise _missing(name, root, ", ".join(f"{s}[.gz]" for s in _IDX_FILES))
+    x_tr, y_tr, x_te, y_te = map(_read_idx, files)
+    return Dataset(name, x_tr[:, None], y_tr.astype(np.int64), x_te[:, None],
+                   y_te.astype(np.int64), 10, scale=1 / 255)
+
+
+def _fashion_mnist(cfg: DataConfig, seed: int) -> Dataset:
+    return _idx_dataset("fashion-mnist", "FashionMNIST", cfg, _root(cfg, "fashion-mnist"))
+
+
+def _mnist(cfg: DataConfig, seed: int) -> Dataset:
+    return _idx_dataset("mnist", "MNIST", cfg, _root(cfg, "mnist"))
+
+
+# --- torchvision datasets (CIFAR-10, SVHN) ---------------------------------------------------
+
+def _cifar10(cfg: DataConfig, seed: int) -> Dataset:
+    root = _root(cfg, "cifar10")
+    folder = root / "cifar-10-batches-py"
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    if not cfg.download and not all((folder / n).is_file() for n in names):
+        raise _missing("cifar10", root, "cifar-10-batches-py/data_batch_1..5, cifar-10-batches-py/test_batch")
+    from torchvision.datasets import CIFAR10
+
+    parts = [CIFAR10(str(root), train=train, download=cfg.download) for train in (True, False)]
+    x_tr, x_te = (p.data.transpose(0, 3, 1, 2).copy() for p in parts)  # NHWC -> NCHW
+    y_tr, y_te = (np.asarray(p.targets, dtype=np.int64) for p in parts)
+    return Dataset("cifar10", x_tr, y_tr, x_te, y_te, 10, scale=1 / 255)
+
+
+def _svhn(cfg: DataConfig, seed: int) -> Dataset:
+    root = _root(cfg, "svhn")
+    if not cfg.download and not all((root / f).is_file() for f in ("train_32x32.mat", "test_32x32.mat")):
+        raise _missing("svhn", root, "train_32x32.mat, test_32x32.mat")
+    from torchvision.datasets import SVHN
+
+    parts = [SVHN(str(root), split=split, download=cfg.download) for split in ("train", "test")]
+    return Dataset("svhn", parts[0].data, parts[0].labels.astype(np.int64), parts[1].data,
+                   parts[1].labels.astype(np.int64), 10, scale=1 / 255)
+
+
+# --- lookup ----------------------------------------------------------------------------------
+
+DEFAULT_ROOTS = {
+    "fashion-mnist": "/usr/share/datasets/fashion-mnist",  # Debian's dataset-fashion-mnist
+    "mnist": "data/mnist",
+    "cifar10": "data/cifar10",
+    "svhn": "data/svhn",
+}
+
+
+def _root(cfg: DataConfig, name: str) -> Path:
+    return Path(cfg.root or DEFAULT_ROOTS[name]).expanduser()
+
+
+def _missing(name: str, root: Path, expected: str) -> FedsimError:
+    return FedsimError(
+        f"[data] dataset = '{name}': files not found in {root} (expected {expected}); "
+        f"set [data] root to the folder that holds them, or [data] download = true to fetch them"
+    )
+
+
+LOADERS = {
+    "digits": _digits,
+    "fashion-mnist": _fashion_mnist,
+    "mnist": _mnist,
+    "cifar10": _cifar10,
+    "svhn": _svhn,
+    "logistic": _logistic,
+}
+DATASETS = (*LOADERS, "quadratic")
+
+
+def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
+    """The dataset named by `[data] dataset` (not `quadratic`, which has no samples)."""
+    if cfg.dataset not in LOADERS:
+        raise FedsimError(
+            f"[data] dataset = {cfg.dataset!r} is unknown; {_suggest(cfg.dataset, DATASETS)} "
+            f"(one of: {', '.join(DATASETS)})"
+        )
+    return LOADERS[cfg.dataset](cfg, seed)

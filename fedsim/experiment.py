@@ -1,0 +1,298 @@
+"""Wires a Config into one simulation (or several, side by side) and writes the run directory.
+
+config -> trace + index, task (data, partition, model), trainer, strategy, timing, engine,
+recorder. With ``run.algorithms`` every algorithm runs on the same trace, data and seed, each
+in a sub-folder named after it, followed by ``summary.parquet`` and comparison plots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import platform
+import subprocess
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+from tqdm import tqdm
+
+from fedsim.algorithms import Context, make_strategy
+from fedsim.config import Config, config_from_dict, dump_toml, read_toml
+from fedsim.errors import FedsimError
+from fedsim.results.plots import plot_runs
+from fedsim.results.recorder import Recorder, save_torch, write_json, write_text
+from fedsim.sim.engine import new_environment, run_engine
+from fedsim.sim.server import Server
+from fedsim.sim.timing import DeviceTiming
+from fedsim.traces import AvailabilityIndex, Trace, generate, known_probability, read_trace
+from fedsim.traces.io import read_device_table
+from fedsim.training import build_task, build_trainer
+from fedsim.training.schedules import learning_rate
+
+
+@dataclass
+class RunResult:
+    """What a run produced; for several algorithms, `runs` holds one result per algorithm."""
+
+    run_dir: Path
+    algorithm: str
+    status: str
+    reason: str
+    rounds: pl.DataFrame
+    params: torch.Tensor | None = None
+    runs: list["RunResult"] = field(default_factory=list)
+
+    @property
+    def final_accuracy(self) -> float | None:
+        accs = self.rounds["test_acc"].drop_nulls()
+        return float(accs[-1]) if len(accs) else None
+
+    @property
+    def final_loss(self) -> float | None:
+        losses = self.rounds["test_loss"].drop_nulls()
+        return float(losses[-1]) if len(losses) else None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise FedsimError("[run] device = 'cuda' but torch sees no CUDA GPU; use 'auto' or 'cpu'")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def fresh_run_dir(out: str, name: str) -> Path:
+    """runs/NAME, or runs/NAME-2, -3, ... : an earlier run is never overwritten."""
+    base = Path(out) / name
+    candidate, k = base, 1
+    while candidate.exists():
+        k += 1
+        candidate = base.with_name(f"{name}-{k}")
+    return candidate
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def resolve_trace_path(config: Config) -> Config:
+    """A relative trace path is looked up in the working directory, then beside the config
+    file; the run's config.toml records the absolute path so that a resume finds it too."""
+    if config.trace.source != "file":
+        return config
+    path = Path(config.trace.path)
+    beside_config = Path(config.source).parent / path
+    if not path.is_absolute() and not path.exists() and beside_config.exists():
+        path = beside_config
+    trace = dataclasses.replace(config.trace, path=str(path.resolve()))
+    return dataclasses.replace(config, trace=trace)
+
+
+def load_trace(config: Config, n_devices: int, label_dist: np.ndarray | None) -> Trace:
+    """The run's availability: a Parquet file or a generator with the run's sizes and seed."""
+    tc = config.trace
+    if tc.source == "file":
+        path = Path(tc.path)
+        trace = read_trace(path)
+        if trace.n_devices != n_devices:
+            raise FedsimError(
+                f"trace {path}: has {trace.n_devices} devices but [data] clients = {n_devices}; "
+                f"set data.clients = {trace.n_devices} (or use a trace with {n_devices} devices)"
+            )
+        return trace
+    return generate(
+        tc.source, n_devices, seed=config.run.seed, rounds=config.run.rounds,
+        round_duration=config.server.round_duration, days=tc.days or None,
+        label_dist=label_dist, **tc.options,
+    )
+
+
+class Experiment:
+    """One algorithm on one trace/task: builds the parts once, then `run()`s the engine."""
+
+    def __init__(self, config: Config, run_dir: Path, progress: bool = True):
+        self.config = config = resolve_trace_path(config)
+        self.run_dir = Path(run_dir)
+        self.progress = progress and config.run.progress
+        self.device = resolve_device(config.run.device)
+        cfg = config
+        if cfg.server.mode == "async":
+            raise FedsimError(f"{cfg.source}: [server] mode = 'async' is not implemented yet; "
+                              "use mode = 'sync' (buffered asynchronous aggregation is planned)")
+        self.task = build_task(cfg.data, cfg.model, seed=cfg.run.seed, device=self.device)
+        self.trace = load_trace(cfg, self.task.n_clients, self.task.label_distribution())
+        self.index = AvailabilityIndex(self.trace)
+        self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed)
+        table = read_device_table(cfg.trace.devices_table) if cfg.trace.devices_table else None
+        self.timing = DeviceTiming.build(cfg.devices, self.task.n_clients, cfg.run.seed, table)
+        self.strategy = make_strategy(cfg.algorithm.name, origin=cfg.source)
+        self.strategy.setup(self.task.n_clients, self.task.init_params(), self._context())
+
+    def _context(self) -> Context:
+        cfg, trace = self.config, self.trace
+        k = cfg.server.clients_per_round
+        invite = math.ceil(k * (1 + cfg.server.overcommit)) if k else 0
+
+        def known_p(rnd: int) -> np.ndarray:
+            return known_probability(trace, rnd)
+
+        return Context(
+            n_devices=self.task.n_clients, dim=self.task.dim, device=self.device,
+            seed=cfg.run.seed, server_lr=cfg.algorithm.server_lr,
+            local_steps=cfg.client.local_steps, clients_per_round=k, invite=invite,
+            options=dict(cfg.algorithm.options),
+            lr=lambda t: learning_rate(cfg.client, t),
+            client_sizes=self.task.client_sizes(), known_p=known_p,
+            selection=cfg.algorithm.selection,
+            **self._extra_context(),
+        )
+
+    def _extra_context(self) -> dict:
+        """Context fields that only some versions of the Strategy interface declare."""
+        names = {f.name for f in dataclasses.fields(Context)}
+        extra = {}
+        if "train_pooled" in names and hasattr(self.trainer, "train_pooled"):
+            extra["train_pooled"] = self.trainer.train_pooled
+        return extra
+
+    def run(self, resume: dict | None = None) -> RunResult:
+        cfg = self.config
+        started = time.perf_counter()
+        previous_s = resume["host_s"] if resume else 0.0
+        self._host_s = lambda: previous_s + time.perf_counter() - started
+        recorder = Recorder(self.run_dir, self.task.n_clients)
+        start_round, start_time = 0, 0.0
+        if resume is not None:
+            self.strategy.load_state_dict(resume["strategy"])
+            recorder.load_state_dict(resume["recorder"])
+            start_round, start_time = resume["round"], resume["sim_time"]
+        write_text(self.run_dir / "config.toml", dump_toml(cfg.to_dict()))
+        env = new_environment(start_time)
+        server = Server(
+            env=env, index=self.index, strategy=self.strategy, trainer=self.trainer,
+            timing=self.timing, cfg=cfg.server, batch_size=cfg.client.batch_size,
+            client_sizes=self.task.client_sizes(), model_bytes=4 * self.task.dim,
+            seed=cfg.run.seed, device=self.device,
+        )
+        bar = tqdm(total=cfg.run.rounds, initial=start_round, disable=not self.progress,
+                   desc=cfg.algorithm.name, unit="round", leave=False, dynamic_ncols=True)
+        last_acc = {"text": ""}
+
+        def on_round(outcome) -> None:
+            due = (outcome.round + 1) % cfg.run.eval_every == 0 or outcome.round + 1 == cfg.run.rounds
+            test_loss, test_acc = self.task.evaluate(self.strategy.params) if due else (None, None)
+            recorder.add_round(outcome, test_loss, test_acc, self.strategy.metrics())
+            if test_acc is not None:
+                last_acc["text"] = f"{100 * test_acc:.1f}%"
+            bar.set_postfix_str(f"t={outcome.t_end / 3600:.2f}h acc={last_acc['text']}", refresh=False)
+            bar.update(1)
+            every = cfg.run.checkpoint_every
+            if every and (outcome.round + 1) % every == 0:
+                self._checkpoint(recorder, outcome.round + 1, env.now)
+
+        result = run_engine(server, rounds=cfg.run.rounds, max_time=cfg.run.max_time,
+                            start_round=start_round, on_round=on_round)
+        bar.close()
+        self._final_evaluation(recorder, result.status)
+        self._checkpoint(recorder, result.rounds, result.sim_time)
+        save_torch(self.run_dir / "model.pt", self.task.state_dict(self.strategy.params))
+        self._manifest(result, self._host_s())
+        rounds = recorder.rounds_frame()
+        plot_runs({cfg.algorithm.name: rounds}, self.run_dir / "plots", title=cfg.run.name)
+        return RunResult(self.run_dir, cfg.algorithm.name, result.status, result.reason, rounds,
+                         self.strategy.params.detach().cpu())
+
+    def _final_evaluation(self, recorder: Recorder, status: str) -> None:
+        """Make sure the last recorded round carries a test result (runs can stop early)."""
+        if recorder.rows and recorder.rows[-1]["test_loss"] is None and status != "diverged":
+            loss, acc = self.task.evaluate(self.strategy.params)
+            recorder.rows[-1].update(test_loss=loss, test_acc=acc)
+
+    def _checkpoint(self, recorder: Recorder, rounds_done: int, sim_time: float) -> None:
+        recorder.write_tables()
+        save_torch(self.run_dir / "checkpoint.pt", {
+            "round": rounds_done, "sim_time": sim_time, "strategy": self.strategy.state_dict(),
+            "recorder": recorder.state_dict(), "host_s": self._host_s(),
+        })
+
+    def _manifest(self, result, host_s: float) -> None:
+        import fedsim
+
+        write_json(self.run_dir / "manifest.json", {
+            "fedsim": fedsim.__version__, "torch": torch.__version__,
+            "python": platform.python_version(), "seed": self.config.run.seed,
+            "device": str(self.device), "git_sha": _git_sha(), "status": result.status,
+            "reason": result.reason, "rounds": result.rounds, "sim_time_s": result.sim_time,
+            "host_s": round(host_s, 3), "algorithm": self.config.algorithm.name,
+            "server_memory_bytes": self.strategy.memory_bytes(),
+            "n_devices": self.task.n_clients, "model_dim": self.task.dim,
+            "trace": {"n_devices": self.trace.n_devices, "horizon": self.trace.horizon,
+                      "wrap": self.trace.wrap, "generator": self.trace.generator},
+            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        })
+
+
+def run(config: Config, *, progress: bool = True, run_dir: Path | None = None) -> RunResult:
+    """Run `config` (one algorithm or several side by side); returns the RunResult."""
+    run_dir = Path(run_dir) if run_dir else fresh_run_dir(config.run.out, config.run.name)
+    if not config.run.algorithms:
+        return Experiment(config, run_dir, progress).run()
+    results = [Experiment(config.with_algorithm(name), run_dir / name, progress).run()
+               for name in config.run.algorithms]
+    write_text(run_dir / "config.toml", dump_toml(config.to_dict()))
+    summary = summarize(results)
+    from fedsim.results.recorder import atomic_write
+
+    atomic_write(run_dir / "summary.parquet", summary.write_parquet)
+    plot_runs({r.algorithm: r.rounds for r in results}, run_dir / "plots", title=config.run.name)
+    worst = "diverged" if any(r.status == "diverged" for r in results) else results[-1].status
+    return RunResult(run_dir, ",".join(config.run.algorithms), worst, "", summary, runs=results)
+
+
+def summarize(results: list[RunResult]) -> pl.DataFrame:
+    """One row per algorithm: status, rounds, simulated time, final and best test metrics."""
+    rows = []
+    for r in results:
+        manifest = json.loads((r.run_dir / "manifest.json").read_text())
+        accs = r.rounds["test_acc"].drop_nulls()
+        rows.append({
+            "algorithm": r.algorithm, "status": r.status, "rounds": manifest["rounds"],
+            "sim_time_s": manifest["sim_time_s"], "final_test_acc": r.final_accuracy,
+            "best_test_acc": float(accs.max()) if len(accs) else None,
+            "final_test_loss": r.final_loss, "server_memory_bytes": manifest["server_memory_bytes"],
+            "host_s": manifest["host_s"],
+        })
+    return pl.DataFrame(rows, schema={
+        "algorithm": pl.String, "status": pl.String, "rounds": pl.Int64, "sim_time_s": pl.Float64,
+        "final_test_acc": pl.Float64, "best_test_acc": pl.Float64, "final_test_loss": pl.Float64,
+        "server_memory_bytes": pl.Int64, "host_s": pl.Float64,
+    })
+
+
+def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True) -> RunResult:
+    """Continue an interrupted (or shorter) run from its checkpoint, in the same directory."""
+    run_dir = Path(run_dir)
+    checkpoint = run_dir / "checkpoint.pt"
+    if not checkpoint.exists():
+        raise FedsimError(f"{run_dir}: no checkpoint.pt; resume needs the directory of a single-algorithm run")
+    from fedsim.config import parse_override
+
+    raw = read_toml(run_dir / "config.toml")
+    for text in overrides:
+        section, key, value = parse_override(text)
+        raw.setdefault(section, {})[key] = value
+    config = config_from_dict(raw, origin=str(run_dir / "config.toml"))
+    state = torch.load(checkpoint, weights_only=False)
+    return Experiment(config, run_dir, progress).run(resume=state)
+

@@ -1,0 +1,1 @@
+"""What a run leaves behind: the run directory's tables, manifest and plots."""

@@ -1,0 +1,61 @@
+"""Plots of a run (and of several runs side by side): accuracy against rounds and sim time.
+
+Tasks without an accuracy (the quadratic task) plot the test loss instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import polars as pl  # noqa: E402
+
+from fedsim.results.recorder import atomic_write  # noqa: E402
+
+
+def _metric(frames: dict[str, pl.DataFrame]) -> tuple[str, str]:
+    has_acc = any(df["test_acc"].drop_nulls().len() for df in frames.values())
+    return ("test_acc", "test accuracy") if has_acc else ("test_loss", "test loss")
+
+
+def plot_runs(frames: dict[str, pl.DataFrame], out_dir: Path, title: str = "") -> list[Path]:
+    """One PNG per x-axis (rounds, simulated hours), one line per run. Returns the files."""
+    metric, label = _metric(frames)
+    written = []
+    for x, xlabel, scale, name in (("round", "round", 1.0, "accuracy_vs_rounds"),
+                                   ("t_end", "simulated time (h)", 3600.0, "accuracy_vs_time")):
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+        for run, df in frames.items():
+            points = df.filter(pl.col(metric).is_not_null())
+            ax.plot(points[x].to_numpy() / scale, points[metric].to_numpy(), label=run, marker=".")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(label)
+        if metric == "test_loss":
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.set_title(title)
+        if len(frames) > 1:
+            ax.legend()
+        fig.tight_layout()
+        path = Path(out_dir) / f"{name}.png"
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_run_dir(run_dir: Path) -> list[Path]:
+    """(Re)draw the plots of a finished run directory, single or multi-algorithm."""
+    run_dir = Path(run_dir)
+    if (run_dir / "rounds.parquet").exists():
+        frames = {run_dir.name: pl.read_parquet(run_dir / "rounds.parquet")}
+    else:
+        frames = {p.parent.name: pl.read_parquet(p) for p in sorted(run_dir.glob("*/rounds.parquet"))}
+    if not frames:
+        from fedsim.errors import FedsimError
+
+        raise FedsimError(f"{run_dir}: no rounds.parquet here or in its sub-folders; pass a run directory")
+    return plot_runs(frames, run_dir / "plots", title=run_dir.name)

@@ -1,0 +1,96 @@
+"""Collects per-round and per-device results and writes the run directory atomically.
+
+Files (DESIGN.md, "Run directory"): rounds.parquet, devices.parquet, manifest.json,
+config.toml, model.pt, checkpoint.pt. Every write goes to a temporary file that is renamed
+into place, so an interrupted run never leaves a half-written file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import polars as pl
+import torch
+
+ROUND_COLUMNS = {
+    "round": pl.Int64, "t_start": pl.Float64, "t_end": pl.Float64, "online": pl.Int64,
+    "invited": pl.Int64, "arrived": pl.Int64, "dropped": pl.Int64, "late": pl.Int64,
+    "train_loss": pl.Float64, "test_loss": pl.Float64, "test_acc": pl.Float64, "wall_s": pl.Float64,
+}
+DEVICE_COUNTERS = ("invitations", "arrivals", "drops", "late")
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Run `write(tmp)` on a temporary file beside `path`, then rename it over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def save_torch(path: Path, obj: Any) -> None:
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+class Recorder:
+    def __init__(self, run_dir: Path, n_devices: int):
+        self.run_dir = Path(run_dir)
+        self.rows: list[dict[str, Any]] = []
+        self.counters = {name: np.zeros(n_devices, dtype=np.int64) for name in DEVICE_COUNTERS}
+        self.last_round = np.full(n_devices, -1, dtype=np.int64)
+
+    def add_round(self, outcome, test_loss: float | None, test_acc: float | None,
+                  metrics: dict[str, float]) -> dict[str, Any]:
+        row = {
+            "round": outcome.round, "t_start": outcome.t_start, "t_end": outcome.t_end,
+            "online": outcome.online, "invited": len(outcome.invited),
+            "arrived": len(outcome.arrived), "dropped": len(outcome.dropped),
+            "late": len(outcome.late), "train_loss": outcome.train_loss,
+            "test_loss": test_loss, "test_acc": test_acc, "wall_s": outcome.wall_s, **metrics,
+        }
+        self.rows.append(row)
+        for name, ids in (("invitations", outcome.invited), ("arrivals", outcome.arrived),
+                          ("drops", outcome.dropped), ("late", outcome.late)):
+            np.add.at(self.counters[name], ids, 1)
+        self.last_round[outcome.arrived] = outcome.round
+        return row
+
+    def rounds_frame(self) -> pl.DataFrame:
+        extra = [k for k in (self.rows[0] if self.rows else {}) if k not in ROUND_COLUMNS]
+        schema = {**ROUND_COLUMNS, **{k: pl.Float64 for k in extra}}
+        return pl.DataFrame(self.rows, schema=schema)
+
+    def devices_frame(self) -> pl.DataFrame:
+        n = len(self.last_round)
+        return pl.DataFrame({"device_id": np.arange(n, dtype=np.int64), **self.counters,
+                             "last_round": self.last_round})
+
+    def write_tables(self) -> None:
+        atomic_write(self.run_dir / "rounds.parquet", self.rounds_frame().write_parquet)
+        atomic_write(self.run_dir / "devices.parquet", self.devices_frame().write_parquet)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": list(self.rows), "counters": self.counters, "last_round": self.last_round}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.rows = list(sd["rows"])
+        self.counters = {k: np.asarray(v) for k, v in sd["counters"].items()}
+        self.last_round = np.asarray(sd["last_round"])

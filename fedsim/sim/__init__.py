@@ -1,0 +1,1 @@
+"""The SimPy engine: a server process, device processes, and the timing model."""

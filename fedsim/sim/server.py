@@ -1,0 +1,139 @@
+"""The server process: one synchronous round after another (DESIGN.md, "The flow of one run").
+
+Each round: ask the index who is online, let the Strategy choose, decide each invited
+device's fate from the trace and the timing model (known in advance), train the devices that
+will arrive in ONE batched call, run their SimPy processes, aggregate whatever arrived by
+the close of the round, evaluate when due, record.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+import torch
+
+from fedsim.algorithms.base import Arrivals, Strategy
+from fedsim.config import ServerConfig
+from fedsim.sim.device import RoundBoard, deadline, device_task
+from fedsim.sim.timing import DeviceTiming
+
+
+@dataclass
+class RoundOutcome:
+    """Everything the recorder needs about one round."""
+
+    round: int
+    t_start: float
+    t_end: float
+    online: int
+    invited: np.ndarray  # ids
+    arrived: np.ndarray  # ids
+    dropped: np.ndarray  # ids
+    late: np.ndarray  # ids
+    train_loss: float | None
+    wall_s: float
+
+
+class Server:
+    def __init__(self, *, env: simpy.Environment, index, strategy: Strategy, trainer, timing: DeviceTiming,
+                 cfg: ServerConfig, batch_size: int, client_sizes: np.ndarray, model_bytes: int,
+                 seed: int, device: torch.device):
+        self.env = env
+        self.index = index
+        self.strategy = strategy
+        self.trainer = trainer
+        self.timing = timing
+        self.cfg = cfg
+        self.batch_size = batch_size
+        self.client_sizes = client_sizes
+        self.model_bytes = model_bytes
+        self.seed = seed
+        self.device = device
+
+    def wait_for_someone(self):
+        """Model timing: sleep until a device comes online. Returns False if none ever will."""
+        t_next = self.index.next_online(self.env.now)
+        if math.isinf(t_next):
+            return False
+        yield self.env.timeout(t_next - self.env.now)
+        return True
+
+    def round(self, rnd: int):
+        """One synchronous round (a SimPy sub-process); returns its RoundOutcome."""
+        env, cfg, strategy = self.env, self.cfg, self.strategy
+        wall0 = time.perf_counter()
+        ideal = cfg.timing == "ideal"
+        t0 = env.now
+        online = np.flatnonzero(self.index.online(t0))
+        rng = np.random.default_rng([self.seed, rnd, 0x5E1])
+        ids = np.asarray(strategy.select(rnd, online, rng), dtype=np.int64)
+        steps = np.asarray(strategy.local_steps(rnd, ids), dtype=np.int64)
+        lr = strategy.client_lr(rnd)
+
+        if ideal:  # the papers' round-indexed model: zero latency, everyone invited arrives
+            ends_at = np.full(len(ids), t0)
+            fate = np.full(len(ids), "arrived", dtype=object)
+            close_at = t0 + cfg.round_duration
+        else:
+            per_step = self.client_sizes[ids] if self.batch_size == 0 else self.batch_size
+            finish = t0 + self.timing.task_s(ids, steps * per_step, self.model_bytes)
+            offline_at = self.index.next_offline(ids, t0)
+            dropped = offline_at < finish
+            ends_at = np.where(dropped, offline_at, finish)
+            fate = np.where(dropped, "dropped", "arrived").astype(object)
+            close_at = t0 + (cfg.deadline if len(ids) else cfg.round_duration)
+        will_arrive = (fate == "arrived") & (ends_at <= close_at)
+
+        trained = np.flatnonzero(will_arrive)
+        result = None
+        if len(trained):
+            start = strategy.start_params(ids)[torch.as_tensor(trained, device=self.device)]
+            result = self.trainer.train(rnd, ids[trained], start, steps[trained], lr,
+                                        prox_mu=strategy.prox_mu)
+
+        target = len(ids)
+        if not ideal and cfg.clients_per_round > 0:
+            target = min(cfg.clients_per_round, len(ids))
+        board = RoundBoard(env, invited=len(ids), target=max(target, 1) if len(ids) else 0)
+        for pos in range(len(ids)):
+            env.process(device_task(env, board, pos, ends_at[pos], fate[pos]))
+        closer = env.process(deadline(env, board, close_at))
+        yield closer if ideal or not len(ids) else board.closed
+
+        arrived_pos = np.asarray(board.arrived, dtype=np.int64)
+        dropped_pos = np.asarray(board.dropped, dtype=np.int64)
+        late_mask = np.ones(len(ids), dtype=bool)
+        late_mask[arrived_pos] = False
+        late_mask[dropped_pos] = False
+        arrivals = self._arrivals(rnd, ids, arrived_pos, trained, result, steps, lr)
+        strategy.aggregate(rnd, arrivals)
+        loss = float(arrivals.loss.mean()) if len(arrivals) else None
+        return RoundOutcome(
+            round=rnd, t_start=t0, t_end=env.now, online=len(online), invited=ids,
+            arrived=ids[arrived_pos], dropped=ids[dropped_pos], late=ids[late_mask],
+            train_loss=loss, wall_s=time.perf_counter() - wall0,
+        )
+
+    def _arrivals(self, rnd, ids, arrived_pos, trained, result, steps, lr) -> Arrivals:
+        """The trained rows of the devices that arrived, in arrival order."""
+        row_of = np.full(len(ids), -1, dtype=np.int64)
+        row_of[trained] = np.arange(len(trained))
+        rows = torch.as_tensor(row_of[arrived_pos], device=self.device)
+        if result is None:
+            d = self.strategy.params.shape[0]
+            empty = torch.empty(0, device=self.device)
+            return Arrivals(ids=ids[:0], deltas=torch.empty(0, d, device=self.device), steps=empty,
+                            samples=empty, loss=empty, version=ids[:0], lr=empty)
+        return Arrivals(
+            ids=ids[arrived_pos],
+            deltas=result.deltas[rows],
+            steps=torch.as_tensor(steps[arrived_pos], device=self.device),
+            samples=result.samples[rows],
+            loss=result.loss[rows],
+            version=np.full(len(arrived_pos), rnd, dtype=np.int64),
+            lr=torch.full((len(arrived_pos),), float(lr), device=self.device),
+        )

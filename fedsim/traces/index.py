@@ -1,0 +1,175 @@
+"""Vectorised availability queries over a trace.
+
+The engine never turns availability flips into SimPy events; it asks this index instead, so
+the cost of a round follows the cohort, not the population. Three precomputed structures:
+
+* per-device lookup: interval starts replaced by their integer rank give exact int64 keys
+  ``device * stride + rank``, so one ``searchsorted`` finds each queried device's interval;
+* time buckets: every interval is listed (as contiguous copies) in the buckets of width ~ the
+  mean interval length that it overlaps, so ``online(t)`` scans one bucket, not every device;
+* the union of all intervals, for "when is anybody online next".
+
+With ``wrap = "loop"`` a time t reads the trace at ``t mod horizon``; a run that reaches the
+horizon continues into the device's interval starting at 0. Times after the first period are
+exact when the horizon and interval ends are exactly representable sums (e.g. whole seconds).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedsim.traces.schema import Trace
+
+_MAX_BUCKETS = 1 << 16
+
+
+class AvailabilityIndex:
+    """Answers who is online when, for one trace."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.n_devices = trace.n_devices
+        self.horizon = trace.horizon
+        self._loop = trace.wrap == "loop"
+        dev, start, end = trace.device_id, trace.start, trace.end
+        self._dev, self._start, self._end = dev, start, end
+        self._starts = np.unique(start)
+        self._stride = len(self._starts) + 1
+        self._key = dev * self._stride + np.searchsorted(self._starts, start)
+        self._run_end = self._run_ends()
+        self._build_buckets()
+        self._union_start, self._union_end = _union(start, end)
+
+    # -- queries -------------------------------------------------------------------------
+
+    def online(self, t: float) -> np.ndarray:
+        """bool [N]: who is online at time t."""
+        out = np.zeros(self.n_devices, dtype=bool)
+        tau = self._phase(t)
+        if tau is None or not self._bucket_width:
+            return out
+        b = min(int(tau // self._bucket_width), self._n_buckets - 1)
+        lo, hi = self._bucket_ptr[b], self._bucket_ptr[b + 1]
+        hit = (self._b_start[lo:hi] <= tau) & (tau < self._b_end[lo:hi])
+        out[self._b_dev[lo:hi][hit]] = True
+        return out
+
+    def next_offline(self, ids, t: float) -> np.ndarray:
+        """float [k]: when the current online run of each device ends (inf if never); t for a
+        device that is offline at t."""
+        ids = self._ids(ids)
+        out = np.full(len(ids), float(t))
+        tau = self._phase(t)
+        if tau is None:
+            return out
+        row, on = self._locate(ids, tau)
+        out[on] = (t - tau) + self._run_end[row[on]]
+        return out
+
+    def next_online(self, t: float) -> float:
+        """Earliest t' >= t at which any device is online; math.inf if nobody ever is again."""
+        us, ue = self._union_start, self._union_end
+        if not len(us):
+            return math.inf
+        if not self._loop and t < 0:
+            return float(us[0])
+        tau = self._phase(t)
+        if tau is None:
+            return math.inf
+        k = int(np.searchsorted(us, tau, side="right")) - 1
+        if k >= 0 and tau < ue[k]:
+            return float(t)
+        base = t - tau
+        if k + 1 < len(us):
+            return float(base + us[k + 1])
+        return float(base + self.horizon + us[0]) if self._loop else math.inf
+
+    def online_during(self, ids, t0: float, t1: float) -> np.ndarray:
+        """bool [k]: online for the whole of [t0, t1); a device that drops out and comes back
+        inside the window is False. An empty window (t1 <= t0) asks for online at t0."""
+        ids = self._ids(ids)
+        tau = self._phase(t0)
+        if tau is None:
+            return np.zeros(len(ids), dtype=bool)
+        row, on = self._locate(ids, tau)
+        on[on] = (t0 - tau) + self._run_end[row[on]] >= t1
+        return on
+
+    def online_ids(self, t: float) -> np.ndarray:
+        """int64 [n]: ids of the devices online at t, ascending."""
+        return np.flatnonzero(self.online(t))
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _phase(self, t: float) -> float | None:
+        """Position of t inside the trace, or None when the trace says everyone is offline."""
+        if self._loop:
+            return float(np.mod(t, self.horizon))
+        return float(t) if 0 <= t < self.horizon else None
+
+    def _ids(self, ids) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.n_devices):
+            raise IndexError(f"device ids must be in 0..{self.n_devices - 1}")
+        return ids
+
+    def _locate(self, ids: np.ndarray, tau: float):
+        """Row of the last interval of each device starting at or before tau, and whether the
+        device is online at tau (row is meaningless where it is not)."""
+        rank = int(np.searchsorted(self._starts, tau, side="right")) - 1
+        row = np.searchsorted(self._key, ids * self._stride + rank, side="right") - 1
+        row = np.maximum(row, 0)
+        if not len(self._dev):
+            return row, np.zeros(len(ids), dtype=bool)
+        on = (self._dev[row] == ids) & (self._start[row] <= tau) & (tau < self._end[row])
+        return row, on
+
+    def _run_ends(self) -> np.ndarray:
+        """Per interval: when the online run containing it ends, across the loop wrap point."""
+        run_end = self._end.copy()
+        if not self._loop or not len(run_end):
+            return run_end
+        dev = self._dev
+        first = np.searchsorted(dev, dev)  # row of each device's first interval
+        wraps = (self._end == self.horizon) & (self._start[first] == 0)
+        forever = wraps & (first == np.arange(len(dev)))
+        run_end[wraps] = self.horizon + self._end[first[wraps]]
+        run_end[forever] = math.inf
+        return run_end
+
+    def _build_buckets(self) -> None:
+        """List each interval in every bucket it overlaps; bucket width ~ mean interval length
+        keeps the copies near 2x the interval count."""
+        start, end = self._start, self._end
+        self._bucket_width = 0.0
+        self._n_buckets = 0
+        if not len(start):
+            return
+        width = max(float(np.mean(end - start)), self.horizon / _MAX_BUCKETS)
+        n = max(1, math.ceil(self.horizon / width))
+        first = np.minimum((start // width).astype(np.int64), n - 1)
+        last = np.minimum((end // width).astype(np.int64), n - 1)
+        count = last - first + 1
+        rows = np.repeat(np.arange(len(start)), count)
+        bucket = np.arange(len(rows)) - np.repeat(np.cumsum(count) - count, count) + first[rows]
+        order = np.argsort(bucket, kind="stable")
+        rows = rows[order]
+        self._bucket_width, self._n_buckets = width, n
+        self._bucket_ptr = np.searchsorted(bucket[order], np.arange(n + 1))
+        self._b_start, self._b_end = start[rows], end[rows]
+        self._b_dev = self._dev[rows].astype(np.int32 if self.n_devices < 2**31 else np.int64)
+
+
+def _union(start: np.ndarray, end: np.ndarray):
+    """Merged union of all devices' intervals: when anybody at all is online."""
+    if not len(start):
+        return start, end
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], end[order]
+    reach = np.maximum.accumulate(end)
+    opens = np.concatenate([[True], start[1:] > reach[:-1]])
+    first = np.flatnonzero(opens)
+    last = np.concatenate([first[1:], [len(start)]]) - 1
+    return start[first], reach[last]

@@ -1,0 +1,200 @@
+"""Round-indexed availability models of the papers (ALGORITHMS.md §2).
+
+Each model is a probability p_i^t per device i and round t, computed from parameters that
+are recorded in the trace metadata (so ``known_probability`` can recompute it). Rounds are
+sampled in blocks of rounds x all devices and turned into intervals on the round grid.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import numpy as np
+
+from fedsim.errors import FedsimError
+from fedsim.traces.intervals import runs_of
+from fedsim.traces.request import Generated, Request
+
+DYNAMICS = ("stationary", "staircase", "sine", "interleaved-sine")
+DEFAULT_CLASSES = 10  # label count assumed for group membership when no labels are given
+
+BERNOULLI_OPTIONS = {
+    "p": None,               # float for everyone or a list with one value per device
+    "dynamics": "stationary",
+    "gamma": 0.3,
+    "period": 20,
+    "delta0": 0.1,
+    "phi_max": [1.0] * 5 + [0.5] * 5,
+    "p_min": None,           # float: MIFA's label-dependent p_i
+}
+GRID_OPTIONS = {"half_period": 100, "digits": 5}
+PERIODIC_OPTIONS = {"groups": 5, "rounds_per_group": 100, "offset": None}
+
+
+def sample_rounds(req: Request, params: dict, probability, *, random: bool) -> Generated:
+    """Draw online[t, i] ~ Bernoulli(p_i^t) (or take p as 0/1 when not ``random``) and emit
+    the runs of online rounds as intervals [r*D, r'*D)."""
+    n, d = req.n_devices, req.round_duration
+    block = max(1, (1 << 22) // n)
+    devs, starts, ends = [], [], []
+    for r0 in range(0, req.rounds, block):
+        rounds = np.arange(r0, min(req.rounds, r0 + block))
+        p = probability(params, rounds)
+        online = req.rng.random(p.shape) < p if random else p >= 1
+        dev, first, stop = runs_of(online.T)
+        devs.append(dev)
+        starts.append((r0 + first) * d)
+        ends.append((r0 + stop) * d)
+    return Generated(np.concatenate(devs), np.concatenate(starts), np.concatenate(ends), params)
+
+
+# -- always ---------------------------------------------------------------------------------
+
+def always(req: Request) -> Generated:
+    n = req.n_devices
+    return Generated(np.arange(n), np.zeros(n), np.full(n, req.horizon), {"n": n})
+
+
+def always_probability(params: dict, rounds: np.ndarray) -> np.ndarray:
+    return np.ones((len(rounds), params["n"]))
+
+
+# -- bernoulli ------------------------------------------------------------------------------
+
+def bernoulli(req: Request) -> Generated:
+    o = req.options
+    if o["dynamics"] not in DYNAMICS:
+        close = difflib.get_close_matches(str(o["dynamics"]), DYNAMICS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise FedsimError(f"trace generator 'bernoulli': dynamics = {o['dynamics']!r} is unknown; "
+                          f"{hint}valid: {', '.join(DYNAMICS)}")
+    _check_range("bernoulli", "gamma", o["gamma"], 0.0, 1.0)
+    _check_range("bernoulli", "delta0", o["delta0"], 0.0, 1.0)
+    if o["period"] < 1:
+        raise FedsimError(f"trace generator 'bernoulli': period = {o['period']}; give rounds >= 1")
+    params = {"p": _base_probability(req).tolist(), "dynamics": o["dynamics"],
+              "gamma": o["gamma"], "period": o["period"], "delta0": o["delta0"]}
+    return sample_rounds(req, params, bernoulli_probability, random=True)
+
+
+def bernoulli_probability(params: dict, rounds: np.ndarray) -> np.ndarray:
+    """p_i^t = clip01(p_i f(t)) for the FedAWE dynamics (002 App. J.3)."""
+    p = np.asarray(params["p"], dtype=np.float64)[None, :]
+    t = np.asarray(rounds, dtype=np.float64)[:, None]
+    period, gamma = params["period"], params["gamma"]
+    dynamics = params["dynamics"]
+    if dynamics == "stationary":
+        pt = np.broadcast_to(p, (len(rounds), p.shape[1]))
+    elif dynamics == "staircase":
+        pt = p * np.where(np.mod(t, period) < period / 2, 1.0, 0.4)
+    else:
+        pt = p * (gamma * np.sin(2 * np.pi * t / period) + 1 - gamma)
+        if dynamics == "interleaved-sine":
+            pt = np.where(pt >= params["delta0"], pt, 0.0)
+    return np.clip(pt, 0.0, 1.0)
+
+
+def _base_probability(req: Request) -> np.ndarray:
+    """p_i: given, MIFA label-dependent (p_min), or FedAWE label-derived <nu_i, phi>."""
+    o, n = req.options, req.n_devices
+    if o["p"] is not None:
+        p = o["p"]
+        if isinstance(p, (int, float)) and not isinstance(p, bool):
+            p = np.full(n, float(p))
+        elif isinstance(p, (list, tuple, np.ndarray)) and len(p) == n:
+            p = np.asarray(p, dtype=np.float64)
+        else:
+            raise FedsimError(f"trace generator 'bernoulli': p must be a probability or a list of "
+                              f"{n} (one per device), got {_short(p)}")
+        bad = np.flatnonzero(~((p >= 0) & (p <= 1)))
+        if bad.size:
+            raise FedsimError(f"trace generator 'bernoulli': p = {p[bad[0]]} for device "
+                              f"{bad[0]} is not a probability in [0, 1]")
+        return p
+    dist = _labels(req, "p_i from labels (or give p = 0.5 or one p per device)")
+    classes = dist.shape[1]
+    if o["p_min"] is not None:
+        _check_range("bernoulli", "p_min", o["p_min"], 0.0, 1.0)
+        order = np.argsort(-dist, axis=1, kind="stable")
+        j = order[:, 0]
+        second = order[:, 1] if classes > 1 else j
+        k = np.where(dist[np.arange(n), second] > 0, second, j)
+        return o["p_min"] + (1 - o["p_min"]) * np.minimum(j, k) / max(classes - 1, 1)
+    phi_max = np.asarray(o["phi_max"], dtype=np.float64)
+    if phi_max.shape != (classes,) or np.any(phi_max < 0):
+        raise FedsimError(f"trace generator 'bernoulli': phi_max has {phi_max.size} values but the "
+                          f"data has {classes} classes; give one bound >= 0 per class")
+    phi = req.rng.uniform(0.0, phi_max)
+    return np.clip(dist @ phi, 0.0, 1.0)
+
+
+# -- two-group grid (FedLaAvg) --------------------------------------------------------------
+
+def grid(req: Request) -> Generated:
+    o = req.options
+    if o["half_period"] < 1 or o["digits"] < 0:
+        raise FedsimError(f"trace generator 'grid': half_period = {o['half_period']} must be >= 1 "
+                          f"and digits = {o['digits']} >= 0")
+    group = (majority_labels(req) >= o["digits"]).astype(np.int64)
+    params = {"half_period": o["half_period"], "group": group.tolist()}
+    return sample_rounds(req, params, grid_probability, random=False)
+
+
+def grid_probability(params: dict, rounds: np.ndarray) -> np.ndarray:
+    e = params["half_period"]
+    first_half = (np.mod(rounds, 2 * e) < e)[:, None]
+    group0 = (np.asarray(params["group"]) == 0)[None, :]
+    return (first_half == group0).astype(np.float64)
+
+
+# -- periodic groups (Wang & Ji) ------------------------------------------------------------
+
+def periodic(req: Request) -> Generated:
+    o = req.options
+    groups, length = o["groups"], o["rounds_per_group"]
+    if groups < 1 or length < 1:
+        raise FedsimError(f"trace generator 'periodic': groups = {groups} and rounds_per_group = "
+                          f"{length} must both be >= 1")
+    offset = o["offset"]
+    if offset is None:
+        offset = int(req.rng.integers(0, length))
+    elif isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < length:
+        raise FedsimError(f"trace generator 'periodic': offset = {offset!r}; give an integer in "
+                          f"0..{length - 1}, or leave it out for a random one")
+    labels = majority_labels(req)
+    classes = DEFAULT_CLASSES if req.label_dist is None else req.label_dist.shape[1]
+    group = labels * groups // classes
+    params = {"groups": groups, "rounds_per_group": length, "offset": offset,
+              "group": group.tolist()}
+    return sample_rounds(req, params, periodic_probability, random=False)
+
+
+def periodic_probability(params: dict, rounds: np.ndarray) -> np.ndarray:
+    turn = ((np.asarray(rounds) + params["offset"]) // params["rounds_per_group"]) % params["groups"]
+    return (turn[:, None] == np.asarray(params["group"])[None, :]).astype(np.float64)
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+def majority_labels(req: Request) -> np.ndarray:
+    """Each device's most frequent label; without labels device i counts as label i mod 10."""
+    if req.label_dist is None:
+        return np.arange(req.n_devices) % DEFAULT_CLASSES
+    return np.argmax(req.label_dist, axis=1)
+
+
+def _labels(req: Request, why: str) -> np.ndarray:
+    if req.label_dist is None:
+        raise FedsimError(f"trace generator 'bernoulli' needs the devices' label distributions for "
+                          f"{why}; run it from an experiment config")
+    return req.label_dist
+
+
+def _check_range(kind: str, key: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise FedsimError(f"trace generator {kind!r}: {key} = {value!r}; give a value in [{lo}, {hi}]")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) < 60 else text[:57] + "..."

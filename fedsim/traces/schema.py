@@ -1,0 +1,171 @@
+"""The in-memory availability trace and the rules every trace obeys.
+
+A trace is a flat table of half-open online intervals ``[start, end)`` per device, sorted by
+(device_id, start), with a device's intervals merged so they neither overlap nor touch. The
+same checks serve traces built in memory (``Trace.from_intervals``) and traces read from disk
+(``fedsim.traces.io.read_trace``), so both report the first bad row in the same words.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+
+from fedsim.errors import FedsimError
+
+WRAPS = ("none", "loop")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Online intervals of ``n_devices`` devices over ``[0, horizon)`` seconds.
+
+    ``wrap = "loop"`` repeats the trace with period ``horizon`` (FedScale-style replay);
+    ``"none"`` leaves every device offline from ``horizon`` on. ``generator`` records how the
+    trace was made (JSON-able); round-indexed generators store there what
+    ``known_probability`` needs to recompute p_i^t.
+    """
+
+    device_id: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    n_devices: int
+    horizon: float
+    wrap: str = "none"
+    origin: str | None = None
+    generator: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_intervals(cls, device_id, start, end, *, n_devices, horizon, wrap="none",
+                       origin=None, generator=None) -> "Trace":
+        """Sort, validate and merge raw intervals (touching or overlapping ones of a device)."""
+        device_id = _as_array(device_id, np.int64, "device_id")
+        start = _as_array(start, np.float64, "start")
+        end = _as_array(end, np.float64, "end")
+        if not len(device_id) == len(start) == len(end):
+            raise FedsimError(
+                f"trace: device_id, start and end have lengths {len(device_id)}, {len(start)}, "
+                f"{len(end)}; give one value per interval in each"
+            )
+        n_devices, horizon = check_header(n_devices, horizon, wrap, origin, generator, "trace")
+        problem = first_problem(device_id, start, end, n_devices, horizon, need_sorted=False)
+        if problem is not None:
+            raise FedsimError(f"trace: {problem}")
+        order = np.lexsort((start, device_id))
+        device_id, start, end = merge_sorted(device_id[order], start[order], end[order])
+        return cls(device_id, start, end, n_devices, horizon, wrap, origin, dict(generator or {}))
+
+    def availability(self) -> np.ndarray:
+        """Fraction of ``[0, horizon)`` each device is online, float64 ``[n_devices]``."""
+        online = np.bincount(self.device_id, weights=self.end - self.start, minlength=self.n_devices)
+        return online / self.horizon
+
+    @property
+    def n_intervals(self) -> int:
+        return len(self.device_id)
+
+
+def _as_array(values, dtype, name: str) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise FedsimError(f"trace: {name} must be one-dimensional, got shape {array.shape}")
+    if dtype is np.int64 and array.size and not np.issubdtype(array.dtype, np.integer):
+        raise FedsimError(f"trace: device_id must hold integers, got {array.dtype}")
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
+def check_header(n_devices, horizon, wrap, origin, generator, where: str) -> tuple[int, float]:
+    """Validate the per-trace values; return n_devices as int and horizon as float."""
+    if isinstance(n_devices, bool) or not isinstance(n_devices, (int, np.integer)) or n_devices < 0:
+        raise FedsimError(f"{where}: n_devices = {n_devices!r}; it must be an integer >= 0")
+    try:
+        horizon = float(horizon)
+    except (TypeError, ValueError):
+        raise FedsimError(f"{where}: horizon = {horizon!r}; it must be a number of seconds > 0") from None
+    if not (math.isfinite(horizon) and horizon > 0):
+        raise FedsimError(f"{where}: horizon = {horizon!r}; it must be a finite number of seconds > 0")
+    if wrap not in WRAPS:
+        raise FedsimError(f"{where}: wrap = {wrap!r}; it must be one of {', '.join(WRAPS)}")
+    if origin is not None:
+        try:
+            datetime.fromisoformat(origin)
+        except (TypeError, ValueError):
+            raise FedsimError(
+                f"{where}: origin = {origin!r} is not an ISO-8601 instant such as "
+                f"'2024-01-01T00:00:00+00:00'"
+            ) from None
+    if generator is not None:
+        try:
+            json.dumps(generator, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise FedsimError(f"{where}: generator metadata is not JSON-able ({exc})") from None
+    return int(n_devices), horizon
+
+
+def first_problem(device_id, start, end, n_devices, horizon, *, need_sorted) -> str | None:
+    """Describe the first row that breaks a trace rule, or None when every row is fine.
+
+    Rows are numbered from 0. With ``need_sorted`` the rows must already be sorted by
+    (device_id, start) and a device's intervals must not overlap (as in a trace file);
+    without it only the per-row rules apply (``from_intervals`` sorts and merges itself).
+    """
+    checks = [
+        (~np.isfinite(start), lambda i: f"start is {start[i]}; give a finite number of seconds"),
+        (~np.isfinite(end), lambda i: f"end is {end[i]}; give a finite number of seconds"),
+        ((device_id < 0) | (device_id >= n_devices),
+         lambda i: f"device_id {device_id[i]} is outside 0..{n_devices - 1}; "
+                   f"ids must be below n_devices = {n_devices}"),
+        (start < 0, lambda i: f"start {start[i]} < 0; times are seconds since the trace origin"),
+        (end <= start, lambda i: f"end {end[i]} <= start {start[i]}; intervals need end > start"),
+        (end > horizon, lambda i: f"end {end[i]} > horizon {horizon}; clip the interval or raise "
+                                  f"the horizon"),
+    ]
+    if need_sorted and len(device_id) > 1:
+        same = device_id[1:] == device_id[:-1]
+        later = np.concatenate([[False], (device_id[1:] < device_id[:-1])
+                                | (same & (start[1:] < start[:-1]))])
+        overlap = np.concatenate([[False], same & (start[1:] < end[:-1])])
+        checks += [
+            (later, lambda i: f"rows are not sorted by (device_id, start): this row comes after "
+                              f"device {device_id[i - 1]} start {start[i - 1]}; sort the rows"),
+            (overlap, lambda i: f"start {start[i]} < end {end[i - 1]} of the previous interval "
+                                f"of the device; intervals of a device must not overlap"),
+        ]
+    first, message = len(device_id), None
+    for bad, describe in checks:
+        hits = np.flatnonzero(bad[:first])
+        if hits.size:
+            first, message = int(hits[0]), describe
+    if message is None:
+        return None
+    return f"row {first} (device {device_id[first]}): {message(first)}"
+
+
+def merge_sorted(device_id, start, end):
+    """Merge touching or overlapping intervals of the same device (rows sorted by device, start)."""
+    if len(device_id) < 2:
+        return device_id, start, end
+    reach = _running_max_per_device(device_id, end)
+    # A row opens a new run when it belongs to a new device or starts after all earlier ends.
+    opens = np.concatenate([[True], (device_id[1:] != device_id[:-1]) | (start[1:] > reach[:-1])])
+    if opens.all():
+        return device_id, start, end
+    first = np.flatnonzero(opens)
+    last = np.concatenate([first[1:], [len(device_id)]]) - 1
+    return device_id[first], start[first], reach[last]
+
+
+def _running_max_per_device(device_id, end):
+    """Cumulative max of ``end`` restarting at each device, exactly and without a Python loop.
+
+    Ends are replaced by their integer rank and each device is lifted above all earlier ones,
+    so a single global cumulative max stays within a device.
+    """
+    values, rank = np.unique(end, return_inverse=True)
+    device_rank = np.concatenate([[0], np.cumsum(device_id[1:] != device_id[:-1])])
+    lift = device_rank * len(values)
+    return values[np.maximum.accumulate(rank + lift) - lift]

@@ -1,0 +1,27 @@
+"""Training: tasks (data + partition + model on the run's device) and cohort trainers."""
+
+from __future__ import annotations
+
+from fedsim.config import ClientConfig
+from fedsim.errors import FedsimError
+from fedsim.training.auto import AutoTrainer
+from fedsim.training.cohort import BatchedTrainer
+from fedsim.training.loop import LoopTrainer
+from fedsim.training.task import Task, build_task
+from fedsim.training.trainer import Trainer, TrainResult
+
+TRAINERS = {"auto": AutoTrainer, "batched": BatchedTrainer, "loop": LoopTrainer}
+
+
+def build_trainer(task: Task, client: ClientConfig, *, seed: int) -> Trainer:
+    """The trainer path named by `[client] trainer` (auto | batched | loop)."""
+    if client.trainer not in TRAINERS:
+        raise FedsimError(
+            f"[client] trainer = {client.trainer!r} is not valid (one of: {', '.join(TRAINERS)})"
+        )
+    if client.batch_size < 0:
+        raise FedsimError(f"[client] batch_size = {client.batch_size} must be >= 0 (0 = full local data)")
+    return TRAINERS[client.trainer](task, client, seed=seed)
+
+
+__all__ = ["build_task", "build_trainer", "Task", "TrainResult", "Trainer"]

@@ -1,0 +1,34 @@
+"""`[client] trainer = "auto"`: the faster path for the model, cohort size and torch device.
+
+The choice is a fixed rule (measured with benchmarks/bench_cohort.py), never a timing taken
+during the run: a timing could pick differently on a rerun, and the two paths agree only to
+float rounding, so runs would stop being bit-for-bit repeatable.
+"""
+
+from __future__ import annotations
+
+from fedsim.training.cohort import BatchedTrainer
+from fedsim.training.loop import LoopTrainer
+from fedsim.training.trainer import Trainer
+
+
+def prefers_batched(has_conv: bool, cohort: int, device_type: str) -> bool:
+    """On a GPU, always batched. On a CPU, batched except for convolutional models, whose
+    vmapped (grouped) convolution is slower than a loop of ordinary ones."""
+    if device_type != "cpu":
+        return True
+    return not has_conv or cohort <= 1
+
+
+class AutoTrainer(Trainer):
+    path = "auto"
+
+    def __init__(self, task, client, *, seed):
+        super().__init__(task, client, seed=seed)
+        self.batched = BatchedTrainer(task, client, seed=seed)
+        self.loop = LoopTrainer(task, client, seed=seed)
+        self.has_conv = getattr(getattr(task, "model", None), "has_conv", False)
+
+    def _run(self, rnd, ids, start, steps, lr, prox_mu):
+        batched = prefers_batched(self.has_conv, len(ids), self.task.device.type)
+        return (self.batched if batched else self.loop)._run(rnd, ids, start, steps, lr, prox_mu)

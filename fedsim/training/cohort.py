@@ -1,0 +1,54 @@
+"""The batched path: every device of the cohort in one vmapped gradient call per local step.
+
+Parameters of the cohort are stacked [k, d]; `torch.func.vmap` runs the per-device
+gradient over the stack, so the work is a few large kernels instead of k small ones. Devices
+with fewer steps simply drop out of the later steps (the active rows are known on the host
+from `steps`, so no device sync). Cohorts whose activations would not fit are cut into
+chunks of devices.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedsim.training.trainer import Trainer, sgd_update
+
+ACTIVATION_BUDGET = 2**27  # floats of layer outputs per vmapped call (512 MiB)
+
+
+class BatchedTrainer(Trainer):
+    path = "batched"
+
+    def __init__(self, task, client, *, seed):
+        super().__init__(task, client, seed=seed)
+        self.step_fn = torch.func.vmap(task.step_fn())
+
+    def chunk_size(self, ids: np.ndarray) -> int:
+        """Devices per vmapped call under the activation budget."""
+        per_sample = getattr(getattr(self.task, "model", None), "activations", 0)
+        if not per_sample:
+            return max(len(ids), 1)
+        width = self.batch_size or int(self.task.sizes[torch.as_tensor(ids)].max())
+        return max(1, ACTIVATION_BUDGET // (per_sample * width))
+
+    def _run(self, rnd, ids, start, steps, lr, prox_mu):
+        task = self.task
+        end = start.clone()
+        loss_sum = torch.zeros(len(ids), device=task.device)
+        ids_t = torch.as_tensor(ids, device=task.device)
+        size = self.chunk_size(ids)
+        for lo in range(0, len(ids), size):
+            part = slice(lo, lo + size)
+            w = end[part]
+            for s in range(int(steps[part].max(initial=0))):
+                active = np.flatnonzero(steps[part] > s)
+                if len(active) == len(w):
+                    rows = slice(None)
+                else:
+                    rows = torch.as_tensor(active, device=task.device)
+                inputs = task.inputs(ids_t[part][rows], rnd, s, self.batch_size, self.seed)
+                grad, loss = self.step_fn(w[rows], *inputs)
+                w[rows] = sgd_update(w[rows], grad, start[part][rows], lr[part][rows], self.client, prox_mu)
+                loss_sum[lo:lo + size][rows] += loss
+        return end, loss_sum

@@ -1,0 +1,273 @@
+"""Models as pure functions of one flat float32 parameter vector (ALGORITHMS.md §3).
+
+A model is a stack of layers; each layer names its parameters (for model.pt), knows how to
+initialise them and applies itself to a batch given a dict of parameter views. Being pure
+functions of (flat params, inputs, dropout uniforms), the same forward serves the per-device
+loop and `torch.func.vmap` over a cohort of stacked parameter vectors, and dropout randomness
+comes from keyed uniforms instead of torch's global generator. No BatchNorm (its running
+statistics are not a function of the parameters); no layer needs a vmap rule torch lacks
+(the LSTM is written as matmuls).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedsim.config import ModelConfig, _suggest
+from fedsim.errors import FedsimError
+
+
+@dataclass
+class Param:
+    name: str
+    shape: tuple[int, ...]
+    init: str  # "kaiming" (ReLU gain, fan-in), "zeros", "uniform" (+-1/sqrt(scale))
+    scale: int = 1
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class Layer:
+    params: tuple[Param, ...] = ()
+    dropout: int = 0  # dropout uniforms this layer consumes per sample
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return shape
+
+    def __call__(self, p: dict[str, Tensor], x: Tensor, u: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+
+class Dense(Layer):
+    def __init__(self, name: str, n_in: int, n_out: int):
+        self.w, self.b = f"{name}.weight", f"{name}.bias"
+        self.params = (Param(self.w, (n_out, n_in), "kaiming"), Param(self.b, (n_out,), "zeros"))
+
+    def out_shape(self, shape):
+        return (self.params[0].shape[0],)
+
+    def __call__(self, p, x, u):
+        return F.linear(x, p[self.w], p[self.b])
+
+
+class Conv(Layer):
+    def __init__(self, name: str, c_in: int, c_out: int, kernel: int, padding: int):
+        self.w, self.b, self.k, self.pad = f"{name}.weight", f"{name}.bias", kernel, padding
+        self.params = (Param(self.w, (c_out, c_in, kernel, kernel), "kaiming"),
+                       Param(self.b, (c_out,), "zeros"))
+
+    def out_shape(self, shape):
+        c, h, w = shape
+        return (self.params[0].shape[0], h + 2 * self.pad - self.k + 1, w + 2 * self.pad - self.k + 1)
+
+    def __call__(self, p, x, u):
+        return F.conv2d(x, p[self.w], p[self.b], padding=self.pad)
+
+
+class ReLU(Layer):
+    def __call__(self, p, x, u):
+        return torch.relu(x)
+
+
+class MaxPool(Layer):
+    def out_shape(self, shape):
+        c, h, w = shape
+        return (c, h // 2, w // 2)
+
+    def __call__(self, p, x, u):
+        return F.max_pool2d(x, 2)
+
+
+class Flatten(Layer):
+    def out_shape(self, shape):
+        return (math.prod(shape),)
+
+    def __call__(self, p, x, u):
+        return x.flatten(1)
+
+
+class Dropout(Layer):
+    """Inverted dropout driven by the uniforms `u` [B, features] (None at evaluation)."""
+
+    def __init__(self, features: int, rate: float):
+        self.dropout, self.rate = features, rate
+
+    def __call__(self, p, x, u):
+        if u is None:
+            return x
+        return x * (u >= self.rate).to(x.dtype) / (1.0 - self.rate)
+
+
+class LSTM(Layer):
+    """Stacked LSTM over the rows of an image (or one step for a vector); returns the last h.
+
+    Written with plain matmuls: torch's fused LSTM has no vmap batching rule.
+    """
+
+    def __init__(self, n_in: int, hidden: int, layers: int):
+        self.hidden, self.layers = hidden, layers
+        self.params = tuple(
+            Param(f"lstm.{kind}_l{i}", shape, "uniform", hidden)
+            for i in range(layers)
+            for kind, shape in (("weight_ih", (4 * hidden, n_in if i == 0 else hidden)),
+                                ("weight_hh", (4 * hidden, hidden)), ("bias", (4 * hidden,)))
+        )
+
+    def out_shape(self, shape):
+        return (self.hidden,)
+
+    def __call__(self, p, x, u):
+        # [T, B, features]: image rows (channels side by side) or a single step for a vector
+        seq = x.permute(2, 0, 1, 3).flatten(2) if x.dim() == 4 else x[None]
+        for i in range(self.layers):
+            w_ih, w_hh, b = (p[f"lstm.{k}_l{i}"] for k in ("weight_ih", "weight_hh", "bias"))
+            gates_in = F.linear(seq, w_ih, b)  # [T, B, 4H]: input part of every step at once
+            h = c = gates_in.new_zeros(gates_in.shape[1], self.hidden)
+            outs = []
+            for g_in in gates_in:
+                i_g, f_g, c_g, o_g = (g_in + h @ w_hh.T).chunk(4, dim=-1)
+                c = torch.sigmoid(f_g) * c + torch.sigmoid(i_g) * torch.tanh(c_g)
+                h = torch.sigmoid(o_g) * torch.tanh(c)
+                outs.append(h)
+            seq = torch.stack(outs)
+        return h
+
+
+class Model:
+    """A layer stack with flat-vector bookkeeping: names, shapes, offsets, init, forward."""
+
+    def __init__(self, name: str, layers: list[Layer], in_shape: tuple[int, ...]):
+        self.name, self.layers, self.in_shape = name, layers, in_shape
+        self.params = [q for layer in layers for q in layer.params]
+        self.dim = sum(q.numel for q in self.params)
+        self.dropout_features = sum(layer.dropout for layer in layers)
+        self.has_conv = any(isinstance(layer, Conv) for layer in layers)
+        self.activations = _activations(layers, in_shape)  # floats of layer outputs per sample
+
+    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
+        """Views of a flat [d] vector as named parameters (vmap-friendly: split + view)."""
+        chunks = flat.split([q.numel for q in self.params])
+        return {q.name: c.view(q.shape) for q, c in zip(self.params, chunks)}
+
+    def forward(self, flat: Tensor, x: Tensor, u: Tensor | None = None) -> Tensor:
+        """Logits [B, C] of inputs x [B, *in_shape]; u [B, dropout_features] or None (no dropout)."""
+        p = self.unflatten(flat)
+        used = 0
+        for layer in self.layers:
+            x = layer(p, x, None if u is None else u[:, used:used + layer.dropout])
+            used += layer.dropout
+        return x
+
+    def init(self, seed: int) -> Tensor:
+        """Kaiming-normal weights (ReLU gain), zero biases; LSTM: torch's U(+-1/sqrt(H)). CPU, seeded."""
+        gen = torch.Generator().manual_seed(int(seed))
+        parts = []
+        for q in self.params:
+            if q.init == "kaiming":
+                fan_in = math.prod(q.shape[1:])
+                parts.append(torch.randn(q.numel, generator=gen) * math.sqrt(2.0 / fan_in))
+            elif q.init == "uniform":
+                bound = 1.0 / math.sqrt(q.scale)
+                parts.append((torch.rand(q.numel, generator=gen) * 2 - 1) * bound)
+            else:
+                parts.append(torch.zeros(q.numel))
+        return torch.cat(parts).to(torch.float32)
+
+
+# --- architectures ---------------------------------------------------------------------------
+
+def _head(sizes: list[int], rate: float, learned_input: bool = True) -> list[Layer]:
+    """Dense stack sizes[0] -> ... -> sizes[-1] with ReLU between. Dropout goes before every
+    dense layer that reads a learned representation (where FedAWE's CINIC-10 CNN has it)."""
+    layers: list[Layer] = []
+    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+        if rate > 0 and (learned_input or i > 0):
+            layers.append(Dropout(n_in, rate))
+        layers.append(Dense(f"fc{i + 1}", n_in, n_out))
+        if i < len(sizes) - 2:
+            layers.append(ReLU())
+    return layers
+
+
+def _convs(channels: list[int], kernel: int, padding: int | list[int]) -> list[Layer]:
+    """conv-ReLU-maxpool blocks, then flatten."""
+    pads = padding if isinstance(padding, list) else [padding] * (len(channels) - 1)
+    layers: list[Layer] = []
+    for i, (c_in, c_out) in enumerate(zip(channels, channels[1:])):
+        layers += [Conv(f"conv{i + 1}", c_in, c_out, kernel, pads[i]), ReLU(), MaxPool()]
+    return layers + [Flatten()]
+
+
+def _cnn(in_shape, n_classes, rate, channels, kernel, padding, hidden) -> list[Layer]:
+    convs = _convs([in_shape[0], *channels], kernel, padding)
+    flat = _trace_shape(convs, in_shape)[0]
+    return convs + _head([flat, *hidden, n_classes], rate)
+
+
+def _trace_shape(layers: list[Layer], shape: tuple[int, ...]) -> tuple[int, ...]:
+    for layer in layers:
+        shape = layer.out_shape(shape)
+        if min(shape) < 1:
+            raise ValueError(shape)
+    return shape
+
+
+def _activations(layers: list[Layer], shape: tuple[int, ...]) -> int:
+    total = 0
+    for layer in layers:
+        shape = layer.out_shape(shape)
+        total += math.prod(shape)
+    return total
+
+
+def _lenet5(in_shape, n_classes, cfg):
+    pad = 2 if in_shape[1] < 32 else 0  # 28x28 inputs padded to LeNet's 32x32
+    return _cnn(in_shape, n_classes, cfg.dropout, [6, 16], 5, [pad, 0], [120, 84])
+
+
+ARCHITECTURES = {
+    "logreg": lambda s, c, cfg: [Flatten(), *_head([math.prod(s), c], 0.0)],
+    "mlp": lambda s, c, cfg: [Flatten(), *_head([math.prod(s), cfg.hidden, c], cfg.dropout, False)],
+    "lenet5": _lenet5,
+    # FedAWE (002) Table 6: 3x3 convs, 32 channels, padding 1
+    "cnn-svhn": lambda s, c, cfg: _cnn(s, c, cfg.dropout, [32, 32], 3, 1, [128]),
+    "cnn-cifar": lambda s, c, cfg: _cnn(s, c, cfg.dropout, [32, 32], 3, 1, [256, 64]),
+    "cnn-cinic": lambda s, c, cfg: _cnn(s, c, cfg.dropout, [32, 32], 3, 1, [512, 256]),
+    # Wang & Ji (003) Table D.2: 5x5 convs, padding 2
+    "cnn-fmnist": lambda s, c, cfg: _cnn(s, c, cfg.dropout, [32, 32], 5, 2, [128]),
+    "cnn-cifar-wj": lambda s, c, cfg: _cnn(s, c, cfg.dropout, [32, 64], 5, 2, [512, 128]),
+    # 2-layer LSTM, 16 hidden, reading an image row by row
+    "lstm": lambda s, c, cfg: [LSTM(s[0] * s[2] if len(s) == 3 else s[0], 16, 2),
+                               *_head([16, c], cfg.dropout)],
+}
+
+
+def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dataset: str) -> Model:
+    if cfg.name not in ARCHITECTURES:
+        raise FedsimError(
+            f"[model] name = {cfg.name!r} is unknown; {_suggest(cfg.name, ARCHITECTURES)} "
+            f"(one of: {', '.join(ARCHITECTURES)})"
+        )
+    if not 0 <= cfg.dropout < 1:
+        raise FedsimError(f"[model] dropout = {cfg.dropout} must be in [0, 1)")
+    if cfg.name not in ("logreg", "mlp", "lstm") and len(in_shape) != 3:
+        raise FedsimError(
+            f"[model] name = {cfg.name!r} needs images; [data] dataset = {dataset!r} has "
+            f"vectors of {in_shape}: use logreg, mlp or lstm"
+        )
+    try:
+        layers = ARCHITECTURES[cfg.name](in_shape, n_classes, cfg)
+        _trace_shape(layers, in_shape)
+    except ValueError:
+        raise FedsimError(
+            f"[model] name = {cfg.name!r} needs larger images than [data] dataset = {dataset!r} "
+            f"has ({'x'.join(map(str, in_shape[1:]))}); use a smaller model (logreg, mlp, cnn-svhn)"
+        ) from None
+    return Model(cfg.name, layers, in_shape)

@@ -1,0 +1,111 @@
+"""A Task: the dataset, its partition over the clients and the model, all on the run's device.
+
+Besides the public API the engine uses (init, evaluate, state_dict, sizes), a task gives the
+trainers two things: `inputs`, one device-side gather of what a cohort needs for one local
+step (drawn from keyed randomness), and `step_fn`, the per-device gradient and loss. The
+batched trainer vmaps `step_fn` over the cohort; the loop trainer calls it per device.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedsim.config import DataConfig, ModelConfig
+from fedsim.data.clients import ClientData
+from fedsim.data.datasets import load_dataset
+from fedsim.data.partition import partition
+from fedsim.training import rng
+from fedsim.training.evaluate import evaluate_classifier
+from fedsim.training.models import Model, build_model
+
+StepFn = Callable[..., tuple[Tensor, Tensor]]  # (w [d], *inputs of one device) -> (grad [d], loss [])
+
+
+class Task:
+    n_clients: int
+    dim: int
+    device: torch.device
+    n_classes: int | None
+    model_name: str  # what `auto` chooses a trainer path by
+    sizes: Tensor  # int64 [N + 1] samples per client; the last entry is the pooled client
+    pooled: int  # id of the virtual client holding all data (= n_clients)
+
+    def init_params(self) -> Tensor:
+        raise NotImplementedError
+
+    def client_sizes(self) -> np.ndarray:
+        return self.sizes[: self.n_clients].cpu().numpy()
+
+    def label_distribution(self) -> np.ndarray | None:
+        return None
+
+    def evaluate(self, params: Tensor) -> tuple[float, float | None]:
+        raise NotImplementedError
+
+    def state_dict(self, params: Tensor) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def inputs(self, ids: Tensor, rnd: int, step: int, batch_size: int, seed: int) -> tuple[Tensor, ...]:
+        """Per-device inputs of local step `step` for devices `ids` [m]; leading dim m each."""
+        raise NotImplementedError
+
+    def step_fn(self) -> StepFn:
+        raise NotImplementedError
+
+
+class ClassificationTask(Task):
+    """Cross-entropy on a partitioned labelled dataset, model = a flat-parameter `Model`."""
+
+    def __init__(self, data: ClientData, model: Model, seed: int):
+        self.data, self.model, self.seed = data, model, seed
+        self.n_clients, self.n_classes = data.n_clients, data.n_classes
+        self.dim, self.device, self.model_name = model.dim, data.device, model.name
+        self.sizes, self.pooled = data.sizes, data.pooled
+
+    def init_params(self) -> Tensor:
+        return self.model.init(self.seed).to(self.device)
+
+    def label_distribution(self) -> np.ndarray:
+        return self.data.label_distribution()
+
+    def evaluate(self, params: Tensor) -> tuple[float, float]:
+        return evaluate_classifier(self.model, params, self.data)
+
+    def state_dict(self, params: Tensor) -> dict[str, Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.unflatten(params).items()}
+
+    def inputs(self, ids, rnd, step, batch_size, seed):
+        if batch_size > 0:
+            x, y, weight = self.data.minibatch(ids, rng.uniform(seed, rng.BATCH, rnd, ids, step, batch_size))
+        else:
+            x, y, weight = self.data.full_batch(ids)
+        m, b = y.shape
+        n_drop = self.model.dropout_features
+        u = rng.uniform(seed, rng.DROPOUT, rnd, ids, step, b * n_drop) if n_drop else y.new_zeros(m, 0)
+        return x, y, weight, u.view(m, b, n_drop).to(torch.float32)
+
+    def step_fn(self) -> StepFn:
+        model = self.model
+
+        def loss(w: Tensor, x: Tensor, y: Tensor, weight: Tensor, u: Tensor) -> Tensor:
+            logits = model.forward(w, x, u if u.shape[-1] else None)
+            return (F.cross_entropy(logits, y, reduction="none") * weight).sum()
+
+        return torch.func.grad_and_value(loss)
+
+
+def build_task(data: DataConfig, model: ModelConfig, *, seed: int, device: torch.device) -> Task:
+    """The task of `[data]` and `[model]`, with everything on `device`."""
+    if data.dataset == "quadratic":
+        from fedsim.training.quadratic import QuadraticTask
+
+        return QuadraticTask(data, model, seed=seed, device=device)
+    dataset = load_dataset(data, seed)
+    owner = partition(dataset.y_train, data, seed)
+    net = build_model(model, dataset.shape, dataset.n_classes, data.dataset)
+    return ClassificationTask(ClientData(dataset, owner, data.clients, device), net, seed)

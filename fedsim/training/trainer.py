@@ -1,0 +1,81 @@
+"""What every trainer path shares: the call contract, the SGD update, the result.
+
+A path (batched or loop) only decides how the per-device gradients of one local step are
+computed; the update applied to them is this module's `sgd_update` in both, so the two paths
+differ by float rounding in the gradient and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedsim.config import ClientConfig
+from fedsim.training.task import Task
+
+
+@dataclass
+class TrainResult:
+    deltas: Tensor  # [k, d] end minus start parameters
+    loss: Tensor  # [k] mean training loss over the steps taken (nan for 0 steps)
+    samples: Tensor  # [k] int64 samples used
+
+
+def sgd_update(w: Tensor, grad: Tensor, start: Tensor, lr: Tensor, client: ClientConfig,
+               prox_mu: float) -> Tensor:
+    """One SGD step of rows w [m, d] from loss gradients grad [m, d].
+
+    Order as in torch: the proximal term (mu/2)||w - start||^2 is part of the local loss, the
+    per-device clipping (clip_grad_norm_) acts on that loss gradient, weight decay is added
+    by the optimizer after. Terms that are off are skipped, so that with all of them off a
+    step is exactly w - lr * grad in float32.
+    """
+    if prox_mu:
+        grad = grad + prox_mu * (w - start)
+    if client.clip > 0:
+        norm = torch.linalg.vector_norm(grad, dim=1, keepdim=True)
+        grad = grad * (client.clip / (norm + 1e-6)).clamp(max=1.0)
+    if client.weight_decay:
+        grad = grad + client.weight_decay * w
+    return w - lr[:, None] * grad
+
+
+class Trainer:
+    """Runs the local SGD of a cohort; subclasses implement `_run` (the path)."""
+
+    path = ""
+
+    def __init__(self, task: Task, client: ClientConfig, *, seed: int):
+        self.task, self.client, self.seed = task, client, seed
+        self.batch_size = client.batch_size
+
+    def train(self, rnd: int, ids: np.ndarray, start: Tensor, steps: np.ndarray, lr: float | Tensor,
+              prox_mu: float = 0.0) -> TrainResult:
+        """Local SGD of devices `ids` from `start` [k, d] for `steps` [k] steps at `lr` (scalar or [k])."""
+        task = self.task
+        ids = np.asarray(ids, dtype=np.int64)
+        steps = np.asarray(steps, dtype=np.int64)
+        k = len(ids)
+        if start.shape != (k, task.dim) or steps.shape != (k,) or (k and steps.min() < 0):
+            raise ValueError(f"train: need start [{k}, {task.dim}] and steps [{k}] >= 0, "
+                             f"got {tuple(start.shape)} and {steps.shape}")
+        lr_t = torch.as_tensor(lr, dtype=torch.float32, device=task.device).expand(k)
+        start = start.to(task.device, torch.float32)
+        end, loss_sum = self._run(rnd, ids, start, steps, lr_t, float(prox_mu))
+        ids_t = torch.as_tensor(ids, device=task.device)
+        steps_t = torch.as_tensor(steps, device=task.device)
+        per_step = self.batch_size if self.batch_size > 0 else task.sizes[ids_t]
+        return TrainResult(end - start, loss_sum / steps_t, steps_t * per_step)
+
+    def train_pooled(self, rnd: int, params: Tensor, steps: int, lr: float) -> Tensor:
+        """`steps` plain SGD steps over the pooled data of all devices from params [d]; the delta [d]."""
+        result = self.train(rnd, np.array([self.task.pooled]), params[None], np.array([steps]), lr)
+        return result.deltas[0]
+
+    def _run(self, rnd: int, ids: np.ndarray, start: Tensor, steps: np.ndarray, lr: Tensor,
+             prox_mu: float) -> tuple[Tensor, Tensor]:
+        """(end parameters [k, d], summed step losses [k])."""
+        raise NotImplementedError

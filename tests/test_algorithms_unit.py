@@ -1,0 +1,276 @@
+"""Each Strategy driven directly (no engine) on the quadratic task against its numpy reference,
+plus selection policies, checkpoints, memory accounting and option validation."""
+
+from __future__ import annotations
+
+import io
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import reference_algorithms as ref  # noqa: E402
+
+from fedsim.algorithms import REGISTRY, Arrivals, Context, make_strategy  # noqa: E402
+from fedsim.algorithms.selection import SELECTIONS  # noqa: E402
+from fedsim.algorithms.table import DeviceTable  # noqa: E402
+from fedsim.errors import FedsimError  # noqa: E402
+
+N, D, R = 5, 3, 40
+
+
+def scenario(seed=0):
+    """Targets, a random availability trace with heterogeneous p_i (and one empty round), x0."""
+    rng = np.random.default_rng(seed)
+    U = rng.normal(size=(N, D)) * 2
+    p = np.array([0.9, 0.7, 0.5, 0.3, 0.15])
+    avail = rng.random((R, N)) < p
+    avail[5] = False
+    return U, avail, np.tile(p, (R, 1)), rng.normal(size=D)
+
+
+def context(*, lr=lambda t: 0.2, steps=2, server_lr=0.8, options=None, selection="all",
+            invite=0, known_p=None, train_pooled=None) -> Context:
+    return Context(n_devices=N, dim=D, device=torch.device("cpu"), seed=0, server_lr=server_lr,
+                   local_steps=steps, clients_per_round=invite, invite=invite,
+                   options=options or {}, lr=lr, client_sizes=np.ones(N, dtype=np.int64),
+                   known_p=known_p, selection=selection, train_pooled=train_pooled)
+
+
+def local_sgd(U, ids, start, steps, lr, mu):
+    """Exact local SGD of every cohort member at once (the engine's trainer, in miniature)."""
+    u = torch.as_tensor(U[ids], dtype=torch.float32)
+    w, anchor = start.clone(), start.clone()
+    for s in range(int(steps.max(initial=0))):
+        active = torch.as_tensor(steps > s).unsqueeze(1)
+        w = torch.where(active, w - lr * ((w - u) + mu * (w - anchor)), w)
+    return w - start
+
+
+def drive(name, U, avail, x0, ctx, rounds=None, strategy=None):
+    """Run rounds [start, rounds) like the engine under ideal timing: every invited device arrives."""
+    if strategy is None:
+        strategy = make_strategy(name)
+        strategy.setup(N, torch.as_tensor(x0, dtype=torch.float32), ctx)
+        strategy.round = 0
+    keys = None
+    for t in range(strategy.round, rounds or avail.shape[0]):
+        ids = strategy.select(t, np.flatnonzero(avail[t]), np.random.default_rng([7, t]))
+        steps = strategy.local_steps(t, ids)
+        lr = strategy.client_lr(t)
+        deltas = local_sgd(U, ids, strategy.start_params(ids), steps, lr, strategy.prox_mu)
+        k = len(ids)
+        strategy.aggregate(t, Arrivals(ids=ids, deltas=deltas, steps=torch.as_tensor(steps),
+                                       samples=torch.ones(k), loss=torch.zeros(k),
+                                       version=np.full(k, t), lr=torch.full((k,), lr)))
+        metrics = strategy.metrics()
+        assert keys is None or set(metrics) == keys, "metric keys must not change between rounds"
+        keys = set(metrics)
+        assert all(isinstance(v, float) for v in metrics.values())
+        strategy.round = t + 1
+    return strategy
+
+
+def pooled(U):
+    center = torch.as_tensor(U.mean(0), dtype=torch.float32)
+
+    def train_pooled(rnd, params, steps, lr):
+        w = params.clone()
+        for _ in range(steps):
+            w = w - lr * (w - center)
+        return w - params
+
+    return train_pooled
+
+
+def inverse(t):
+    return 0.3 / t
+
+
+# name, options, Context overrides, reference call
+CASES = {
+    "fedavg": ({}, {}, lambda U, A, P, x0, lr: ref.fedavg(U, A, x0, lr, 2, 0.8)),
+    "fedavg-all": ({}, {}, lambda U, A, P, x0, lr: ref.fedavg_all(U, A, x0, lr, 2, 0.8)),
+    "fedavg-known-p": ({}, {"known_p": "P"},
+                       lambda U, A, P, x0, lr: ref.fedavg_known_p(U, A, x0, lr, 2, P, 0.8)),
+    "fedsgd": ({}, {}, lambda U, A, P, x0, lr: ref.fedavg(U, A, x0, lr, 1, 0.8)),
+    "fedprox": ({"mu": 0.5}, {}, lambda U, A, P, x0, lr: ref.fedavg(U, A, x0, lr, 2, 0.8, mu=0.5)),
+    "fedavg-wait": ({"S": N}, {},
+                    lambda U, A, P, x0, lr: ref.fedavg_wait(U, A, x0, lr, 2, lambda t: range(N), 0.8)),
+    "fedlaavg": ({"beta": 0.4}, {"selection": ""},
+                 lambda U, A, P, x0, lr: ref.fedlaavg(U, A, x0, lr, 2, 0.4, 0.8)),
+    "mifa": ({}, {"lr": inverse}, lambda U, A, P, x0, lr: ref.mifa(U, A, x0, inverse, 2, False, 0.8)),
+    "mifa-warmup": ({"warmup": True}, {"lr": inverse},
+                    lambda U, A, P, x0, lr: ref.mifa(U, A, x0, inverse, 2, True, 0.8)),
+    "fedawe": ({}, {}, lambda U, A, P, x0, lr: ref.fedawe(U, A, x0, lr, 2, 0.0, 0.8)),
+    "fedawe-clip": ({"clip": 0.05}, {}, lambda U, A, P, x0, lr: ref.fedawe(U, A, x0, lr, 2, 0.05, 0.8)),
+    "amplified": ({"period": 7, "eta": 3.0}, {},
+                  lambda U, A, P, x0, lr: ref.amplified(U, A, x0, lr, 2, 7, 3.0, 0.8)),
+    "fedau": ({"cutoff": 4}, {}, lambda U, A, P, x0, lr: ref.fedau(U, A, x0, lr, 2, 4, 0.8)),
+    "fedvarp": ({}, {}, lambda U, A, P, x0, lr: ref.fedvarp(U, A, x0, lr, 2, 0.8)),
+    "sequential-sgd": ({}, {"train_pooled": "pooled"},
+                       lambda U, A, P, x0, lr: ref.sequential_sgd(U, A, x0, lambda t: 0.02, 2, 0.8)),
+}
+
+
+def case_context(case, U, P):
+    options, overrides, _ = CASES[case]
+    overrides = dict(overrides)
+    if overrides.get("known_p") == "P":
+        overrides["known_p"] = lambda rnd: P[rnd]
+    if overrides.get("train_pooled") == "pooled":
+        overrides.update(train_pooled=pooled(U), lr=lambda t: 0.02)
+    return context(options=options, **overrides)
+
+
+def test_every_registered_algorithm_has_a_reference_case():
+    assert set(REGISTRY) <= {case.removesuffix("-warmup").removesuffix("-clip") for case in CASES}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_numpy_reference(case):
+    U, avail, P, x0 = scenario()
+    strategy = drive(case.removesuffix("-warmup").removesuffix("-clip"), U, avail, x0,
+                     case_context(case, U, P))
+    expected = CASES[case][2](U, avail, P, x0, lambda t: 0.2)
+    np.testing.assert_allclose(strategy.params.numpy(), expected, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(expected, x0), "the scenario must move the model"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_resume_from_state_dict_gives_the_same_model(case):
+    U, avail, P, x0 = scenario(seed=1)
+    name = case.removesuffix("-warmup").removesuffix("-clip")
+    whole = drive(name, U, avail, x0, case_context(case, U, P))
+    half = drive(name, U, avail, x0, case_context(case, U, P), rounds=R // 2)
+    buffer = io.BytesIO()
+    torch.save(half.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = make_strategy(name)
+    resumed.setup(N, torch.zeros(D), case_context(case, U, P))
+    resumed.load_state_dict(torch.load(buffer, weights_only=False))
+    resumed.round = R // 2
+    drive(name, U, avail, x0, None, strategy=resumed)
+    assert torch.equal(resumed.params, whole.params)
+
+
+def memory(name, n, d, options=None):
+    ctx = context(options=options, known_p=lambda rnd: np.ones(n), train_pooled=lambda *a: None)
+    ctx.n_devices, ctx.dim = n, d
+    strategy = make_strategy(name)
+    strategy.setup(n, torch.zeros(d), ctx)
+    return strategy.memory_bytes(), strategy.device_memory_bytes()
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_memory_grows_as_the_spec_says(name):
+    """O(N·d) server state only for MIFA and FedVARP; FedLaAvg and FedAWE keep theirs on devices."""
+    d = 1000
+    small, big = memory(name, 10, d), memory(name, 20, d)
+    server_growth, device_growth = big[0] - small[0], big[1] - small[1]
+    if name in ("mifa", "fedvarp"):
+        assert server_growth >= 4 * 10 * d
+    else:
+        assert server_growth <= 64 * 10, f"{name}: server memory must be O(d) + O(N)"
+    if name in ("fedlaavg", "fedawe"):
+        assert device_growth >= 4 * 10 * d
+    else:
+        assert device_growth == 0
+    assert small[0] >= 4 * d  # at least the global model
+
+
+@pytest.mark.parametrize("name, options, fragment", [
+    ("fedprox", {"mu": -1.0}, "mu"),
+    ("fedlaavg", {"beta": 1.5}, "beta"),
+    ("fedawe", {"clip": -0.1}, "clip"),
+    ("amplified", {"period": 0}, "period"),
+    ("amplified", {"eta": 0.0}, "eta"),
+    ("fedau", {"cutoff": 0}, "cutoff"),
+    ("fedavg-wait", {"S": N + 1}, "S"),
+])
+def test_bad_options_are_one_line_errors(name, options, fragment):
+    with pytest.raises(FedsimError, match=rf"\[algorithm\] {fragment} = .*{name}"):
+        make_strategy(name).setup(N, torch.zeros(D), context(options=options))
+
+
+def test_known_p_needs_a_trace_that_knows_p():
+    with pytest.raises(FedsimError, match="fedavg-known-p.*round-indexed generator"):
+        make_strategy("fedavg-known-p").setup(N, torch.zeros(D), context(known_p=None))
+    with pytest.raises(FedsimError, match="fedavg-known-p.*round-indexed generator"):
+        make_strategy("fedavg-known-p").setup(N, torch.zeros(D), context(known_p=lambda r: None))
+
+
+def test_sequential_sgd_needs_the_pooled_trainer():
+    with pytest.raises(FedsimError, match="sequential-sgd"):
+        make_strategy("sequential-sgd").setup(N, torch.zeros(D), context())
+
+
+def test_unknown_algorithm_lists_the_valid_names():
+    with pytest.raises(FedsimError, match="did you mean 'fedawe'.*valid: amplified, fedau"):
+        make_strategy("fedawee")
+
+
+def test_unknown_selection_is_an_error():
+    with pytest.raises(FedsimError, match="selection = 'random'"):
+        make_strategy("fedavg").setup(N, torch.zeros(D), context(selection="random"))
+
+
+# --- selection policies ------------------------------------------------------------------------
+
+def test_uniform_selects_k_distinct_online_devices_uniformly():
+    select = SELECTIONS["uniform"](10, 3)
+    online = np.array([1, 3, 4, 6, 8, 9])
+    counts = np.zeros(10)
+    for r in range(3000):
+        ids = select(r, online, np.random.default_rng(r))
+        assert len(ids) == 3 and len(set(ids)) == 3 and set(ids) <= set(online)
+        assert np.all(np.diff(ids) > 0)
+        counts[ids] += 1
+    # each online device is chosen with probability 1/2: binomial(3000, 1/2), 5 sigma
+    assert np.all(np.abs(counts[online] - 1500) < 5 * math.sqrt(3000 / 4))
+    assert counts[[0, 2, 5, 7]].sum() == 0
+
+
+def test_k_zero_or_large_means_every_online_device():
+    online = np.array([0, 2, 3])
+    for policy in SELECTIONS:
+        for k in (0, 5):
+            ids = SELECTIONS[policy](4, k)(0, online, np.random.default_rng(0))
+            assert np.array_equal(np.sort(ids), online), policy
+
+
+def test_regularized_gives_everyone_one_turn_per_permutation():
+    select = SELECTIONS["regularized"](6, 2)
+    rng = np.random.default_rng(0)
+    everyone = np.arange(6)
+    picked = np.concatenate([select(r, everyone, rng) for r in range(3)])
+    assert sorted(picked) == list(range(6))  # one full permutation, nobody twice
+    # offline devices popped on the way are discarded, not deferred
+    select = SELECTIONS["regularized"](6, 2)
+    first = select(0, np.array([0, 1]), rng)
+    assert np.array_equal(first, [0, 1])
+    assert len(select(1, np.array([0, 1]), rng)) == 2  # a fresh permutation was started
+
+
+def test_longest_absent_prefers_the_least_recent_then_the_lowest_id():
+    select = SELECTIONS["longest-absent"](5, 2)
+    rng = np.random.default_rng(0)
+    assert list(select(0, np.arange(5), rng)) == [0, 1]
+    assert list(select(1, np.arange(5), rng)) == [2, 3]
+    assert list(select(2, np.array([0, 1, 3]), rng)) == [0, 1]
+    assert list(select(3, np.arange(5), rng)) == [2, 4]
+
+
+# --- the shared per-device table ----------------------------------------------------------------
+
+def test_device_table_keeps_its_sum_and_the_last_of_repeated_ids():
+    table = DeviceTable(4, 2, torch.device("cpu"), init=torch.tensor([1.0, 2.0]))
+    table.write(np.array([1, 3, 1]), torch.tensor([[5.0, 5.0], [0.0, 1.0], [7.0, 8.0]]), rnd=3)
+    assert torch.equal(table.rows[1], torch.tensor([7.0, 8.0]))
+    assert torch.allclose(table.mean(), table.rows.mean(0))
+    assert list(table.stamp) == [-1, 3, -1, 3]
+    assert list(table.staleness(5)) == [2, 2]

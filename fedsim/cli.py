@@ -91,12 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("scenarios", help="list the built-in scenarios")
     p.set_defaults(func=cmd_scenarios)
 
-    try:  # TEMP until the trace commands land
-        from fedsim.traces.commands import add_trace_commands
+    from fedsim.traces.commands import add_trace_commands
 
-        add_trace_commands(sub)
-    except ImportError:
-        pass
+    add_trace_commands(sub)
     return parser
 
 

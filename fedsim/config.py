@@ -296,6 +296,9 @@ def _check_consistency(config: Config) -> None:
     origin = config.source
     if config.trace.source == "file" and not config.trace.path:
         raise FedsimError(f"{origin}: [trace] source = 'file' needs [trace] path = 'trace.parquet'")
+    if config.server.mode == "async" and config.server.timing == "ideal":
+        raise FedsimError(f"{origin}: [server] mode = 'async' needs timing = 'model' (ideal timing "
+                          "is the papers' synchronous round model)")
     if config.data.dataset == "quadratic" and config.data.targets:
         if len(config.data.targets) != config.data.clients:
             raise FedsimError(

@@ -28,6 +28,7 @@ from fedsim.errors import FedsimError
 from fedsim.results.plots import plot_runs
 from fedsim.results.recorder import Recorder, save_torch, write_json, write_text
 from fedsim.sim.engine import new_environment, run_engine
+from fedsim.sim.buffered import BufferedServer
 from fedsim.sim.server import Server
 from fedsim.sim.timing import DeviceTiming
 from fedsim.traces import AvailabilityIndex, Trace, generate, known_probability, read_trace
@@ -127,9 +128,6 @@ class Experiment:
         self.progress = progress and config.run.progress
         self.device = resolve_device(config.run.device)
         cfg = config
-        if cfg.server.mode == "async":
-            raise FedsimError(f"{cfg.source}: [server] mode = 'async' is not implemented yet; "
-                              "use mode = 'sync' (buffered asynchronous aggregation is planned)")
         self.task = build_task(cfg.data, cfg.model, seed=cfg.run.seed, device=self.device)
         self.trace = load_trace(cfg, self.task.n_clients, self.task.label_distribution())
         self.index = AvailabilityIndex(self.trace)
@@ -179,7 +177,8 @@ class Experiment:
             start_round, start_time = resume["round"], resume["sim_time"]
         write_text(self.run_dir / "config.toml", dump_toml(cfg.to_dict()))
         env = new_environment(start_time)
-        server = Server(
+        server_class = BufferedServer if cfg.server.mode == "async" else Server
+        server = server_class(
             env=env, index=self.index, strategy=self.strategy, trainer=self.trainer,
             timing=self.timing, cfg=cfg.server, batch_size=cfg.client.batch_size,
             client_sizes=self.task.client_sizes(), model_bytes=4 * self.task.dim,

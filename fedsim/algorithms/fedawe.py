@@ -28,7 +28,6 @@ class FedAwe(Strategy):
 
     name = "fedawe"
     options = {"clip": 0.0}
-    selection = "all"
     state = ("local",)  # its rows and τ (stamp) are device state, its running sum the server's
 
     def validate(self):

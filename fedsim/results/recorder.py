@@ -64,7 +64,8 @@ class Recorder:
             "online": outcome.online, "invited": len(outcome.invited),
             "arrived": len(outcome.arrived), "dropped": len(outcome.dropped),
             "late": len(outcome.late), "train_loss": outcome.train_loss,
-            "test_loss": test_loss, "test_acc": test_acc, "wall_s": outcome.wall_s, **metrics,
+            "test_loss": test_loss, "test_acc": test_acc, "wall_s": outcome.wall_s,
+            **outcome.extra, **metrics,
         }
         self.rows.append(row)
         for name, ids in (("invitations", outcome.invited), ("arrivals", outcome.arrived),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import simpy
 
 
@@ -32,15 +34,15 @@ class RoundBoard:
             self.closed.succeed()
 
 
-def device_task(env: simpy.Environment, board: RoundBoard, position: int, ends_at: float,
-                outcome: str):
+def device_task(env: simpy.Environment, report: Callable[[int, str], None], position: int,
+                ends_at: float, outcome: str):
     """Download, compute, upload: one timeout until the task ends (finished or dropped).
 
     The outcome is known at invitation (the trace is known in advance), so a task is one
-    event, not one per phase; the board decides whether it still counts when it ends.
+    event, not one per phase; whoever receives the report decides whether it still counts.
     """
     yield env.timeout(max(ends_at - env.now, 0.0))
-    board.report(position, outcome)
+    report(position, outcome)
 
 
 def deadline(env: simpy.Environment, board: RoundBoard, at: float):

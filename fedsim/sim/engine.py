@@ -36,13 +36,10 @@ def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int
             if max_time and env.now >= max_time:
                 stop["reason"] = f"max_time {max_time:g} s reached"
                 return
-            if server.cfg.timing == "model" and not server.index.online(env.now).any():
-                someone = yield env.process(server.wait_for_someone())
-                if not someone:
-                    stop["reason"] = "the trace has nobody online after this point"
-                    return
-                continue
-            outcome = yield env.process(server.round(rnd))
+            outcome = yield env.process(server.round(rnd, max_time))
+            if outcome is None:
+                stop["reason"] = server.stop_reason
+                return
             on_round(outcome)
             done["rounds"] = rnd = rnd + 1
             if not bool(torch.isfinite(server.strategy.params).all()):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
@@ -36,6 +36,7 @@ class RoundOutcome:
     late: np.ndarray  # ids
     train_loss: float | None
     wall_s: float
+    extra: dict = field(default_factory=dict)  # server-side metrics (async: staleness)
 
 
 class Server:
@@ -54,19 +55,30 @@ class Server:
         self.seed = seed
         self.device = device
 
-    def wait_for_someone(self):
-        """Model timing: sleep until a device comes online. Returns False if none ever will."""
+    stop_reason = ""
+
+    def wait_for_someone(self, max_time: float = 0.0):
+        """Sleep until a device is online (now, or when the index says). False if none ever will
+        (or not before max_time): the run is over, and `stop_reason` says why."""
         t_next = self.index.next_online(self.env.now)
         if math.isinf(t_next):
+            self.stop_reason = "the trace has nobody online after this point"
             return False
-        yield self.env.timeout(t_next - self.env.now)
+        if max_time and t_next >= max_time:
+            self.stop_reason = f"max_time {max_time:g} s reached while nobody was online"
+            return False
+        if t_next > self.env.now:
+            yield self.env.timeout(t_next - self.env.now)
         return True
 
-    def round(self, rnd: int):
-        """One synchronous round (a SimPy sub-process); returns its RoundOutcome."""
+    def round(self, rnd: int, max_time: float = 0.0):
+        """One synchronous round (a SimPy sub-process); returns its RoundOutcome, or None when
+        the run cannot go on (model timing: nobody will ever be online again)."""
         env, cfg, strategy = self.env, self.cfg, self.strategy
-        wall0 = time.perf_counter()
         ideal = cfg.timing == "ideal"
+        if not ideal and not (yield env.process(self.wait_for_someone(max_time))):
+            return None
+        wall0 = time.perf_counter()
         t0 = env.now
         online = np.flatnonzero(self.index.online(t0))
         rng = np.random.default_rng([self.seed, rnd, 0x5E1])
@@ -79,12 +91,7 @@ class Server:
             fate = np.full(len(ids), "arrived", dtype=object)
             close_at = t0 + cfg.round_duration
         else:
-            per_step = self.client_sizes[ids] if self.batch_size == 0 else self.batch_size
-            finish = t0 + self.timing.task_s(ids, steps * per_step, self.model_bytes)
-            offline_at = self.index.next_offline(ids, t0)
-            dropped = offline_at < finish
-            ends_at = np.where(dropped, offline_at, finish)
-            fate = np.where(dropped, "dropped", "arrived").astype(object)
+            ends_at, fate = self.fates(ids, steps, t0)
             close_at = t0 + (cfg.deadline if len(ids) else cfg.round_duration)
         will_arrive = (fate == "arrived") & (ends_at <= close_at)
 
@@ -100,7 +107,7 @@ class Server:
             target = min(cfg.clients_per_round, len(ids))
         board = RoundBoard(env, invited=len(ids), target=max(target, 1) if len(ids) else 0)
         for pos in range(len(ids)):
-            env.process(device_task(env, board, pos, ends_at[pos], fate[pos]))
+            env.process(device_task(env, board.report, pos, ends_at[pos], fate[pos]))
         closer = env.process(deadline(env, board, close_at))
         yield closer if ideal or not len(ids) else board.closed
 
@@ -117,6 +124,15 @@ class Server:
             arrived=ids[arrived_pos], dropped=ids[dropped_pos], late=ids[late_mask],
             train_loss=loss, wall_s=time.perf_counter() - wall0,
         )
+
+    def fates(self, ids: np.ndarray, steps: np.ndarray, t0: float) -> tuple[np.ndarray, np.ndarray]:
+        """When each task invited at t0 ends, and how: 'dropped' if the trace has the device
+        offline at any moment before it finishes (known in advance), else 'arrived'."""
+        per_step = self.client_sizes[ids] if self.batch_size == 0 else self.batch_size
+        finish = t0 + self.timing.task_s(ids, steps * per_step, self.model_bytes)
+        offline_at = self.index.next_offline(ids, t0)
+        dropped = offline_at < finish
+        return np.where(dropped, offline_at, finish), np.where(dropped, "dropped", "arrived").astype(object)
 
     def _arrivals(self, rnd, ids, arrived_pos, trained, result, steps, lr) -> Arrivals:
         """The trained rows of the devices that arrived, in arrival order."""

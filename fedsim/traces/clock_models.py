@@ -13,7 +13,7 @@ from datetime import datetime
 import numpy as np
 
 from fedsim.errors import FedsimError
-from fedsim.traces.intervals import clip, subtract
+from fedsim.traces.intervals import alternating, clip
 from fedsim.traces.request import Generated, Request
 
 DEFAULT_ORIGIN = "2024-01-01T00:00:00+00:00"  # a Monday, midnight UTC
@@ -52,25 +52,11 @@ def markov(req: Request) -> Generated:
     # Lognormal with mean 1, so the population mean of the per-device means stays as given.
     mean_on = o["mean_on"] * rng.lognormal(-sigma**2 / 2, sigma, n)
     mean_off = o["mean_off"] * rng.lognormal(-sigma**2 / 2, sigma, n)
-    state = rng.random(n) < mean_on / (mean_on + mean_off)
-    now = np.zeros(n)
-    active = np.arange(n)
-    batch = max(8, int(2 * req.horizon / float(np.median(mean_on + mean_off))) + 2)
-    devs, starts, ends = [], [], []
-    while active.size:
-        phase = (np.arange(batch)[None, :] + (~state[active])[:, None]) % 2 == 0  # True: on
-        scale = np.where(phase, mean_on[active, None], mean_off[active, None])
-        stop = now[active, None] + np.cumsum(rng.exponential(scale), axis=1)
-        begin = np.concatenate([now[active, None], stop[:, :-1]], axis=1)
-        take = phase & (begin < req.horizon)
-        devs.append(np.broadcast_to(active[:, None], take.shape)[take])
-        starts.append(begin[take])
-        ends.append(np.minimum(stop[take], req.horizon))
-        now[active] = stop[:, -1]
-        state[active] ^= batch % 2 == 1
-        active = active[now[active] < req.horizon]
+    first_on = rng.random(n) < mean_on / (mean_on + mean_off)
+    dev, start, end = alternating(np.zeros(n), np.full(n, req.horizon), mean_on, mean_off,
+                                  first_on, rng)
     meta = {"mean_on_s": mean_on.tolist(), "mean_off_s": mean_off.tolist()}
-    return Generated(np.concatenate(devs), np.concatenate(starts), np.concatenate(ends), meta)
+    return Generated(dev, start, end, meta)
 
 
 # -- sleep window ---------------------------------------------------------------------------
@@ -116,8 +102,10 @@ def diurnal(req: Request) -> Generated:
     o, n, rng = req.options, req.n_devices, req.rng
     _check_diurnal(o)
     tz, origin_h, origin_weekday = _zones(req, "diurnal")
-    minutes = o["interruption_min"]
-    kept = (1 - o["skip_prob"]) * max(1e-3, 1 - o["interruptions_per_hour"] * minutes / 60)
+    # Between interruptions a device stays online Exp(1 / rate) hours, so the window keeps
+    # 1 / (1 + rate * mean interruption) of its length.
+    minutes, rate = o["interruption_min"], o["interruptions_per_hour"]
+    kept = (1 - o["skip_prob"]) / (1 + rate * minutes / 60)
     target = _beta(rng, o["availability"], o["availability_spread"], n)
     length = np.clip(24.0 * target / kept, 0.25, 23.0)
     start = rng.normal(o["night_start_h"], o["night_start_spread_h"], n)
@@ -134,11 +122,9 @@ def diurnal(req: Request) -> Generated:
     end = begin + (hours * 3600.0)[keep]
     dev = np.broadcast_to(np.arange(n)[:, None], shape)[keep]
 
-    count = rng.poisson(o["interruptions_per_hour"] * (end - begin) / 3600.0)
-    owner = np.repeat(np.arange(len(dev)), count)
-    cut_start = begin[owner] + rng.random(len(owner)) * (end - begin)[owner]
-    cut_end = cut_start + rng.exponential(minutes * 60.0, len(owner))
-    dev, begin, end = subtract(dev, begin, end, dev[owner], cut_start, cut_end)
+    mean_on = 3600.0 / rate if rate > 0 else np.inf
+    window, begin, end = alternating(begin, end, mean_on, minutes * 60.0, True, rng)
+    dev = dev[window]
     dev, begin, end = clip(dev, begin, end, 0.0, req.horizon)
     meta = {"tz_offset_h": tz.tolist()}
     return Generated(dev, begin, end, meta, o["origin"])

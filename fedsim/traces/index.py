@@ -3,8 +3,8 @@
 The engine never turns availability flips into SimPy events; it asks this index instead, so
 the cost of a round follows the cohort, not the population. Three precomputed structures:
 
-* per-device lookup: interval starts replaced by their integer rank give exact int64 keys
-  ``device * stride + rank``, so one ``searchsorted`` finds each queried device's interval;
+* per-device lookup: row pointers per device (CSR) and a vectorised binary search inside
+  each queried device's few rows, so the k queries touch a handful of cache lines each;
 * time buckets: every interval is listed (as contiguous copies) in the buckets of width ~ the
   mean interval length that it overlaps, so ``online(t)`` scans one bucket, not every device;
 * the union of all intervals, for "when is anybody online next".
@@ -17,6 +17,7 @@ exact when the horizon and interval ends are exactly representable sums (e.g. wh
 from __future__ import annotations
 
 import math
+from functools import cached_property
 
 import numpy as np
 
@@ -35,12 +36,11 @@ class AvailabilityIndex:
         self._loop = trace.wrap == "loop"
         dev, start, end = trace.device_id, trace.start, trace.end
         self._dev, self._start, self._end = dev, start, end
-        self._starts = np.unique(start)
-        self._stride = len(self._starts) + 1
-        self._key = dev * self._stride + np.searchsorted(self._starts, start)
+        self._ptr = np.searchsorted(dev, np.arange(self.n_devices + 1))
+        longest = int(np.diff(self._ptr).max()) if self.n_devices else 0
+        self._steps = max(1, longest).bit_length()
         self._run_end = self._run_ends()
         self._build_buckets()
-        self._union_start, self._union_end = _union(start, end)
 
     # -- queries -------------------------------------------------------------------------
 
@@ -70,7 +70,7 @@ class AvailabilityIndex:
 
     def next_online(self, t: float) -> float:
         """Earliest t' >= t at which any device is online; math.inf if nobody ever is again."""
-        us, ue = self._union_start, self._union_end
+        us, ue = self._union
         if not len(us):
             return math.inf
         if not self._loop and t < 0:
@@ -118,13 +118,22 @@ class AvailabilityIndex:
     def _locate(self, ids: np.ndarray, tau: float):
         """Row of the last interval of each device starting at or before tau, and whether the
         device is online at tau (row is meaningless where it is not)."""
-        rank = int(np.searchsorted(self._starts, tau, side="right")) - 1
-        row = np.searchsorted(self._key, ids * self._stride + rank, side="right") - 1
-        row = np.maximum(row, 0)
-        if not len(self._dev):
-            return row, np.zeros(len(ids), dtype=bool)
-        on = (self._dev[row] == ids) & (self._start[row] <= tau) & (tau < self._end[row])
-        return row, on
+        if not len(self._start):
+            return np.zeros(len(ids), dtype=np.int64), np.zeros(len(ids), dtype=bool)
+        first, lo, hi = self._ptr[ids], self._ptr[ids], self._ptr[ids + 1]
+        start, last = self._start, len(self._start) - 1
+        for _ in range(self._steps):  # upper bound of tau in start[lo:hi], all devices at once
+            mid = (lo + hi) >> 1
+            below = start[np.minimum(mid, last)] <= tau
+            lo, hi = np.where(below & (lo < hi), mid + 1, lo), np.where(below, hi, mid)
+        row = np.maximum(lo - 1, 0)
+        return row, (lo > first) & (tau < self._end[row])
+
+    @cached_property
+    def _union(self):
+        """Merged union of all devices' intervals (built on first use: only needed when
+        nobody is online)."""
+        return _union(self._start, self._end)
 
     def _run_ends(self) -> np.ndarray:
         """Per interval: when the online run containing it ends, across the loop wrap point."""
@@ -154,7 +163,7 @@ class AvailabilityIndex:
         count = last - first + 1
         rows = np.repeat(np.arange(len(start)), count)
         bucket = np.arange(len(rows)) - np.repeat(np.cumsum(count) - count, count) + first[rows]
-        order = np.argsort(bucket, kind="stable")
+        order = np.argsort(bucket.astype(np.uint16), kind="stable")  # radix sort: n <= 2**16
         rows = rows[order]
         self._bucket_width, self._n_buckets = width, n
         self._bucket_ptr = np.searchsorted(bucket[order], np.arange(n + 1))

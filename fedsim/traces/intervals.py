@@ -22,26 +22,40 @@ def runs_of(mask: np.ndarray):
     return row.astype(np.int64), first.astype(np.int64), stop.astype(np.int64)
 
 
-def subtract(dev, start, end, cut_dev, cut_start, cut_end):
-    """Parts of the intervals (dev, start, end) not covered by any cut of the same device.
+def alternating(lo, hi, mean_on, mean_off, first_on, rng: np.random.Generator):
+    """Online pieces of an alternating renewal process inside each window [lo[w], hi[w]).
 
-    Inputs may overlap and come in any order; the output pieces are sorted by (dev, start)
-    but pieces that touch are not merged (``Trace.from_intervals`` does that). A sweep over
-    +1/-1 events per device: a piece is online while some interval is open and no cut is.
+    Online and offline spells are exponential with per-window means; window w starts online
+    iff ``first_on[w]``. Windows are drawn together in batches of spells (the Python loop runs
+    over batches, never over windows). Returns (window, start, end), sorted by window then time.
     """
-    n, c = len(dev), len(cut_dev)
-    ev_dev = np.concatenate([dev, dev, cut_dev, cut_dev])
-    ev_time = np.concatenate([start, end, cut_start, cut_end])
-    ev_open = np.concatenate([np.ones(n), -np.ones(n), np.zeros(2 * c)]).astype(np.int64)
-    ev_cut = np.concatenate([np.zeros(2 * n), np.ones(c), -np.ones(c)]).astype(np.int64)
-    order = np.lexsort((ev_time, ev_dev))
-    ev_dev, ev_time = ev_dev[order], ev_time[order]
-    # Each device's events sum to zero, so global running sums restart at every device.
-    open_depth = np.cumsum(ev_open[order])
-    cut_depth = np.cumsum(ev_cut[order])
-    on = (open_depth[:-1] > 0) & (cut_depth[:-1] == 0)
-    keep = on & (ev_dev[1:] == ev_dev[:-1]) & (ev_time[1:] > ev_time[:-1])
-    return ev_dev[:-1][keep], ev_time[:-1][keep], ev_time[1:][keep]
+    n = len(lo)
+    mean_on, mean_off = np.broadcast_to(mean_on, n), np.broadcast_to(mean_off, n)
+    now = np.asarray(lo, dtype=np.float64).copy()
+    state = np.broadcast_to(np.asarray(first_on, dtype=bool), n).copy()
+    cycles = (hi - lo) / (mean_on + mean_off)
+    batch = max(8, int(2 * np.median(cycles)) + 4) if n else 8
+    active = np.flatnonzero(now < hi)
+    windows, starts, ends = [], [], []
+    while active.size:
+        on = (np.arange(batch)[None, :] + (~state[active])[:, None]) % 2 == 0
+        scale = np.where(on, mean_on[active, None], mean_off[active, None])
+        stop = now[active, None] + np.cumsum(rng.exponential(scale), axis=1)
+        begin = np.concatenate([now[active, None], stop[:, :-1]], axis=1)
+        limit = hi[active, None]
+        take = on & (begin < limit)
+        windows.append(np.broadcast_to(active[:, None], take.shape)[take])
+        starts.append(begin[take])
+        ends.append(np.minimum(stop, limit)[take])
+        now[active] = stop[:, -1]
+        state[active] ^= batch % 2 == 1
+        active = active[now[active] < hi[active]]
+    if not windows:
+        return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+    window = np.concatenate(windows)
+    start, end = np.concatenate(starts), np.concatenate(ends)
+    order = np.argsort(window, kind="stable")  # batches interleave windows; restore window order
+    return window[order], start[order], end[order]
 
 
 def clip(dev, start, end, lo: float, hi: float):

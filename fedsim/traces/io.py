@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fedsim.errors import FedsimError
+from fedsim.traces.converters import FORMATS, convert  # noqa: F401  (public API lives here too)
 from fedsim.traces.schema import Trace, check_header, first_problem, merge_sorted
 
 VERSION = "1"
@@ -96,13 +97,12 @@ def _check_device_ids(ids: np.ndarray, where: str) -> None:
 def _write_atomic(table: pa.Table, path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # same folder: rename is atomic
     try:
         pq.write_table(table, tmp)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -1,0 +1,165 @@
+"""Asynchronous buffered aggregation (``server.mode = "async"``, FedBuff-style).
+
+The server keeps up to ``concurrency`` devices training, each from the model current when it
+was invited, and aggregates every ``buffer`` arrivals: one aggregation is one row of
+rounds.parquet. Free slots are refilled whenever a task ends (with online devices that have not
+yet run on the current model version).
+
+Training stays batched: every device invited while model version v is current starts from
+the same server state, and none of their updates is needed before the aggregation that closes
+version v, so all of them are trained in ONE call at that moment (the ones that will drop or
+overrun the deadline are skipped: their fate is known when they are invited).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+import torch
+
+from fedsim.algorithms.base import Arrivals
+from fedsim.sim.device import device_task
+from fedsim.sim.server import RoundOutcome, Server
+
+
+@dataclass
+class Dispatch:
+    """Devices invited together: what they start from, and (later) what they computed."""
+
+    version: int
+    ids: np.ndarray
+    start: torch.Tensor  # [k, d]
+    steps: np.ndarray
+    lr: float
+    will_arrive: np.ndarray  # bool [k]
+    rows: np.ndarray | None = None  # row of each device in `result` (-1: not trained)
+    result: object = None  # TrainResult of the devices that will arrive
+
+
+class BufferedServer(Server):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        n = len(self.client_sizes)
+        self.busy = np.zeros(n, dtype=bool)
+        self.ran_this_version = np.zeros(n, dtype=bool)  # one task per device per model version
+        self.done = simpy.Store(self.env)
+        self.running = 0
+        self.untrained: list[Dispatch] = []
+        self.buffer: list[tuple[Dispatch, int]] = []
+        self.dispatches = 0
+
+    def round(self, rnd: int, max_time: float = 0.0):
+        """Run until `buffer` updates have arrived, then aggregate them; None if the run is over."""
+        t0, wall0 = self.env.now, time.perf_counter()
+        invited, dropped, late = [], [], []
+        while len(self.buffer) < self.cfg.buffer:
+            invited.append(self._refill(rnd))
+            if self.running == 0:
+                if not (yield self.env.process(self.wait_for_someone(max_time))):
+                    return None
+                if not self.index.online(self.env.now).any() or self._candidates().size:
+                    continue
+                # everyone online already ran on this version: wait for the next change
+                yield self.env.timeout(self.cfg.round_duration)
+                continue
+            dispatch, pos, outcome = yield self.done.get()
+            device = dispatch.ids[pos]
+            self.running -= 1
+            self.busy[device] = False
+            if outcome == "arrived":
+                self.buffer.append((dispatch, pos))
+            else:
+                (dropped if outcome == "dropped" else late).append(device)
+        self._train_untrained(rnd)
+        arrivals, self.buffer = self._arrivals_of(self.buffer), []
+        self.strategy.aggregate(rnd, arrivals)
+        self.ran_this_version[:] = False
+        staleness = float(np.mean(rnd - arrivals.version))
+        return RoundOutcome(
+            round=rnd, t_start=t0, t_end=self.env.now,
+            online=int(self.index.online(self.env.now).sum()),
+            invited=np.concatenate(invited), arrived=arrivals.ids,
+            dropped=np.asarray(dropped, dtype=np.int64), late=np.asarray(late, dtype=np.int64),
+            train_loss=float(arrivals.loss.mean()), wall_s=time.perf_counter() - wall0,
+            extra={"staleness": staleness},
+        )
+
+    def _candidates(self) -> np.ndarray:
+        free = self.index.online(self.env.now) & ~self.busy & ~self.ran_this_version
+        return np.flatnonzero(free)
+
+    def _refill(self, rnd: int) -> np.ndarray:
+        """Invite devices into the free slots; their fate is decided now, training later."""
+        free = self.cfg.concurrency - self.running
+        candidates = self._candidates()
+        if free <= 0 or not len(candidates):
+            return np.empty(0, dtype=np.int64)
+        self.dispatches += 1
+        rng = np.random.default_rng([self.seed, rnd, self.dispatches, 0xA5])
+        ids = np.asarray(self.strategy.select(rnd, candidates, rng), dtype=np.int64)
+        if len(ids) > free:
+            ids = np.sort(rng.choice(ids, size=free, replace=False))
+        if not len(ids):
+            return ids
+        now = self.env.now
+        steps = np.asarray(self.strategy.local_steps(rnd, ids), dtype=np.int64)
+        ends_at, fate = self.fates(ids, steps, now)
+        overrun = (fate == "arrived") & (ends_at > now + self.cfg.deadline)
+        fate[overrun] = "late"
+        ends_at = np.where(overrun, now + self.cfg.deadline, ends_at)
+        dispatch = Dispatch(rnd, ids, self.strategy.start_params(ids).clone(), steps,
+                            self.strategy.client_lr(rnd), fate == "arrived")
+        self.untrained.append(dispatch)
+        self.busy[ids] = True
+        self.ran_this_version[ids] = True
+        self.running += len(ids)
+
+        def report(pos: int, outcome: str, dispatch=dispatch) -> None:
+            self.done.put((dispatch, pos, outcome))
+
+        for pos in range(len(ids)):
+            self.env.process(device_task(self.env, report, pos, ends_at[pos], fate[pos]))
+        return ids
+
+    def _train_untrained(self, rnd: int) -> None:
+        """One batched call for every device invited on the model version that closes now."""
+        todo, self.untrained = self.untrained, []
+        parts = [(d, np.flatnonzero(d.will_arrive)) for d in todo]
+        parts = [(d, pos) for d, pos in parts if len(pos)]
+        if not parts:
+            return
+        ids = np.concatenate([d.ids[pos] for d, pos in parts])
+        start = torch.cat([d.start[torch.as_tensor(pos, device=self.device)] for d, pos in parts])
+        steps = np.concatenate([d.steps[pos] for d, pos in parts])
+        lr = torch.cat([torch.full((len(pos),), float(d.lr), device=self.device) for d, pos in parts])
+        result = self.trainer.train(rnd, ids, start, steps, lr, prox_mu=self.strategy.prox_mu)
+        offset = 0
+        for d, pos in parts:
+            d.rows = np.full(len(d.ids), -1, dtype=np.int64)
+            d.rows[pos] = offset + np.arange(len(pos))
+            d.result = result
+            offset += len(pos)
+
+    def _arrivals_of(self, taken: list[tuple[Dispatch, int]]) -> Arrivals:
+        """Gather the buffered updates: one index per training call, not one per device."""
+        calls: dict[int, tuple[object, list[int]]] = {}
+        for d, pos in taken:
+            calls.setdefault(id(d.result), (d.result, []))[1].append(int(d.rows[pos]))
+        parts = [(result, torch.as_tensor(rows, device=self.device)) for result, rows in calls.values()]
+
+        def gather(field: str) -> torch.Tensor:
+            return torch.cat([getattr(result, field)[rows] for result, rows in parts])
+
+        # the same order as the gathered rows: grouped by training call
+        order = sorted(range(len(taken)), key=lambda j: list(calls).index(id(taken[j][0].result)))
+        taken = [taken[j] for j in order]
+        return Arrivals(
+            ids=np.array([d.ids[pos] for d, pos in taken], dtype=np.int64),
+            deltas=gather("deltas"), samples=gather("samples"), loss=gather("loss"),
+            steps=torch.as_tensor(np.array([d.steps[pos] for d, pos in taken]), device=self.device),
+            version=np.array([d.version for d, _ in taken], dtype=np.int64),
+            lr=torch.tensor([float(d.lr) for d, _ in taken], device=self.device),
+        )

@@ -1,0 +1,193 @@
+"""The ``fedsim trace`` command: generate, info, plot, convert.
+
+``add_trace_commands(subparsers)`` hangs the command on the CLI's argparse tree; every
+sub-command sets ``func`` to a handler ``(args) -> int``. User mistakes raise FedsimError,
+which the CLI prints as one ``error:`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import tomllib
+
+import numpy as np
+
+from fedsim.errors import FedsimError
+from fedsim.traces.converters import FORMATS, convert
+from fedsim.traces.generators import GENERATORS, generate
+from fedsim.traces.io import read_trace, write_device_table, write_trace
+from fedsim.traces.schema import Trace
+from fedsim.traces.stats import summarize
+
+
+def add_trace_commands(subparsers) -> None:
+    trace = subparsers.add_parser(
+        "trace", help="make, inspect, plot and convert availability traces",
+        description="Availability traces: Parquet files of online intervals per device.")
+    sub = trace.add_subparsers(dest="trace_command", metavar="{generate,info,plot,convert}")
+    sub.required = True
+    _add_generate(sub)
+
+    info = sub.add_parser("info", help="statistics of a trace file")
+    info.add_argument("file", help="trace .parquet")
+    info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    info.set_defaults(func=info_command)
+
+    plot = sub.add_parser("plot", help="device x time raster and fraction online, as PNG")
+    plot.add_argument("file", help="trace .parquet")
+    plot.add_argument("--out", required=True, help="PNG to write")
+    plot.set_defaults(func=plot_command)
+
+    conv = sub.add_parser("convert", help="convert a third-party trace dump to Parquet")
+    conv.add_argument("--from", dest="fmt", required=True, choices=FORMATS, help="input format")
+    conv.add_argument("input", help="file to convert")
+    conv.add_argument("--out", required=True, help="trace .parquet to write")
+    conv.add_argument("--horizon", type=float, help="seconds to cover (default: the input's span)")
+    conv.add_argument("--devices-out", help="also write a device table (tz offsets) here")
+    conv.set_defaults(func=convert_command)
+
+
+def _add_generate(sub) -> None:
+    gen = sub.add_parser(
+        "generate", help="synthesise a trace",
+        description="Generators: " + "; ".join(f"{n}: {s.doc}" for n, s in GENERATORS.items()),
+        epilog="Generator options go as --set key=value (value is a TOML literal, e.g. "
+               "--set p=0.3, --set tz_offsets=[0,8]) or as --key value.")
+    gen.add_argument("kind", help=f"one of: {', '.join(GENERATORS)}")
+    gen.add_argument("--devices", type=int, required=True, help="number of devices")
+    extent = gen.add_mutually_exclusive_group(required=True)
+    extent.add_argument("--days", type=float, help="wall-clock length in days")
+    extent.add_argument("--rounds", type=int, help="number of rounds (round-indexed generators)")
+    gen.add_argument("--round-duration", type=float, default=1.0, help="seconds per round (1)")
+    gen.add_argument("--seed", type=int, required=True)
+    gen.add_argument("--out", required=True, help="trace .parquet to write")
+    gen.add_argument("--devices-out", help="also write a device table (tz offsets) here")
+    gen.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                     help="a generator option")
+    options = sorted({key for spec in GENERATORS.values() for key in spec.options})
+    for key in options:
+        flags = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
+        gen.add_argument(*flags, dest=f"option:{key}", default=argparse.SUPPRESS,
+                         metavar="VALUE", help=argparse.SUPPRESS)
+    gen.set_defaults(func=generate_command)
+
+
+# -- handlers -------------------------------------------------------------------------------
+
+def generate_command(args) -> int:
+    options = {}
+    for item in args.sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise FedsimError(f"--set {item!r}: expected key=value, e.g. --set p=0.3")
+        options[key.strip()] = parse_value(value)
+    for name, value in vars(args).items():
+        if name.startswith("option:"):
+            options[name.removeprefix("option:")] = parse_value(value)
+    if args.days is not None and not args.days > 0:
+        raise FedsimError(f"--days {args.days}: give a number of days > 0")
+    began = time.perf_counter()
+    trace = generate(args.kind, args.devices, seed=args.seed, rounds=args.rounds,
+                     round_duration=args.round_duration, days=args.days, **options)
+    write_trace(trace, args.out)
+    _write_devices(trace, args.devices_out)
+    print(f"wrote {args.out}: {_one_line(trace)} ({time.perf_counter() - began:.2f} s)")
+    return 0
+
+
+def info_command(args) -> int:
+    summary = summarize(read_trace(args.file))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_summary(args.file, summary))
+    return 0
+
+
+def plot_command(args) -> int:
+    from fedsim.traces.plot import plot_trace
+
+    trace = read_trace(args.file)
+    shown = plot_trace(trace, args.out)
+    print(f"wrote {args.out}: {shown} of {trace.n_devices} devices")
+    return 0
+
+
+def convert_command(args) -> int:
+    trace = convert(args.fmt, args.input, horizon=args.horizon)
+    write_trace(trace, args.out)
+    _write_devices(trace, args.devices_out)
+    print(f"wrote {args.out}: {_one_line(trace)}")
+    return 0
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+def parse_value(text: str):
+    """A TOML literal (0.3, 20, [1, 0.5], "sine", true), else the text as a string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _write_devices(trace: Trace, path) -> None:
+    if not path:
+        return
+    tz = trace.generator.get("tz_offset_h")
+    table = {"device_id": np.arange(trace.n_devices)}
+    if tz is not None:
+        table["tz_offset_h"] = np.asarray(tz, dtype=np.float64)
+    write_device_table(table, path)
+
+
+def _one_line(trace: Trace) -> str:
+    kind = trace.generator.get("kind", "trace")
+    return (f"{kind}, {trace.n_devices} devices, {trace.n_intervals} intervals, horizon "
+            f"{_duration(trace.horizon)}, mean availability {trace.availability().mean():.3f}")
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:g} d"
+    if seconds >= 3600:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds:g} s"
+
+
+def format_summary(name, s: dict) -> str:
+    """The text table of ``trace info``."""
+    a, sess, gap = s["availability"], s["session_s"], s["gap_s"]
+    lines = [
+        f"trace      {name}",
+        f"generator  {s['generator'] or '-'}",
+        f"devices    {s['devices']}  ({s['never_online']} never online)",
+        f"intervals  {s['intervals']}",
+        f"horizon    {_duration(s['horizon_s'])}  ({s['horizon_s']:g} s), wrap {s['wrap']}",
+        f"origin     {s['origin'] or '-'}",
+        "",
+        f"{'':16}{'mean':>10}{'min':>10}{'q10':>10}{'median':>10}{'q90':>10}{'max':>10}",
+        _row("availability", a, "{:10.3f}") + f"   std {_num(a['std'], '{:.3f}')}",
+        _row("session (s)", sess, "{:10.1f}"),
+        _row("gap (s)", gap, "{:10.1f}"),
+        "",
+        "hourly profile (fraction online by hour of day"
+        + (", UTC)" if s["origin"] else ", t mod 24 h)"),
+    ]
+    profile = s["hourly_profile"]
+    peak = max((v for v in profile if v is not None), default=0.0) or 1.0
+    for hour, value in enumerate(profile):
+        bar = "" if value is None else "#" * round(30 * value / peak)
+        lines.append(f"  {hour:02d}h {_num(value, '{:.3f}'):>6} {bar}")
+    return "\n".join(lines)
+
+
+def _row(label: str, stats: dict, fmt: str) -> str:
+    cells = [stats["mean"], stats["q0"], stats["q10"], stats["q50"], stats["q90"], stats["q100"]]
+    return f"{label:16}" + "".join(f"{'-':>10}" if v is None else fmt.format(v) for v in cells)
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)

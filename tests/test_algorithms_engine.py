@@ -1,0 +1,342 @@
+"""ALGORITHMS.md §4 through the whole engine: config -> `fedsim run` -> run directory.
+
+Quadratic task f_i(x) = ½‖x − u_i‖², exact gradients (batch_size = 0), ideal timing with
+round_duration = 1, so round r sees the trace at t = r. Tolerances come from the math of each
+check (contraction rates, stationary variances, standard errors); float32 rounding of the
+engine contributes ~1e-6.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import reference_algorithms as ref  # noqa: E402
+from conftest import alternating_trace, final_x, quadratic_config, rounds  # noqa: E402
+
+from fedsim.algorithms import REGISTRY  # noqa: E402
+from fedsim.traces import AvailabilityIndex, Trace, generate, known_probability  # noqa: E402
+
+E1, E2 = [1.0, 0.0], [0.0, 1.0]
+FLOAT32 = 2e-6  # rounding of the engine's float32 arithmetic over these short runs
+
+
+def qconfig(targets, options=None, **kwargs) -> dict:
+    """``quadratic_config`` plus ``[algorithm]`` keys (``run.algorithms`` when given a list)."""
+    algorithms = kwargs.pop("algorithms", None)
+    config = quadratic_config(targets, **kwargs)
+    config["algorithm"].update(options or {})
+    if algorithms:
+        config["run"]["algorithms"] = algorithms
+    return config
+
+
+def availability(trace: Trace, rounds_: int) -> np.ndarray:
+    """[R, N] bool: who the engine sees online in each round (ideal timing, D = 1)."""
+    index = AvailabilityIndex(trace)
+    return np.stack([index.online(float(r)) for r in range(rounds_)])
+
+
+def one_per_round_trace(n: int, who: np.ndarray) -> Trace:
+    """Device who[r] online in round r (-1: nobody)."""
+    r = np.flatnonzero(who >= 0)
+    return Trace.from_intervals(who[r], r.astype(float), r + 1.0, n_devices=n, horizon=float(len(who)))
+
+
+# --- every algorithm against its numpy reference ---------------------------------------------
+
+N, D, R = 5, 3, 40
+P_DEVICES = [0.9, 0.7, 0.5, 0.3, 0.15]
+
+
+@pytest.fixture(scope="module")
+def random_case(tmp_path_factory):
+    """A Bernoulli trace (written to a file: it keeps the p_i^t that fedavg-known-p needs)."""
+    trace = generate("bernoulli", N, seed=11, rounds=R, round_duration=1.0, p=P_DEVICES)
+    rng = np.random.default_rng(5)
+    targets = (rng.normal(size=(N, D)) * 2).round(3).tolist()
+    x0 = rng.normal(size=D).round(3).tolist()
+    avail = availability(trace, R)
+    assert not avail.all(1).any() and avail.any(1).all() is not None
+    return trace, np.asarray(targets), x0, avail, known_probability(trace, np.arange(R))
+
+
+def reference_run(cli_run, random_case, algorithms, name, options=None, **sections):
+    trace, U, x0, _, _ = random_case
+    config = qconfig(U.tolist(), {"server_lr": 0.8, **(options or {})}, lr=0.2, steps=2, rounds=R,
+                     model={"init": x0}, algorithms=algorithms, **sections)
+    run_dir = cli_run(config, trace, name=name)
+    return {a: final_x(run_dir / a) for a in algorithms}
+
+
+def test_every_algorithm_matches_its_numpy_reference(cli_run, random_case):
+    _, U, x0, A, P = random_case
+    lr = lambda t: 0.2  # noqa: E731
+    expected = {
+        "fedavg": ref.fedavg(U, A, x0, lr, 2, 0.8),
+        "fedavg-all": ref.fedavg_all(U, A, x0, lr, 2, 0.8),
+        "fedavg-known-p": ref.fedavg_known_p(U, A, x0, lr, 2, P, 0.8),
+        "fedsgd": ref.fedavg(U, A, x0, lr, 1, 0.8),
+        "fedprox": ref.fedavg(U, A, x0, lr, 2, 0.8, mu=0.5),
+        "fedavg-wait": ref.fedavg_wait(U, A, x0, lr, 2, lambda t: range(N), 0.8),
+        "mifa": ref.mifa(U, A, x0, lr, 2, False, 0.8),
+        "fedawe": ref.fedawe(U, A, x0, lr, 2, 0.0, 0.8),
+        "amplified": ref.amplified(U, A, x0, lr, 2, 7, 3.0, 0.8),
+        "fedau": ref.fedau(U, A, x0, lr, 2, 4, 0.8),
+        "fedvarp": ref.fedvarp(U, A, x0, lr, 2, 0.8),
+        "sequential-sgd": ref.sequential_sgd(U, A, x0, lr, 2, 0.8),
+    }
+    got = reference_run(cli_run, random_case, list(expected), "refs",
+                        {"selection": "all", "mu": 0.5, "S": N, "period": 7, "eta": 3.0, "cutoff": 4})
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-4, atol=1e-5, err_msg=name)
+        assert not np.allclose(expected[name], x0, atol=1e-3), name
+
+
+def test_selecting_and_warming_up_variants_match_their_references(cli_run, random_case):
+    """FedLaAvg's own longest-absent selection; MIFA's warm-up with lr/t over update rounds;
+    FedAWE's clipping of the echoed update."""
+    _, U, x0, A, _ = random_case
+    lr = lambda t: 0.2  # noqa: E731
+    got = reference_run(cli_run, random_case, ["fedlaavg"], "laavg", {"beta": 0.4})
+    np.testing.assert_allclose(got["fedlaavg"], ref.fedlaavg(U, A, x0, lr, 2, 0.4, 0.8), rtol=1e-4, atol=1e-5)
+    got = reference_run(cli_run, random_case, ["mifa"], "warm", {"warmup": True},
+                        client={"lr": 0.3, "lr_schedule": "inverse"})
+    expected = ref.mifa(U, A, x0, lambda t: 0.3 / t, 2, True, 0.8)
+    np.testing.assert_allclose(got["mifa"], expected, rtol=1e-4, atol=1e-5)
+    got = reference_run(cli_run, random_case, ["fedawe"], "clip", {"clip": 0.05})
+    np.testing.assert_allclose(got["fedawe"], ref.fedawe(U, A, x0, lr, 2, 0.05, 0.8), rtol=1e-4, atol=1e-5)
+
+
+def test_the_reference_tests_cover_every_registered_algorithm():
+    covered = {"fedavg", "fedavg-all", "fedavg-known-p", "fedsgd", "fedprox", "fedavg-wait", "mifa",
+               "fedawe", "amplified", "fedau", "fedvarp", "sequential-sgd", "fedlaavg"}
+    assert set(REGISTRY) == covered
+
+
+# --- alternating clients (000 App C, 001 Thm 2) ----------------------------------------------
+
+def fedlaavg_period_map(gamma: float, t1: int, t2: int) -> np.ndarray:
+    """One period of FedLaAvg (beta = 1/2, one exact step) on one coordinate, as an affine map
+    of the state (x, G1, G2, 1) with e1 = 1, e2 = 0: G_i <- x − e_i, x <- x − γ (G1 + G2) / 2."""
+    total = np.eye(4)
+    for i in [0] * t1 + [1] * t2:
+        step = np.eye(4)
+        step[1 + i] = [1, 0, 0, -(1.0 - i)]  # G_i = x − e_i
+        other = np.eye(4)[2 - i]  # the stale gradient of the other client
+        step[0] = np.eye(4)[0] - gamma / 2 * (step[1 + i] + other)
+        total = step @ total
+    return total
+
+
+def test_fedlaavg_alternating_clients_tends_to_the_optimum(cli_run):
+    """FedAvg's biased limit on this trace is checked in test_engine.py; FedLaAvg removes it."""
+    gamma, t1, t2, periods = 0.1, 3, 7, 60
+    config = qconfig([E1, E2], {"name": "fedlaavg", "beta": 0.5}, lr=gamma, rounds=periods * (t1 + t2))
+    x = final_x(cli_run(config, alternating_trace(t1, t2, periods)))
+    # Error after C periods <= ‖M^C‖ ‖s0 − s*‖, s* = (½, ½ − 1, ½) the fixed point (coordinate 0;
+    # coordinate 1 is the mirror image). s0 = (0, 0, 0): never-seen gradients count as 0.
+    M = fedlaavg_period_map(gamma, t1, t2)
+    s0_err = np.array([0.0, 0.0, 0.0, 1.0]) - np.array([0.5, -0.5, 0.5, 1.0])
+    bound = np.linalg.norm(np.linalg.matrix_power(M, periods)[:3, :3]) * np.linalg.norm(s0_err)
+    assert max(abs(np.linalg.eigvals(M[:3, :3]))) < 0.25  # it does contract
+    np.testing.assert_allclose(x, [0.5, 0.5], atol=bound + FLOAT32)
+
+
+# --- biased fixed point (002 Example 1) --------------------------------------------------------
+
+def test_fedavg_all_is_biased_and_the_corrected_algorithms_are_not(cli_run):
+    """Two groups of 50 devices, u = +1 online w.p. 0.8 and u = −1 online w.p. 0.2 (constant).
+
+    fedavg-all's fixed point is Σ p_i u_i / Σ p_j = 0.6; the others' is mean u_i = 0. With one
+    exact step of γ = 0.05 the iterate is an AR(1) around its fixed point: contraction
+    1 − γ p̄ per round (0.975: 1e-5 after 450 rounds) and stationary variance
+    Var(ξ) / (2γ p̄). For fedavg-all Var(ξ) = γ²/N² Σ p_i(1−p_i)(u_i − x*)²; for known-p,
+    the noisiest of the unbiased ones (it up-weights rare devices by 1/p_i), it is
+    γ²/N² Σ (1−p_i)/p_i (u_i − ū)² with p̄ = 1. MIFA, FedLaAvg and FedAWE replace missing
+    updates instead of up-weighting them, so the known-p variance bounds theirs; 5σ.
+    """
+    n, gamma, rounds_ = 100, 0.05, 450
+    p = np.repeat([0.8, 0.2], n // 2)
+    u = np.repeat([1.0, -1.0], n // 2)
+    biased = float((p * u).sum() / p.sum())
+    sd_all = math.sqrt(gamma * (p * (1 - p) * (u - biased) ** 2).sum() / n**2 / (2 * p.mean()))
+    sd_known = math.sqrt(gamma * ((1 - p) / p * (u - u.mean()) ** 2).sum() / n**2 / 2)
+    algorithms = ["fedavg-all", "fedavg-known-p", "fedawe", "mifa", "fedlaavg"]
+    config = qconfig([[x] for x in u.tolist()], {"selection": "all", "beta": 1.0}, lr=gamma, rounds=rounds_,
+                     trace={"source": "bernoulli", "p": p.tolist()}, algorithms=algorithms)
+    run_dir = cli_run(config, name="bias")
+    x = {a: float(final_x(run_dir / a)[0]) for a in algorithms}
+    assert abs(x["fedavg-all"] - biased) < 5 * sd_all, x
+    for name in algorithms[1:]:
+        assert abs(x[name] - u.mean()) < 5 * sd_known, (name, x)
+    assert biased - u.mean() > 20 * sd_known  # the two fixed points are far apart
+
+
+# --- echo sum (002 Prop. 1) --------------------------------------------------------------------
+
+def test_fedawe_echo_factors_sum_to_the_round_count(cli_run):
+    """One random device per round (some rounds nobody), so each round's echo_max is the echo
+    factor of that device: whenever i is active in round R−1, its factors over rounds < R sum
+    to R."""
+    n, rounds_ = 4, 80
+    who = np.random.default_rng(3).integers(-1, n, size=rounds_)
+    config = quadratic_config([[1.0], [2.0], [3.0], [4.0]], rounds=rounds_, algorithm="fedawe")
+    df = rounds(cli_run(config, one_per_round_trace(n, who)))
+    echo = df["echo_max"].to_numpy()
+    assert np.isnan(echo[who < 0]).all() and (df["arrived"].to_numpy() == (who >= 0)).all()
+    sums = np.zeros(n)
+    for r in np.flatnonzero(who >= 0):
+        sums[who[r]] += echo[r]
+        assert sums[who[r]] == r + 1, f"device {who[r]} in round {r}"
+    np.testing.assert_array_equal(df["echo_mean"].to_numpy()[who >= 0], echo[who >= 0])
+
+
+# --- amplification (003 App B.1) ---------------------------------------------------------------
+
+@pytest.mark.parametrize("eta", [1.0, 2.0, 3.0, 5.0, 7.0, 10.0])
+def test_amplified_fedavg_matches_the_cycle_closed_form(cli_run, eta):
+    """z1, z2, z3 one per round cyclically, x0 = (1, 2), P = 3, one step of γ = 0.05 (a = 0.95):
+    after C cycles x = y* + (1 − eta(1 − a³))^C (x0 − y*), y* = (a² z1 + a z2 + z3)/(1 + a + a²)."""
+    gamma, cycles = 0.05, 5
+    z = np.array([[-1.0, 0.0], [1.0, 0.0], [0.0, math.sqrt(3)]])
+    config = qconfig(z.tolist(), {"name": "amplified", "period": 3, "eta": eta}, lr=gamma,
+                     rounds=3 * cycles, model={"init": [1.0, 2.0]})
+    x = final_x(cli_run(config, one_per_round_trace(3, np.arange(3 * cycles) % 3)))
+    a = 1 - gamma
+    fixed = (a * a * z[0] + a * z[1] + z[2]) / (1 + a + a * a)
+    expected = fixed + (1 - eta * (1 - a**3)) ** cycles * (np.array([1.0, 2.0]) - fixed)
+    np.testing.assert_allclose(x, expected, atol=1e-5)
+
+
+def test_larger_amplification_ends_nearer_the_optimum():
+    """The closed form above (checked through the engine), as the paper's Figure B.2 shows it:
+    for eta up to 1/(1 − a³) ≈ 7 the distance to the optimum (0, 1/√3) after 15 rounds falls."""
+    a, z = 0.95, np.array([[-1.0, 0.0], [1.0, 0.0], [0.0, math.sqrt(3)]])
+    fixed = (a * a * z[0] + a * z[1] + z[2]) / (1 + a + a * a)
+    optimum = np.array([0.0, 1 / math.sqrt(3)])
+    dist = [np.linalg.norm(fixed + (1 - eta * (1 - a**3)) ** 5 * ([1.0, 2.0] - fixed) - optimum)
+            for eta in (1.0, 2.0, 3.0, 5.0, 7.0)]
+    assert all(np.diff(dist) < 0), dist
+
+
+# --- waiting cost (004 §5.1) ------------------------------------------------------------------
+
+def max_geometric_moments(p: np.ndarray) -> tuple[float, float]:
+    """E[L], E[L²] for L = max_i Geometric(p_i) (trials until each was seen once)."""
+    t = np.arange(0, 2000)
+    tail = 1 - np.prod(1 - (1 - p[:, None]) ** t[None, :], axis=0)  # P(L > t)
+    return float(tail.sum()), float(((2 * t + 1) * tail).sum())
+
+
+def test_fedavg_wait_needs_the_expected_maximum_of_geometrics_per_update(cli_run):
+    """S = 3 of N = 6 devices drawn uniformly: the rounds per update are i.i.d. with the law of
+    max_{i∈S} Geometric(p_i) mixed over the C(6, 3) equally likely draws."""
+    p = np.array([0.9, 0.7, 0.5, 0.3, 0.2, 0.1])
+    n, s, rounds_ = 6, 3, 2500
+    moments = np.array([max_geometric_moments(p[list(c)]) for c in itertools.combinations(range(n), s)])
+    mean, second = moments.mean(0)
+    sd = math.sqrt(second - mean**2)
+    assert mean >= s / (n * p.min())  # the paper's lower bound over random draws
+    config = qconfig([[float(i)] for i in range(n)], {"name": "fedavg-wait", "S": s}, rounds=rounds_,
+                     trace={"source": "bernoulli", "p": p.tolist()})
+    df = rounds(cli_run(config))
+    updates = np.flatnonzero(df["arrived"].to_numpy() > 0)
+    assert (df["arrived"].to_numpy()[updates] == s).all()  # all S train, offline or not
+    cycles = len(updates)
+    observed = (updates[-1] + 1) / cycles
+    assert abs(observed - mean) < 4 * sd / math.sqrt(cycles), (observed, mean, sd, cycles)
+    waited = df["wait_rounds"].to_numpy()[updates]
+    np.testing.assert_array_equal(waited, np.diff(np.concatenate([[-1], updates])))
+
+
+# --- FedAU weight (Wang & Ji) ------------------------------------------------------------------
+
+def test_fedau_weight_tends_to_the_truncated_geometric_mean(cli_run):
+    """Recorded intervals are i.i.d. min(Geometric(p), K), mean (1 − (1−p)^K)/p, so the pooled
+    mean over all records is within 4 standard errors of it."""
+    n, p, cutoff, rounds_ = 20, 0.3, 5, 1200
+    config = qconfig([[float(i)] for i in range(n)], {"name": "fedau", "cutoff": cutoff}, rounds=rounds_,
+                     trace={"source": "bernoulli", "p": p})
+    state = torch.load(cli_run(config) / "checkpoint.pt", weights_only=False)["strategy"]
+    total, count = state["interval_sum"].sum(), state["interval_count"].sum()
+    k = np.arange(1, cutoff + 1)
+    law = np.where(k < cutoff, p * (1 - p) ** (k - 1), (1 - p) ** (cutoff - 1))  # of min(G, K)
+    mean = (1 - (1 - p) ** cutoff) / p
+    assert (k * law).sum() == pytest.approx(mean)
+    sd = math.sqrt((k * k * law).sum() - mean**2)
+    assert abs(total / count - mean) < 4 * sd / math.sqrt(count), (total / count, mean)
+    assert abs(mean - 1 / p) > 10 * sd / math.sqrt(count)  # the cutoff is visible
+
+
+# --- equivalences ------------------------------------------------------------------------------
+
+def equivalence_run(cli_run, algorithms, name, trace_file=None, options=None, **sections):
+    targets = [[1.0, -1.0], [3.0, 0.5], [-2.0, 2.0], [0.0, 4.0]]
+    config = qconfig(targets, options, lr=0.15, steps=3, rounds=30, model={"init": [0.5, 0.5]},
+                     algorithms=algorithms, **sections)
+    run_dir = cli_run(config, trace_file, name=name)
+    return {a: final_x(run_dir / a) for a in algorithms}
+
+
+def random_trace(n=4, rounds_=30, seed=2):
+    return generate("bernoulli", n, seed=seed, rounds=rounds_, round_duration=1.0, p=[0.8, 0.6, 0.4, 0.2])
+
+
+def test_mifa_is_fedlaavg_with_beta_one(cli_run):
+    x = equivalence_run(cli_run, ["mifa", "fedlaavg"], "mifa", random_trace(), {"beta": 1.0})
+    np.testing.assert_allclose(x["mifa"], x["fedlaavg"], atol=FLOAT32)
+
+
+def test_fedawe_with_everyone_online_is_fedavg_with_the_server_lr(cli_run):
+    x = equivalence_run(cli_run, ["fedawe", "fedavg"], "awe", None, {"server_lr": 0.7, "selection": "all"},
+                        trace={"source": "always"})
+    np.testing.assert_allclose(x["fedawe"], x["fedavg"], atol=FLOAT32)
+
+
+def test_fedau_fedvarp_known_p_with_p_one_are_fedavg_all(cli_run):
+    names = ["fedavg-all", "fedau", "fedvarp", "fedavg-known-p"]
+    x = equivalence_run(cli_run, names, "p1", None, {"server_lr": 1.3, "selection": "all"},
+                        trace={"source": "always"})
+    for name in names[1:]:
+        np.testing.assert_allclose(x[name], x["fedavg-all"], atol=FLOAT32, err_msg=name)
+
+
+def test_amplified_with_eta_one_is_fedavg(cli_run):
+    x = equivalence_run(cli_run, ["amplified", "fedavg"], "amp", random_trace(),
+                        {"eta": 1.0, "period": 4, "selection": "all"})
+    np.testing.assert_allclose(x["amplified"], x["fedavg"], atol=FLOAT32)
+
+
+def test_batched_trainer_is_the_loop_trainer(cli_run):
+    """Noisy gradients (keyed by seed, round, device) so the two trainers must agree draw by draw."""
+    results = []
+    for trainer in ("batched", "loop"):
+        x = equivalence_run(cli_run, ["fedawe", "mifa"], trainer, random_trace(),
+                            data={"noise": 0.5}, client={"trainer": trainer})
+        results.append(x)
+    for name in ("fedawe", "mifa"):
+        np.testing.assert_allclose(results[0][name], results[1][name], atol=1e-5, err_msg=name)
+
+
+# --- what the run directory says about the algorithm --------------------------------------------
+
+def test_manifest_reports_the_server_memory_price(cli_run):
+    """MIFA/FedVARP keep an update per device on the server; FedAWE and FedLaAvg do not."""
+    names = ["fedavg", "fedawe", "fedlaavg", "mifa", "fedvarp"]
+    n, d = 40, 50
+    config = qconfig([[1.0] * d] * n, rounds=2, trace={"source": "always"}, algorithms=names)
+    run_dir = cli_run(config, name="mem")
+    mem = {a: json.loads((run_dir / a / "manifest.json").read_text())["server_memory_bytes"] for a in names}
+    for name in ("mifa", "fedvarp"):
+        assert mem[name] >= 4 * n * d
+    for name in ("fedavg", "fedawe", "fedlaavg"):
+        assert mem[name] < 4 * n * d / 4, mem

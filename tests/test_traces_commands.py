@@ -1,0 +1,116 @@
+"""The `fedsim trace` sub-commands, through their argparse handlers and once as a process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fedsim.errors import FedsimError
+from fedsim.traces import read_trace
+from fedsim.traces.commands import add_trace_commands, parse_value
+from fedsim.traces.io import read_device_table
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="fedsim")
+    add_trace_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["trace", *argv])
+    return args.func(args)
+
+
+def test_generate_with_set_and_flag_options(tmp_path, capsys):
+    out = tmp_path / "d.parquet"
+    code = run(["generate", "diurnal", "--devices", "120", "--days", "3", "--seed", "4",
+                "--out", str(out), "--set", "availability=0.4", "--set", "tz_offsets=[0, 8]",
+                "--tz-weights", "[1, 3]", "--devices-out", str(tmp_path / "devices.parquet")])
+    assert code == 0
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and "diurnal, 120 devices" in line and str(out) in line
+    trace = read_trace(out)
+    assert trace.n_devices == 120 and trace.horizon == 3 * 86400
+    assert trace.generator["options"]["tz_weights"] == [1, 3]
+    assert trace.availability().mean() == pytest.approx(0.4, abs=0.05)
+    table = read_device_table(tmp_path / "devices.parquet")
+    assert set(np.unique(table["tz_offset_h"])) <= {0.0, 8.0}
+
+
+def test_generate_round_indexed(tmp_path):
+    out = tmp_path / "b.parquet"
+    run(["generate", "bernoulli", "--devices", "10", "--rounds", "50", "--round-duration", "60",
+         "--seed", "0", "--out", str(out), "--set", "p=0.5", "--dynamics", "staircase"])
+    trace = read_trace(out)
+    assert trace.horizon == 3000.0 and trace.generator["dynamics"] == "staircase"
+    assert np.all(trace.start % 60 == 0) and np.all(trace.end % 60 == 0)
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--set", "nope=1"], "unknown option 'nope'"),
+    (["--set", "p"], "expected key=value"),
+    (["--hours", "3"], "unknown option 'hours'"),
+    (["--set", "gamma=high"], "option gamma = 'high' has the wrong type"),
+])
+def test_generate_errors(tmp_path, extra, match):
+    with pytest.raises(FedsimError, match=match):
+        run(["generate", "bernoulli", "--devices", "5", "--rounds", "5", "--seed", "0",
+             "--out", str(tmp_path / "x.parquet"), "--set", "p=0.2", *extra])
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_parse_value_reads_toml_literals():
+    assert parse_value("0.3") == 0.3 and parse_value("20") == 20
+    assert parse_value("[1, 0.5]") == [1, 0.5] and parse_value("true") is True
+    assert parse_value("sine") == "sine" and parse_value('"sine"') == "sine"
+
+
+@pytest.fixture
+def diurnal_file(tmp_path):
+    out = tmp_path / "d.parquet"
+    run(["generate", "diurnal", "--devices", "300", "--days", "2", "--seed", "1", "--out", str(out)])
+    return out
+
+
+def test_info_json_and_table(diurnal_file, capsys):
+    capsys.readouterr()
+    assert run(["info", str(diurnal_file), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    trace = read_trace(diurnal_file)
+    assert info["devices"] == 300 and info["intervals"] == trace.n_intervals
+    assert info["availability"]["mean"] == pytest.approx(trace.availability().mean())
+    assert info["availability"]["q0"] <= info["availability"]["q50"] <= info["availability"]["q100"]
+    profile = info["hourly_profile"]
+    assert len(profile) == 24 and all(0 <= v <= 1 for v in profile)
+    # The mean over the hours equals the overall mean for a whole number of days.
+    assert np.mean(profile) == pytest.approx(info["availability"]["mean"], rel=1e-9)
+    assert info["session_s"]["q50"] > 0 and info["gap_s"]["q0"] > 0
+    run(["info", str(diurnal_file)])
+    text = capsys.readouterr().out
+    assert "availability" in text and "hourly profile" in text and "23h" in text
+
+
+def test_plot_writes_png(diurnal_file, tmp_path, capsys):
+    out = tmp_path / "plots" / "d.png"
+    assert run(["plot", str(diurnal_file), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    assert "200 of 300 devices" in capsys.readouterr().out
+
+
+def test_convert_command(tmp_path, capsys):
+    (tmp_path / "in.csv").write_text("0,0,10\n1,5,20\n")
+    assert run(["convert", "--from", "csv", str(tmp_path / "in.csv"), "--out",
+                str(tmp_path / "c.parquet"), "--horizon", "30"]) == 0
+    trace = read_trace(tmp_path / "c.parquet")
+    assert trace.horizon == 30.0 and trace.availability().tolist() == pytest.approx([1 / 3, 0.5])
+
+
+def test_info_on_a_bad_file_is_one_error_line_via_the_cli(tmp_path):
+    (tmp_path / "bad.parquet").write_text("nope")
+    result = subprocess.run([sys.executable, "-m", "fedsim", "trace", "info",
+                             str(tmp_path / "bad.parquet")], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: trace ") and result.stderr.count("\n") == 1
+    assert "not a readable Parquet file" in result.stderr

@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     except FedsimError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `fedsim trace info X | head`
+        sys.stderr.close()
+        return 0
 
 
 def entry() -> None:

@@ -86,7 +86,7 @@ def _read_idx(path: Path) -> np.ndarray:
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     ndim = raw[3]
     dims = np.frombuffer(raw, dtype=">u4", count=ndim, offset=4)
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims).copy()
 
 
 def _find_idx(folder: Path) -> list[Path] | None:

@@ -50,11 +50,16 @@ def add_trace_commands(subparsers) -> None:
 
 
 def _add_generate(sub) -> None:
+    kinds = "\n".join(
+        f"  {name}: {spec.doc}\n    options: "
+        + (", ".join(f"{k}={v!r}" for k, v in spec.options.items()) or "none")
+        for name, spec in GENERATORS.items())
     gen = sub.add_parser(
-        "generate", help="synthesise a trace",
-        description="Generators: " + "; ".join(f"{n}: {s.doc}" for n, s in GENERATORS.items()),
-        epilog="Generator options go as --set key=value (value is a TOML literal, e.g. "
-               "--set p=0.3, --set tz_offsets=[0,8]) or as --key value.")
+        "generate", help="synthesise a trace", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Synthesise an availability trace.",
+        epilog=f"generators (options with defaults; None: not set):\n{kinds}\n\n"
+               "Options go as --set key=value (value is a TOML literal, e.g. --set p=0.3, "
+               "--set tz_offsets=[0,8])\nor as --key value.")
     gen.add_argument("kind", help=f"one of: {', '.join(GENERATORS)}")
     gen.add_argument("--devices", type=int, required=True, help="number of devices")
     extent = gen.add_mutually_exclusive_group(required=True)

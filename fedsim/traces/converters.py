@@ -34,7 +34,7 @@ import polars as pl
 
 from fedsim.errors import FedsimError
 from fedsim.traces.intervals import clip
-from fedsim.traces.schema import Trace
+from fedsim.traces.schema import Trace, positive_seconds
 
 FORMATS = ("fedscale", "flash", "sessions", "csv")
 _MAX_ROWS = 50_000_000
@@ -48,8 +48,8 @@ def convert(fmt: str, in_path, *, horizon: float | None = None) -> Trace:
     where = f"{fmt} trace {path}"
     if not path.is_file():
         raise FedsimError(f"{where}: file not found; check the path")
-    if horizon is not None and not (math.isfinite(horizon) and horizon > 0):
-        raise FedsimError(f"{where}: horizon = {horizon!r}; give seconds > 0")
+    if horizon is not None:
+        horizon = positive_seconds(horizon, "horizon", where)
     return _CONVERTERS[fmt](path, where, horizon)
 
 
@@ -102,11 +102,9 @@ def _fedscale_client(record, client, where: str):
     try:
         active = np.asarray(record["active"], dtype=np.float64).reshape(-1)
         inactive = np.asarray(record["inactive"], dtype=np.float64).reshape(-1)
-        finish = float(record["finish_time"])
     except (TypeError, ValueError):
-        raise FedsimError(f"{at}: 'active', 'inactive' and 'finish_time' must be numbers") from None
-    if not (math.isfinite(finish) and finish > 0):
-        raise FedsimError(f"{at}: finish_time = {finish}; it must be > 0")
+        raise FedsimError(f"{at}: 'active' and 'inactive' must be lists of seconds") from None
+    finish = positive_seconds(record["finish_time"], "finish_time", at)
     if len(active) == len(inactive) + 1:  # still online when the record ends
         inactive = np.append(inactive, finish)
     if len(active) != len(inactive):

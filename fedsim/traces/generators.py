@@ -26,7 +26,7 @@ import numpy as np
 from fedsim.errors import FedsimError
 from fedsim.traces import clock_models, round_models
 from fedsim.traces.request import Generated, Request
-from fedsim.traces.schema import Trace
+from fedsim.traces.schema import Trace, positive_seconds, whole_number
 
 
 @dataclass(frozen=True)
@@ -87,20 +87,19 @@ def generate(kind: str, n_devices: int, *, seed: int, rounds: int | None = None,
     """Make a synthetic trace. Deterministic for a seed."""
     spec = _spec(kind)
     options = check_options(kind, options)
-    if isinstance(n_devices, bool) or not isinstance(n_devices, (int, np.integer)) or n_devices < 1:
-        raise FedsimError(f"trace generator {kind!r}: devices = {n_devices!r}; give an integer >= 1")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise FedsimError(f"trace generator {kind!r}: seed = {seed!r}; give an integer")
+    where = f"trace generator {kind!r}"
+    n_devices = whole_number(n_devices, "devices", where, 1)
+    seed = whole_number(seed, "seed", where, 0)
     rounds, round_duration, horizon = _extent(spec, rounds, round_duration, days)
     if label_dist is not None:
-        label_dist = _label_dist(kind, label_dist, int(n_devices))
-    request = Request(int(n_devices), np.random.default_rng(int(seed)), horizon, rounds,
+        label_dist = _label_dist(kind, label_dist, n_devices)
+    request = Request(n_devices, np.random.default_rng(seed), horizon, rounds,
                       round_duration, label_dist, options)
     out = spec.fn(request)
-    generator = {"kind": kind, "seed": int(seed), "rounds": rounds,
+    generator = {"kind": kind, "seed": seed, "rounds": rounds,
                  "round_duration": round_duration, "days": days or None, "options": options,
                  **out.meta}
-    return Trace.from_intervals(out.device_id, out.start, out.end, n_devices=int(n_devices),
+    return Trace.from_intervals(out.device_id, out.start, out.end, n_devices=n_devices,
                                 horizon=horizon, origin=out.origin, generator=generator)
 
 
@@ -173,15 +172,9 @@ def _suggest(word: str, valid) -> str:
 def _extent(spec: GeneratorSpec, rounds, round_duration, days):
     """Resolve (rounds, round_duration, horizon) for the generator's family."""
     where = f"trace generator {spec.name!r}"
-    try:
-        round_duration = float(round_duration)
-    except (TypeError, ValueError):
-        raise FedsimError(f"{where}: round_duration = {round_duration!r}; give seconds > 0") from None
-    if not (math.isfinite(round_duration) and round_duration > 0):
-        raise FedsimError(f"{where}: round_duration = {round_duration!r}; give seconds > 0")
-    if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer))
-                               or rounds < 1):
-        raise FedsimError(f"{where}: rounds = {rounds!r}; give an integer >= 1")
+    round_duration = positive_seconds(round_duration, "round_duration", where)
+    if rounds is not None:
+        rounds = whole_number(rounds, "rounds", where, 1)
     if days is not None and not (isinstance(days, (int, float)) and math.isfinite(days) and days >= 0):
         raise FedsimError(f"{where}: days = {days!r}; give a number of days > 0")
     days = days or None

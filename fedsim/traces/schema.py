@@ -20,9 +20,12 @@ from fedsim.errors import FedsimError
 WRAPS = ("none", "loop")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Trace:
     """Online intervals of ``n_devices`` devices over ``[0, horizon)`` seconds.
+
+    Treat the arrays as read-only: an AvailabilityIndex built on a trace relies on them.
+    (``eq=False``: comparing traces compares identity; compare arrays explicitly.)
 
     ``wrap = "loop"`` repeats the trace with period ``horizon`` (FedScale-style replay);
     ``"none"`` leaves every device offline from ``horizon`` on. ``generator`` records how the
@@ -77,19 +80,31 @@ def _as_array(values, dtype, name: str) -> np.ndarray:
         raise FedsimError(f"trace: {name} must be one-dimensional, got shape {array.shape}")
     if dtype is np.int64 and array.size and not np.issubdtype(array.dtype, np.integer):
         raise FedsimError(f"trace: device_id must hold integers, got {array.dtype}")
-    return np.ascontiguousarray(array, dtype=dtype)
+    return np.array(array, dtype=dtype)  # a copy: the trace must not change under an index
+
+
+def positive_seconds(value, name: str, where: str) -> float:
+    """``value`` as a finite float > 0, or a FedsimError naming it."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise FedsimError(f"{where}: {name} = {value!r}; it must be a finite number of seconds > 0")
+    return seconds
+
+
+def whole_number(value, name: str, where: str, minimum: int) -> int:
+    """``value`` as an int >= minimum (bools refused), or a FedsimError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise FedsimError(f"{where}: {name} = {value!r}; it must be an integer >= {minimum}")
+    return int(value)
 
 
 def check_header(n_devices, horizon, wrap, origin, generator, where: str) -> tuple[int, float]:
     """Validate the per-trace values; return n_devices as int and horizon as float."""
-    if isinstance(n_devices, bool) or not isinstance(n_devices, (int, np.integer)) or n_devices < 0:
-        raise FedsimError(f"{where}: n_devices = {n_devices!r}; it must be an integer >= 0")
-    try:
-        horizon = float(horizon)
-    except (TypeError, ValueError):
-        raise FedsimError(f"{where}: horizon = {horizon!r}; it must be a number of seconds > 0") from None
-    if not (math.isfinite(horizon) and horizon > 0):
-        raise FedsimError(f"{where}: horizon = {horizon!r}; it must be a finite number of seconds > 0")
+    n_devices = whole_number(n_devices, "n_devices", where, 0)
+    horizon = positive_seconds(horizon, "horizon", where)
     if wrap not in WRAPS:
         raise FedsimError(f"{where}: wrap = {wrap!r}; it must be one of {', '.join(WRAPS)}")
     if origin is not None:
@@ -105,7 +120,7 @@ def check_header(n_devices, horizon, wrap, origin, generator, where: str) -> tup
             json.dumps(generator, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise FedsimError(f"{where}: generator metadata is not JSON-able ({exc})") from None
-    return int(n_devices), horizon
+    return n_devices, horizon
 
 
 def first_problem(device_id, start, end, n_devices, horizon, *, need_sorted) -> str | None:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from fedsim.config import DataConfig, ModelConfig
 from fedsim.data.clients import ClientData
-from fedsim.data.datasets import load_dataset
+from fedsim.data.datasets import Dataset, load_dataset
 from fedsim.data.partition import partition
 from fedsim.training import rng
 from fedsim.training.evaluate import evaluate_classifier
@@ -105,7 +105,12 @@ def build_task(data: DataConfig, model: ModelConfig, *, seed: int, device: torch
         from fedsim.training.quadratic import QuadraticTask
 
         return QuadraticTask(data, model, seed=seed, device=device)
-    dataset = load_dataset(data, seed)
+    return classification_task(load_dataset(data, seed), data, model, seed=seed, device=device)
+
+
+def classification_task(dataset: Dataset, data: DataConfig, model: ModelConfig, *, seed: int,
+                        device: torch.device) -> ClassificationTask:
+    """Partition `dataset` as `[data]` says and put it on `device` with the `[model]` network."""
     owner = partition(dataset.y_train, data, seed)
-    net = build_model(model, dataset.shape, dataset.n_classes, data.dataset)
+    net = build_model(model, dataset.shape, dataset.n_classes, dataset.name)
     return ClassificationTask(ClientData(dataset, owner, data.clients, device), net, seed)

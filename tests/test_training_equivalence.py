@@ -1,0 +1,127 @@
+"""batched trainer == loop trainer (ALGORITHMS.md §4), for every model and every SGD option."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedsim.config import ClientConfig, DataConfig, ModelConfig
+from fedsim.data.datasets import Dataset
+from fedsim.training import build_task, build_trainer
+from fedsim.training.models import ARCHITECTURES
+from fedsim.training.task import classification_task
+
+CPU = torch.device("cpu")
+
+
+def image_task(model: str, shape=(1, 28, 28), clients=4, dropout=0.0, seed=0):
+    """A tiny random image dataset (fast enough for the CNNs) split over `clients`."""
+    rng = np.random.default_rng(1)
+    n = 24 * clients
+    x = rng.integers(0, 256, size=(n, *shape), dtype=np.uint8)
+    y = rng.integers(0, 10, size=n)
+    ds = Dataset("tiny", x, y, x[:20], y[:20], 10, scale=1 / 255)
+    return classification_task(ds, DataConfig(clients=clients, partition="iid"),
+                               ModelConfig(name=model, dropout=dropout, hidden=16), seed=seed, device=CPU)
+
+
+def run_both(task, client: ClientConfig, steps, lr, prox_mu=0.0, rnd=3):
+    ids = np.arange(len(steps))
+    rng = torch.Generator().manual_seed(5)
+    start = task.init_params()[None] + 0.01 * torch.randn(len(steps), task.dim, generator=rng)
+    out = {}
+    for path in ("batched", "loop"):
+        trainer = build_trainer(task, ClientConfig(**{**vars(client), "trainer": path}), seed=7)
+        out[path] = trainer.train(rnd, ids, start, np.asarray(steps), lr, prox_mu=prox_mu)
+    return start, out["batched"], out["loop"]
+
+
+def assert_same(start, a, b, steps):
+    end_a, end_b = start + a.deltas, start + b.deltas
+    assert float((end_a - end_b).norm() / end_b.norm()) < 1e-4
+    assert float((a.deltas - b.deltas).norm() / b.deltas.norm()) < 1e-3
+    moved = torch.as_tensor(np.asarray(steps) > 0)
+    assert torch.allclose(a.loss[moved], b.loss[moved], rtol=1e-4)
+    assert torch.equal(a.samples, b.samples)
+    assert torch.all(a.deltas[~moved] == 0) and torch.all(torch.isnan(a.loss[~moved]))
+
+
+MODEL_SHAPES = {
+    "logreg": (1, 8, 8), "mlp": (1, 8, 8), "lenet5": (1, 28, 28), "lstm": (1, 8, 8),
+    "cnn-fmnist": (1, 28, 28), "cnn-svhn": (3, 32, 32), "cnn-cifar": (3, 32, 32),
+    "cnn-cinic": (3, 32, 32), "cnn-cifar-wj": (3, 32, 32),
+}
+
+
+def test_every_model_is_covered():
+    assert set(MODEL_SHAPES) == set(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("model", list(MODEL_SHAPES))
+def test_batched_equals_loop_every_model(model):
+    """Mixed step counts (incl. 0) and per-device lr in one cohort, dropout on where it exists."""
+    task = image_task(model, MODEL_SHAPES[model], dropout=0.2)
+    steps = [3, 1, 0, 2]
+    lr = torch.tensor([0.05, 0.1, 0.2, 0.02])
+    start, a, b = run_both(task, ClientConfig(batch_size=5), steps, lr)
+    assert_same(start, a, b, steps)
+
+
+@pytest.mark.parametrize("option", [
+    dict(weight_decay=0.01), dict(clip=0.05), dict(batch_size=0), dict(prox=0.5),
+])
+def test_batched_equals_loop_sgd_options(option):
+    prox = option.pop("prox", 0.0)
+    task = build_task(DataConfig(dataset="digits", clients=6, partition="dirichlet", alpha=0.5),
+                      ModelConfig(name="mlp", hidden=16, dropout=0.1), seed=0, device=CPU)
+    steps = [4, 2, 0, 1, 4, 3]
+    client = ClientConfig(**{"batch_size": 8, **option})
+    start, a, b = run_both(task, client, steps, 0.1, prox_mu=prox)
+    assert_same(start, a, b, steps)
+
+
+def test_clip_bounds_every_step():
+    """With clipping at c and one step, no device moves further than lr * c."""
+    task = build_task(DataConfig(dataset="digits", clients=5), ModelConfig(name="logreg"), seed=0, device=CPU)
+    trainer = build_trainer(task, ClientConfig(batch_size=8, clip=0.01, trainer="batched"), seed=0)
+    start = task.init_params()[None].repeat(5, 1)
+    res = trainer.train(0, np.arange(5), start, np.ones(5, dtype=int), 0.5)
+    assert float(res.deltas.norm(dim=1).max()) <= 0.5 * 0.01 * (1 + 1e-5)
+
+
+def test_prox_pulls_toward_start():
+    """A huge proximal term keeps the local model close to where it started."""
+    task = build_task(DataConfig(dataset="digits", clients=4), ModelConfig(name="logreg"), seed=0, device=CPU)
+    trainer = build_trainer(task, ClientConfig(batch_size=8, trainer="batched"), seed=0)
+    start = task.init_params()[None].repeat(4, 1)
+    free = trainer.train(0, np.arange(4), start, np.full(4, 10), 0.05).deltas.norm(dim=1)
+    held = trainer.train(0, np.arange(4), start, np.full(4, 10), 0.05, prox_mu=15.0).deltas.norm(dim=1)
+    assert torch.all(held < 0.5 * free)
+
+
+def test_cohort_order_and_subsets_do_not_change_a_device():
+    """A device's result depends on (seed, round, device, start), not on who else trains."""
+    task = build_task(DataConfig(dataset="digits", clients=8), ModelConfig(name="mlp", hidden=16, dropout=0.3),
+                      seed=0, device=CPU)
+    trainer = build_trainer(task, ClientConfig(batch_size=4, trainer="batched"), seed=1)
+    start = task.init_params()[None].repeat(8, 1)
+    full = trainer.train(2, np.arange(8), start, np.full(8, 3), 0.1)
+    ids = np.array([6, 2])
+    part = trainer.train(2, ids, start[:2], np.full(2, 3), 0.1)
+    assert torch.allclose(part.deltas, full.deltas[ids], rtol=1e-5, atol=1e-7)
+    again = trainer.train(2, np.arange(8), start, np.full(8, 3), 0.1)
+    assert torch.equal(again.deltas, full.deltas)
+    other_round = trainer.train(3, np.arange(8), start, np.full(8, 3), 0.1)
+    assert not torch.allclose(other_round.deltas, full.deltas)
+
+
+def test_large_cohort_is_chunked_with_the_same_result(monkeypatch):
+    import fedsim.training.cohort as cohort
+
+    task = image_task("cnn-svhn", (3, 32, 32), clients=4)
+    steps = [2, 1, 2, 0]
+    start, whole, _ = run_both(task, ClientConfig(batch_size=3), steps, 0.05)
+    monkeypatch.setattr(cohort, "ACTIVATION_BUDGET", 1)  # one device per vmapped call
+    _, chunked, _ = run_both(task, ClientConfig(batch_size=3), steps, 0.05)
+    assert_same(start, whole, chunked, steps)

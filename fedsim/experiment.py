@@ -31,7 +31,8 @@ from fedsim.sim.engine import new_environment, run_engine
 from fedsim.sim.buffered import BufferedServer
 from fedsim.sim.server import Server
 from fedsim.sim.timing import DeviceTiming
-from fedsim.traces import AvailabilityIndex, Trace, generate, known_probability, read_trace
+from fedsim.traces import AvailabilityIndex, Trace, generate, known_probability, read_trace, write_trace
+from fedsim.traces.generators import GENERATORS
 from fedsim.traces.io import read_device_table
 from fedsim.training import build_task, build_trainer
 from fedsim.training.schedules import learning_rate
@@ -112,11 +113,17 @@ def load_trace(config: Config, n_devices: int, label_dist: np.ndarray | None) ->
                 f"set data.clients = {trace.n_devices} (or use a trace with {n_devices} devices)"
             )
         return trace
-    return generate(
+    spec = GENERATORS[tc.source]
+    days = tc.days or None
+    if days is None and not spec.round_indexed:  # wall-clock models: cover max_time, or a week
+        days = config.run.max_time / 86400 if config.run.max_time else 7.0
+    trace = generate(
         tc.source, n_devices, seed=config.run.seed, rounds=config.run.rounds,
-        round_duration=config.server.round_duration, days=tc.days or None,
-        label_dist=label_dist, **tc.options,
+        round_duration=config.server.round_duration, days=days,
+        label_dist=label_dist if spec.needs_labels else None, **tc.options,
     )
+    # A generated trace repeats, so that a run is never cut short by the trace's length.
+    return dataclasses.replace(trace, wrap="loop")
 
 
 class Experiment:
@@ -176,6 +183,8 @@ class Experiment:
             recorder.load_state_dict(resume["recorder"])
             start_round, start_time = resume["round"], resume["sim_time"]
         write_text(self.run_dir / "config.toml", dump_toml(cfg.to_dict()))
+        if cfg.trace.source != "file":  # keep the generated availability with its results
+            write_trace(self.trace, self.run_dir / "trace.parquet")
         env = new_environment(start_time)
         server_class = BufferedServer if cfg.server.mode == "async" else Server
         server = server_class(
@@ -291,6 +300,9 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True) -> R
     for text in overrides:
         section, key, value = parse_override(text)
         raw.setdefault(section, {})[key] = value
+    if (run_dir / "trace.parquet").exists():  # replay the availability the run started with
+        table = raw.get("trace", {}).get("devices_table", "")
+        raw["trace"] = {"source": "file", "path": str(run_dir / "trace.parquet"), "devices_table": table}
     config = config_from_dict(raw, origin=str(run_dir / "config.toml"))
     state = torch.load(checkpoint, weights_only=False)
     return Experiment(config, run_dir, progress).run(resume=state)

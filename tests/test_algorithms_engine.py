@@ -340,3 +340,53 @@ def test_manifest_reports_the_server_memory_price(cli_run):
         assert mem[name] >= 4 * n * d
     for name in ("fedavg", "fedawe", "fedlaavg"):
         assert mem[name] < 4 * n * d / 4, mem
+
+
+# --- names, options and the built-in comparison ---------------------------------------------------
+
+def test_every_algorithm_name_is_accepted_by_set_and_an_unknown_one_lists_them(cli_run, tmp_path):
+    from fedsim.config import load_config
+
+    path = tmp_path / "base.toml"
+    path.write_text('[data]\ndataset = "quadratic"\nclients = 1\ntargets = [[1.0]]\n')
+    for name in REGISTRY:
+        assert load_config(path, [f"algorithm.name={name}"]).algorithm.name == name
+    cli_run(qconfig([[1.0]], {"name": "fedawee"}), expect=2)
+    err = cli_run.last_output.err
+    assert err.count("\n") == 1 and "did you mean 'fedawe'" in err and "sequential-sgd" in err
+    cli_run(qconfig([[1.0]], {"name": "fedlaavg", "beta": 2.0}), name="beta", expect=2)
+    assert "[algorithm] beta = 2.0 for 'fedlaavg' must be in [0, 1]" in cli_run.last_output.err
+
+
+def test_compare_scenario_runs_the_four_algorithms(tmp_path, capsys):
+    from fedsim.cli import main
+
+    code = main(["run", "compare", "--quiet", "--set", "run.rounds=3", "--set", "run.eval_every=3",
+                 "--set", f"run.out={tmp_path}"])
+    assert code == 0, capsys.readouterr().err
+    summary = __import__("polars").read_parquet(tmp_path / "compare" / "summary.parquet")
+    assert summary["algorithm"].to_list() == ["fedavg", "fedlaavg", "mifa", "fedawe"]
+    assert summary["final_test_acc"].is_not_null().all()
+    invited = rounds(tmp_path / "compare" / "fedlaavg")["invited"].to_list()
+    assert invited == [10, 10, 10]  # beta = 0.1 of 100 devices
+
+
+@pytest.mark.parametrize("name, options", [
+    ("fedawe", {}), ("fedavg-wait", {"S": 2}), ("amplified", {"period": 4}),
+    ("fedlaavg", {"beta": 0.5}), ("fedau", {"cutoff": 3}), ("fedvarp", {}),
+])
+def test_resume_continues_the_algorithm_state_exactly(cli_run, name, options):
+    """Stopped after 15 rounds (mid-wait, mid-period) and resumed to 30: the same rounds
+    (metrics included) and model."""
+    from fedsim.cli import main
+
+    config = qconfig([[1.0, -1.0], [3.0, 0.5], [-2.0, 2.0], [0.0, 4.0]], {"name": name, **options},
+                     lr=0.15, steps=2, rounds=30)
+    config["run"]["eval_every"] = 15
+    whole = cli_run(config, random_trace(), name="whole")
+    config["run"]["rounds"] = 15
+    half = cli_run(config, random_trace(), name="half")
+    assert main(["run", "--resume", str(half), "--set", "run.rounds=30", "--quiet"]) == 0
+    a, b = rounds(whole).drop("wall_s"), rounds(half).drop("wall_s")
+    assert a.equals(b)
+    assert np.array_equal(final_x(whole), final_x(half))

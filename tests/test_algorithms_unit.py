@@ -21,6 +21,7 @@ from fedsim.algorithms.table import DeviceTable  # noqa: E402
 from fedsim.errors import FedsimError  # noqa: E402
 
 N, D, R = 5, 3, 40
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def scenario(seed=0):
@@ -34,8 +35,8 @@ def scenario(seed=0):
 
 
 def context(*, lr=lambda t: 0.2, steps=2, server_lr=0.8, options=None, selection="all",
-            invite=0, known_p=None, train_pooled=None) -> Context:
-    return Context(n_devices=N, dim=D, device=torch.device("cpu"), seed=0, server_lr=server_lr,
+            invite=0, known_p=None, train_pooled=None, device="cpu") -> Context:
+    return Context(n_devices=N, dim=D, device=torch.device(device), seed=0, server_lr=server_lr,
                    local_steps=steps, clients_per_round=invite, invite=invite,
                    options=options or {}, lr=lr, client_sizes=np.ones(N, dtype=np.int64),
                    known_p=known_p, selection=selection, train_pooled=train_pooled)
@@ -43,10 +44,10 @@ def context(*, lr=lambda t: 0.2, steps=2, server_lr=0.8, options=None, selection
 
 def local_sgd(U, ids, start, steps, lr, mu):
     """Exact local SGD of every cohort member at once (the engine's trainer, in miniature)."""
-    u = torch.as_tensor(U[ids], dtype=torch.float32)
+    u = torch.as_tensor(U[ids], dtype=torch.float32, device=start.device)
     w, anchor = start.clone(), start.clone()
     for s in range(int(steps.max(initial=0))):
-        active = torch.as_tensor(steps > s).unsqueeze(1)
+        active = torch.as_tensor(steps > s, device=start.device).unsqueeze(1)
         w = torch.where(active, w - lr * ((w - u) + mu * (w - anchor)), w)
     return w - start
 
@@ -55,7 +56,7 @@ def drive(name, U, avail, x0, ctx, rounds=None, strategy=None):
     """Run rounds [start, rounds) like the engine under ideal timing: every invited device arrives."""
     if strategy is None:
         strategy = make_strategy(name)
-        strategy.setup(N, torch.as_tensor(x0, dtype=torch.float32), ctx)
+        strategy.setup(N, torch.as_tensor(x0, dtype=torch.float32, device=ctx.device), ctx)
         strategy.round = 0
     keys = None
     for t in range(strategy.round, rounds or avail.shape[0]):
@@ -63,10 +64,10 @@ def drive(name, U, avail, x0, ctx, rounds=None, strategy=None):
         steps = strategy.local_steps(t, ids)
         lr = strategy.client_lr(t)
         deltas = local_sgd(U, ids, strategy.start_params(ids), steps, lr, strategy.prox_mu)
-        k = len(ids)
-        strategy.aggregate(t, Arrivals(ids=ids, deltas=deltas, steps=torch.as_tensor(steps),
-                                       samples=torch.ones(k), loss=torch.zeros(k),
-                                       version=np.full(k, t), lr=torch.full((k,), lr)))
+        k, dev = len(ids), deltas.device
+        strategy.aggregate(t, Arrivals(ids=ids, deltas=deltas, steps=torch.as_tensor(steps, device=dev),
+                                       samples=torch.ones(k, device=dev), loss=torch.zeros(k, device=dev),
+                                       version=np.full(k, t), lr=torch.full((k,), lr, device=dev)))
         metrics = strategy.metrics()
         assert keys is None or set(metrics) == keys, "metric keys must not change between rounds"
         keys = set(metrics)
@@ -75,8 +76,8 @@ def drive(name, U, avail, x0, ctx, rounds=None, strategy=None):
     return strategy
 
 
-def pooled(U):
-    center = torch.as_tensor(U.mean(0), dtype=torch.float32)
+def pooled(U, device="cpu"):
+    center = torch.as_tensor(U.mean(0), dtype=torch.float32, device=device)
 
     def train_pooled(rnd, params, steps, lr):
         w = params.clone()
@@ -117,27 +118,29 @@ CASES = {
 }
 
 
-def case_context(case, U, P):
+def case_context(case, U, P, device="cpu"):
     options, overrides, _ = CASES[case]
     overrides = dict(overrides)
     if overrides.get("known_p") == "P":
         overrides["known_p"] = lambda rnd: P[rnd]
     if overrides.get("train_pooled") == "pooled":
-        overrides.update(train_pooled=pooled(U), lr=lambda t: 0.02)
-    return context(options=options, **overrides)
+        overrides.update(train_pooled=pooled(U, device), lr=lambda t: 0.02)
+    return context(options=options, device=device, **overrides)
 
 
 def test_every_registered_algorithm_has_a_reference_case():
     assert set(REGISTRY) <= {case.removesuffix("-warmup").removesuffix("-clip") for case in CASES}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_matches_numpy_reference(case):
+def test_matches_numpy_reference(case, device):
     U, avail, P, x0 = scenario()
     strategy = drive(case.removesuffix("-warmup").removesuffix("-clip"), U, avail, x0,
-                     case_context(case, U, P))
+                     case_context(case, U, P, device))
     expected = CASES[case][2](U, avail, P, x0, lambda t: 0.2)
-    np.testing.assert_allclose(strategy.params.numpy(), expected, rtol=1e-4, atol=1e-5)
+    assert strategy.params.device.type == device
+    np.testing.assert_allclose(strategy.params.cpu().numpy(), expected, rtol=1e-4, atol=1e-5)
     assert not np.allclose(expected, x0), "the scenario must move the model"
 
 
@@ -273,4 +276,4 @@ def test_device_table_keeps_its_sum_and_the_last_of_repeated_ids():
     assert torch.equal(table.rows[1], torch.tensor([7.0, 8.0]))
     assert torch.allclose(table.mean(), table.rows.mean(0))
     assert list(table.stamp) == [-1, 3, -1, 3]
-    assert list(table.staleness(5)) == [2, 2]
+    assert table.metrics(5) == {"memory_filled": 0.5, "staleness_mean": 2.0, "staleness_max": 2.0}

@@ -67,18 +67,16 @@ class Strategy:
 
     Class attributes: ``name`` (registry key), ``options`` (the algorithm's own config keys with
     typed defaults), ``selection`` (default selection policy), ``state`` (attributes that make
-    up the server state: checkpointed and counted by ``memory_bytes``) and ``device_state``
-    (what the devices themselves would keep in a deployment, e.g. FedAWE's local models:
-    checkpointed and counted by ``device_memory_bytes`` instead). A state value is a Tensor,
-    a numpy array, a number, or an object with ``state_dict``/``load_state_dict``/
-    ``server_bytes``/``device_bytes`` (a ``DeviceTable``).
+    up the algorithm's state: checkpointed, and counted by ``memory_bytes``). A state value is
+    a Tensor, a numpy array, a number, or a ``DeviceTable``, which also knows whether its rows
+    would live on the devices in a deployment (FedAWE's local models, FedLaAvg's last
+    gradients): those count in ``device_memory_bytes`` instead of the server's.
     """
 
     name: ClassVar[str] = ""
     options: ClassVar[dict[str, Any]] = {}
     selection: ClassVar[str] = "uniform"  # with clients_per_round = 0: every online device
     state: ClassVar[tuple[str, ...]] = ("params",)
-    device_state: ClassVar[tuple[str, ...]] = ()
 
     params: Tensor
     prox_mu: float = 0.0
@@ -130,12 +128,12 @@ class Strategy:
 
     # --- checkpoints and the price of the state ---------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        sd = {name: _save(getattr(self, name)) for name in (*self.state, *self.device_state)}
+        sd = {name: _save(getattr(self, name)) for name in self.state}
         sd["selector"] = self.selector.state_dict()
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        for name in (*self.state, *self.device_state):
+        for name in self.state:
             current, value = getattr(self, name), sd[name]
             if hasattr(current, "load_state_dict"):
                 current.load_state_dict(value)
@@ -154,8 +152,7 @@ class Strategy:
 
     def device_memory_bytes(self) -> int:
         """Bytes the devices keep for the algorithm, all devices together (simulated here)."""
-        named = (*self.state, *self.device_state)
-        return sum(_nbytes(getattr(self, name), "device") for name in named)
+        return sum(_nbytes(getattr(self, name), "device") for name in self.state)
 
 
 def _save(value: Any) -> Any:

@@ -10,8 +10,6 @@ model is the mean of all x_i. Server memory O(d); the x_i and τ_i live on the d
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from fedsim.algorithms.base import Strategy, check_range, nan_stats, register

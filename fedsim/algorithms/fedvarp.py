@@ -7,7 +7,7 @@ v = ȳ + (1/|A_t|) Σ_{A_t} (Δ_i − y_i). O(N·d) server memory, like MIFA.
 
 from __future__ import annotations
 
-from fedsim.algorithms.base import Strategy, nan_stats, register
+from fedsim.algorithms.base import Strategy, register
 from fedsim.algorithms.table import DeviceTable
 
 
@@ -32,6 +32,4 @@ class FedVarp(Strategy):
         self.table.write(arrivals.ids, arrivals.deltas, rnd)
 
     def metrics(self):
-        mean, worst = nan_stats(self.table.staleness(self.last_round))
-        return {"memory_filled": float(self.table.filled().mean()),
-                "staleness_mean": mean, "staleness_max": worst}
+        return self.table.metrics(self.last_round)

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from fedsim.algorithms.base import Strategy, check_range, nan_stats, register
+from fedsim.algorithms.base import Strategy, check_range, register
 from fedsim.algorithms.table import DeviceTable
 
 
@@ -66,9 +66,7 @@ class Mifa(Strategy):
         self.params = self.params - (self.ctx.server_lr * lr) * self.table.mean()
 
     def metrics(self):
-        mean, worst = nan_stats(self.table.staleness(self.last_round))
-        return {"memory_filled": float(self.table.filled().mean()),
-                "staleness_mean": mean, "staleness_max": worst}
+        return self.table.metrics(self.last_round)
 
 
 @register

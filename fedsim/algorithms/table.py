@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedsim.algorithms.base import nan_stats
+
 
 class DeviceTable:
     """``rows`` [N, d] (float32, on the run's device), ``total`` [d] float64, ``stamp`` [N].
@@ -61,9 +63,12 @@ class DeviceTable:
     def filled(self) -> np.ndarray:
         return self.stamp >= 0
 
-    def staleness(self, rnd: int) -> np.ndarray:
-        """Rounds since each written row was written (rows never written are left out)."""
-        return rnd - self.stamp[self.filled()]
+    def metrics(self, rnd: int) -> dict[str, float]:
+        """How much of the table is filled and how stale its rows are after round ``rnd``."""
+        staleness = rnd - self.stamp[self.filled()]
+        mean, worst = nan_stats(staleness)
+        return {"memory_filled": float(self.filled().mean()), "staleness_mean": mean,
+                "staleness_max": worst}
 
     # --- checkpoints and accounting ------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ class FedAvgWait(FedAvg):
 
     def init_state(self, params):
         super().init_state(params)
-        self.size = int(self.opt["S"]) or self.ctx.clients_per_round or self.n
+        self.size = int(self.opt["S"]) or min(self.ctx.clients_per_round, self.n) or self.n
         self.sample = np.empty(0, dtype=np.int64)  # the S drawn devices (empty: draw next round)
         self.seen = np.zeros(0, dtype=bool)  # which of them were available since the draw
         self.waited = 0  # rounds since the draw

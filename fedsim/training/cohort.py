@@ -22,7 +22,7 @@ class BatchedTrainer(Trainer):
 
     def __init__(self, task, client, *, seed):
         super().__init__(task, client, seed=seed)
-        self.step_fn = torch.func.vmap(task.step_fn())
+        self.step_fn = task.cohort_step_fn()
 
     def chunk_size(self, ids: np.ndarray) -> int:
         """Devices per vmapped call under the activation budget."""

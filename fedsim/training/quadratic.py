@@ -34,7 +34,7 @@ class QuadraticTask(Task):
             targets = np.random.default_rng([seed, 0x0AD]).normal(size=(data.clients, data.dim))
         if len(targets) != data.clients:
             raise FedsimError(
-                f"[data] targets has {len(targets)} entries but [data] clients = {data.clients}"
+                f"[data] targets has {len(targets)} entries but [data] clients = {data.clients}; give one per client"
             )
         self.dim = targets.shape[1]
         if model.init and len(model.init) != self.dim:
@@ -67,7 +67,10 @@ class QuadraticTask(Task):
     def step_fn(self) -> StepFn:
         def step(w: Tensor, target: Tensor, *noise: Tensor) -> tuple[Tensor, Tensor]:
             diff = w - target
-            loss = 0.5 * (diff * diff).sum()
+            loss = 0.5 * (diff * diff).sum(dim=-1)
             return (diff + noise[0] if noise else diff), loss
 
         return step
+
+    def cohort_step_fn(self) -> StepFn:
+        return self.step_fn()  # row-wise already: the same arithmetic without vmap's overhead

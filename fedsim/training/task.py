@@ -57,6 +57,10 @@ class Task:
     def step_fn(self) -> StepFn:
         raise NotImplementedError
 
+    def cohort_step_fn(self) -> StepFn:
+        """`step_fn` over stacked devices: (W [m, d], *inputs [m, ...]) -> (grads [m, d], losses [m])."""
+        return torch.func.vmap(self.step_fn())
+
 
 class ClassificationTask(Task):
     """Cross-entropy on a partitioned labelled dataset, model = a flat-parameter `Model`."""

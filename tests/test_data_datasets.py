@@ -1,0 +1,97 @@
+"""Dataset loading: bundled digits, IDX files, synthetic logistic, and the missing-file errors."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from fedsim.config import DataConfig
+from fedsim.data.clients import ClientData
+from fedsim.data.datasets import load_dataset
+from fedsim.data.partition import partition
+from fedsim.errors import FedsimError
+
+
+def test_digits_split_and_scale():
+    ds = load_dataset(DataConfig(dataset="digits", test_fraction=0.25), seed=0)
+    assert ds.shape == (1, 8, 8) and ds.n_classes == 10
+    assert len(ds.y_train) + len(ds.y_test) == 1797
+    assert abs(len(ds.y_test) - 0.25 * 1797) < 1
+    again = load_dataset(DataConfig(dataset="digits"), seed=5)  # the split does not follow the run seed
+    assert np.array_equal(ds.y_test, again.y_test) and np.array_equal(ds.x_train, again.x_train)
+    data = ClientData(ds, partition(ds.y_train, DataConfig(clients=10), 0), 10, torch.device("cpu"))
+    x = data.features(data.x)
+    assert x.dtype == torch.float32 and float(x.min()) == 0.0 and float(x.max()) == 1.0
+
+
+def test_label_distribution_rows_are_proportions():
+    ds = load_dataset(DataConfig(dataset="digits"), seed=0)
+    cfg = DataConfig(clients=10, partition="classes", classes_per_client=2)
+    data = ClientData(ds, partition(ds.y_train, cfg, 0), 10, torch.device("cpu"))
+    dist = data.label_distribution()
+    assert dist.shape == (10, 10) and np.allclose(dist.sum(axis=1), 1)
+    assert np.all((dist > 0).sum(axis=1) == 2)
+
+
+def write_idx(path, array: np.ndarray, compress: bool) -> None:
+    header = struct.pack(">HBB", 0, 8, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    raw = header + array.astype(np.uint8).tobytes()
+    path.write_bytes(gzip.compress(raw) if compress else raw)
+
+
+@pytest.mark.parametrize("name, compress", [("fashion-mnist", True), ("mnist", False)])
+def test_idx_folder(tmp_path, name, compress):
+    rng = np.random.default_rng(0)
+    images = {"train": rng.integers(0, 256, (30, 28, 28)), "t10k": rng.integers(0, 256, (7, 28, 28))}
+    labels = {"train": np.arange(30) % 10, "t10k": np.arange(7)}
+    suffix = ".gz" if compress else ""
+    for part in ("train", "t10k"):
+        write_idx(tmp_path / f"{part}-images-idx3-ubyte{suffix}", images[part], compress)
+        write_idx(tmp_path / f"{part}-labels-idx1-ubyte{suffix}", labels[part], compress)
+    ds = load_dataset(DataConfig(dataset=name, root=str(tmp_path)), seed=0)
+    assert ds.x_train.shape == (30, 1, 28, 28) and ds.x_test.shape == (7, 1, 28, 28)
+    assert np.array_equal(ds.x_train[:, 0], images["train"]) and np.array_equal(ds.y_test, labels["t10k"])
+    assert ds.scale == 1 / 255
+
+
+@pytest.mark.parametrize("name, files", [
+    ("fashion-mnist", "train-images-idx3-ubyte"),
+    ("mnist", "t10k-labels-idx1-ubyte"),
+    ("cifar10", "cifar-10-batches-py/data_batch_1..5"),
+    ("svhn", "train_32x32.mat"),
+])
+def test_missing_folder_is_one_line_naming_the_files(tmp_path, name, files):
+    with pytest.raises(FedsimError) as err:
+        load_dataset(DataConfig(dataset=name, root=str(tmp_path / "nowhere")), seed=0)
+    message = str(err.value)
+    assert "\n" not in message and files in message and "[data] root" in message
+    assert "nowhere" in message and "download = true" in message
+
+
+def test_unknown_dataset_suggests():
+    with pytest.raises(FedsimError, match="did you mean 'digits'"):
+        load_dataset(DataConfig(dataset="digit"), seed=0)
+
+
+def test_logistic_is_synthetic_and_learnable():
+    cfg = DataConfig(dataset="logistic", dim=5, samples=800, classes=3, test_fraction=0.25)
+    ds = load_dataset(cfg, seed=0)
+    assert ds.shape == (5,) and ds.n_classes == 3 and len(ds.y_train) == 600
+    assert np.array_equal(ds.x_train, load_dataset(cfg, seed=0).x_train)
+    assert not np.array_equal(ds.x_train, load_dataset(cfg, seed=1).x_train)
+    from sklearn.linear_model import LogisticRegression
+
+    acc = LogisticRegression(max_iter=500).fit(ds.x_train, ds.y_train).score(ds.x_test, ds.y_test)
+    assert acc > 0.6  # labels follow a logistic model of x
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/usr/share/datasets/fashion-mnist").exists(),
+                    reason="Debian's dataset-fashion-mnist is not installed")
+def test_real_fashion_mnist_default_root():
+    ds = load_dataset(DataConfig(dataset="fashion-mnist"), seed=0)
+    assert ds.x_train.shape == (60000, 1, 28, 28) and ds.x_test.shape == (10000, 1, 28, 28)
+    assert np.array_equal(np.bincount(ds.y_train), np.full(10, 6000))

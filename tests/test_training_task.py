@@ -1,0 +1,110 @@
+"""Tasks: build from config, evaluate, state_dict, init; keyed randomness; trainer contract."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedsim.config import ClientConfig, DataConfig, ModelConfig
+from fedsim.data.datasets import Dataset
+from fedsim.errors import FedsimError
+from fedsim.training import build_task, build_trainer, rng
+from fedsim.training.task import classification_task
+
+CPU = torch.device("cpu")
+
+
+def test_evaluate_hand_set_logreg():
+    """x = one-hot of 3 features; logits = 2x: predictions are argmax x; 3 of 4 labels agree."""
+    x = np.eye(3, dtype=np.float32)[[0, 1, 2, 2]]
+    y = np.array([0, 1, 2, 0])
+    ds = Dataset("hand", x, y, x, y, 3)
+    task = classification_task(ds, DataConfig(clients=2), ModelConfig(name="logreg"), seed=0, device=CPU)
+    params = torch.cat([2 * torch.eye(3).flatten(), torch.zeros(3)])  # fc1.weight [3, 3], fc1.bias [3]
+    loss, acc = task.evaluate(params)
+    right = -math.log(math.exp(2) / (math.exp(2) + 2))  # CE of a correct prediction
+    wrong = -math.log(1 / (math.exp(2) + 2))
+    assert acc == 0.75
+    assert loss == pytest.approx((3 * right + wrong) / 4, rel=1e-6)
+    sd = task.state_dict(params)
+    assert list(sd) == ["fc1.weight", "fc1.bias"] and torch.equal(sd["fc1.weight"], 2 * torch.eye(3))
+
+
+def test_digits_task_learns():
+    task = build_task(DataConfig(dataset="digits", clients=10), ModelConfig(name="logreg"), seed=0, device=CPU)
+    assert task.n_classes == 10 and task.dim == 650 and task.client_sizes().sum() == len(task.data.y)
+    trainer = build_trainer(task, ClientConfig(batch_size=16, lr=0.5), seed=0)
+    x = task.init_params()
+    first = task.evaluate(x)
+    for rnd in range(15):
+        res = trainer.train(rnd, np.arange(10), x[None].repeat(10, 1), np.full(10, 5), 0.5)
+        x = x + res.deltas.mean(dim=0)
+    loss, acc = task.evaluate(x)
+    assert loss < first[0] / 3 and acc > 0.85
+
+
+def test_init_is_deterministic_and_seeded():
+    def init(seed):
+        return build_task(DataConfig(clients=5), ModelConfig(name="mlp"), seed=seed, device=CPU).init_params()
+
+    assert torch.equal(init(3), init(3)) and not torch.equal(init(3), init(4))
+    assert init(3).dtype == torch.float32
+
+
+def test_trainer_contract():
+    task = build_task(DataConfig(clients=5), ModelConfig(name="logreg"), seed=0, device=CPU)
+    trainer = build_trainer(task, ClientConfig(batch_size=7), seed=0)
+    start = task.init_params()[None].repeat(3, 1)
+    res = trainer.train(0, np.array([4, 0, 2]), start, np.array([2, 0, 3]), 0.1)
+    assert res.deltas.shape == (3, task.dim) and res.deltas.dtype == torch.float32
+    assert torch.equal(res.samples, torch.tensor([14, 0, 21])) and res.samples.dtype == torch.int64
+    full = build_trainer(task, ClientConfig(batch_size=0), seed=0)
+    res = full.train(0, np.array([4, 0]), start[:2], np.array([2, 1]), 0.1)
+    assert torch.equal(res.samples, torch.as_tensor([2, 1]) * task.sizes[[4, 0]])
+    with pytest.raises(ValueError):
+        trainer.train(0, np.array([1]), start, np.array([1]), 0.1)
+
+
+def test_pooled_sgd_on_a_dataset():
+    task = build_task(DataConfig(clients=5), ModelConfig(name="logreg"), seed=0, device=CPU)
+    trainer = build_trainer(task, ClientConfig(batch_size=0, trainer="batched"), seed=0)
+    x = task.init_params()
+    delta = trainer.train_pooled(0, x, 1, 0.1)
+    import torch.nn.functional as F
+
+    w = x.clone().requires_grad_()
+    F.cross_entropy(task.model.forward(w, task.data.features(task.data.x)), task.data.y).backward()
+    assert torch.allclose(delta, -0.1 * w.grad, atol=1e-6)
+
+
+@pytest.mark.parametrize("data, model, words", [
+    (DataConfig(dataset="digits"), ModelConfig(name="resnet"), "[model] name = 'resnet' is unknown"),
+    (DataConfig(dataset="digits"), ModelConfig(name="lenet5"), "needs larger images"),
+    (DataConfig(dataset="logistic", dim=4), ModelConfig(name="cnn-svhn"), "needs images"),
+    (DataConfig(dataset="digits"), ModelConfig(name="mlp", dropout=1.0), "[model] dropout"),
+])
+def test_model_errors_are_one_line(data, model, words):
+    with pytest.raises(FedsimError) as err:
+        build_task(data, model, seed=0, device=CPU)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_trainer_name():
+    task = build_task(DataConfig(clients=5), ModelConfig(name="logreg"), seed=0, device=CPU)
+    with pytest.raises(FedsimError, match="trainer"):
+        build_trainer(task, ClientConfig(trainer="fast"), seed=0)
+
+
+def test_keyed_uniforms_do_not_depend_on_the_cohort():
+    ids = torch.arange(50)
+    u = rng.uniform(3, rng.BATCH, 7, ids, 2, 100)
+    assert torch.equal(u[[9, 41]], rng.uniform(3, rng.BATCH, 7, torch.tensor([9, 41]), 2, 100))
+    assert torch.equal(u[:, :10], rng.uniform(3, rng.BATCH, 7, ids, 2, 10))
+    for other in [(4, rng.BATCH, 7, 2), (3, rng.DROPOUT, 7, 2), (3, rng.BATCH, 8, 2), (3, rng.BATCH, 7, 3)]:
+        seed, stream, rnd, step = other
+        assert (rng.uniform(seed, stream, rnd, ids, step, 100) == u).float().mean() < 0.01
+    assert 0 <= float(u.min()) and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005

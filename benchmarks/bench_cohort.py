@@ -54,11 +54,11 @@ def measure(model: str, clients: int, trainer_path: str, device: torch.device, b
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    first = call(0)  # warm-up
-    times = []
-    while len(times) < 3 and (sum(times) < budget_s or not times) and first < 4 * budget_s:
+    call(0)  # warm-up: one-time costs (kernel selection, allocator growth) stay out
+    times = [call(1)]
+    while len(times) < 5 and sum(times) < budget_s:
         times.append(call(len(times) + 1))
-    best = min(times) if times else first
+    best = min(times)
     return {"model": model, "clients": clients, "trainer": trainer_path, "device": device.type,
             "client_steps_per_s": round(clients * STEPS[model] / best, 1),
             "steps": STEPS[model], "batch_size": 32, "dim": task.dim, "call_s": round(best, 4)}

@@ -31,16 +31,15 @@ def _summary_table(result) -> str:
 
 def cmd_run(args) -> int:
     from fedsim.config import load_config
-    from fedsim.experiment import fresh_run_dir, resume, run
+    from fedsim.experiment import resume, run
 
     if args.resume:
         print(f"resuming {args.resume}", flush=True)
         result = resume(Path(args.resume), args.set, progress=not args.quiet)
     else:
         config = load_config(args.config, args.set)
-        run_dir = fresh_run_dir(config.run.out, config.run.name)
-        print(f"run directory: {run_dir}", flush=True)
-        result = run(config, progress=not args.quiet, run_dir=run_dir)
+        result = run(config, progress=not args.quiet,
+                     on_ready=lambda run_dir: print(f"run directory: {run_dir}", flush=True))
     print(_summary_table(result))
     for r in result.runs or [result]:
         if r.status != "completed":

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import polars as pl
@@ -244,6 +245,7 @@ class Experiment:
             "reason": result.reason, "rounds": result.rounds, "sim_time_s": result.sim_time,
             "host_s": round(host_s, 3), "algorithm": self.config.algorithm.name,
             "server_memory_bytes": self.strategy.memory_bytes(),
+            "device_memory_bytes": self.strategy.device_memory_bytes(),
             "n_devices": self.task.n_clients, "model_dim": self.task.dim,
             "trace": {"n_devices": self.trace.n_devices, "horizon": self.trace.horizon,
                       "wrap": self.trace.wrap, "generator": self.trace.generator},
@@ -251,13 +253,24 @@ class Experiment:
         })
 
 
-def run(config: Config, *, progress: bool = True, run_dir: Path | None = None) -> RunResult:
-    """Run `config` (one algorithm or several side by side); returns the RunResult."""
+def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
+        on_ready: Callable[[Path], None] = lambda run_dir: None) -> RunResult:
+    """Run `config` (one algorithm or several side by side); returns the RunResult.
+
+    `on_ready(run_dir)` is called once the first simulation is set up (config, data and trace
+    are valid), before anything is written.
+    """
     run_dir = Path(run_dir) if run_dir else fresh_run_dir(config.run.out, config.run.name)
     if not config.run.algorithms:
-        return Experiment(config, run_dir, progress).run()
-    results = [Experiment(config.with_algorithm(name), run_dir / name, progress).run()
-               for name in config.run.algorithms]
+        experiment = Experiment(config, run_dir, progress)
+        on_ready(run_dir)
+        return experiment.run()
+    results = []
+    for name in config.run.algorithms:
+        experiment = Experiment(config.with_algorithm(name), run_dir / name, progress)
+        if not results:
+            on_ready(run_dir)
+        results.append(experiment.run())
     write_text(run_dir / "config.toml", dump_toml(config.to_dict()))
     summary = summarize(results)
     from fedsim.results.recorder import atomic_write

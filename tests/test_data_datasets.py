@@ -95,3 +95,13 @@ def test_real_fashion_mnist_default_root():
     ds = load_dataset(DataConfig(dataset="fashion-mnist"), seed=0)
     assert ds.x_train.shape == (60000, 1, 28, 28) and ds.x_test.shape == (10000, 1, 28, 28)
     assert np.array_equal(np.bincount(ds.y_train), np.full(10, 6000))
+
+
+def test_corrupt_cifar_files_are_one_line(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (folder / name).write_bytes(b"not a pickle")
+    with pytest.raises(FedsimError) as err:
+        load_dataset(DataConfig(dataset="cifar10", root=str(tmp_path)), seed=0)
+    assert "\n" not in str(err.value) and "torchvision could not load it" in str(err.value)

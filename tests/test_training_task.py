@@ -108,3 +108,41 @@ def test_keyed_uniforms_do_not_depend_on_the_cohort():
         assert (rng.uniform(seed, stream, rnd, ids, step, 100) == u).float().mean() < 0.01
     assert 0 <= float(u.min()) and float(u.max()) < 1
     assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
+
+
+def test_auto_rule():
+    from fedsim.training.auto import prefers_batched
+
+    assert prefers_batched(False, 100, "cpu") and prefers_batched(True, 100, "cuda")
+    assert not prefers_batched(True, 100, "cpu") and not prefers_batched(False, 1, "cuda")
+
+
+@pytest.mark.parametrize("model, same_as", [("mlp", "batched"), ("cnn-svhn", "loop")])
+def test_auto_dispatches_bit_for_bit(model, same_as):
+    task = build_task(DataConfig(clients=4), ModelConfig(name=model, hidden=8), seed=0, device=CPU)
+    start = task.init_params()[None].repeat(4, 1)
+    results = {
+        path: build_trainer(task, ClientConfig(batch_size=4, trainer=path), seed=0)
+        .train(1, np.arange(4), start, np.array([2, 1, 2, 0]), 0.1).deltas
+        for path in ("auto", same_as)
+    }
+    assert torch.equal(results["auto"], results[same_as])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("model", ["mlp", "cnn-svhn", "lstm"])
+def test_cuda_matches_cpu(model):
+    """Everything lives on task.device; a CUDA run is the CPU run up to float rounding."""
+    ends = {}
+    for device, path in ((CPU, "loop"), (torch.device("cuda"), "batched"), (torch.device("cuda"), "loop")):
+        task = build_task(DataConfig(clients=4), ModelConfig(name=model, hidden=8, dropout=0.2), seed=0,
+                          device=device)
+        start = task.init_params()[None].repeat(4, 1)
+        res = build_trainer(task, ClientConfig(batch_size=4, trainer=path), seed=0).train(
+            1, np.arange(4), start, np.array([2, 1, 2, 0]), 0.1)
+        assert res.deltas.device.type == device.type
+        ends[(device.type, path)] = (start + res.deltas).cpu()
+        assert task.evaluate(start[0])[1] is not None
+    ref = ends[("cpu", "loop")]
+    for end in ends.values():
+        assert float((end - ref).norm() / ref.norm()) < 1e-4

@@ -108,7 +108,7 @@ def _idx_dataset(name: str, torchvision_class: str, cfg: DataConfig, root: Path)
     if files is None and cfg.download:
         import torchvision.datasets
 
-        getattr(torchvision.datasets, torchvision_class)(str(root), download=True)
+        _torchvision(name, root, getattr(torchvision.datasets, torchvision_class), download=True)
         files = _find_idx(folders[1])
     if files is None:
         raise _missing(name, root, ", ".join(f"{s}[.gz]" for s in _IDX_FILES))
@@ -135,7 +135,7 @@ def _cifar10(cfg: DataConfig, seed: int) -> Dataset:
         raise _missing("cifar10", root, "cifar-10-batches-py/data_batch_1..5, cifar-10-batches-py/test_batch")
     from torchvision.datasets import CIFAR10
 
-    parts = [CIFAR10(str(root), train=train, download=cfg.download) for train in (True, False)]
+    parts = [_torchvision("cifar10", root, CIFAR10, train=train, download=cfg.download) for train in (True, False)]
     x_tr, x_te = (p.data.transpose(0, 3, 1, 2).copy() for p in parts)  # NHWC -> NCHW
     y_tr, y_te = (np.asarray(p.targets, dtype=np.int64) for p in parts)
     return Dataset("cifar10", x_tr, y_tr, x_te, y_te, 10, scale=1 / 255)
@@ -147,9 +147,21 @@ def _svhn(cfg: DataConfig, seed: int) -> Dataset:
         raise _missing("svhn", root, "train_32x32.mat, test_32x32.mat")
     from torchvision.datasets import SVHN
 
-    parts = [SVHN(str(root), split=split, download=cfg.download) for split in ("train", "test")]
+    parts = [_torchvision("svhn", root, SVHN, split=split, download=cfg.download) for split in ("train", "test")]
     return Dataset("svhn", parts[0].data, parts[0].labels.astype(np.int64), parts[1].data,
                    parts[1].labels.astype(np.int64), 10, scale=1 / 255)
+
+
+def _torchvision(name: str, root: Path, cls, **kwargs):
+    """A torchvision dataset; its failures (corrupt file, failed download) as one-line errors."""
+    try:
+        return cls(str(root), **kwargs)
+    except (RuntimeError, OSError, ValueError) as err:
+        raise FedsimError(
+            f"[data] dataset = '{name}': torchvision could not load it from {root} "
+            f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
+            f"check the files there, or set [data] download = true"
+        ) from None
 
 
 # --- lookup ----------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def _add_generate(sub) -> None:
     extent.add_argument("--days", type=float, help="wall-clock length in days")
     extent.add_argument("--rounds", type=int, help="number of rounds (round-indexed generators)")
     gen.add_argument("--round-duration", type=float, default=1.0, help="seconds per round (1)")
-    gen.add_argument("--seed", type=int, required=True)
+    gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     gen.add_argument("--out", required=True, help="trace .parquet to write")
     gen.add_argument("--devices-out", help="also write a device table (tz offsets) here")
     gen.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",

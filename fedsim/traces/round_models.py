@@ -97,6 +97,9 @@ def bernoulli_probability(params: dict, rounds: np.ndarray) -> np.ndarray:
 def _base_probability(req: Request) -> np.ndarray:
     """p_i: given, MIFA label-dependent (p_min), or FedAWE label-derived <nu_i, phi>."""
     o, n = req.options, req.n_devices
+    if o["p"] is not None and o["p_min"] is not None:
+        raise FedsimError("trace generator 'bernoulli': p and p_min both given; p fixes each "
+                          "device's probability, p_min derives it from labels: keep one")
     if o["p"] is not None:
         p = o["p"]
         if isinstance(p, (int, float)) and not isinstance(p, bool):

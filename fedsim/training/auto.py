@@ -13,11 +13,12 @@ from fedsim.training.trainer import Trainer
 
 
 def prefers_batched(has_conv: bool, cohort: int, device_type: str) -> bool:
-    """On a GPU, always batched. On a CPU, batched except for convolutional models, whose
-    vmapped (grouped) convolution is slower than a loop of ordinary ones."""
-    if device_type != "cpu":
-        return True
-    return not has_conv or cohort <= 1
+    """A single device: the loop (there is nothing to stack). On a GPU: batched. On a CPU:
+    batched, except for convolutional models, whose vmapped convolution (one grouped
+    convolution over the cohort) is slower there than a loop of ordinary ones."""
+    if cohort <= 1:
+        return False
+    return device_type != "cpu" or not has_conv
 
 
 class AutoTrainer(Trainer):
@@ -27,8 +28,7 @@ class AutoTrainer(Trainer):
         super().__init__(task, client, seed=seed)
         self.batched = BatchedTrainer(task, client, seed=seed)
         self.loop = LoopTrainer(task, client, seed=seed)
-        self.has_conv = getattr(getattr(task, "model", None), "has_conv", False)
 
     def _run(self, rnd, ids, start, steps, lr, prox_mu):
-        batched = prefers_batched(self.has_conv, len(ids), self.task.device.type)
+        batched = prefers_batched(self.task.has_conv, len(ids), self.task.device.type)
         return (self.batched if batched else self.loop)._run(rnd, ids, start, steps, lr, prox_mu)

@@ -26,10 +26,10 @@ class BatchedTrainer(Trainer):
 
     def chunk_size(self, ids: np.ndarray) -> int:
         """Devices per vmapped call under the activation budget."""
-        per_sample = getattr(getattr(self.task, "model", None), "activations", 0)
+        per_sample = self.task.activations
         if not per_sample:
             return max(len(ids), 1)
-        width = self.batch_size or int(self.task.sizes[torch.as_tensor(ids)].max())
+        width = self.batch_size or int(self.task.sizes[torch.as_tensor(ids, device=self.task.device)].max())
         return max(1, ACTIVATION_BUDGET // (per_sample * width))
 
     def _run(self, rnd, ids, start, steps, lr, prox_mu):

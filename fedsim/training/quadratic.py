@@ -19,7 +19,6 @@ from fedsim.training.task import StepFn, Task
 
 class QuadraticTask(Task):
     n_classes = None
-    model_name = "quadratic"
 
     def __init__(self, data: DataConfig, model: ModelConfig, *, seed: int, device: torch.device):
         self.n_clients, self.device, self.noise = data.clients, device, data.noise

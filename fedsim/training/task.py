@@ -31,7 +31,8 @@ class Task:
     dim: int
     device: torch.device
     n_classes: int | None
-    model_name: str  # what `auto` chooses a trainer path by
+    has_conv: bool = False  # what `auto` chooses a trainer path by
+    activations: int = 0  # floats of layer outputs per sample (0: no need to chunk a cohort)
     sizes: Tensor  # int64 [N + 1] samples per client; the last entry is the pooled client
     pooled: int  # id of the virtual client holding all data (= n_clients)
 
@@ -68,7 +69,8 @@ class ClassificationTask(Task):
     def __init__(self, data: ClientData, model: Model, seed: int):
         self.data, self.model, self.seed = data, model, seed
         self.n_clients, self.n_classes = data.n_clients, data.n_classes
-        self.dim, self.device, self.model_name = model.dim, data.device, model.name
+        self.dim, self.device = model.dim, data.device
+        self.has_conv, self.activations = model.has_conv, model.activations
         self.sizes, self.pooled = data.sizes, data.pooled
 
     def init_params(self) -> Tensor:
@@ -89,9 +91,9 @@ class ClassificationTask(Task):
         else:
             x, y, weight = self.data.full_batch(ids)
         m, b = y.shape
-        n_drop = self.model.dropout_features
-        u = rng.uniform(seed, rng.DROPOUT, rnd, ids, step, b * n_drop) if n_drop else y.new_zeros(m, 0)
-        return x, y, weight, u.view(m, b, n_drop).to(torch.float32)
+        n_drop = self.model.dropout_features  # 0: an empty tensor keeps the signature fixed
+        u = rng.uniform(seed, rng.DROPOUT, rnd, ids, step, b * n_drop) if n_drop else x.new_zeros(m, 0)
+        return x, y, weight, u.view(m, b, n_drop)
 
     def step_fn(self) -> StepFn:
         model = self.model

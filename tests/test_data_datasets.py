@@ -24,7 +24,7 @@ def test_digits_split_and_scale():
     again = load_dataset(DataConfig(dataset="digits"), seed=5)  # the split does not follow the run seed
     assert np.array_equal(ds.y_test, again.y_test) and np.array_equal(ds.x_train, again.x_train)
     data = ClientData(ds, partition(ds.y_train, DataConfig(clients=10), 0), 10, torch.device("cpu"))
-    x = data.features(data.x)
+    x = data.x
     assert x.dtype == torch.float32 and float(x.min()) == 0.0 and float(x.max()) == 1.0
 
 

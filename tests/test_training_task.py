@@ -66,6 +66,8 @@ def test_trainer_contract():
     assert torch.equal(res.samples, torch.as_tensor([2, 1]) * task.sizes[[4, 0]])
     with pytest.raises(ValueError):
         trainer.train(0, np.array([1]), start, np.array([1]), 0.1)
+    empty = full.train(0, np.array([], dtype=np.int64), start[:0], np.array([], dtype=np.int64), 0.1)
+    assert empty.deltas.shape == (0, task.dim) and empty.loss.shape == (0,) and empty.samples.shape == (0,)
 
 
 def test_pooled_sgd_on_a_dataset():
@@ -76,7 +78,7 @@ def test_pooled_sgd_on_a_dataset():
     import torch.nn.functional as F
 
     w = x.clone().requires_grad_()
-    F.cross_entropy(task.model.forward(w, task.data.features(task.data.x)), task.data.y).backward()
+    F.cross_entropy(task.model.forward(task.model.split(w), task.data.x), task.data.y).backward()
     assert torch.allclose(delta, -0.1 * w.grad, atol=1e-6)
 
 

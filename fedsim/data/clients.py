@@ -22,22 +22,22 @@ class ClientData:
         self.n_clients = n_clients
         self.n_classes = dataset.n_classes
         self.shape = dataset.shape
-        self.scale = dataset.scale
         self.device = device
         self.sizes_np = np.diff(offsets)
         self.labels_np = dataset.y_train
-        self.x = torch.as_tensor(dataset.x_train, device=device)
+        self.x = self._features(dataset.x_train, dataset.scale)
         self.y = torch.as_tensor(dataset.y_train, device=device)
-        self.x_test = torch.as_tensor(dataset.x_test, device=device)
+        self.x_test = self._features(dataset.x_test, dataset.scale)
         self.y_test = torch.as_tensor(dataset.y_test, device=device)
         self.pooled = n_clients
         self.indices = torch.as_tensor(indices, device=device)
         self.starts = torch.as_tensor(np.append(offsets[:-1], 0), device=device)
         self.sizes = torch.as_tensor(np.append(self.sizes_np, len(indices)), device=device)
 
-    def features(self, x: Tensor) -> Tensor:
-        """Stored samples (uint8 pixels or floats) as float32 model inputs."""
-        return x * self.scale if x.dtype == torch.uint8 else x  # uint8 * float -> float32 in one pass
+    def _features(self, x: np.ndarray, scale: float) -> Tensor:
+        """float32 model inputs on the device. Stored as floats, not uint8: converting every
+        gathered minibatch would cost as much as a logistic regression's whole step."""
+        return (torch.as_tensor(x, device=self.device) * scale).to(torch.float32)  # a new tensor
 
     def label_distribution(self) -> np.ndarray:
         """[N, C] fraction of each client's samples per label."""
@@ -50,7 +50,7 @@ class ClientData:
     def _take(self, ids: Tensor, local: Tensor) -> tuple[Tensor, Tensor]:
         """Samples at local positions `local` [m, B] of clients `ids` [m]: ([m, B, *shape], [m, B])."""
         rows = self.indices[self.starts[ids, None] + local]
-        return self.features(self.x[rows]), self.y[rows]
+        return self.x[rows], self.y[rows]
 
     def minibatch(self, ids: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Uniform draws with replacement: u [m, B] in [0, 1) -> (x, y, weights 1/B)."""

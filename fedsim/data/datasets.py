@@ -1,8 +1,7 @@
 """Datasets as arrays: train/test features and labels, read from local files or generated.
 
-Image pixels stay uint8 (with a `scale` to [0, 1]) so that even CIFAR-10 fits on a GPU four
-times over; the trainer converts only the gathered minibatch to float. Nothing is downloaded
-unless `[data] download = true`.
+Image pixels stay uint8 here (with a `scale` to [0, 1]); `ClientData` puts them on the run's
+device as float32. Nothing is downloaded unless `[data] download = true`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedsim.training.trainer import Trainer, sgd_update
+from fedsim.training.trainer import Trainer, sgd_update_
 
 ACTIVATION_BUDGET = 2**27  # floats of layer outputs per vmapped call (512 MiB)
 
@@ -40,15 +40,14 @@ class BatchedTrainer(Trainer):
         size = self.chunk_size(ids)
         for lo in range(0, len(ids), size):
             part = slice(lo, lo + size)
-            w = end[part]
             for s in range(int(steps[part].max(initial=0))):
-                active = np.flatnonzero(steps[part] > s)
-                if len(active) == len(w):
-                    rows = slice(None)
-                else:
-                    rows = torch.as_tensor(active, device=task.device)
-                inputs = task.inputs(ids_t[part][rows], rnd, s, self.batch_size, self.seed)
-                grad, loss = self.step_fn(w[rows], *inputs)
-                w[rows] = sgd_update(w[rows], grad, start[part][rows], lr[part][rows], self.client, prox_mu)
-                loss_sum[lo:lo + size][rows] += loss
+                active = np.flatnonzero(steps[part] > s) + lo
+                rows = part if len(active) == len(steps[part]) else torch.as_tensor(active, device=task.device)
+                w = end[rows]  # a view of the chunk while every device in it is still training
+                ws = task.split(w)
+                grads, loss = self.step_fn(ws, *task.inputs(ids_t[rows], rnd, s, self.batch_size, self.seed))
+                sgd_update_(ws, grads, task.split(start[rows]), lr[rows], self.client, prox_mu)
+                if isinstance(rows, torch.Tensor):
+                    end[rows] = w
+                loss_sum[rows] += loss
         return end, loss_sum

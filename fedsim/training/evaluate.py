@@ -18,9 +18,9 @@ def evaluate_classifier(model: Model, params: Tensor, data: ClientData) -> tuple
     loss_sum = torch.zeros((), dtype=torch.float64, device=data.device)
     correct = torch.zeros((), dtype=torch.int64, device=data.device)
     for lo in range(0, len(data.y_test), CHUNK):
-        x = data.features(data.x_test[lo:lo + CHUNK])
+        x = data.x_test[lo:lo + CHUNK]
         y = data.y_test[lo:lo + CHUNK]
-        logits = model.forward(params, x)
+        logits = model.forward(model.split(params), x)
         loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
         correct += (logits.argmax(dim=1) == y).sum()
     n = len(data.y_test)

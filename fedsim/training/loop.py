@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from fedsim.training.trainer import Trainer, sgd_update
+from fedsim.training.trainer import Trainer, sgd_update_
 
 
 class LoopTrainer(Trainer):
@@ -21,11 +21,11 @@ class LoopTrainer(Trainer):
         loss_sum = torch.zeros(len(ids), device=task.device)
         ids_t = torch.as_tensor(ids, device=task.device)
         for j in range(len(ids)):
-            w = start[j:j + 1]
+            one = slice(j, j + 1)
+            ws, starts = task.split(end[one]), task.split(start[one])  # views: updated in place
             for s in range(int(steps[j])):
-                inputs = task.inputs(ids_t[j:j + 1], rnd, s, self.batch_size, self.seed)
-                grad, loss = step_fn(w[0], *(x[0] for x in inputs))
-                w = sgd_update(w, grad[None], start[j:j + 1], lr[j:j + 1], self.client, prox_mu)
+                inputs = task.inputs(ids_t[one], rnd, s, self.batch_size, self.seed)
+                grads, loss = step_fn(tuple(w[0] for w in ws), *(x[0] for x in inputs))
+                sgd_update_(ws, tuple(g[None] for g in grads), starts, lr[one], self.client, prox_mu)
                 loss_sum[j] += loss.detach()
-            end[j] = w[0]
         return end, loss_sum

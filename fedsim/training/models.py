@@ -1,10 +1,11 @@
 """Models as pure functions of one flat float32 parameter vector (ALGORITHMS.md §3).
 
 A model is a stack of layers; each layer names its parameters (for model.pt), knows how to
-initialise them and applies itself to a batch given a dict of parameter views. Being pure
-functions of (flat params, inputs, dropout uniforms), the same forward serves the per-device
-loop and `torch.func.vmap` over a cohort of stacked parameter vectors, and dropout randomness
-comes from keyed uniforms instead of torch's global generator. No BatchNorm (its running
+initialise them and applies itself to a batch given a dict of parameter tensors. Being pure
+functions of (parameter tensors, inputs, dropout uniforms), the same forward serves the
+per-device loop and `torch.func.vmap` over a cohort of stacked parameters, and dropout
+randomness comes from keyed uniforms instead of torch's global generator. Parameters live in
+one flat vector per device; `split` gives views of it, so training updates it in place. No BatchNorm (its running
 statistics are not a function of the parameters); no layer needs a vmap rule torch lacks
 (the LSTM is written as matmuls).
 """
@@ -149,16 +150,24 @@ class Model:
         self.dim = sum(q.numel for q in self.params)
         self.dropout_features = sum(layer.dropout for layer in layers)
         self.has_conv = any(isinstance(layer, Conv) for layer in layers)
-        self.activations = _activations(layers, in_shape)  # floats of layer outputs per sample
+        self.activations = sum(map(math.prod, _shapes(layers, in_shape)))  # layer outputs per sample
+
+    def split(self, flat: Tensor) -> tuple[Tensor, ...]:
+        """Views of flat parameters [..., d] as the model's tensors [..., *shape], in order.
+
+        Views, not copies: an optimizer step on them updates the flat vector in place."""
+        lead = flat.shape[:-1]
+        chunks = flat.split([q.numel for q in self.params], dim=-1)
+        return tuple(c.view(*lead, *q.shape) for q, c in zip(self.params, chunks))
 
     def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
-        """Views of a flat [d] vector as named parameters (vmap-friendly: split + view)."""
-        chunks = flat.split([q.numel for q in self.params])
-        return {q.name: c.view(q.shape) for q, c in zip(self.params, chunks)}
+        """The named views of a flat [d] vector (state_dict naming)."""
+        return {q.name: v for q, v in zip(self.params, self.split(flat))}
 
-    def forward(self, flat: Tensor, x: Tensor, u: Tensor | None = None) -> Tensor:
-        """Logits [B, C] of inputs x [B, *in_shape]; u [B, dropout_features] or None (no dropout)."""
-        p = self.unflatten(flat)
+    def forward(self, params: tuple[Tensor, ...], x: Tensor, u: Tensor | None = None) -> Tensor:
+        """Logits [B, C] of inputs x [B, *in_shape] for the tensors `params` (as `split` gives
+        them); u [B, dropout_features] or None (no dropout)."""
+        p = {q.name: v for q, v in zip(self.params, params)}
         used = 0
         for layer in self.layers:
             x = layer(p, x, None if u is None else u[:, used:used + layer.dropout])
@@ -207,24 +216,19 @@ def _convs(channels: list[int], kernel: int, padding: int | list[int]) -> list[L
 
 def _cnn(in_shape, n_classes, rate, channels, kernel, padding, hidden) -> list[Layer]:
     convs = _convs([in_shape[0], *channels], kernel, padding)
-    flat = _trace_shape(convs, in_shape)[0]
+    flat = _shapes(convs, in_shape)[-1][0]
     return convs + _head([flat, *hidden, n_classes], rate)
 
 
-def _trace_shape(layers: list[Layer], shape: tuple[int, ...]) -> tuple[int, ...]:
+def _shapes(layers: list[Layer], shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The output shape of every layer for one sample; ValueError if an image shrinks away."""
+    out = []
     for layer in layers:
         shape = layer.out_shape(shape)
         if min(shape) < 1:
             raise ValueError(shape)
-    return shape
-
-
-def _activations(layers: list[Layer], shape: tuple[int, ...]) -> int:
-    total = 0
-    for layer in layers:
-        shape = layer.out_shape(shape)
-        total += math.prod(shape)
-    return total
+        out.append(shape)
+    return out
 
 
 def _lenet5(in_shape, n_classes, cfg):
@@ -257,17 +261,17 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
         )
     if not 0 <= cfg.dropout < 1:
         raise FedsimError(f"[model] dropout = {cfg.dropout} must be in [0, 1)")
+    if cfg.name == "mlp" and cfg.hidden < 1:
+        raise FedsimError(f"[model] hidden = {cfg.hidden} must be >= 1")
     if cfg.name not in ("logreg", "mlp", "lstm") and len(in_shape) != 3:
         raise FedsimError(
             f"[model] name = {cfg.name!r} needs images; [data] dataset = {dataset!r} has "
             f"vectors of {in_shape}: use logreg, mlp or lstm"
         )
     try:
-        layers = ARCHITECTURES[cfg.name](in_shape, n_classes, cfg)
-        _trace_shape(layers, in_shape)
+        return Model(cfg.name, ARCHITECTURES[cfg.name](in_shape, n_classes, cfg), in_shape)
     except ValueError:
         raise FedsimError(
             f"[model] name = {cfg.name!r} needs larger images than [data] dataset = {dataset!r} "
             f"has ({'x'.join(map(str, in_shape[1:]))}); use a smaller model (logreg, mlp, cnn-svhn)"
         ) from None
-    return Model(cfg.name, layers, in_shape)

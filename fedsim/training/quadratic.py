@@ -64,10 +64,10 @@ class QuadraticTask(Task):
         return self.targets[ids], self.noise * rng.normal(seed, rng.NOISE, rnd, ids, step, self.dim)
 
     def step_fn(self) -> StepFn:
-        def step(w: Tensor, target: Tensor, *noise: Tensor) -> tuple[Tensor, Tensor]:
-            diff = w - target
+        def step(params: tuple[Tensor], target: Tensor, *noise: Tensor) -> tuple[tuple[Tensor], Tensor]:
+            diff = params[0] - target
             loss = 0.5 * (diff * diff).sum(dim=-1)
-            return (diff + noise[0] if noise else diff), loss
+            return (diff + noise[0] if noise else diff,), loss
 
         return step
 

@@ -1,9 +1,10 @@
 """A Task: the dataset, its partition over the clients and the model, all on the run's device.
 
 Besides the public API the engine uses (init, evaluate, state_dict, sizes), a task gives the
-trainers two things: `inputs`, one device-side gather of what a cohort needs for one local
-step (drawn from keyed randomness), and `step_fn`, the per-device gradient and loss. The
-batched trainer vmaps `step_fn` over the cohort; the loop trainer calls it per device.
+trainers three things: `split`, views of flat parameters as the model's tensors; `inputs`,
+one device-side gather of what a cohort needs for one local step (drawn from keyed
+randomness); and `step_fn`, the per-device gradients and loss. The batched trainer vmaps
+`step_fn` over the cohort; the loop trainer calls it per device.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from fedsim.training import rng
 from fedsim.training.evaluate import evaluate_classifier
 from fedsim.training.models import Model, build_model
 
-StepFn = Callable[..., tuple[Tensor, Tensor]]  # (w [d], *inputs of one device) -> (grad [d], loss [])
+# (parameter tensors of one device, *its inputs) -> (their gradients, loss [])
+StepFn = Callable[..., tuple[tuple[Tensor, ...], Tensor]]
 
 
 class Task:
@@ -51,6 +53,10 @@ class Task:
     def state_dict(self, params: Tensor) -> dict[str, Tensor]:
         raise NotImplementedError
 
+    def split(self, flat: Tensor) -> tuple[Tensor, ...]:
+        """Views of parameters [..., d] as the model's tensors [..., *shape]."""
+        return (flat,)
+
     def inputs(self, ids: Tensor, rnd: int, step: int, batch_size: int, seed: int) -> tuple[Tensor, ...]:
         """Per-device inputs of local step `step` for devices `ids` [m]; leading dim m each."""
         raise NotImplementedError
@@ -59,7 +65,7 @@ class Task:
         raise NotImplementedError
 
     def cohort_step_fn(self) -> StepFn:
-        """`step_fn` over stacked devices: (W [m, d], *inputs [m, ...]) -> (grads [m, d], losses [m])."""
+        """`step_fn` over stacked devices: tensors and inputs [m, ...] -> (gradients [m, ...], losses [m])."""
         return torch.func.vmap(self.step_fn())
 
 
@@ -85,6 +91,9 @@ class ClassificationTask(Task):
     def state_dict(self, params: Tensor) -> dict[str, Tensor]:
         return {k: v.detach().clone() for k, v in self.model.unflatten(params).items()}
 
+    def split(self, flat: Tensor) -> tuple[Tensor, ...]:
+        return self.model.split(flat)
+
     def inputs(self, ids, rnd, step, batch_size, seed):
         if batch_size > 0:
             x, y, weight = self.data.minibatch(ids, rng.uniform(seed, rng.BATCH, rnd, ids, step, batch_size))
@@ -98,8 +107,8 @@ class ClassificationTask(Task):
     def step_fn(self) -> StepFn:
         model = self.model
 
-        def loss(w: Tensor, x: Tensor, y: Tensor, weight: Tensor, u: Tensor) -> Tensor:
-            logits = model.forward(w, x, u if u.shape[-1] else None)
+        def loss(params: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, u: Tensor) -> Tensor:
+            logits = model.forward(params, x, u if u.shape[-1] else None)
             return (F.cross_entropy(logits, y, reduction="none") * weight).sum()
 
         return torch.func.grad_and_value(loss)

@@ -1,7 +1,7 @@
 """What every trainer path shares: the call contract, the SGD update, the result.
 
 A path (batched or loop) only decides how the per-device gradients of one local step are
-computed; the update applied to them is this module's `sgd_update` in both, so the two paths
+computed; the update applied to them is this module's `sgd_update_` in both, so the two paths
 differ by float rounding in the gradient and nothing else.
 """
 
@@ -24,23 +24,34 @@ class TrainResult:
     samples: Tensor  # [k] int64 samples used
 
 
-def sgd_update(w: Tensor, grad: Tensor, start: Tensor, lr: Tensor, client: ClientConfig,
-               prox_mu: float) -> Tensor:
-    """One SGD step of rows w [m, d] from loss gradients grad [m, d].
+def sgd_update_(ws: tuple[Tensor, ...], grads: tuple[Tensor, ...], starts: tuple[Tensor, ...],
+                lr: Tensor, client: ClientConfig, prox_mu: float) -> None:
+    """One SGD step, in place, of m devices' parameter tensors ws (each [m, ...]); the loss
+    gradients `grads` are overwritten.
 
     Order as in torch: the proximal term (mu/2)||w - start||^2 is part of the local loss, the
-    per-device clipping (clip_grad_norm_) acts on that loss gradient, weight decay is added
-    by the optimizer after. Terms that are off are skipped, so that with all of them off a
-    step is exactly w - lr * grad in float32.
+    per-device clipping (clip_grad_norm_, L2 over all tensors) acts on that loss gradient,
+    weight decay is added by the optimizer after. Terms that are off are skipped, so that with
+    all of them off a step is exactly w - lr * grad in float32. In place, on views of the
+    flat parameters, because fresh [m, d] buffers every step cost more than the arithmetic
+    on a CPU (page faults).
     """
+    def per_device(v: Tensor, like: Tensor) -> Tensor:  # [m] -> [m, 1, ...] to broadcast
+        return v.view(-1, *[1] * (like.dim() - 1))
+
     if prox_mu:
-        grad = grad + prox_mu * (w - start)
+        for g, w, s in zip(grads, ws, starts):
+            g += prox_mu * (w - s)
     if client.clip > 0:
-        norm = torch.linalg.vector_norm(grad, dim=1, keepdim=True)
-        grad = grad * (client.clip / (norm + 1e-6)).clamp(max=1.0)
-    if client.weight_decay:
-        grad = grad + client.weight_decay * w
-    return w - lr[:, None] * grad
+        norm = torch.stack([g.flatten(1).square().sum(dim=1) for g in grads]).sum(dim=0).sqrt()
+        scale = (client.clip / (norm + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g *= per_device(scale, g)
+    for g, w in zip(grads, ws):
+        if client.weight_decay:
+            g += client.weight_decay * w
+        g *= per_device(lr, g)
+        w -= g
 
 
 class Trainer:
@@ -64,6 +75,8 @@ class Trainer:
                              f"got {tuple(start.shape)} and {steps.shape}")
         lr_t = torch.as_tensor(lr, dtype=torch.float32, device=task.device).expand(k)
         start = start.to(task.device, torch.float32)
+        if k == 0:
+            return TrainResult(torch.zeros_like(start), lr_t.clone(), torch.zeros(0, dtype=torch.int64, device=task.device))
         end, loss_sum = self._run(rnd, ids, start, steps, lr_t, float(prox_mu))
         ids_t = torch.as_tensor(ids, device=task.device)
         steps_t = torch.as_tensor(steps, device=task.device)

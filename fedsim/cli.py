@@ -29,11 +29,55 @@ def _summary_table(result) -> str:
     return "\n".join(lines)
 
 
+# what `--resume RUN_DIR --set ...` may change: how long it goes on and how it is watched,
+# never what is simulated (that would silently mix two experiments in one run directory)
+RESUME_KEYS = ("run.rounds", "run.max_time", "run.eval_every", "run.checkpoint_every",
+               "run.progress", "run.device")
+
+
+def check_resume_overrides(overrides: list[str]) -> None:
+    """FedsimError naming the first --set key that a resumed run may not change."""
+    from fedsim.config import parse_override
+
+    for text in overrides:
+        section, key, _ = parse_override(text)
+        if f"{section}.{key}" not in RESUME_KEYS:
+            raise FedsimError(
+                f"--set {text!r}: {section}.{key} cannot be changed when resuming (the run goes on "
+                f"with the config it started with); with --resume only {', '.join(RESUME_KEYS)} "
+                "can be set, so start a new run for other changes"
+            )
+
+
+def early_stops(result) -> list[str]:
+    """`ALGO: stopped after R of N rounds (REASON)` for each completed run that ended short of
+    its [run] rounds (the trace ran out of online devices, or max_time was reached)."""
+    import json
+
+    from fedsim.config import read_toml
+
+    lines = []
+    for r in result.runs or [result]:
+        if r.status != "completed":
+            continue
+        done = json.loads((r.run_dir / "manifest.json").read_text())["rounds"]
+        wanted = read_toml(r.run_dir / "config.toml").get("run", {}).get("rounds", done)
+        if done < wanted:
+            lines.append(f"{r.algorithm}: stopped after {done} of {wanted} rounds ({r.reason})")
+    return lines
+
+
 def cmd_run(args) -> int:
     from fedsim.config import load_config
     from fedsim.experiment import resume, run
 
     if args.resume:
+        if args.config is not None:
+            raise FedsimError(
+                f"fedsim run {args.config} --resume {args.resume}: give a config or --resume "
+                "RUN_DIR, not both (a resumed run uses the config.toml in its directory)"
+            )
+        check_resume_overrides(args.set)
         print(f"resuming {args.resume}", flush=True)
         result = resume(Path(args.resume), args.set, progress=not args.quiet)
     else:
@@ -44,6 +88,8 @@ def cmd_run(args) -> int:
     for r in result.runs or [result]:
         if r.status != "completed":
             print(f"{r.algorithm}: {r.status} ({r.reason})")
+    for line in early_stops(result):
+        print(line)
     print(f"results: {result.run_dir}")
     return 0 if result.status in ("completed", "interrupted") else 1
 
@@ -79,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config key, e.g. --set run.rounds=50 (repeatable)")
     p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue a run from its checkpoint (with --set run.rounds=N to extend it)")
+                   help="continue a run from its checkpoint (with --set run.rounds=N to extend it; "
+                        "only " + ", ".join(RESUME_KEYS) + " can be changed)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
 
@@ -104,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     except FedsimError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C; the first one finishes the round
+        print("error: aborted by the user; the run directory keeps its last checkpoint", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `fedsim trace info X | head`
         sys.stderr.close()
         return 0

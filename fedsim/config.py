@@ -167,21 +167,42 @@ CHOICES = {
     ("algorithm", "selection"): ("", "all", "uniform", "regularized", "longest-absent"),
     ("devices", "model"): ("constant", "lognormal", "table"),
 }
-POSITIVE = {
-    ("run", "rounds"), ("run", "eval_every"), ("data", "clients"), ("server", "deadline"),
-    ("server", "round_duration"), ("server", "buffer"), ("server", "concurrency"),
-    ("devices", "bandwidth_bps"),
+POSITIVE = {  # > 0 (integers: >= 1)
+    ("run", "rounds"), ("run", "eval_every"),
+    ("data", "clients"), ("data", "alpha"), ("data", "classes_per_client"), ("data", "dim"),
+    ("data", "samples"), ("data", "classes"), ("model", "hidden"),
+    ("server", "deadline"), ("server", "round_duration"), ("server", "buffer"),
+    ("server", "concurrency"),
+    ("client", "local_steps"), ("client", "lr"), ("client", "lr_step_every"),
+    ("client", "lr_step_gamma"), ("algorithm", "server_lr"), ("devices", "bandwidth_bps"),
 }
 NON_NEGATIVE = {
-    ("run", "max_time"), ("run", "checkpoint_every"), ("server", "clients_per_round"),
-    ("server", "overcommit"), ("client", "local_steps"), ("client", "batch_size"),
-    ("client", "lr"), ("client", "weight_decay"), ("client", "clip"), ("data", "noise"),
-    ("devices", "seconds_per_sample"), ("devices", "latency_s"), ("data", "alpha"),
-    ("trace", "days"),
+    ("run", "seed"), ("run", "max_time"), ("run", "checkpoint_every"),
+    ("data", "size_sigma"), ("data", "noise"),
+    ("server", "clients_per_round"), ("server", "overcommit"),
+    ("client", "batch_size"), ("client", "weight_decay"), ("client", "clip"),
+    ("devices", "seconds_per_sample"), ("devices", "latency_s"), ("devices", "compute_sigma"),
+    ("devices", "bandwidth_sigma"), ("trace", "days"),
+}
+# (low, high, low included, high included): fractions and rates
+RANGES = {
+    ("data", "majority"): (0.0, 1.0, True, True),
+    ("data", "test_fraction"): (0.0, 1.0, False, False),
+    ("model", "dropout"): (0.0, 1.0, True, False),
+}
+# what a boundary value means, said with the error so that the fix is obvious
+MEANING = {
+    ("run", "max_time"): "0 = no limit",
+    ("run", "checkpoint_every"): "0 = only at the end",
+    ("server", "clients_per_round"): "0 = every online device",
+    ("client", "batch_size"): "0 = the full local data",
+    ("client", "clip"): "0 = off",
+    ("trace", "days"): "0 = long enough for the run",
 }
 
 
-def _suggest(key: str, valid) -> str:
+def suggest(key: str, valid) -> str:
+    """The end of an error line about an unknown `key`: the closest valid name, or all of them."""
     close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
     return f"did you mean '{close[0]}'?" if close else "valid keys: " + ", ".join(sorted(valid))
 
@@ -203,6 +224,44 @@ def _check_type(where: str, value: Any, default: Any) -> Any:
     )
 
 
+def _check_value(where: str, section: str, key: str, value: Any) -> None:
+    """Rules of one typed value: choices, signs, ranges, the run name, the algorithm list."""
+    if (section, key) in CHOICES and value not in CHOICES[(section, key)]:
+        choices = [c for c in CHOICES[(section, key)] if c]
+        raise FedsimError(
+            f"{where} = {value!r} is not valid; {suggest(value, choices)} "
+            f"(one of: {', '.join(choices)})"
+        )
+    meaning = f" ({MEANING[(section, key)]})" if (section, key) in MEANING else ""
+    if (section, key) in POSITIVE and not value > 0:
+        raise FedsimError(f"{where} = {value!r} must be {'>= 1' if isinstance(value, int) else '> 0'}")
+    if (section, key) in NON_NEGATIVE and not value >= 0:
+        raise FedsimError(f"{where} = {value!r} must be >= 0{meaning}")
+    if (section, key) in RANGES:
+        low, high, low_in, high_in = RANGES[(section, key)]
+        above = value >= low if low_in else value > low
+        below = value <= high if high_in else value < high
+        if not (above and below):
+            interval = f"{'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
+            raise FedsimError(f"{where} = {value!r} must be in {interval}")
+    if (section, key) == ("run", "name"):
+        if not value.strip() or value in (".", "..") or "/" in value or "\\" in value:
+            raise FedsimError(
+                f"{where} = {value!r} is not a folder name; give a plain name without '/' or '\\' "
+                "(the run directory is [run] out / name; put the parent folders in [run] out)"
+            )
+    if (section, key) == ("run", "algorithms"):
+        for name in value:
+            if not isinstance(name, str):
+                raise FedsimError(f"{where}: algorithm names must be strings, got {name!r}")
+        repeated = next((name for i, name in enumerate(value) if name in value[:i]), None)
+        if repeated is not None:
+            raise FedsimError(
+                f"{where} lists {repeated!r} more than once; name each algorithm once "
+                "(each one runs into a sub-folder named after it)"
+            )
+
+
 def _declared_options(section: str, raw: dict, algorithms: list, origin: str) -> dict[str, Any] | None:
     """Option keys (with typed defaults) that the chosen generator / algorithm(s) declare.
 
@@ -218,7 +277,7 @@ def _declared_options(section: str, raw: dict, algorithms: list, origin: str) ->
         if source not in GENERATORS:
             valid = ["file", *GENERATORS]
             raise FedsimError(
-                f"{origin}: [trace] source = {source!r} is unknown; {_suggest(source, valid)} "
+                f"{origin}: [trace] source = {source!r} is unknown; {suggest(source, valid)} "
                 f"(one of: {', '.join(valid)})"
             )
         return dict(GENERATORS[source].options)
@@ -244,16 +303,7 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str):
         where = f"{origin}: [{section}] {key}"
         if key in fields:
             value = _check_type(where, value, getattr(defaults, key))
-            if (section, key) in CHOICES and value not in CHOICES[(section, key)]:
-                choices = [c for c in CHOICES[(section, key)] if c]
-                raise FedsimError(
-                    f"{where} = {value!r} is not valid; {_suggest(value, choices)} "
-                    f"(one of: {', '.join(choices)})"
-                )
-            if (section, key) in POSITIVE and not value > 0:
-                raise FedsimError(f"{where} = {value!r} must be > 0")
-            if (section, key) in NON_NEGATIVE and not value >= 0:
-                raise FedsimError(f"{where} = {value!r} must be >= 0")
+            _check_value(where, section, key, value)
             kwargs[key] = value
         elif extra is not None and key in extra:
             default = extra[key]
@@ -263,7 +313,7 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str):
             scope = f" for {owner!r}" if extra is not None and owner else ""
             raise FedsimError(
                 f"{origin}: unknown key [{section}] {key}{scope}; "
-                f"{_suggest(key, [*fields, *(extra or {})])}"
+                f"{suggest(key, [*fields, *(extra or {})])}"
             )
     if extra is not None:
         kwargs["options"] = options
@@ -275,7 +325,7 @@ def config_from_dict(raw: dict, origin: str = "<config>") -> Config:
     for section, body in raw.items():
         if section not in _SECTION_CLASSES:
             raise FedsimError(
-                f"{origin}: unknown section [{section}]; {_suggest(section, _SECTION_CLASSES)}"
+                f"{origin}: unknown section [{section}]; {suggest(section, _SECTION_CLASSES)}"
             )
         if not isinstance(body, dict):
             raise FedsimError(f"{origin}: '{section}' must be a [{section}] table, got {body!r}")
@@ -299,6 +349,19 @@ def _check_consistency(config: Config) -> None:
     if config.server.mode == "async" and config.server.timing == "ideal":
         raise FedsimError(f"{origin}: [server] mode = 'async' needs timing = 'model' (ideal timing "
                           "is the papers' synchronous round model)")
+    if config.server.mode == "async":
+        # they need synchronous rounds: sequential-sgd trains on the pooled data, not through
+        # device tasks; fedavg-wait and MIFA's warm-up hold the model fixed while they wait for
+        # given devices, which buffered aggregation does not do (its buffer may never fill)
+        for name in [config.algorithm.name, *config.run.algorithms]:
+            warmup = name == "mifa" and config.algorithm.options.get("warmup", False)
+            if name in ("sequential-sgd", "fedavg-wait") or warmup:
+                what = f"'{name}' with warmup = true" if warmup else f"'{name}'"
+                raise FedsimError(
+                    f"{origin}: [algorithm] {what} cannot run with [server] mode = 'async' (it "
+                    "needs synchronous rounds); set [server] mode = 'sync'"
+                    + (" or warmup = false" if warmup else " or choose another algorithm")
+                )
     if config.data.dataset == "quadratic" and config.data.targets:
         if len(config.data.targets) != config.data.clients:
             raise FedsimError(

@@ -30,10 +30,10 @@ from fedsim.results.plots import plot_runs
 from fedsim.results.recorder import Recorder, save_torch, write_json, write_text
 from fedsim.sim.engine import new_environment, run_engine
 from fedsim.sim.buffered import BufferedServer
-from fedsim.sim.server import Server
+from fedsim.sim.server import Server, invite_budget
 from fedsim.sim.timing import DeviceTiming
-from fedsim.traces import AvailabilityIndex, Trace, generate, known_probability, read_trace, write_trace
-from fedsim.traces.generators import GENERATORS
+from fedsim.traces import AvailabilityIndex, Trace, generate, read_trace, write_trace
+from fedsim.traces.generators import GENERATORS, known_probability_at
 from fedsim.traces.io import read_device_table
 from fedsim.training import build_task, build_trainer
 from fedsim.training.schedules import learning_rate
@@ -119,7 +119,7 @@ def load_trace(config: Config, n_devices: int, label_dist: np.ndarray | None) ->
     if days is None and not spec.round_indexed:  # wall-clock models: cover max_time, or a week
         days = config.run.max_time / 86400 if config.run.max_time else 7.0
     trace = generate(
-        tc.source, n_devices, seed=config.run.seed, rounds=config.run.rounds,
+        tc.source, n_devices, seed=config.run.seed, rounds=trace_rounds(config),
         round_duration=config.server.round_duration, days=days,
         label_dist=label_dist if spec.needs_labels else None, **tc.options,
     )
@@ -127,10 +127,38 @@ def load_trace(config: Config, n_devices: int, label_dist: np.ndarray | None) ->
     return dataclasses.replace(trace, wrap="loop")
 
 
+def trace_rounds(config: Config) -> int:
+    """Rounds of `round_duration` seconds a round-indexed generator makes for this run: one per
+    server round under ideal timing; under model timing enough for rounds that last up to the
+    deadline, but no more than max_time needs."""
+    run, server = config.run, config.server
+    if server.timing == "ideal":
+        return run.rounds
+    seconds = run.rounds * max(server.round_duration, server.deadline)
+    if run.max_time:
+        seconds = min(seconds, run.max_time)
+    return max(1, math.ceil(seconds / server.round_duration - 1e-9))
+
+
+def agrees_with(new: Trace, old: Trace) -> bool:
+    """Whether `new` has exactly `old`'s intervals over old's horizon (a longer generation of
+    the same trace: round-indexed generators draw round by round, so they are prefix-stable)."""
+    if new.n_devices != old.n_devices or new.horizon < old.horizon:
+        return False
+    keep = new.start < old.horizon
+    return (np.array_equal(new.device_id[keep], old.device_id)
+            and np.array_equal(new.start[keep], old.start)
+            and np.array_equal(np.minimum(new.end[keep], old.horizon), old.end))
+
+
 class Experiment:
     """One algorithm on one trace/task: builds the parts once, then `run()`s the engine."""
 
-    def __init__(self, config: Config, run_dir: Path, progress: bool = True):
+    def __init__(self, config: Config, run_dir: Path, progress: bool = True,
+                 saved_trace: Trace | None = None):
+        """`saved_trace`: the generated trace of the run being resumed. A resume generates the
+        trace again for its (maybe longer) extent and keeps that when it agrees with the saved
+        one; otherwise it replays the saved trace, repeating it."""
         self.config = config = resolve_trace_path(config)
         self.run_dir = Path(run_dir)
         self.progress = progress and config.run.progress
@@ -138,6 +166,8 @@ class Experiment:
         cfg = config
         self.task = build_task(cfg.data, cfg.model, seed=cfg.run.seed, device=self.device)
         self.trace = load_trace(cfg, self.task.n_clients, self.task.label_distribution())
+        if saved_trace is not None and not agrees_with(self.trace, saved_trace):
+            self.trace = saved_trace
         self.index = AvailabilityIndex(self.trace)
         self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed)
         table = read_device_table(cfg.trace.devices_table) if cfg.trace.devices_table else None
@@ -147,16 +177,13 @@ class Experiment:
 
     def _context(self) -> Context:
         cfg, trace = self.config, self.trace
-        k = cfg.server.clients_per_round
-        invite = math.ceil(k * (1 + cfg.server.overcommit)) if k else 0
-
-        def known_p(rnd: int) -> np.ndarray:
-            return known_probability(trace, rnd)
+        def known_p(t: float) -> np.ndarray:
+            return known_probability_at(trace, t)
 
         return Context(
             n_devices=self.task.n_clients, dim=self.task.dim, device=self.device,
-            seed=cfg.run.seed, server_lr=cfg.algorithm.server_lr,
-            local_steps=cfg.client.local_steps, clients_per_round=k, invite=invite,
+            seed=cfg.run.seed, server_lr=cfg.algorithm.server_lr, local_steps=cfg.client.local_steps,
+            clients_per_round=cfg.server.clients_per_round, invite=invite_budget(cfg.server),
             options=dict(cfg.algorithm.options),
             lr=lambda t: learning_rate(cfg.client, t),
             client_sizes=self.task.client_sizes(), known_p=known_p,
@@ -183,6 +210,9 @@ class Experiment:
             self.strategy.load_state_dict(resume["strategy"])
             recorder.load_state_dict(resume["recorder"])
             start_round, start_time = resume["round"], resume["sim_time"]
+            last = recorder.rows[-1] if recorder.rows else None
+            if last is not None and not self._evaluation_due(last["round"]):
+                last.update(test_loss=None, test_acc=None)  # the stop's final evaluation
         write_text(self.run_dir / "config.toml", dump_toml(cfg.to_dict()))
         if cfg.trace.source != "file":  # keep the generated availability with its results
             write_trace(self.trace, self.run_dir / "trace.parquet")
@@ -199,7 +229,7 @@ class Experiment:
         last_acc = {"text": ""}
 
         def on_round(outcome) -> None:
-            due = (outcome.round + 1) % cfg.run.eval_every == 0 or outcome.round + 1 == cfg.run.rounds
+            due = self._evaluation_due(outcome.round)
             test_loss, test_acc = self.task.evaluate(self.strategy.params) if due else (None, None)
             recorder.add_round(outcome, test_loss, test_acc, self.strategy.metrics())
             if test_acc is not None:
@@ -221,6 +251,9 @@ class Experiment:
         plot_runs({cfg.algorithm.name: rounds}, self.run_dir / "plots", title=cfg.run.name)
         return RunResult(self.run_dir, cfg.algorithm.name, result.status, result.reason, rounds,
                          self.strategy.params.detach().cpu())
+
+    def _evaluation_due(self, rnd: int) -> bool:
+        return (rnd + 1) % self.config.run.eval_every == 0 or rnd + 1 == self.config.run.rounds
 
     def _final_evaluation(self, recorder: Recorder, status: str) -> None:
         """Make sure the last recorded round carries a test result (runs can stop early)."""
@@ -271,14 +304,19 @@ def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
         if not results:
             on_ready(run_dir)
         results.append(experiment.run())
+        if results[-1].status == "interrupted":  # Ctrl-C stops the comparison, not one member
+            break
     write_text(run_dir / "config.toml", dump_toml(config.to_dict()))
     summary = summarize(results)
     from fedsim.results.recorder import atomic_write
 
     atomic_write(run_dir / "summary.parquet", summary.write_parquet)
     plot_runs({r.algorithm: r.rounds for r in results}, run_dir / "plots", title=config.run.name)
-    worst = "diverged" if any(r.status == "diverged" for r in results) else results[-1].status
+    worst = max((r.status for r in results), key=STATUS_SEVERITY.index)
     return RunResult(run_dir, ",".join(config.run.algorithms), worst, "", summary, runs=results)
+
+
+STATUS_SEVERITY = ["completed", "interrupted", "diverged"]
 
 
 def summarize(results: list[RunResult]) -> pl.DataFrame:
@@ -308,15 +346,16 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True) -> R
     if not checkpoint.exists():
         raise FedsimError(f"{run_dir}: no checkpoint.pt; resume needs the directory of a single-algorithm run")
     from fedsim.config import parse_override
+    from fedsim.sim.buffered import refuse_resume
 
     raw = read_toml(run_dir / "config.toml")
     for text in overrides:
         section, key, value = parse_override(text)
         raw.setdefault(section, {})[key] = value
-    if (run_dir / "trace.parquet").exists():  # replay the availability the run started with
-        table = raw.get("trace", {}).get("devices_table", "")
-        raw["trace"] = {"source": "file", "path": str(run_dir / "trace.parquet"), "devices_table": table}
     config = config_from_dict(raw, origin=str(run_dir / "config.toml"))
+    refuse_resume(config)
+    saved = run_dir / "trace.parquet"  # the availability a generated-trace run started with
+    saved_trace = read_trace(saved) if config.trace.source != "file" and saved.exists() else None
     state = torch.load(checkpoint, weights_only=False)
-    return Experiment(config, run_dir, progress).run(resume=state)
+    return Experiment(config, run_dir, progress, saved_trace).run(resume=state)
 

@@ -71,11 +71,11 @@ def fedavg_wait(U, avail, x0, lr, steps, draw, server_lr=1.0):
     sample, seen = None, None
     for t in range(avail.shape[0]):
         if sample is None:
-            sample = list(draw(t))
+            sample, drawn_at = list(draw(t)), t
             seen = set()
         seen |= {i for i in sample if avail[t, i]}
         if len(seen) == len(sample):
-            deltas = [local_sgd(x, U[i], steps, lr(t + 1)) - x for i in sample]
+            deltas = [local_sgd(x, U[i], steps, lr(drawn_at + 1)) - x for i in sample]
             x = x + server_lr * sum(deltas) / len(sample)
             sample = None
     return x

@@ -65,9 +65,10 @@ def drive(name, U, avail, x0, ctx, rounds=None, strategy=None):
         lr = strategy.client_lr(t)
         deltas = local_sgd(U, ids, strategy.start_params(ids), steps, lr, strategy.prox_mu)
         k, dev = len(ids), deltas.device
-        strategy.aggregate(t, Arrivals(ids=ids, deltas=deltas, steps=torch.as_tensor(steps, device=dev),
-                                       samples=torch.ones(k, device=dev), loss=torch.zeros(k, device=dev),
-                                       version=np.full(k, t), lr=torch.full((k,), lr, device=dev)))
+        strategy.receive(t, Arrivals(ids=ids, deltas=deltas, steps=torch.as_tensor(steps, device=dev),
+                                     samples=torch.ones(k, device=dev), loss=torch.zeros(k, device=dev),
+                                     version=np.full(k, t), lr=torch.full((k,), lr, device=dev),
+                                     invited_at=np.full(k, float(t))))
         metrics = strategy.metrics()
         assert keys is None or set(metrics) == keys, "metric keys must not change between rounds"
         keys = set(metrics)
@@ -122,7 +123,7 @@ def case_context(case, U, P, device="cpu"):
     options, overrides, _ = CASES[case]
     overrides = dict(overrides)
     if overrides.get("known_p") == "P":
-        overrides["known_p"] = lambda rnd: P[rnd]
+        overrides["known_p"] = lambda t: P[int(t)]  # round duration 1 s
     if overrides.get("train_pooled") == "pooled":
         overrides.update(train_pooled=pooled(U, device), lr=lambda t: 0.02)
     return context(options=options, device=device, **overrides)
@@ -262,10 +263,17 @@ def test_regularized_gives_everyone_one_turn_per_permutation():
 def test_longest_absent_prefers_the_least_recent_then_the_lowest_id():
     select = SELECTIONS["longest-absent"](5, 2)
     rng = np.random.default_rng(0)
-    assert list(select(0, np.arange(5), rng)) == [0, 1]
-    assert list(select(1, np.arange(5), rng)) == [2, 3]
-    assert list(select(2, np.array([0, 1, 3]), rng)) == [0, 1]
-    assert list(select(3, np.arange(5), rng)) == [2, 4]
+
+    def round_(rnd, online, arrived=None):
+        picked = select(rnd, online, rng)
+        select.arrived(rnd, picked if arrived is None else np.asarray(arrived, dtype=np.int64))
+        return list(picked)
+
+    assert round_(0, np.arange(5)) == [0, 1]
+    assert round_(1, np.arange(5)) == [2, 3]
+    assert round_(2, np.array([0, 1, 3])) == [0, 1]
+    assert round_(3, np.arange(5), arrived=[4]) == [2, 4]  # device 2 dropped: not a participation
+    assert round_(4, np.arange(5)) == [2, 3]
 
 
 # --- the shared per-device table ----------------------------------------------------------------

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import signal
+from contextlib import contextmanager
+
 import numpy as np
 import polars as pl
+import pytest
 
 from conftest import final_x, quadratic_config, rounds
+from fedsim.algorithms.base import REGISTRY
+from fedsim.algorithms.fedavg import FedAvg
+from fedsim.config import config_from_dict
+from fedsim.errors import FedsimError
 from fedsim.traces import Trace
 
 TARGETS = [[1.0, 0.0], [0.0, 1.0], [2.0, 2.0], [-1.0, 3.0]]
@@ -14,6 +23,26 @@ TARGETS = [[1.0, 0.0], [0.0, 1.0], [2.0, 2.0], [-1.0, 3.0]]
 def always(n: int, horizon: float = 1e6) -> Trace:
     return Trace.from_intervals(np.arange(n), np.zeros(n), np.full(n, horizon), n_devices=n,
                                 horizon=horizon)
+
+
+@contextmanager
+def finishes_within(seconds: int):
+    """Fail (instead of hanging the suite) when a run loops forever."""
+
+    def hung(signum, frame):
+        raise TimeoutError(f"the run was still going after {seconds} s of host time")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def manifest(run_dir) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())
 
 
 def async_config(rounds_: int, concurrency: int, buffer: int, speeds=None):
@@ -56,3 +85,140 @@ def test_async_buffers_and_staleness(cli_run, tmp_path):
     # never more than `concurrency` tasks at once: invitations minus resolutions stays <= 4
     resolved = (df["arrived"] + df["dropped"] + df["late"]).cum_sum()
     assert ((df["invited"].cum_sum() - resolved) <= 4).all()
+
+
+def test_buffer_larger_than_the_devices_fills_with_repeats(cli_run):
+    # 3 devices ever online, buffer 4: once all 3 ran on a version and nobody is training,
+    # they run again
+    trace = Trace.from_intervals([0, 1, 2], [0.0] * 3, [1e4] * 3, n_devices=4, horizon=1e4)
+    config = async_config(6, concurrency=3, buffer=4)
+    with finishes_within(60):
+        run_dir = cli_run(config, trace)
+    df = rounds(run_dir)
+    assert len(df) == 6 and (df["arrived"] == 4).all()
+    # v0: 3 arrive at 3 s, the repeats of 3 s fill the buffer at 6 s; the two leftover repeats
+    # open the next buffers (staleness 1), and the pattern restarts every 3 aggregations
+    np.testing.assert_allclose(df["t_end"].to_numpy(), [6, 9, 12, 18, 21, 24], atol=1e-6)
+    np.testing.assert_allclose(df["staleness"].to_numpy(), [0, 0.5, 0.25, 0, 0.5, 0.25])
+
+
+def test_devices_that_always_drop_stop_at_max_time(cli_run):
+    # online [0, 1) of every 10 s (looping), a task takes 3 s: every task drops, nothing arrives
+    trace = Trace.from_intervals([0, 1, 2, 3], [0.0] * 4, [1.0] * 4, n_devices=4, horizon=10.0,
+                                 wrap="loop")
+    config = async_config(5, concurrency=4, buffer=2)
+    config["run"]["max_time"] = 50.0
+    with finishes_within(60):
+        run_dir = cli_run(config, trace)
+    info = manifest(run_dir)
+    assert info["status"] == "completed" and info["rounds"] == 0
+    # invited again in every online window (0, 10, .., 40) until the last drop at 41 s
+    assert info["sim_time_s"] == pytest.approx(41.0)
+    assert info["reason"].startswith("max_time 50 s reached") and "0 of 2 updates" in info["reason"]
+
+
+class Shy(FedAvg):
+    """Invites nobody the first `refusals` times it is asked (test-only algorithm)."""
+
+    name = "test-shy"
+    refusals = 3
+
+    def init_state(self, params):
+        super().init_state(params)
+        self.left = self.refusals
+
+    def select(self, rnd, online, rng):
+        if self.left:
+            self.left -= 1
+            return np.empty(0, dtype=np.int64)
+        return super().select(rnd, online, rng)
+
+
+class Mute(Shy):
+    name = "test-mute"
+    refusals = 10**9
+
+
+def test_empty_selection_waits_round_duration(cli_run, monkeypatch):
+    monkeypatch.setitem(REGISTRY, Shy.name, Shy)
+    config = async_config(3, concurrency=4, buffer=4)
+    config["server"]["round_duration"] = 10.0
+    config["algorithm"] = {"name": Shy.name}
+    with finishes_within(60):
+        run_dir = cli_run(config, always(4))
+    # three empty selections at 0, 10, 20 s; invited at 30 s, tasks of 3 s
+    np.testing.assert_allclose(rounds(run_dir)["t_end"].to_numpy(), [33, 36, 39], atol=1e-6)
+
+
+def test_selection_always_empty_stops_at_max_time(cli_run, monkeypatch):
+    monkeypatch.setitem(REGISTRY, Mute.name, Mute)
+    config = async_config(3, concurrency=4, buffer=4)
+    config["server"]["round_duration"] = 30.0
+    config["run"]["max_time"] = 100.0
+    config["algorithm"] = {"name": Mute.name}
+    with finishes_within(60):
+        run_dir = cli_run(config, always(4))
+    info = manifest(run_dir)
+    assert info["rounds"] == 0 and info["sim_time_s"] == pytest.approx(100.0)
+    assert info["reason"].startswith("max_time 100 s reached") and "0 of 4 updates" in info["reason"]
+
+
+def test_drop_after_the_deadline_counts_as_late(cli_run, tmp_path):
+    from fedsim.traces.io import write_device_table
+
+    # device 0: 0.3 s tasks, always online. Device 1: 3 s tasks, online only [0, 1.1)
+    write_device_table({"device_id": [0, 1, 2, 3], "seconds_per_sample": [0.1, 1.0, 1.0, 1.0],
+                        "bandwidth_bps": [1e12] * 4}, tmp_path / "devices.parquet")
+    config = async_config(8, concurrency=2, buffer=1)
+    config["server"]["deadline"] = 1.0
+    config["devices"] = {"model": "table", "latency_s": 0.0}
+    config["trace"] = {"devices_table": str(tmp_path / "devices.parquet")}
+    trace = Trace.from_intervals([0, 1], [0.0, 0.0], [1e6, 1.1], n_devices=4, horizon=1e6)
+    run_dir = cli_run(config, trace)
+    df = rounds(run_dir)
+    # aggregations end every 0.3 s. Device 1's first task (from 0 s) goes offline at 1.1 s, after
+    # its deadline (1 s): it was late before it dropped, reported at 1.0 s. Invited again at
+    # 1.0 s, it goes offline at 1.1 s, before that task's deadline: dropped.
+    assert df["late"].to_list() == [0, 0, 0, 1, 0, 0, 0, 0]
+    assert df["dropped"].to_list() == [0, 0, 0, 1, 0, 0, 0, 0]
+    assert (df["arrived"] == 1).all()
+    devices = pl.read_parquet(run_dir / "devices.parquet").row(1, named=True)
+    assert (devices["invitations"], devices["late"], devices["drops"]) == (2, 1, 1)
+
+
+@pytest.mark.parametrize("algorithm, options", [
+    ("sequential-sgd", {}), ("fedavg-wait", {}), ("mifa", {"warmup": True}),
+])
+def test_async_refuses_algorithms_that_cannot_run_there(cli_run, algorithm, options):
+    config = async_config(2, concurrency=2, buffer=2)
+    config["algorithm"] = {"name": algorithm, **options}
+    cli_run(config, always(4), expect=2)
+    err = cli_run.last_output.err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    assert f"'{algorithm}'" in err and "mode = 'async'" in err and "mode = 'sync'" in err
+
+
+def test_async_refuses_them_in_a_comparison_too(cli_run):
+    config = async_config(2, concurrency=2, buffer=2)
+    config["run"]["algorithms"] = ["fedavg", "fedavg-wait"]
+    cli_run(config, always(4), expect=2)
+    assert "'fedavg-wait'" in cli_run.last_output.err
+    config["run"]["algorithms"] = ["fedavg", "mifa"]  # mifa without warm-up runs asynchronously
+    assert (cli_run(config, always(4), name="ok") / "mifa" / "rounds.parquet").exists()
+
+
+def test_refuse_resume_of_an_async_run():
+    from fedsim.sim.buffered import refuse_resume
+
+    config = config_from_dict(async_config(2, concurrency=2, buffer=2), origin="runs/a/config.toml")
+    with pytest.raises(FedsimError, match=r"runs/a/config.toml: .*cannot resume.*mode = 'async'"):
+        refuse_resume(config)
+    refuse_resume(config_from_dict(quadratic_config(TARGETS), origin="runs/s/config.toml"))
+
+
+def test_resume_of_an_async_run_is_refused_by_the_cli(cli_run, capsys):
+    from fedsim.cli import main
+
+    run_dir = cli_run(async_config(2, concurrency=4, buffer=4), always(4))
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=4", "--quiet"]) == 2
+    assert "cannot resume" in capsys.readouterr().err

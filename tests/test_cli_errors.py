@@ -42,7 +42,9 @@ def test_wrong_type_and_bad_choice(tmp_path, capsys):
     err = fails(capsys, ["run", write(tmp_path, "[server]\ntiming = 'real'\n")])
     assert "one of: model, ideal" in err
     err = fails(capsys, ["run", write(tmp_path, "[client]\nlr = -1\n")])
-    assert "must be >= 0" in err
+    assert "[client] lr = -1.0 must be > 0" in err
+    err = fails(capsys, ["run", write(tmp_path, "[client]\nlocal_steps = 0\n")])
+    assert "[client] local_steps = 0 must be >= 1" in err
 
 
 def test_unknown_algorithm_lists_the_valid_ones(tmp_path, capsys):
@@ -75,7 +77,13 @@ def test_trace_with_wrong_device_count(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("argv", [["run", "nope.toml"], ["run", "quickstart", "--set", "run.rounds=x"]])
+@pytest.mark.parametrize("argv", [
+    ["run", "nope.toml"], ["run", "quickstart", "--set", "run.rounds=x"],
+    ["run", "quickstart", "--set", "client.local_steps=0"], ["run", "quickstart", "--set", "run.name=a/b"],
+    ["run", "quickstart", "--set", "devices.compute_sigma=-1"],
+    ["run", "quickstart", "--set", 'run.algorithms=["mifa", "mifa"]'],
+    ["run", "--resume", "runs/x", "--set", "client.lr=1"],
+])
 def test_no_traceback_from_the_console(tmp_path, argv):
     proc = subprocess.run([sys.executable, "-m", "fedsim", *argv], capture_output=True, text=True,
                           cwd=tmp_path)

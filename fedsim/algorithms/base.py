@@ -35,6 +35,7 @@ class Arrivals:
     loss: Tensor  # [k] mean training loss
     version: np.ndarray  # int64 [k] round whose model the device started from
     lr: Tensor  # [k] client learning rate each device used
+    invited_at: np.ndarray  # float [k] simulated time each device was invited (seen online)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -55,7 +56,9 @@ class Context:
     options: dict[str, Any]
     lr: Callable[[int], float]  # client lr schedule of update round t (1-based)
     client_sizes: np.ndarray  # int [N]
-    known_p: Callable[[int], np.ndarray] | None = None  # true p_i^t where the trace knows it
+    # true availability probabilities [N] of the trace's round that contains time t, where the
+    # trace knows them (round-indexed generators)
+    known_p: Callable[[float], np.ndarray] | None = None
     selection: str = ""  # "" = the algorithm's default policy
     # sequential-sgd: `steps` plain SGD steps of size `lr` over the pooled data of all devices,
     # from `params` [d], in round `rnd`; returns end minus start parameters [d].
@@ -119,6 +122,12 @@ class Strategy:
         return np.full(len(ids), self.ctx.local_steps, dtype=np.int64)
 
     # --- what the engine hands back -----------------------------------------------------------
+    def receive(self, rnd: int, arrivals: Arrivals) -> None:
+        """The engine's entry point after each round: the selection policy learns who arrived
+        (a device that dropped did not participate), then the algorithm aggregates."""
+        self.selector.arrived(rnd, arrivals.ids)
+        self.aggregate(rnd, arrivals)
+
     def aggregate(self, rnd: int, arrivals: Arrivals) -> None:
         raise NotImplementedError
 

@@ -56,7 +56,7 @@ class FedAvgKnownP(FedAvg):
     name = "fedavg-known-p"
 
     def validate(self):
-        p = self.ctx.known_p(0) if self.ctx.known_p is not None else None
+        p = self.ctx.known_p(0.0) if self.ctx.known_p is not None else None
         if p is None:
             raise FedsimError(
                 "[algorithm] name = 'fedavg-known-p' needs the true availability probabilities "
@@ -65,7 +65,10 @@ class FedAvgKnownP(FedAvg):
             )
 
     def weights(self, rnd, arrivals):
-        p = np.asarray(self.ctx.known_p(rnd), dtype=np.float64)[arrivals.ids]
+        # p_i of the trace round in which each device was seen online (async: several rounds)
+        times, which = np.unique(arrivals.invited_at, return_inverse=True)
+        table = np.stack([np.asarray(self.ctx.known_p(float(t)), dtype=np.float64) for t in times])
+        p = table[which.reshape(-1), arrivals.ids]
         if (p <= 0).any():
             who = int(arrivals.ids[np.flatnonzero(p <= 0)[0]])
             raise FedsimError(

@@ -25,7 +25,10 @@ class Mifa(Strategy):
     """x <- x − η_g · lr_t · (1/N) Σ_i G^i, with lr_t counted over update rounds.
 
     ``warmup = true`` (the paper's experiments): no update until every device was available
-    at least once; in that round all devices compute G^i at the same x.
+    at least once; in that round all devices compute G^i at the same x. As x does not move
+    during the warm-up, each device computes its G^i at x the first time it is online and
+    the first update comes when all N are stored: the same numbers, and it also works when
+    devices can drop (model timing), which only delays the end of the warm-up.
     """
 
     name = "mifa"
@@ -37,7 +40,7 @@ class Mifa(Strategy):
         super().init_state(params)
         self.table = DeviceTable(self.n, params.numel(), params.device,
                                  on_devices=self.stored_on_devices)
-        self.seen = np.zeros(self.n, dtype=bool)  # warmup: was available at least once
+        self.seen = np.zeros(self.n, dtype=bool)  # warmup: G^i computed at the initial x
         self.updates = 0  # update rounds so far: the t of lr_t
         self.last_round = -1  # for the staleness metric
 
@@ -49,18 +52,18 @@ class Mifa(Strategy):
 
     def select(self, rnd, online, rng):
         if self.warming_up():
-            self.seen[online] = True
-            # Nothing until all were seen; then everyone computes at x (offline ones included).
-            return np.arange(self.n, dtype=np.int64) if self.seen.all() else online[:0]
+            return online[~self.seen[online]].astype(np.int64)
         return super().select(rnd, online, rng)
 
     def aggregate(self, rnd, arrivals):
         self.last_round = rnd
-        if self.warming_up():
-            return
         if len(arrivals):
             fresh = -arrivals.deltas / arrivals.lr.unsqueeze(1)  # G_i = (x − LocalSGD(x)) / lr
             self.table.write(arrivals.ids, fresh, rnd)
+        if self.warming_up():
+            self.seen[arrivals.ids] = True
+            if self.warming_up():
+                return
         self.updates += 1
         lr = self.ctx.lr(self.updates)
         self.params = self.params - (self.ctx.server_lr * lr) * self.table.mean()

@@ -23,6 +23,9 @@ class Selector:
     def __call__(self, rnd: int, online: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         raise NotImplementedError
 
+    def arrived(self, rnd: int, ids: np.ndarray) -> None:
+        """The invited devices whose update reached the server in round `rnd`."""
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -86,7 +89,9 @@ class SelectRegularized(Selector):
 
 
 class SelectLongestAbsent(Selector):
-    """FedLaAvg: online devices by last participation ascending (never = -1), ties by id."""
+    """FedLaAvg: online devices by last participation ascending (never = -1), ties by id.
+
+    Participation is an arrival: a device that was invited but dropped stays first in line."""
 
     def __init__(self, n_devices: int, k: int):
         super().__init__(n_devices, k)
@@ -94,9 +99,10 @@ class SelectLongestAbsent(Selector):
 
     def __call__(self, rnd, online, rng):
         order = np.lexsort((online, self.last[online]))  # primary: last, secondary: id
-        picked = np.sort(online[order[: self.budget(online)]]).astype(np.int64)
-        self.last[picked] = rnd
-        return picked
+        return np.sort(online[order[: self.budget(online)]]).astype(np.int64)
+
+    def arrived(self, rnd, ids):
+        self.last[ids] = rnd
 
     def state_dict(self):
         return {"last": self.last.copy()}

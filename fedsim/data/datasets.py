@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.config import DataConfig, _suggest
+from fedsim.config import DataConfig, suggest
 from fedsim.errors import FedsimError
 
 
@@ -199,7 +199,7 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
     """The dataset named by `[data] dataset` (not `quadratic`, which has no samples)."""
     if cfg.dataset not in LOADERS:
         raise FedsimError(
-            f"[data] dataset = {cfg.dataset!r} is unknown; {_suggest(cfg.dataset, DATASETS)} "
+            f"[data] dataset = {cfg.dataset!r} is unknown; {suggest(cfg.dataset, DATASETS)} "
             f"(one of: {', '.join(DATASETS)})"
         )
     return LOADERS[cfg.dataset](cfg, seed)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsim.config import DataConfig, _suggest
+from fedsim.config import DataConfig, suggest
 from fedsim.errors import FedsimError
 
 
@@ -160,7 +160,7 @@ def partition(labels: np.ndarray, cfg: DataConfig, seed: int) -> np.ndarray:
     """owner[j] = the client of training sample j, for `[data] partition` and `[data] clients`."""
     if cfg.partition not in PARTITIONS:
         raise FedsimError(
-            f"[data] partition = {cfg.partition!r} is unknown; {_suggest(cfg.partition, PARTITIONS)} "
+            f"[data] partition = {cfg.partition!r} is unknown; {suggest(cfg.partition, PARTITIONS)} "
             f"(one of: {', '.join(PARTITIONS)})"
         )
     rng = np.random.default_rng([seed, 0x9A27])

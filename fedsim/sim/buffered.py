@@ -2,8 +2,26 @@
 
 The server keeps up to ``concurrency`` devices training, each from the model current when it
 was invited, and aggregates every ``buffer`` arrivals: one aggregation is one row of
-rounds.parquet. Free slots are refilled whenever a task ends (with online devices that have not
-yet run on the current model version).
+rounds.parquet. Free slots are refilled whenever a task ends.
+
+Who may be invited: online devices that are not training and have not yet run on the current
+model version. When nobody is training and every such device already ran on it (fewer than
+``buffer`` distinct devices can report on this version: few devices online, or their tasks
+dropped), they may run again on the same version, so the buffer always fills if anyone can
+arrive. A repeat starts from the same model with the same randomness key (seed, round,
+device) as the first run, so it sends the same update again: that device weighs more in
+the aggregation, the price of a buffer larger than the devices available.
+
+Simulated time always moves on: with nobody online the server sleeps until the index says
+someone comes online; when the Strategy invites nobody although devices are free it retries
+``round_duration`` later. An aggregation that cannot fill its buffer ends the run (the round
+returns None and ``stop_reason`` says why): the trace has nobody online ever again, or
+``max_time`` is reached (checked before every invitation or wait; the retry never sleeps
+past it), so a run with ``max_time`` always ends. Updates buffered then are not aggregated
+and the tasks of that unfinished aggregation are not recorded.
+
+A task still running at the deadline (invitation + ``deadline``) is late, also when the device
+goes offline after the deadline: it was late before it dropped.
 
 Training stays batched: every device invited while model version v is current starts from
 the same server state, and none of their updates is needed before the aggregation that closes
@@ -21,8 +39,21 @@ import simpy
 import torch
 
 from fedsim.algorithms.base import Arrivals
+from fedsim.errors import FedsimError
 from fedsim.sim.device import device_task
 from fedsim.sim.server import RoundOutcome, Server
+
+
+def refuse_resume(config) -> None:
+    """FedsimError for an async config: a checkpoint holds the Strategy and the recorder, not
+    the tasks in flight nor the buffered updates, so a resumed run would differ from an
+    uninterrupted one. `fedsim.experiment.resume()` calls this before anything runs."""
+    if config.server.mode == "async":
+        raise FedsimError(
+            f"{config.source}: cannot resume a run with [server] mode = 'async' (its tasks in "
+            "flight and buffered updates are not checkpointed); run the config again from the "
+            "start with `fedsim run`, with [run] rounds set to the total you want"
+        )
 
 
 @dataclass
@@ -30,6 +61,7 @@ class Dispatch:
     """Devices invited together: what they start from, and (later) what they computed."""
 
     version: int
+    at: float  # simulated time of the invitation
     ids: np.ndarray
     start: torch.Tensor  # [k, d]
     steps: np.ndarray
@@ -44,7 +76,7 @@ class BufferedServer(Server):
         super().__init__(**kwargs)
         n = len(self.client_sizes)
         self.busy = np.zeros(n, dtype=bool)
-        self.ran_this_version = np.zeros(n, dtype=bool)  # one task per device per model version
+        self.ran_this_version = np.zeros(n, dtype=bool)  # repeats only when needed (docstring)
         self.done = simpy.Store(self.env)
         self.running = 0
         self.untrained: list[Dispatch] = []
@@ -56,14 +88,16 @@ class BufferedServer(Server):
         t0, wall0 = self.env.now, time.perf_counter()
         invited, dropped, late = [], [], []
         while len(self.buffer) < self.cfg.buffer:
+            if max_time and self.env.now >= max_time:
+                return self._stop(rnd, f"max_time {max_time:g} s reached")
             invited.append(self._refill(rnd))
-            if self.running == 0:
-                if not (yield self.env.process(self.wait_for_someone(max_time))):
-                    return None
-                if not self.index.online(self.env.now).any() or self._candidates().size:
-                    continue
-                # everyone online already ran on this version: wait for the next change
-                yield self.env.timeout(self.cfg.round_duration)
+            if self.running == 0:  # nobody training, nobody invited: let simulated time move on
+                if not self.index.online(self.env.now).any():
+                    if not (yield self.env.process(self.wait_for_someone(max_time))):
+                        return self._stop(rnd, self.stop_reason)
+                else:  # free devices, but the Strategy invited none of them: retry later
+                    wait = self.cfg.round_duration
+                    yield self.env.timeout(min(wait, max_time - self.env.now) if max_time else wait)
                 continue
             dispatch, pos, outcome = yield self.done.get()
             device = dispatch.ids[pos]
@@ -75,7 +109,7 @@ class BufferedServer(Server):
                 (dropped if outcome == "dropped" else late).append(device)
         self._train_untrained(rnd)
         arrivals, self.buffer = self._arrivals_of(self.buffer), []
-        self.strategy.aggregate(rnd, arrivals)
+        self.strategy.receive(rnd, arrivals)
         self.ran_this_version[:] = False
         staleness = float(np.mean(rnd - arrivals.version))
         return RoundOutcome(
@@ -87,9 +121,18 @@ class BufferedServer(Server):
             extra={"staleness": staleness},
         )
 
+    def _stop(self, rnd: int, reason: str) -> None:
+        """End the run in the middle of an aggregation; the engine reports `stop_reason`."""
+        self.stop_reason = (f"{reason} (aggregation {rnd} unfinished: "
+                            f"{len(self.buffer)} of {self.cfg.buffer} updates buffered)")
+        return None
+
     def _candidates(self) -> np.ndarray:
-        free = self.index.online(self.env.now) & ~self.busy & ~self.ran_this_version
-        return np.flatnonzero(free)
+        """Free online devices that have not run on this version; when nobody is training and
+        there are none, the free online devices that did (repeats, see the module docstring)."""
+        free = self.index.online(self.env.now) & ~self.busy
+        fresh = free & ~self.ran_this_version
+        return np.flatnonzero(fresh if self.running or fresh.any() else free)
 
     def _refill(self, rnd: int) -> np.ndarray:
         """Invite devices into the free slots; their fate is decided now, training later."""
@@ -107,10 +150,11 @@ class BufferedServer(Server):
         now = self.env.now
         steps = np.asarray(self.strategy.local_steps(rnd, ids), dtype=np.int64)
         ends_at, fate = self.fates(ids, steps, now)
-        overrun = (fate == "arrived") & (ends_at > now + self.cfg.deadline)
+        # still running at the deadline: late, also when the device drops (goes offline) after it
+        overrun = ends_at > now + self.cfg.deadline
         fate[overrun] = "late"
         ends_at = np.where(overrun, now + self.cfg.deadline, ends_at)
-        dispatch = Dispatch(rnd, ids, self.strategy.start_params(ids).clone(), steps,
+        dispatch = Dispatch(rnd, now, ids, self.strategy.start_params(ids).clone(), steps,
                             self.strategy.client_lr(rnd), fate == "arrived")
         self.untrained.append(dispatch)
         self.busy[ids] = True
@@ -162,4 +206,5 @@ class BufferedServer(Server):
             steps=torch.as_tensor(np.array([d.steps[pos] for d, pos in taken]), device=self.device),
             version=np.array([d.version for d, _ in taken], dtype=np.int64),
             lr=torch.tensor([float(d.lr) for d, _ in taken], device=self.device),
+            invited_at=np.array([d.at for d, _ in taken], dtype=np.float64),
         )

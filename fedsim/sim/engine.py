@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,11 +28,13 @@ def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int
     """Drive `server` round after round; `on_round` evaluates/records/checkpoints each one.
 
     Stops after `rounds` rounds, at `max_time` simulated seconds (0 = none), when the trace
-    has nobody online ever again, or when the model stops being finite (status diverged).
+    has nobody online ever again, when the model stops being finite (status diverged), or
+    after the round in progress when the user presses Ctrl-C (status interrupted).
     """
     env = server.env
     stop = {"status": "completed", "reason": f"{rounds} rounds"}
     done = {"rounds": start_round}
+    ctrl_c = {"pressed": False}
 
     def main():
         rnd = start_round
@@ -45,12 +51,35 @@ def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int
             if not bool(torch.isfinite(server.strategy.params).all()):
                 stop.update(status="diverged", reason=f"non-finite model after round {rnd - 1}")
                 return
+            if ctrl_c["pressed"]:
+                stop.update(status="interrupted", reason=f"interrupted by the user after round {rnd - 1}")
+                return
 
-    try:
+    with finish_round_on_ctrl_c(ctrl_c):
         env.run(until=env.process(main()))
-    except KeyboardInterrupt:
-        stop.update(status="interrupted", reason="interrupted by the user")
     return EngineResult(stop["status"], stop["reason"], done["rounds"], env.now)
+
+
+@contextmanager
+def finish_round_on_ctrl_c(ctrl_c: dict):
+    """The first Ctrl-C lets the round in progress finish, so that the run stops at a round
+    boundary with a consistent checkpoint to resume from; a second one aborts at once
+    (KeyboardInterrupt), leaving the last periodic checkpoint in place."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        if ctrl_c["pressed"]:
+            raise KeyboardInterrupt
+        ctrl_c["pressed"] = True
+        print("\nstopping after this round (Ctrl-C again to abort)", file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def new_environment(start_time: float = 0.0) -> simpy.Environment:

@@ -39,6 +39,24 @@ class RoundOutcome:
     extra: dict = field(default_factory=dict)  # server-side metrics (async: staleness)
 
 
+def invite_budget(cfg: ServerConfig) -> int:
+    """How many devices to invite per round: K, or ceil(K (1 + overcommit)) under model timing
+    (0 = every online device). Ideal timing has no stragglers to overcommit against."""
+    k = cfg.clients_per_round
+    if not k or cfg.timing == "ideal":
+        return k
+    return math.ceil(k * (1 + cfg.overcommit) - 1e-9)  # 10 * 1.1 is 11.000000000000002
+
+
+def round_target(cfg: ServerConfig, invited: int) -> int:
+    """Arrivals that close a round early: the first K when the server overcommitted, otherwise
+    every invited device (algorithms that invite more than K want all of their updates)."""
+    k = cfg.clients_per_round
+    if cfg.overcommit > 0 and 0 < k < invited <= invite_budget(cfg):
+        return k
+    return invited
+
+
 class Server:
     def __init__(self, *, env: simpy.Environment, index, strategy: Strategy, trainer, timing: DeviceTiming,
                  cfg: ServerConfig, batch_size: int, client_sizes: np.ndarray, model_bytes: int,
@@ -79,7 +97,8 @@ class Server:
         if not ideal and not (yield env.process(self.wait_for_someone(max_time))):
             return None
         wall0 = time.perf_counter()
-        t0 = env.now
+        # ideal timing: round r looks at the trace at exactly r*D (no float drift over rounds)
+        t0 = rnd * cfg.round_duration if ideal else env.now
         online = np.flatnonzero(self.index.online(t0))
         rng = np.random.default_rng([self.seed, rnd, 0x5E1])
         ids = np.asarray(strategy.select(rnd, online, rng), dtype=np.int64)
@@ -89,7 +108,7 @@ class Server:
         if ideal:  # the papers' round-indexed model: zero latency, everyone invited arrives
             ends_at = np.full(len(ids), t0)
             fate = np.full(len(ids), "arrived", dtype=object)
-            close_at = t0 + cfg.round_duration
+            close_at = (rnd + 1) * cfg.round_duration
         else:
             ends_at, fate = self.fates(ids, steps, t0)
             close_at = t0 + (cfg.deadline if len(ids) else cfg.round_duration)
@@ -102,12 +121,12 @@ class Server:
             result = self.trainer.train(rnd, ids[trained], start, steps[trained], lr,
                                         prox_mu=strategy.prox_mu)
 
-        target = len(ids)
-        if not ideal and cfg.clients_per_round > 0:
-            target = min(cfg.clients_per_round, len(ids))
-        board = RoundBoard(env, invited=len(ids), target=max(target, 1) if len(ids) else 0)
-        for pos in range(len(ids)):
-            env.process(device_task(env, board.report, pos, ends_at[pos], fate[pos]))
+        target = len(ids) if ideal else round_target(cfg, len(ids))
+        board = RoundBoard(env, invited=len(ids), target=target)
+        # SimPy runs simultaneous events in the order they were scheduled: a random order keeps
+        # ties at the K-th arrival (equal speeds) from always favouring the lowest ids
+        for pos in rng.permutation(len(ids)):
+            env.process(device_task(env, board.report, int(pos), ends_at[pos], fate[pos]))
         closer = env.process(deadline(env, board, close_at))
         yield closer if ideal or not len(ids) else board.closed
 
@@ -116,8 +135,8 @@ class Server:
         late_mask = np.ones(len(ids), dtype=bool)
         late_mask[arrived_pos] = False
         late_mask[dropped_pos] = False
-        arrivals = self._arrivals(rnd, ids, arrived_pos, trained, result, steps, lr)
-        strategy.aggregate(rnd, arrivals)
+        arrivals = self._arrivals(rnd, t0, ids, arrived_pos, trained, result, steps, lr)
+        strategy.receive(rnd, arrivals)
         loss = float(arrivals.loss.mean()) if len(arrivals) else None
         return RoundOutcome(
             round=rnd, t_start=t0, t_end=env.now, online=len(online), invited=ids,
@@ -134,7 +153,7 @@ class Server:
         dropped = offline_at < finish
         return np.where(dropped, offline_at, finish), np.where(dropped, "dropped", "arrived").astype(object)
 
-    def _arrivals(self, rnd, ids, arrived_pos, trained, result, steps, lr) -> Arrivals:
+    def _arrivals(self, rnd, t0, ids, arrived_pos, trained, result, steps, lr) -> Arrivals:
         """The trained rows of the devices that arrived, in arrival order."""
         row_of = np.full(len(ids), -1, dtype=np.int64)
         row_of[trained] = np.arange(len(trained))
@@ -143,7 +162,8 @@ class Server:
             d = self.strategy.params.shape[0]
             empty = torch.empty(0, device=self.device)
             return Arrivals(ids=ids[:0], deltas=torch.empty(0, d, device=self.device), steps=empty,
-                            samples=empty, loss=empty, version=ids[:0], lr=empty)
+                            samples=empty, loss=empty, version=ids[:0], lr=empty,
+                            invited_at=np.empty(0))
         return Arrivals(
             ids=ids[arrived_pos],
             deltas=result.deltas[rows],
@@ -152,4 +172,5 @@ class Server:
             loss=result.loss[rows],
             version=np.full(len(arrived_pos), rnd, dtype=np.int64),
             lr=torch.full((len(arrived_pos),), float(lr), device=self.device),
+            invited_at=np.full(len(arrived_pos), t0),
         )

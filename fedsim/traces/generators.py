@@ -125,6 +125,13 @@ def known_probability(trace: Trace, rnd) -> np.ndarray:
     return p[0] if scalar else p
 
 
+def known_probability_at(trace: Trace, t: float) -> np.ndarray:
+    """p_i ``[N]`` of the trace round that contains simulated time ``t`` (the round grid of the
+    generator's ``round_duration``), for runs whose rounds are not the trace's rounds."""
+    duration = float(trace.generator.get("round_duration") or 1.0)
+    return known_probability(trace, math.floor(t / duration + 1e-9))
+
+
 def check_options(kind: str, options: dict) -> dict:
     """The generator's options with defaults filled in; unknown keys and wrong types raise."""
     spec = _spec(kind)

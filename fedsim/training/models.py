@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedsim.config import ModelConfig, _suggest
+from fedsim.config import ModelConfig, suggest
 from fedsim.errors import FedsimError
 
 
@@ -256,7 +256,7 @@ ARCHITECTURES = {
 def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dataset: str) -> Model:
     if cfg.name not in ARCHITECTURES:
         raise FedsimError(
-            f"[model] name = {cfg.name!r} is unknown; {_suggest(cfg.name, ARCHITECTURES)} "
+            f"[model] name = {cfg.name!r} is unknown; {suggest(cfg.name, ARCHITECTURES)} "
             f"(one of: {', '.join(ARCHITECTURES)})"
         )
     if not 0 <= cfg.dropout < 1:

@@ -1,0 +1,190 @@
+"""Config validation: every bad value is one line naming the key (exit status 2), and the
+`fedsim run` lines about runs that stopped early or resumes that change the wrong keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+import fedsim.config as config_module
+from fedsim.cli import RESUME_KEYS, main
+from fedsim.config import (
+    MEANING, NON_NEGATIVE, POSITIVE, RANGES, _SECTION_CLASSES, config_from_dict, dump_toml, suggest,
+)
+from fedsim.errors import FedsimError
+
+from conftest import alternating_trace, quadratic_config, rounds
+
+TARGETS = [[1.0, 0.0], [0.0, 1.0]]
+
+
+def fails(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+@pytest.fixture
+def tiny(tmp_path) -> str:
+    """A quadratic config file that would run in a blink (and write under tmp_path/runs)."""
+    config = quadratic_config(TARGETS, rounds=3)
+    config["run"].update(out=str(tmp_path / "runs"), name="tiny", progress=False)
+    path = tmp_path / "tiny.toml"
+    path.write_text(dump_toml(config))
+    return str(path)
+
+
+BAD = [
+    # (--set override, the key as the message names it, what the message says)
+    ("client.lr_step_every=0", "[client] lr_step_every", ">= 1"),
+    ("client.lr_step_gamma=0", "[client] lr_step_gamma", "> 0"),
+    ("devices.compute_sigma=-0.1", "[devices] compute_sigma", ">= 0"),
+    ("devices.bandwidth_sigma=-1", "[devices] bandwidth_sigma", ">= 0"),
+    ("data.size_sigma=-0.5", "[data] size_sigma", ">= 0"),
+    ("run.seed=-1", "[run] seed", ">= 0"),
+    ("client.lr=0", "[client] lr", "> 0"),
+    ("client.lr=nan", "[client] lr", "> 0"),
+    ("client.local_steps=0", "[client] local_steps", ">= 1"),
+    ("client.batch_size=-1", "[client] batch_size", "0 = the full local data"),
+    ("run.rounds=0", "[run] rounds", ">= 1"),
+    ("run.eval_every=0", "[run] eval_every", ">= 1"),
+    ("run.checkpoint_every=-5", "[run] checkpoint_every", "0 = only at the end"),
+    ("run.max_time=-1", "[run] max_time", "0 = no limit"),
+    ("server.deadline=0", "[server] deadline", "> 0"),
+    ("server.round_duration=-1", "[server] round_duration", "> 0"),
+    ("server.overcommit=-0.5", "[server] overcommit", ">= 0"),
+    ("server.clients_per_round=-1", "[server] clients_per_round", "0 = every online device"),
+    ("algorithm.server_lr=0", "[algorithm] server_lr", "> 0"),
+    ("data.clients=0", "[data] clients", ">= 1"),
+    ("data.alpha=0", "[data] alpha", "> 0"),
+    ("data.majority=1.5", "[data] majority", "in [0, 1]"),
+    ("data.test_fraction=1", "[data] test_fraction", "in (0, 1)"),
+    ("model.dropout=1", "[model] dropout", "in [0, 1)"),
+    ("model.hidden=0", "[model] hidden", ">= 1"),
+    ("devices.latency_s=-0.1", "[devices] latency_s", ">= 0"),
+]
+
+
+@pytest.mark.parametrize("override,key,says", BAD, ids=[b[0] for b in BAD])
+def test_bad_number_is_one_line_naming_the_key(tmp_path, capsys, tiny, override, key, says):
+    err = fails(capsys, ["run", tiny, "--quiet", "--set", override])
+    assert key in err and "tiny.toml" in err and says in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", ".", "", "  ", "runs\\x", "/abs"])
+def test_run_name_must_be_a_plain_folder_name(tmp_path, capsys, tiny, name):
+    err = fails(capsys, ["run", tiny, "--quiet", "--set", f"run.name={json.dumps(name)}"])
+    assert "[run] name" in err and "[run] out" in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_repeated_algorithm_is_named(tmp_path, capsys, tiny):
+    err = fails(capsys, ["run", tiny, "--quiet", "--set", 'run.algorithms=["fedavg", "mifa", "mifa"]'])
+    assert "[run] algorithms" in err and "'mifa' more than once" in err, err
+    err = fails(capsys, ["run", tiny, "--quiet", "--set", "run.algorithms=[1, 2]"])
+    assert "[run] algorithms" in err and "strings" in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_zero_means_something_for_these_keys():
+    raw = quadratic_config(TARGETS)
+    raw["run"].update(max_time=0, checkpoint_every=0, seed=0)
+    raw["server"].update(clients_per_round=0, overcommit=0)
+    raw["client"].update(batch_size=0, clip=0, weight_decay=0)
+    raw["devices"] = {"compute_sigma": 0, "bandwidth_sigma": 0, "latency_s": 0, "seconds_per_sample": 0}
+    raw["data"].update(size_sigma=0, noise=0, majority=0)
+    raw["model"] = {"dropout": 0}
+    config = config_from_dict(raw)
+    assert config.server.clients_per_round == 0 and config.devices.compute_sigma == 0.0
+
+
+def test_every_numeric_key_has_a_rule():
+    """A new int/float key must join POSITIVE, NON_NEGATIVE or RANGES (or this test)."""
+    ruled = POSITIVE | NON_NEGATIVE | set(RANGES)
+    numeric = set()
+    for section, cls in _SECTION_CLASSES.items():
+        for f in dataclasses.fields(cls):
+            default = getattr(cls(), f.name)
+            if isinstance(default, (int, float)) and not isinstance(default, bool):
+                numeric.add((section, f.name))
+    assert numeric - ruled == set(), "add them to POSITIVE, NON_NEGATIVE or RANGES in fedsim/config.py"
+    assert ruled - numeric == set()  # no rule for a key that does not exist
+    assert set(MEANING) <= NON_NEGATIVE
+    assert not POSITIVE & NON_NEGATIVE and not (POSITIVE | NON_NEGATIVE) & set(RANGES)
+
+
+def test_defaults_and_scenarios_pass_the_rules():
+    from fedsim.config import load_config, scenario_names
+
+    config_from_dict({})
+    for name in scenario_names():
+        load_config(name)
+
+
+def test_suggest_is_public():
+    assert suggest("deadlin", ["deadline", "timing"]) == "did you mean 'deadline'?"
+    assert not hasattr(config_module, "_suggest")
+    with pytest.raises(FedsimError, match="did you mean 'local_steps'"):
+        config_from_dict({"client": {"local_step": 1}})
+
+
+# --- runs that stop before run.rounds ------------------------------------------------------
+
+def test_max_time_stop_is_reported(cli_run):
+    config = quadratic_config(TARGETS, rounds=20, run={"max_time": 5.0})
+    run_dir = cli_run(config)
+    assert rounds(run_dir).height == 5
+    assert "fedavg: stopped after 5 of 20 rounds (max_time 5 s reached)" in cli_run.last_output.out
+
+
+def test_end_of_trace_stop_is_reported_for_every_algorithm(cli_run):
+    """Model timing on a 6 s trace (no wrap): the rounds end with the trace, long before 100."""
+    config = quadratic_config(TARGETS, rounds=100, run={"algorithms": ["fedavg", "mifa"]},
+                              server={"timing": "model"}, devices={"model": "constant"})
+    run_dir = cli_run(config, trace=alternating_trace(1, 1, 3))
+    out = cli_run.last_output.out
+    for algorithm in ("fedavg", "mifa"):
+        done = rounds(run_dir / algorithm).height
+        assert 0 < done < 100
+        assert f"{algorithm}: stopped after {done} of 100 rounds (the trace has nobody online" in out
+
+
+def test_no_stop_line_when_all_rounds_ran(cli_run):
+    cli_run(quadratic_config(TARGETS, rounds=4))
+    assert "stopped after" not in cli_run.last_output.out
+
+
+# --- what --resume may change ---------------------------------------------------------------
+
+def test_resume_refuses_keys_that_change_the_experiment(cli_run, capsys):
+    run_dir = cli_run(quadratic_config(TARGETS, rounds=20, run={"max_time": 5.0}))
+    before = (run_dir / "config.toml").read_text()
+    err = fails(capsys, ["run", "--resume", str(run_dir), "--set", "run.rounds=30",
+                         "--set", "client.lr=0.5", "--quiet"])
+    assert "client.lr" in err and "cannot be changed when resuming" in err
+    assert ", ".join(RESUME_KEYS) in err
+    err = fails(capsys, ["run", "--resume", str(run_dir), "--set", "run.seed=3", "--quiet"])
+    assert "run.seed" in err
+    err = fails(capsys, ["run", "--resume", str(run_dir), "--set", "algorithm.mu=0.1", "--quiet"])
+    assert "algorithm.mu" in err
+    assert (run_dir / "config.toml").read_text() == before
+    assert rounds(run_dir).height == 5
+
+
+def test_resume_accepts_the_allowed_keys(cli_run, capsys):
+    run_dir = cli_run(quadratic_config(TARGETS, rounds=20, run={"max_time": 5.0}))
+    assert main(["run", "--resume", str(run_dir), "--set", "run.max_time=0", "--set", "run.rounds=8",
+                 "--set", "run.eval_every=2", "--set", "run.checkpoint_every=4",
+                 "--set", "run.progress=false", "--set", "run.device=cpu", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert rounds(run_dir).height == 8 and "stopped after" not in out
+
+
+def test_resume_with_a_config_too_is_refused(cli_run, capsys, tiny):
+    run_dir = cli_run(quadratic_config(TARGETS, rounds=2))
+    err = fails(capsys, ["run", tiny, "--resume", str(run_dir), "--quiet"])
+    assert "--resume" in err and "not both" in err

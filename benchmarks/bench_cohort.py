@@ -6,7 +6,7 @@ The data are random 1x28x28 images (Fashion-MNIST's shape: the cost does not dep
 pixels), 60 per client. Each number is the best of a few timed calls after a warm-up call, so
 that other load on the machine disturbs it less. Prints a table; --json FILE writes the records.
 
-    python benchmarks/bench_cohort.py [--quick] [--json FILE]
+    python benchmarks/bench_cohort.py [--quick] [--device all|cpu|cuda] [--json FILE]
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def measure(model: str, clients: int, trainer_path: str, device: torch.device, b
     best = min(times)
     return {"model": model, "clients": clients, "trainer": trainer_path, "device": device.type,
             "client_steps_per_s": round(clients * STEPS[model] / best, 1),
+            "client_samples_per_s": round(clients * STEPS[model] * 32 / best),
             "steps": STEPS[model], "batch_size": 32, "dim": task.dim, "call_s": round(best, 4)}
 
 
@@ -78,14 +79,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="cohort of 100 only (< 3 min on a 2-core CPU)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--device", choices=["all", "cpu", "cuda"], default="all",
+                        help="torch devices to measure (all: the CPU, and CUDA when present)")
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of the models")
     args = parser.parse_args()
+    models = args.models.split(",")
     cohorts = [100] if args.quick else [10, 100, 1000]
-    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    devices = [torch.device("cpu")] if args.device in ("all", "cpu") else []
+    if args.device in ("all", "cuda") and torch.cuda.is_available():
+        devices.append(torch.device("cuda"))
     print(f"machine: {machine()}")
     print(f"{'device':<6} {'model':<11} {'clients':>7} {'trainer':<8} {'client-steps/s':>14} {'call s':>8}")
     records = []
     for device in devices:
-        for model in MODELS:
+        for model in models:
             for clients in cohorts:
                 for path in TRAINERS:
                     rec = measure(model, clients, path, device, budget_s=1.0 if args.quick else 3.0)

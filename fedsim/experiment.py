@@ -356,6 +356,6 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True) -> R
     refuse_resume(config)
     saved = run_dir / "trace.parquet"  # the availability a generated-trace run started with
     saved_trace = read_trace(saved) if config.trace.source != "file" and saved.exists() else None
-    state = torch.load(checkpoint, weights_only=False)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # the Strategy moves it
     return Experiment(config, run_dir, progress, saved_trace).run(resume=state)
 

@@ -14,7 +14,16 @@ import torch
 
 from fedsim.training.trainer import Trainer, sgd_update_
 
-ACTIVATION_BUDGET = 2**27  # floats of layer outputs per vmapped call (512 MiB)
+ACTIVATION_BUDGET = 2**27  # floats of layer outputs per vmapped call on a CPU (512 MiB)
+
+
+def activation_budget(device: torch.device) -> int:
+    """Floats of layer outputs per vmapped call. On a GPU 1/64 of its memory (1.25 G floats on
+    an H100): wider calls keep its kernels busy (a cohort of 1000 trains ~2x faster per device
+    than one of 100). Fixed by the device, so the chunking of a run never varies."""
+    if device.type != "cuda":
+        return ACTIVATION_BUDGET
+    return max(ACTIVATION_BUDGET, torch.cuda.get_device_properties(device).total_memory // 64)
 
 
 class BatchedTrainer(Trainer):
@@ -30,7 +39,7 @@ class BatchedTrainer(Trainer):
         if not per_sample:
             return max(len(ids), 1)
         width = self.batch_size or int(self.task.sizes[torch.as_tensor(ids, device=self.task.device)].max())
-        return max(1, ACTIVATION_BUDGET // (per_sample * width))
+        return max(1, activation_budget(self.task.device) // (per_sample * width))
 
     def _run(self, rnd, ids, start, steps, lr, prox_mu):
         task = self.task

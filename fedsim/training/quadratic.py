@@ -56,7 +56,7 @@ class QuadraticTask(Task):
         return float(0.5 * (diff**2).sum(dim=1).mean()), None
 
     def state_dict(self, params: Tensor) -> dict[str, Tensor]:
-        return {"x": params.detach().clone()}
+        return {"x": params.detach().cpu().clone()}
 
     def inputs(self, ids, rnd, step, batch_size, seed):
         if self.noise == 0:

@@ -51,6 +51,7 @@ class Task:
         raise NotImplementedError
 
     def state_dict(self, params: Tensor) -> dict[str, Tensor]:
+        """model.pt's tensors, on the CPU so that the file loads on any machine."""
         raise NotImplementedError
 
     def split(self, flat: Tensor) -> tuple[Tensor, ...]:
@@ -89,7 +90,7 @@ class ClassificationTask(Task):
         return evaluate_classifier(self.model, params, self.data)
 
     def state_dict(self, params: Tensor) -> dict[str, Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.unflatten(params).items()}
+        return {k: v.detach().cpu().clone() for k, v in self.model.unflatten(params).items()}
 
     def split(self, flat: Tensor) -> tuple[Tensor, ...]:
         return self.model.split(flat)

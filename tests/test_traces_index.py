@@ -135,6 +135,22 @@ def test_random_large_trace_matches_per_device_search():
         assert np.array_equal(index.next_offline(np.arange(n), t), np.where(expected, ends, t))
 
 
+def test_online_answers_are_independent_of_earlier_ones():
+    """The index keeps its last answer (next_online then online at a round's start): a caller
+    changing the returned array must not change the next answer."""
+    index = AvailabilityIndex(Trace.from_intervals([0, 1], [0, 2], [4, 3], n_devices=3, horizon=5))
+    assert index.next_online(2.5) == 2.5
+    first = index.online(2.5)
+    first[:] = [False, False, True]
+    assert index.online(2.5).tolist() == [True, True, False]
+    assert index.online(3.5).tolist() == [True, False, False] and index.next_online(4.5) == math.inf
+
+
+def test_touching_intervals_are_still_merged():
+    trace = Trace.from_intervals([0, 0, 0, 1], [0, 2, 5, 1], [2, 3, 6, 2], n_devices=2, horizon=8)
+    assert trace.start.tolist() == [0, 5, 1] and trace.end.tolist() == [3, 6, 2]
+
+
 def test_rejects_ids_outside_population():
     index = AvailabilityIndex(Trace.from_intervals([0], [0], [1], n_devices=2, horizon=1))
     with pytest.raises(IndexError):

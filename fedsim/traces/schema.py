@@ -173,9 +173,12 @@ def merge_sorted(device_id, start, end):
     """Merge touching or overlapping intervals of the same device (rows sorted by device, start)."""
     if len(device_id) < 2:
         return device_id, start, end
+    same = device_id[1:] == device_id[:-1]
+    if not np.any(same & (start[1:] <= end[:-1])):  # nothing touches: most generated traces
+        return device_id, start, end
     reach = _running_max_per_device(device_id, end)
     # A row opens a new run when it belongs to a new device or starts after all earlier ends.
-    opens = np.concatenate([[True], (device_id[1:] != device_id[:-1]) | (start[1:] > reach[:-1])])
+    opens = np.concatenate([[True], ~same | (start[1:] > reach[:-1])])
     if opens.all():
         return device_id, start, end
     first = np.flatnonzero(opens)

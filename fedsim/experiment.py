@@ -226,7 +226,7 @@ class Experiment:
         )
         bar = tqdm(total=cfg.run.rounds, initial=start_round, disable=not self.progress,
                    desc=cfg.algorithm.name, unit="round", leave=False, dynamic_ncols=True)
-        last_acc = {"text": ""}
+        last_acc = {"text": "-"}
 
         def on_round(outcome) -> None:
             due = self._evaluation_due(outcome.round)

@@ -13,6 +13,7 @@ from fedsim.algorithms.base import (
     Strategy,
     algorithm_options,
     make_strategy,
+    register,
 )
 from fedsim.algorithms import (  # noqa: F401  (registration)
     amplified,
@@ -25,4 +26,5 @@ from fedsim.algorithms import (  # noqa: F401  (registration)
     waiting,
 )
 
-__all__ = ["REGISTRY", "Arrivals", "Context", "Strategy", "algorithm_options", "make_strategy"]
+__all__ = ["REGISTRY", "Arrivals", "Context", "Strategy", "algorithm_options", "make_strategy",
+           "register"]

@@ -157,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `fedsim trace info X | head`
         sys.stderr.close()
         return 0
+    except OSError as err:  # a path the system refuses (permissions, a folder for a file, ...)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}; check the path and its permissions",
+              file=sys.stderr)
+        return 2
 
 
 def entry() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -226,6 +227,10 @@ def _check_type(where: str, value: Any, default: Any) -> Any:
 
 def _check_value(where: str, section: str, key: str, value: Any) -> None:
     """Rules of one typed value: choices, signs, ranges, the run name, the algorithm list."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise FedsimError(f"{where} = {value!r} must be a finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+        raise FedsimError(f"{where} = {value!r} is too large (it must fit in 64 bits)")
     if (section, key) in CHOICES and value not in CHOICES[(section, key)]:
         choices = [c for c in CHOICES[(section, key)] if c]
         raise FedsimError(
@@ -388,9 +393,14 @@ def read_toml(path: str | Path) -> dict:
     if not path.exists():
         raise FedsimError(f"config {path}: no such file; pass an existing .toml file or a scenario name")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as err:
         raise FedsimError(f"config {path}: invalid TOML ({err})") from None
+    except UnicodeDecodeError:
+        raise FedsimError(f"config {path}: not UTF-8 text; save the TOML file as UTF-8") from None
+    except OSError as err:
+        raise FedsimError(f"config {path}: cannot read it ({err.strerror}); "
+                          "pass a readable .toml file or a scenario name") from None
 
 
 def scenario_names() -> list[str]:
@@ -406,6 +416,11 @@ def load_config(source: str | Path | None = None, overrides: list[str] = ()) -> 
     """Load a config file (or a built-in scenario by name; None = quickstart) plus overrides."""
     if source is None:
         source = "quickstart"
+    if not isinstance(source, (str, Path)):
+        raise FedsimError(f"load_config: expected a config path or scenario name, got {source!r}")
+    if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides):
+        raise FedsimError(f"load_config: overrides must be a list of 'section.key=value' strings, "
+                          f"got {overrides!r}")
     path = Path(source)
     if not path.exists() and str(source) in scenario_names():
         path = scenario_path(str(source))

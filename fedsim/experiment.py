@@ -293,6 +293,8 @@ def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
     `on_ready(run_dir)` is called once the first simulation is set up (config, data and trace
     are valid), before anything is written.
     """
+    if not isinstance(config, Config):
+        raise FedsimError(f"fedsim.run: expected a Config (from fedsim.load_config), got {config!r}")
     run_dir = Path(run_dir) if run_dir else fresh_run_dir(config.run.out, config.run.name)
     if not config.run.algorithms:
         experiment = Experiment(config, run_dir, progress)
@@ -308,7 +310,7 @@ def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
             break
     write_text(run_dir / "config.toml", dump_toml(config.to_dict()))
     summary = summarize(results)
-    from fedsim.results.recorder import atomic_write
+    from fedsim.files import atomic_write
 
     atomic_write(run_dir / "summary.parquet", summary.write_parquet)
     plot_runs({r.algorithm: r.rounds for r in results}, run_dir / "plots", title=config.run.name)

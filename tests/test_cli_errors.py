@@ -89,3 +89,67 @@ def test_no_traceback_from_the_console(tmp_path, argv):
                           cwd=tmp_path)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_unreadable_config_files(tmp_path, capsys):
+    (tmp_path / "latin1.toml").write_bytes(b"\xff\xfe[run]\n")
+    assert "not UTF-8" in fails(capsys, ["run", str(tmp_path / "latin1.toml")])
+    assert "Is a directory" in fails(capsys, ["run", str(tmp_path)])
+
+
+@pytest.mark.parametrize("override, says", [
+    ("server.deadline=inf", "[server] deadline = inf must be a finite number"),
+    ("client.lr=inf", "[client] lr = inf must be a finite number"),
+    ("run.seed=99999999999999999999", "is too large (it must fit in 64 bits)"),
+])
+def test_values_that_no_run_can_use(capsys, override, says):
+    assert says in fails(capsys, ["run", "quickstart", "--set", override])
+
+
+def test_output_paths_that_cannot_be_written(tmp_path, capsys):
+    trace = str(tmp_path / "t.parquet")
+    generate = ["trace", "generate", "always", "--devices", "3", "--days", "1"]
+    err = fails(capsys, [*generate, "--out", str(tmp_path)])
+    assert f"{tmp_path} is a folder" in err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    err = fails(capsys, [*generate, "--out", str(blocker / "t.parquet")])
+    assert f"cannot create the folder {blocker}" in err
+    assert main([*generate, "--out", trace]) == 0
+    assert f"{tmp_path} is a folder" in fails(capsys, ["trace", "plot", trace, "--out", str(tmp_path)])
+    assert "cannot create the folder" in fails(
+        capsys, ["run", "quickstart", "--set", f"run.out='{blocker}'", "--set", "run.rounds=1"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "t.parquet"]  # no temp files left
+
+
+def test_outputs_are_ordinary_files(tmp_path):
+    out = tmp_path / "t.parquet"
+    assert main(["trace", "generate", "always", "--devices", "3", "--days", "1", "--out", str(out)]) == 0
+    assert out.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def test_device_ids_beyond_any_memory(tmp_path, capsys):
+    (tmp_path / "big.csv").write_text("device_id,start,end\n0,0,10\n99999999999,0,10\n")
+    err = fails(capsys, ["trace", "convert", "--from", "csv", str(tmp_path / "big.csv"),
+                         "--out", str(tmp_path / "big.parquet")])
+    assert "n_devices = 100,000,000,000 is above fedsim's limit" in err
+    assert not (tmp_path / "big.parquet").exists()
+
+
+def test_python_api_raises_fedsim_error():
+    import fedsim
+
+    with pytest.raises(fedsim.FedsimError, match="expected a config path"):
+        fedsim.load_config(5)
+    with pytest.raises(fedsim.FedsimError, match="overrides must be a list"):
+        fedsim.load_config("quickstart", "run.rounds=5")
+    with pytest.raises(fedsim.FedsimError, match="expected a Config"):
+        fedsim.run("quickstart")
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -46,7 +46,7 @@ BAD = [
     ("data.size_sigma=-0.5", "[data] size_sigma", ">= 0"),
     ("run.seed=-1", "[run] seed", ">= 0"),
     ("client.lr=0", "[client] lr", "> 0"),
-    ("client.lr=nan", "[client] lr", "> 0"),
+    ("client.lr=nan", "[client] lr", "must be a finite number"),
     ("client.local_steps=0", "[client] local_steps", ">= 1"),
     ("client.batch_size=-1", "[client] batch_size", "0 = the full local data"),
     ("run.rounds=0", "[run] rounds", ">= 1"),

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 
-from fedsim.results.recorder import atomic_write  # noqa: E402
+from fedsim.files import atomic_write  # noqa: E402
 
 
 def _metric(frames: dict[str, pl.DataFrame]) -> tuple[str, str]:

@@ -8,14 +8,14 @@ into place, so an interrupted run never leaves a half-written file behind.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import polars as pl
 import torch
+
+from fedsim.files import atomic_write
 
 ROUND_COLUMNS = {
     "round": pl.Int64, "t_start": pl.Float64, "t_end": pl.Float64, "online": pl.Int64,
@@ -23,19 +23,6 @@ ROUND_COLUMNS = {
     "train_loss": pl.Float64, "test_loss": pl.Float64, "test_acc": pl.Float64, "wall_s": pl.Float64,
 }
 DEVICE_COUNTERS = ("invitations", "arrivals", "drops", "late")
-
-
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Run `write(tmp)` on a temporary file beside `path`, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def write_text(path: Path, text: str) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import pickle
 from datetime import datetime, timedelta
 from pathlib import Path

@@ -8,8 +8,6 @@ so a crash never leaves a half-written trace behind.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fedsim.errors import FedsimError
+from fedsim.files import atomic_write
 from fedsim.traces.converters import FORMATS, convert  # noqa: F401  (public API lives here too)
 from fedsim.traces.schema import Trace, check_header, first_problem, merge_sorted
 
@@ -35,7 +34,8 @@ def write_trace(trace: Trace, path) -> None:
     meta = {"fedsim.trace.version": VERSION, "n_devices": str(trace.n_devices),
             "horizon": repr(float(trace.horizon)), "wrap": trace.wrap,
             "origin": trace.origin or "", "generator": json.dumps(trace.generator, allow_nan=False)}
-    _write_atomic(table.replace_schema_metadata(meta), path)
+    table = table.replace_schema_metadata(meta)
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def read_trace(path) -> Trace:
@@ -64,7 +64,7 @@ def write_device_table(table: dict, path) -> None:
                                         np.int64 if DEVICE_COLUMNS[name] == "integer" else np.float64))
               for name in DEVICE_COLUMNS if name in table}
     _check_device_ids(arrays["device_id"].to_numpy(), where)
-    _write_atomic(pa.table(arrays), path)
+    atomic_write(path, lambda tmp: pq.write_table(pa.table(arrays), tmp))
 
 
 def read_device_table(path) -> dict[str, np.ndarray]:
@@ -92,18 +92,6 @@ def _check_device_ids(ids: np.ndarray, where: str) -> None:
         row = int(np.setdiff1d(np.arange(len(ids)), first)[0])
         raise FedsimError(f"{where}: row {row}: device_id {ids[row]} appears twice; "
                           f"give one row per device")
-
-
-def _write_atomic(table: pa.Table, path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # same folder: rename is atomic
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _read_table(path, where: str) -> pa.Table:

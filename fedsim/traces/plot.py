@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
+from fedsim.files import atomic_write
 from fedsim.traces.schema import Trace
 from fedsim.traces.stats import online_fraction
 
@@ -51,12 +51,10 @@ def plot_trace(trace: Trace, out, *, seed: int = 0, title: str | None = None) ->
     fraction.set_xlabel(f"time ({unit})")
     fig.tight_layout()
 
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, out)
+    try:
+        atomic_write(Path(out), lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
     return len(shown)
 
 

@@ -101,9 +101,15 @@ def whole_number(value, name: str, where: str, minimum: int) -> int:
     return int(value)
 
 
+MAX_DEVICES = 100_000_000  # per-device arrays of this length still fit in memory
+
+
 def check_header(n_devices, horizon, wrap, origin, generator, where: str) -> tuple[int, float]:
     """Validate the per-trace values; return n_devices as int and horizon as float."""
     n_devices = whole_number(n_devices, "n_devices", where, 0)
+    if n_devices > MAX_DEVICES:
+        raise FedsimError(f"{where}: n_devices = {n_devices:,} is above fedsim's limit of "
+                          f"{MAX_DEVICES:,}; check the device ids (they count from 0)")
     horizon = positive_seconds(horizon, "horizon", where)
     if wrap not in WRAPS:
         raise FedsimError(f"{where}: wrap = {wrap!r}; it must be one of {', '.join(WRAPS)}")

@@ -358,6 +358,13 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True) -> R
     refuse_resume(config)
     saved = run_dir / "trace.parquet"  # the availability a generated-trace run started with
     saved_trace = read_trace(saved) if config.trace.source != "file" and saved.exists() else None
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # the Strategy moves it
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # the Strategy moves it
+    except Exception as err:  # torch raises many kinds for a damaged file
+        raise FedsimError(f"{checkpoint}: not a readable checkpoint ({type(err).__name__}); "
+                          "the run cannot be resumed from it, start it again") from None
+    if config.run.rounds < state["round"]:
+        raise FedsimError(f"--set run.rounds={config.run.rounds}: the run already has "
+                          f"{state['round']} rounds; resume can only add rounds")
     return Experiment(config, run_dir, progress, saved_trace).run(resume=state)
 

@@ -188,3 +188,14 @@ def test_resume_with_a_config_too_is_refused(cli_run, capsys, tiny):
     run_dir = cli_run(quadratic_config(TARGETS, rounds=2))
     err = fails(capsys, ["run", tiny, "--resume", str(run_dir), "--quiet"])
     assert "--resume" in err and "not both" in err
+
+
+def test_resume_cannot_take_rounds_back_or_read_a_damaged_checkpoint(cli_run, capsys):
+    run_dir = cli_run(quadratic_config(TARGETS, rounds=20, run={"max_time": 5.0}))
+    before = (run_dir / "config.toml").read_text()
+    err = fails(capsys, ["run", "--resume", str(run_dir), "--set", "run.rounds=3", "--quiet"])
+    assert "already has 5 rounds; resume can only add rounds" in err
+    (run_dir / "checkpoint.pt").write_bytes(b"garbage\n")
+    err = fails(capsys, ["run", "--resume", str(run_dir), "--quiet"])
+    assert "checkpoint.pt: not a readable checkpoint" in err
+    assert (run_dir / "config.toml").read_text() == before and rounds(run_dir).height == 5

@@ -217,3 +217,23 @@ def test_a_diverging_model_stops_the_run_with_status_diverged(cli_run):
     assert manifest["status"] == "diverged"
     assert 0 < manifest["rounds"] < 100
     assert "diverged" in cli_run.last_output.out
+
+
+@pytest.mark.parametrize("columns, says", [
+    ({"device_id": [0, 1], "seconds_per_sample": [1.0, 1.0]}, "missing column 'bandwidth_bps'"),
+    ({"device_id": [0, 1], "seconds_per_sample": [1.0, -1.0], "bandwidth_bps": [1e6, 1e6]},
+     "seconds_per_sample = -1.0 on row 1; it must be a finite number >= 0"),
+    ({"device_id": [0, 1], "seconds_per_sample": [1.0, 1.0], "bandwidth_bps": [0.0, 1e6]},
+     "bandwidth_bps = 0.0 on row 0; it must be a finite number > 0"),
+])
+def test_a_bad_device_table_is_one_error_line(cli_run, capsys, columns, says):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), cli_run.tmp / "devices.parquet")
+    config = quadratic_config([E1, E2], rounds=1, server={"timing": "model"},
+                              devices={"model": "table"})
+    config["trace"] = {"devices_table": str(cli_run.tmp / "devices.parquet")}
+    cli_run(config, expect=2)
+    err = cli_run.last_output.err.strip()
+    assert err.startswith("error: ") and "\n" not in err and says in err, err

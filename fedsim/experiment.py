@@ -26,6 +26,7 @@ from tqdm import tqdm
 from fedsim.algorithms import Context, make_strategy
 from fedsim.config import Config, config_from_dict, dump_toml, read_toml
 from fedsim.errors import FedsimError
+from fedsim.files import atomic_write
 from fedsim.results.plots import plot_runs
 from fedsim.results.recorder import Recorder, save_torch, write_json, write_text
 from fedsim.sim.engine import new_environment, run_engine
@@ -310,8 +311,6 @@ def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
             break
     write_text(run_dir / "config.toml", dump_toml(config.to_dict()))
     summary = summarize(results)
-    from fedsim.files import atomic_write
-
     atomic_write(run_dir / "summary.parquet", summary.write_parquet)
     plot_runs({r.algorithm: r.rounds for r in results}, run_dir / "plots", title=config.run.name)
     worst = max((r.status for r in results), key=STATUS_SEVERITY.index)

@@ -23,6 +23,7 @@ VERSION = "1"
 COLUMNS = {"device_id": "integer", "start": "float", "end": "float"}
 DEVICE_COLUMNS = {"device_id": "integer", "tz_offset_h": "float", "seconds_per_sample": "float",
                   "bandwidth_bps": "float", "group": "integer"}
+_DEVICE_BOUNDS = {"seconds_per_sample": ">= 0", "bandwidth_bps": "> 0"}  # speeds have a sign
 _META_KEYS = ("fedsim.trace.version", "n_devices", "horizon", "origin", "wrap", "generator")
 
 
@@ -75,11 +76,19 @@ def read_device_table(path) -> dict[str, np.ndarray]:
     columns = _columns(table, DEVICE_COLUMNS, where, required={"device_id": "integer"})
     _check_device_ids(columns["device_id"], where)
     for name, values in columns.items():
-        bad = np.flatnonzero(~np.isfinite(values)) if values.dtype.kind == "f" else []
-        if len(bad):
-            row = int(bad[0])
-            raise FedsimError(f"{where}: row {row} (device {columns['device_id'][row]}): "
-                              f"{name} is {values[row]}; give a finite number")
+        if values.dtype.kind != "f":
+            continue
+        bound = _DEVICE_BOUNDS.get(name)
+        bad = ~np.isfinite(values)
+        if bound == ">= 0":
+            bad |= values < 0
+        elif bound == "> 0":
+            bad |= values <= 0
+        if bad.any():
+            row = int(np.argmax(bad))
+            rule = f"a finite number {bound}" if bound else "a finite number"
+            raise FedsimError(f"{where}: {name} = {float(values[row])!r} on row {row}; it must be "
+                              f"{rule} (device {columns['device_id'][row]})")
     return columns
 
 

@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from fedsim.config import RESUME_KEYS
 from fedsim.errors import FedsimError
 
 
@@ -27,12 +28,6 @@ def _summary_table(result) -> str:
         lines.append(f"{r.algorithm:<16} {r.status:<10} {manifest['rounds']:>7} {hours:>9.2f}h "
                      f"{acc:>9} {loss:>10} {mem:>9.1f}KB")
     return "\n".join(lines)
-
-
-# what `--resume RUN_DIR --set ...` may change: how long it goes on and how it is watched,
-# never what is simulated (that would silently mix two experiments in one run directory)
-RESUME_KEYS = ("run.rounds", "run.max_time", "run.eval_every", "run.checkpoint_every",
-               "run.progress", "run.device")
 
 
 def check_resume_overrides(overrides: list[str]) -> None:
@@ -151,9 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     except FedsimError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # a second Ctrl-C; the first one finishes the round
-        print("error: aborted by the user; the run directory keeps its last checkpoint", file=sys.stderr)
+    except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM; the first one finishes the round
+        print("error: aborted; the run directory keeps its last checkpoint", file=sys.stderr)
         return 130
+    except MemoryError:  # a size no check caught up front
+        print("error: out of memory; lower the sizes in the config or command (data.clients, "
+              "data.samples, batch_size, trace devices or days) or use a bigger machine", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `fedsim trace info X | head`
         sys.stderr.close()
         return 0

@@ -148,6 +148,12 @@ class Config:
         return dataclasses.replace(self, algorithm=algo, run=dataclasses.replace(self.run, algorithms=[]))
 
 
+# what a resumed run may change: how long it goes on and how it is watched, never what is
+# simulated (that would silently mix two experiments in one run directory)
+RESUME_KEYS = ("run.rounds", "run.max_time", "run.eval_every", "run.checkpoint_every",
+               "run.progress", "run.device")
+
+
 _SECTION_CLASSES = {
     "run": RunConfig,
     "data": DataConfig,

@@ -23,8 +23,8 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
-from fedsim.algorithms import Context, make_strategy
-from fedsim.config import Config, config_from_dict, dump_toml, read_toml
+from fedsim.algorithms import Context, Strategy, make_strategy
+from fedsim.config import RESUME_KEYS, Config, ServerConfig, config_from_dict, dump_toml, read_toml
 from fedsim.errors import FedsimError
 from fedsim.files import atomic_write
 from fedsim.results.plots import plot_runs
@@ -152,6 +152,13 @@ def agrees_with(new: Trace, old: Trace) -> bool:
             and np.array_equal(np.minimum(new.end[keep], old.horizon), old.end))
 
 
+def check_cohort_size(server: ServerConfig, n_devices: int) -> None:
+    if server.clients_per_round > n_devices:
+        raise FedsimError(
+            f"[server] clients_per_round = {server.clients_per_round} is more than the {n_devices} "
+            f"devices of the run ([data] clients); give at most {n_devices}, or 0 for every online device")
+
+
 class Experiment:
     """One algorithm on one trace/task: builds the parts once, then `run()`s the engine."""
 
@@ -166,6 +173,7 @@ class Experiment:
         self.device = resolve_device(config.run.device)
         cfg = config
         self.task = build_task(cfg.data, cfg.model, seed=cfg.run.seed, device=self.device)
+        check_cohort_size(cfg.server, self.task.n_clients)
         self.trace = load_trace(cfg, self.task.n_clients, self.task.label_distribution())
         if saved_trace is not None and not agrees_with(self.trace, saved_trace):
             self.trace = saved_trace
@@ -173,11 +181,17 @@ class Experiment:
         self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed)
         table = read_device_table(cfg.trace.devices_table) if cfg.trace.devices_table else None
         self.timing = DeviceTiming.build(cfg.devices, self.task.n_clients, cfg.run.seed, table)
-        self.strategy = make_strategy(cfg.algorithm.name, origin=cfg.source)
-        self.strategy.setup(self.task.n_clients, self.task.init_params(), self._context())
+        self.strategy = self.set_up_strategy(cfg)
 
-    def _context(self) -> Context:
-        cfg, trace = self.config, self.trace
+    def set_up_strategy(self, cfg: Config) -> Strategy:
+        """The strategy of `cfg` on this experiment's task and trace; a comparison calls this for
+        every algorithm first, so that one that cannot run here fails before any has run."""
+        strategy = make_strategy(cfg.algorithm.name, origin=cfg.source)
+        strategy.setup(self.task.n_clients, self.task.init_params(), self._context(cfg))
+        return strategy
+
+    def _context(self, cfg: Config) -> Context:
+        trace = self.trace
         def known_p(t: float) -> np.ndarray:
             return known_probability_at(trace, t)
 
@@ -267,6 +281,7 @@ class Experiment:
         save_torch(self.run_dir / "checkpoint.pt", {
             "round": rounds_done, "sim_time": sim_time, "strategy": self.strategy.state_dict(),
             "recorder": recorder.state_dict(), "host_s": self._host_s(),
+            "config": self.config.to_dict(),
         })
 
     def _manifest(self, result, host_s: float) -> None:
@@ -305,6 +320,8 @@ def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
     for name in config.run.algorithms:
         experiment = Experiment(config.with_algorithm(name), run_dir / name, progress)
         if not results:
+            for other in config.run.algorithms[1:]:
+                experiment.set_up_strategy(config.with_algorithm(other))
             on_ready(run_dir)
         results.append(experiment.run())
         if results[-1].status == "interrupted":  # Ctrl-C stops the comparison, not one member
@@ -340,6 +357,20 @@ def summarize(results: list[RunResult]) -> pl.DataFrame:
     })
 
 
+def check_unchanged(started: dict, now: dict, where: Path) -> None:
+    """FedsimError naming the first key of a resumed run's config.toml (edited by hand, say)
+    that differs from the config its checkpoint was written with, RESUME_KEYS aside."""
+    started, now = json.loads(json.dumps(started)), json.loads(json.dumps(now))  # tuples -> lists
+    for section in sorted(set(started) | set(now)):
+        for key in sorted(set(started.get(section, {})) | set(now.get(section, {}))):
+            old, new = started.get(section, {}).get(key), now.get(section, {}).get(key)
+            if old != new and f"{section}.{key}" not in RESUME_KEYS:
+                raise FedsimError(
+                    f"{where}: [{section}] {key} = {new!r}, but the run started with {old!r}; a "
+                    f"resumed run keeps its config (only {', '.join(RESUME_KEYS)} may change), "
+                    "so put it back or start a new run")
+
+
 def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True) -> RunResult:
     """Continue an interrupted (or shorter) run from its checkpoint, in the same directory."""
     run_dir = Path(run_dir)
@@ -362,6 +393,8 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True) -> R
     except Exception as err:  # torch raises many kinds for a damaged file
         raise FedsimError(f"{checkpoint}: not a readable checkpoint ({type(err).__name__}); "
                           "the run cannot be resumed from it, start it again") from None
+    if "config" in state:  # (checkpoints of fedsim before 0.1 kept no config)
+        check_unchanged(state["config"], config.to_dict(), run_dir / "config.toml")
     if config.run.rounds < state["round"]:
         raise FedsimError(f"--set run.rounds={config.run.rounds}: the run already has "
                           f"{state['round']} rounds; resume can only add rounds")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +154,38 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_more_clients_per_round_than_devices(cli_run):
+    from conftest import quadratic_config
+
+    config = quadratic_config([[1.0], [2.0], [3.0]], rounds=3, server={"clients_per_round": 4})
+    run_dir = cli_run(config, expect=2)
+    err = cli_run.last_output.err
+    assert "[server] clients_per_round = 4 is more than the 3 devices" in err and "at most 3" in err
+    assert run_dir == Path() and not (cli_run.tmp / "runs").exists()
+
+
+def test_a_comparison_checks_every_algorithm_before_running_any(cli_run):
+    from conftest import alternating_trace, quadratic_config
+
+    config = quadratic_config([[1.0], [2.0]], rounds=3)
+    config["run"]["algorithms"] = ["fedavg", "mifa", "fedavg-known-p"]
+    cli_run(config, alternating_trace(1, 1, 4), expect=2)
+    assert "fedavg-known-p needs a trace from one of" in cli_run.last_output.err
+    assert not (cli_run.tmp / "runs").exists()  # fedavg and mifa did not run first
+
+
+def test_more_clients_than_samples_is_refused_before_partitioning(capsys):
+    err = fails(capsys, ["run", "quickstart", "--set", "data.clients=3000000", "--set", "run.rounds=1"])
+    assert "[data] clients = 3000000 is more than the 1347 training samples of 'digits'" in err
+
+
+def test_running_out_of_memory_is_one_line(capsys, monkeypatch):
+    import fedsim.experiment
+
+    def too_big(*args, **kwargs):
+        raise MemoryError
+    monkeypatch.setattr(fedsim.experiment, "build_task", too_big)
+    err = fails(capsys, ["run", "quickstart", "--quiet"])
+    assert err.startswith("error: out of memory; lower the sizes")

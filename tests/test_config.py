@@ -184,6 +184,20 @@ def test_resume_accepts_the_allowed_keys(cli_run, capsys):
     assert rounds(run_dir).height == 8 and "stopped after" not in out
 
 
+def test_resume_refuses_a_hand_edited_config(cli_run, capsys):
+    run_dir = cli_run(quadratic_config(TARGETS, rounds=20, run={"max_time": 5.0}))
+    config_toml = run_dir / "config.toml"
+    started = config_toml.read_text()
+    assert "lr = 0.1\n" in started and "max_time = 5.0\n" in started
+    config_toml.write_text(started.replace("lr = 0.1\n", "lr = 0.5\n"))
+    err = fails(capsys, ["run", "--resume", str(run_dir), "--quiet"])
+    assert f"{config_toml}: [client] lr = 0.5, but the run started with 0.1" in err
+    assert rounds(run_dir).height == 5
+    config_toml.write_text(started.replace("max_time = 5.0\n", "max_time = 8.0\n"))
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 0  # how long it runs may change
+    assert rounds(run_dir).height == 8
+
+
 def test_resume_with_a_config_too_is_refused(cli_run, capsys, tiny):
     run_dir = cli_run(quadratic_config(TARGETS, rounds=2))
     err = fails(capsys, ["run", tiny, "--resume", str(run_dir), "--quiet"])

@@ -107,8 +107,8 @@ def test_waiting_algorithms_invite_only_online_devices_under_model_timing(cli_ru
     assert not np.allclose(final_x(run_dir), 0.0)  # waits ended and the model moved
 
 
-def interrupt_at(monkeypatch, round_: int) -> None:
-    """Press Ctrl-C (SIGINT to this process) while round `round_` is being recorded."""
+def interrupt_at(monkeypatch, round_: int, signum: int = signal.SIGINT) -> None:
+    """Press Ctrl-C (or send `signum`) to this process while round `round_` is being recorded."""
     from fedsim.results.recorder import Recorder
 
     add_round = Recorder.add_round
@@ -116,21 +116,26 @@ def interrupt_at(monkeypatch, round_: int) -> None:
     def add_round_then_interrupt(self, outcome, *args):
         row = add_round(self, outcome, *args)
         if outcome.round == round_:
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signum)
         return row
 
     monkeypatch.setattr(Recorder, "add_round", add_round_then_interrupt)
 
 
-def test_ctrl_c_stops_at_a_round_boundary_and_resume_finishes_the_same_run(cli_run, monkeypatch):
+@pytest.mark.parametrize("signum, name", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+def test_stop_signal_stops_at_a_round_boundary_and_resume_finishes_the_same_run(
+        cli_run, monkeypatch, signum, name):
     config = quadratic_config(targets(4), rounds=30, algorithm="mifa")
     config["trace"] = {"source": "bernoulli", "p": [0.9, 0.5, 0.3, 0.2]}
     whole = cli_run(config, name="whole")
     with monkeypatch.context() as patch:
-        interrupt_at(patch, 11)
+        interrupt_at(patch, 11, signum)
         stopped = cli_run(config, name="stopped")
+    restored = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    assert signal.getsignal(signum) == restored[signum]  # the run gives the signal back
     manifest = json.loads((stopped / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and manifest["rounds"] == 12
+    assert manifest["reason"] == f"interrupted by {name} after round 11"
     assert torch.load(stopped / "checkpoint.pt", weights_only=False)["round"] == 12
     assert len(rounds(stopped)) == 12
     assert main(["run", "--resume", str(stopped), "--quiet"]) == 0

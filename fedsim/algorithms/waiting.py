@@ -37,7 +37,7 @@ class FedAvgWait(FedAvg):
 
     def init_state(self, params):
         super().init_state(params)
-        self.size = int(self.opt["S"]) or min(self.ctx.clients_per_round, self.n) or self.n
+        self.size = int(self.opt["S"]) or self.ctx.clients_per_round or self.n
         self.sample = np.empty(0, dtype=np.int64)  # the S drawn devices (empty: draw next round)
         self.arrived = np.zeros(0, dtype=bool)  # whose update from x is in delta_sum
         self.delta_sum = torch.zeros_like(params)

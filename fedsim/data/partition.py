@@ -163,6 +163,10 @@ def partition(labels: np.ndarray, cfg: DataConfig, seed: int) -> np.ndarray:
             f"[data] partition = {cfg.partition!r} is unknown; {suggest(cfg.partition, PARTITIONS)} "
             f"(one of: {', '.join(PARTITIONS)})"
         )
+    if cfg.clients > len(labels):  # checked first: a huge count would exhaust memory below
+        raise FedsimError(
+            f"[data] clients = {cfg.clients} is more than the {len(labels)} training samples of "
+            f"{cfg.dataset!r}, and every client needs one; lower [data] clients")
     rng = np.random.default_rng([seed, 0x9A27])
     owner = PARTITIONS[cfg.partition](labels, cfg.clients, cfg, rng)
     sizes = np.bincount(owner, minlength=cfg.clients)

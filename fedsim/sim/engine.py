@@ -29,12 +29,12 @@ def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int
 
     Stops after `rounds` rounds, at `max_time` simulated seconds (0 = none), when the trace
     has nobody online ever again, when the model stops being finite (status diverged), or
-    after the round in progress when the user presses Ctrl-C (status interrupted).
+    after the round in progress on Ctrl-C or SIGTERM (status interrupted).
     """
     env = server.env
     stop = {"status": "completed", "reason": f"{rounds} rounds"}
     done = {"rounds": start_round}
-    ctrl_c = {"pressed": False}
+    stop_signal = {"name": None}
 
     def main():
         rnd = start_round
@@ -51,35 +51,42 @@ def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int
             if not bool(torch.isfinite(server.strategy.params).all()):
                 stop.update(status="diverged", reason=f"non-finite model after round {rnd - 1}")
                 return
-            if ctrl_c["pressed"]:
-                stop.update(status="interrupted", reason=f"interrupted by the user after round {rnd - 1}")
+            if stop_signal["name"]:
+                stop.update(status="interrupted",
+                            reason=f"interrupted by {stop_signal['name']} after round {rnd - 1}")
                 return
 
-    with finish_round_on_ctrl_c(ctrl_c):
+    with finish_round_on_stop_signal(stop_signal):
         env.run(until=env.process(main()))
     return EngineResult(stop["status"], stop["reason"], done["rounds"], env.now)
 
 
+STOP_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+
 @contextmanager
-def finish_round_on_ctrl_c(ctrl_c: dict):
-    """The first Ctrl-C lets the round in progress finish, so that the run stops at a round
-    boundary with a consistent checkpoint to resume from; a second one aborts at once
-    (KeyboardInterrupt), leaving the last periodic checkpoint in place."""
+def finish_round_on_stop_signal(stop_signal: dict):
+    """The first Ctrl-C or SIGTERM (`kill`, `timeout`, a batch scheduler's time limit) lets the
+    round in progress finish, so that the run stops at a round boundary with its results and a
+    consistent checkpoint to resume from; a second one aborts at once (KeyboardInterrupt),
+    leaving the last periodic checkpoint in place."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
-        if ctrl_c["pressed"]:
+        if stop_signal["name"]:
             raise KeyboardInterrupt
-        ctrl_c["pressed"] = True
-        print("\nstopping after this round (Ctrl-C again to abort)", file=sys.stderr, flush=True)
+        stop_signal["name"] = STOP_SIGNALS[signum]
+        print(f"\nstopping after this round ({stop_signal['name']} again to abort)",
+              file=sys.stderr, flush=True)
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, old_handler in previous.items():
+            signal.signal(sig, old_handler)
 
 
 def new_environment(start_time: float = 0.0) -> simpy.Environment:

@@ -116,12 +116,17 @@ def check_rows(count: float, what: str, where: str, fix: str) -> None:
                           f"{MAX_INTERVALS:,}; {fix}")
 
 
+def check_devices(n_devices: int, where: str, fix: str) -> None:
+    """Refuse more than MAX_DEVICES devices: their per-device arrays would exhaust memory."""
+    if n_devices > MAX_DEVICES:
+        raise FedsimError(f"{where}: n_devices = {n_devices:,} is above fedsim's limit of "
+                          f"{MAX_DEVICES:,}; {fix}")
+
+
 def check_header(n_devices, horizon, wrap, origin, generator, where: str) -> tuple[int, float]:
     """Validate the per-trace values; return n_devices as int and horizon as float."""
     n_devices = whole_number(n_devices, "n_devices", where, 0)
-    if n_devices > MAX_DEVICES:
-        raise FedsimError(f"{where}: n_devices = {n_devices:,} is above fedsim's limit of "
-                          f"{MAX_DEVICES:,}; check the device ids (they count from 0)")
+    check_devices(n_devices, where, "check the device ids (they count from 0)")
     horizon = positive_seconds(horizon, "horizon", where)
     if wrap not in WRAPS:
         raise FedsimError(f"{where}: wrap = {wrap!r}; it must be one of {', '.join(WRAPS)}")

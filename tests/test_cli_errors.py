@@ -133,7 +133,8 @@ def test_device_ids_beyond_any_memory(tmp_path, capsys):
     (tmp_path / "big.csv").write_text("device_id,start,end\n0,0,10\n99999999999,0,10\n")
     err = fails(capsys, ["trace", "convert", "--from", "csv", str(tmp_path / "big.csv"),
                          "--out", str(tmp_path / "big.parquet")])
-    assert "n_devices = 100,000,000,000 is above fedsim's limit" in err
+    assert err.startswith(f"error: csv trace {tmp_path / 'big.csv'}: n_devices = 100,000,000,000 "
+                          f"is above fedsim's limit")
     assert not (tmp_path / "big.parquet").exists()
 
 

@@ -11,6 +11,7 @@ import torch
 
 from fedsim.config import DataConfig
 from fedsim.data.clients import ClientData
+from fedsim.cli import main
 from fedsim.data.datasets import load_dataset
 from fedsim.data.partition import partition
 from fedsim.errors import FedsimError
@@ -56,6 +57,61 @@ def test_idx_folder(tmp_path, name, compress):
     assert ds.x_train.shape == (30, 1, 28, 28) and ds.x_test.shape == (7, 1, 28, 28)
     assert np.array_equal(ds.x_train[:, 0], images["train"]) and np.array_equal(ds.y_test, labels["t10k"])
     assert ds.scale == 1 / 255
+
+
+def write_idx_folder(folder, compress: bool, train: int = 30) -> str:
+    """Four small IDX files (30 train and 7 test 28x28 images); the suffix they got."""
+    rng = np.random.default_rng(0)
+    suffix = ".gz" if compress else ""
+    for part, n in (("train", train), ("t10k", 7)):
+        write_idx(folder / f"{part}-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n, 28, 28)), compress)
+        write_idx(folder / f"{part}-labels-idx1-ubyte{suffix}", np.arange(n) % 10, compress)
+    return suffix
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def _wrong_magic(path):  # a labels header on an images file, gzipped again
+    path.write_bytes(gzip.compress(b"\x00\x00\x08\x01" + gzip.decompress(path.read_bytes())[4:]))
+
+
+def _not_gzip(path):
+    path.write_bytes(gzip.decompress(path.read_bytes()))
+
+
+def _cut_gzip(path):
+    path.write_bytes(path.read_bytes()[:40])
+
+
+@pytest.mark.parametrize("name, compress, damage, file, says", [
+    ("mnist", False, _truncate, "train-images-idx3-ubyte", "data bytes where its header says 30 x 28 x 28"),
+    ("mnist", False, lambda p: p.write_bytes(b"\x00\x00"), "t10k-labels-idx1-ubyte", "truncated: 2 bytes"),
+    ("fashion-mnist", True, _wrong_magic, "t10k-images-idx3-ubyte.gz", "magic number 0x00000801, expected 0x00000803"),
+    ("fashion-mnist", True, _not_gzip, "train-labels-idx1-ubyte.gz", "not a complete gzip file"),
+    ("mnist", True, _cut_gzip, "train-images-idx3-ubyte.gz", "not a complete gzip file"),
+])
+def test_damaged_idx_file_is_one_line_naming_it(tmp_path, capsys, name, compress, damage, file, says):
+    write_idx_folder(tmp_path, compress)
+    damage(tmp_path / file)
+    config = tmp_path / "c.toml"
+    config.write_text(f"[run]\nout = '{tmp_path / 'runs'}'\n[data]\ndataset = '{name}'\nroot = '{tmp_path}'\n")
+    assert main(["run", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: [data] dataset = '{name}': {tmp_path / file} is damaged (") and "\n" not in err
+    assert says in err and "re-install the dataset package" in err and "download = true" in err
+
+
+def test_images_and_labels_must_pair_up(tmp_path):
+    suffix = write_idx_folder(tmp_path, False)
+    write_idx(tmp_path / f"train-labels-idx1-ubyte{suffix}", np.arange(29) % 10, False)
+    with pytest.raises(FedsimError, match="train-images-idx3-ubyte is damaged .30 images but .*"
+                                          "train-labels-idx1-ubyte holds 29 labels"):
+        load_dataset(DataConfig(dataset="mnist", root=str(tmp_path)), seed=0)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", np.arange(30) % 11, False)
+    with pytest.raises(FedsimError, match="label 10 outside 0..9"):
+        load_dataset(DataConfig(dataset="mnist", root=str(tmp_path)), seed=0)
 
 
 @pytest.mark.parametrize("name, files", [

@@ -114,3 +114,37 @@ def test_info_on_a_bad_file_is_one_error_line_via_the_cli(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().startswith("error: trace ") and result.stderr.count("\n") == 1
     assert "not a readable Parquet file" in result.stderr
+
+
+@pytest.mark.parametrize("kind, args, says", [
+    ("diurnal", ["--set", 'tz_offsets=["a"]'], "option tz_offsets = ['a'] must be a list of finite numbers"),
+    ("diurnal", ["--set", "tz_weights=[inf, 1]", "--set", "tz_offsets=[0, 1]"],
+     "option tz_weights = [inf, 1] must be a list of finite numbers"),
+    ("sleep-window", ["--set", "activity=[[1]]"], "option activity = [[1]] must be a list of finite numbers"),
+    ("diurnal", ["--set", "night_start_h=nan"],
+     "option night_start_h = nan has the wrong type or range; expected a finite number like 22.5"),
+    ("diurnal", ["--set", "night_start_h=30"], "night_start_h = 30.0; give an hour of the day in [0, 24]"),
+    ("sleep-window", ["--set", "start_h=1e300"], "start_h = 1e+300; give an hour of the day"),
+    ("bernoulli", ["--set", "p=[[0.5], [0.5], [0.5]]"], "p must be a probability or a list of 3"),
+    ("grid", ["--set", "half_period=9223372036854775807"], "an integer within +-9,007,199,254,740,992"),
+    ("markov", ["--set", "spread=1e3"], "3 devices' sessions over 172800 s would make inf rows, above "
+                                       "fedsim's limit of 50,000,000"),
+    ("always", ["--days", "1e308"], "days x 86400 = inf; it must be a finite number of seconds"),
+    ("always", ["--devices", "200000000"], "n_devices = 200,000,000 is above fedsim's limit of 100,000,000"),
+    ("diurnal", ["--devices", "1000000", "--days", "365"],
+     "1,000,000 devices over 365 days would make 371,000,000 rows, above fedsim's limit of 50,000,000; "
+     "generate fewer devices or days"),
+    ("bernoulli", ["--devices", "100000", "--rounds", "100000", "--set", "p=0.5"],
+     "100,000 devices over 100,000 rounds would make 2,5"),
+])
+def test_generator_options_of_the_wrong_type_or_size_are_one_line(tmp_path, capsys, kind, args, says):
+    from fedsim.cli import main
+
+    extent = [] if {"--days", "--rounds"} & set(args) else ["--days", "2"]
+    devices = [] if "--devices" in args else ["--devices", "3"]
+    out = tmp_path / "x.parquet"
+    assert main(["trace", "generate", kind, *devices, *extent, "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: trace generator '{kind}': ") and "\n" not in err, err
+    assert says in err, err
+    assert not out.exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -179,3 +180,45 @@ def test_unrolled_replay_matches_modular_lookup(tmp_path):
         expected = [any(a <= t % c["finish_time"] < b for a, b in zip(c["active"], c["inactive"]))
                     for c in data.values()]
         assert index.online(t).tolist() == expected
+
+
+def _flash_json(messages: str) -> str:
+    return json.dumps({"a": {"messages": messages}, "b": {"messages": "  \n"}})
+
+
+@pytest.mark.parametrize("fmt, content, args, says", [
+    ("flash", _flash_json(""), [], "no user has any message"),
+    ("flash", _flash_json("\t\t\n"), [], "no user has any message"),
+    ("flash", "1" * 5000, [], "not FLASH user-behaviour JSON"),
+    ("flash", _flash_json(flash_messages(("00:00:00", "wifi"), ("00:00:01", "screen_lock"),
+                                         ("00:00:02", "battery_charged_on"), ("00:00:03", "80%"))),
+     ["--horizon", "1e300"], r"unrolling to horizon 1e\+300 s would make 3.33e\+299 rows, above "
+                             r"fedsim's limit of 50,000,000; give a shorter --horizon"),
+    ("sessions", "", [], "no session lines found"),
+    ("sessions", "u 1 1e20 0 1000 1000\n", [], "line 1: .* with start_ms in milliseconds since 1970"),
+    ("sessions", "u 1 0 0 10\nu 1 inf 0 1000\n", [], "line 2: .* with start_ms in milliseconds"),
+    ("sessions", "u 1 nan 0 1000\n", [], "with start_ms in milliseconds since 1970, years 1..9999"),
+    ("sessions", "u 1 0 0 1000 -5\n", [], "with lengths >= 0 \\(milliseconds\\)"),
+    ("sessions", "u 1 0 0 1000 nan\n", [], "with lengths >= 0 \\(milliseconds\\)"),
+    ("sessions", "u 1 0 0 1e308 1e308\n", [], "with sessions that end by the year 9999"),
+    ("sessions", "u 1 0 nan 1000\n", [], "with tz_offset_h in hours within \\[-14, 14\\]"),
+    ("sessions", "u 1 0 -300 1000\n", [], "with tz_offset_h in hours"),
+    ("csv", "0,nan,1\n", [], "line 1: expected 'device_id,start,end' with times in seconds"),
+    ("csv", "0,0,5\n1,1_0,20\n", [], "line 2: expected 'device_id,start,end'"),
+    ("csv", "device_id,start,end\n\n", [], "no data after the header line 1 'device_id,start,end'"),
+    ("fedscale", pickle.dumps({}), [], "got an empty dict"),
+    ("fedscale", pickle.dumps({0: {"active": [0], "inactive": [5], "finish_time": 1e-300}}),
+     ["--horizon", "1e300"], "unrolling to horizon 1e\\+300 s would make inf rows"),
+])
+def test_malformed_input_is_one_line_naming_the_file(tmp_path, capsys, fmt, content, args, says):
+    from fedsim.cli import main
+
+    path = tmp_path / f"input.{fmt}"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    out = tmp_path / "t.parquet"
+    assert main(["trace", "convert", "--from", fmt, str(path), "--out", str(out), *args]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith(f"error: {fmt} trace {path}: ") and "\n" not in err, captured.err
+    assert re.search(says, err), err
+    assert not out.exists()

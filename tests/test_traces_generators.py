@@ -91,6 +91,8 @@ def test_bernoulli_mifa_label_dependent_probability():
     trace = generate("bernoulli", 3, seed=0, rounds=2, label_dist=dist, p_min=0.1)
     assert known_probability(trace, 1) == pytest.approx([0.1 + 0.9 * 3 / 9, 0.1 + 0.9 * 8 / 9,
                                                          0.1 + 0.9 * 5 / 9])
+    with pytest.raises(FedsimError, match=r"p_min = 'x'; give a value in \[0.0, 1.0\]"):
+        generate("bernoulli", 3, seed=0, rounds=2, label_dist=dist, p_min="x")
 
 
 def test_bernoulli_needs_labels_or_p():

@@ -7,6 +7,8 @@ device as float32. Nothing is downloaded unless `[data] download = true`.
 from __future__ import annotations
 
 import gzip
+import math
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,12 +82,42 @@ _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
               "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
-def _read_idx(path: Path) -> np.ndarray:
-    """An IDX array (the MNIST file format), gzipped or not."""
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    ndim = raw[3]
-    dims = np.frombuffer(raw, dtype=">u4", count=ndim, offset=4)
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims).copy()
+def _read_idx(path: Path, ndim: int, name: str) -> np.ndarray:
+    """An IDX array of unsigned bytes with ``ndim`` dimensions (the MNIST file format), gzipped
+    or not; a damaged file (truncated download, wrong file) is one error line naming it."""
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+            raise _damaged(name, path, f"not a complete gzip file ({exc})") from None
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise _damaged(name, path, f"truncated: {len(raw)} bytes, shorter than its header")
+    magic, expected = int.from_bytes(raw[:4], "big"), 0x800 + ndim
+    if magic != expected:
+        raise _damaged(name, path, f"magic number {magic:#010x}, expected {expected:#010x} "
+                                   f"(unsigned bytes in {ndim} dimensions)")
+    dims = [int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4)]
+    if len(raw) - header != math.prod(dims):
+        raise _damaged(name, path, f"{len(raw) - header:,} data bytes where its header says "
+                                   f"{' x '.join(map(str, dims))} = {math.prod(dims):,}")
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims).copy()
+
+
+def _check_idx_pair(name: str, images: Path, labels: Path, x: np.ndarray, y: np.ndarray) -> None:
+    """Images and labels of one split must pair up, with labels 0..9."""
+    if len(x) != len(y):
+        raise _damaged(name, images, f"{len(x):,} images but {labels} holds {len(y):,} labels")
+    if y.size and y.max() > 9:
+        raise _damaged(name, labels, f"label {int(y.max())} outside 0..9")
+
+
+def _damaged(name: str, path: Path, problem: str) -> FedsimError:
+    return FedsimError(
+        f"[data] dataset = '{name}': {path} is damaged ({problem}); replace the files with a "
+        f"fresh copy (re-install the dataset package, or delete them and set [data] download = true)"
+    )
 
 
 def _find_idx(folder: Path) -> list[Path] | None:
@@ -111,7 +143,9 @@ def _idx_dataset(name: str, torchvision_class: str, cfg: DataConfig, root: Path)
         files = _find_idx(folders[1])
     if files is None:
         raise _missing(name, root, ", ".join(f"{s}[.gz]" for s in _IDX_FILES))
-    x_tr, y_tr, x_te, y_te = map(_read_idx, files)
+    x_tr, y_tr, x_te, y_te = (_read_idx(f, ndim, name) for f, ndim in zip(files, (3, 1, 3, 1)))
+    _check_idx_pair(name, files[0], files[1], x_tr, y_tr)
+    _check_idx_pair(name, files[2], files[3], x_te, y_te)
     return Dataset(name, x_tr[:, None], y_tr.astype(np.int64), x_te[:, None],
                    y_te.astype(np.int64), 10, scale=1 / 255)
 

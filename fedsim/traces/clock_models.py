@@ -15,6 +15,7 @@ import numpy as np
 from fedsim.errors import FedsimError
 from fedsim.traces.intervals import alternating, clip
 from fedsim.traces.request import Generated, Request
+from fedsim.traces.schema import check_rows
 
 DEFAULT_ORIGIN = "2024-01-01T00:00:00+00:00"  # a Monday, midnight UTC
 TZ_OFFSETS = [-8.0, -5.0, -3.0, 0.0, 1.0, 3.0, 5.5, 8.0, 9.0]
@@ -52,9 +53,11 @@ def markov(req: Request) -> Generated:
     # Lognormal with mean 1, so the population mean of the per-device means stays as given.
     mean_on = o["mean_on"] * rng.lognormal(-sigma**2 / 2, sigma, n)
     mean_off = o["mean_off"] * rng.lognormal(-sigma**2 / 2, sigma, n)
+    _check_sessions(req, np.zeros(n), np.full(n, req.horizon), mean_on, mean_off)
     first_on = rng.random(n) < mean_on / (mean_on + mean_off)
     dev, start, end = alternating(np.zeros(n), np.full(n, req.horizon), mean_on, mean_off,
                                   first_on, rng)
+    dev, start, end = clip(dev, start, end, 0.0, req.horizon)  # drops sessions too short for floats
     meta = {"mean_on_s": mean_on.tolist(), "mean_off_s": mean_off.tolist()}
     return Generated(dev, start, end, meta)
 
@@ -70,8 +73,11 @@ def sleep_window(req: Request) -> Generated:
     """
     o, n, rng = req.options, req.n_devices, req.rng
     hours = o["hours"]
-    if not 0 < hours <= 24:
-        raise FedsimError(f"trace generator 'sleep-window': hours = {hours}; give 0 < hours <= 24")
+    _check_rules("sleep-window", o, [
+        ("hours", 0 < hours <= 24, "give 0 < hours <= 24"),
+        ("start_h", 0 <= o["start_h"] <= 24, "give an hour of the day in [0, 24]"),
+        ("start_spread_h", 0 <= o["start_spread_h"] <= 24, "give hours in [0, 24]"),
+    ])
     tz, origin_h, _ = _zones(req, "sleep-window")
     start = _quietest_hour(o["activity"], hours) if o["activity"] else o["start_h"]
     start = start + rng.uniform(-0.5, 0.5, n) * o["start_spread_h"]
@@ -123,6 +129,7 @@ def diurnal(req: Request) -> Generated:
     dev = np.broadcast_to(np.arange(n)[:, None], shape)[keep]
 
     mean_on = 3600.0 / rate if rate > 0 else np.inf
+    _check_sessions(req, begin, end, mean_on, minutes * 60.0)
     window, begin, end = alternating(begin, end, mean_on, minutes * 60.0, True, rng)
     dev = dev[window]
     dev, begin, end = clip(dev, begin, end, 0.0, req.horizon)
@@ -131,18 +138,33 @@ def diurnal(req: Request) -> Generated:
 
 
 def _check_diurnal(o: dict) -> None:
-    rules = [
+    _check_rules("diurnal", o, [
         ("availability", 0 < o["availability"] < 1, "give a fraction in (0, 1)"),
         ("availability_spread", o["availability_spread"] >= 0, "give a value >= 0"),
-        ("night_start_spread_h", o["night_start_spread_h"] >= 0, "give hours >= 0"),
-        ("jitter_h", o["jitter_h"] >= 0, "give hours >= 0"),
+        ("night_start_h", 0 <= o["night_start_h"] <= 24, "give an hour of the day in [0, 24]"),
+        ("night_start_spread_h", 0 <= o["night_start_spread_h"] <= 24, "give hours in [0, 24]"),
+        ("jitter_h", 0 <= o["jitter_h"] <= 24, "give hours in [0, 24]"),
+        ("weekend_shift_h", -24 <= o["weekend_shift_h"] <= 24, "give hours in [-24, 24]"),
         ("skip_prob", 0 <= o["skip_prob"] < 1, "give a probability in [0, 1)"),
         ("interruptions_per_hour", o["interruptions_per_hour"] >= 0, "give a rate >= 0"),
-        ("interruption_min", o["interruption_min"] > 0, "give minutes > 0"),
-    ]
+        ("interruption_min", 0 < o["interruption_min"] <= 1440, "give minutes in (0, 1440]"),
+    ])
+
+
+def _check_rules(kind: str, o: dict, rules) -> None:
+    """Raise for the first (key, ok, fix) rule that fails."""
     for key, ok, fix in rules:
         if not ok:
-            raise FedsimError(f"trace generator 'diurnal': {key} = {o[key]!r}; {fix}")
+            raise FedsimError(f"trace generator {kind!r}: {key} = {o[key]!r}; {fix}")
+
+
+def _check_sessions(req: Request, lo, hi, mean_on, mean_off) -> None:
+    """Refuse up front on/off sessions in windows [lo, hi) whose expected number would exhaust
+    memory (tiny mean lengths, a long span, many devices)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        expected = float(np.sum((hi - lo) / (mean_on + mean_off))) + len(lo)
+    check_rows(expected, f"{req.n_devices:,} devices' sessions over {req.horizon:g} s", req.where,
+               "give longer sessions and gaps, fewer devices or a shorter span")
 
 
 def _beta(rng: np.random.Generator, mean: float, std: float, n: int) -> np.ndarray:
@@ -183,4 +205,6 @@ def _days(req: Request, tz: np.ndarray, origin_h: float) -> np.ndarray:
     """Local day indices (relative to the origin's date) whose windows can reach [0, horizon)."""
     first = math.floor((origin_h + float(tz.min())) / 24) - 2
     last = math.ceil((origin_h + float(tz.max()) + req.horizon / 3600) / 24) + 1
+    check_rows(float(req.n_devices) * (last - first + 1), f"{req.n_devices:,} devices over "
+               f"{req.horizon / 86400:g} days", req.where, "generate fewer devices or days")
     return np.arange(first, last + 1)

@@ -12,7 +12,8 @@ Formats (ALGORITHMS.md §2):
   message span, as FLASH replays it. t = 0 is the earliest message of all users.
 * ``sessions``: text lines ``user first_online start_ms tz_offset_h len_ms len_ms ...``:
   alternating online/offline session lengths, the first online iff first_online is 1. All
-  lines of a user are one device; t = 0 is the earliest start_ms.
+  lines of a user are one device; t = 0 is the earliest start_ms (a date in years 1..9999);
+  tz_offset_h in [-14, 14].
 * ``csv``: ``device_id,start,end`` in seconds, header optional.
 
 Client ids map to 0..n-1 in sorted order (numerically when they are all integers); the
@@ -25,6 +26,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import re
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -33,10 +35,9 @@ import polars as pl
 
 from fedsim.errors import FedsimError
 from fedsim.traces.intervals import clip
-from fedsim.traces.schema import Trace, positive_seconds
+from fedsim.traces.schema import Trace, check_rows, positive_seconds
 
 FORMATS = ("fedscale", "flash", "sessions", "csv")
-_MAX_ROWS = 50_000_000
 
 
 def convert(fmt: str, in_path, *, horizon: float | None = None) -> Trace:
@@ -73,8 +74,9 @@ def _fedscale(path: Path, where: str, horizon: float | None) -> Trace:
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
         raise FedsimError(f"{where}: not a FedScale client_behave_trace pickle ({exc})") from None
     if not isinstance(data, dict) or not data:
+        got = "an empty dict" if isinstance(data, dict) else type(data).__name__
         raise FedsimError(f"{where}: expected a dict {{client_id: {{'active', 'inactive', "
-                          f"'finish_time'}}}}, got {type(data).__name__}")
+                          f"'finish_time'}}}}, got {got}")
     ids = _sorted_ids(data)
     periods = np.empty(len(ids))
     devs, starts, ends = [], [], []
@@ -88,6 +90,7 @@ def _fedscale(path: Path, where: str, horizon: float | None) -> Trace:
     dev, start, end = np.concatenate(devs), np.concatenate(starts), np.concatenate(ends)
     dev, start, end = _unroll(dev, start, end, periods, horizon, where)
     return Trace.from_intervals(dev, start, end, n_devices=len(ids), horizon=horizon, wrap="loop",
+                                where=where,
                                 generator={"kind": "fedscale", "source": path.name,
                                            "ids": [_jsonable(i) for i in ids],
                                            "finish_time": periods.tolist()})
@@ -134,7 +137,7 @@ _FLASH_IGNORED = {"screen_on", "screen_off", "battery_low", "battery_okay", "pho
 def _flash(path: Path, where: str, horizon: float | None) -> Trace:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, a 5000-digit number, deep nesting
         raise FedsimError(f"{where}: not FLASH user-behaviour JSON ({exc})") from None
     if not isinstance(data, dict) or not data:
         raise FedsimError(f"{where}: expected a JSON object {{uid: {{'messages': ...}}}}")
@@ -185,12 +188,15 @@ def _flash(path: Path, where: str, horizon: float | None) -> Trace:
     horizon = float(span_end.max()) if horizon is None else horizon
     dev, start, end = _unroll(dev, start_t, end_t, period, horizon, where)
     return Trace.from_intervals(dev, start, end, n_devices=len(ids), horizon=horizon, wrap="none",
-                                origin=origin.isoformat(),
+                                origin=origin.isoformat(), where=where,
                                 generator={"kind": "flash", "source": path.name,
                                            "ids": [_jsonable(i) for i in ids]})
 
 
 def _flash_check(lines: pl.DataFrame, ids: list, where: str) -> None:
+    if not lines.height:
+        raise FedsimError(f"{where}: no user has any message; expected 'messages' lines "
+                          f"'YYYY-MM-DD HH:MM:SS<TAB>state'")
     known = set(_FLASH_STATES) | _FLASH_IGNORED
     is_level = pl.col("state").str.contains(r"^[0-9.]+%$")
     bad = lines.filter(pl.col("time").is_null() | pl.col("state").is_null()
@@ -205,8 +211,21 @@ def _flash_check(lines: pl.DataFrame, ids: list, where: str) -> None:
 
 # -- sessions -------------------------------------------------------------------------------
 
+# start_ms and session ends must be datetimes: years 1..9999, in ms since 1970
+_MS_RANGE = (-62_135_596_800_000, 253_402_300_799_000)
+_SESSION_RULES = [  # (bad line, what the line needs); a missing field counts as bad
+    (~pl.col("first_online").is_in(["0", "1"]), "first_online 0 or 1"),
+    (~pl.col("start_ms").is_between(*_MS_RANGE), "start_ms in milliseconds since 1970, years 1..9999"),
+    (~pl.col("tz").is_between(-14, 14), "tz_offset_h in hours within [-14, 14]"),
+    (pl.col("lengths").list.eval(pl.element().is_null() | pl.element().is_nan()
+                                 | (pl.element() < 0)).list.any(), "lengths >= 0 (milliseconds)"),
+    (~(pl.col("start_ms") + pl.col("lengths").list.sum()).is_between(*_MS_RANGE),
+     "sessions that end by the year 9999"),
+]
+
+
 def _sessions(path: Path, where: str, horizon: float | None) -> Trace:
-    fields = (pl.DataFrame({"text": _text(path, where).splitlines()})
+    fields = (pl.DataFrame({"text": _text(path, where).splitlines()}, schema={"text": pl.String})
               .with_row_index("line", offset=1)
               .with_columns(pl.col("text").str.strip_chars())
               .filter((pl.col("text") != "") & ~pl.col("text").str.starts_with("#"))
@@ -223,13 +242,12 @@ def _sessions(path: Path, where: str, horizon: float | None) -> Trace:
         tz=pl.col("f").list.get(3, null_on_oob=True).cast(pl.Float64, strict=False),
         lengths=pl.col("f").list.slice(4).cast(pl.List(pl.Float64), strict=False),
     )
-    bad = table.filter(~pl.col("first_online").is_in(["0", "1"]) | pl.col("start_ms").is_null()
-                       | pl.col("tz").is_null() | pl.col("lengths").list.eval(
-                           pl.element().is_null() | (pl.element() < 0)).list.any())
+    why = pl.coalesce(pl.when(rule.fill_null(True)).then(pl.lit(need)) for rule, need in _SESSION_RULES)
+    bad = table.select("line", "text", why.alias("why")).drop_nulls("why")
     if bad.height:
-        line, text = bad.row(0)[:2]
+        line, text, need = bad.row(0)
         raise FedsimError(f"{where}: line {line}: expected 'user first_online(0|1) start_ms "
-                          f"tz_offset_h len_ms ...' with lengths >= 0, got {text[:60]!r}")
+                          f"tz_offset_h len_ms ...' with {need}, got {text[:60]!r}")
     users = table["user"].to_list()
     ids = _sorted_ids(dict.fromkeys(users))
     device = table["user"].replace_strict({u: i for i, u in enumerate(ids)},
@@ -256,7 +274,7 @@ def _sessions(path: Path, where: str, horizon: float | None) -> Trace:
     tz = table["tz"].to_numpy()[first_line]
     origin = (datetime(1970, 1, 1) + timedelta(milliseconds=origin_ms)).isoformat() + "+00:00"
     return Trace.from_intervals(dev, start, end, n_devices=len(ids), horizon=horizon,
-                                origin=origin,
+                                origin=origin, where=where,
                                 generator={"kind": "sessions", "source": path.name,
                                            "ids": [_jsonable(i) for i in ids],
                                            "tz_offset_h": tz.tolist()})
@@ -272,6 +290,9 @@ def _csv(path: Path, where: str, horizon: float | None) -> Trace:
         raise FedsimError(f"{where}: the file is empty; expected lines 'device_id,start,end'")
     header = not _is_number(rows[first].split(",")[-1].strip())
     skip = first + (1 if header else 0)
+    if not any(line.strip() for line in rows[skip:]):
+        raise FedsimError(f"{where}: no data after the header line {first + 1} "
+                          f"{rows[first].strip()[:60]!r}; expected lines 'device_id,start,end'")
     try:
         table = pl.read_csv(io.StringIO(text), has_header=False, skip_rows=skip,
                             new_columns=["device_id", "start", "end"],
@@ -307,7 +328,7 @@ def _csv(path: Path, where: str, horizon: float | None) -> Trace:
     if ids is not None:
         generator["ids"] = ids
     return Trace.from_intervals(dev, start, end, n_devices=max(n_devices, 1), horizon=horizon,
-                                generator=generator)
+                                generator=generator, where=where)
 
 
 def _csv_bad_line(rows: list[str], skip: int, where: str) -> None:
@@ -338,12 +359,12 @@ def _csv_line(rows: list[str], skip: int, k: int) -> int:
 
 def _unroll(dev, start, end, period, horizon: float, where: str):
     """Repeat each device's intervals every ``period[device]`` seconds, over [0, horizon)."""
-    first_k = np.floor(-end / period[dev]) + 1  # first copy ending after 0
-    last_k = np.ceil((horizon - start) / period[dev]) - 1  # last copy starting before horizon
-    count = np.maximum(last_k - first_k + 1, 0).astype(np.int64)
-    if count.sum() > _MAX_ROWS:
-        raise FedsimError(f"{where}: unrolling to horizon {horizon} s would make {count.sum()} "
-                          f"intervals; give a shorter --horizon")
+    with np.errstate(over="ignore"):  # a tiny period with a huge horizon: refused just below
+        first_k = np.floor(-end / period[dev]) + 1  # first copy ending after 0
+        last_k = np.ceil((horizon - start) / period[dev]) - 1  # last copy starting before horizon
+    count = np.maximum(last_k - first_k + 1, 0)  # floats: a huge horizon cannot overflow
+    check_rows(count.sum(), f"unrolling to horizon {horizon:g} s", where, "give a shorter --horizon")
+    count = count.astype(np.int64)
     row = np.repeat(np.arange(len(dev)), count)
     k = first_k[row] + np.arange(len(row)) - np.repeat(np.cumsum(count) - count, count)
     shift = k * period[dev[row]]
@@ -370,12 +391,12 @@ def _text(path: Path, where: str) -> str:
         raise FedsimError(f"{where}: not a UTF-8 text file") from None
 
 
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?inf", re.IGNORECASE)
+
+
 def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
+    """A number as the CSV parser reads it (no nan, no 1_000, unlike Python's float)."""
+    return _NUMBER.fullmatch(text.strip()) is not None
 
 
 _CONVERTERS = {"fedscale": _fedscale, "flash": _flash, "sessions": _sessions, "csv": _csv}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,8 +26,10 @@ import numpy as np
 
 from fedsim.errors import FedsimError
 from fedsim.traces import clock_models, round_models
-from fedsim.traces.request import Generated, Request
-from fedsim.traces.schema import Trace, positive_seconds, whole_number
+from fedsim.traces.request import Generated, Request, finite_numbers, short
+from fedsim.traces.schema import Trace, check_devices, positive_seconds, whole_number
+
+MAX_OPTION_INT = 2**53  # integer options stay exact as floats and cannot overflow int64 sums
 
 
 @dataclass(frozen=True)
@@ -89,18 +92,20 @@ def generate(kind: str, n_devices: int, *, seed: int, rounds: int | None = None,
     options = check_options(kind, options)
     where = f"trace generator {kind!r}"
     n_devices = whole_number(n_devices, "devices", where, 1)
+    check_devices(n_devices, where, "generate fewer devices")
     seed = whole_number(seed, "seed", where, 0)
     rounds, round_duration, horizon = _extent(spec, rounds, round_duration, days)
     if label_dist is not None:
         label_dist = _label_dist(kind, label_dist, n_devices)
     request = Request(n_devices, np.random.default_rng(seed), horizon, rounds,
-                      round_duration, label_dist, options)
+                      round_duration, label_dist, options, where)
     out = spec.fn(request)
     generator = {"kind": kind, "seed": seed, "rounds": rounds,
                  "round_duration": round_duration, "days": days or None, "options": options,
                  **out.meta}
     return Trace.from_intervals(out.device_id, out.start, out.end, n_devices=n_devices,
-                                horizon=horizon, origin=out.origin, generator=generator)
+                                horizon=horizon, origin=out.origin, generator=generator,
+                                where=where)
 
 
 def known_probability(trace: Trace, rnd) -> np.ndarray:
@@ -148,20 +153,31 @@ def check_options(kind: str, options: dict) -> dict:
 
 
 def _typed(kind: str, key: str, value, default):
-    """Coerce int -> float where a float is expected; refuse other type mismatches."""
+    """Coerce int -> float where a float is expected; refuse other type mismatches, floats
+    that are not finite, huge integers and lists that are not of finite numbers (every list
+    option is one)."""
     if default is None or value is None:
         return value
     expected = type(default)
-    if expected is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+    real = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is float and real and abs(value) <= sys.float_info.max:  # finite, not nan
         return float(value)
     if expected is list and isinstance(value, (list, tuple)):
-        return list(value)
-    if isinstance(value, expected) and not (expected is int and isinstance(value, bool)):
-        return value
-    if expected is int and isinstance(value, float) and value.is_integer():
+        numbers = finite_numbers(value)
+        if numbers is not None:
+            return numbers.tolist()
+        raise FedsimError(f"trace generator {kind!r}: option {key} = {short(value)} must be a "
+                          f"list of finite numbers, like {default!r}")
+    if expected is int and real and abs(value) <= MAX_OPTION_INT and float(value).is_integer():
         return int(value)
-    raise FedsimError(f"trace generator {kind!r}: option {key} = {value!r} has the wrong type; "
-                      f"expected {expected.__name__} like {default!r}")
+    if expected is str and isinstance(value, str):
+        return value
+    what = _EXPECTED.get(expected, expected.__name__)
+    raise FedsimError(f"trace generator {kind!r}: option {key} = {short(value)} has the wrong "
+                      f"type or range; expected {what} like {default!r}")
+
+
+_EXPECTED = {float: "a finite number", int: f"an integer within +-{MAX_OPTION_INT:,}", str: "text"}
 
 
 def _spec(kind: str) -> GeneratorSpec:
@@ -182,9 +198,12 @@ def _extent(spec: GeneratorSpec, rounds, round_duration, days):
     round_duration = positive_seconds(round_duration, "round_duration", where)
     if rounds is not None:
         rounds = whole_number(rounds, "rounds", where, 1)
+        positive_seconds(rounds * round_duration, "rounds x round_duration", where)
     if days is not None and not (isinstance(days, (int, float)) and math.isfinite(days) and days >= 0):
         raise FedsimError(f"{where}: days = {days!r}; give a number of days > 0")
     days = days or None
+    if days is not None:
+        positive_seconds(days * 86400.0, "days x 86400", where)  # finite in seconds too
     if spec.round_indexed:
         if rounds is None and days is not None:
             rounds = math.ceil(days * 86400 / round_duration)

@@ -1,5 +1,5 @@
-"""What a generator function receives and returns (kept apart so model modules avoid a
-circular import with the registry)."""
+"""What a generator function receives and returns, and the check of numeric list options
+(kept apart so model modules avoid a circular import with the registry)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,26 @@ class Request:
     round_duration: float
     label_dist: np.ndarray | None
     options: dict
+    where: str = "trace generator"  # starts error messages: "trace generator 'diurnal'"
+
+
+def finite_numbers(value) -> np.ndarray | None:
+    """``value`` as a flat float64 array when it is a list of finite numbers, else None
+    (strings, booleans, nested lists, nan or inf): the caller words the error."""
+    try:
+        array = np.asarray(value)
+    except ValueError:  # ragged nesting
+        return None
+    numeric = np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+    if array.ndim != 1 or not numeric or not np.all(np.isfinite(array)):
+        return None
+    return array.astype(np.float64)
+
+
+def short(value) -> str:
+    """``repr(value)`` cut to one readable piece of an error line."""
+    text = repr(value)
+    return text if len(text) < 60 else text[:57] + "..."
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ import numpy as np
 
 from fedsim.errors import FedsimError
 from fedsim.traces.intervals import runs_of
-from fedsim.traces.request import Generated, Request
+from fedsim.traces.request import Generated, Request, finite_numbers, short
+from fedsim.traces.schema import check_rows
 
 DYNAMICS = ("stationary", "staircase", "sine", "interleaved-sine")
 DEFAULT_CLASSES = 10  # label count assumed for group membership when no labels are given
@@ -37,11 +38,15 @@ def sample_rounds(req: Request, params: dict, probability, *, random: bool) -> G
     n, d = req.n_devices, req.round_duration
     block = max(1, (1 << 22) // n)
     devs, starts, ends = [], [], []
+    made = 0
     for r0 in range(0, req.rounds, block):
         rounds = np.arange(r0, min(req.rounds, r0 + block))
         p = probability(params, rounds)
         online = req.rng.random(p.shape) < p if random else p >= 1
         dev, first, stop = runs_of(online.T)
+        made += len(dev)  # projected to all rounds, so a trace too big is refused early
+        check_rows(made * req.rounds / (r0 + len(rounds)), f"{n:,} devices over {req.rounds:,} "
+                   f"rounds", req.where, "generate fewer devices or rounds")
         devs.append(dev)
         starts.append((r0 + first) * d)
         ends.append((r0 + stop) * d)
@@ -101,14 +106,14 @@ def _base_probability(req: Request) -> np.ndarray:
         raise FedsimError("trace generator 'bernoulli': p and p_min both given; p fixes each "
                           "device's probability, p_min derives it from labels: keep one")
     if o["p"] is not None:
-        p = o["p"]
-        if isinstance(p, (int, float)) and not isinstance(p, bool):
-            p = np.full(n, float(p))
-        elif isinstance(p, (list, tuple, np.ndarray)) and len(p) == n:
-            p = np.asarray(p, dtype=np.float64)
+        given = o["p"]
+        if isinstance(given, (int, float)) and not isinstance(given, bool):
+            p = np.full(n, float(given))
         else:
+            p = finite_numbers(given) if isinstance(given, (list, tuple, np.ndarray)) else None
+        if p is None or len(p) != n:
             raise FedsimError(f"trace generator 'bernoulli': p must be a probability or a list of "
-                              f"{n} (one per device), got {_short(p)}")
+                              f"{n} (one per device), got {short(given)}")
         bad = np.flatnonzero(~((p >= 0) & (p <= 1)))
         if bad.size:
             raise FedsimError(f"trace generator 'bernoulli': p = {p[bad[0]]} for device "
@@ -193,11 +198,8 @@ def _labels(req: Request, why: str) -> np.ndarray:
     return req.label_dist
 
 
-def _check_range(kind: str, key: str, value: float, lo: float, hi: float) -> None:
-    if not lo <= value <= hi:
+def _check_range(kind: str, key: str, value, lo: float, hi: float) -> None:
+    real = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (real and lo <= value <= hi):
         raise FedsimError(f"trace generator {kind!r}: {key} = {value!r}; give a value in [{lo}, {hi}]")
 
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) < 60 else text[:57] + "..."

@@ -44,20 +44,22 @@ class Trace:
 
     @classmethod
     def from_intervals(cls, device_id, start, end, *, n_devices, horizon, wrap="none",
-                       origin=None, generator=None) -> "Trace":
-        """Sort, validate and merge raw intervals (touching or overlapping ones of a device)."""
-        device_id = _as_array(device_id, np.int64, "device_id")
-        start = _as_array(start, np.float64, "start")
-        end = _as_array(end, np.float64, "end")
+                       origin=None, generator=None, where: str = "trace") -> "Trace":
+        """Sort, validate and merge raw intervals (touching or overlapping ones of a device).
+
+        ``where`` starts every error message (a converter passes its input file)."""
+        device_id = _as_array(device_id, np.int64, "device_id", where)
+        start = _as_array(start, np.float64, "start", where)
+        end = _as_array(end, np.float64, "end", where)
         if not len(device_id) == len(start) == len(end):
             raise FedsimError(
-                f"trace: device_id, start and end have lengths {len(device_id)}, {len(start)}, "
+                f"{where}: device_id, start and end have lengths {len(device_id)}, {len(start)}, "
                 f"{len(end)}; give one value per interval in each"
             )
-        n_devices, horizon = check_header(n_devices, horizon, wrap, origin, generator, "trace")
+        n_devices, horizon = check_header(n_devices, horizon, wrap, origin, generator, where)
         problem = first_problem(device_id, start, end, n_devices, horizon, need_sorted=False)
         if problem is not None:
-            raise FedsimError(f"trace: {problem}")
+            raise FedsimError(f"{where}: {problem}")
         if not _is_sorted(device_id, start):
             order = np.lexsort((start, device_id))
             device_id, start, end = device_id[order], start[order], end[order]
@@ -74,12 +76,12 @@ class Trace:
         return len(self.device_id)
 
 
-def _as_array(values, dtype, name: str) -> np.ndarray:
+def _as_array(values, dtype, name: str, where: str) -> np.ndarray:
     array = np.asarray(values)
     if array.ndim != 1:
-        raise FedsimError(f"trace: {name} must be one-dimensional, got shape {array.shape}")
+        raise FedsimError(f"{where}: {name} must be one-dimensional, got shape {array.shape}")
     if dtype is np.int64 and array.size and not np.issubdtype(array.dtype, np.integer):
-        raise FedsimError(f"trace: device_id must hold integers, got {array.dtype}")
+        raise FedsimError(f"{where}: device_id must hold integers, got {array.dtype}")
     return np.array(array, dtype=dtype)  # a copy: the trace must not change under an index
 
 
@@ -102,14 +104,29 @@ def whole_number(value, name: str, where: str, minimum: int) -> int:
 
 
 MAX_DEVICES = 100_000_000  # per-device arrays of this length still fit in memory
+MAX_INTERVALS = 50_000_000  # rows a converter or generator may build: a few GB of arrays
+
+
+def check_rows(count: float, what: str, where: str, fix: str) -> None:
+    """Refuse up front to build ``count`` rows (``what`` says of what) beyond MAX_INTERVALS: the
+    arrays would exhaust memory. ``count`` may be a float, so a huge estimate cannot overflow."""
+    if not count <= MAX_INTERVALS:
+        shown = f"{count:,.0f}" if count < 1e18 else f"{count:.3g}"
+        raise FedsimError(f"{where}: {what} would make {shown} rows, above fedsim's limit of "
+                          f"{MAX_INTERVALS:,}; {fix}")
+
+
+def check_devices(n_devices: int, where: str, fix: str) -> None:
+    """Refuse more than MAX_DEVICES devices: their per-device arrays would exhaust memory."""
+    if n_devices > MAX_DEVICES:
+        raise FedsimError(f"{where}: n_devices = {n_devices:,} is above fedsim's limit of "
+                          f"{MAX_DEVICES:,}; {fix}")
 
 
 def check_header(n_devices, horizon, wrap, origin, generator, where: str) -> tuple[int, float]:
     """Validate the per-trace values; return n_devices as int and horizon as float."""
     n_devices = whole_number(n_devices, "n_devices", where, 0)
-    if n_devices > MAX_DEVICES:
-        raise FedsimError(f"{where}: n_devices = {n_devices:,} is above fedsim's limit of "
-                          f"{MAX_DEVICES:,}; check the device ids (they count from 0)")
+    check_devices(n_devices, where, "check the device ids (they count from 0)")
     horizon = positive_seconds(horizon, "horizon", where)
     if wrap not in WRAPS:
         raise FedsimError(f"{where}: wrap = {wrap!r}; it must be one of {', '.join(WRAPS)}")

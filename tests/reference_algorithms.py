@@ -187,7 +187,6 @@ def fedau(U, avail, x0, lr, steps, cutoff, server_lr=1.0):
 
 
 def fedvarp(U, avail, x0, lr, steps, server_lr=1.0):
-    N = U.shape[0]
     x = np.array(x0, dtype=np.float64)
     y = np.zeros_like(U, dtype=np.float64)
     for t in range(avail.shape[0]):

@@ -213,3 +213,16 @@ def test_resume_cannot_take_rounds_back_or_read_a_damaged_checkpoint(cli_run, ca
     err = fails(capsys, ["run", "--resume", str(run_dir), "--quiet"])
     assert "checkpoint.pt: not a readable checkpoint" in err
     assert (run_dir / "config.toml").read_text() == before and rounds(run_dir).height == 5
+
+
+# --- model-dependent defaults -------------------------------------------------------------
+
+def test_cnn_cinic_has_the_papers_dropout_unless_given():
+    assert config_from_dict({"model": {"name": "cnn-cinic"}}).model.dropout == 0.2
+    assert config_from_dict({"model": {"name": "cnn-cinic", "dropout": 0.0}}).model.dropout == 0.0
+    assert config_from_dict({"model": {"name": "cnn-cifar"}}).model.dropout == 0.0
+
+
+def test_dropout_on_logreg_is_refused(capsys):
+    err = fails(capsys, ["run", "quickstart", "--set", "model.dropout=0.5", "--quiet"])
+    assert "[model] dropout = 0.5: logreg has no hidden layer" in err

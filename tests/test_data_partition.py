@@ -70,6 +70,13 @@ def test_classes_gives_each_client_exactly_its_classes_in_equal_shards(per):
     assert (counts > 0).sum(axis=0).max() - (counts > 0).sum(axis=0).min() <= 1  # classes used evenly
 
 
+def test_classes_with_just_enough_slots_gives_each_class_one_holder():
+    owner = partition(LABELS, DataConfig(clients=5, partition="classes", classes_per_client=2), 1)
+    counts = label_counts(owner, LABELS, 5)
+    assert np.array_equal((counts > 0).sum(axis=0), np.ones(10)) and counts.sum() == len(LABELS)
+    assert np.array_equal((counts > 0).sum(axis=1), np.full(5, 2))
+
+
 def test_classes_pairs_are_diverse():
     owner = partition(LABELS, DataConfig(clients=50, partition="classes", classes_per_client=2), 0)
     pairs = {tuple(np.flatnonzero(row)) for row in label_counts(owner, LABELS, 50)}
@@ -102,6 +109,8 @@ def test_majority_fraction():
     (DataConfig(clients=2000, partition="iid"), "lower [data] clients"),
     (DataConfig(clients=10, partition="classes", classes_per_client=11), "classes_per_client"),
     (DataConfig(clients=5, partition="one-class"), "clients >= the 10 classes"),
+    (DataConfig(clients=4, partition="classes", classes_per_client=2),
+     "4 clients x 2 classes_per_client cover at most 8 of the 10 classes"),
     (DataConfig(clients=10, partition="dirichlet", alpha=0.0), "alpha"),
     (DataConfig(clients=10, partition="shards"), "one of: iid"),
 ])

@@ -72,6 +72,11 @@ def classes(labels: np.ndarray, n_clients: int, cfg: DataConfig, rng: np.random.
         raise FedsimError(
             f"[data] classes_per_client = {per} must be between 1 and the {n_classes} classes"
         )
+    if n_clients * per < n_classes:  # a class nobody holds would leave its samples unowned
+        raise FedsimError(
+            f"[data] partition = 'classes': {n_clients} clients x {per} classes_per_client cover "
+            f"at most {n_clients * per} of the {n_classes} classes, and every class needs a "
+            f"holder; raise [data] clients to {-(-n_classes // per)} or classes_per_client")
     decks = -(-n_clients * per // n_classes)
     hands = np.concatenate([rng.permutation(n_classes) for _ in range(decks)])[: n_clients * per]
     hands = hands.reshape(n_clients, per)
@@ -79,11 +84,10 @@ def classes(labels: np.ndarray, n_clients: int, cfg: DataConfig, rng: np.random.
         while len(set(hands[i])) < per:
             _swap_repeat(hands, i, rng)
     owner = np.empty(len(labels), dtype=np.int64)
-    for c in range(n_classes):
+    for c in range(n_classes):  # the first deck gives every class a holder
         holders = np.flatnonzero((hands == c).any(axis=1))
-        if len(holders):
-            members = rng.permutation(np.flatnonzero(labels == c))
-            _split_among(owner, members, holders, np.ones(len(holders)))
+        members = rng.permutation(np.flatnonzero(labels == c))
+        _split_among(owner, members, holders, np.ones(len(holders)))
     return owner
 
 

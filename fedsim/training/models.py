@@ -261,6 +261,10 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
         )
     if not 0 <= cfg.dropout < 1:
         raise FedsimError(f"[model] dropout = {cfg.dropout} must be in [0, 1)")
+    if cfg.name == "logreg" and cfg.dropout:
+        raise FedsimError(f"[model] dropout = {cfg.dropout}: logreg has no hidden layer to drop "
+                          "units of (dropout sits before dense layers that read learned features); "
+                          "set dropout = 0 or use mlp")
     if cfg.name == "mlp" and cfg.hidden < 1:
         raise FedsimError(f"[model] hidden = {cfg.hidden} must be >= 1")
     if cfg.name not in ("logreg", "mlp", "lstm") and len(in_shape) != 3:

@@ -10,8 +10,9 @@ from fedsim.config import ClientConfig
 def learning_rate(client: ClientConfig, t: int) -> float:
     """The client lr of update round ``t`` (1-based: the first round is t = 1).
 
-    ``inverse`` is MIFA's lr/t, ``inverse-sqrt`` FedAWE's lr/sqrt(t/10 + 1), ``step`` multiplies
-    by ``lr_step_gamma`` every ``lr_step_every`` rounds.
+    ``inverse`` is MIFA's lr/t, ``inverse-sqrt`` FedAWE's lr/sqrt(t'/10 + 1) with FedAWE's
+    0-based global round t' = t - 1 (so the first round trains at lr), ``step`` multiplies by
+    ``lr_step_gamma`` every ``lr_step_every`` rounds.
     """
     t = max(int(t), 1)
     if client.lr_schedule == "constant":
@@ -19,7 +20,7 @@ def learning_rate(client: ClientConfig, t: int) -> float:
     if client.lr_schedule == "inverse":
         return client.lr / t
     if client.lr_schedule == "inverse-sqrt":
-        return client.lr / math.sqrt(t / 10 + 1)
+        return client.lr / math.sqrt((t - 1) / 10 + 1)
     if client.lr_schedule == "step":
         return client.lr * client.lr_step_gamma ** ((t - 1) // client.lr_step_every)
     raise ValueError(f"unknown lr_schedule {client.lr_schedule!r}")

@@ -214,6 +214,13 @@ def suggest(key: str, valid) -> str:
     return f"did you mean '{close[0]}'?" if close else "valid keys: " + ", ".join(sorted(valid))
 
 
+def choice_error(where: str, value, valid, problem: str = "is unknown") -> FedsimError:
+    """The error for a value outside `valid`: the closest valid one, if any, then all of them."""
+    close = difflib.get_close_matches(str(value), list(valid), n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return FedsimError(f"{where} = {value!r} {problem}{hint} (one of: {', '.join(valid)})")
+
+
 def _check_type(where: str, value: Any, default: Any) -> Any:
     """Coerce ints to floats where a float is expected; refuse every other mismatch."""
     expected = type(default)
@@ -238,11 +245,7 @@ def _check_value(where: str, section: str, key: str, value: Any) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
         raise FedsimError(f"{where} = {value!r} is too large (it must fit in 64 bits)")
     if (section, key) in CHOICES and value not in CHOICES[(section, key)]:
-        choices = [c for c in CHOICES[(section, key)] if c]
-        raise FedsimError(
-            f"{where} = {value!r} is not valid; {suggest(value, choices)} "
-            f"(one of: {', '.join(choices)})"
-        )
+        raise choice_error(where, value, [c for c in CHOICES[(section, key)] if c], "is not valid")
     meaning = f" ({MEANING[(section, key)]})" if (section, key) in MEANING else ""
     if (section, key) in POSITIVE and not value > 0:
         raise FedsimError(f"{where} = {value!r} must be {'>= 1' if isinstance(value, int) else '> 0'}")
@@ -286,11 +289,7 @@ def _declared_options(section: str, raw: dict, algorithms: list, origin: str) ->
         if source == "file":
             return {}
         if source not in GENERATORS:
-            valid = ["file", *GENERATORS]
-            raise FedsimError(
-                f"{origin}: [trace] source = {source!r} is unknown; {suggest(source, valid)} "
-                f"(one of: {', '.join(valid)})"
-            )
+            raise choice_error(f"{origin}: [trace] source", source, ["file", *GENERATORS])
         return dict(GENERATORS[source].options)
     if section == "algorithm":
         from fedsim.algorithms import algorithm_options

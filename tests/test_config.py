@@ -226,3 +226,11 @@ def test_cnn_cinic_has_the_papers_dropout_unless_given():
 def test_dropout_on_logreg_is_refused(capsys):
     err = fails(capsys, ["run", "quickstart", "--set", "model.dropout=0.5", "--quiet"])
     assert "[model] dropout = 0.5: logreg has no hidden layer" in err
+
+
+def test_a_bad_choice_lists_the_valid_ones_once(capsys):
+    err = fails(capsys, ["run", "quickstart", "--set", "client.lr_schedule=foo"])
+    assert err.endswith("[client] lr_schedule = 'foo' is not valid (one of: constant, inverse, "
+                        "inverse-sqrt, step)")
+    err = fails(capsys, ["run", "quickstart", "--set", "client.lr_schedule=invers"])
+    assert "is not valid; did you mean 'inverse'? (one of: constant," in err

@@ -148,3 +148,22 @@ def test_cuda_matches_cpu(model):
     ref = ends[("cpu", "loop")]
     for end in ends.values():
         assert float((end - ref).norm() / ref.norm()) < 1e-4
+
+
+@pytest.mark.parametrize("name, shape, fc1_in, count", [
+    # LeNet-5 with padding 2 on 28x28: the classic 61,706 parameters
+    ("lenet5", (1, 28, 28), 400, 156 + 2416 + 48120 + 10164 + 850),
+    # FedAWE Table 6, 3x3 convs of 32 with padding 1, on 3x32x32: fc1 reads 32 x 8 x 8 = 2048
+    ("cnn-svhn", (3, 32, 32), 2048, 896 + 9248 + 2048 * 128 + 128 + 1290),
+    ("cnn-cifar", (3, 32, 32), 2048, 896 + 9248 + 2048 * 256 + 256 + 256 * 64 + 64 + 650),
+    ("cnn-cinic", (3, 32, 32), 2048, 896 + 9248 + 2048 * 512 + 512 + 512 * 256 + 256 + 2570),
+    # Wang & Ji Table D.2, 5x5 convs with padding 2: fmnist 32 x 7 x 7 = 1568, cifar 64 x 8 x 8
+    ("cnn-fmnist", (1, 28, 28), 1568, 832 + 25632 + 1568 * 128 + 128 + 1290),
+    ("cnn-cifar-wj", (3, 32, 32), 4096, 2432 + 51264 + 4096 * 512 + 512 + 512 * 128 + 128 + 1290),
+])
+def test_paper_architectures_have_the_papers_shapes(name, shape, fc1_in, count):
+    from fedsim.training.models import build_model
+
+    model = build_model(ModelConfig(name=name), shape, 10, "images")
+    assert dict((q.name, q.shape) for q in model.params)["fc1.weight"][1] == fc1_in
+    assert model.dim == count

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.config import DataConfig, suggest
+from fedsim.config import DataConfig, choice_error
 from fedsim.errors import FedsimError
 
 
@@ -232,8 +232,5 @@ DATASETS = (*LOADERS, "quadratic")
 def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
     """The dataset named by `[data] dataset` (not `quadratic`, which has no samples)."""
     if cfg.dataset not in LOADERS:
-        raise FedsimError(
-            f"[data] dataset = {cfg.dataset!r} is unknown; {suggest(cfg.dataset, DATASETS)} "
-            f"(one of: {', '.join(DATASETS)})"
-        )
+        raise choice_error("[data] dataset", cfg.dataset, DATASETS)
     return LOADERS[cfg.dataset](cfg, seed)

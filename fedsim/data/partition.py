@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsim.config import DataConfig, suggest
+from fedsim.config import DataConfig, choice_error
 from fedsim.errors import FedsimError
 
 
@@ -163,10 +163,7 @@ PARTITIONS = {
 def partition(labels: np.ndarray, cfg: DataConfig, seed: int) -> np.ndarray:
     """owner[j] = the client of training sample j, for `[data] partition` and `[data] clients`."""
     if cfg.partition not in PARTITIONS:
-        raise FedsimError(
-            f"[data] partition = {cfg.partition!r} is unknown; {suggest(cfg.partition, PARTITIONS)} "
-            f"(one of: {', '.join(PARTITIONS)})"
-        )
+        raise choice_error("[data] partition", cfg.partition, PARTITIONS)
     if cfg.clients > len(labels):  # checked first: a huge count would exhaust memory below
         raise FedsimError(
             f"[data] clients = {cfg.clients} is more than the {len(labels)} training samples of "

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedsim.config import ModelConfig, suggest
+from fedsim.config import ModelConfig, choice_error
 from fedsim.errors import FedsimError
 
 
@@ -255,10 +255,7 @@ ARCHITECTURES = {
 
 def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dataset: str) -> Model:
     if cfg.name not in ARCHITECTURES:
-        raise FedsimError(
-            f"[model] name = {cfg.name!r} is unknown; {suggest(cfg.name, ARCHITECTURES)} "
-            f"(one of: {', '.join(ARCHITECTURES)})"
-        )
+        raise choice_error("[model] name", cfg.name, ARCHITECTURES)
     if not 0 <= cfg.dropout < 1:
         raise FedsimError(f"[model] dropout = {cfg.dropout} must be in [0, 1)")
     if cfg.name == "logreg" and cfg.dropout:

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, choice_error
 
 
 @dataclass
@@ -212,13 +212,6 @@ def suggest(key: str, valid) -> str:
     """The end of an error line about an unknown `key`: the closest valid name, or all of them."""
     close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
     return f"did you mean '{close[0]}'?" if close else "valid keys: " + ", ".join(sorted(valid))
-
-
-def choice_error(where: str, value, valid, problem: str = "is unknown") -> FedsimError:
-    """The error for a value outside `valid`: the closest valid one, if any, then all of them."""
-    close = difflib.get_close_matches(str(value), list(valid), n=1, cutoff=0.5)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
-    return FedsimError(f"{where} = {value!r} {problem}{hint} (one of: {', '.join(valid)})")
 
 
 def _check_type(where: str, value: Any, default: Any) -> Any:

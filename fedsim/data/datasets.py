@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.config import DataConfig, choice_error
-from fedsim.errors import FedsimError
+from fedsim.config import DataConfig
+from fedsim.errors import FedsimError, choice_error
 
 
 @dataclass

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsim.config import DataConfig, choice_error
-from fedsim.errors import FedsimError
+from fedsim.config import DataConfig
+from fedsim.errors import FedsimError, choice_error
 
 
 def _equal_sizes(n: int, n_clients: int) -> np.ndarray:

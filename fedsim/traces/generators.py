@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, choice_error
 from fedsim.traces import clock_models, round_models
 from fedsim.traces.request import Generated, Request, finite_numbers, short
 from fedsim.traces.schema import Trace, check_devices, positive_seconds, whole_number
@@ -182,8 +182,7 @@ _EXPECTED = {float: "a finite number", int: f"an integer within +-{MAX_OPTION_IN
 
 def _spec(kind: str) -> GeneratorSpec:
     if kind not in GENERATORS:
-        raise FedsimError(f"unknown trace generator {kind!r}; {_suggest(kind, GENERATORS)}"
-                          f"valid generators: {', '.join(GENERATORS)}")
+        raise choice_error("trace generator", kind, GENERATORS)
     return GENERATORS[kind]
 
 

@@ -23,7 +23,8 @@ VERSION = "1"
 COLUMNS = {"device_id": "integer", "start": "float", "end": "float"}
 DEVICE_COLUMNS = {"device_id": "integer", "tz_offset_h": "float", "seconds_per_sample": "float",
                   "bandwidth_bps": "float", "group": "integer"}
-_DEVICE_BOUNDS = {"seconds_per_sample": ">= 0", "bandwidth_bps": "> 0"}  # speeds have a sign
+# the lowest value of a speed column, and whether it is allowed itself
+_DEVICE_BOUNDS = {"seconds_per_sample": (0.0, True), "bandwidth_bps": (0.0, False)}
 _META_KEYS = ("fedsim.trace.version", "n_devices", "horizon", "origin", "wrap", "generator")
 
 
@@ -78,15 +79,12 @@ def read_device_table(path) -> dict[str, np.ndarray]:
     for name, values in columns.items():
         if values.dtype.kind != "f":
             continue
-        bound = _DEVICE_BOUNDS.get(name)
-        bad = ~np.isfinite(values)
-        if bound == ">= 0":
-            bad |= values < 0
-        elif bound == "> 0":
-            bad |= values <= 0
+        low, inclusive = _DEVICE_BOUNDS.get(name, (-np.inf, False))
+        bad = ~np.isfinite(values) | ((values < low) if inclusive else (values <= low))
         if bad.any():
             row = int(np.argmax(bad))
-            rule = f"a finite number {bound}" if bound else "a finite number"
+            bound = f" {'>=' if inclusive else '>'} {low:g}" if name in _DEVICE_BOUNDS else ""
+            rule = f"a finite number{bound}"
             raise FedsimError(f"{where}: {name} = {float(values[row])!r} on row {row}; it must be "
                               f"{rule} (device {columns['device_id'][row]})")
     return columns

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedsim.config import ModelConfig, choice_error
-from fedsim.errors import FedsimError
+from fedsim.config import ModelConfig
+from fedsim.errors import FedsimError, choice_error
 
 
 @dataclass

@@ -28,6 +28,7 @@ class RunConfig:
     max_time: float = 0.0  # simulated seconds; 0 = no limit
     eval_every: int = 10
     device: str = "auto"  # auto | cpu | cuda
+    threads: str | int = "auto"  # torch intra-op threads: auto (by each call's work) or N
     algorithms: list = field(default_factory=list)  # several algorithms, same trace/data/seed
     checkpoint_every: int = 0  # rounds between checkpoints; 0 = only at the end
     progress: bool = True
@@ -197,6 +198,7 @@ RANGES = {
     ("data", "test_fraction"): (0.0, 1.0, False, False),
     ("model", "dropout"): (0.0, 1.0, True, False),
 }
+WORD_OR_COUNT = {("run", "threads")}  # a word ("auto") or a whole number
 # what a boundary value means, said with the error so that the fix is obvious
 MEANING = {
     ("run", "max_time"): "0 = no limit",
@@ -251,6 +253,9 @@ def _check_value(where: str, section: str, key: str, value: Any) -> None:
         if not (above and below):
             interval = f"{'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
             raise FedsimError(f"{where} = {value!r} must be in {interval}")
+    if (section, key) == ("run", "threads") and value != "auto" and not (isinstance(value, int) and value >= 1):
+        raise FedsimError(f"{where} = {value!r} must be \"auto\" (chosen by each call's work) "
+                          "or a number of threads >= 1")
     if (section, key) == ("run", "name"):
         if not value.strip() or value in (".", "..") or "/" in value or "\\" in value:
             raise FedsimError(
@@ -305,7 +310,8 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str):
     for key, value in raw.items():
         where = f"{origin}: [{section}] {key}"
         if key in fields:
-            value = _check_type(where, value, getattr(defaults, key))
+            if not ((section, key) in WORD_OR_COUNT and type(value) is int):
+                value = _check_type(where, value, getattr(defaults, key))
             _check_value(where, section, key, value)
             kwargs[key] = value
         elif extra is not None and key in extra:

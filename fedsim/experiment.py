@@ -36,7 +36,7 @@ from fedsim.sim.timing import DeviceTiming
 from fedsim.traces import AvailabilityIndex, Trace, generate, read_trace, write_trace
 from fedsim.traces.generators import GENERATORS, known_probability_at
 from fedsim.traces.io import read_device_table
-from fedsim.training import build_task, build_trainer
+from fedsim.training import ThreadPolicy, build_task, build_trainer
 from fedsim.training.schedules import learning_rate
 
 
@@ -178,7 +178,8 @@ class Experiment:
         if saved_trace is not None and not agrees_with(self.trace, saved_trace):
             self.trace = saved_trace
         self.index = AvailabilityIndex(self.trace)
-        self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed)
+        self.threads = ThreadPolicy(cfg.run.threads, self.device)
+        self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads)
         table = read_device_table(cfg.trace.devices_table) if cfg.trace.devices_table else None
         self.timing = DeviceTiming.build(cfg.devices, self.task.n_clients, cfg.run.seed, table)
         self.strategy = self.set_up_strategy(cfg)
@@ -245,7 +246,7 @@ class Experiment:
 
         def on_round(outcome) -> None:
             due = self._evaluation_due(outcome.round)
-            test_loss, test_acc = self.task.evaluate(self.strategy.params) if due else (None, None)
+            test_loss, test_acc = self.evaluate() if due else (None, None)
             recorder.add_round(outcome, test_loss, test_acc, self.strategy.metrics())
             if test_acc is not None:
                 last_acc["text"] = f"{100 * test_acc:.1f}%"
@@ -255,10 +256,11 @@ class Experiment:
             if every and (outcome.round + 1) % every == 0:
                 self._checkpoint(recorder, outcome.round + 1, env.now)
 
-        result = run_engine(server, rounds=cfg.run.rounds, max_time=cfg.run.max_time,
-                            start_round=start_round, on_round=on_round)
-        bar.close()
-        self._final_evaluation(recorder, result.status)
+        with self.threads.scope():
+            result = run_engine(server, rounds=cfg.run.rounds, max_time=cfg.run.max_time,
+                                start_round=start_round, on_round=on_round)
+            bar.close()
+            self._final_evaluation(recorder, result.status)
         self._checkpoint(recorder, result.rounds, result.sim_time)
         save_torch(self.run_dir / "model.pt", self.task.state_dict(self.strategy.params))
         self._manifest(result, self._host_s())
@@ -267,13 +269,18 @@ class Experiment:
         return RunResult(self.run_dir, cfg.algorithm.name, result.status, result.reason, rounds,
                          self.strategy.params.detach().cpu())
 
+    def evaluate(self) -> tuple[float, float | None]:
+        """Test loss and accuracy of the current global model."""
+        with self.threads.work(self.task.evaluate_flops()):
+            return self.task.evaluate(self.strategy.params)
+
     def _evaluation_due(self, rnd: int) -> bool:
         return (rnd + 1) % self.config.run.eval_every == 0 or rnd + 1 == self.config.run.rounds
 
     def _final_evaluation(self, recorder: Recorder, status: str) -> None:
         """Make sure the last recorded round carries a test result (runs can stop early)."""
         if recorder.rows and recorder.rows[-1]["test_loss"] is None and status != "diverged":
-            loss, acc = self.task.evaluate(self.strategy.params)
+            loss, acc = self.evaluate()
             recorder.rows[-1].update(test_loss=loss, test_acc=acc)
 
     def _checkpoint(self, recorder: Recorder, rounds_done: int, sim_time: float) -> None:
@@ -290,7 +297,7 @@ class Experiment:
         write_json(self.run_dir / "manifest.json", {
             "fedsim": fedsim.__version__, "torch": torch.__version__,
             "python": platform.python_version(), "seed": self.config.run.seed,
-            "device": str(self.device), "git_sha": _git_sha(), "status": result.status,
+            "device": str(self.device), "threads": self.threads.summary(), "git_sha": _git_sha(), "status": result.status,
             "reason": result.reason, "rounds": result.rounds, "sim_time_s": result.sim_time,
             "host_s": round(host_s, 3), "algorithm": self.config.algorithm.name,
             "server_memory_bytes": self.strategy.memory_bytes(),

@@ -1,7 +1,8 @@
 """The partitioned training set and the test set, resident on the run's torch device.
 
 Client i's samples are `indices[starts[i]:starts[i] + sizes[i]]` (CSR), so the minibatches of
-a whole cohort are one gather: positions drawn per (device, slot) -> sample ids -> features.
+a whole cohort are one gather: positions drawn per (device, slot) -> sample ids -> features
+(and the sample ids of all local steps of a round are one gather too).
 One extra client, id N (`pooled`), holds every sample: plain SGD over the pooled data
 (`sequential-sgd`) is then just training that client.
 """
@@ -47,22 +48,26 @@ class ClientData:
         np.add.at(counts, (owner, labels), 1)
         return counts / self.sizes_np[:, None]
 
-    def _take(self, ids: Tensor, local: Tensor) -> tuple[Tensor, Tensor]:
-        """Samples at local positions `local` [m, B] of clients `ids` [m]: ([m, B, *shape], [m, B])."""
-        rows = self.indices[self.starts[ids, None] + local]
-        return self.x[rows], self.y[rows]
+    def take(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """Features [..., *shape] and labels [...] of the samples `rows` [...]."""
+        return gather(self.x, rows), gather(self.y, rows)
 
-    def minibatch(self, ids: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Uniform draws with replacement: u [m, B] in [0, 1) -> (x, y, weights 1/B)."""
+    def minibatch_rows(self, ids: Tensor, u: Tensor) -> Tensor:
+        """Sample ids of uniform draws with replacement: u [..., m, B] in [0, 1) -> [..., m, B]."""
         size = self.sizes[ids, None]
         local = torch.minimum((u * size).to(torch.int64), size - 1)
-        x, y = self._take(ids, local)
-        return x, y, torch.full(u.shape, 1.0 / u.shape[1], device=self.device)
+        return gather(self.indices, self.starts[ids, None] + local)
 
-    def full_batch(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """All samples of each client, padded to the largest; padding has weight 0, the rest 1/n_i."""
+    def full_rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """All samples of each client, padded to the largest: (sample ids [m, n], weights [m, n]),
+        the padding with weight 0, the rest 1/n_i."""
         size = self.sizes[ids, None]
         pos = torch.arange(int(size.max()), device=self.device)[None, :]
         valid = pos < size
-        x, y = self._take(ids, torch.where(valid, pos, 0))
-        return x, y, valid.to(torch.float32) / size
+        return gather(self.indices, self.starts[ids, None] + torch.where(valid, pos, 0)), valid.to(torch.float32) / size
+
+
+def gather(table: Tensor, rows: Tensor) -> Tensor:
+    """table[rows] for an index tensor of any shape; index_select is ~4x faster than indexing
+    on the CPU for a minibatch-sized gather."""
+    return table.index_select(0, rows.flatten()).view(*rows.shape, *table.shape[1:])

@@ -40,7 +40,7 @@ import torch
 
 from fedsim.algorithms.base import Arrivals
 from fedsim.errors import FedsimError
-from fedsim.sim.device import device_task
+from fedsim.sim.device import start_device_tasks
 from fedsim.sim.server import RoundOutcome, Server
 
 
@@ -164,8 +164,7 @@ class BufferedServer(Server):
         def report(pos: int, outcome: str, dispatch=dispatch) -> None:
             self.done.put((dispatch, pos, outcome))
 
-        for pos in range(len(ids)):
-            self.env.process(device_task(self.env, report, pos, ends_at[pos], fate[pos]))
+        start_device_tasks(self.env, report, np.arange(len(ids)), ends_at, fate)
         return ids
 
     def _train_untrained(self, rnd: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import simpy
 
 
@@ -34,15 +35,27 @@ class RoundBoard:
             self.closed.succeed()
 
 
-def device_task(env: simpy.Environment, report: Callable[[int, str], None], position: int,
-                ends_at: float, outcome: str):
-    """Download, compute, upload: one timeout until the task ends (finished or dropped).
+def device_tasks(env: simpy.Environment, report: Callable[[int, str], None], positions: np.ndarray,
+                 ends_at: float, outcomes: np.ndarray):
+    """Download, compute, upload of the devices whose tasks end at the same instant: one
+    timeout until then (finished or dropped), then each reports, in the given order.
 
     The outcome is known at invitation (the trace is known in advance), so a task is one
-    event, not one per phase; whoever receives the report decides whether it still counts.
+    event, not one per phase, and devices that end together share it (under ideal timing a
+    whole cohort is one event); whoever receives a report decides whether it still counts.
     """
     yield env.timeout(max(ends_at - env.now, 0.0))
-    report(position, outcome)
+    for position, outcome in zip(positions.tolist(), outcomes.tolist()):
+        report(position, outcome)
+
+
+def start_device_tasks(env: simpy.Environment, report: Callable[[int, str], None], order: np.ndarray,
+                       ends_at: np.ndarray, outcomes: np.ndarray) -> None:
+    """One `device_tasks` process per distinct end time. Devices that end at the same instant
+    report in `order` (SimPy runs simultaneous events in the order they were scheduled)."""
+    order = order[np.argsort(ends_at[order], kind="stable")]
+    for group in np.split(order, np.flatnonzero(np.diff(ends_at[order])) + 1) if len(order) else ():
+        env.process(device_tasks(env, report, group, ends_at[group[0]], outcomes[group]))
 
 
 def deadline(env: simpy.Environment, board: RoundBoard, at: float):

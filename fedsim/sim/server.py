@@ -18,7 +18,7 @@ import torch
 
 from fedsim.algorithms.base import Arrivals, Strategy
 from fedsim.config import ServerConfig
-from fedsim.sim.device import RoundBoard, deadline, device_task
+from fedsim.sim.device import RoundBoard, deadline, start_device_tasks
 from fedsim.sim.timing import DeviceTiming
 
 
@@ -123,10 +123,9 @@ class Server:
 
         target = len(ids) if ideal else round_target(cfg, len(ids))
         board = RoundBoard(env, invited=len(ids), target=target)
-        # SimPy runs simultaneous events in the order they were scheduled: a random order keeps
-        # ties at the K-th arrival (equal speeds) from always favouring the lowest ids
-        for pos in rng.permutation(len(ids)):
-            env.process(device_task(env, board.report, int(pos), ends_at[pos], fate[pos]))
+        # ties in end time report in a random order, so that equal speeds do not always favour
+        # the lowest ids at the K-th arrival
+        start_device_tasks(env, board.report, rng.permutation(len(ids)), ends_at, fate)
         closer = env.process(deadline(env, board, close_at))
         yield closer if ideal or not len(ids) else board.closed
 

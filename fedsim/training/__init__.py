@@ -10,12 +10,13 @@ from fedsim.training.auto import AutoTrainer
 from fedsim.training.cohort import BatchedTrainer
 from fedsim.training.loop import LoopTrainer
 from fedsim.training.task import Task, build_task
+from fedsim.training.threads import ThreadPolicy
 from fedsim.training.trainer import Trainer, TrainResult
 
 TRAINERS = {"auto": AutoTrainer, "batched": BatchedTrainer, "loop": LoopTrainer}
 
 
-def build_trainer(task: Task, client: ClientConfig, *, seed: int) -> Trainer:
+def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: ThreadPolicy | None = None) -> Trainer:
     """The trainer path named by `[client] trainer` (auto | batched | loop)."""
     if client.trainer not in TRAINERS:
         raise FedsimError(
@@ -31,7 +32,7 @@ def build_trainer(task: Task, client: ClientConfig, *, seed: int) -> Trainer:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
-    return TRAINERS[client.trainer](task, client, seed=seed)
+    return TRAINERS[client.trainer](task, client, seed=seed, threads=threads)
 
 
-__all__ = ["build_task", "build_trainer", "Task", "TrainResult", "Trainer"]
+__all__ = ["build_task", "build_trainer", "Task", "ThreadPolicy", "TrainResult", "Trainer"]

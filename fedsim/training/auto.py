@@ -24,11 +24,17 @@ def prefers_batched(has_conv: bool, cohort: int, device_type: str) -> bool:
 class AutoTrainer(Trainer):
     path = "auto"
 
-    def __init__(self, task, client, *, seed):
-        super().__init__(task, client, seed=seed)
-        self.batched = BatchedTrainer(task, client, seed=seed)
-        self.loop = LoopTrainer(task, client, seed=seed)
+    def __init__(self, task, client, *, seed, threads=None):
+        super().__init__(task, client, seed=seed, threads=threads)
+        self.batched = BatchedTrainer(task, client, seed=seed, threads=self.threads)
+        self.loop = LoopTrainer(task, client, seed=seed, threads=self.threads)
+
+    def path_for(self, ids) -> Trainer:
+        batched = prefers_batched(self.task.has_conv, len(ids), self.task.device.type)
+        return self.batched if batched else self.loop
+
+    def devices_per_call(self, ids):
+        return self.path_for(ids).devices_per_call(ids)
 
     def _run(self, rnd, ids, start, steps, lr, prox_mu):
-        batched = prefers_batched(self.task.has_conv, len(ids), self.task.device.type)
-        return (self.batched if batched else self.loop)._run(rnd, ids, start, steps, lr, prox_mu)
+        return self.path_for(ids)._run(rnd, ids, start, steps, lr, prox_mu)

@@ -14,6 +14,9 @@ from fedsim.training.trainer import Trainer, sgd_update_
 class LoopTrainer(Trainer):
     path = "loop"
 
+    def devices_per_call(self, ids):
+        return 1
+
     def _run(self, rnd, ids, start, steps, lr, prox_mu):
         task = self.task
         step_fn = task.step_fn()
@@ -23,9 +26,9 @@ class LoopTrainer(Trainer):
         for j in range(len(ids)):
             one = slice(j, j + 1)
             ws, starts = task.split(end[one]), task.split(start[one])  # views: updated in place
+            inputs = task.inputs(ids_t[one], rnd, int(steps[j]), self.batch_size, self.seed)
             for s in range(int(steps[j])):
-                inputs = task.inputs(ids_t[one], rnd, s, self.batch_size, self.seed)
-                grads, loss = step_fn(tuple(w[0] for w in ws), *(x[0] for x in inputs))
+                grads, loss = step_fn(tuple(w[0] for w in ws), *(x[0] for x in inputs(s, slice(None))))
                 sgd_update_(ws, tuple(g[None] for g in grads), starts, lr[one], self.client, prox_mu)
                 loss_sum[j] += loss.detach()
         return end, loss_sum

@@ -1,13 +1,18 @@
 """Models as pure functions of one flat float32 parameter vector (ALGORITHMS.md §3).
 
 A model is a stack of layers; each layer names its parameters (for model.pt), knows how to
-initialise them and applies itself to a batch given a dict of parameter tensors. Being pure
-functions of (parameter tensors, inputs, dropout uniforms), the same forward serves the
-per-device loop and `torch.func.vmap` over a cohort of stacked parameters, and dropout
-randomness comes from keyed uniforms instead of torch's global generator. Parameters live in
-one flat vector per device; `split` gives views of it, so training updates it in place. No BatchNorm (its running
-statistics are not a function of the parameters); no layer needs a vmap rule torch lacks
-(the LSTM is written as matmuls).
+initialise them and applies itself two ways: `__call__` to one device's batch (evaluation,
+the loop trainer) and `cohort` to the batches of m devices with stacked parameters [m, ...]
+(the batched trainer). The cohort form is written by hand (batched matmuls, one grouped
+convolution) rather than with `torch.func.vmap`: vmap's per-call overhead was most of a small
+round, and its first call imports torch's compiler stack (about 1 s). Dropout randomness comes
+from keyed uniforms instead of torch's global generator. Parameters live in one flat vector
+per device; `split` gives views of it, so training updates it in place. No BatchNorm (its
+running statistics are not a function of the parameters).
+
+Cohort layouts: vectors are [m, B, features]; images are [B, m, C, H, W], so that a
+convolution over the cohort is one grouped convolution with m groups on the view
+[B, m * C, H, W] (no copies between the layers of a CNN).
 """
 
 from __future__ import annotations
@@ -45,6 +50,14 @@ class Layer:
     def __call__(self, p: dict[str, Tensor], x: Tensor, u: Tensor | None) -> Tensor:
         raise NotImplementedError
 
+    def cohort(self, p: dict[str, Tensor], x: Tensor, u: Tensor | None) -> Tensor:
+        """The layer on m devices at once: parameters [m, ...], x in the cohort layout."""
+        return self(p, x, u)  # layers without parameters act elementwise in either layout
+
+    def flops(self, shape: tuple[int, ...]) -> int:
+        """Multiply-adds of the forward pass for one sample of input `shape` (0: negligible)."""
+        return 0
+
 
 class Dense(Layer):
     def __init__(self, name: str, n_in: int, n_out: int):
@@ -56,6 +69,12 @@ class Dense(Layer):
 
     def __call__(self, p, x, u):
         return F.linear(x, p[self.w], p[self.b])
+
+    def cohort(self, p, x, u):
+        return torch.baddbmm(p[self.b].unsqueeze(1), x, p[self.w].transpose(1, 2))
+
+    def flops(self, shape):
+        return self.params[0].numel
 
 
 class Conv(Layer):
@@ -71,6 +90,15 @@ class Conv(Layer):
     def __call__(self, p, x, u):
         return F.conv2d(x, p[self.w], p[self.b], padding=self.pad)
 
+    def cohort(self, p, x, u):
+        w, b, m = p[self.w], p[self.b], x.shape[1]
+        out = F.conv2d(x.flatten(1, 2), w.flatten(0, 1), b.flatten(), padding=self.pad, groups=m)
+        return out.unflatten(1, (m, -1))
+
+    def flops(self, shape):
+        _, h, w = self.out_shape(shape)
+        return self.params[0].numel * h * w
+
 
 class ReLU(Layer):
     def __call__(self, p, x, u):
@@ -85,6 +113,9 @@ class MaxPool(Layer):
     def __call__(self, p, x, u):
         return F.max_pool2d(x, 2)
 
+    def cohort(self, p, x, u):
+        return F.max_pool2d(x.flatten(1, 2), 2).unflatten(1, x.shape[1:3])
+
 
 class Flatten(Layer):
     def out_shape(self, shape):
@@ -92,6 +123,11 @@ class Flatten(Layer):
 
     def __call__(self, p, x, u):
         return x.flatten(1)
+
+    def cohort(self, p, x, u):
+        if x.dim() == 5:  # images [B, m, C, H, W] -> [m, B, C * H * W]
+            return x.flatten(2).transpose(0, 1)
+        return x
 
 
 class Dropout(Layer):
@@ -109,11 +145,12 @@ class Dropout(Layer):
 class LSTM(Layer):
     """Stacked LSTM over the rows of an image (or one step for a vector); returns the last h.
 
-    Written with plain matmuls: torch's fused LSTM has no vmap batching rule.
+    Written with plain matmuls (`@` broadcasts over the cohort's leading device dimension),
+    so one recurrence serves a device and a cohort.
     """
 
     def __init__(self, n_in: int, hidden: int, layers: int):
-        self.hidden, self.layers = hidden, layers
+        self.hidden, self.layers, self.n_in = hidden, layers, n_in
         self.params = tuple(
             Param(f"lstm.{kind}_l{i}", shape, "uniform", hidden)
             for i in range(layers)
@@ -124,16 +161,26 @@ class LSTM(Layer):
     def out_shape(self, shape):
         return (self.hidden,)
 
+    def flops(self, shape):
+        steps = shape[1] if len(shape) == 3 else 1
+        return steps * sum(q.numel for q in self.params)
+
     def __call__(self, p, x, u):
         # [T, B, features]: image rows (channels side by side) or a single step for a vector
-        seq = x.permute(2, 0, 1, 3).flatten(2) if x.dim() == 4 else x[None]
+        return self._recur(p, x.permute(2, 0, 1, 3).flatten(2) if x.dim() == 4 else x[None])
+
+    def cohort(self, p, x, u):
+        # [T, m, B, features] from images [B, m, C, H, W] or vectors [m, B, features]
+        return self._recur(p, x.permute(3, 1, 0, 2, 4).flatten(3) if x.dim() == 5 else x[None])
+
+    def _recur(self, p, seq: Tensor) -> Tensor:
         for i in range(self.layers):
             w_ih, w_hh, b = (p[f"lstm.{k}_l{i}"] for k in ("weight_ih", "weight_hh", "bias"))
-            gates_in = F.linear(seq, w_ih, b)  # [T, B, 4H]: input part of every step at once
-            h = c = gates_in.new_zeros(gates_in.shape[1], self.hidden)
+            gates_in = seq @ w_ih.mT + b.unsqueeze(-2)  # [T, ..., B, 4H]: every step's input part
+            h = c = gates_in.new_zeros(*gates_in.shape[1:-1], self.hidden)
             outs = []
             for g_in in gates_in:
-                i_g, f_g, c_g, o_g = (g_in + h @ w_hh.T).chunk(4, dim=-1)
+                i_g, f_g, c_g, o_g = (g_in + h @ w_hh.mT).chunk(4, dim=-1)
                 c = torch.sigmoid(f_g) * c + torch.sigmoid(i_g) * torch.tanh(c_g)
                 h = torch.sigmoid(o_g) * torch.tanh(c)
                 outs.append(h)
@@ -150,7 +197,12 @@ class Model:
         self.dim = sum(q.numel for q in self.params)
         self.dropout_features = sum(layer.dropout for layer in layers)
         self.has_conv = any(isinstance(layer, Conv) for layer in layers)
-        self.activations = sum(map(math.prod, _shapes(layers, in_shape)))  # layer outputs per sample
+        # softmax regression (Flatten, Dense): the batched trainer has its gradient in closed form
+        self.is_linear = isinstance(layers[-1], Dense) and all(isinstance(l, Flatten) for l in layers[:-1])
+        shapes = _shapes(layers, in_shape)
+        self.activations = sum(map(math.prod, shapes))  # layer outputs per sample
+        # multiply-adds of one sample's forward pass: what the thread policy sizes a call by
+        self.flops = sum(layer.flops(shape) for layer, shape in zip(layers, [in_shape, *shapes]))
 
     def split(self, flat: Tensor) -> tuple[Tensor, ...]:
         """Views of flat parameters [..., d] as the model's tensors [..., *shape], in order.
@@ -171,6 +223,18 @@ class Model:
         used = 0
         for layer in self.layers:
             x = layer(p, x, None if u is None else u[:, used:used + layer.dropout])
+            used += layer.dropout
+        return x
+
+    def cohort_forward(self, params: tuple[Tensor, ...], x: Tensor, u: Tensor) -> Tensor:
+        """Logits [m, B, C] of m devices: parameters [m, ...] (as `split` gives them for a
+        stack), inputs x [m, B, *in_shape], dropout uniforms u [m, B, dropout_features]."""
+        p = {q.name: v for q, v in zip(self.params, params)}
+        if x.dim() == 5:
+            x = x.transpose(0, 1)  # images: [B, m, C, H, W], the cohort layout
+        used = 0
+        for layer in self.layers:
+            x = layer.cohort(p, x, u[..., used:used + layer.dropout])
             used += layer.dropout
         return x
 

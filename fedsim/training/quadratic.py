@@ -58,10 +58,12 @@ class QuadraticTask(Task):
     def state_dict(self, params: Tensor) -> dict[str, Tensor]:
         return {"x": params.detach().cpu().clone()}
 
-    def inputs(self, ids, rnd, step, batch_size, seed):
+    def inputs(self, ids, rnd, steps, batch_size, seed):
+        targets = self.targets[ids]
         if self.noise == 0:
-            return (self.targets[ids],)
-        return self.targets[ids], self.noise * rng.normal(seed, rng.NOISE, rnd, ids, step, self.dim)
+            return lambda step, which: (targets[which],)
+        noise = self.noise * rng.normal(seed, rng.NOISE, rnd, ids, range(steps), self.dim)
+        return lambda step, which: (targets[which], noise[step, which])
 
     def step_fn(self) -> StepFn:
         def step(params: tuple[Tensor], target: Tensor, *noise: Tensor) -> tuple[tuple[Tensor], Tensor]:
@@ -72,4 +74,4 @@ class QuadraticTask(Task):
         return step
 
     def cohort_step_fn(self) -> StepFn:
-        return self.step_fn()  # row-wise already: the same arithmetic without vmap's overhead
+        return self.step_fn()  # row-wise already: one function serves a device and a cohort

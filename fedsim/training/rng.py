@@ -52,20 +52,24 @@ def _base(seed: int, stream: int, rnd: int, step: int) -> int:
     return _mix_int(h ^ (int(step) + 0x632BE59BD9B4E019))
 
 
-def _bits(seed: int, stream: int, rnd: int, ids: Tensor, step: int, n: int) -> Tensor:
-    """[m, n] int64 random bits for devices `ids` (int64 [m], on the target device)."""
-    base = _signed(_base(seed, stream, rnd, step))
-    h = _mix(ids.to(torch.int64) * _signed(_GOLDEN) ^ base)
+def _bits(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range, n: int) -> Tensor:
+    """[m, n] int64 random bits for devices `ids` (int64 [m], on the target device) at local
+    step `step`; [S, m, n] for a range of S steps (the same bits, drawn in one call)."""
+    steps = step if isinstance(step, range) else [step]
+    base = torch.tensor([_signed(_base(seed, stream, rnd, s)) for s in steps], dtype=torch.int64,
+                        device=ids.device)
+    h = _mix(ids.to(torch.int64) * _signed(_GOLDEN) ^ base[:, None])
     counter = torch.arange(n, device=ids.device, dtype=torch.int64) * _signed(_GOLDEN)
-    return _mix(h[:, None] + counter[None, :])
+    bits = _mix(h[:, :, None] + counter)
+    return bits if isinstance(step, range) else bits[0]
 
 
-def uniform(seed: int, stream: int, rnd: int, ids: Tensor, step: int, n: int) -> Tensor:
-    """[m, n] float32 uniforms in [0, 1), 24 random bits each."""
+def uniform(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range, n: int) -> Tensor:
+    """[m, n] float32 uniforms in [0, 1), 24 random bits each ([S, m, n] for a range of steps)."""
     return _srl(_bits(seed, stream, rnd, ids, step, n), 40).to(torch.float32) * 2.0**-24
 
 
-def normal(seed: int, stream: int, rnd: int, ids: Tensor, step: int, n: int) -> Tensor:
+def normal(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range, n: int) -> Tensor:
     """[m, n] float32 standard normals (Box-Muller on two 24-bit uniforms per value)."""
     bits = _bits(seed, stream, rnd, ids, step, n)
     u1 = (_srl(bits, 40).to(torch.float32) + 1.0) * 2.0**-24  # (0, 1]: log is finite

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from fedsim.config import ClientConfig
 from fedsim.training.task import Task
+from fedsim.training.threads import ThreadPolicy
 
 
 @dataclass
@@ -59,9 +60,10 @@ class Trainer:
 
     path = ""
 
-    def __init__(self, task: Task, client: ClientConfig, *, seed: int):
+    def __init__(self, task: Task, client: ClientConfig, *, seed: int, threads: ThreadPolicy | None = None):
         self.task, self.client, self.seed = task, client, seed
         self.batch_size = client.batch_size
+        self.threads = threads or ThreadPolicy(device=task.device)
 
     def train(self, rnd: int, ids: np.ndarray, start: Tensor, steps: np.ndarray, lr: float | Tensor,
               prox_mu: float = 0.0) -> TrainResult:
@@ -77,7 +79,8 @@ class Trainer:
         start = start.to(task.device, torch.float32)
         if k == 0:
             return TrainResult(torch.zeros_like(start), lr_t.clone(), torch.zeros(0, dtype=torch.int64, device=task.device))
-        end, loss_sum = self._run(rnd, ids, start, steps, lr_t, float(prox_mu))
+        with self.threads.work(self.call_flops(ids) if self.threads.active else 0.0):
+            end, loss_sum = self._run(rnd, ids, start, steps, lr_t, float(prox_mu))
         ids_t = torch.as_tensor(ids, device=task.device)
         steps_t = torch.as_tensor(steps, device=task.device)
         per_step = self.batch_size if self.batch_size > 0 else task.sizes[ids_t]
@@ -87,6 +90,14 @@ class Trainer:
         """`steps` plain SGD steps over the pooled data of all devices from params [d]; the delta [d]."""
         result = self.train(rnd, np.array([self.task.pooled]), params[None], np.array([steps]), lr)
         return result.deltas[0]
+
+    def call_flops(self, ids: np.ndarray) -> float:
+        """Multiply-adds of one local step of the devices that one gradient call holds."""
+        width = self.batch_size or int(self.task.sizes[torch.as_tensor(ids, device=self.task.device)].max())
+        return self.task.step_flops(width) * self.devices_per_call(ids)
+
+    def devices_per_call(self, ids: np.ndarray) -> int:
+        raise NotImplementedError
 
     def _run(self, rnd: int, ids: np.ndarray, start: Tensor, steps: np.ndarray, lr: Tensor,
              prox_mu: float) -> tuple[Tensor, Tensor]:

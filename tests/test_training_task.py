@@ -112,6 +112,23 @@ def test_keyed_uniforms_do_not_depend_on_the_cohort():
     assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
 
 
+def test_keyed_draws_of_several_steps_at_once_equal_the_draws_step_by_step():
+    """The trainers draw a round's minibatches for all local steps in one call."""
+    ids = torch.tensor([4, 0, 17])
+    for draw in (rng.uniform, rng.normal):
+        together = draw(3, rng.BATCH, 7, ids, range(5), 6)
+        assert together.shape == (5, 3, 6)
+        for step in range(5):
+            assert torch.equal(together[step], draw(3, rng.BATCH, 7, ids, step, 6))
+    assert rng.uniform(3, rng.BATCH, 7, ids, range(0), 6).shape == (0, 3, 6)
+
+
+def test_only_softmax_regression_has_the_closed_form_gradient():
+    names = {name: build_task(DataConfig(clients=5), ModelConfig(name=name), seed=0, device=CPU).model.is_linear
+             for name in ("logreg", "mlp", "lstm")}
+    assert names == {"logreg": True, "mlp": False, "lstm": False}
+
+
 def test_auto_rule():
     from fedsim.training.auto import prefers_batched
 

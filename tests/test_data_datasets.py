@@ -12,7 +12,8 @@ import torch
 from fedsim.config import DataConfig
 from fedsim.data.clients import ClientData
 from fedsim.cli import main
-from fedsim.data.datasets import load_dataset
+from fedsim.data import datasets
+from fedsim.data.datasets import _split, load_dataset, read_digits
 from fedsim.data.partition import partition
 from fedsim.errors import FedsimError
 
@@ -27,6 +28,57 @@ def test_digits_split_and_scale():
     data = ClientData(ds, partition(ds.y_train, DataConfig(clients=10), 0), 10, torch.device("cpu"))
     x = data.x
     assert x.dtype == torch.float32 and float(x.min()) == 0.0 and float(x.max()) == 1.0
+
+
+def test_digits_are_scikit_learns_exactly():
+    from sklearn.datasets import load_digits
+
+    x, y = read_digits()
+    bunch = load_digits()
+    assert x.dtype == np.uint8 and y.dtype == np.int64 and x.shape == (1797, 1, 8, 8)
+    assert np.array_equal(x[:, 0], bunch.images) and np.array_equal(y, bunch.target)
+
+
+@pytest.mark.parametrize("counts, fraction", [
+    ([178, 182, 177], 0.25),  # digits-like
+    ([2, 3, 5, 40], 0.25),  # small classes still land on both sides
+    ([2, 2, 9], 0.9),
+    ([10, 11], 0.05),
+])
+def test_split_is_stratified_disjoint_and_fixed(counts, fraction):
+    y = np.random.default_rng(1).permutation(np.repeat(np.arange(len(counts)), counts))
+    index = np.arange(len(y))
+    i_tr, y_tr, i_te, y_te = _split(index, y, fraction, "test")
+    assert np.array_equal(np.sort(np.concatenate([i_tr, i_te])), index)  # disjoint, covers all
+    assert np.array_equal(y[i_tr], y_tr) and np.array_equal(y[i_te], y_te)
+    for c, n in enumerate(counts):
+        n_test = min(max(round(fraction * n), 1), n - 1)
+        assert (y_te == c).sum() == n_test and (y_tr == c).sum() == n - n_test
+    again = _split(index, y, fraction, "test")  # no seed argument: the same split every run
+    assert np.array_equal(i_te, again[2]) and np.array_equal(i_tr, again[0])
+
+
+def test_split_is_unstratified_when_a_class_has_one_sample():
+    y = np.array([0] * 20 + [1])
+    i_tr, _, i_te, _ = _split(np.arange(21), y, 0.25, "test")
+    assert len(i_te) == round(0.25 * 21) and len(i_tr) + len(i_te) == 21
+    assert not set(i_tr) & set(i_te)
+
+
+def test_missing_or_damaged_digits_file_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(datasets, "find_spec", lambda name: None)
+    with pytest.raises(FedsimError, match="copy bundled with scikit-learn, which is not installed; "
+                                          "install scikit-learn"):
+        load_dataset(DataConfig(dataset="digits"), seed=0)
+    spec = type("Spec", (), {"submodule_search_locations": [str(tmp_path)]})
+    monkeypatch.setattr(datasets, "find_spec", lambda name: spec)
+    with pytest.raises(FedsimError, match="which lacks .*digits.csv.gz"):
+        load_dataset(DataConfig(dataset="digits"), seed=0)
+    (tmp_path / "datasets" / "data").mkdir(parents=True)
+    (tmp_path / "datasets" / "data" / "digits.csv.gz").write_bytes(gzip.compress(b"1,2,3\n"))
+    with pytest.raises(FedsimError) as err:
+        load_dataset(DataConfig(dataset="digits"), seed=0)
+    assert "\n" not in str(err.value) and "is damaged (3 columns, expected 64 pixels and a label)" in str(err.value)
 
 
 def test_label_distribution_rows_are_proportions():

@@ -1,19 +1,18 @@
 """Plots of a run (and of several runs side by side): accuracy against rounds and sim time.
 
 Tasks without an accuracy (the quadratic task) plot the test loss instead.
+
+matplotlib is imported when a plot is drawn (it costs a few tenths of a second), and as a
+bare ``Figure``, which draws with Agg without pyplot's global state or backend switch.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import polars as pl
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import polars as pl  # noqa: E402
-
-from fedsim.files import atomic_write  # noqa: E402
+from fedsim.files import atomic_write
 
 
 def _metric(frames: dict[str, pl.DataFrame]) -> tuple[str, str]:
@@ -23,11 +22,14 @@ def _metric(frames: dict[str, pl.DataFrame]) -> tuple[str, str]:
 
 def plot_runs(frames: dict[str, pl.DataFrame], out_dir: Path, title: str = "") -> list[Path]:
     """One PNG per x-axis (rounds, simulated hours), one line per run. Returns the files."""
+    from matplotlib.figure import Figure
+
     metric, label = _metric(frames)
     written = []
     for x, xlabel, scale, name in (("round", "round", 1.0, "accuracy_vs_rounds"),
                                    ("t_end", "simulated time (h)", 3600.0, "accuracy_vs_time")):
-        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+        fig = Figure(figsize=(6.4, 4.0), dpi=110)
+        ax = fig.subplots()
         for run, df in frames.items():
             points = df.filter(pl.col(metric).is_not_null())
             ax.plot(points[x].to_numpy() / scale, points[metric].to_numpy(), label=run, marker=".")
@@ -42,7 +44,6 @@ def plot_runs(frames: dict[str, pl.DataFrame], out_dir: Path, title: str = "") -
         fig.tight_layout()
         path = Path(out_dir) / f"{name}.png"
         atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
-        plt.close(fig)
         written.append(path)
     return written
 

@@ -3,6 +3,9 @@
 ``add_trace_commands(subparsers)`` hangs the command on the CLI's argparse tree; every
 sub-command sets ``func`` to a handler ``(args) -> int``. User mistakes raise FedsimError,
 which the CLI prints as one ``error:`` line.
+
+Building the parser needs only numpy (the generator list); the handlers import the Parquet
+reader and writer (pyarrow) themselves, so that ``fedsim --help`` does not load them.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import numpy as np
 from fedsim.errors import FedsimError
 from fedsim.traces.converters import FORMATS, convert
 from fedsim.traces.generators import GENERATORS, generate
-from fedsim.traces.io import read_trace, write_device_table, write_trace
 from fedsim.traces.schema import Trace
 from fedsim.traces.stats import summarize
 
@@ -82,6 +84,8 @@ def _add_generate(sub) -> None:
 # -- handlers -------------------------------------------------------------------------------
 
 def generate_command(args) -> int:
+    from fedsim.traces.io import write_trace
+
     options = {}
     for item in args.sets:
         key, sep, value = item.partition("=")
@@ -103,6 +107,8 @@ def generate_command(args) -> int:
 
 
 def info_command(args) -> int:
+    from fedsim.traces.io import read_trace
+
     summary = summarize(read_trace(args.file))
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -112,6 +118,7 @@ def info_command(args) -> int:
 
 
 def plot_command(args) -> int:
+    from fedsim.traces.io import read_trace
     from fedsim.traces.plot import plot_trace
 
     trace = read_trace(args.file)
@@ -121,6 +128,8 @@ def plot_command(args) -> int:
 
 
 def convert_command(args) -> int:
+    from fedsim.traces.io import write_trace
+
     trace = convert(args.fmt, args.input, horizon=args.horizon)
     write_trace(trace, args.out)
     _write_devices(trace, args.devices_out)
@@ -141,6 +150,8 @@ def parse_value(text: str):
 def _write_devices(trace: Trace, path) -> None:
     if not path:
         return
+    from fedsim.traces.io import write_device_table
+
     tz = trace.generator.get("tz_offset_h")
     table = {"device_id": np.arange(trace.n_devices)}
     if tz is not None:

@@ -19,6 +19,9 @@ Formats (ALGORITHMS.md §2):
 Client ids map to 0..n-1 in sorted order (numerically when they are all integers); the
 mapping is kept in ``generator["ids"]``. Bad input raises one FedsimError line naming the
 file and the line (or client) at fault.
+
+polars is imported by the converters that use it, so that ``FORMATS`` (the CLI's choices)
+and the re-export in ``traces.io`` do not cost its import.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 
 from fedsim.errors import FedsimError
 from fedsim.traces.intervals import clip
@@ -135,6 +137,8 @@ _FLASH_IGNORED = {"screen_on", "screen_off", "battery_low", "battery_okay", "pho
 
 
 def _flash(path: Path, where: str, horizon: float | None) -> Trace:
+    import polars as pl
+
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, a 5000-digit number, deep nesting
@@ -194,6 +198,8 @@ def _flash(path: Path, where: str, horizon: float | None) -> Trace:
 
 
 def _flash_check(lines: pl.DataFrame, ids: list, where: str) -> None:
+    import polars as pl
+
     if not lines.height:
         raise FedsimError(f"{where}: no user has any message; expected 'messages' lines "
                           f"'YYYY-MM-DD HH:MM:SS<TAB>state'")
@@ -213,18 +219,26 @@ def _flash_check(lines: pl.DataFrame, ids: list, where: str) -> None:
 
 # start_ms and session ends must be datetimes: years 1..9999, in ms since 1970
 _MS_RANGE = (-62_135_596_800_000, 253_402_300_799_000)
-_SESSION_RULES = [  # (bad line, what the line needs); a missing field counts as bad
-    (~pl.col("first_online").is_in(["0", "1"]), "first_online 0 or 1"),
-    (~pl.col("start_ms").is_between(*_MS_RANGE), "start_ms in milliseconds since 1970, years 1..9999"),
-    (~pl.col("tz").is_between(-14, 14), "tz_offset_h in hours within [-14, 14]"),
-    (pl.col("lengths").list.eval(pl.element().is_null() | pl.element().is_nan()
-                                 | (pl.element() < 0)).list.any(), "lengths >= 0 (milliseconds)"),
-    (~(pl.col("start_ms") + pl.col("lengths").list.sum()).is_between(*_MS_RANGE),
-     "sessions that end by the year 9999"),
-]
+
+
+def _session_rules() -> list:
+    """(bad line, what the line needs); a missing field counts as bad."""
+    import polars as pl
+
+    return [
+        (~pl.col("first_online").is_in(["0", "1"]), "first_online 0 or 1"),
+        (~pl.col("start_ms").is_between(*_MS_RANGE), "start_ms in milliseconds since 1970, years 1..9999"),
+        (~pl.col("tz").is_between(-14, 14), "tz_offset_h in hours within [-14, 14]"),
+        (pl.col("lengths").list.eval(pl.element().is_null() | pl.element().is_nan()
+                                     | (pl.element() < 0)).list.any(), "lengths >= 0 (milliseconds)"),
+        (~(pl.col("start_ms") + pl.col("lengths").list.sum()).is_between(*_MS_RANGE),
+         "sessions that end by the year 9999"),
+    ]
 
 
 def _sessions(path: Path, where: str, horizon: float | None) -> Trace:
+    import polars as pl
+
     fields = (pl.DataFrame({"text": _text(path, where).splitlines()}, schema={"text": pl.String})
               .with_row_index("line", offset=1)
               .with_columns(pl.col("text").str.strip_chars())
@@ -242,7 +256,7 @@ def _sessions(path: Path, where: str, horizon: float | None) -> Trace:
         tz=pl.col("f").list.get(3, null_on_oob=True).cast(pl.Float64, strict=False),
         lengths=pl.col("f").list.slice(4).cast(pl.List(pl.Float64), strict=False),
     )
-    why = pl.coalesce(pl.when(rule.fill_null(True)).then(pl.lit(need)) for rule, need in _SESSION_RULES)
+    why = pl.coalesce(pl.when(rule.fill_null(True)).then(pl.lit(need)) for rule, need in _session_rules())
     bad = table.select("line", "text", why.alias("why")).drop_nulls("why")
     if bad.height:
         line, text, need = bad.row(0)
@@ -283,6 +297,8 @@ def _sessions(path: Path, where: str, horizon: float | None) -> Trace:
 # -- csv ------------------------------------------------------------------------------------
 
 def _csv(path: Path, where: str, horizon: float | None) -> Trace:
+    import polars as pl
+
     text = _text(path, where)
     rows = [line for line in text.splitlines()]
     first = next((i for i, line in enumerate(rows) if line.strip()), None)

@@ -1,4 +1,8 @@
-"""A picture of a trace: device x time raster plus the fraction of devices online."""
+"""A picture of a trace: device x time raster plus the fraction of devices online.
+
+matplotlib is imported when a plot is drawn, as a bare ``Figure`` (drawn with Agg, without
+pyplot's global state), so the other trace commands do not load it.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +19,8 @@ MAX_ROWS = 200
 
 def plot_trace(trace: Trace, out, *, seed: int = 0, title: str | None = None) -> int:
     """Write a PNG; returns how many devices the raster shows (a sample of at most 200)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.collections import LineCollection
+    from matplotlib.figure import Figure
 
     shown = np.arange(trace.n_devices)
     if trace.n_devices > MAX_ROWS:
@@ -29,8 +30,8 @@ def plot_trace(trace: Trace, out, *, seed: int = 0, title: str | None = None) ->
     keep = row[trace.device_id] >= 0
     scale, unit = _time_unit(trace.horizon)
 
-    fig, (raster, fraction) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True,
-                                           gridspec_kw={"height_ratios": [3, 1]})
+    fig = Figure(figsize=(10, 6.5))
+    raster, fraction = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     y = row[trace.device_id[keep]]
     segments = np.stack([np.column_stack([trace.start[keep] / scale, y]),
                          np.column_stack([trace.end[keep] / scale, y])], axis=1)
@@ -51,10 +52,7 @@ def plot_trace(trace: Trace, out, *, seed: int = 0, title: str | None = None) ->
     fraction.set_xlabel(f"time ({unit})")
     fig.tight_layout()
 
-    try:
-        atomic_write(Path(out), lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    finally:
-        plt.close(fig)
+    atomic_write(Path(out), lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     return len(shown)
 
 

@@ -1,0 +1,98 @@
+"""Start-up: each command imports only the libraries it needs (a fresh interpreter per test,
+since this test session has them all loaded already). Timings live in benchmarks/."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "matplotlib", "sklearn", "polars", "pyarrow", "tqdm")
+NOT_FOR_TRACES = {"torch", "matplotlib", "sklearn", "tqdm"}
+
+CLI = """
+import json, sys
+import fedsim.cli
+try:
+    code = fedsim.cli.main({argv!r})
+except SystemExit as exit:  # --help
+    code = exit.code
+print(json.dumps({{"code": code, "loaded": [m for m in {heavy!r} if m in sys.modules]}}))
+"""
+
+
+def loaded_after(code: str, cwd=None) -> list:
+    """Run `code` in a fresh Python; the last line it prints, parsed as JSON."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_cli(argv: list[str], cwd=None) -> tuple[int, set]:
+    """`fedsim ARGV` in a fresh Python: its exit code and the heavy libraries it imported."""
+    out = loaded_after(CLI.format(argv=argv, heavy=HEAVY), cwd)
+    return out["code"], set(out["loaded"])
+
+
+def test_importing_the_cli_and_config_loads_no_heavy_library():
+    loaded = loaded_after("import json, sys, fedsim, fedsim.cli, fedsim.config, fedsim.errors, "
+                          "fedsim.files, fedsim.traces, fedsim.traces.commands\n"
+                          f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    assert loaded == []
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["scenarios"], ["trace", "--help"],
+                                  ["trace", "generate", "--help"], ["run", "--help"]])
+def test_help_and_scenarios_load_no_heavy_library(argv):
+    code, loaded = run_cli(argv)
+    assert code == 0 and loaded == set()
+
+
+def test_trace_commands_load_neither_torch_nor_matplotlib(tmp_path):
+    trace = str(tmp_path / "t.parquet")
+    code, loaded = run_cli(["trace", "generate", "markov", "--devices", "5", "--days", "1",
+                            "--out", trace])
+    assert code == 0 and not loaded & NOT_FOR_TRACES
+    code, loaded = run_cli(["trace", "info", trace])
+    assert code == 0 and not loaded & (NOT_FOR_TRACES | {"polars"})
+    (tmp_path / "t.csv").write_text("device_id,start,end\n0,0,10\n1,5,20\n")
+    code, loaded = run_cli(["trace", "convert", "--from", "csv", str(tmp_path / "t.csv"),
+                            "--out", str(tmp_path / "c.parquet")])
+    assert code == 0 and not loaded & NOT_FOR_TRACES
+    code, loaded = run_cli(["trace", "plot", trace, "--out", str(tmp_path / "t.png")])
+    assert code == 0 and not loaded & {"torch", "sklearn"} and "matplotlib" in loaded
+
+
+def test_plot_loads_no_torch(tmp_path):
+    import polars as pl
+
+    (tmp_path / "r").mkdir()
+    pl.DataFrame({"round": [0, 1], "t_end": [60.0, 120.0], "test_acc": [0.5, 0.6],
+                  "test_loss": [1.0, 0.9]}).write_parquet(tmp_path / "r" / "rounds.parquet")
+    code, loaded = run_cli(["plot", str(tmp_path / "r")])
+    assert code == 0 and not loaded & {"torch", "sklearn"}
+    assert (tmp_path / "r" / "plots" / "accuracy_vs_rounds.png").is_file()
+
+
+def test_public_api_loads_on_first_use():
+    out = loaded_after(
+        "import json, sys, fedsim\n"
+        "names = [fedsim.__version__, fedsim.load_config, fedsim.FedsimError, fedsim.read_trace]\n"
+        "before = 'torch' in sys.modules\n"
+        "from fedsim.experiment import run, RunResult\n"
+        "same = fedsim.run is run and fedsim.RunResult is RunResult\n"
+        "print(json.dumps([before, same, sorted(set(fedsim.__all__) - set(dir(fedsim)))]))")
+    assert out == [False, True, []]
+    import fedsim
+
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        fedsim.nope  # noqa: B018
+
+
+def test_a_digits_run_does_not_import_scikit_learn(tmp_path):
+    code, loaded = run_cli(["run", "--quiet", "--set", "run.rounds=2", "--set", "run.eval_every=1",
+                            "--set", f"run.out='{tmp_path}'"], cwd=tmp_path)
+    assert code == 0 and "sklearn" not in loaded and "torch" in loaded

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "matplotlib", "sklearn", "polars", "pyarrow", "tqdm")
+HEAVY = ("torch", "matplotlib", "sklearn", "polars", "pyarrow", "tqdm", "torch._dynamo")
 NOT_FOR_TRACES = {"torch", "matplotlib", "sklearn", "tqdm"}
 
 CLI = """
@@ -96,3 +96,28 @@ def test_a_digits_run_does_not_import_scikit_learn(tmp_path):
     code, loaded = run_cli(["run", "--quiet", "--set", "run.rounds=2", "--set", "run.eval_every=1",
                             "--set", f"run.out='{tmp_path}'"], cwd=tmp_path)
     assert code == 0 and "sklearn" not in loaded and "torch" in loaded
+    assert "torch._dynamo" not in loaded  # torch's compiler stack: ~1 s that training never needs
+
+
+TRAIN_EVERY_PATH = """
+import json, sys
+import numpy as np, torch
+from fedsim.config import ClientConfig, DataConfig, ModelConfig
+from fedsim.data.datasets import Dataset
+from fedsim.training import build_trainer
+from fedsim.training.task import classification_task
+x = np.random.default_rng(0).integers(0, 256, size=(48, 1, 12, 12), dtype=np.uint8)
+ds = Dataset("tiny", x, np.arange(48) % 10, x[:8], np.arange(8), 10, scale=1 / 255)
+for model in ("logreg", "mlp", "cnn-svhn", "lstm"):
+    task = classification_task(ds, DataConfig(clients=4), ModelConfig(name=model, hidden=8, dropout=0.0),
+                               seed=0, device=torch.device("cpu"))
+    for path in ("batched", "loop"):
+        build_trainer(task, ClientConfig(batch_size=4, trainer=path), seed=0).train(
+            0, np.arange(4), task.init_params()[None].repeat(4, 1), np.full(4, 2), 0.1)
+print(json.dumps("torch._dynamo" in sys.modules))
+"""
+
+
+def test_training_never_imports_the_compiler_stack():
+    """Both trainer paths of every model family compute gradients with plain autograd."""
+    assert loaded_after(TRAIN_EVERY_PATH) is False

@@ -21,27 +21,33 @@ def _metric(frames: dict[str, pl.DataFrame]) -> tuple[str, str]:
 
 
 def plot_runs(frames: dict[str, pl.DataFrame], out_dir: Path, title: str = "") -> list[Path]:
-    """One PNG per x-axis (rounds, simulated hours), one line per run. Returns the files."""
+    """One PNG per x-axis (rounds, simulated hours), one line per run. Returns the files.
+
+    One figure serves both: only the lines' x data and the x label change between the two
+    PNGs, and fixed margins replace a layout pass (together half of the drawing time)."""
     from matplotlib.figure import Figure
 
     metric, label = _metric(frames)
+    fig = Figure(figsize=(6.4, 4.0), dpi=110)
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.12, top=0.92)
+    ax = fig.subplots()
+    points = {run: df.filter(pl.col(metric).is_not_null()) for run, df in frames.items()}
+    lines = {run: ax.plot([], [], label=run, marker=".")[0] for run in frames}
+    ax.set_ylabel(label)
+    if metric == "test_loss":
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    if len(frames) > 1:
+        ax.legend()
     written = []
     for x, xlabel, scale, name in (("round", "round", 1.0, "accuracy_vs_rounds"),
                                    ("t_end", "simulated time (h)", 3600.0, "accuracy_vs_time")):
-        fig = Figure(figsize=(6.4, 4.0), dpi=110)
-        ax = fig.subplots()
-        for run, df in frames.items():
-            points = df.filter(pl.col(metric).is_not_null())
-            ax.plot(points[x].to_numpy() / scale, points[metric].to_numpy(), label=run, marker=".")
+        for run, line in lines.items():
+            line.set_data(points[run][x].to_numpy() / scale, points[run][metric].to_numpy())
+        ax.relim()
+        ax.autoscale_view()
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(label)
-        if metric == "test_loss":
-            ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-        ax.set_title(title)
-        if len(frames) > 1:
-            ax.legend()
-        fig.tight_layout()
         path = Path(out_dir) / f"{name}.png"
         atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
         written.append(path)

@@ -65,7 +65,8 @@ class BatchedTrainer(Trainer):
                 w = end[rows]
                 ws = task.split(w)
                 grads, loss = self.step_fn(ws, *inputs(s, which))
-                sgd_update_(ws, grads, task.split(start[rows]), lr[rows], self.client, prox_mu)
+                starts = task.split(start[rows]) if prox_mu else ()  # only the proximal term reads them
+                sgd_update_(ws, grads, starts, lr[rows], self.client, prox_mu)
                 if isinstance(rows, torch.Tensor):
                     end[rows] = w
                 loss_sum[rows] += loss

@@ -99,6 +99,11 @@ class ClientConfig:
 class AlgorithmConfig:
     name: str = "fedavg"
     server_lr: float = 1.0
+    server_optimizer: str = "sgd"  # sgd | momentum | adam: how the update reaches the model
+    server_momentum: float = 0.9  # momentum: m <- momentum * m + g
+    server_beta1: float = 0.9  # adam (FedAdam): first-moment decay
+    server_beta2: float = 0.99  # adam: second-moment decay
+    server_eps: float = 1e-3  # adam: tau, added to sqrt(v)
     selection: str = ""  # "" = the algorithm's default policy
     options: dict = field(default_factory=dict)  # the algorithm's own keys
 
@@ -173,6 +178,7 @@ CHOICES = {
     ("client", "lr_schedule"): ("constant", "inverse", "inverse-sqrt", "step"),
     ("client", "trainer"): ("auto", "batched", "loop"),
     ("algorithm", "selection"): ("", "all", "uniform", "regularized", "longest-absent"),
+    ("algorithm", "server_optimizer"): ("sgd", "momentum", "adam"),
     ("devices", "model"): ("constant", "lognormal", "table"),
 }
 POSITIVE = {  # > 0 (integers: >= 1)
@@ -182,7 +188,8 @@ POSITIVE = {  # > 0 (integers: >= 1)
     ("server", "deadline"), ("server", "round_duration"), ("server", "buffer"),
     ("server", "concurrency"),
     ("client", "local_steps"), ("client", "lr"), ("client", "lr_step_every"),
-    ("client", "lr_step_gamma"), ("algorithm", "server_lr"), ("devices", "bandwidth_bps"),
+    ("client", "lr_step_gamma"), ("algorithm", "server_lr"), ("algorithm", "server_eps"),
+    ("devices", "bandwidth_bps"),
 }
 NON_NEGATIVE = {
     ("run", "seed"), ("run", "max_time"), ("run", "checkpoint_every"),
@@ -197,6 +204,9 @@ RANGES = {
     ("data", "majority"): (0.0, 1.0, True, True),
     ("data", "test_fraction"): (0.0, 1.0, False, False),
     ("model", "dropout"): (0.0, 1.0, True, False),
+    ("algorithm", "server_momentum"): (0.0, 1.0, True, False),
+    ("algorithm", "server_beta1"): (0.0, 1.0, True, False),
+    ("algorithm", "server_beta2"): (0.0, 1.0, True, False),
 }
 WORD_OR_COUNT = {("run", "threads")}  # a word ("auto") or a whole number
 # what a boundary value means, said with the error so that the fix is obvious

@@ -24,7 +24,9 @@ import torch
 from tqdm import tqdm
 
 from fedsim.algorithms import Context, Strategy, make_strategy
-from fedsim.config import RESUME_KEYS, Config, ServerConfig, config_from_dict, dump_toml, read_toml
+from fedsim.algorithms.server_optimizer import ServerOptimizerConfig
+from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml,
+                           read_toml)
 from fedsim.errors import FedsimError
 from fedsim.files import atomic_write
 from fedsim.results.plots import plot_runs
@@ -152,6 +154,12 @@ def agrees_with(new: Trace, old: Trace) -> bool:
             and np.array_equal(np.minimum(new.end[keep], old.horizon), old.end))
 
 
+def server_optimizer_config(algorithm: AlgorithmConfig) -> ServerOptimizerConfig:
+    a = algorithm
+    return ServerOptimizerConfig(a.server_optimizer, a.server_lr, a.server_momentum, a.server_beta1,
+                                 a.server_beta2, a.server_eps)
+
+
 def check_cohort_size(server: ServerConfig, n_devices: int) -> None:
     if server.clients_per_round > n_devices:
         raise FedsimError(
@@ -199,6 +207,7 @@ class Experiment:
         return Context(
             n_devices=self.task.n_clients, dim=self.task.dim, device=self.device,
             seed=cfg.run.seed, server_lr=cfg.algorithm.server_lr, local_steps=cfg.client.local_steps,
+            server_optimizer=server_optimizer_config(cfg.algorithm),
             clients_per_round=cfg.server.clients_per_round, invite=invite_budget(cfg.server),
             options=dict(cfg.algorithm.options),
             lr=lambda t: learning_rate(cfg.client, t),

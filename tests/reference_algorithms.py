@@ -7,7 +7,7 @@ vectorised torch implementations can be checked against them. Every function tak
 * ``avail`` [R, N] bool: who is available in each round (all of them are invited unless the
   algorithm selects itself);
 * ``x0`` [d], ``lr(t)`` the client lr of (1-based) update round t, ``steps`` local steps,
-  ``server_lr`` η_g;
+  ``server_lr`` η_g (or, where taken, a server ``optimizer``);
 
 and returns the final evaluated model (float64).
 """
@@ -32,13 +32,34 @@ def online(avail, t):
     return [i for i in range(avail.shape[1]) if avail[t, i]]
 
 
-def fedavg(U, avail, x0, lr, steps, server_lr=1.0, mu=0.0):
+class ServerOptimizer:
+    """The server optimizers on g = −Δ (Reddi et al. 2021; FedAdam without bias correction)."""
+
+    def __init__(self, kind, lr=1.0, momentum=0.9, beta1=0.9, beta2=0.99, eps=1e-3):
+        self.kind, self.lr, self.mu, self.b1, self.b2, self.eps = kind, lr, momentum, beta1, beta2, eps
+        self.m = self.v = 0.0
+
+    def new_x(self, x, delta):
+        g = -delta
+        if self.kind == "sgd":
+            return x - self.lr * g
+        if self.kind == "momentum":
+            self.m = self.mu * self.m + g
+            return x - self.lr * self.m
+        self.m = self.b1 * self.m + (1 - self.b1) * g
+        self.v = self.b2 * self.v + (1 - self.b2) * g * g
+        return x - self.lr * self.m / (np.sqrt(self.v) + self.eps)
+
+
+def fedavg(U, avail, x0, lr, steps, server_lr=1.0, mu=0.0, optimizer=None):
+    """``optimizer``: a ServerOptimizer (FedAvgM, FedAdam); default sgd at ``server_lr``."""
+    optimizer = optimizer or ServerOptimizer("sgd", server_lr)
     x = np.array(x0, dtype=np.float64)
     for t in range(avail.shape[0]):
         A = online(avail, t)
         if A:
             deltas = [local_sgd(x, U[i], steps, lr(t + 1), mu) - x for i in A]
-            x = x + server_lr * sum(deltas) / len(A)
+            x = optimizer.new_x(x, sum(deltas) / len(A))
     return x
 
 
@@ -186,7 +207,8 @@ def fedau(U, avail, x0, lr, steps, cutoff, server_lr=1.0):
     return x
 
 
-def fedvarp(U, avail, x0, lr, steps, server_lr=1.0):
+def fedvarp(U, avail, x0, lr, steps, server_lr=1.0, optimizer=None):
+    optimizer = optimizer or ServerOptimizer("sgd", server_lr)
     x = np.array(x0, dtype=np.float64)
     y = np.zeros_like(U, dtype=np.float64)
     for t in range(avail.shape[0]):
@@ -197,7 +219,7 @@ def fedvarp(U, avail, x0, lr, steps, server_lr=1.0):
         new = {i: local_sgd(x, U[i], steps, lr(t + 1)) - x for i in A}
         for i in A:
             v = v + (new[i] - y[i]) / len(A)
-        x = x + server_lr * v
+        x = optimizer.new_x(x, v)
         for i in A:
             y[i] = new[i]
     return x
@@ -212,3 +234,4 @@ def sequential_sgd(U, avail, x0, lr, steps, server_lr=1.0):
         end = local_sgd(start, center, steps * len(online(avail, t)), lr(t + 1))
         x = start + server_lr * (end - start)
     return x
+

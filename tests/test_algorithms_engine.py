@@ -116,6 +116,35 @@ def test_selecting_and_warming_up_variants_match_their_references(cli_run, rando
     np.testing.assert_allclose(got["fedawe"], ref.fedawe(U, A, x0, lr, 2, 0.05, 0.8), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("options", [
+    {"server_optimizer": "momentum", "server_momentum": 0.7, "server_lr": 0.5},
+    {"server_optimizer": "adam", "server_beta1": 0.8, "server_beta2": 0.95, "server_eps": 0.05,
+     "server_lr": 0.1},
+])
+def test_server_optimizers_match_their_numpy_references(cli_run, random_case, options):
+    """FedAvgM and FedAdam (fedavg + momentum / adam), and FedVARP with the same optimizer."""
+    _, U, x0, A, _ = random_case
+    lr = lambda t: 0.2  # noqa: E731
+    kind = options["server_optimizer"]
+    hyper = {k.removeprefix("server_"): v for k, v in options.items() if k != "server_optimizer"}
+    got = reference_run(cli_run, random_case, ["fedavg", "fedvarp"], kind, {"selection": "all", **options})
+    for name, reference in (("fedavg", ref.fedavg), ("fedvarp", ref.fedvarp)):
+        expected = reference(U, A, x0, lr, 2, optimizer=ref.ServerOptimizer(kind, **hyper))
+        np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-5, err_msg=name)
+        plain = reference(U, A, x0, lr, 2, options["server_lr"])
+        assert not np.allclose(expected, plain, atol=1e-3), name  # the optimizer made a difference
+
+
+def test_server_optimizer_state_is_counted_in_server_memory(cli_run):
+    """fedavg keeps x [d]; momentum adds m, adam m and v (float32, d = 2)."""
+    memory = {}
+    for kind in ("sgd", "momentum", "adam"):
+        config = qconfig([E1, E2], {"server_optimizer": kind}, rounds=3)
+        run_dir = cli_run(config, name=kind)
+        memory[kind] = json.loads((run_dir / "manifest.json").read_text())["server_memory_bytes"]
+    assert memory == {"sgd": 8, "momentum": 16, "adam": 24}
+
+
 def test_the_reference_tests_cover_every_registered_algorithm():
     covered = {"fedavg", "fedavg-all", "fedavg-known-p", "fedsgd", "fedprox", "fedavg-wait", "mifa",
                "fedawe", "amplified", "fedau", "fedvarp", "sequential-sgd", "fedlaavg"}
@@ -376,6 +405,8 @@ def test_compare_scenario_runs_the_four_algorithms(tmp_path, capsys):
 @pytest.mark.parametrize("name, options", [
     ("fedawe", {}), ("fedavg-wait", {"S": 2}), ("amplified", {"period": 4}),
     ("fedlaavg", {"beta": 0.5}), ("fedau", {"cutoff": 3}), ("fedvarp", {}),
+    ("fedavg", {"server_optimizer": "adam", "server_lr": 0.3}),
+    ("mifa", {"server_optimizer": "momentum"}),
 ])
 def test_resume_continues_the_algorithm_state_exactly(cli_run, name, options):
     """Stopped after 15 rounds (mid-wait, mid-period) and resumed to 30: the same rounds

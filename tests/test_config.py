@@ -65,6 +65,10 @@ BAD = [
     ("model.dropout=1", "[model] dropout", "in [0, 1)"),
     ("model.hidden=0", "[model] hidden", ">= 1"),
     ("devices.latency_s=-0.1", "[devices] latency_s", ">= 0"),
+    ('algorithm.server_optimizer="adamw"', "[algorithm] server_optimizer", "'adam'"),
+    ("algorithm.server_momentum=1", "[algorithm] server_momentum", "in [0, 1)"),
+    ("algorithm.server_beta2=-0.1", "[algorithm] server_beta2", "in [0, 1)"),
+    ("algorithm.server_eps=0", "[algorithm] server_eps", "> 0"),
 ]
 
 

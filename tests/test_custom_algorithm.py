@@ -59,3 +59,50 @@ def test_register_returns_the_class_and_unknown_options_are_refused(tmp_path, sc
     path.write_text(dump_toml(config))
     with pytest.raises(fedsim.FedsimError, match="factr.*did you mean 'factor'"):
         fedsim.load_config(path)
+
+
+class HandMomentum(Strategy):
+    """FedAvgM written by hand, whose `state` names only its own velocity: the global model is
+    checkpointed all the same."""
+
+    name = "hand-momentum"
+    state = ("velocity",)
+
+    def init_state(self, params):
+        super().init_state(params)
+        self.velocity = params.new_zeros(params.shape)
+
+    def aggregate(self, rnd, arrivals):
+        if len(arrivals):
+            self.velocity = 0.9 * self.velocity + arrivals.deltas.mean(0)
+            self.params = self.params + self.velocity
+
+
+class ForgetfulState(HandMomentum):
+    name = "forgetful"
+    state = ("velocity", "nesterov")
+
+
+def run_config(tmp_path, name, rounds, algorithm):
+    config = quadratic_config([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]], algorithm=algorithm, rounds=rounds)
+    config["run"].update(out=str(tmp_path / "runs"), name=name, progress=False, eval_every=rounds)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(dump_toml(config))
+    return fedsim.load_config(path)
+
+
+def test_a_user_algorithm_with_its_own_state_resumes_bit_identically(tmp_path, monkeypatch):
+    from fedsim.experiment import resume
+
+    monkeypatch.setitem(REGISTRY, HandMomentum.name, HandMomentum)
+    whole = fedsim.run(run_config(tmp_path, "whole", 20, "hand-momentum"), progress=False)
+    half = fedsim.run(run_config(tmp_path, "half", 10, "hand-momentum"), progress=False)
+    assert not np.allclose(final_x(half.run_dir), final_x(whole.run_dir))
+    resumed = resume(half.run_dir, ["run.rounds=20"], progress=False)  # (in half's directory)
+    assert np.array_equal(final_x(resumed.run_dir), final_x(whole.run_dir))
+
+
+def test_declared_state_that_init_state_does_not_set_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(REGISTRY, ForgetfulState.name, ForgetfulState)
+    with pytest.raises(fedsim.FedsimError, match="declares state 'nesterov' but has no such attribute"):
+        fedsim.run(run_config(tmp_path, "bad", 5, "forgetful"), progress=False)

@@ -32,8 +32,9 @@ class Amplified(FedAvg):
         self.amplified = 0.0
 
     def aggregate(self, rnd, arrivals):
-        step = self.step(rnd, arrivals)
-        if step is not None:
+        update = self.update(rnd, arrivals)
+        if update is not None:
+            step = self.server_step(update)  # u accumulates the steps taken
             self.params = self.params + step
             self.accumulated = self.accumulated + step
         self.amplified = 0.0

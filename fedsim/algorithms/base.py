@@ -4,9 +4,11 @@ The engine only knows this interface: it asks a Strategy whom to invite, from wh
 parameters each invited device starts, with which learning rate and how many local steps,
 and hands it whatever arrived by the deadline (every round, also when nothing arrived).
 
-``server_lr`` (η_g) scales every algorithm's model update. Where the spec (ALGORITHMS.md §1)
-has η_g this is exactly its role; elsewhere (MIFA, FedLaAvg, fedavg-wait, amplified,
-sequential-sgd) it is a plain multiplier that the papers keep at 1, so the default
+An algorithm computes its aggregated update Delta and hands it to `apply_update`; the
+injected server optimizer (`server_optimizer.py`: sgd, momentum, adam) turns it into the step
+taken. With sgd, ``server_lr`` (η_g) scales every algorithm's update: where the spec
+(ALGORITHMS.md §1) has η_g this is exactly its role; elsewhere (MIFA, FedLaAvg, fedavg-wait,
+amplified, sequential-sgd) it is a plain multiplier that the papers keep at 1, so the default
 reproduces them and a comparison can share one value.
 """
 
@@ -21,6 +23,7 @@ import torch
 from torch import Tensor
 
 from fedsim.algorithms.selection import SELECTIONS, Selector
+from fedsim.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerConfig
 from fedsim.errors import FedsimError
 
 
@@ -63,6 +66,8 @@ class Context:
     # sequential-sgd: `steps` plain SGD steps of size `lr` over the pooled data of all devices,
     # from `params` [d], in round `rnd`; returns end minus start parameters [d].
     train_pooled: Callable[[int, Tensor, int, float], Tensor] | None = None
+    # how the aggregated update reaches the model (its lr is server_lr)
+    server_optimizer: ServerOptimizerConfig | None = None
 
 
 class Strategy:
@@ -70,7 +75,8 @@ class Strategy:
 
     Class attributes: ``name`` (registry key), ``options`` (the algorithm's own config keys with
     typed defaults), ``selection`` (default selection policy), ``state`` (attributes that make
-    up the algorithm's state: checkpointed, and counted by ``memory_bytes``). A state value is
+    up the algorithm's state: checkpointed, and counted by ``memory_bytes``; the global model
+    ``params`` and the server optimizer's state are always checkpointed). A state value is
     a Tensor, a numpy array, a number, or a ``DeviceTable``, which also knows whether its rows
     would live on the devices in a deployment (FedAWE's local models, FedLaAvg's last
     gradients): those count in ``device_memory_bytes`` instead of the server's.
@@ -94,7 +100,15 @@ class Strategy:
             raise FedsimError(f"[algorithm] selection = {policy!r} is unknown; "
                               f"valid: {', '.join(SELECTIONS)}")
         self.selector: Selector = SELECTIONS[policy](n_devices, self.budget())
+        self.server_optimizer = ServerOptimizer(
+            ctx.server_optimizer or ServerOptimizerConfig(lr=ctx.server_lr), params)
         self.init_state(params.detach().clone())
+        missing = [name for name in self.state if not hasattr(self, name)]
+        if missing:
+            raise FedsimError(
+                f"algorithm {self.name!r} declares state {missing[0]!r} but has no such attribute "
+                "after init_state; set it there (or remove it from `state`) so that checkpoints "
+                "keep it")
 
     def validate(self) -> None:
         """Check the algorithm's own options (``self.opt``); raise FedsimError on a bad value."""
@@ -131,18 +145,33 @@ class Strategy:
     def aggregate(self, rnd: int, arrivals: Arrivals) -> None:
         raise NotImplementedError
 
+    def server_step(self, delta: Tensor) -> Tensor:
+        """The change the server optimizer makes for the aggregated update `delta` [d]."""
+        return self.server_optimizer.step(delta)
+
+    def apply_update(self, delta: Tensor) -> None:
+        """x <- x + server_step(delta): how an algorithm moves the global model."""
+        self.params = self.params + self.server_step(delta)
+
     def metrics(self) -> dict[str, float]:
         """Algorithm-specific numbers recorded with the round (same keys every round)."""
         return {}
 
     # --- checkpoints and the price of the state ---------------------------------------------
+    def state_names(self) -> list[str]:
+        """`state`, with the global model first unless it is derived from the state (FedAWE's
+        mean of the local models): what checkpoints keep and memory_bytes counts."""
+        derived = isinstance(getattr(type(self), "params", None), property)
+        return list(dict.fromkeys(self.state if derived else ("params", *self.state)))
+
     def state_dict(self) -> dict[str, Any]:
-        sd = {name: _save(getattr(self, name)) for name in self.state}
+        sd = {name: _save(getattr(self, name)) for name in self.state_names()}
         sd["selector"] = self.selector.state_dict()
+        sd["server_optimizer"] = {k: _save(v) for k, v in self.server_optimizer.state_dict().items()}
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        for name in self.state:
+        for name in self.state_names():
             current, value = getattr(self, name), sd[name]
             if hasattr(current, "load_state_dict"):
                 current.load_state_dict(value)
@@ -153,15 +182,18 @@ class Strategy:
             else:
                 setattr(self, name, value)
         self.selector.load_state_dict(sd["selector"])
+        if "server_optimizer" in sd:  # (checkpoints of fedsim before server optimizers had none)
+            self.server_optimizer.load_state_dict(sd["server_optimizer"], self.ctx.device)
 
     def memory_bytes(self) -> int:
         """Bytes the server keeps between rounds (the spec's memory column)."""
-        own = sum(_nbytes(getattr(self, name), "server") for name in self.state)
-        return own + sum(_nbytes(v, "server") for v in self.selector.state_dict().values())
+        own = sum(_nbytes(getattr(self, name), "server") for name in self.state_names())
+        return (own + sum(_nbytes(v, "server") for v in self.selector.state_dict().values())
+                + self.server_optimizer.memory_bytes())
 
     def device_memory_bytes(self) -> int:
         """Bytes the devices keep for the algorithm, all devices together (simulated here)."""
-        return sum(_nbytes(getattr(self, name), "device") for name in self.state)
+        return sum(_nbytes(getattr(self, name), "device") for name in self.state_names())
 
 
 def _save(value: Any) -> Any:

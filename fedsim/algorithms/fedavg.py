@@ -27,16 +27,16 @@ class FedAvg(Strategy):
         k = len(arrivals)
         return torch.full((k,), 1.0 / k, device=arrivals.deltas.device)
 
-    def step(self, rnd: int, arrivals: Arrivals) -> Tensor | None:
-        """η_g Σ w_i Δ_i, or None when nobody arrived."""
+    def update(self, rnd: int, arrivals: Arrivals) -> Tensor | None:
+        """Σ w_i Δ_i, or None when nobody arrived."""
         if not len(arrivals):
             return None
-        return self.ctx.server_lr * weighted_sum(arrivals.deltas, self.weights(rnd, arrivals))
+        return weighted_sum(arrivals.deltas, self.weights(rnd, arrivals))
 
     def aggregate(self, rnd: int, arrivals: Arrivals) -> None:
-        step = self.step(rnd, arrivals)
-        if step is not None:
-            self.params = self.params + step
+        update = self.update(rnd, arrivals)
+        if update is not None:
+            self.apply_update(update)
 
 
 @register

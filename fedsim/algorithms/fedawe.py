@@ -50,7 +50,7 @@ class FedAwe(Strategy):
         if not len(arrivals):
             return
         echo = self.echo.to(arrivals.deltas.device)
-        update = self.ctx.server_lr * (echo @ arrivals.deltas) / len(arrivals)
+        update = self.server_step((echo @ arrivals.deltas) / len(arrivals))
         limit = float(self.opt["clip"])
         norm = float(update.norm())
         if limit > 0 and norm > limit:

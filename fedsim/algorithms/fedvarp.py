@@ -28,7 +28,7 @@ class FedVarp(Strategy):
         if not len(arrivals):
             return
         correction = (arrivals.deltas - self.table.get(arrivals.ids)).mean(0)
-        self.params = self.params + self.ctx.server_lr * (self.table.mean() + correction)
+        self.apply_update(self.table.mean() + correction)
         self.table.write(arrivals.ids, arrivals.deltas, rnd)
 
     def metrics(self):

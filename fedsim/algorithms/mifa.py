@@ -66,7 +66,7 @@ class Mifa(Strategy):
                 return
         self.updates += 1
         lr = self.ctx.lr(self.updates)
-        self.params = self.params - (self.ctx.server_lr * lr) * self.table.mean()
+        self.apply_update(-lr * self.table.mean())
 
     def metrics(self):
         return self.table.metrics(self.last_round)

@@ -37,7 +37,7 @@ class SequentialSgd(Strategy):
     def aggregate(self, rnd, arrivals):
         if self.pending > 0:
             delta = self.ctx.train_pooled(rnd, self.params, self.pending, self.client_lr(rnd))
-            self.params = self.params + self.ctx.server_lr * delta
+            self.apply_update(delta)
         self.taken, self.pending = self.pending, 0
 
     def metrics(self):

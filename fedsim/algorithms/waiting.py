@@ -63,7 +63,7 @@ class FedAvgWait(FedAvg):
             self.arrived[slot] = True
             self.delta_sum += arrivals.deltas.sum(0)
         if len(self.sample) and self.arrived.all():
-            self.params = self.params + (self.ctx.server_lr / self.size) * self.delta_sum
+            self.apply_update((1.0 / self.size) * self.delta_sum)
             self.sample = self.sample[:0]  # redraw next round
 
     def metrics(self):

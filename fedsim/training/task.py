@@ -2,8 +2,8 @@
 
 Besides the public API the engine uses (init, evaluate, state_dict, sizes), a task gives the
 trainers three things: `split`, views of flat parameters as the model's tensors; `inputs`,
-one device-side gather of what a cohort needs for one local step (drawn from keyed
-randomness); and the gradients and loss of a step: `step_fn` for one device (the loop
+a cohort's minibatch draws of all local steps of a round in one call (keyed randomness) and
+a device-side gather per step; and the gradients and loss of a step: `step_fn` for one device (the loop
 trainer), `cohort_step_fn` for m devices with stacked parameters (the batched trainer).
 """
 

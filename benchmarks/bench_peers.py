@@ -12,7 +12,8 @@ of the client models; test accuracy every rounds/10 rounds and at the end. Two s
 fedsim runs `python -m fedsim run CONFIG --quiet` on a TOML config; each peer (FLGo, BlazeFL,
 pfl-research, Flower) runs a driver that this script writes to a temp file and starts with
 the peer's interpreter. A peer that is not installed there is skipped (and said so in the
-table). Runs are interleaved: for each setting, for each repeat, every framework once.
+table). Runs are interleaved: for each setting, for each repeat, every framework once, in an
+order rotated by one each repeat, after --settle seconds of rest.
 
 Times, in seconds:
     whole-process  the parent's time.perf_counter() around the subprocess (interpreter start,
@@ -619,6 +620,8 @@ def main() -> None:
     parser.add_argument("--load", type=int, default=0, metavar="K",
                         help="CPU-burning processes beside the runs (adds a fedsim OMP_NUM_THREADS=1 row)")
     parser.add_argument("--json", type=Path, help="write every run's numbers here")
+    parser.add_argument("--settle", type=float, default=3.0,
+                        help="seconds to wait before each run (default 3)")
     parser.add_argument("--peer-python", default=sys.executable,
                         help="interpreter for the peers (default: this one)")
     parser.add_argument("--python-fedsim", default=sys.executable)
@@ -664,7 +667,8 @@ def main() -> None:
         try:
             for setting in settings:
                 for rep in range(args.repeats):
-                    for r in runners:
+                    for r in runners[rep % len(runners):] + runners[:rep % len(runners)]:  # rotated
+                        time.sleep(args.settle)  # what the last run left (Ray's workers) winds down
                         workdir = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{r.label.split()[0]}-{setting}-{rep}-"))
                         cfg = run_config(setting, data, {"blazefl_mode": args.blazefl_mode})
                         result = r.run(r, cfg, workdir, args.timeout)

@@ -63,7 +63,7 @@ def drive(name, U, avail, x0, ctx, rounds=None, strategy=None):
         ids = strategy.select(t, np.flatnonzero(avail[t]), np.random.default_rng([7, t]))
         steps = strategy.local_steps(t, ids)
         lr = strategy.client_lr(t)
-        deltas = local_sgd(U, ids, strategy.start_params(ids), steps, lr, strategy.prox_mu)
+        deltas = local_sgd(U, ids, strategy.start_params(ids), steps, lr, strategy.local_objective.prox_mu)
         k, dev = len(ids), deltas.device
         strategy.receive(t, Arrivals(ids=ids, deltas=deltas, steps=torch.as_tensor(steps, device=dev),
                                      samples=torch.ones(k, device=dev), loss=torch.zeros(k, device=dev),
@@ -214,7 +214,7 @@ def test_sequential_sgd_needs_the_pooled_trainer():
 
 
 def test_unknown_algorithm_lists_the_valid_names():
-    with pytest.raises(FedsimError, match="did you mean 'fedawe'.*valid: amplified, fedau"):
+    with pytest.raises(FedsimError, match="did you mean 'fedawe'.*one of: amplified, fedau"):
         make_strategy("fedawee")
 
 

@@ -50,7 +50,7 @@ def test_wrong_type_and_bad_choice(tmp_path, capsys):
 
 def test_unknown_algorithm_lists_the_valid_ones(tmp_path, capsys):
     err = fails(capsys, ["run", write(tmp_path, "[algorithm]\nname = 'fedavgg'\n")])
-    assert "unknown algorithm 'fedavgg'" in err and "fedavg" in err and "mifa" in err
+    assert "[algorithm] name = 'fedavgg' is unknown" in err and "fedavg" in err and "mifa" in err
 
 
 def test_missing_files(tmp_path, capsys):

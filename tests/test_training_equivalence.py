@@ -10,6 +10,7 @@ from fedsim.config import ClientConfig, DataConfig, ModelConfig
 from fedsim.data.datasets import Dataset
 from fedsim.training import build_task, build_trainer
 from fedsim.training.models import ARCHITECTURES
+from fedsim.training.objective import LocalObjective
 from fedsim.training.task import classification_task
 
 CPU = torch.device("cpu")
@@ -33,7 +34,7 @@ def run_both(task, client: ClientConfig, steps, lr, prox_mu=0.0, rnd=3):
     out = {}
     for path in ("batched", "loop"):
         trainer = build_trainer(task, ClientConfig(**{**vars(client), "trainer": path}), seed=7)
-        out[path] = trainer.train(rnd, ids, start, np.asarray(steps), lr, prox_mu=prox_mu)
+        out[path] = trainer.train(rnd, ids, start, np.asarray(steps), lr, LocalObjective(prox_mu=prox_mu))
     return start, out["batched"], out["loop"]
 
 
@@ -97,7 +98,7 @@ def test_prox_pulls_toward_start():
     trainer = build_trainer(task, ClientConfig(batch_size=8, trainer="batched"), seed=0)
     start = task.init_params()[None].repeat(4, 1)
     free = trainer.train(0, np.arange(4), start, np.full(4, 10), 0.05).deltas.norm(dim=1)
-    held = trainer.train(0, np.arange(4), start, np.full(4, 10), 0.05, prox_mu=15.0).deltas.norm(dim=1)
+    held = trainer.train(0, np.arange(4), start, np.full(4, 10), 0.05, LocalObjective(prox_mu=15.0)).deltas.norm(dim=1)
     assert torch.all(held < 0.5 * free)
 
 

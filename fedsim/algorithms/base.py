@@ -25,6 +25,8 @@ from torch import Tensor
 from fedsim.algorithms.selection import SELECTIONS, Selector
 from fedsim.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerConfig
 from fedsim.errors import FedsimError
+from fedsim.registry import Registry
+from fedsim.training.objective import PLAIN, LocalObjective
 
 
 @dataclass
@@ -88,7 +90,7 @@ class Strategy:
     state: ClassVar[tuple[str, ...]] = ("params",)
 
     params: Tensor
-    prox_mu: float = 0.0
+    local_objective: LocalObjective = PLAIN  # terms added to the devices' local loss
 
     def setup(self, n_devices: int, params: Tensor, ctx: Context) -> None:
         self.n = n_devices
@@ -241,32 +243,27 @@ def check_range(strategy: Strategy, key: str, low: float, high: float = math.inf
                           + (f" ({why})" if why else ""))
 
 
-REGISTRY: dict[str, type[Strategy]] = {}
+# built-ins register by name; plugins are found as "module:Class" or entry points of
+# `fedsim.algorithms` (fedsim/registry.py)
+REGISTRY = Registry("algorithm", "fedsim.algorithms",
+                    lambda obj: isinstance(obj, type) and issubclass(obj, Strategy),
+                    "a subclass of fedsim.algorithms.Strategy")
 
 
 def register(cls: type[Strategy]) -> type[Strategy]:
-    REGISTRY[cls.name] = cls
-    return cls
+    return REGISTRY.register(cls.name, cls)
 
 
 def _lookup(name: str, origin: str) -> type[Strategy]:
-    if name not in REGISTRY:
-        import difflib
-
-        close = difflib.get_close_matches(name, list(REGISTRY), n=1, cutoff=0.5)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        raise FedsimError(
-            f"{origin}: unknown algorithm {name!r}; {hint}valid: {', '.join(sorted(REGISTRY))}"
-        )
-    return REGISTRY[name]
+    return REGISTRY.lookup(name, f"{origin}: [algorithm] name" if origin else "[algorithm] name")
 
 
-def algorithm_options(name: str, origin: str = "algorithm") -> dict[str, Any]:
+def algorithm_options(name: str, origin: str = "") -> dict[str, Any]:
     """The algorithm's own config keys with their typed defaults (FedsimError if unknown)."""
     return dict(_lookup(name, origin).options)
 
 
-def make_strategy(name: str, origin: str = "algorithm") -> Strategy:
+def make_strategy(name: str, origin: str = "") -> Strategy:
     return _lookup(name, origin)()
 
 

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from fedsim.algorithms.base import Arrivals, Strategy, check_range, register, weighted_sum
 from fedsim.errors import FedsimError
+from fedsim.training.objective import LocalObjective
 
 
 @register
@@ -91,7 +92,7 @@ class FedSGD(FedAvg):
 
 @register
 class FedProx(FedAvg):
-    """FedAvg whose local loss adds (mu/2)·‖w − x‖² (the trainer applies ``prox_mu``)."""
+    """FedAvg whose local loss adds (mu/2)·‖w − x‖² (declared as its local objective)."""
 
     name = "fedprox"
     options = {"mu": 0.01}
@@ -101,4 +102,4 @@ class FedProx(FedAvg):
 
     def init_state(self, params):
         super().init_state(params)
-        self.prox_mu = float(self.opt["mu"])
+        self.local_objective = LocalObjective(prox_mu=float(self.opt["mu"]))

@@ -178,7 +178,7 @@ class BufferedServer(Server):
         start = torch.cat([d.start[torch.as_tensor(pos, device=self.device)] for d, pos in parts])
         steps = np.concatenate([d.steps[pos] for d, pos in parts])
         lr = torch.cat([torch.full((len(pos),), float(d.lr), device=self.device) for d, pos in parts])
-        result = self.trainer.train(rnd, ids, start, steps, lr, prox_mu=self.strategy.prox_mu)
+        result = self.trainer.train(rnd, ids, start, steps, lr, self.strategy.local_objective)
         offset = 0
         for d, pos in parts:
             d.rows = np.full(len(d.ids), -1, dtype=np.int64)

@@ -119,7 +119,7 @@ class Server:
         if len(trained):
             start = strategy.start_params(ids)[torch.as_tensor(trained, device=self.device)]
             result = self.trainer.train(rnd, ids[trained], start, steps[trained], lr,
-                                        prox_mu=strategy.prox_mu)
+                                        strategy.local_objective)
 
         target = len(ids) if ideal else round_target(cfg, len(ids))
         board = RoundBoard(env, invited=len(ids), target=target)

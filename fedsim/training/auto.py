@@ -36,5 +36,5 @@ class AutoTrainer(Trainer):
     def devices_per_call(self, ids):
         return self.path_for(ids).devices_per_call(ids)
 
-    def _run(self, rnd, ids, start, steps, lr, prox_mu):
-        return self.path_for(ids)._run(rnd, ids, start, steps, lr, prox_mu)
+    def _run(self, rnd, ids, start, steps, lr, objective):
+        return self.path_for(ids)._run(rnd, ids, start, steps, lr, objective)

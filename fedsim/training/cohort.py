@@ -44,7 +44,7 @@ class BatchedTrainer(Trainer):
         width = self.batch_size or int(self.task.sizes[torch.as_tensor(ids, device=self.task.device)].max())
         return max(1, activation_budget(self.task.device) // (per_sample * width))
 
-    def _run(self, rnd, ids, start, steps, lr, prox_mu):
+    def _run(self, rnd, ids, start, steps, lr, objective):
         task = self.task
         end = start.clone()
         loss_sum = torch.zeros(len(ids), device=task.device)
@@ -65,8 +65,8 @@ class BatchedTrainer(Trainer):
                 w = end[rows]
                 ws = task.split(w)
                 grads, loss = self.step_fn(ws, *inputs(s, which))
-                starts = task.split(start[rows]) if prox_mu else ()  # only the proximal term reads them
-                sgd_update_(ws, grads, starts, lr[rows], self.client, prox_mu)
+                starts = task.split(start[rows]) if objective.uses_start else ()
+                sgd_update_(ws, grads, starts, lr[rows], self.client, objective)
                 if isinstance(rows, torch.Tensor):
                     end[rows] = w
                 loss_sum[rows] += loss

@@ -17,7 +17,7 @@ class LoopTrainer(Trainer):
     def devices_per_call(self, ids):
         return 1
 
-    def _run(self, rnd, ids, start, steps, lr, prox_mu):
+    def _run(self, rnd, ids, start, steps, lr, objective):
         task = self.task
         step_fn = task.step_fn()
         end = start.clone()
@@ -29,6 +29,6 @@ class LoopTrainer(Trainer):
             inputs = task.inputs(ids_t[one], rnd, int(steps[j]), self.batch_size, self.seed)
             for s in range(int(steps[j])):
                 grads, loss = step_fn(tuple(w[0] for w in ws), *(x[0] for x in inputs(s, slice(None))))
-                sgd_update_(ws, tuple(g[None] for g in grads), starts, lr[one], self.client, prox_mu)
+                sgd_update_(ws, tuple(g[None] for g in grads), starts, lr[one], self.client, objective)
                 loss_sum[j] += loss.detach()
         return end, loss_sum

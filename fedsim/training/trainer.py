@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from fedsim.config import ClientConfig
+from fedsim.training.objective import PLAIN, LocalObjective
 from fedsim.training.task import Task
 from fedsim.training.threads import ThreadPolicy
 
@@ -26,11 +27,12 @@ class TrainResult:
 
 
 def sgd_update_(ws: tuple[Tensor, ...], grads: tuple[Tensor, ...], starts: tuple[Tensor, ...],
-                lr: Tensor, client: ClientConfig, prox_mu: float) -> None:
+                lr: Tensor, client: ClientConfig, objective: LocalObjective) -> None:
     """One SGD step, in place, of m devices' parameter tensors ws (each [m, ...]); the loss
     gradients `grads` are overwritten.
 
-    Order as in torch: the proximal term (mu/2)||w - start||^2 is part of the local loss, the
+    Order as in torch: the objective's proximal term (mu/2)||w - start||^2 is part of the
+    local loss (`starts` are read only when `objective.uses_start`), the
     per-device clipping (clip_grad_norm_, L2 over all tensors) acts on that loss gradient,
     weight decay is added by the optimizer after. Terms that are off are skipped, so that with
     all of them off a step is exactly w - lr * grad in float32. In place, on views of the
@@ -40,9 +42,9 @@ def sgd_update_(ws: tuple[Tensor, ...], grads: tuple[Tensor, ...], starts: tuple
     def per_device(v: Tensor, like: Tensor) -> Tensor:  # [m] -> [m, 1, ...] to broadcast
         return v.view(-1, *[1] * (like.dim() - 1))
 
-    if prox_mu:
+    if objective.prox_mu:
         for g, w, s in zip(grads, ws, starts):
-            g += prox_mu * (w - s)
+            g += objective.prox_mu * (w - s)
     if client.clip > 0:
         norm = torch.stack([g.flatten(1).square().sum(dim=1) for g in grads]).sum(dim=0).sqrt()
         scale = (client.clip / (norm + 1e-6)).clamp(max=1.0)
@@ -66,8 +68,9 @@ class Trainer:
         self.threads = threads or ThreadPolicy(device=task.device)
 
     def train(self, rnd: int, ids: np.ndarray, start: Tensor, steps: np.ndarray, lr: float | Tensor,
-              prox_mu: float = 0.0) -> TrainResult:
-        """Local SGD of devices `ids` from `start` [k, d] for `steps` [k] steps at `lr` (scalar or [k])."""
+              objective: LocalObjective = PLAIN) -> TrainResult:
+        """Local SGD of devices `ids` from `start` [k, d] for `steps` [k] steps at `lr` (scalar or
+        [k]) on the task's loss plus the algorithm's `objective` terms."""
         task = self.task
         ids = np.asarray(ids, dtype=np.int64)
         steps = np.asarray(steps, dtype=np.int64)
@@ -80,7 +83,7 @@ class Trainer:
         if k == 0:
             return TrainResult(torch.zeros_like(start), lr_t.clone(), torch.zeros(0, dtype=torch.int64, device=task.device))
         with self.threads.work(self.call_flops(ids) if self.threads.active else 0.0):
-            end, loss_sum = self._run(rnd, ids, start, steps, lr_t, float(prox_mu))
+            end, loss_sum = self._run(rnd, ids, start, steps, lr_t, objective)
         ids_t = torch.as_tensor(ids, device=task.device)
         steps_t = torch.as_tensor(steps, device=task.device)
         per_step = self.batch_size if self.batch_size > 0 else task.sizes[ids_t]
@@ -100,6 +103,6 @@ class Trainer:
         raise NotImplementedError
 
     def _run(self, rnd: int, ids: np.ndarray, start: Tensor, steps: np.ndarray, lr: Tensor,
-             prox_mu: float) -> tuple[Tensor, Tensor]:
+             objective: LocalObjective) -> tuple[Tensor, Tensor]:
         """(end parameters [k, d], summed step losses [k])."""
         raise NotImplementedError

@@ -1,0 +1,97 @@
+"""Plugin algorithms from the CLI: by "module:Class" and by an installed package's entry point."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import final_x, quadratic_config  # noqa: E402
+
+from fedsim.cli import main  # noqa: E402
+
+FEDAVGM = '''
+from fedsim.algorithms import Strategy
+
+
+class FedAvgM(Strategy):
+    """FedAvg with server momentum written by hand: v <- 0.9 v + mean delta, x <- x + v."""
+
+    state = ("velocity",)
+
+    def init_state(self, params):
+        super().init_state(params)
+        self.velocity = params.new_zeros(params.shape)
+
+    def aggregate(self, rnd, arrivals):
+        if len(arrivals):
+            self.velocity = 0.9 * self.velocity + arrivals.deltas.mean(0)
+            self.params = self.params + self.velocity
+'''
+TARGETS = [[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]]
+
+
+def plugin_module(folder: Path, name: str, text: str = FEDAVGM) -> str:
+    (folder / f"{name}.py").write_text(text)
+    return name
+
+
+def config(algorithm: str, rounds_: int = 20, **options) -> dict:
+    cfg = quadratic_config(TARGETS, algorithm=algorithm, rounds=rounds_, lr=0.3)
+    cfg["algorithm"].update(options)
+    return cfg
+
+
+def test_a_module_path_plugin_runs_resumes_and_equals_the_builtin_momentum(cli_run, tmp_path, monkeypatch):
+    """Hand-written FedAvgM in the working directory == fedavg + server momentum (to float32
+    rounding: a mean against a weighted sum), and a resumed plugin run == an uninterrupted one
+    bit for bit."""
+    monkeypatch.chdir(tmp_path)
+    name = f"{plugin_module(tmp_path, 'hand_fedavgm_a')}:FedAvgM"
+    plugin = cli_run(config(name), name="plugin")
+    builtin = cli_run(config("fedavg", server_optimizer="momentum", server_momentum=0.9), name="builtin")
+    np.testing.assert_allclose(final_x(plugin), final_x(builtin), rtol=1e-5)
+    plain = cli_run(config("fedavg"), name="plain")
+    assert not np.allclose(final_x(plugin), final_x(plain), atol=1e-3)  # momentum made a difference
+
+    half = cli_run(config(name, rounds_=9), name="half")
+    assert main(["run", "--resume", str(half), "--set", "run.rounds=20", "--quiet"]) == 0
+    assert np.array_equal(final_x(half), final_x(plugin))
+
+
+def test_an_installed_entry_point_plugin_runs_by_its_name(cli_run, tmp_path, monkeypatch):
+    """A package that declares [fedsim.algorithms] demo-momentum = ... in its metadata."""
+    site = tmp_path / "site"
+    site.mkdir()
+    plugin_module(site, "demo_plugin_b")
+    info = site / "fedsim_demo_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fedsim-demo-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[fedsim.algorithms]\ndemo-momentum = demo_plugin_b:FedAvgM\n")
+    monkeypatch.syspath_prepend(str(site))
+    by_entry_point = cli_run(config("demo-momentum"), name="ep")
+    builtin = cli_run(config("fedavg", server_optimizer="momentum", server_momentum=0.9), name="builtin")
+    np.testing.assert_allclose(final_x(by_entry_point), final_x(builtin), rtol=1e-5)
+    cli_run(config("demo-momentun"), name="typo", expect=2)
+    err = cli_run.last_output.err
+    assert "did you mean 'demo-momentum'?" in err and "fedavg" in err  # listed with the built-ins
+
+
+@pytest.mark.parametrize("module_text, name, says", [
+    (None, "no_such_module_c:Thing", "no module 'no_such_module_c' in the working directory or on PYTHONPATH"),
+    ("1 / 0\n", "broken_plugin_d:Thing", "importing 'broken_plugin_d' failed (ZeroDivisionError"),
+    (FEDAVGM, "plugin_e:FedAvgMM", "module 'plugin_e' has no 'FedAvgMM'"),
+    ("class Thing:\n    pass\n", "plugin_f:Thing", "not a subclass of fedsim.algorithms.Strategy"),
+    (None, "plugin_g:", "is not of the form 'package.module:Name'"),
+])
+def test_a_bad_plugin_is_one_error_line(cli_run, tmp_path, monkeypatch, module_text, name, says):
+    monkeypatch.chdir(tmp_path)
+    if module_text is not None:
+        plugin_module(tmp_path, name.split(":")[0], module_text)
+    cli_run(config(name), name="bad", expect=2)
+    err = cli_run.last_output.err
+    assert err.count("\n") == 1 and says in err and "[algorithm] name" in err, err
+    assert not (tmp_path / "runs").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 
@@ -10,27 +11,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import final_x, quadratic_config  # noqa: E402
+from test_custom_algorithm import HandMomentum  # noqa: E402
 
 from fedsim.cli import main  # noqa: E402
 
-FEDAVGM = '''
-from fedsim.algorithms import Strategy
-
-
-class FedAvgM(Strategy):
-    """FedAvg with server momentum written by hand: v <- 0.9 v + mean delta, x <- x + v."""
-
-    state = ("velocity",)
-
-    def init_state(self, params):
-        super().init_state(params)
-        self.velocity = params.new_zeros(params.shape)
-
-    def aggregate(self, rnd, arrivals):
-        if len(arrivals):
-            self.velocity = 0.9 * self.velocity + arrivals.deltas.mean(0)
-            self.params = self.params + self.velocity
-'''
+# FedAvg with hand-written server momentum (v <- 0.9 v + mean delta, x <- x + v) as a plugin file
+FEDAVGM = "from fedsim.algorithms import Strategy\n\n\n" + inspect.getsource(HandMomentum).replace(
+    "class HandMomentum", "class FedAvgM")
 TARGETS = [[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]]
 
 

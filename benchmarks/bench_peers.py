@@ -13,7 +13,8 @@ fedsim runs `python -m fedsim run CONFIG --quiet` on a TOML config; each peer (F
 pfl-research, Flower) runs a driver that this script writes to a temp file and starts with
 the peer's interpreter. A peer that is not installed there is skipped (and said so in the
 table). Runs are interleaved: for each setting, for each repeat, every framework once, in an
-order rotated by one each repeat, after --settle seconds of rest.
+order rotated by one each repeat (Flower's runs, which leave the page cache cold for whatever
+follows, come last), each once the CPU is idle again (at most --settle seconds).
 
 Times, in seconds:
     whole-process  the parent's time.perf_counter() around the subprocess (interpreter start,
@@ -508,6 +509,43 @@ def failure(proc: subprocess.CompletedProcess | None, whole: float, why: str = "
     return {"ok": False, "whole_s": whole, "error": why or f"exit {proc.returncode}", "output_tail": tail}
 
 
+def run_order(runners: list, repeats: int) -> list[tuple[int, object]]:
+    """(repeat, runner) in the order to run: the light frameworks interleaved, rotated by one each
+    repeat, then Flower's runs together at the end. Whatever runs right after Flower starts
+    ~0.5 s slower (Ray's memory churn leaves the page cache cold), so nothing else follows it."""
+    light = [r for r in runners if r.label != "Flower"]
+    heavy = [r for r in runners if r.label == "Flower"]
+    order = [(rep, r) for rep in range(repeats)
+             for r in light[rep % len(light):] + light[:rep % len(light)]]
+    return order + [(rep, r) for rep in range(repeats) for r in heavy]
+
+
+def busy_fraction(interval: float = 0.5) -> float:
+    """Share of the machine's CPU time spent busy over `interval` seconds (/proc/stat)."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    total0, idle0 = sample()
+    time.sleep(interval)
+    total1, idle1 = sample()
+    return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def wait_for_idle(limit: float, threshold: float = 0.1) -> None:
+    """Wait (up to `limit` s) until the CPU is idle: a framework's leftovers (Ray's workers and
+    daemons shut down seconds after Flower exits) must not slow down the next run."""
+    deadline = time.perf_counter() + limit
+    while time.perf_counter() < deadline:
+        try:
+            if busy_fraction() < threshold:
+                return
+        except OSError:  # no /proc/stat: just wait the limit
+            time.sleep(limit)
+            return
+
+
 def run_fedsim(runner: Runner, cfg: dict, workdir: Path, timeout: float) -> dict:
     import polars as pl
 
@@ -620,8 +658,8 @@ def main() -> None:
     parser.add_argument("--load", type=int, default=0, metavar="K",
                         help="CPU-burning processes beside the runs (adds a fedsim OMP_NUM_THREADS=1 row)")
     parser.add_argument("--json", type=Path, help="write every run's numbers here")
-    parser.add_argument("--settle", type=float, default=3.0,
-                        help="seconds to wait before each run (default 3)")
+    parser.add_argument("--settle", type=float, default=30.0,
+                        help="wait up to this many seconds before each run for the CPU to be idle (default 30)")
     parser.add_argument("--peer-python", default=sys.executable,
                         help="interpreter for the peers (default: this one)")
     parser.add_argument("--python-fedsim", default=sys.executable)
@@ -666,19 +704,20 @@ def main() -> None:
         records = []
         try:
             for setting in settings:
-                for rep in range(args.repeats):
-                    for r in runners[rep % len(runners):] + runners[:rep % len(runners)]:  # rotated
-                        time.sleep(args.settle)  # what the last run left (Ray's workers) winds down
-                        workdir = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{r.label.split()[0]}-{setting}-{rep}-"))
-                        cfg = run_config(setting, data, {"blazefl_mode": args.blazefl_mode})
-                        result = r.run(r, cfg, workdir, args.timeout)
-                        records.append({"framework": r.label, "version": r.version, "python": r.python,
-                                        "setting": setting, "load": args.load, "repeat": rep, **result})
-                        shown = (f"whole {result['whole_s']:.2f}s, rounds {result['rounds_s']:.2f}s, "
-                                 f"acc {100 * result['acc']:.2f}%") if result["ok"] else result["error"]
-                        print(f"[{setting} {rep + 1}/{args.repeats}] {r.label}: {shown}", file=sys.stderr)
-                        if not result["ok"]:
-                            print(textwrap.indent(result.get("output_tail", "")[-2000:], "    "), file=sys.stderr)
+                for rep, r in run_order(runners, args.repeats):
+                    # what the last run left (Ray's workers) winds down first; a loaded
+                    # machine is never idle, so there a pause stands in
+                    wait_for_idle(args.settle) if not args.load else time.sleep(3)
+                    workdir = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{r.label.split()[0]}-{setting}-{rep}-"))
+                    cfg = run_config(setting, data, {"blazefl_mode": args.blazefl_mode})
+                    result = r.run(r, cfg, workdir, args.timeout)
+                    records.append({"framework": r.label, "version": r.version, "python": r.python,
+                                    "setting": setting, "load": args.load, "repeat": rep, **result})
+                    shown = (f"whole {result['whole_s']:.2f}s, rounds {result['rounds_s']:.2f}s, "
+                             f"acc {100 * result['acc']:.2f}%") if result["ok"] else result["error"]
+                    print(f"[{setting} {rep + 1}/{args.repeats}] {r.label}: {shown}", file=sys.stderr)
+                    if not result["ok"]:
+                        print(textwrap.indent(result.get("output_tail", "")[-2000:], "    "), file=sys.stderr)
         finally:
             stop_load(load)
 

@@ -63,6 +63,9 @@ def early_stops(result) -> list[str]:
 
 
 def cmd_run(args) -> int:
+    from fedsim.results.plot_worker import shared_worker
+
+    plotter = shared_worker()  # before torch's import, so that matplotlib's overlaps it
     from fedsim.config import load_config
     from fedsim.experiment import resume, run
 
@@ -74,10 +77,10 @@ def cmd_run(args) -> int:
             )
         check_resume_overrides(args.set)
         print(f"resuming {args.resume}", flush=True)
-        result = resume(Path(args.resume), args.set, progress=not args.quiet)
+        result = resume(Path(args.resume), args.set, progress=not args.quiet, plotter=plotter)
     else:
         config = load_config(args.config, args.set)
-        result = run(config, progress=not args.quiet,
+        result = run(config, progress=not args.quiet, plotter=plotter,
                      on_ready=lambda run_dir: print(f"run directory: {run_dir}", flush=True))
     print(_summary_table(result))
     for r in result.runs or [result]:

@@ -29,6 +29,7 @@ from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, c
                            read_toml)
 from fedsim.errors import FedsimError
 from fedsim.files import atomic_write
+from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import plot_runs
 from fedsim.results.recorder import Recorder, save_torch, write_json, write_text
 from fedsim.sim.engine import new_environment, run_engine
@@ -171,13 +172,14 @@ class Experiment:
     """One algorithm on one trace/task: builds the parts once, then `run()`s the engine."""
 
     def __init__(self, config: Config, run_dir: Path, progress: bool = True,
-                 saved_trace: Trace | None = None):
+                 saved_trace: Trace | None = None, plotter: PlotWorker | None = None):
         """`saved_trace`: the generated trace of the run being resumed. A resume generates the
         trace again for its (maybe longer) extent and keeps that when it agrees with the saved
         one; otherwise it replays the saved trace, repeating it."""
         self.config = config = resolve_trace_path(config)
         self.run_dir = Path(run_dir)
         self.progress = progress and config.run.progress
+        self.plotter = plotter
         self.device = resolve_device(config.run.device)
         cfg = config
         self.task = build_task(cfg.data, cfg.model, seed=cfg.run.seed, device=self.device)
@@ -274,7 +276,8 @@ class Experiment:
         save_torch(self.run_dir / "model.pt", self.task.state_dict(self.strategy.params))
         self._manifest(result, self._host_s())
         rounds = recorder.rounds_frame()
-        plot_runs({cfg.algorithm.name: rounds}, self.run_dir / "plots", title=cfg.run.name)
+        draw_plots(self.plotter, {cfg.algorithm.name: (rounds, self.run_dir / "rounds.parquet")},
+                   self.run_dir / "plots", cfg.run.name)
         return RunResult(self.run_dir, cfg.algorithm.name, result.status, result.reason, rounds,
                          self.strategy.params.detach().cpu())
 
@@ -318,23 +321,33 @@ class Experiment:
         })
 
 
+def draw_plots(plotter: PlotWorker | None, runs: dict[str, tuple[pl.DataFrame, Path]], out_dir: Path,
+               title: str) -> None:
+    """The plots of `runs` (name -> (rounds, its rounds.parquet)): by the plot worker where
+    there is one and it manages, here otherwise."""
+    if plotter is None or not plotter.plot({name: path for name, (_, path) in runs.items()}, out_dir, title):
+        plot_runs({name: frame for name, (frame, _) in runs.items()}, out_dir, title=title)
+
+
 def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
-        on_ready: Callable[[Path], None] = lambda run_dir: None) -> RunResult:
+        on_ready: Callable[[Path], None] = lambda run_dir: None,
+        plotter: PlotWorker | None = None) -> RunResult:
     """Run `config` (one algorithm or several side by side); returns the RunResult.
 
     `on_ready(run_dir)` is called once the first simulation is set up (config, data and trace
-    are valid), before anything is written.
+    are valid), before anything is written. `plotter`: a PlotWorker to draw the plots (the CLI
+    starts one first thing); without one they are drawn in this process.
     """
     if not isinstance(config, Config):
         raise FedsimError(f"fedsim.run: expected a Config (from fedsim.load_config), got {config!r}")
     run_dir = Path(run_dir) if run_dir else fresh_run_dir(config.run.out, config.run.name)
     if not config.run.algorithms:
-        experiment = Experiment(config, run_dir, progress)
+        experiment = Experiment(config, run_dir, progress, plotter=plotter)
         on_ready(run_dir)
         return experiment.run()
     results = []
     for name in config.run.algorithms:
-        experiment = Experiment(config.with_algorithm(name), run_dir / name, progress)
+        experiment = Experiment(config.with_algorithm(name), run_dir / name, progress, plotter=plotter)
         if not results:
             for other in config.run.algorithms[1:]:
                 experiment.set_up_strategy(config.with_algorithm(other))
@@ -345,7 +358,8 @@ def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
     write_text(run_dir / "config.toml", dump_toml(config.to_dict()))
     summary = summarize(results)
     atomic_write(run_dir / "summary.parquet", summary.write_parquet)
-    plot_runs({r.algorithm: r.rounds for r in results}, run_dir / "plots", title=config.run.name)
+    draw_plots(plotter, {r.algorithm: (r.rounds, r.run_dir / "rounds.parquet") for r in results},
+               run_dir / "plots", config.run.name)
     worst = max((r.status for r in results), key=STATUS_SEVERITY.index)
     return RunResult(run_dir, ",".join(config.run.algorithms), worst, "", summary, runs=results)
 
@@ -387,7 +401,8 @@ def check_unchanged(started: dict, now: dict, where: Path) -> None:
                     "so put it back or start a new run")
 
 
-def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True) -> RunResult:
+def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,
+           plotter: PlotWorker | None = None) -> RunResult:
     """Continue an interrupted (or shorter) run from its checkpoint, in the same directory."""
     run_dir = Path(run_dir)
     checkpoint = run_dir / "checkpoint.pt"
@@ -414,5 +429,5 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True) -> R
     if config.run.rounds < state["round"]:
         raise FedsimError(f"--set run.rounds={config.run.rounds}: the run already has "
                           f"{state['round']} rounds; resume can only add rounds")
-    return Experiment(config, run_dir, progress, saved_trace).run(resume=state)
+    return Experiment(config, run_dir, progress, saved_trace, plotter).run(resume=state)
 

@@ -16,10 +16,10 @@ from contextlib import contextmanager
 import torch
 
 # Multiply-adds of one call (forward + backward of a local step over the cohort, or an
-# evaluation) from which two threads are at least 1.5x faster than one on an idle 2-core CPU
-# (benchmarks/bench_threads.py: 48.8 M). Below it they gain at most 1.3-1.4x idle, while beside
-# busy processes they were measured 5-50x slower.
-CROSSOVER_FLOPS = 5.0e7
+# evaluation) from which two threads are at least 1.3x faster than one on an idle 2-core CPU
+# (benchmarks/bench_threads.py: 22.6 M, e.g. a CNN's step on one device). Below it they gain
+# at most 1.1-1.3x idle, while beside busy processes they were measured 5-50x slower.
+CROSSOVER_FLOPS = 2.25e7
 
 
 class ThreadPolicy:

@@ -1,0 +1,89 @@
+"""The run's plots drawn by a second process that `fedsim run` starts first thing.
+
+matplotlib's import (0.3 s) and the drawing were a sixth of a small run's wall time; in a
+process of their own they overlap torch's import and the simulation on a machine with two or
+more cores. The worker reads one JSON request a line (rounds.parquet files, the plot folder,
+the title), draws with `plots.plot_runs` and answers "ok"; whenever it cannot (it failed to
+start, died, or raised), the caller draws in its own process instead, so a plot is never lost.
+One worker serves every run of a process (the test suite's hundreds of in-process runs too).
+This module imports nothing heavy: the CLI imports it before torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+_shared: PlotWorker | None = None
+
+
+def shared_worker() -> PlotWorker | None:
+    """This process's worker, started on first use (again if it died); None on a single core."""
+    global _shared
+    if _shared is None or _shared.proc.poll() is not None:
+        _shared = PlotWorker.start()
+        if _shared is not None:
+            atexit.register(_shared.close)
+    return _shared
+
+
+class PlotWorker:
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-m", "fedsim.results.plot_worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+
+    @classmethod
+    def start(cls) -> PlotWorker | None:
+        """A worker where a second core can run it; None on a single core."""
+        if (os.cpu_count() or 1) < 2:
+            return None
+        try:
+            return cls()
+        except OSError:
+            return None
+
+    def plot(self, runs: dict[str, Path], out_dir: Path, title: str) -> bool:
+        """Draw the plots of `runs` (name -> rounds.parquet) into `out_dir`; False if it could not."""
+        request = {"runs": {name: str(path) for name, path in runs.items()}, "out": str(out_dir),
+                   "title": title}
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            return self.proc.stdout.readline().strip() == "ok"
+        except (OSError, ValueError):  # it died (broken pipe) or was closed
+            return False
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+
+
+def serve() -> None:
+    """The worker: import what drawing needs now (while the run starts), then draw on request."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the run, which finishes its round
+    import polars as pl
+    from matplotlib.figure import Figure  # noqa: F401  (the import is the point)
+
+    from fedsim.results.plots import plot_runs
+
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            frames = {name: pl.read_parquet(path) for name, path in request["runs"].items()}
+            plot_runs(frames, Path(request["out"]), title=request["title"])
+            print("ok", flush=True)
+        except Exception as err:  # the caller draws it itself and reports the error
+            print(f"failed: {type(err).__name__}", flush=True)
+
+
+if __name__ == "__main__":
+    serve()

@@ -55,7 +55,7 @@ def main() -> None:
     train, evaluate, plots = [], [], []
     timed(Trainer, "train", train)
     timed(ClassificationTask, "evaluate", evaluate)
-    timed(experiment, "plot_runs", plots)
+    timed(experiment, "draw_plots", plots)  # the wait for the plots (worker or here)
     out = tempfile.mkdtemp()
     if args.setting == "quickstart":
         argv = ["run", "--quiet", "--set", f"run.out={json.dumps(out)}"]

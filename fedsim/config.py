@@ -461,23 +461,9 @@ def load_config(source: str | Path | None = None, overrides: list[str] = ()) -> 
     return config_from_dict(raw, origin=str(path))
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value) if not (isinstance(value, float) and value != value) else "nan"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} as TOML")
-
-
 def dump_toml(sections: dict[str, dict[str, Any]]) -> str:
-    """TOML text of a two-level dict (the resolved config written to the run directory)."""
-    lines = []
-    for section, body in sections.items():
-        lines.append(f"[{section}]")
-        lines += [f"{key} = {_toml_value(value)}" for key, value in body.items()]
-        lines.append("")
-    return "\n".join(lines)
+    """TOML text of a two-level dict (the resolved config written to the run directory), by
+    tomli-w, which escapes what a hand-written writer missed (a newline in a run name)."""
+    import tomli_w
+
+    return tomli_w.dumps(sections)

@@ -82,3 +82,36 @@ def test_a_bad_plugin_is_one_error_line(cli_run, tmp_path, monkeypatch, module_t
     err = cli_run.last_output.err
     assert err.count("\n") == 1 and says in err and "[algorithm] name" in err, err
     assert not (tmp_path / "runs").exists()
+
+
+LINEAR_MODEL = '''
+from fedsim.training.models import Dense, Flatten
+
+
+def wide_linear(in_shape, n_classes, cfg):
+    """Softmax regression as a plugin: flatten, one dense layer."""
+    n_in = 1
+    for size in in_shape:
+        n_in *= size
+    return [Flatten(), Dense("out", n_in, n_classes)]
+'''
+
+
+def test_a_plugin_model_trains_like_the_builtin_it_copies(cli_run, tmp_path, monkeypatch):
+    """A model defined in the user's own file, by "module:function", through `fedsim run`."""
+    monkeypatch.chdir(tmp_path)
+    plugin_module(tmp_path, "user_models_h", LINEAR_MODEL)
+    base = {"run": {"rounds": 4, "eval_every": 4}, "data": {"dataset": "digits", "clients": 10},
+            "server": {"timing": "ideal", "clients_per_round": 5},
+            "client": {"local_steps": 2, "batch_size": 8, "trainer": "loop"}}
+    plugin = cli_run({**base, "model": {"name": "user_models_h:wide_linear"}}, name="plugin")
+    builtin = cli_run({**base, "model": {"name": "logreg"}}, name="builtin")
+    np.testing.assert_allclose(rounds_of(plugin, "test_loss"), rounds_of(builtin, "test_loss"), rtol=1e-5)
+    cli_run({**base, "model": {"name": "user_models_h:nope"}}, name="bad", expect=2)
+    assert "[model] name" in cli_run.last_output.err and "has no 'nope'" in cli_run.last_output.err
+
+
+def rounds_of(run_dir, column):
+    import polars as pl
+
+    return pl.read_parquet(run_dir / "rounds.parquet")[column].drop_nulls().to_numpy()

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedsim.config import ModelConfig
-from fedsim.errors import FedsimError, choice_error
+from fedsim.errors import FedsimError
+from fedsim.registry import Registry
 
 
 @dataclass
@@ -300,7 +301,11 @@ def _lenet5(in_shape, n_classes, cfg):
     return _cnn(in_shape, n_classes, cfg.dropout, [6, 16], 5, [pad, 0], [120, 84])
 
 
-ARCHITECTURES = {
+# name -> function (input shape, classes, [model] config) -> the layers; plugins are found as
+# "module:function" or entry points of `fedsim.models` (fedsim/registry.py)
+ARCHITECTURES = Registry("model", "fedsim.models", callable,
+                         "a function (in_shape, n_classes, model_config) -> list of fedsim layers")
+ARCHITECTURES.update({
     "logreg": lambda s, c, cfg: [Flatten(), *_head([math.prod(s), c], 0.0)],
     "mlp": lambda s, c, cfg: [Flatten(), *_head([math.prod(s), cfg.hidden, c], cfg.dropout, False)],
     "lenet5": _lenet5,
@@ -314,12 +319,12 @@ ARCHITECTURES = {
     # 2-layer LSTM, 16 hidden, reading an image row by row
     "lstm": lambda s, c, cfg: [LSTM(s[0] * s[2] if len(s) == 3 else s[0], 16, 2),
                                *_head([16, c], cfg.dropout)],
-}
+})
+IMAGE_ONLY = frozenset(ARCHITECTURES) - {"logreg", "mlp", "lstm"}  # the built-in CNNs
 
 
 def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dataset: str) -> Model:
-    if cfg.name not in ARCHITECTURES:
-        raise choice_error("[model] name", cfg.name, ARCHITECTURES)
+    architecture = ARCHITECTURES.lookup(cfg.name, "[model] name")
     if not 0 <= cfg.dropout < 1:
         raise FedsimError(f"[model] dropout = {cfg.dropout} must be in [0, 1)")
     if cfg.name == "logreg" and cfg.dropout:
@@ -328,13 +333,13 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
                           "set dropout = 0 or use mlp")
     if cfg.name == "mlp" and cfg.hidden < 1:
         raise FedsimError(f"[model] hidden = {cfg.hidden} must be >= 1")
-    if cfg.name not in ("logreg", "mlp", "lstm") and len(in_shape) != 3:
+    if cfg.name in IMAGE_ONLY and len(in_shape) != 3:
         raise FedsimError(
             f"[model] name = {cfg.name!r} needs images; [data] dataset = {dataset!r} has "
             f"vectors of {in_shape}: use logreg, mlp or lstm"
         )
     try:
-        return Model(cfg.name, ARCHITECTURES[cfg.name](in_shape, n_classes, cfg), in_shape)
+        return Model(cfg.name, architecture(in_shape, n_classes, cfg), in_shape)
     except ValueError:
         raise FedsimError(
             f"[model] name = {cfg.name!r} needs larger images than [data] dataset = {dataset!r} "

@@ -115,3 +115,30 @@ def rounds_of(run_dir, column):
     import polars as pl
 
     return pl.read_parquet(run_dir / "rounds.parquet")[column].drop_nulls().to_numpy()
+
+
+def doc_blocks(language: str) -> list[str]:
+    """The fenced code blocks of docs/extending.md in `language`, in order."""
+    import re
+
+    text = (Path(__file__).parent.parent / "docs" / "extending.md").read_text()
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def test_the_extending_guide_examples_run_as_written(cli_run, tmp_path, monkeypatch):
+    """docs/extending.md: its FedAvgM is fedavg + server momentum, resumes exactly, and its
+    model trains on digits."""
+    monkeypatch.chdir(tmp_path)
+    algorithm, model = doc_blocks("python")[:2]
+    plugin_module(tmp_path, "my_fedavgm", algorithm)
+    plugin_module(tmp_path, "my_models", model)
+    guide = cli_run(config("my_fedavgm:FedAvgM", beta=0.8), name="guide")
+    builtin = cli_run(config("fedavg", server_optimizer="momentum", server_momentum=0.8), name="builtin")
+    np.testing.assert_allclose(final_x(guide), final_x(builtin), rtol=1e-5)
+    half = cli_run(config("my_fedavgm:FedAvgM", rounds_=7, beta=0.8), name="half")
+    assert main(["run", "--resume", str(half), "--set", "run.rounds=20", "--quiet"]) == 0
+    assert np.array_equal(final_x(half), final_x(guide))
+    digits = cli_run({"run": {"rounds": 3, "eval_every": 3}, "data": {"dataset": "digits", "clients": 10},
+                      "model": {"name": "my_models:two_layer", "hidden": 32},
+                      "client": {"local_steps": 2, "batch_size": 8}}, name="model")
+    assert 0.1 < rounds_of(digits, "test_acc")[-1] <= 1.0

@@ -7,7 +7,7 @@ and hands it whatever arrived by the deadline (every round, also when nothing ar
 An algorithm computes its aggregated update Delta and hands it to `apply_update`; the
 injected server optimizer (`server_optimizer.py`: sgd, momentum, adam) turns it into the step
 taken. With sgd, ``server_lr`` (η_g) scales every algorithm's update: where the spec
-(ALGORITHMS.md §1) has η_g this is exactly its role; elsewhere (MIFA, FedLaAvg, fedavg-wait,
+(docs/algorithms.md) has η_g this is exactly its role; elsewhere (MIFA, FedLaAvg, fedavg-wait,
 amplified, sequential-sgd) it is a plain multiplier that the papers keep at 1, so the default
 reproduces them and a comparison can share one value.
 """

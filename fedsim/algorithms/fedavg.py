@@ -1,4 +1,4 @@
-"""The FedAvg family (ALGORITHMS.md §1): x <- x + η_g Σ_{i∈A_t} w_i Δ_i for some weights w.
+"""The FedAvg family (docs/algorithms.md): x <- x + η_g Σ_{i∈A_t} w_i Δ_i for some weights w.
 
 The members differ only in the weights: the mean over the arrivals (``fedavg``, and its
 ``fedsgd``/``fedprox`` variants), absent devices counted as zero (``fedavg-all``, biased

@@ -1,4 +1,4 @@
-"""FedVARP (ALGORITHMS.md §1): variance reduction with every device's latest update.
+"""FedVARP (docs/algorithms.md): variance reduction with every device's latest update.
 
 The server keeps y_i, the last update each device sent (0 before its first), and corrects
 the arrivals' mean by the stored updates of the absent devices:

@@ -1,4 +1,4 @@
-"""Selection policies: whom the server invites among the online devices (ALGORITHMS.md §1).
+"""Selection policies: whom the server invites among the online devices (docs/algorithms.md).
 
 A selector is called once per round with the ids of the online devices and returns the ids
 to invite (at most ``k``; ``k = 0`` means all of them). Policies with memory keep it in numpy

@@ -1,4 +1,4 @@
-"""FedAvg with device sampling that waits (Gu et al. §5.1, ALGORITHMS.md ``fedavg-wait``).
+"""FedAvg with device sampling that waits (Gu et al. §5.1; docs/algorithms.md ``fedavg-wait``).
 
 Unbiased without knowing p_i: draw S devices uniformly from all N, wait until each of them
 was available at least once, then let all S train from the current model and average.

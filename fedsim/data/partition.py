@@ -1,4 +1,4 @@
-"""Partitions of a labelled training set over N clients (ALGORITHMS.md §3).
+"""Partitions of a labelled training set over N clients (docs/algorithms.md).
 
 Each partitioner returns `owner`, the client of every sample, so that every sample belongs to
 exactly one client by construction; `to_csr` turns it into the offsets/indices lists the

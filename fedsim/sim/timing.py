@@ -1,4 +1,4 @@
-"""How long a device's task takes: download, compute, upload (DESIGN.md, [devices])."""
+"""How long a device's task takes: download, compute, upload (README, [devices])."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Converters from third-party availability dumps to fedsim traces.
 
-Formats (ALGORITHMS.md §2):
+Formats (docs/traces.md):
 
 * ``fedscale``: FedScale ``client_behave_trace`` pickle, ``{client_id: {'active': [s..],
   'inactive': [s..], 'finish_time': s, ...}}``; online on [active[k], inactive[k]); each client

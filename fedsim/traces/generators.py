@@ -1,6 +1,6 @@
 """Registry of synthetic availability generators and the one entry point, ``generate``.
 
-Two families (ALGORITHMS.md §2):
+Two families (docs/traces.md):
 
 * round-indexed models (``always``, ``bernoulli``, ``grid``, ``periodic``) define a
   probability p_i^t per device and round; the trace puts round r on [r*D, (r+1)*D) and merges

@@ -42,7 +42,7 @@ def write_trace(trace: Trace, path) -> None:
 
 def read_trace(path) -> Trace:
     """Read and fully validate a trace file written by ``write_trace`` (or any tool following
-    the contract in DESIGN.md). Touching intervals of a device are merged silently."""
+    the contract in docs/traces.md). Touching intervals of a device are merged silently."""
     where = f"trace {path}"
     table = _read_table(path, where)
     columns = _columns(table, COLUMNS, where, required=COLUMNS)

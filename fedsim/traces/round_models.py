@@ -1,4 +1,4 @@
-"""Round-indexed availability models of the papers (ALGORITHMS.md §2).
+"""Round-indexed availability models of the papers (docs/traces.md).
 
 Each model is a probability p_i^t per device i and round t, computed from parameters that
 are recorded in the trace metadata (so ``known_probability`` can recompute it). Rounds are

@@ -26,7 +26,7 @@ def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: Threa
         raise FedsimError(f"[client] batch_size = {client.batch_size} must be >= 0 (0 = full local data)")
     if task.device.type == "cuda":
         # float32 means float32 (as on the CPU and in the loop path; TF32 convolutions are
-        # also the slower ones for a vmapped cohort's grouped convolutions), and a seed gives
+        # also the slower ones for a cohort's grouped convolutions), and a seed gives
         # the same run bit for bit (cuDNN's default backward kernels sum in a racy order)
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False

@@ -14,7 +14,7 @@ from fedsim.training.trainer import Trainer
 
 def prefers_batched(has_conv: bool, cohort: int, device_type: str) -> bool:
     """A single device: the loop (there is nothing to stack). On a GPU: batched. On a CPU:
-    batched, except for convolutional models, whose vmapped convolution (one grouped
+    batched, except for convolutional models, whose cohort convolution (one grouped
     convolution over the cohort) is slower there than a loop of ordinary ones."""
     if cohort <= 1:
         return False

@@ -1,4 +1,4 @@
-"""Models as pure functions of one flat float32 parameter vector (ALGORITHMS.md §3).
+"""Models as pure functions of one flat float32 parameter vector (docs/algorithms.md).
 
 A model is a stack of layers; each layer names its parameters (for model.pt), knows how to
 initialise them and applies itself two ways: `__call__` to one device's batch (evaluation,

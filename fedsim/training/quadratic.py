@@ -1,4 +1,4 @@
-"""The quadratic task (DESIGN.md): client i has f_i(x) = 0.5 ||x - u_i||^2; the model is x.
+"""The quadratic task (docs/algorithms.md): client i has f_i(x) = 0.5 ||x - u_i||^2; the model is x.
 
 It exists to check closed-form results through the whole engine, so a noiseless step is
 exactly the float32 recurrence x <- x - lr * (x - u_i): the gradient is the plain difference,

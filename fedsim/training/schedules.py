@@ -1,4 +1,4 @@
-"""Client learning-rate schedules (ALGORITHMS.md §1), as a function of the round."""
+"""Client learning-rate schedules (docs/algorithms.md), as a function of the round."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""One registry shape for what users plug in (algorithms now; generators, converters and models
+"""One registry shape for what users plug in (algorithms and models; generators and converters
 are to follow): a name -> object table that also finds plugins outside fedsim.
 
 A name is looked up, in order: among the registered names (the built-ins and `@register`);
 as ``"package.module:Name"`` (any importable module: a file in the working directory or on
 PYTHONPATH); among the entry points of the registry's group (``fedsim.algorithms`` for
-algorithms) of the installed packages. Every failure is one FedsimError line naming what was
+algorithms, ``fedsim.models`` for models) of the installed packages. Every failure is one FedsimError line naming what was
 looked up, where, and how to fix it.
 """
 
@@ -22,9 +22,9 @@ from fedsim.errors import FedsimError, choice_error
 class Registry(dict):
     """name -> object for one kind of plugin; `accepts` says whether an object is that kind."""
 
-    def __init__(self, kind: str, group: str, accepts: Callable[[Any], bool], what: str):
+    def __init__(self, group: str, accepts: Callable[[Any], bool], what: str):
         super().__init__()
-        self.kind, self.group, self.accepts, self.what = kind, group, accepts, what
+        self.group, self.accepts, self.what = group, accepts, what
 
     def register(self, name: str, obj: Any) -> Any:
         self[name] = obj

@@ -245,7 +245,7 @@ def check_range(strategy: Strategy, key: str, low: float, high: float = math.inf
 
 # built-ins register by name; plugins are found as "module:Class" or entry points of
 # `fedsim.algorithms` (fedsim/registry.py)
-REGISTRY = Registry("algorithm", "fedsim.algorithms",
+REGISTRY = Registry("fedsim.algorithms",
                     lambda obj: isinstance(obj, type) and issubclass(obj, Strategy),
                     "a subclass of fedsim.algorithms.Strategy")
 

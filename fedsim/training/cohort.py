@@ -41,8 +41,7 @@ class BatchedTrainer(Trainer):
         per_sample = self.task.activations
         if not per_sample:
             return max(len(ids), 1)
-        width = self.batch_size or int(self.task.sizes[torch.as_tensor(ids, device=self.task.device)].max())
-        return max(1, activation_budget(self.task.device) // (per_sample * width))
+        return max(1, activation_budget(self.task.device) // (per_sample * self.batch_width(ids)))
 
     def _run(self, rnd, ids, start, steps, lr, objective):
         task = self.task

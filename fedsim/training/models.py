@@ -303,7 +303,7 @@ def _lenet5(in_shape, n_classes, cfg):
 
 # name -> function (input shape, classes, [model] config) -> the layers; plugins are found as
 # "module:function" or entry points of `fedsim.models` (fedsim/registry.py)
-ARCHITECTURES = Registry("model", "fedsim.models", callable,
+ARCHITECTURES = Registry("fedsim.models", callable,
                          "a function (in_shape, n_classes, model_config) -> list of fedsim layers")
 ARCHITECTURES.update({
     "logreg": lambda s, c, cfg: [Flatten(), *_head([math.prod(s), c], 0.0)],

@@ -96,8 +96,11 @@ class Trainer:
 
     def call_flops(self, ids: np.ndarray) -> float:
         """Multiply-adds of one local step of the devices that one gradient call holds."""
-        width = self.batch_size or int(self.task.sizes[torch.as_tensor(ids, device=self.task.device)].max())
-        return self.task.step_flops(width) * self.devices_per_call(ids)
+        return self.task.step_flops(self.batch_width(ids)) * self.devices_per_call(ids)
+
+    def batch_width(self, ids: np.ndarray) -> int:
+        """Samples per device in one step: the batch size, or the largest local data set (0)."""
+        return self.batch_size or int(self.task.sizes[torch.as_tensor(ids, device=self.task.device)].max())
 
     def devices_per_call(self, ids: np.ndarray) -> int:
         raise NotImplementedError

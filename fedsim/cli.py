@@ -112,14 +112,45 @@ def cmd_scenarios(args) -> int:
     return 0
 
 
+def choices_listing() -> str:
+    """The valid names of every choice, plugins installed as entry points included."""
+    from fedsim import catalog
+
+    rows = [("[algorithm] name", catalog.ALGORITHMS.names()), ("[model] name", catalog.MODELS.names()),
+            ("[trace] source", ["file", *catalog.GENERATORS.names()]),
+            ("[data] partition", catalog.PARTITIONS.names()),
+            ("[client] lr_schedule", catalog.SCHEDULES.names()),
+            ("[client] trainer", catalog.TRAINERS.names()),
+            ("[algorithm] selection", catalog.SELECTIONS.names()),
+            ("fedsim trace convert --from", catalog.CONVERTERS.names())]
+    lines = [f"  {where}: {', '.join(names)}" for where, names in rows]
+    return ("valid names (algorithms, models and generators also take a plugin's "
+            "'module:Name'; see docs/extending.md):\n" + "\n".join(lines))
+
+
+class ListingParser(argparse.ArgumentParser):
+    """With ``listing=True``, the help ends with `choices_listing()`, built only when the help
+    is shown (it looks up the installed plugins)."""
+
+    def __init__(self, *args, listing: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.listing = listing
+
+    def format_help(self) -> str:
+        if self.listing:
+            self.epilog = choices_listing()
+            self.formatter_class = argparse.RawDescriptionHelpFormatter
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedsim",
         description="Federated learning under intermittent device availability, simulated.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ListingParser)
 
-    p = sub.add_parser("run", help="run a simulation (default: the built-in quickstart)")
+    p = sub.add_parser("run", help="run a simulation (default: the built-in quickstart)", listing=True)
     p.add_argument("config", nargs="?", default=None,
                    help="a config .toml or a built-in scenario name (see `fedsim scenarios`)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",

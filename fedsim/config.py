@@ -8,7 +8,6 @@ runs, with the closest valid key suggested.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -16,7 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fedsim.errors import FedsimError, choice_error
+from fedsim.catalog import ALGORITHMS, GENERATORS, PARTITIONS, SCHEDULES, SELECTIONS, TRAINERS
+from fedsim.errors import FedsimError, choice_error, did_you_mean
 
 
 @dataclass
@@ -143,8 +143,6 @@ class Config:
 
     def with_algorithm(self, name: str) -> "Config":
         """A copy running `name` (options of the configured algorithm that `name` lacks are dropped)."""
-        from fedsim.algorithms import algorithm_options
-
         valid = algorithm_options(name)
         algo = dataclasses.replace(
             self.algorithm,
@@ -172,12 +170,12 @@ _SECTION_CLASSES = {
 }
 CHOICES = {
     ("run", "device"): ("auto", "cpu", "cuda"),
-    ("data", "partition"): ("iid", "dirichlet", "classes", "one-class", "majority"),
+    ("data", "partition"): PARTITIONS,
     ("server", "mode"): ("sync", "async"),
     ("server", "timing"): ("model", "ideal"),
-    ("client", "lr_schedule"): ("constant", "inverse", "inverse-sqrt", "step"),
-    ("client", "trainer"): ("auto", "batched", "loop"),
-    ("algorithm", "selection"): ("", "all", "uniform", "regularized", "longest-absent"),
+    ("client", "lr_schedule"): SCHEDULES,
+    ("client", "trainer"): TRAINERS,
+    ("algorithm", "selection"): SELECTIONS,  # or "": the algorithm's default policy
     ("algorithm", "server_optimizer"): ("sgd", "momentum", "adam"),
     ("devices", "model"): ("constant", "lognormal", "table"),
 }
@@ -222,8 +220,13 @@ MEANING = {
 
 def suggest(key: str, valid) -> str:
     """The end of an error line about an unknown `key`: the closest valid name, or all of them."""
-    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
-    return f"did you mean '{close[0]}'?" if close else "valid keys: " + ", ".join(sorted(valid))
+    return did_you_mean(key, valid) or "valid keys: " + ", ".join(sorted(valid))
+
+
+def algorithm_options(name: str, origin: str = "") -> dict[str, Any]:
+    """The algorithm's own config keys with their typed defaults (FedsimError if unknown)."""
+    where = f"{origin}: [algorithm] name" if origin else "[algorithm] name"
+    return dict(ALGORITHMS.lookup(name, where).options)
 
 
 def _check_type(where: str, value: Any, default: Any) -> Any:
@@ -249,8 +252,9 @@ def _check_value(where: str, section: str, key: str, value: Any) -> None:
         raise FedsimError(f"{where} = {value!r} must be a finite number")
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
         raise FedsimError(f"{where} = {value!r} is too large (it must fit in 64 bits)")
-    if (section, key) in CHOICES and value not in CHOICES[(section, key)]:
-        raise choice_error(where, value, [c for c in CHOICES[(section, key)] if c], "is not valid")
+    choices = CHOICES.get((section, key))
+    if choices is not None and value not in choices and (value, key) != ("", "selection"):
+        raise choice_error(where, value, list(choices), "is not valid")
     meaning = f" ({MEANING[(section, key)]})" if (section, key) in MEANING else ""
     if (section, key) in POSITIVE and not value > 0:
         raise FedsimError(f"{where} = {value!r} must be {'>= 1' if isinstance(value, int) else '> 0'}")
@@ -291,17 +295,13 @@ def _declared_options(section: str, raw: dict, algorithms: list, origin: str) ->
     every name in run.algorithms, so one file can configure a side-by-side comparison.
     """
     if section == "trace":
-        from fedsim.traces.generators import GENERATORS
-
         source = raw.get("source", TraceConfig.source)
         if source == "file":
             return {}
-        if source not in GENERATORS:
-            raise choice_error(f"{origin}: [trace] source", source, ["file", *GENERATORS])
-        return dict(GENERATORS[source].options)
+        if source not in GENERATORS.names() and ":" not in str(source):
+            raise choice_error(f"{origin}: [trace] source", source, ["file", *GENERATORS.names()])
+        return dict(GENERATORS.lookup(source, f"{origin}: [trace] source").options)
     if section == "algorithm":
-        from fedsim.algorithms import algorithm_options
-
         options: dict[str, Any] = {}
         for name in [raw.get("name", AlgorithmConfig.name), *algorithms]:
             if not isinstance(name, str):

@@ -37,7 +37,8 @@ from fedsim.sim.buffered import BufferedServer
 from fedsim.sim.server import Server, invite_budget
 from fedsim.sim.timing import DeviceTiming
 from fedsim.traces import AvailabilityIndex, Trace, generate, read_trace, write_trace
-from fedsim.traces.generators import GENERATORS, known_probability_at
+from fedsim.catalog import GENERATORS
+from fedsim.traces.generators import known_probability_at
 from fedsim.traces.io import read_device_table
 from fedsim.training import ThreadPolicy, build_task, build_trainer
 from fedsim.training.schedules import learning_rate
@@ -118,7 +119,7 @@ def load_trace(config: Config, n_devices: int, label_dist: np.ndarray | None) ->
                 f"set data.clients = {trace.n_devices} (or use a trace with {n_devices} devices)"
             )
         return trace
-    spec = GENERATORS[tc.source]
+    spec = GENERATORS.lookup(tc.source, f"{config.source}: [trace] source")
     days = tc.days or None
     if days is None and not spec.round_indexed:  # wall-clock models: cover max_time, or a week
         days = config.run.max_time / 86400 if config.run.max_time else 7.0

@@ -1,11 +1,14 @@
-"""One registry shape for what users plug in (algorithms and models; generators and converters
-are to follow): a name -> object table that also finds plugins outside fedsim.
+"""One registry shape for every named choice (algorithms, models, generators, converters,
+partitions, schedules, trainers, selections): a name -> object table whose built-ins are
+written as ``"module:attr"`` and imported on first use, so that listing the names (``--help``,
+config checks) costs no import of torch or of the algorithms.
 
-A name is looked up, in order: among the registered names (the built-ins and `@register`);
-as ``"package.module:Name"`` (any importable module: a file in the working directory or on
-PYTHONPATH); among the entry points of the registry's group (``fedsim.algorithms`` for
-algorithms, ``fedsim.models`` for models) of the installed packages. Every failure is one FedsimError line naming what was
-looked up, where, and how to fix it.
+A name is looked up, in order: among the registered names (the built-ins and ``register``);
+for registries open to plugins (``group`` set), as ``"package.module:Name"`` (any importable
+module: a file in the working directory or on PYTHONPATH) and among the entry points of the
+group (``fedsim.algorithms``, ``fedsim.models``, ``fedsim.generators``, ``fedsim.converters``)
+of the installed packages. Every failure is one FedsimError line naming what was looked up,
+where, and how to fix it.
 """
 
 from __future__ import annotations
@@ -13,35 +16,67 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Mapping, MutableMapping
 from importlib.metadata import entry_points
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from fedsim.errors import FedsimError, choice_error
 
 
-class Registry(dict):
-    """name -> object for one kind of plugin; `accepts` says whether an object is that kind."""
+class Registry(MutableMapping):
+    """name -> object for one kind of choice; `accepts` says whether an object is that kind.
 
-    def __init__(self, group: str, accepts: Callable[[Any], bool], what: str):
-        super().__init__()
-        self.group, self.accepts, self.what = group, accepts, what
+    Values given as ``"module:attr"`` strings are imported when first read.
+    """
+
+    def __init__(self, what: str, accepts: Callable[[Any], bool], built_ins: dict[str, Any],
+                 group: str | None = None):
+        self.what, self.accepts, self.group = what, accepts, group
+        self._entries: dict[str, Any] = dict(built_ins)
+
+    # -- the mapping: built-ins and registered names ------------------------------------------
+    def __getitem__(self, name: str) -> Any:
+        value = self._entries[name]
+        if isinstance(value, str):
+            value = self._entries[name] = self._load(value, name, f"built-in {name!r}")
+        return value
+
+    def __setitem__(self, name: str, obj: Any) -> None:
+        self._entries[name] = obj
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def register(self, name: str, obj: Any) -> Any:
         self[name] = obj
         return obj
 
+    # -- plugins ------------------------------------------------------------------------------
+    def _plugins(self) -> list:
+        return list(entry_points(group=self.group)) if self.group else []
+
     def names(self) -> list[str]:
-        """Registered names and the installed entry points' names, sorted."""
-        return sorted({*self, *(ep.name for ep in entry_points(group=self.group))})
+        """The built-in and registered names in their order, then the installed entry points'
+        names, sorted; imports nothing."""
+        plugins = {ep.name for ep in self._plugins()} - set(self._entries)
+        return [*self._entries, *sorted(plugins)]
 
     def lookup(self, name: str, where: str) -> Any:
         """The object registered, importable or installed under `name` (FedsimError if none)."""
-        if name in self:
+        if name in self._entries:
             return self[name]
+        if not self.group:
+            raise choice_error(where, name, self.names(), "is not valid")
         if ":" in name:
             obj = self._from_module(name, where)
         else:
-            found = [ep for ep in entry_points(group=self.group) if ep.name == name]
+            found = [ep for ep in self._plugins() if ep.name == name]
             if not found:
                 raise choice_error(where, name, self.names())
             obj = self._load(found[0].value, where, f"entry point {name!r} of {self.group}")
@@ -54,8 +89,10 @@ class Registry(dict):
             sys.path.append(os.getcwd())
         return self._load(name, where, f"{name!r}")
 
-    def _load(self, target: str, where: str, what: str) -> Any:
-        """Import "module:attr" (an entry point's value has the same form)."""
+    @staticmethod
+    def _load(target: str, where: str, what: str) -> Any:
+        """Import "module:attr" (an entry point's value has the same form; attr may be dotted,
+        and a part may be a key of a mapping)."""
         module_name, _, attr = target.partition(":")
         if not module_name or not attr:
             raise FedsimError(f"{where}: {what} is not of the form 'package.module:Name'")
@@ -72,7 +109,10 @@ class Registry(dict):
                               f"({type(err).__name__}: {err}); fix the module") from None
         obj = module
         for part in attr.split("."):
-            if not hasattr(obj, part):
+            if isinstance(obj, Mapping) and part in obj:
+                obj = obj[part]
+            elif hasattr(obj, part):
+                obj = getattr(obj, part)
+            else:
                 raise FedsimError(f"{where}: {what}: module {module_name!r} has no {attr!r}")
-            obj = getattr(obj, part)
         return obj

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import reference_algorithms as ref  # noqa: E402
 
 from fedsim.algorithms import REGISTRY, Arrivals, Context, make_strategy  # noqa: E402
-from fedsim.algorithms.selection import SELECTIONS  # noqa: E402
+from fedsim.catalog import SELECTIONS  # noqa: E402
 from fedsim.algorithms.table import DeviceTable  # noqa: E402
 from fedsim.errors import FedsimError  # noqa: E402
 
@@ -214,7 +214,7 @@ def test_sequential_sgd_needs_the_pooled_trainer():
 
 
 def test_unknown_algorithm_lists_the_valid_names():
-    with pytest.raises(FedsimError, match="did you mean 'fedawe'.*one of: amplified, fedau"):
+    with pytest.raises(FedsimError, match="did you mean 'fedawe'.*one of: fedavg, fedavg-all, .*fedawe, amplified"):
         make_strategy("fedawee")
 
 

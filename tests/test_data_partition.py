@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedsim.config import DataConfig
-from fedsim.data.partition import PARTITIONS, partition, to_csr
+from fedsim.catalog import PARTITIONS
+from fedsim.data.partition import partition, to_csr
 from fedsim.errors import FedsimError
 
 LABELS = np.repeat(np.arange(10), 120)  # 1200 samples, 10 balanced classes

@@ -65,12 +65,10 @@ def test_link_extraction_skips_code_and_reads_both_link_forms():
 
 
 def test_every_registered_algorithm_generator_and_converter_is_documented():
-    from fedsim.algorithms import REGISTRY
-    from fedsim.traces.converters import FORMATS
-    from fedsim.traces.generators import GENERATORS
+    from fedsim.catalog import ALGORITHMS, CONVERTERS, GENERATORS
 
     algorithms = (ROOT / "docs" / "algorithms.md").read_text(encoding="utf-8")
     traces = (ROOT / "docs" / "traces.md").read_text(encoding="utf-8")
-    missing = [name for name in REGISTRY if f"### `{name}`" not in algorithms]
-    missing += [name for name in [*GENERATORS, *FORMATS] if f"### `{name}`" not in traces]
+    missing = [name for name in ALGORITHMS if f"### `{name}`" not in algorithms]
+    missing += [name for name in [*GENERATORS, *CONVERTERS] if f"### `{name}`" not in traces]
     assert not missing, f"no section in docs/ for {missing}"

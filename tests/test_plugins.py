@@ -142,3 +142,95 @@ def test_the_extending_guide_examples_run_as_written(cli_run, tmp_path, monkeypa
                       "model": {"name": "my_models:two_layer", "hidden": 32},
                       "client": {"local_steps": 2, "batch_size": 8}}, name="model")
     assert 0.1 < rounds_of(digits, "test_acc")[-1] <= 1.0
+
+
+def trace_plugins(folder: Path) -> None:
+    """docs/extending.md's generator and converter, as files in `folder`."""
+    generator, converter = doc_blocks("python")[2:4]
+    plugin_module(folder, "my_traces", generator)
+    plugin_module(folder, "my_converters", converter)
+
+
+def test_a_plugin_generator_feeds_fedsim_run_and_trace_generate(cli_run, tmp_path, monkeypatch):
+    """docs/extending.md's `alternate`: half of the devices online in each half period."""
+    from fedsim.traces import read_trace
+
+    monkeypatch.chdir(tmp_path)
+    trace_plugins(tmp_path)
+    assert main(["trace", "generate", "my_traces:ALTERNATE", "--devices", "6", "--days", "0.25",
+                 "--set", "period=7200", "--out", "alt.parquet"]) == 0
+    trace = read_trace(tmp_path / "alt.parquet")
+    assert trace.horizon == 6 * 3600 and trace.generator["options"] == {"period": 7200.0}
+    first = trace.device_id < 3
+    assert np.array_equal(np.unique(trace.start[first] % 7200), [0.0])
+    assert np.array_equal(np.unique(trace.start[~first] % 7200), [3600.0])
+    cfg = config("fedavg", rounds_=4)
+    cfg["data"]["clients"] = 4
+    cfg["data"]["targets"] = [[1.0, 0.0], [0.0, 2.0], [3.0, 1.0], [1.0, 1.0]]
+    cfg["server"] = {"timing": "ideal", "round_duration": 1800.0}
+    cfg["trace"] = {"source": "my_traces:ALTERNATE", "period": 7200.0}
+    run_dir = cli_run(cfg, name="alt")
+    assert rounds_of(run_dir, "online").tolist() == [2, 2, 2, 2]
+    invited = __import__("polars").read_parquet(run_dir / "devices.parquet")["invitations"].to_list()
+    assert invited == [2, 2, 2, 2]  # rounds 0, 1 the first half, rounds 2, 3 the second
+    cfg["trace"] = {"source": "my_traces:ALTERNATE", "perod": 7200.0}
+    cli_run(cfg, name="typo", expect=2)
+    assert "did you mean 'period'?" in cli_run.last_output.err
+
+
+def test_a_plugin_converter_runs_from_trace_convert(tmp_path, monkeypatch, capsys):
+    from fedsim.traces import read_trace
+
+    monkeypatch.chdir(tmp_path)
+    trace_plugins(tmp_path)
+    (tmp_path / "in.json").write_text('{"b": [[0, 10], [20, 30]], "a": [[5, 15]]}')
+    assert main(["trace", "convert", "--from", "my_converters:json_intervals", "in.json",
+                 "--out", "t.parquet"]) == 0
+    trace = read_trace(tmp_path / "t.parquet")
+    assert trace.device_id.tolist() == [0, 1, 1] and trace.start.tolist() == [5, 0, 20]
+    assert trace.horizon == 30
+    assert main(["trace", "convert", "--from", "my_converters:nope", "in.json", "--out", "u.parquet"]) == 2
+    assert "module 'my_converters' has no 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "u.parquet").exists()
+
+
+def test_installed_plugins_of_every_kind_run_by_name_and_show_in_help(cli_run, tmp_path, monkeypatch, capsys):
+    """One package declaring an algorithm, a model, a generator and a converter."""
+    from fedsim.traces import read_trace
+
+    site = tmp_path / "site"
+    site.mkdir()
+    plugin_module(site, "kit_algorithms")
+    plugin_module(site, "kit_models", LINEAR_MODEL)
+    trace_plugins(site)
+    info = site / "fedsim_kit-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fedsim-kit\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[fedsim.algorithms]\nkit-momentum = kit_algorithms:FedAvgM\n\n"
+        "[fedsim.models]\nkit-linear = kit_models:wide_linear\n\n"
+        "[fedsim.generators]\nkit-alternate = my_traces:ALTERNATE\n\n"
+        "[fedsim.converters]\nkit-json = my_converters:json_intervals\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    listing = capsys.readouterr().out
+    for line, name in [("[algorithm] name", "kit-momentum"), ("[model] name", "kit-linear"),
+                       ("[trace] source", "kit-alternate"), ("convert --from", "kit-json")]:
+        assert any(line in row and name in row for row in listing.splitlines()), name
+    cfg = config("kit-momentum", rounds_=4)
+    cfg["server"]["round_duration"] = 1800.0
+    cfg["trace"] = {"source": "kit-alternate", "period": 7200.0}
+    cfg["data"]["targets"] = [[1.0, 0.0], [0.0, 2.0], [3.0, 1.0], [1.0, 1.0]]
+    cfg["data"]["clients"] = 4
+    assert rounds_of(cli_run(cfg, name="kit"), "online").tolist() == [2, 2, 2, 2]
+    digits = cli_run({"run": {"rounds": 2, "eval_every": 2}, "data": {"dataset": "digits", "clients": 10},
+                      "model": {"name": "kit-linear"}, "client": {"local_steps": 1, "batch_size": 8}},
+                     name="model")
+    assert 0.0 < rounds_of(digits, "test_acc")[-1] <= 1.0
+    (tmp_path / "in.json").write_text('{"x": [[0, 1]]}')
+    assert main(["trace", "convert", "--from", "kit-json", "in.json", "--out", "k.parquet"]) == 0
+    assert read_trace(tmp_path / "k.parquet").n_devices == 1
+    assert main(["trace", "generate", "kit-alternat", "--devices", "2", "--days", "1", "--out", "g.parquet"]) == 2
+    assert "did you mean 'kit-alternate'?" in capsys.readouterr().err

@@ -160,7 +160,7 @@ def test_csv_bad_lines(tmp_path, text, match):
 
 
 def test_convert_unknown_format_and_missing_file(tmp_path):
-    with pytest.raises(FedsimError, match="unknown trace format 'parquet'"):
+    with pytest.raises(FedsimError, match="--from .trace format. = 'parquet' is unknown .one of: fedscale, flash, sessions, csv"):
         convert("parquet", tmp_path / "x")
     one_line_error("csv", tmp_path / "missing.csv", "file not found")
 

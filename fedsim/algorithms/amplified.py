@@ -10,11 +10,10 @@ drift towards whoever happened to be available. ``eta = 1`` is FedAvg. Pairs wit
 
 from __future__ import annotations
 
-from fedsim.algorithms.base import check_range, register
+from fedsim.algorithms.base import check_range
 from fedsim.algorithms.fedavg import FedAvg
 
 
-@register
 class Amplified(FedAvg):
     name = "amplified"
     options = {"period": 500, "eta": 10.0}

@@ -22,10 +22,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsim.algorithms.selection import SELECTIONS, Selector
+from fedsim.algorithms.selection import Selector
 from fedsim.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerConfig
+from fedsim.catalog import ALGORITHMS, SELECTIONS
+from fedsim.config import algorithm_options  # noqa: F401  (re-exported: fedsim.algorithms)
 from fedsim.errors import FedsimError
-from fedsim.registry import Registry
 from fedsim.training.objective import PLAIN, LocalObjective
 
 
@@ -98,10 +99,8 @@ class Strategy:
         self.opt = {**self.options, **ctx.options}
         self.validate()
         policy = ctx.selection or self.selection
-        if policy not in SELECTIONS:
-            raise FedsimError(f"[algorithm] selection = {policy!r} is unknown; "
-                              f"valid: {', '.join(SELECTIONS)}")
-        self.selector: Selector = SELECTIONS[policy](n_devices, self.budget())
+        selector = SELECTIONS.lookup(policy, "[algorithm] selection")
+        self.selector: Selector = selector(n_devices, self.budget())
         self.server_optimizer = ServerOptimizer(
             ctx.server_optimizer or ServerOptimizerConfig(lr=ctx.server_lr), params)
         self.init_state(params.detach().clone())
@@ -243,28 +242,17 @@ def check_range(strategy: Strategy, key: str, low: float, high: float = math.inf
                           + (f" ({why})" if why else ""))
 
 
-# built-ins register by name; plugins are found as "module:Class" or entry points of
-# `fedsim.algorithms` (fedsim/registry.py)
-REGISTRY = Registry("fedsim.algorithms",
-                    lambda obj: isinstance(obj, type) and issubclass(obj, Strategy),
-                    "a subclass of fedsim.algorithms.Strategy")
+# the built-ins are listed in fedsim/catalog.py; plugins are found as "module:Class" or entry
+# points of `fedsim.algorithms`; `register` adds a class defined in the user's own script
+REGISTRY = ALGORITHMS
 
 
 def register(cls: type[Strategy]) -> type[Strategy]:
-    return REGISTRY.register(cls.name, cls)
-
-
-def _lookup(name: str, origin: str) -> type[Strategy]:
-    return REGISTRY.lookup(name, f"{origin}: [algorithm] name" if origin else "[algorithm] name")
-
-
-def algorithm_options(name: str, origin: str = "") -> dict[str, Any]:
-    """The algorithm's own config keys with their typed defaults (FedsimError if unknown)."""
-    return dict(_lookup(name, origin).options)
+    return ALGORITHMS.register(cls.name, cls)
 
 
 def make_strategy(name: str, origin: str = "") -> Strategy:
-    return _lookup(name, origin)()
+    return ALGORITHMS.lookup(name, f"{origin}: [algorithm] name" if origin else "[algorithm] name")()
 
 
 __all__ = ["Arrivals", "Context", "Strategy", "register", "algorithm_options", "make_strategy",

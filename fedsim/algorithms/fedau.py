@@ -11,11 +11,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedsim.algorithms.base import check_range, nan_stats, register
+from fedsim.algorithms.base import check_range, nan_stats
 from fedsim.algorithms.fedavg import FedAvg
 
 
-@register
 class FedAu(FedAvg):
     """x <- x + η_g (1/N) Σ_{A_t} ω_i Δ_i, ω_i = mean recorded interval (1 if none yet)."""
 

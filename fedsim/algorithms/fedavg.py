@@ -12,12 +12,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsim.algorithms.base import Arrivals, Strategy, check_range, register, weighted_sum
+from fedsim.algorithms.base import Arrivals, Strategy, check_range, weighted_sum
 from fedsim.errors import FedsimError
 from fedsim.training.objective import LocalObjective
 
 
-@register
 class FedAvg(Strategy):
     """x <- x + η_g · mean of the arrived deltas."""
 
@@ -40,7 +39,6 @@ class FedAvg(Strategy):
             self.apply_update(update)
 
 
-@register
 class FedAvgAll(FedAvg):
     """(1/N) Σ Δ_i: absent devices count as a zero update (Xiang et al. Example 1: biased)."""
 
@@ -50,7 +48,6 @@ class FedAvgAll(FedAvg):
         return torch.full((len(arrivals),), 1.0 / self.n, device=arrivals.deltas.device)
 
 
-@register
 class FedAvgKnownP(FedAvg):
     """(1/N) Σ Δ_i / p_i^t with the trace's true availability probability (unbiased)."""
 
@@ -80,7 +77,6 @@ class FedAvgKnownP(FedAvg):
         return torch.as_tensor(1.0 / (self.n * p), dtype=torch.float32, device=arrivals.deltas.device)
 
 
-@register
 class FedSGD(FedAvg):
     """FedAvg with one local step per round, whatever ``[client] local_steps`` says."""
 
@@ -90,7 +86,6 @@ class FedSGD(FedAvg):
         return np.ones(len(ids), dtype=np.int64)
 
 
-@register
 class FedProx(FedAvg):
     """FedAvg whose local loss adds (mu/2)·‖w − x‖² (declared as its local objective)."""
 

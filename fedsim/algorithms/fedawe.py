@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from fedsim.algorithms.base import Strategy, check_range, nan_stats, register
+from fedsim.algorithms.base import Strategy, check_range, nan_stats
 from fedsim.algorithms.table import DeviceTable
 
 
-@register
 class FedAwe(Strategy):
     """x = mean_{A_t}(x_i + η_g (t − τ_i) Δ_i); x_i <- x and τ_i <- t for i ∈ A_t.
 

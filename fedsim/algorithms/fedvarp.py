@@ -7,11 +7,10 @@ v = ȳ + (1/|A_t|) Σ_{A_t} (Δ_i − y_i). O(N·d) server memory, like MIFA.
 
 from __future__ import annotations
 
-from fedsim.algorithms.base import Strategy, register
+from fedsim.algorithms.base import Strategy
 from fedsim.algorithms.table import DeviceTable
 
 
-@register
 class FedVarp(Strategy):
     """x <- x + η_g v; y_i <- Δ_i for the arrivals. Nobody arrived: unchanged."""
 

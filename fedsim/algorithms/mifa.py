@@ -16,11 +16,10 @@ import math
 
 import numpy as np
 
-from fedsim.algorithms.base import Strategy, check_range, register
+from fedsim.algorithms.base import Strategy, check_range
 from fedsim.algorithms.table import DeviceTable
 
 
-@register
 class Mifa(Strategy):
     """x <- x − η_g · lr_t · (1/N) Σ_i G^i, with lr_t counted over update rounds.
 
@@ -72,7 +71,6 @@ class Mifa(Strategy):
         return self.table.metrics(self.last_round)
 
 
-@register
 class FedLaAvg(Mifa):
     """MIFA's update with longest-absent selection of K = round(beta·N) devices per round.
 

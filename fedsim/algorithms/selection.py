@@ -109,11 +109,3 @@ class SelectLongestAbsent(Selector):
 
     def load_state_dict(self, sd):
         self.last = np.asarray(sd["last"], dtype=np.int64)
-
-
-SELECTIONS: dict[str, type[Selector]] = {
-    "all": SelectAll,
-    "uniform": SelectUniform,
-    "regularized": SelectRegularized,
-    "longest-absent": SelectLongestAbsent,
-}

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsim.algorithms.base import Strategy, register
+from fedsim.algorithms.base import Strategy
 from fedsim.errors import FedsimError
 
 
-@register
 class SequentialSgd(Strategy):
     name = "sequential-sgd"
     state = ("params", "pending", "taken")

@@ -17,11 +17,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedsim.algorithms.base import check_range, register
+from fedsim.algorithms.base import check_range
 from fedsim.algorithms.fedavg import FedAvg
 
 
-@register
 class FedAvgWait(FedAvg):
     """``S`` (the paper's letter): devices to wait for; 0 = ``[server] clients_per_round``,
     or all N when that is 0 too. The update averages the S models (x + η_g mean Δ). Client

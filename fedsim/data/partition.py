@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from fedsim.config import DataConfig
-from fedsim.errors import FedsimError, choice_error
+from fedsim.catalog import PARTITIONS
+from fedsim.errors import FedsimError
 
 
 def _equal_sizes(n: int, n_clients: int) -> np.ndarray:
@@ -151,25 +152,15 @@ def majority(labels: np.ndarray, n_clients: int, cfg: DataConfig, rng: np.random
     return owner
 
 
-PARTITIONS = {
-    "iid": iid,
-    "dirichlet": dirichlet,
-    "classes": classes,
-    "one-class": one_class,
-    "majority": majority,
-}
-
-
 def partition(labels: np.ndarray, cfg: DataConfig, seed: int) -> np.ndarray:
     """owner[j] = the client of training sample j, for `[data] partition` and `[data] clients`."""
-    if cfg.partition not in PARTITIONS:
-        raise choice_error("[data] partition", cfg.partition, PARTITIONS)
+    split = PARTITIONS.lookup(cfg.partition, "[data] partition")
     if cfg.clients > len(labels):  # checked first: a huge count would exhaust memory below
         raise FedsimError(
             f"[data] clients = {cfg.clients} is more than the {len(labels)} training samples of "
             f"{cfg.dataset!r}, and every client needs one; lower [data] clients")
     rng = np.random.default_rng([seed, 0x9A27])
-    owner = PARTITIONS[cfg.partition](labels, cfg.clients, cfg, rng)
+    owner = split(labels, cfg.clients, cfg, rng)
     sizes = np.bincount(owner, minlength=cfg.clients)
     if sizes.min() == 0:
         raise FedsimError(

@@ -17,9 +17,10 @@ import tomllib
 
 import numpy as np
 
+from fedsim.catalog import CONVERTERS, GENERATORS
 from fedsim.errors import FedsimError
-from fedsim.traces.converters import FORMATS, convert
-from fedsim.traces.generators import GENERATORS, generate
+from fedsim.traces.converters import convert
+from fedsim.traces.generators import generate
 from fedsim.traces.schema import Trace
 from fedsim.traces.stats import summarize
 
@@ -43,7 +44,9 @@ def add_trace_commands(subparsers) -> None:
     plot.set_defaults(func=plot_command)
 
     conv = sub.add_parser("convert", help="convert a third-party trace dump to Parquet")
-    conv.add_argument("--from", dest="fmt", required=True, choices=FORMATS, help="input format")
+    conv.add_argument("--from", dest="fmt", required=True, metavar="FORMAT",
+                      help=f"input format: {', '.join(CONVERTERS.names())}, or a plugin's "
+                           "'module:function' (docs/extending.md)")
     conv.add_argument("input", help="file to convert")
     conv.add_argument("--out", required=True, help="trace .parquet to write")
     conv.add_argument("--horizon", type=float, help="seconds to cover (default: the input's span)")
@@ -56,13 +59,16 @@ def _add_generate(sub) -> None:
         f"  {name}: {spec.doc}\n    options: "
         + (", ".join(f"{k}={v!r}" for k, v in spec.options.items()) or "none")
         for name, spec in GENERATORS.items())
+    plugins = [name for name in GENERATORS.names() if name not in GENERATORS]
+    kinds += "".join(f"\n  {name}: installed plugin (options as --set key=value)" for name in plugins)
     gen = sub.add_parser(
         "generate", help="synthesise a trace", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Synthesise an availability trace.",
         epilog=f"generators (options with defaults; None: not set):\n{kinds}\n\n"
                "Options go as --set key=value (value is a TOML literal, e.g. --set p=0.3, "
                "--set tz_offsets=[0,8])\nor as --key value.")
-    gen.add_argument("kind", help=f"one of: {', '.join(GENERATORS)}")
+    gen.add_argument("kind", help=f"one of: {', '.join(GENERATORS.names())}, or a plugin's "
+                                  "'module:SPEC' (docs/extending.md)")
     gen.add_argument("--devices", type=int, required=True, help="number of devices")
     extent = gen.add_mutually_exclusive_group(required=True)
     extent.add_argument("--days", type=float, help="wall-clock length in days")

@@ -20,8 +20,9 @@ Client ids map to 0..n-1 in sorted order (numerically when they are all integers
 mapping is kept in ``generator["ids"]``. Bad input raises one FedsimError line naming the
 file and the line (or client) at fault.
 
-polars is imported by the converters that use it, so that ``FORMATS`` (the CLI's choices)
-and the re-export in ``traces.io`` do not cost its import.
+A converter is a function (path, where, horizon) -> Trace, registered by name in
+fedsim/catalog.py CONVERTERS (plugins: docs/extending.md). polars is imported by the
+converters that use it, so that the re-export in ``traces.io`` does not cost its import.
 """
 
 from __future__ import annotations
@@ -35,24 +36,23 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsim.catalog import CONVERTERS
 from fedsim.errors import FedsimError
 from fedsim.traces.intervals import clip
 from fedsim.traces.schema import Trace, check_rows, positive_seconds
 
-FORMATS = ("fedscale", "flash", "sessions", "csv")
 
 
 def convert(fmt: str, in_path, *, horizon: float | None = None) -> Trace:
     """Read ``in_path`` in format ``fmt`` and return a validated Trace."""
-    if fmt not in FORMATS:
-        raise FedsimError(f"unknown trace format {fmt!r}; valid formats: {', '.join(FORMATS)}")
+    converter = CONVERTERS.lookup(fmt, "--from (trace format)")
     path = Path(in_path)
     where = f"{fmt} trace {path}"
     if not path.is_file():
         raise FedsimError(f"{where}: file not found; check the path")
     if horizon is not None:
         horizon = positive_seconds(horizon, "horizon", where)
-    return _CONVERTERS[fmt](path, where, horizon)
+    return converter(path, where, horizon)
 
 
 # -- fedscale -------------------------------------------------------------------------------
@@ -69,7 +69,7 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
 
 
-def _fedscale(path: Path, where: str, horizon: float | None) -> Trace:
+def fedscale(path: Path, where: str, horizon: float | None) -> Trace:
     try:
         with path.open("rb") as f:
             data = _PlainUnpickler(f).load()
@@ -136,7 +136,7 @@ _FLASH_STATES = {
 _FLASH_IGNORED = {"screen_on", "screen_off", "battery_low", "battery_okay", "phone_on"}
 
 
-def _flash(path: Path, where: str, horizon: float | None) -> Trace:
+def flash(path: Path, where: str, horizon: float | None) -> Trace:
     import polars as pl
 
     try:
@@ -236,7 +236,7 @@ def _session_rules() -> list:
     ]
 
 
-def _sessions(path: Path, where: str, horizon: float | None) -> Trace:
+def sessions(path: Path, where: str, horizon: float | None) -> Trace:
     import polars as pl
 
     fields = (pl.DataFrame({"text": _text(path, where).splitlines()}, schema={"text": pl.String})
@@ -296,7 +296,7 @@ def _sessions(path: Path, where: str, horizon: float | None) -> Trace:
 
 # -- csv ------------------------------------------------------------------------------------
 
-def _csv(path: Path, where: str, horizon: float | None) -> Trace:
+def csv(path: Path, where: str, horizon: float | None) -> Trace:
     import polars as pl
 
     text = _text(path, where)
@@ -415,4 +415,3 @@ def _is_number(text: str) -> bool:
     return _NUMBER.fullmatch(text.strip()) is not None
 
 
-_CONVERTERS = {"fedscale": _fedscale, "flash": _flash, "sessions": _sessions, "csv": _csv}

@@ -1,4 +1,5 @@
-"""Registry of synthetic availability generators and the one entry point, ``generate``.
+"""The built-in synthetic availability generators (their names: fedsim/catalog.py GENERATORS)
+and the one entry point, ``generate``.
 
 Two families (docs/traces.md):
 
@@ -16,7 +17,6 @@ against them.
 
 from __future__ import annotations
 
-import difflib
 import math
 import sys
 from dataclasses import dataclass
@@ -24,7 +24,8 @@ from typing import Callable
 
 import numpy as np
 
-from fedsim.errors import FedsimError, choice_error
+from fedsim.catalog import GENERATORS
+from fedsim.errors import FedsimError, did_you_mean
 from fedsim.traces import clock_models, round_models
 from fedsim.traces.request import Generated, Request, finite_numbers, short
 from fedsim.traces.schema import Trace, check_devices, positive_seconds, whole_number
@@ -50,7 +51,7 @@ class GeneratorSpec:
     probability: Callable[[dict, np.ndarray], np.ndarray] | None = None
 
 
-GENERATORS: dict[str, GeneratorSpec] = {
+BUILT_IN: dict[str, GeneratorSpec] = {
     spec.name: spec
     for spec in [
         GeneratorSpec("always", {}, True, False,
@@ -147,7 +148,7 @@ def check_options(kind: str, options: dict) -> dict:
             if not valid:
                 raise FedsimError(f"trace generator {kind!r} takes no options; remove {key!r}")
             raise FedsimError(f"trace generator {kind!r}: unknown option {key!r}; "
-                              f"{_suggest(key, valid)}valid options: {', '.join(valid)}")
+                              f"{did_you_mean(key, valid, end='? ')}valid options: {', '.join(valid)}")
         resolved[key] = _typed(kind, key, value, spec.options[key])
     return resolved
 
@@ -181,14 +182,7 @@ _EXPECTED = {float: "a finite number", int: f"an integer within +-{MAX_OPTION_IN
 
 
 def _spec(kind: str) -> GeneratorSpec:
-    if kind not in GENERATORS:
-        raise choice_error("trace generator", kind, GENERATORS)
-    return GENERATORS[kind]
-
-
-def _suggest(word: str, valid) -> str:
-    close = difflib.get_close_matches(str(word), list(valid), n=1, cutoff=0.5)
-    return f"did you mean {close[0]!r}? " if close else ""
+    return GENERATORS.lookup(kind, "trace generator")
 
 
 def _extent(spec: GeneratorSpec, rounds, round_duration, days):

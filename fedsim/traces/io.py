@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from fedsim.errors import FedsimError
 from fedsim.files import atomic_write
-from fedsim.traces.converters import FORMATS, convert  # noqa: F401  (public API lives here too)
+from fedsim.traces.converters import convert  # noqa: F401  (public API lives here too)
 from fedsim.traces.schema import Trace, check_header, first_problem, merge_sorted
 
 VERSION = "1"

@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import torch
 
+from fedsim.catalog import TRAINERS
 from fedsim.config import ClientConfig
 from fedsim.errors import FedsimError
-from fedsim.training.auto import AutoTrainer
-from fedsim.training.cohort import BatchedTrainer
-from fedsim.training.loop import LoopTrainer
 from fedsim.training.task import Task, build_task
 from fedsim.training.threads import ThreadPolicy
 from fedsim.training.trainer import Trainer, TrainResult
 
-TRAINERS = {"auto": AutoTrainer, "batched": BatchedTrainer, "loop": LoopTrainer}
-
 
 def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: ThreadPolicy | None = None) -> Trainer:
     """The trainer path named by `[client] trainer` (auto | batched | loop)."""
-    if client.trainer not in TRAINERS:
-        raise FedsimError(
-            f"[client] trainer = {client.trainer!r} is not valid (one of: {', '.join(TRAINERS)})"
-        )
+    trainer_class = TRAINERS.lookup(client.trainer, "[client] trainer")
     if client.batch_size < 0:
         raise FedsimError(f"[client] batch_size = {client.batch_size} must be >= 0 (0 = full local data)")
     if task.device.type == "cuda":
@@ -32,7 +25,7 @@ def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: Threa
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
-    return TRAINERS[client.trainer](task, client, seed=seed, threads=threads)
+    return trainer_class(task, client, seed=seed, threads=threads)
 
 
 __all__ = ["build_task", "build_trainer", "Task", "ThreadPolicy", "TrainResult", "Trainer"]

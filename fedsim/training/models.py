@@ -26,7 +26,7 @@ from torch import Tensor
 
 from fedsim.config import ModelConfig
 from fedsim.errors import FedsimError
-from fedsim.registry import Registry
+from fedsim.catalog import MODELS
 
 
 @dataclass
@@ -296,35 +296,55 @@ def _shapes(layers: list[Layer], shape: tuple[int, ...]) -> list[tuple[int, ...]
     return out
 
 
-def _lenet5(in_shape, n_classes, cfg):
+# the architectures by name (fedsim/catalog.py MODELS): (input shape, classes, [model] config)
+# -> the layers
+def logreg(in_shape, n_classes, cfg):
+    return [Flatten(), *_head([math.prod(in_shape), n_classes], 0.0)]
+
+
+def mlp(in_shape, n_classes, cfg):
+    return [Flatten(), *_head([math.prod(in_shape), cfg.hidden, n_classes], cfg.dropout, False)]
+
+
+def lenet5(in_shape, n_classes, cfg):
     pad = 2 if in_shape[1] < 32 else 0  # 28x28 inputs padded to LeNet's 32x32
     return _cnn(in_shape, n_classes, cfg.dropout, [6, 16], 5, [pad, 0], [120, 84])
 
 
-# name -> function (input shape, classes, [model] config) -> the layers; plugins are found as
-# "module:function" or entry points of `fedsim.models` (fedsim/registry.py)
-ARCHITECTURES = Registry("fedsim.models", callable,
-                         "a function (in_shape, n_classes, model_config) -> list of fedsim layers")
-ARCHITECTURES.update({
-    "logreg": lambda s, c, cfg: [Flatten(), *_head([math.prod(s), c], 0.0)],
-    "mlp": lambda s, c, cfg: [Flatten(), *_head([math.prod(s), cfg.hidden, c], cfg.dropout, False)],
-    "lenet5": _lenet5,
-    # FedAWE (002) Table 6: 3x3 convs, 32 channels, padding 1
-    "cnn-svhn": lambda s, c, cfg: _cnn(s, c, cfg.dropout, [32, 32], 3, 1, [128]),
-    "cnn-cifar": lambda s, c, cfg: _cnn(s, c, cfg.dropout, [32, 32], 3, 1, [256, 64]),
-    "cnn-cinic": lambda s, c, cfg: _cnn(s, c, cfg.dropout, [32, 32], 3, 1, [512, 256]),
-    # Wang & Ji (003) Table D.2: 5x5 convs, padding 2
-    "cnn-fmnist": lambda s, c, cfg: _cnn(s, c, cfg.dropout, [32, 32], 5, 2, [128]),
-    "cnn-cifar-wj": lambda s, c, cfg: _cnn(s, c, cfg.dropout, [32, 64], 5, 2, [512, 128]),
-    # 2-layer LSTM, 16 hidden, reading an image row by row
-    "lstm": lambda s, c, cfg: [LSTM(s[0] * s[2] if len(s) == 3 else s[0], 16, 2),
-                               *_head([16, c], cfg.dropout)],
-})
-IMAGE_ONLY = frozenset(ARCHITECTURES) - {"logreg", "mlp", "lstm"}  # the built-in CNNs
+# FedAWE (002) Table 6: 3x3 convs, 32 channels, padding 1
+def cnn_svhn(in_shape, n_classes, cfg):
+    return _cnn(in_shape, n_classes, cfg.dropout, [32, 32], 3, 1, [128])
+
+
+def cnn_cifar(in_shape, n_classes, cfg):
+    return _cnn(in_shape, n_classes, cfg.dropout, [32, 32], 3, 1, [256, 64])
+
+
+def cnn_cinic(in_shape, n_classes, cfg):
+    return _cnn(in_shape, n_classes, cfg.dropout, [32, 32], 3, 1, [512, 256])
+
+
+# Wang & Ji (003) Table D.2: 5x5 convs, padding 2
+def cnn_fmnist(in_shape, n_classes, cfg):
+    return _cnn(in_shape, n_classes, cfg.dropout, [32, 32], 5, 2, [128])
+
+
+def cnn_cifar_wj(in_shape, n_classes, cfg):
+    return _cnn(in_shape, n_classes, cfg.dropout, [32, 64], 5, 2, [512, 128])
+
+
+def lstm(in_shape, n_classes, cfg):
+    """2-layer LSTM, 16 hidden, reading an image row by row."""
+    width = in_shape[0] * in_shape[2] if len(in_shape) == 3 else in_shape[0]
+    return [LSTM(width, 16, 2), *_head([16, n_classes], cfg.dropout)]
+
+
+ARCHITECTURES = MODELS
+IMAGE_ONLY = frozenset({"lenet5", "cnn-svhn", "cnn-cifar", "cnn-cinic", "cnn-fmnist", "cnn-cifar-wj"})
 
 
 def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dataset: str) -> Model:
-    architecture = ARCHITECTURES.lookup(cfg.name, "[model] name")
+    architecture = MODELS.lookup(cfg.name, "[model] name")
     if not 0 <= cfg.dropout < 1:
         raise FedsimError(f"[model] dropout = {cfg.dropout} must be in [0, 1)")
     if cfg.name == "logreg" and cfg.dropout:

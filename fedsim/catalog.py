@@ -1,0 +1,82 @@
+"""Every named choice of fedsim, in one place: its registry (fedsim/registry.py).
+
+The built-ins are listed here by import path, so that the config checks, ``--help`` and error
+listings know every valid name without importing torch or the modules that implement them.
+Algorithms, models, generators and converters are open to plugins (``"module:Name"`` or an
+entry point of the group named below; docs/extending.md); the other choices are closed lists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedsim.registry import Registry
+
+
+def _is_strategy(obj: Any) -> bool:
+    from fedsim.algorithms.base import Strategy
+
+    return isinstance(obj, type) and issubclass(obj, Strategy)
+
+
+def _is_generator(obj: Any) -> bool:
+    from fedsim.traces.generators import GeneratorSpec
+
+    return isinstance(obj, GeneratorSpec)
+
+
+def _paths(module: str, names: dict[str, str]) -> dict[str, str]:
+    return {name: f"{module}:{attr}" for name, attr in names.items()}
+
+
+ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", _is_strategy, {
+    **_paths("fedsim.algorithms.fedavg", {"fedavg": "FedAvg", "fedavg-all": "FedAvgAll",
+                                          "fedavg-known-p": "FedAvgKnownP", "fedsgd": "FedSGD",
+                                          "fedprox": "FedProx"}),
+    "fedavg-wait": "fedsim.algorithms.waiting:FedAvgWait",
+    **_paths("fedsim.algorithms.mifa", {"mifa": "Mifa", "fedlaavg": "FedLaAvg"}),
+    "fedvarp": "fedsim.algorithms.fedvarp:FedVarp",
+    "fedawe": "fedsim.algorithms.fedawe:FedAwe",
+    "amplified": "fedsim.algorithms.amplified:Amplified",
+    "fedau": "fedsim.algorithms.fedau:FedAu",
+    "sequential-sgd": "fedsim.algorithms.sequential:SequentialSgd",
+}, group="fedsim.algorithms")
+
+# a model is a function (in_shape, n_classes, [model] config) -> list of fedsim layers
+MODELS = Registry("a function (in_shape, n_classes, model_config) -> list of fedsim layers", callable,
+                  _paths("fedsim.training.models", {
+                      "logreg": "logreg", "mlp": "mlp", "lenet5": "lenet5", "cnn-svhn": "cnn_svhn",
+                      "cnn-cifar": "cnn_cifar", "cnn-cinic": "cnn_cinic", "cnn-fmnist": "cnn_fmnist",
+                      "cnn-cifar-wj": "cnn_cifar_wj", "lstm": "lstm"}),
+                  group="fedsim.models")
+
+GENERATORS = Registry("a fedsim.traces.generators.GeneratorSpec", _is_generator,
+                      {name: f"fedsim.traces.generators:BUILT_IN.{name}" for name in (
+                          "always", "bernoulli", "grid", "periodic", "markov", "sleep-window",
+                          "diurnal")},
+                      group="fedsim.generators")
+
+# a converter is a function (path, where, horizon) -> Trace (docs/extending.md)
+CONVERTERS = Registry("a function (path, where, horizon) -> fedsim.traces.Trace", callable,
+                      _paths("fedsim.traces.converters", {
+                          "fedscale": "fedscale", "flash": "flash", "sessions": "sessions",
+                          "csv": "csv"}),
+                      group="fedsim.converters")
+
+PARTITIONS = Registry("a partition", callable, _paths("fedsim.data.partition", {
+    "iid": "iid", "dirichlet": "dirichlet", "classes": "classes", "one-class": "one_class",
+    "majority": "majority"}))
+
+SCHEDULES = Registry("a learning-rate schedule", callable, _paths("fedsim.training.schedules", {
+    "constant": "constant", "inverse": "inverse", "inverse-sqrt": "inverse_sqrt", "step": "step"}))
+
+TRAINERS = Registry("a trainer", callable, {
+    "auto": "fedsim.training.auto:AutoTrainer", "batched": "fedsim.training.cohort:BatchedTrainer",
+    "loop": "fedsim.training.loop:LoopTrainer"})
+
+SELECTIONS = Registry("a selection policy", callable, _paths("fedsim.algorithms.selection", {
+    "all": "SelectAll", "uniform": "SelectUniform", "regularized": "SelectRegularized",
+    "longest-absent": "SelectLongestAbsent"}))
+
+__all__ = ["ALGORITHMS", "MODELS", "GENERATORS", "CONVERTERS", "PARTITIONS", "SCHEDULES",
+           "TRAINERS", "SELECTIONS"]

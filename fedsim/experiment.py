@@ -30,7 +30,7 @@ from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, c
 from fedsim.errors import FedsimError
 from fedsim.files import atomic_write
 from fedsim.results.plot_worker import PlotWorker
-from fedsim.results.plots import plot_runs
+from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import Recorder, save_torch, write_json, write_text
 from fedsim.sim.engine import new_environment, run_engine
 from fedsim.sim.buffered import BufferedServer
@@ -277,8 +277,7 @@ class Experiment:
         save_torch(self.run_dir / "model.pt", self.task.state_dict(self.strategy.params))
         self._manifest(result, self._host_s())
         rounds = recorder.rounds_frame()
-        draw_plots(self.plotter, {cfg.algorithm.name: (rounds, self.run_dir / "rounds.parquet")},
-                   self.run_dir / "plots", cfg.run.name)
+        draw_plots(self.plotter, {cfg.algorithm.name: self.run_dir}, self.run_dir / "plots", cfg.run.name)
         return RunResult(self.run_dir, cfg.algorithm.name, result.status, result.reason, rounds,
                          self.strategy.params.detach().cpu())
 
@@ -322,14 +321,6 @@ class Experiment:
         })
 
 
-def draw_plots(plotter: PlotWorker | None, runs: dict[str, tuple[pl.DataFrame, Path]], out_dir: Path,
-               title: str) -> None:
-    """The plots of `runs` (name -> (rounds, its rounds.parquet)): by the plot worker where
-    there is one and it manages, here otherwise."""
-    if plotter is None or not plotter.plot({name: path for name, (_, path) in runs.items()}, out_dir, title):
-        plot_runs({name: frame for name, (frame, _) in runs.items()}, out_dir, title=title)
-
-
 def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
         on_ready: Callable[[Path], None] = lambda run_dir: None,
         plotter: PlotWorker | None = None) -> RunResult:
@@ -359,8 +350,7 @@ def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
     write_text(run_dir / "config.toml", dump_toml(config.to_dict()))
     summary = summarize(results)
     atomic_write(run_dir / "summary.parquet", summary.write_parquet)
-    draw_plots(plotter, {r.algorithm: (r.rounds, r.run_dir / "rounds.parquet") for r in results},
-               run_dir / "plots", config.run.name)
+    draw_plots(plotter, {r.algorithm: r.run_dir for r in results}, run_dir / "plots", config.run.name)
     worst = max((r.status for r in results), key=STATUS_SEVERITY.index)
     return RunResult(run_dir, ",".join(config.run.algorithms), worst, "", summary, runs=results)
 

@@ -2,8 +2,8 @@
 
 matplotlib's import (0.3 s) and the drawing were a sixth of a small run's wall time; in a
 process of their own they overlap torch's import and the simulation on a machine with two or
-more cores. The worker reads one JSON request a line (rounds.parquet files, the plot folder,
-the title), draws with `plots.plot_runs` and answers "ok"; whenever it cannot (it failed to
+more cores. The worker reads one JSON request a line (run directories, the plot folder,
+the title), draws with `plots.plot_dirs` and answers "ok"; whenever it cannot (it failed to
 start, died, or raised), the caller draws in its own process instead, so a plot is never lost.
 One worker serves every run of a process (the test suite's hundreds of in-process runs too).
 This module imports nothing heavy: the CLI imports it before torch.
@@ -49,7 +49,7 @@ class PlotWorker:
             return None
 
     def plot(self, runs: dict[str, Path], out_dir: Path, title: str) -> bool:
-        """Draw the plots of `runs` (name -> rounds.parquet) into `out_dir`; False if it could not."""
+        """Draw the plots of `runs` (name -> run directory) into `out_dir`; False if it could not."""
         request = {"runs": {name: str(path) for name, path in runs.items()}, "out": str(out_dir),
                    "title": title}
         try:
@@ -70,16 +70,16 @@ class PlotWorker:
 def serve() -> None:
     """The worker: import what drawing needs now (while the run starts), then draw on request."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the run, which finishes its round
-    import polars as pl
-    from matplotlib.figure import Figure  # noqa: F401  (the import is the point)
+    import polars as pl  # noqa: F401  (the imports are the point)
+    from matplotlib.figure import Figure  # noqa: F401
 
-    from fedsim.results.plots import plot_runs
+    from fedsim.results.plots import plot_dirs
 
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            frames = {name: pl.read_parquet(path) for name, path in request["runs"].items()}
-            plot_runs(frames, Path(request["out"]), title=request["title"])
+            runs = {name: Path(path) for name, path in request["runs"].items()}
+            plot_dirs(runs, Path(request["out"]), title=request["title"])
             print("ok", flush=True)
         except Exception as err:  # the caller draws it itself and reports the error
             print(f"failed: {type(err).__name__}", flush=True)

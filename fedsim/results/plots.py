@@ -54,15 +54,28 @@ def plot_runs(frames: dict[str, pl.DataFrame], out_dir: Path, title: str = "") -
     return written
 
 
+def plot_dirs(runs: dict[str, Path], out_dir: Path, title: str = "") -> list[Path]:
+    """The plots of the run directories `runs` (name -> directory), side by side."""
+    frames = {name: pl.read_parquet(Path(run_dir) / "rounds.parquet") for name, run_dir in runs.items()}
+    return plot_runs(frames, out_dir, title=title)
+
+
+def draw_plots(plotter, runs: dict[str, Path], out_dir: Path, title: str) -> None:
+    """The plots of `runs` (name -> run directory): by the plot worker (results/plot_worker.py)
+    where there is one and it manages, here otherwise."""
+    if plotter is None or not plotter.plot(runs, out_dir, title):
+        plot_dirs(runs, out_dir, title)
+
+
 def plot_run_dir(run_dir: Path) -> list[Path]:
     """(Re)draw the plots of a finished run directory, single or multi-algorithm."""
     run_dir = Path(run_dir)
     if (run_dir / "rounds.parquet").exists():
-        frames = {run_dir.name: pl.read_parquet(run_dir / "rounds.parquet")}
+        runs = {run_dir.name: run_dir}
     else:
-        frames = {p.parent.name: pl.read_parquet(p) for p in sorted(run_dir.glob("*/rounds.parquet"))}
-    if not frames:
+        runs = {p.parent.name: p.parent for p in sorted(run_dir.glob("*/rounds.parquet"))}
+    if not runs:
         from fedsim.errors import FedsimError
 
         raise FedsimError(f"{run_dir}: no rounds.parquet here or in its sub-folders; pass a run directory")
-    return plot_runs(frames, run_dir / "plots", title=run_dir.name)
+    return plot_dirs(runs, run_dir / "plots", title=run_dir.name)

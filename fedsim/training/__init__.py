@@ -5,11 +5,20 @@ from __future__ import annotations
 import torch
 
 from fedsim.catalog import TRAINERS
-from fedsim.config import ClientConfig
+from fedsim.config import ClientConfig, DataConfig, ModelConfig
+from fedsim.data.datasets import load_dataset
 from fedsim.errors import FedsimError
-from fedsim.training.task import Task, build_task
+from fedsim.training.quadratic import QuadraticTask
+from fedsim.training.task import Task, classification_task
 from fedsim.training.threads import ThreadPolicy
 from fedsim.training.trainer import Trainer, TrainResult
+
+
+def build_task(data: DataConfig, model: ModelConfig, *, seed: int, device: torch.device) -> Task:
+    """The task of `[data]` and `[model]`, with everything on `device`."""
+    if data.dataset == "quadratic":
+        return QuadraticTask(data, model, seed=seed, device=device)
+    return classification_task(load_dataset(data, seed), data, model, seed=seed, device=device)
 
 
 def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: ThreadPolicy | None = None) -> Trainer:

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from fedsim.config import DataConfig, ModelConfig
 from fedsim.data.clients import ClientData
-from fedsim.data.datasets import Dataset, load_dataset
+from fedsim.data.datasets import Dataset
 from fedsim.data.partition import partition
 from fedsim.training import rng
 from fedsim.training.evaluate import CHUNK as EVAL_CHUNK, evaluate_classifier
@@ -179,15 +179,6 @@ def linear_cohort_step(params: tuple[Tensor, Tensor], x: Tensor, y: Tensor, weig
     p.div_(total).scatter_add_(1, target, torch.full(target.shape, -1.0, device=p.device))
     p.mul_(weight.unsqueeze(1))  # dL/dlogits [m, C, B]
     return (torch.bmm(p, x), p.sum(dim=-1)), losses
-
-
-def build_task(data: DataConfig, model: ModelConfig, *, seed: int, device: torch.device) -> Task:
-    """The task of `[data]` and `[model]`, with everything on `device`."""
-    if data.dataset == "quadratic":
-        from fedsim.training.quadratic import QuadraticTask
-
-        return QuadraticTask(data, model, seed=seed, device=device)
-    return classification_task(load_dataset(data, seed), data, model, seed=seed, device=device)
 
 
 def classification_task(dataset: Dataset, data: DataConfig, model: ModelConfig, *, seed: int,

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from fedsim.config import config_from_dict
-from fedsim.experiment import run
+from fedsim.comparison import run
 
 
 def measure(n_devices: int, per_round: int, rounds: int, timing: str, out: Path) -> dict:

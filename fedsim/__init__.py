@@ -38,7 +38,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "load_config": "fedsim.config",
     "FedsimError": "fedsim.errors",
     "RunResult": "fedsim.experiment",
-    "run": "fedsim.experiment",
+    "run": "fedsim.comparison",
     "read_trace": "fedsim.traces.io",
     "write_trace": "fedsim.traces.io",
 })

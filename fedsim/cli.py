@@ -16,8 +16,15 @@ from fedsim.errors import FedsimError
 
 
 def _summary_table(result) -> str:
+    """One line per algorithm; with `[run] targets`, the simulated time each was reached at
+    (`~` interpolated between evaluations, as in `fedsim report`)."""
+    from fedsim.config import read_toml
+    from fedsim.results.report import hit_hours, target_label, time_to_target
+
     runs = result.runs or [result]
+    targets = read_toml(runs[0].run_dir / "config.toml").get("run", {}).get("targets", [])
     header = f"{'algorithm':<16} {'status':<10} {'rounds':>7} {'sim time':>10} {'test acc':>9} {'test loss':>10} {'server mem':>11}"
+    header += "".join(f" {'to ' + target_label(t):>9}" for t in targets)
     lines = [header, "-" * len(header)]
     for r in runs:
         import json
@@ -27,8 +34,10 @@ def _summary_table(result) -> str:
         loss = f"{r.final_loss:.4g}" if r.final_loss is not None else "-"
         hours = manifest["sim_time_s"] / 3600
         mem = manifest["server_memory_bytes"] / 1024
+        reached = "".join(f" {hit_hours(time_to_target(r.rounds, t, manifest.get('initial'))):>9}"
+                          for t in targets)
         lines.append(f"{r.algorithm:<16} {r.status:<10} {manifest['rounds']:>7} {hours:>9.2f}h "
-                     f"{acc:>9} {loss:>10} {mem:>9.1f}KB")
+                     f"{acc:>9} {loss:>10} {mem:>9.1f}KB{reached}")
     return "\n".join(lines)
 
 
@@ -69,7 +78,8 @@ def cmd_run(args) -> int:
 
     plotter = shared_worker()  # before torch's import, so that matplotlib's overlaps it
     from fedsim.config import load_config
-    from fedsim.experiment import resume, run
+    from fedsim.comparison import run
+    from fedsim.experiment import resume
 
     if args.resume:
         if args.config is not None:
@@ -99,6 +109,24 @@ def cmd_plot(args) -> int:
 
     for path in plot_run_dir(Path(args.run_dir)):
         print(path)
+    return 0
+
+
+def cmd_report(args) -> int:
+    import json
+
+    from fedsim.results.report import format_report, parse_targets, report
+
+    doc = report([Path(p) for p in args.runs], parse_targets(args.target))
+    print(json.dumps(doc, indent=2, allow_nan=False) if args.json else format_report(doc))
+    return 0
+
+
+def cmd_config_show(args) -> int:
+    from fedsim.config import load_config
+    from fedsim.config_show import show_config
+
+    print(show_config(load_config(args.config, args.set)), end="")
     return 0
 
 
@@ -165,8 +193,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_plot)
 
+    p = sub.add_parser("report", help="accuracy, time to target accuracies, round durations and "
+                                      "participation of run directories")
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="a run directory or a comparison folder (one row per algorithm); several "
+                        "are reported side by side")
+    p.add_argument("--target", action="append", metavar="ACC",
+                   help="a target accuracy in (0, 1], e.g. --target 0.8 --target 0.9 or "
+                        "--target 0.8,0.9 (default: the runs' [run] targets)")
+    p.add_argument("--json", action="store_true", help="one JSON document (null: never reached)")
+    p.set_defaults(func=cmd_report)
+
     p = sub.add_parser("scenarios", help="list the built-in scenarios")
     p.set_defaults(func=cmd_scenarios)
+
+    p = sub.add_parser("config", help="show a resolved config")
+    show = p.add_subparsers(dest="config_command", metavar="{show}", required=True).add_parser(
+        "show", help="print the resolved config as TOML, every key with a comment saying what it "
+                     "means: a template to edit")
+    show.add_argument("config", nargs="?", default=None,
+                      help="a config .toml or a built-in scenario name (default: quickstart)")
+    show.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                      help="override a config key, e.g. --set run.rounds=50 (repeatable)")
+    show.set_defaults(func=cmd_config_show)
 
     from fedsim.traces.commands import add_trace_commands
 

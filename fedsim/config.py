@@ -2,7 +2,9 @@
 
 Every key a user can write is a dataclass field below (or an option declared by the chosen
 trace generator / algorithm), so unknown keys and wrong types are caught before anything
-runs, with the closest valid key suggested.
+runs, with the closest valid key suggested. Each field is declared by `key`, which keeps its
+meaning and the rules of its value beside it: the checks, the error lines and
+``fedsim config show`` all read them from there.
 """
 
 from __future__ import annotations
@@ -10,112 +12,268 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fedsim.catalog import ALGORITHMS, GENERATORS, PARTITIONS, SCHEDULES, SELECTIONS, TRAINERS
+from fedsim.catalog import ALGORITHMS, GENERATORS, MODELS, PARTITIONS, SCHEDULES, SELECTIONS, TRAINERS
 from fedsim.errors import FedsimError, choice_error, did_you_mean
+from fedsim.registry import Registry
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one key means and what values it takes (one field's metadata, see `key`).
+
+    ``positive``: > 0 (integers: >= 1); ``non_negative``: >= 0; ``within``: (low, high, low
+    included, high included); ``choices``: a tuple or closed registry of the valid words;
+    ``zero``: what the empty value (0, "" or []) means, said in the errors and comments, and
+    for a key with choices, "" is then valid too; ``word``: (word, its meaning), the word
+    accepted instead of a whole number >= 1; ``names``: the valid names of an open registry,
+    listed in comments only (the registry checks them when it looks them up); ``check``:
+    (where, value) -> value for a rule of its own, raising FedsimError.
+    """
+
+    meaning: str
+    positive: bool = False
+    non_negative: bool = False
+    within: tuple[float, float, bool, bool] | None = None
+    choices: tuple | Registry | None = None
+    zero: str = ""
+    word: tuple[str, str] | None = None
+    names: Callable[[], list[str]] | None = None
+    check: Callable[[str, Any], Any] | None = None
+
+    def choice_names(self) -> list[str]:
+        return self.choices.names() if isinstance(self.choices, Registry) else list(self.choices)
+
+    def describe(self, default: Any) -> str:
+        """The meaning and the rule in words, for the comment beside the key."""
+        rules = []
+        if self.positive:
+            rules.append(">= 1" if isinstance(default, int) else "> 0")
+        if self.non_negative:
+            rules.append(">= 0")
+        if self.within:
+            rules.append(f"in {_interval(self.within)}")
+        if self.choices is not None:
+            rules.append("one of: " + ", ".join(self.choice_names()))
+        if self.names is not None:
+            rules.append(", ".join(self.names()) + ", or a plugin's 'module:Name'")
+        if self.word:
+            rules.append(f'"{self.word[0]}" = {self.word[1]}, or a number >= 1')
+        if self.zero:
+            rules.append(f"{_empty(default)} = {self.zero}")
+        return self.meaning + (f" ({'; '.join(rules)})" if rules else "")
+
+
+def key(default: Any, meaning: str, **rules: Any) -> Any:
+    """A config field: its default, a one-line meaning and its rules (the `Rule` arguments)."""
+    metadata = {"rule": Rule(meaning, **rules)}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=default.copy, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def rule(f: dataclasses.Field) -> Rule:
+    """The rule of a config field."""
+    return f.metadata["rule"]
+
+
+def _interval(within: tuple[float, float, bool, bool]) -> str:
+    low, high, low_in, high_in = within
+    return f"{'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
+
+
+def _empty(default: Any) -> str:
+    """How the empty value of a key's type is written: 0, "" or []."""
+    return {str: '""', list: "[]"}.get(type(default), "0")
+
+
+def _folder_name(where: str, value: str) -> str:
+    if not value.strip() or value in (".", "..") or "/" in value or "\\" in value:
+        raise FedsimError(
+            f"{where} = {value!r} is not a folder name; give a plain name without '/' or '\\' "
+            "(the run directory is [run] out / name; put the parent folders in [run] out)"
+        )
+    return value
+
+
+def _distinct_names(where: str, value: list) -> list:
+    for name in value:
+        if not isinstance(name, str):
+            raise FedsimError(f"{where}: algorithm names must be strings, got {name!r}")
+    repeated = next((name for i, name in enumerate(value) if name in value[:i]), None)
+    if repeated is not None:
+        raise FedsimError(
+            f"{where} lists {repeated!r} more than once; name each algorithm once "
+            "(each one runs into a sub-folder named after it)"
+        )
+    return value
+
+
+def _accuracies(where: str, value: list) -> list[float]:
+    for entry in value:
+        number = isinstance(entry, (int, float)) and not isinstance(entry, bool)
+        if not (number and 0 < entry <= 1):
+            raise FedsimError(f"{where}: {entry!r} is not an accuracy in (0, 1]; give fractions like 0.8")
+    return [float(entry) for entry in value]
 
 
 @dataclass
 class RunConfig:
-    name: str = "run"
-    out: str = "runs"
-    seed: int = 0
-    rounds: int = 100
-    max_time: float = 0.0  # simulated seconds; 0 = no limit
-    eval_every: int = 10
-    device: str = "auto"  # auto | cpu | cuda
-    threads: str | int = "auto"  # torch intra-op threads: auto (by each call's work) or N
-    algorithms: list = field(default_factory=list)  # several algorithms, same trace/data/seed
-    checkpoint_every: int = 0  # rounds between checkpoints; 0 = only at the end
-    progress: bool = True
+    """What the run is called, where it writes, how long it goes and how it is watched."""
+
+    name: str = key("run", "name of the run directory under out (a plain folder name)",
+                    check=_folder_name)
+    out: str = key("runs", "folder that holds the run directories")
+    seed: int = key(0, "seed of every random draw (partition, trace, devices, training)",
+                    non_negative=True)
+    rounds: int = key(100, "rounds to run", positive=True)
+    max_time: float = key(0.0, "simulated seconds before the run stops", non_negative=True,
+                          zero="no limit")
+    eval_every: int = key(10, "rounds between evaluations on the test split", positive=True)
+    device: str = key("auto", "torch device (auto: cuda when torch sees a GPU, else cpu)",
+                      choices=("auto", "cpu", "cuda"))
+    threads: str | int = key("auto", "torch intra-op threads of each call",
+                             word=("auto", "chosen by each call's work"))
+    algorithms: list = key([], "algorithms run side by side on the same trace, data and seed",
+                           zero="only [algorithm] name", check=_distinct_names)
+    checkpoint_every: int = key(0, "rounds between checkpoints", non_negative=True,
+                                zero="only at the end")
+    progress: bool = key(True, "show a progress bar")
+    targets: list = key([], "test accuracies whose time-to-target the report and the end-of-run "
+                        "table show (fractions in (0, 1])", check=_accuracies)
 
 
 @dataclass
 class DataConfig:
-    dataset: str = "digits"
-    root: str = ""  # dataset folder; "" = the dataset's default location
-    download: bool = False
-    clients: int = 100
-    partition: str = "iid"  # iid | dirichlet | classes | one-class | majority
-    alpha: float = 0.5  # dirichlet concentration
-    classes_per_client: int = 2
-    size_sigma: float = 0.3  # one-class: relative spread of the normal client sizes
-    majority: float = 0.95  # majority: fraction of a client's samples with its majority label
-    test_fraction: float = 0.25  # datasets without a test split (digits, logistic)
-    targets: list = field(default_factory=list)  # quadratic: one target vector per client
-    dim: int = 2  # quadratic / logistic: dimension when no targets are given
-    noise: float = 0.0  # quadratic: std of the gradient noise
-    samples: int = 5000  # logistic: number of synthetic samples (train + test)
-    classes: int = 10  # logistic: number of classes
+    """The dataset and how it is split among the clients (one client per device)."""
+
+    dataset: str = key("digits", "dataset to train on (digits, fashion-mnist, mnist, cifar10, "
+                       "svhn, quadratic or logistic)")
+    root: str = key("", "folder of the dataset's files", zero="the dataset's default location")
+    download: bool = key(False, "download a missing mnist, cifar10 or svhn into root")
+    clients: int = key(100, "number of clients, one per device", positive=True)
+    partition: str = key("iid", "how the data is split among clients", choices=PARTITIONS)
+    alpha: float = key(0.5, "dirichlet partition: concentration (smaller = more skewed)",
+                       positive=True)
+    classes_per_client: int = key(2, "classes partition: distinct classes per client",
+                                  positive=True)
+    size_sigma: float = key(0.3, "one-class partition: relative spread of the normal client sizes",
+                            non_negative=True)
+    majority: float = key(0.95, "majority partition: fraction of a client's samples with its "
+                          "majority label", within=(0.0, 1.0, True, True))
+    test_fraction: float = key(0.25, "fraction held out for testing by datasets without a test "
+                               "split (digits, logistic)", within=(0.0, 1.0, False, False))
+    targets: list = key([], "quadratic: one target vector per client",
+                        zero="drawn at random, of dimension dim")
+    dim: int = key(2, "quadratic / logistic: dimension when no targets are given", positive=True)
+    noise: float = key(0.0, "quadratic: std of the gradient noise", non_negative=True)
+    samples: int = key(5000, "logistic: number of synthetic samples (train + test)", positive=True)
+    classes: int = key(10, "logistic: number of classes", positive=True)
 
 
 @dataclass
 class ModelConfig:
-    name: str = "logreg"  # logreg | mlp | lenet5 | cnn-* | lstm (ignored by quadratic)
-    hidden: int = 64  # mlp width
-    dropout: float = 0.0
-    init: list = field(default_factory=list)  # quadratic: x0 (default zeros)
+    """The model every client trains (quadratic ignores it but for init)."""
+
+    name: str = key("logreg", "model architecture", names=MODELS.names)
+    hidden: int = key(64, "mlp: width of the hidden layer", positive=True)
+    dropout: float = key(0.0, "dropout before every dense layer that reads a learned "
+                         "representation (cnn-cinic: 0.2 unless given)", within=(0.0, 1.0, True, False))
+    init: list = key([], "quadratic: the starting point x0", zero="zeros")
 
 
 @dataclass
 class TraceConfig:
-    source: str = "always"  # file | always | bernoulli | diurnal | ...
-    path: str = ""  # source = "file"
-    days: float = 0.0  # wall-clock generators: length; 0 = long enough for the run
-    devices_table: str = ""  # optional devices.parquet feeding the timing model
-    options: dict = field(default_factory=dict)  # the generator's own keys
+    """When each device is online: a trace file, or a generator with its own keys."""
+
+    source: str = key("always", "where the availability comes from: a trace file or a generator",
+                      names=lambda: ["file", *GENERATORS.names()])
+    path: str = key("", 'the trace file of source = "file" (looked up in the working directory, '
+                    "then beside the config)")
+    days: float = key(0.0, "wall-clock generators: days of trace", non_negative=True,
+                      zero="long enough for the run")
+    devices_table: str = key("", "devices.parquet with the devices' speeds, for [devices] "
+                             'model = "table"', zero="none")
+    options: dict = key({}, "the generator's own keys, written as further [trace] keys")
 
 
 @dataclass
 class ServerConfig:
-    mode: str = "sync"  # sync | async
-    clients_per_round: int = 0  # 0 = every online device
-    overcommit: float = 0.0  # invite ceil(K * (1 + overcommit)), keep the first K
-    deadline: float = 600.0  # seconds after the round start
-    timing: str = "model"  # model | ideal
-    round_duration: float = 60.0  # ideal timing: round r spans [r*D, (r+1)*D)
-    buffer: int = 10  # async: aggregate every `buffer` arrivals
-    concurrency: int = 20  # async: devices kept training
+    """How the server invites devices, waits for them and times its rounds."""
+
+    mode: str = key("sync", "sync: rounds; async: buffered aggregation (FedBuff-style)",
+                    choices=("sync", "async"))
+    clients_per_round: int = key(0, "devices invited per round (K), at most [data] clients",
+                                 non_negative=True, zero="every online device")
+    overcommit: float = key(0.0, "invite ceil(K * (1 + overcommit)), keep the first K",
+                            non_negative=True)
+    deadline: float = key(600.0, "seconds after the round start (async: the invitation) after "
+                          "which a device is late", positive=True)
+    timing: str = key("model", "model: simulated transfers and compute; ideal: the papers' "
+                      "round model", choices=("model", "ideal"))
+    round_duration: float = key(60.0, "ideal timing: round r spans [r*D, (r+1)*D); also the slot "
+                                "of round-indexed generators", positive=True)
+    buffer: int = key(10, "async: aggregate every `buffer` arrivals", positive=True)
+    concurrency: int = key(20, "async: devices kept training", positive=True)
 
 
 @dataclass
 class ClientConfig:
-    local_steps: int = 5
-    batch_size: int = 32  # 0 = the full local data (exact gradient)
-    lr: float = 0.05
-    lr_schedule: str = "constant"  # constant | inverse | inverse-sqrt | step
-    lr_step_every: int = 100  # step schedule: rounds between decays
-    lr_step_gamma: float = 0.5  # step schedule: decay factor
-    weight_decay: float = 0.0
-    clip: float = 0.0  # max gradient L2 norm per step; 0 = off
-    trainer: str = "auto"  # auto | batched | loop
+    """Local training on each device."""
+
+    local_steps: int = key(5, "local SGD steps per round", positive=True)
+    batch_size: int = key(32, "minibatch size", non_negative=True, zero="the full local data")
+    lr: float = key(0.05, "client learning rate", positive=True)
+    lr_schedule: str = key("constant", "how the client learning rate changes over rounds",
+                           choices=SCHEDULES)
+    lr_step_every: int = key(100, "step schedule: rounds between decays", positive=True)
+    lr_step_gamma: float = key(0.5, "step schedule: decay factor", positive=True)
+    weight_decay: float = key(0.0, "L2 penalty added to each step's gradient, like torch's SGD",
+                              non_negative=True)
+    clip: float = key(0.0, "max gradient L2 norm per step", non_negative=True, zero="off")
+    trainer: str = key("auto", "batched: the whole cohort in one computation; loop: one device "
+                       "at a time; auto: the faster for the model and device", choices=TRAINERS)
 
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"
-    server_lr: float = 1.0
-    server_optimizer: str = "sgd"  # sgd | momentum | adam: how the update reaches the model
-    server_momentum: float = 0.9  # momentum: m <- momentum * m + g
-    server_beta1: float = 0.9  # adam (FedAdam): first-moment decay
-    server_beta2: float = 0.99  # adam: second-moment decay
-    server_eps: float = 1e-3  # adam: tau, added to sqrt(v)
-    selection: str = ""  # "" = the algorithm's default policy
-    options: dict = field(default_factory=dict)  # the algorithm's own keys
+    """The federated algorithm, and the server optimizer that applies its update."""
+
+    name: str = key("fedavg", "the algorithm to run", names=ALGORITHMS.names)
+    server_lr: float = key(1.0, "server learning rate", positive=True)
+    server_optimizer: str = key("sgd", "how the aggregated update reaches the model",
+                                choices=("sgd", "momentum", "adam"))
+    server_momentum: float = key(0.9, "momentum: m <- momentum * m + g",
+                                 within=(0.0, 1.0, True, False))
+    server_beta1: float = key(0.9, "adam (FedAdam): first-moment decay",
+                              within=(0.0, 1.0, True, False))
+    server_beta2: float = key(0.99, "adam: second-moment decay", within=(0.0, 1.0, True, False))
+    server_eps: float = key(1e-3, "adam: tau, added to sqrt(v)", positive=True)
+    selection: str = key("", "whom the server invites among the online devices",
+                         choices=SELECTIONS, zero="the algorithm's default policy")
+    options: dict = key({}, "the algorithm's own keys, written as further [algorithm] keys")
 
 
 @dataclass
 class DevicesConfig:
-    model: str = "lognormal"  # constant | lognormal | table
-    seconds_per_sample: float = 0.002  # median compute time per training sample
-    bandwidth_bps: float = 1.0e6  # median link speed, bits per second
-    latency_s: float = 0.1  # per transfer
-    compute_sigma: float = 0.5  # lognormal spread of seconds_per_sample across devices
-    bandwidth_sigma: float = 0.5  # lognormal spread of bandwidth across devices
+    """How long each device takes to download, train and upload (model timing)."""
+
+    model: str = key("lognormal", "constant: every device at the medians; lognormal: spread "
+                     "across devices; table: [trace] devices_table",
+                     choices=("constant", "lognormal", "table"))
+    seconds_per_sample: float = key(0.002, "median compute seconds per training sample",
+                                    non_negative=True)
+    bandwidth_bps: float = key(1.0e6, "median link speed, bits per second", positive=True)
+    latency_s: float = key(0.1, "seconds of latency per transfer", non_negative=True)
+    compute_sigma: float = key(0.5, "lognormal spread of seconds_per_sample across devices",
+                               non_negative=True)
+    bandwidth_sigma: float = key(0.5, "lognormal spread of bandwidth across devices",
+                                 non_negative=True)
 
 
 @dataclass
@@ -155,7 +313,7 @@ class Config:
 # what a resumed run may change: how long it goes on and how it is watched, never what is
 # simulated (that would silently mix two experiments in one run directory)
 RESUME_KEYS = ("run.rounds", "run.max_time", "run.eval_every", "run.checkpoint_every",
-               "run.progress", "run.device")
+               "run.progress", "run.device", "run.targets")
 
 
 _SECTION_CLASSES = {
@@ -167,54 +325,6 @@ _SECTION_CLASSES = {
     "client": ClientConfig,
     "algorithm": AlgorithmConfig,
     "devices": DevicesConfig,
-}
-CHOICES = {
-    ("run", "device"): ("auto", "cpu", "cuda"),
-    ("data", "partition"): PARTITIONS,
-    ("server", "mode"): ("sync", "async"),
-    ("server", "timing"): ("model", "ideal"),
-    ("client", "lr_schedule"): SCHEDULES,
-    ("client", "trainer"): TRAINERS,
-    ("algorithm", "selection"): SELECTIONS,  # or "": the algorithm's default policy
-    ("algorithm", "server_optimizer"): ("sgd", "momentum", "adam"),
-    ("devices", "model"): ("constant", "lognormal", "table"),
-}
-POSITIVE = {  # > 0 (integers: >= 1)
-    ("run", "rounds"), ("run", "eval_every"),
-    ("data", "clients"), ("data", "alpha"), ("data", "classes_per_client"), ("data", "dim"),
-    ("data", "samples"), ("data", "classes"), ("model", "hidden"),
-    ("server", "deadline"), ("server", "round_duration"), ("server", "buffer"),
-    ("server", "concurrency"),
-    ("client", "local_steps"), ("client", "lr"), ("client", "lr_step_every"),
-    ("client", "lr_step_gamma"), ("algorithm", "server_lr"), ("algorithm", "server_eps"),
-    ("devices", "bandwidth_bps"),
-}
-NON_NEGATIVE = {
-    ("run", "seed"), ("run", "max_time"), ("run", "checkpoint_every"),
-    ("data", "size_sigma"), ("data", "noise"),
-    ("server", "clients_per_round"), ("server", "overcommit"),
-    ("client", "batch_size"), ("client", "weight_decay"), ("client", "clip"),
-    ("devices", "seconds_per_sample"), ("devices", "latency_s"), ("devices", "compute_sigma"),
-    ("devices", "bandwidth_sigma"), ("trace", "days"),
-}
-# (low, high, low included, high included): fractions and rates
-RANGES = {
-    ("data", "majority"): (0.0, 1.0, True, True),
-    ("data", "test_fraction"): (0.0, 1.0, False, False),
-    ("model", "dropout"): (0.0, 1.0, True, False),
-    ("algorithm", "server_momentum"): (0.0, 1.0, True, False),
-    ("algorithm", "server_beta1"): (0.0, 1.0, True, False),
-    ("algorithm", "server_beta2"): (0.0, 1.0, True, False),
-}
-WORD_OR_COUNT = {("run", "threads")}  # a word ("auto") or a whole number
-# what a boundary value means, said with the error so that the fix is obvious
-MEANING = {
-    ("run", "max_time"): "0 = no limit",
-    ("run", "checkpoint_every"): "0 = only at the end",
-    ("server", "clients_per_round"): "0 = every online device",
-    ("client", "batch_size"): "0 = the full local data",
-    ("client", "clip"): "0 = off",
-    ("trace", "days"): "0 = long enough for the run",
 }
 
 
@@ -246,46 +356,26 @@ def _check_type(where: str, value: Any, default: Any) -> Any:
     )
 
 
-def _check_value(where: str, section: str, key: str, value: Any) -> None:
-    """Rules of one typed value: choices, signs, ranges, the run name, the algorithm list."""
+def _check_value(where: str, value: Any, rule: Rule) -> Any:
+    """The value of a key once its rule (see `Rule`) holds; FedsimError naming the key if not."""
     if isinstance(value, float) and not math.isfinite(value):
         raise FedsimError(f"{where} = {value!r} must be a finite number")
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
         raise FedsimError(f"{where} = {value!r} is too large (it must fit in 64 bits)")
-    choices = CHOICES.get((section, key))
-    if choices is not None and value not in choices and (value, key) != ("", "selection"):
-        raise choice_error(where, value, list(choices), "is not valid")
-    meaning = f" ({MEANING[(section, key)]})" if (section, key) in MEANING else ""
-    if (section, key) in POSITIVE and not value > 0:
+    if rule.choices is not None and value not in rule.choice_names() and not (rule.zero and value == ""):
+        raise choice_error(where, value, rule.choice_names(), "is not valid")
+    if rule.positive and not value > 0:
         raise FedsimError(f"{where} = {value!r} must be {'>= 1' if isinstance(value, int) else '> 0'}")
-    if (section, key) in NON_NEGATIVE and not value >= 0:
-        raise FedsimError(f"{where} = {value!r} must be >= 0{meaning}")
-    if (section, key) in RANGES:
-        low, high, low_in, high_in = RANGES[(section, key)]
-        above = value >= low if low_in else value > low
-        below = value <= high if high_in else value < high
-        if not (above and below):
-            interval = f"{'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
-            raise FedsimError(f"{where} = {value!r} must be in {interval}")
-    if (section, key) == ("run", "threads") and value != "auto" and not (isinstance(value, int) and value >= 1):
-        raise FedsimError(f"{where} = {value!r} must be \"auto\" (chosen by each call's work) "
-                          "or a number of threads >= 1")
-    if (section, key) == ("run", "name"):
-        if not value.strip() or value in (".", "..") or "/" in value or "\\" in value:
-            raise FedsimError(
-                f"{where} = {value!r} is not a folder name; give a plain name without '/' or '\\' "
-                "(the run directory is [run] out / name; put the parent folders in [run] out)"
-            )
-    if (section, key) == ("run", "algorithms"):
-        for name in value:
-            if not isinstance(name, str):
-                raise FedsimError(f"{where}: algorithm names must be strings, got {name!r}")
-        repeated = next((name for i, name in enumerate(value) if name in value[:i]), None)
-        if repeated is not None:
-            raise FedsimError(
-                f"{where} lists {repeated!r} more than once; name each algorithm once "
-                "(each one runs into a sub-folder named after it)"
-            )
+    if rule.non_negative and not value >= 0:
+        raise FedsimError(f"{where} = {value!r} must be >= 0{f' (0 = {rule.zero})' if rule.zero else ''}")
+    if rule.within:
+        low, high, low_in, high_in = rule.within
+        if not ((value >= low if low_in else value > low) and (value <= high if high_in else value < high)):
+            raise FedsimError(f"{where} = {value!r} must be in {_interval(rule.within)}")
+    if rule.word and value != rule.word[0] and not (isinstance(value, int) and value >= 1):
+        raise FedsimError(f"{where} = {value!r} must be \"{rule.word[0]}\" ({rule.word[1]}) or a number "
+                          f"of {where.rsplit(' ', 1)[-1]} >= 1")
+    return rule.check(where, value) if rule.check else value
 
 
 def _declared_options(section: str, raw: dict, algorithms: list, origin: str) -> dict[str, Any] | None:
@@ -313,17 +403,17 @@ def _declared_options(section: str, raw: dict, algorithms: list, origin: str) ->
 
 def _build_section(section: str, raw: dict, algorithms: list, origin: str):
     cls = _SECTION_CLASSES[section]
-    fields = {f.name for f in dataclasses.fields(cls) if f.name != "options"}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
     extra = _declared_options(section, raw, algorithms, origin)
     defaults = cls()
     kwargs, options = {}, {}
     for key, value in raw.items():
         where = f"{origin}: [{section}] {key}"
         if key in fields:
-            if not ((section, key) in WORD_OR_COUNT and type(value) is int):
+            ruled = rule(fields[key])
+            if not (ruled.word and type(value) is int):
                 value = _check_type(where, value, getattr(defaults, key))
-            _check_value(where, section, key, value)
-            kwargs[key] = value
+            kwargs[key] = _check_value(where, value, ruled)
         elif extra is not None and key in extra:
             default = extra[key]
             options[key] = value if default is None else _check_type(where, value, default)

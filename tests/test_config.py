@@ -10,9 +10,7 @@ import pytest
 
 import fedsim.config as config_module
 from fedsim.cli import RESUME_KEYS, main
-from fedsim.config import (
-    MEANING, NON_NEGATIVE, POSITIVE, RANGES, _SECTION_CLASSES, config_from_dict, dump_toml, suggest,
-)
+from fedsim.config import _SECTION_CLASSES, RESUME_KEYS as CONFIG_RESUME_KEYS, config_from_dict, dump_toml, rule, suggest
 from fedsim.errors import FedsimError
 
 from conftest import alternating_trace, quadratic_config, rounds
@@ -106,19 +104,100 @@ def test_zero_means_something_for_these_keys():
     assert config.server.clients_per_round == 0 and config.devices.compute_sigma == 0.0
 
 
-def test_every_numeric_key_has_a_rule():
-    """A new int/float key must join POSITIVE, NON_NEGATIVE or RANGES (or this test)."""
-    ruled = POSITIVE | NON_NEGATIVE | set(RANGES)
-    numeric = set()
-    for section, cls in _SECTION_CLASSES.items():
-        for f in dataclasses.fields(cls):
-            default = getattr(cls(), f.name)
-            if isinstance(default, (int, float)) and not isinstance(default, bool):
-                numeric.add((section, f.name))
-    assert numeric - ruled == set(), "add them to POSITIVE, NON_NEGATIVE or RANGES in fedsim/config.py"
-    assert ruled - numeric == set()  # no rule for a key that does not exist
-    assert set(MEANING) <= NON_NEGATIVE
-    assert not POSITIVE & NON_NEGATIVE and not (POSITIVE | NON_NEGATIVE) & set(RANGES)
+FIELDS = [(section, f) for section, cls in _SECTION_CLASSES.items() for f in dataclasses.fields(cls)]
+
+
+@pytest.mark.parametrize("section,f", FIELDS, ids=[f"{s}.{f.name}" for s, f in FIELDS])
+def test_every_key_carries_a_meaning_and_a_rule_that_fits_its_default(section, f):
+    """The rules live in each field's metadata (fedsim.config.key): a one-line meaning for every
+    key, exactly one sign/range rule for every number, and a default that passes them."""
+    ruled = rule(f)
+    assert ruled.meaning and "\n" not in ruled.meaning and ruled.meaning == ruled.meaning.strip()
+    default = getattr(_SECTION_CLASSES[section](), f.name)
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        assert [ruled.positive, ruled.non_negative, ruled.within is not None].count(True) == 1
+    else:
+        assert not (ruled.positive or ruled.non_negative or ruled.within)
+    assert not (ruled.zero and ruled.positive)  # 0 cannot mean anything where 0 is refused
+    if ruled.choices is not None:
+        assert default in ruled.choice_names() or (default == "" and ruled.zero)
+
+
+def _breaking(ruled, default):
+    """A value that breaks a numeric rule, and what the error line says about it."""
+    if ruled.positive:
+        return (0, "must be >= 1") if isinstance(default, int) else (0.0, "must be > 0")
+    if ruled.non_negative:
+        return type(default)(-1), "must be >= 0" + (f" (0 = {ruled.zero})" if ruled.zero else "")
+    low, high, low_in, _ = ruled.within
+    return (low - 0.5 if low_in else low), "must be in"
+
+
+NUMERIC = [(s, f) for s, f in FIELDS if type(getattr(_SECTION_CLASSES[s](), f.name)) in (int, float)]
+
+
+@pytest.mark.parametrize("section,f", NUMERIC, ids=[f"{s}.{f.name}" for s, f in NUMERIC])
+def test_each_numeric_rule_is_checked_from_the_metadata(section, f):
+    ruled = rule(f)
+    default = getattr(_SECTION_CLASSES[section](), f.name)
+    value, says = _breaking(ruled, default)
+    with pytest.raises(FedsimError) as err:
+        config_from_dict({section: {f.name: value}}, origin="c.toml")
+    assert str(err.value).startswith(f"c.toml: [{section}] {f.name} = {value!r} {says}"), err.value
+
+
+@pytest.mark.parametrize("raw, line", [
+    ({"data": {"majority": 1.5}}, "c.toml: [data] majority = 1.5 must be in [0, 1]"),
+    ({"data": {"test_fraction": 0}}, "c.toml: [data] test_fraction = 0.0 must be in (0, 1)"),
+    ({"trace": {"days": -2}}, "c.toml: [trace] days = -2.0 must be >= 0 (0 = long enough for the run)"),
+    ({"run": {"threads": 0}}, 'c.toml: [run] threads = 0 must be "auto" (chosen by each call\'s work) '
+                              "or a number of threads >= 1"),
+    ({"algorithm": {"selection": "uniformm"}}, "c.toml: [algorithm] selection = 'uniformm' is not "
+     "valid; did you mean 'uniform'? (one of: all, uniform, regularized, longest-absent)"),
+    ({"devices": {"model": "fixed"}}, "c.toml: [devices] model = 'fixed' is not valid (one of: "
+     "constant, lognormal, table)"),
+])
+def test_rule_errors_are_the_exact_lines(raw, line):
+    with pytest.raises(FedsimError) as err:
+        config_from_dict(raw, origin="c.toml")
+    assert str(err.value) == line
+
+
+def test_empty_selection_means_the_algorithms_own_policy():
+    assert config_from_dict({"algorithm": {"selection": ""}}).algorithm.selection == ""
+    assert config_from_dict({"run": {"threads": 3}}).run.threads == 3
+
+
+# --- [run] targets --------------------------------------------------------------------------
+
+def test_targets_are_accuracies_kept_as_floats():
+    assert config_from_dict({}).run.targets == []
+    config = config_from_dict({"run": {"targets": [0.5, 1, 0.925]}})
+    assert config.run.targets == [0.5, 1.0, 0.925] and all(type(t) is float for t in config.run.targets)
+    assert config.to_dict()["run"]["targets"] == [0.5, 1.0, 0.925]
+
+
+@pytest.mark.parametrize("targets, bad", [
+    ([0.8, 80], "80"), ([0], "0"), ([-0.1], "-0.1"), ([1.01], "1.01"), (["0.8"], "'0.8'"),
+    ([True], "True"), ([float("nan")], "nan"), ([[0.5]], "[0.5]"),
+])
+def test_a_target_outside_0_1_is_one_line_naming_the_entry(targets, bad):
+    with pytest.raises(FedsimError) as err:
+        config_from_dict({"run": {"targets": targets}}, origin="config.toml")
+    assert str(err.value) == (f"config.toml: [run] targets: {bad} is not an accuracy in (0, 1]; "
+                              "give fractions like 0.8")
+
+
+def test_targets_from_the_command_line(capsys):
+    err = fails(capsys, ["run", "quickstart", "--quiet", "--set", "run.targets=[0.9, 80]"])
+    assert err.endswith("quickstart.toml: [run] targets: 80 is not an accuracy in (0, 1]; "
+                        "give fractions like 0.8")
+    err = fails(capsys, ["run", "quickstart", "--quiet", "--set", "run.targets=0.8"])
+    assert err.endswith("[run] targets: expected a list, got 0.8 (float)")
+
+
+def test_targets_only_change_what_is_reported_so_a_resume_may_set_them():
+    assert "run.targets" in CONFIG_RESUME_KEYS and RESUME_KEYS is CONFIG_RESUME_KEYS
 
 
 def test_defaults_and_scenarios_pass_the_rules():
@@ -183,7 +262,8 @@ def test_resume_accepts_the_allowed_keys(cli_run, capsys):
     run_dir = cli_run(quadratic_config(TARGETS, rounds=20, run={"max_time": 5.0}))
     assert main(["run", "--resume", str(run_dir), "--set", "run.max_time=0", "--set", "run.rounds=8",
                  "--set", "run.eval_every=2", "--set", "run.checkpoint_every=4",
-                 "--set", "run.progress=false", "--set", "run.device=cpu", "--quiet"]) == 0
+                 "--set", "run.progress=false", "--set", "run.device=cpu", "--set", "run.targets=[0.5]",
+                 "--quiet"]) == 0
     out = capsys.readouterr().out
     assert rounds(run_dir).height == 8 and "stopped after" not in out
 

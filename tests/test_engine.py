@@ -123,7 +123,9 @@ def test_clients_per_round_with_overcommit_keeps_the_first_k(cli_run):
     config["algorithm"]["selection"] = "uniform"
     run_dir = cli_run(config, trace)
     row = rounds(run_dir).row(0, named=True)
-    assert (row["invited"], row["arrived"], row["late"]) == (4, 2, 2)
+    # the two slower ones finished by the deadline, after the round had closed at K = 2
+    assert (row["invited"], row["arrived"], row["late"], row["surplus"]) == (4, 2, 0, 2)
+    assert row["close_reason"] == "quota"
     devices = pl.read_parquet(run_dir / "devices.parquet")
     invited = np.flatnonzero(devices["invitations"].to_numpy())
     arrived = np.flatnonzero(devices["arrivals"].to_numpy())
@@ -170,9 +172,10 @@ def test_run_directory_has_every_file_and_column(cli_run):
         assert df["round"].to_list() == list(range(6))
         assert df["test_acc"].is_null().to_list() == [True, True, False, True, True, False]
         assert (df["t_end"] > df["t_start"]).all()
-        assert (df["arrived"] + df["dropped"] + df["late"] == df["invited"]).all()
+        assert (df["arrived"] + df["dropped"] + df["late"] + df["surplus"] == df["invited"]).all()
         devices = pl.read_parquet(sub / "devices.parquet")
-        assert devices.columns == ["device_id", "invitations", "arrivals", "drops", "late", "last_round"]
+        assert devices.columns[:7] == ["device_id", "invitations", "arrivals", "drops", "late",
+                                       "surplus", "last_round"]
         assert devices["invitations"].sum() == df["invited"].sum()
         state = torch.load(sub / "model.pt")
         assert all(isinstance(v, torch.Tensor) for v in state.values())

@@ -48,7 +48,7 @@ def test_overcommit_invites_the_ceiling_without_float_error(cli_run):
     config = timed(targets(20), 2, clients_per_round=10, overcommit=0.1)
     df = rounds(cli_run(config, always(20)))
     assert df["invited"].to_list() == [11, 11]  # 10 * 1.1 = 11.000000000000002 is 11, not 12
-    assert df["arrived"].to_list() == [10, 10] and df["late"].to_list() == [1, 1]
+    assert df["arrived"].to_list() == [10, 10] and df["surplus"].to_list() == [1, 1]
 
 
 def test_ideal_timing_ignores_overcommit(cli_run):

@@ -78,7 +78,7 @@ def test_thread_count_does_not_change_a_small_run(cli_run):
         pl.read_parquet(one_dir / "rounds.parquet")[columns])
     auto = json.loads((auto_dir / "manifest.json").read_text())["threads"]
     assert auto["setting"] == "auto" and set(auto["calls_by_threads"]) == {"1"}
-    assert auto["calls_by_threads"]["1"] == 6 + 2  # six training calls and two evaluations
+    assert auto["calls_by_threads"]["1"] == 6 + 3  # six training calls, the initial and two evaluations
     assert json.loads((one_dir / "manifest.json").read_text())["threads"]["setting"] == 1
 
 

@@ -1,7 +1,7 @@
 """Collects per-round and per-device results and writes the run directory atomically.
 
-Files (README, "The run directory"): rounds.parquet, devices.parquet, manifest.json,
-config.toml, model.pt, checkpoint.pt. Every write goes to a temporary file that is renamed
+Files (README, "The run directory"): rounds.parquet, devices.parquet, events.parquet,
+manifest.json, config.toml, model.pt, checkpoint.pt. Every write goes to a temporary file that is renamed
 into place, so an interrupted run never leaves a half-written file behind.
 """
 
@@ -16,13 +16,15 @@ import polars as pl
 import torch
 
 from fedsim.files import atomic_write
+from fedsim.results.events_log import EventLog
 
 ROUND_COLUMNS = {
-    "round": pl.Int64, "t_start": pl.Float64, "t_end": pl.Float64, "online": pl.Int64,
-    "invited": pl.Int64, "arrived": pl.Int64, "dropped": pl.Int64, "late": pl.Int64,
+    "round": pl.Int64, "t_start": pl.Float64, "t_end": pl.Float64, "duration": pl.Float64,
+    "online": pl.Int64, "invited": pl.Int64, "arrived": pl.Int64, "dropped": pl.Int64,
+    "late": pl.Int64, "surplus": pl.Int64, "close_reason": pl.String,
     "train_loss": pl.Float64, "test_loss": pl.Float64, "test_acc": pl.Float64, "wall_s": pl.Float64,
 }
-DEVICE_COUNTERS = ("invitations", "arrivals", "drops", "late")
+DEVICE_COUNTERS = ("invitations", "arrivals", "drops", "late", "surplus")
 
 
 def write_text(path: Path, text: str) -> None:
@@ -38,27 +40,36 @@ def save_torch(path: Path, obj: Any) -> None:
 
 
 class Recorder:
-    def __init__(self, run_dir: Path, n_devices: int):
+    """Rounds, per-device counters, the events log and the initial evaluation of one run."""
+
+    def __init__(self, run_dir: Path, n_devices: int, device_info: dict[str, np.ndarray] | None = None):
         self.run_dir = Path(run_dir)
         self.rows: list[dict[str, Any]] = []
         self.counters = {name: np.zeros(n_devices, dtype=np.int64) for name in DEVICE_COUNTERS}
         self.last_round = np.full(n_devices, -1, dtype=np.int64)
+        self.device_info = device_info or {}  # per-device columns known before the run
+        self.events = EventLog(self.run_dir)
+        self.initial: dict[str, float | None] | None = None  # the initial model's evaluation
 
-    def add_round(self, outcome, test_loss: float | None, test_acc: float | None,
-                  metrics: dict[str, float]) -> dict[str, Any]:
+    def add_round(self, outcome, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Record a round; `metrics` (test_loss, test_acc, the strategy's and callbacks') join
+        its row."""
         row = {
             "round": outcome.round, "t_start": outcome.t_start, "t_end": outcome.t_end,
-            "online": outcome.online, "invited": len(outcome.invited),
-            "arrived": len(outcome.arrived), "dropped": len(outcome.dropped),
-            "late": len(outcome.late), "train_loss": outcome.train_loss,
-            "test_loss": test_loss, "test_acc": test_acc, "wall_s": outcome.wall_s,
-            **outcome.extra, **metrics,
+            "duration": outcome.t_end - outcome.t_start, "online": outcome.online,
+            "invited": len(outcome.invited), "arrived": len(outcome.arrived),
+            "dropped": len(outcome.dropped), "late": len(outcome.late),
+            "surplus": len(outcome.surplus), "close_reason": outcome.close_reason,
+            "train_loss": outcome.train_loss, "test_loss": None, "test_acc": None,
+            "wall_s": outcome.wall_s, **outcome.extra, **metrics,
         }
         self.rows.append(row)
         for name, ids in (("invitations", outcome.invited), ("arrivals", outcome.arrived),
-                          ("drops", outcome.dropped), ("late", outcome.late)):
+                          ("drops", outcome.dropped), ("late", outcome.late),
+                          ("surplus", outcome.surplus)):
             np.add.at(self.counters[name], ids, 1)
         self.last_round[outcome.arrived] = outcome.round
+        self.events.add(outcome.events)
         return row
 
     def rounds_frame(self) -> pl.DataFrame:
@@ -69,16 +80,26 @@ class Recorder:
     def devices_frame(self) -> pl.DataFrame:
         n = len(self.last_round)
         return pl.DataFrame({"device_id": np.arange(n, dtype=np.int64), **self.counters,
-                             "last_round": self.last_round})
+                             "last_round": self.last_round, **self.device_info})
 
     def write_tables(self) -> None:
+        """rounds.parquet and devices.parquet as they stand; the events so far to the log."""
         atomic_write(self.run_dir / "rounds.parquet", self.rounds_frame().write_parquet)
         atomic_write(self.run_dir / "devices.parquet", self.devices_frame().write_parquet)
+        self.events.flush()
+
+    def finish(self) -> None:
+        self.events.finish()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rows": list(self.rows), "counters": self.counters, "last_round": self.last_round}
+        return {"rows": list(self.rows), "counters": self.counters, "last_round": self.last_round,
+                "events_rows": self.events.rows, "initial": self.initial}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.rows = list(sd["rows"])
         self.counters = {k: np.asarray(v) for k, v in sd["counters"].items()}
+        for name in DEVICE_COUNTERS:  # (checkpoints of fedsim before the surplus counter)
+            self.counters.setdefault(name, np.zeros(len(sd["last_round"]), dtype=np.int64))
         self.last_round = np.asarray(sd["last_round"])
+        self.initial = sd.get("initial")
+        self.events.resume(sd.get("events_rows", 0))

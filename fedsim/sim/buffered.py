@@ -15,7 +15,7 @@ the aggregation, the price of a buffer larger than the devices available.
 Simulated time always moves on: with nobody online the server sleeps until the index says
 someone comes online; when the Strategy invites nobody although devices are free it retries
 ``round_duration`` later. An aggregation that cannot fill its buffer ends the run (the round
-returns None and ``stop_reason`` says why): the trace has nobody online ever again, or
+returns a Stop saying why): the trace has nobody online ever again, or
 ``max_time`` is reached (checked before every invitation or wait; the retry never sleeps
 past it), so a run with ``max_time`` always ends. Updates buffered then are not aggregated
 and the tasks of that unfinished aggregation are not recorded.
@@ -41,6 +41,8 @@ import torch
 from fedsim.algorithms.base import Arrivals
 from fedsim.errors import FedsimError
 from fedsim.sim.device import start_device_tasks
+from fedsim.sim.events import task_events
+from fedsim.sim.round_timing import Stop, Tasks, wait_for_someone
 from fedsim.sim.server import RoundOutcome, Server
 
 
@@ -67,6 +69,7 @@ class Dispatch:
     steps: np.ndarray
     lr: float
     will_arrive: np.ndarray  # bool [k]
+    tasks: Tasks
     rows: np.ndarray | None = None  # row of each device in `result` (-1: not trained)
     result: object = None  # TrainResult of the devices that will arrive
 
@@ -86,15 +89,16 @@ class BufferedServer(Server):
     def round(self, rnd: int, max_time: float = 0.0):
         """Run until `buffer` updates have arrived, then aggregate them; None if the run is over."""
         t0, wall0 = self.env.now, time.perf_counter()
-        invited, dropped, late = [], [], []
+        invited, resolved = [], []  # resolved: (dispatch, position, outcome) of dropped and late
         while len(self.buffer) < self.cfg.buffer:
             if max_time and self.env.now >= max_time:
                 return self._stop(rnd, f"max_time {max_time:g} s reached")
             invited.append(self._refill(rnd))
             if self.running == 0:  # nobody training, nobody invited: let simulated time move on
                 if not self.index.online(self.env.now).any():
-                    if not (yield self.env.process(self.wait_for_someone(max_time))):
-                        return self._stop(rnd, self.stop_reason)
+                    reason = yield self.env.process(wait_for_someone(self.env, self.index, max_time))
+                    if reason:
+                        return self._stop(rnd, reason)
                 else:  # free devices, but the Strategy invited none of them: retry later
                     wait = self.cfg.round_duration
                     yield self.env.timeout(min(wait, max_time - self.env.now) if max_time else wait)
@@ -106,26 +110,45 @@ class BufferedServer(Server):
             if outcome == "arrived":
                 self.buffer.append((dispatch, pos))
             else:
-                (dropped if outcome == "dropped" else late).append(device)
+                resolved.append((dispatch, pos, outcome))
         self._train_untrained(rnd)
-        arrivals, self.buffer = self._arrivals_of(self.buffer), []
+        taken, self.buffer = self.buffer, []
+        arrivals = self._arrivals_of(taken)
         self.strategy.receive(rnd, arrivals)
         self.ran_this_version[:] = False
-        staleness = float(np.mean(rnd - arrivals.version))
+        outcome = np.array([o for _, _, o in resolved], dtype=object)
         return RoundOutcome(
             round=rnd, t_start=t0, t_end=self.env.now,
             online=int(self.index.online(self.env.now).sum()),
             invited=np.concatenate(invited), arrived=arrivals.ids,
-            dropped=np.asarray(dropped, dtype=np.int64), late=np.asarray(late, dtype=np.int64),
+            dropped=self._ids(resolved)[outcome == "dropped"], late=self._ids(resolved)[outcome == "late"],
             train_loss=float(arrivals.loss.mean()), wall_s=time.perf_counter() - wall0,
-            extra={"staleness": staleness},
+            close_reason="quota", events=self._events(rnd, taken, resolved),
+            extra={"staleness": float(np.mean(rnd - arrivals.version))},
         )
 
-    def _stop(self, rnd: int, reason: str) -> None:
-        """End the run in the middle of an aggregation; the engine reports `stop_reason`."""
-        self.stop_reason = (f"{reason} (aggregation {rnd} unfinished: "
-                            f"{len(self.buffer)} of {self.cfg.buffer} updates buffered)")
-        return None
+    @staticmethod
+    def _ids(resolved: list) -> np.ndarray:
+        return np.array([d.ids[pos] for d, pos, *_ in resolved], dtype=np.int64)
+
+    @staticmethod
+    def _events(rnd: int, taken: list, resolved: list) -> dict[str, np.ndarray]:
+        """The events of the invitations this aggregation resolved: the buffered arrivals (in
+        the order `_arrivals_of` gathers them, grouped by training call) and the dropped and late."""
+        entries = [(d, pos, "arrived") for d, pos in taken] + resolved
+        pick = lambda get: np.array([get(d)[pos] for d, pos, _ in entries])  # noqa: E731
+        tasks = Tasks(pick(lambda d: np.full(len(d.ids), d.at)), pick(lambda d: d.tasks.download_s),
+                      pick(lambda d: d.tasks.compute_s), pick(lambda d: d.tasks.upload_s),
+                      pick(lambda d: d.tasks.samples), pick(lambda d: d.tasks.dropped),
+                      pick(lambda d: d.tasks.ends_at))
+        outcome = np.array([o for *_, o in entries], dtype=object)
+        staleness = np.where(outcome == "arrived", rnd - pick(lambda d: np.full(len(d.ids), d.version)), -1)
+        return task_events(rnd, pick(lambda d: d.ids), tasks, outcome, pick(lambda d: d.steps), staleness)
+
+    def _stop(self, rnd: int, reason: str) -> Stop:
+        """End the run in the middle of an aggregation."""
+        return Stop(f"{reason} (aggregation {rnd} unfinished: "
+                    f"{len(self.buffer)} of {self.cfg.buffer} updates buffered)")
 
     def _candidates(self) -> np.ndarray:
         """Free online devices that have not run on this version; when nobody is training and
@@ -149,13 +172,14 @@ class BufferedServer(Server):
             return ids
         now = self.env.now
         steps = np.asarray(self.strategy.local_steps(rnd, ids), dtype=np.int64)
-        ends_at, fate = self.fates(ids, steps, now)
+        tasks = self.rounds.tasks(rnd, ids, self.samples(ids, steps), now)
+        fate = np.where(tasks.dropped, "dropped", "arrived").astype(object)
         # still running at the deadline: late, also when the device drops (goes offline) after it
-        overrun = ends_at > now + self.cfg.deadline
+        overrun = tasks.ends_at > now + self.cfg.deadline
         fate[overrun] = "late"
-        ends_at = np.where(overrun, now + self.cfg.deadline, ends_at)
+        ends_at = np.where(overrun, now + self.cfg.deadline, tasks.ends_at)
         dispatch = Dispatch(rnd, now, ids, self.strategy.start_params(ids).clone(), steps,
-                            self.strategy.client_lr(rnd), fate == "arrived")
+                            self.strategy.client_lr(rnd), fate == "arrived", tasks)
         self.untrained.append(dispatch)
         self.busy[ids] = True
         self.ran_this_version[ids] = True

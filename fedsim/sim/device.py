@@ -9,9 +9,10 @@ import simpy
 
 
 class RoundBoard:
-    """Where the devices of one round report; closes on target, all resolved, or deadline.
+    """Where the devices of one round report; closes when every invited device has reported
+    ("all-arrived"), at `target` arrivals ("quota"), or at the deadline; `reason` says which.
 
-    Reports after closing are ignored: a device still running then is counted as late.
+    Reports after closing are ignored: the server decides what those devices were.
     """
 
     def __init__(self, env: simpy.Environment, invited: int, target: int):
@@ -21,17 +22,20 @@ class RoundBoard:
         self.arrived: list[int] = []  # cohort positions, in arrival order
         self.dropped: list[int] = []
         self.closed = env.event()
+        self.reason = ""
 
     def report(self, position: int, outcome: str) -> None:
         if self.closed.triggered:
             return
         (self.arrived if outcome == "arrived" else self.dropped).append(position)
-        resolved = len(self.arrived) + len(self.dropped)
-        if len(self.arrived) >= self.target or resolved >= self.invited:
-            self.closed.succeed()
+        if len(self.arrived) + len(self.dropped) >= self.invited:
+            self.close("all-arrived")
+        elif len(self.arrived) >= self.target:
+            self.close("quota")
 
-    def close(self) -> None:
+    def close(self, reason: str) -> None:
         if not self.closed.triggered:
+            self.reason = reason
             self.closed.succeed()
 
 
@@ -58,8 +62,8 @@ def start_device_tasks(env: simpy.Environment, report: Callable[[int, str], None
         env.process(device_tasks(env, report, group, ends_at[group[0]], outcomes[group]))
 
 
-def deadline(env: simpy.Environment, board: RoundBoard, at: float):
-    """Closes the round at `at`. Started after the devices so that a task ending exactly at
-    the deadline is processed first and counts as arrived."""
+def deadline(env: simpy.Environment, board: RoundBoard, at: float, reason: str):
+    """Closes the round at `at` for `reason`. Started after the devices so that a task ending
+    exactly at the deadline is processed first and counts as arrived."""
     yield env.timeout(max(at - env.now, 0.0))
-    board.close()
+    board.close(reason)

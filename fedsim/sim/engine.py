@@ -12,6 +12,7 @@ from typing import Callable
 import simpy
 import torch
 
+from fedsim.sim.round_timing import Stop
 from fedsim.sim.server import RoundOutcome, Server
 
 
@@ -24,12 +25,13 @@ class EngineResult:
 
 
 def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int = 0,
-               on_round: Callable[[RoundOutcome], None]) -> EngineResult:
-    """Drive `server` round after round; `on_round` evaluates/records/checkpoints each one.
+               on_round: Callable[[RoundOutcome], bool | str]) -> EngineResult:
+    """Drive `server` round after round; `on_round` evaluates/records/checkpoints each one and
+    returns why the run should stop now (a string), or False.
 
     Stops after `rounds` rounds, at `max_time` simulated seconds (0 = none), when the trace
-    has nobody online ever again, when the model stops being finite (status diverged), or
-    after the round in progress on Ctrl-C or SIGTERM (status interrupted).
+    has nobody online ever again, when `on_round` says so, when the model stops being finite
+    (status diverged), or after the round in progress on Ctrl-C or SIGTERM (status interrupted).
     """
     env = server.env
     stop = {"status": "completed", "reason": f"{rounds} rounds"}
@@ -43,10 +45,10 @@ def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int
                 stop["reason"] = f"max_time {max_time:g} s reached"
                 return
             outcome = yield env.process(server.round(rnd, max_time))
-            if outcome is None:
-                stop["reason"] = server.stop_reason
+            if isinstance(outcome, Stop):
+                stop["reason"] = outcome.reason
                 return
-            on_round(outcome)
+            asked = on_round(outcome)
             done["rounds"] = rnd = rnd + 1
             if not bool(torch.isfinite(server.strategy.params).all()):
                 stop.update(status="diverged", reason=f"non-finite model after round {rnd - 1}")
@@ -54,6 +56,9 @@ def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int
             if stop_signal["name"]:
                 stop.update(status="interrupted",
                             reason=f"interrupted by {stop_signal['name']} after round {rnd - 1}")
+                return
+            if asked:
+                stop["reason"] = f"{asked} (after round {rnd - 1})"
                 return
 
     with finish_round_on_stop_signal(stop_signal):

@@ -8,7 +8,6 @@ the close of the round, evaluate when due, record.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -19,6 +18,8 @@ import torch
 from fedsim.algorithms.base import Arrivals, Strategy
 from fedsim.config import ServerConfig
 from fedsim.sim.device import RoundBoard, deadline, start_device_tasks
+from fedsim.sim.events import task_events
+from fedsim.sim.round_timing import Stop, Tasks, round_timing
 from fedsim.sim.timing import DeviceTiming
 
 
@@ -33,28 +34,14 @@ class RoundOutcome:
     invited: np.ndarray  # ids
     arrived: np.ndarray  # ids
     dropped: np.ndarray  # ids
-    late: np.ndarray  # ids
+    late: np.ndarray  # ids: missed the deadline
     train_loss: float | None
     wall_s: float
+    # ids that finished in time after the round had closed at K arrivals (overcommit)
+    surplus: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    close_reason: str = ""  # all-arrived | quota | deadline | nobody-invited | max-time
+    events: dict = field(default_factory=dict)  # one entry per invitation (sim/events.py)
     extra: dict = field(default_factory=dict)  # server-side metrics (async: staleness)
-
-
-def invite_budget(cfg: ServerConfig) -> int:
-    """How many devices to invite per round: K, or ceil(K (1 + overcommit)) under model timing
-    (0 = every online device). Ideal timing has no stragglers to overcommit against."""
-    k = cfg.clients_per_round
-    if not k or cfg.timing == "ideal":
-        return k
-    return math.ceil(k * (1 + cfg.overcommit) - 1e-9)  # 10 * 1.1 is 11.000000000000002
-
-
-def round_target(cfg: ServerConfig, invited: int) -> int:
-    """Arrivals that close a round early: the first K when the server overcommitted, otherwise
-    every invited device (algorithms that invite more than K want all of their updates)."""
-    k = cfg.clients_per_round
-    if cfg.overcommit > 0 and 0 < k < invited <= invite_budget(cfg):
-        return k
-    return invited
 
 
 class Server:
@@ -65,92 +52,75 @@ class Server:
         self.index = index
         self.strategy = strategy
         self.trainer = trainer
-        self.timing = timing
         self.cfg = cfg
         self.batch_size = batch_size
         self.client_sizes = client_sizes
-        self.model_bytes = model_bytes
         self.seed = seed
         self.device = device
-
-    stop_reason = ""
-
-    def wait_for_someone(self, max_time: float = 0.0):
-        """Sleep until a device is online (now, or when the index says). False if none ever will
-        (or not before max_time): the run is over, and `stop_reason` says why."""
-        t_next = self.index.next_online(self.env.now)
-        if math.isinf(t_next):
-            self.stop_reason = "the trace has nobody online after this point"
-            return False
-        if max_time and t_next >= max_time:
-            self.stop_reason = f"max_time {max_time:g} s reached while nobody was online"
-            return False
-        if t_next > self.env.now:
-            yield self.env.timeout(t_next - self.env.now)
-        return True
+        self.rounds = round_timing(cfg, index=index, timing=timing, model_bytes=model_bytes)
 
     def round(self, rnd: int, max_time: float = 0.0):
-        """One synchronous round (a SimPy sub-process); returns its RoundOutcome, or None when
-        the run cannot go on (model timing: nobody will ever be online again)."""
-        env, cfg, strategy = self.env, self.cfg, self.strategy
-        ideal = cfg.timing == "ideal"
-        if not ideal and not (yield env.process(self.wait_for_someone(max_time))):
-            return None
+        """One synchronous round (a SimPy sub-process): wait until the round can start, invite,
+        train the devices that will arrive in one batched call, let every task run until the
+        round closes, aggregate what arrived. Returns its RoundOutcome, or a Stop."""
+        env, strategy = self.env, self.strategy
+        t0 = yield env.process(self.rounds.start(env, rnd, max_time))
+        if isinstance(t0, Stop):
+            return t0
         wall0 = time.perf_counter()
-        # ideal timing: round r looks at the trace at exactly r*D (no float drift over rounds)
-        t0 = rnd * cfg.round_duration if ideal else env.now
         online = np.flatnonzero(self.index.online(t0))
         rng = np.random.default_rng([self.seed, rnd, 0x5E1])
         ids = np.asarray(strategy.select(rnd, online, rng), dtype=np.int64)
         steps = np.asarray(strategy.local_steps(rnd, ids), dtype=np.int64)
         lr = strategy.client_lr(rnd)
+        tasks = self.rounds.tasks(rnd, ids, self.samples(ids, steps), t0)
+        close_at = self.rounds.close_at(rnd, t0, len(ids), max_time)
 
-        if ideal:  # the papers' round-indexed model: zero latency, everyone invited arrives
-            ends_at = np.full(len(ids), t0)
-            fate = np.full(len(ids), "arrived", dtype=object)
-            close_at = (rnd + 1) * cfg.round_duration
-        else:
-            ends_at, fate = self.fates(ids, steps, t0)
-            close_at = t0 + (cfg.deadline if len(ids) else cfg.round_duration)
-        will_arrive = (fate == "arrived") & (ends_at <= close_at)
-
-        trained = np.flatnonzero(will_arrive)
+        trained = np.flatnonzero(~tasks.dropped & (tasks.ends_at <= close_at))
         result = None
         if len(trained):
             start = strategy.start_params(ids)[torch.as_tensor(trained, device=self.device)]
             result = self.trainer.train(rnd, ids[trained], start, steps[trained], lr,
                                         strategy.local_objective)
 
-        target = len(ids) if ideal else round_target(cfg, len(ids))
-        board = RoundBoard(env, invited=len(ids), target=target)
+        board = RoundBoard(env, invited=len(ids), target=self.rounds.target(len(ids)))
         # ties in end time report in a random order, so that equal speeds do not always favour
         # the lowest ids at the K-th arrival
-        start_device_tasks(env, board.report, rng.permutation(len(ids)), ends_at, fate)
-        closer = env.process(deadline(env, board, close_at))
-        yield closer if ideal or not len(ids) else board.closed
+        reports = np.where(tasks.dropped, "dropped", "arrived").astype(object)
+        start_device_tasks(env, board.report, rng.permutation(len(ids)), tasks.ends_at, reports)
+        why = ("nobody-invited" if not len(ids) else
+               "max-time" if max_time and close_at == max_time else "deadline")
+        env.process(deadline(env, board, close_at, why))
+        yield board.closed
 
+        outcome = self.outcomes(board, tasks, close_at)
         arrived_pos = np.asarray(board.arrived, dtype=np.int64)
-        dropped_pos = np.asarray(board.dropped, dtype=np.int64)
-        late_mask = np.ones(len(ids), dtype=bool)
-        late_mask[arrived_pos] = False
-        late_mask[dropped_pos] = False
         arrivals = self._arrivals(rnd, t0, ids, arrived_pos, trained, result, steps, lr)
         strategy.receive(rnd, arrivals)
         loss = float(arrivals.loss.mean()) if len(arrivals) else None
         return RoundOutcome(
             round=rnd, t_start=t0, t_end=env.now, online=len(online), invited=ids,
-            arrived=ids[arrived_pos], dropped=ids[dropped_pos], late=ids[late_mask],
-            train_loss=loss, wall_s=time.perf_counter() - wall0,
+            arrived=ids[arrived_pos], dropped=ids[outcome == "dropped"], late=ids[outcome == "late"],
+            surplus=ids[outcome == "surplus"], close_reason=board.reason, train_loss=loss,
+            wall_s=time.perf_counter() - wall0, events=task_events(rnd, ids, tasks, outcome, steps),
         )
 
-    def fates(self, ids: np.ndarray, steps: np.ndarray, t0: float) -> tuple[np.ndarray, np.ndarray]:
-        """When each task invited at t0 ends, and how: 'dropped' if the trace has the device
-        offline at any moment before it finishes (known in advance), else 'arrived'."""
+    def samples(self, ids: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Training samples of each task: steps x batch size (the full local data at 0)."""
         per_step = self.client_sizes[ids] if self.batch_size == 0 else self.batch_size
-        finish = t0 + self.timing.task_s(ids, steps * per_step, self.model_bytes)
-        offline_at = self.index.next_offline(ids, t0)
-        dropped = offline_at < finish
-        return np.where(dropped, offline_at, finish), np.where(dropped, "dropped", "arrived").astype(object)
+        return (steps * per_step).astype(np.int64)
+
+    @staticmethod
+    def outcomes(board: RoundBoard, tasks: Tasks, close_at: float) -> np.ndarray:
+        """What each invitation came to: arrived (counted), dropped (offline before it finished,
+        by the deadline), surplus (finished by the deadline, after the round had closed at K
+        arrivals), late (neither by the deadline)."""
+        outcome = np.full(len(tasks.ends_at), "late", dtype=object)
+        in_time = tasks.ends_at <= close_at
+        outcome[in_time & tasks.dropped] = "dropped"
+        outcome[in_time & ~tasks.dropped] = "surplus"
+        outcome[np.asarray(board.arrived, dtype=np.int64)] = "arrived"
+        return outcome
 
     def _arrivals(self, rnd, t0, ids, arrived_pos, trained, result, steps, lr) -> Arrivals:
         """The trained rows of the devices that arrived, in arrival order."""

@@ -56,8 +56,3 @@ class DeviceTiming:
 
     def transfer_s(self, ids: np.ndarray, n_bytes: int) -> np.ndarray:
         return self.latency_s + 8.0 * n_bytes / self.bandwidth_bps[ids]
-
-    def task_s(self, ids: np.ndarray, samples: np.ndarray, model_bytes: int) -> np.ndarray:
-        """Seconds from invitation to upload complete: download + compute + upload."""
-        transfer = self.transfer_s(ids, model_bytes)
-        return 2.0 * transfer + samples * self.seconds_per_sample[ids]

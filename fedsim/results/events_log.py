@@ -1,0 +1,107 @@
+"""events.parquet, one row per invitation, written as the run goes with bounded memory.
+
+Rows gather in memory up to `ROWS_PER_PART`, then go to a closed Parquet part file in
+``<run>/.events/``; a checkpoint flushes the rows gathered so far and records how many rows
+the log holds, so that a resume drops whatever a crash left beyond that count and the log of a
+resumed run equals that of an uninterrupted one. At the end of the run the parts are joined
+into ``events.parquet`` (row group by row group, never the whole log in memory).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fedsim.files import atomic_write
+
+ROWS_PER_PART = 1 << 17
+SCHEMA = pa.schema([
+    ("round", pa.int64()), ("device_id", pa.int64()), ("invited_at", pa.float64()),
+    ("started", pa.float64()), ("finished", pa.float64()), ("outcome", pa.string()),
+    ("download_s", pa.float64()), ("compute_s", pa.float64()), ("upload_s", pa.float64()),
+    ("staleness", pa.int64()), ("steps", pa.int64()), ("samples", pa.int64()),
+])
+
+
+def _table(columns: list[dict[str, np.ndarray]]) -> pa.Table:
+    """One Arrow table of event column batches; NaN times and staleness -1 become null."""
+    arrays = []
+    for field in SCHEMA:
+        values = np.concatenate([c[field.name] for c in columns])
+        if field.name == "outcome":
+            arrays.append(pa.array(values.tolist(), pa.string()))
+        elif field.name == "staleness":
+            arrays.append(pa.array(values, pa.int64(), mask=values < 0))
+        elif pa.types.is_floating(field.type):
+            arrays.append(pa.array(values, pa.float64(), mask=np.isnan(values)))
+        else:
+            arrays.append(pa.array(values, field.type))
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+class EventLog:
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / "events.parquet"
+        self.spool = Path(run_dir) / ".events"
+        self.pending: list[dict[str, np.ndarray]] = []
+        self.pending_rows = 0
+        self.parts = 0
+        self.rows = 0  # rows in closed parts
+
+    def add(self, events: dict[str, np.ndarray]) -> None:
+        n = len(events["round"]) if events else 0
+        if not n:
+            return
+        self.pending.append(events)
+        self.pending_rows += n
+        if self.pending_rows >= ROWS_PER_PART:
+            self.flush()
+
+    def flush(self) -> int:
+        """Close the gathered rows into a part file; returns the rows the log holds."""
+        if self.pending_rows:
+            self.spool.mkdir(exist_ok=True)
+            table = _table(self.pending)
+            atomic_write(self._part(self.parts), lambda tmp: pq.write_table(table, tmp))
+            self.parts += 1
+            self.rows += self.pending_rows
+            self.pending, self.pending_rows = [], 0
+        return self.rows
+
+    def _part(self, k: int) -> Path:
+        return self.spool / f"part-{k:06d}.parquet"
+
+    def finish(self) -> None:
+        """Join the parts (after any earlier events.parquet of a resumed run) into events.parquet."""
+        self.flush()
+        sources = [self._part(k) for k in range(self.parts)]
+
+        def write(tmp: Path) -> None:
+            with pq.ParquetWriter(tmp, SCHEMA) as writer:
+                for source in sources:
+                    for batch in pq.ParquetFile(source).iter_batches():
+                        writer.write_batch(batch)
+
+        atomic_write(self.path, write)
+        shutil.rmtree(self.spool, ignore_errors=True)
+
+    def resume(self, rows: int) -> None:
+        """Keep the first `rows` rows of what an earlier run logged (events.parquet of a run
+        that finished, else its parts) as this log's first part, streamed batch by batch."""
+        sources = [self.path] if self.path.exists() else sorted(self.spool.glob("part-*.parquet"))
+        kept = self.spool.with_name(".events-kept.parquet")
+        left = rows
+        with pq.ParquetWriter(kept, SCHEMA) as writer:
+            for source in sources:
+                for batch in pq.ParquetFile(source).iter_batches():
+                    if left > 0:
+                        writer.write_batch(batch.slice(0, left))
+                        left -= min(left, batch.num_rows)
+        shutil.rmtree(self.spool, ignore_errors=True)
+        self.spool.mkdir()
+        kept.replace(self._part(0))
+        self.parts, self.rows = 1, rows - left

@@ -1,0 +1,43 @@
+"""manifest.json: what a run was (versions, seed, device, trace) and how it ended."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from fedsim.results.recorder import write_json
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def write_manifest(run, result, host_s: float) -> None:
+    """`run`: the Experiment; `result`: its EngineResult."""
+    import fedsim
+
+    config, trace = run.config, run.trace
+    write_json(run.run_dir / "manifest.json", {
+        "fedsim": fedsim.__version__, "torch": torch.__version__,
+        "python": platform.python_version(), "seed": config.run.seed,
+        "device": str(run.device), "threads": run.threads.summary(), "git_sha": _git_sha(),
+        "status": result.status, "reason": result.reason, "rounds": result.rounds,
+        "sim_time_s": result.sim_time, "host_s": round(host_s, 3),
+        "algorithm": config.algorithm.name,
+        "server_memory_bytes": run.strategy.memory_bytes(),
+        "device_memory_bytes": run.strategy.device_memory_bytes(),
+        "n_devices": run.task.n_clients, "model_dim": run.task.dim,
+        "initial": run.recorder.initial,
+        "trace": {"n_devices": trace.n_devices, "horizon": trace.horizon, "wrap": trace.wrap,
+                  "generator": trace.generator, "origin": trace.origin},
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    })

@@ -1,0 +1,343 @@
+"""`fedsim report`: the wall-clock questions asked of finished (or running) runs — when did each
+reach a target accuracy, in rounds and in simulated hours; how long were its rounds; who took
+part — answered from run directories, as tables or as one JSON document.
+
+The computations take polars frames (rounds.parquet, devices.parquet) so that they can be
+checked on hand-made frames; `find_runs` reads the run directories and `report` combines them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from fedsim.config import read_toml
+from fedsim.errors import FedsimError
+
+
+@dataclass(frozen=True)
+class Hit:
+    """When a run first reached a target: rounds completed and simulated seconds, both
+    interpolated linearly between the two evaluations around the crossing when `interpolated`."""
+
+    rounds: float
+    time_s: float
+    interpolated: bool
+
+
+def _finite(name: str) -> pl.Expr:
+    """The column as floats, NaN and infinities (a diverged model's) read as missing."""
+    col = pl.col(name).cast(pl.Float64)
+    return pl.when(col.is_finite()).then(col).alias(name)
+
+
+def evaluations(rounds: pl.DataFrame, initial: dict | None = None) -> pl.DataFrame:
+    """The accuracy curve: `done` (rounds completed), `t` (simulated seconds) and `acc` of each
+    evaluation that measured an accuracy, after the initial model's (manifest "initial")."""
+    points = (rounds.select(done=pl.col("round").cast(pl.Float64) + 1,
+                            t=pl.col("t_end").cast(pl.Float64), acc=_finite("test_acc"))
+              .drop_nulls("acc"))
+    if initial and initial.get("test_acc") is not None:
+        start = pl.DataFrame({"done": [0.0], "t": [float(initial.get("t") or 0.0)],
+                              "acc": [float(initial["test_acc"])]})
+        points = pl.concat([start, points])
+    return points
+
+
+def time_to_target(rounds: pl.DataFrame, target: float, initial: dict | None = None) -> Hit | None:
+    """The first crossing of `target` by the accuracy curve (None: never reached).
+
+    Between the last evaluation below the target and the first at or above it the crossing is
+    interpolated linearly, on rounds and on time alike; an evaluation equal to the target, or
+    the curve's first point, is exact (without an initial evaluation, a target met at the first
+    evaluation is reported there: nothing earlier is known)."""
+    points = evaluations(rounds, initial)
+    acc = points["acc"].to_numpy()
+    reached = np.flatnonzero(acc >= target)
+    if not len(reached):
+        return None
+    i = int(reached[0])
+    done, t = points["done"].to_numpy(), points["t"].to_numpy()
+    if i == 0 or acc[i] == target:
+        return Hit(float(done[i]), float(t[i]), False)
+    frac = (target - acc[i - 1]) / (acc[i] - acc[i - 1])
+    return Hit(float(done[i - 1] + frac * (done[i] - done[i - 1])),
+               float(t[i - 1] + frac * (t[i] - t[i - 1])), True)
+
+
+def round_durations(rounds: pl.DataFrame) -> dict:
+    """Median and 90th percentile (linear between rounds) of the rounds' simulated seconds;
+    null for a run without rounds. Older run directories have no `duration`: t_end - t_start."""
+    durations = (rounds["duration"] if "duration" in rounds.columns
+                 else rounds["t_end"] - rounds["t_start"]).to_numpy()
+    if not len(durations):
+        return {"median_s": None, "p90_s": None}
+    median, p90 = np.percentile(durations, [50, 90])
+    return {"median_s": float(median), "p90_s": float(p90)}
+
+
+def gini(values) -> float | None:
+    """Gini coefficient of non-negative values (0: all equal; (n-1)/n: one holds everything);
+    None when they sum to zero."""
+    x = np.sort(np.asarray(values, dtype=float))
+    n, total = len(x), x.sum()
+    if total == 0:
+        return None
+    return float(2 * np.dot(np.arange(1, n + 1), x) / (n * total) - (n + 1) / n)
+
+
+def variation(values) -> float | None:
+    """Coefficient of variation (population standard deviation over the mean); None at mean 0."""
+    x = np.asarray(values, dtype=float)
+    return float(x.std() / x.mean()) if len(x) and x.mean() > 0 else None
+
+
+def participation(rounds: pl.DataFrame, devices: pl.DataFrame) -> dict:
+    """Invitations over the run and what became of them (fractions of the invited), and how
+    evenly the arrivals spread over the devices. Older runs have no `surplus` column: 0."""
+    counts = ["invited", "arrived", "dropped", "late"]
+    totals = rounds.select([pl.col(c).sum() for c in counts]
+                           + [(pl.col("surplus").sum() if "surplus" in rounds.columns
+                               else pl.lit(0)).alias("surplus")]).row(0, named=True)
+    invited = int(totals["invited"])
+    arrivals = devices["arrivals"].to_numpy()
+    return {
+        "invited": invited,
+        **{f"{c}_rate": (int(totals[c]) / invited if invited else None)
+           for c in ["arrived", "dropped", "late", "surplus"]},
+        "devices": len(arrivals), "devices_arrived": int((arrivals > 0).sum()),
+        "arrivals_gini": gini(arrivals), "arrivals_cv": variation(arrivals),
+    }
+
+
+@dataclass
+class Run:
+    """One run directory as read from disk; `origin` is the path given on the command line."""
+
+    path: Path
+    origin: Path
+    algorithm: str
+    manifest: dict
+    config: dict
+    rounds: pl.DataFrame
+    devices: pl.DataFrame
+
+
+ROUND_COLUMNS = ("round", "t_start", "t_end", "invited", "arrived", "dropped", "late", "test_loss",
+                 "test_acc")
+
+
+def _read_parquet(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
+    """The table, which must have `columns` (a run directory of fedsim's has them all)."""
+    try:
+        frame = pl.read_parquet(path)
+    except pl.exceptions.PolarsError as err:
+        raise FedsimError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0]}); "
+                          "the run directory is damaged, run it again") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise FedsimError(f"{path}: no column {', '.join(missing)}; this is not the table of a "
+                          "fedsim run directory, pass the folder that `fedsim run` printed")
+    return frame
+
+
+def read_run(path: Path, origin: Path) -> Run:
+    """A run directory; its manifest.json is missing while the run is going (or was aborted)."""
+    manifest = {}
+    if (path / "manifest.json").exists():
+        try:
+            manifest = json.loads((path / "manifest.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise FedsimError(f"{path / 'manifest.json'}: not valid JSON; the run directory is "
+                              "damaged, run it again") from None
+    config = read_toml(path / "config.toml") if (path / "config.toml").exists() else {}
+    algorithm = manifest.get("algorithm") or config.get("algorithm", {}).get("name") or path.name
+    return Run(path, origin, str(algorithm), manifest, config,
+               _read_parquet(path / "rounds.parquet", ROUND_COLUMNS),
+               _read_parquet(path / "devices.parquet", ("arrivals",)))
+
+
+def _is_run(path: Path) -> bool:
+    return (path / "rounds.parquet").is_file() and (path / "devices.parquet").is_file()
+
+
+def find_runs(paths: list[Path]) -> list[Run]:
+    """The runs of each path: a run directory, or a comparison folder (its algorithms'
+    sub-folders, in name order)."""
+    runs = []
+    for origin in paths:
+        members = [origin] if _is_run(origin) else sorted(p for p in origin.glob("*") if _is_run(p))
+        if not members:
+            raise FedsimError(
+                f"{origin}: not a run directory (no rounds.parquet and devices.parquet here or in "
+                "its sub-folders); pass the folder that `fedsim run` printed after 'results:'")
+        runs += [read_run(p, origin) for p in members]
+    return runs
+
+
+def names(runs: list[Run]) -> list[str]:
+    """Each run's algorithm; where two runs share one, followed by the shortest tail of the
+    folder given that tells them apart: `fedavg (a)`, `fedavg (b)`."""
+    counts = Counter(r.algorithm for r in runs)
+    labels = []
+    for r in runs:
+        if counts[r.algorithm] == 1:
+            labels.append(r.algorithm)
+            continue
+        parts = r.origin.resolve().parts
+        others = [o.origin.resolve().parts for o in runs if o.algorithm == r.algorithm]
+        k = next((k for k in range(1, len(parts)) if [o[-k:] for o in others].count(parts[-k:]) == 1),
+                 len(parts))
+        labels.append(f"{r.algorithm} ({Path(*parts[-k:]).as_posix()})")
+    return labels
+
+
+def check_target(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise FedsimError(f"{where}: target accuracy {value!r} is not in (0, 1]; give a fraction "
+                          "such as 0.8 (not a percentage)")
+    return float(value)
+
+
+def parse_targets(texts: list[str] | None) -> list[float] | None:
+    """The --target values (repeated, or comma-separated), ascending; None when none given."""
+    if not texts:
+        return None
+    values = []
+    for text in texts:
+        for part in text.split(","):
+            try:
+                value = float(part)
+            except ValueError:
+                raise FedsimError(f"--target {text!r}: {part.strip()!r} is not a number; give "
+                                  "accuracies in (0, 1], e.g. --target 0.8 or --target 0.8,0.9") from None
+            values.append(check_target(value, f"--target {text!r}"))
+    return sorted(set(values))
+
+
+def config_targets(runs: list[Run]) -> list[float]:
+    """The `[run] targets` of the runs' config.toml files, together, ascending."""
+    values = set()
+    for r in runs:
+        targets = r.config.get("run", {}).get("targets", [])
+        where = f"{r.path / 'config.toml'}: [run] targets"
+        if not isinstance(targets, list):
+            raise FedsimError(f"{where} = {targets!r} is not a list; write e.g. targets = [0.8, 0.9]")
+        values.update(check_target(t, where) for t in targets)
+    return sorted(values)
+
+
+def _best(frame: pl.DataFrame, column: str, best: str) -> tuple[float | None, float | None]:
+    """(final, best) of an evaluated metric; `best` is "max" or "min"."""
+    values = frame.select(_finite(column)).drop_nulls()[column]
+    if not len(values):
+        return None, None
+    return float(values[-1]), float(getattr(values, best)())
+
+
+def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
+    """The report of one run, with plain numbers (None where there is nothing to report)."""
+    final_acc, best_acc = _best(run.rounds, "test_acc", "max")
+    final_loss, best_loss = _best(run.rounds, "test_loss", "min")
+    t_end = run.rounds["t_end"]
+    hits = [time_to_target(run.rounds, t, run.manifest.get("initial")) for t in targets]
+    return {
+        "name": name, "algorithm": run.algorithm, "run_dir": str(run.path),
+        "status": run.manifest.get("status", "unfinished"), "reason": run.manifest.get("reason"),
+        "rounds": len(run.rounds),
+        "sim_time_s": run.manifest.get("sim_time_s", float(t_end[-1]) if len(t_end) else 0.0),
+        "final_acc": final_acc, "best_acc": best_acc, "final_loss": final_loss, "best_loss": best_loss,
+        "targets": [{"target": t, **(asdict(h) if h else dict.fromkeys(["rounds", "time_s", "interpolated"]))}
+                    for t, h in zip(targets, hits)],
+        "round_duration": round_durations(run.rounds),
+        "participation": participation(run.rounds, run.devices),
+    }
+
+
+def report(paths: list[Path], targets: list[float] | None = None) -> dict:
+    """The report of the runs under `paths`; targets default to the runs' `[run] targets`."""
+    runs = find_runs([Path(p) for p in paths])
+    targets = config_targets(runs) if targets is None else targets
+    return {"targets": targets,
+            "runs": [summarize_run(r, n, targets) for r, n in zip(runs, names(runs))]}
+
+
+# -- text -------------------------------------------------------------------------------------
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"
+
+
+def target_label(target: float) -> str:
+    return f"{100 * target:g}%"
+
+
+def hours(seconds: float) -> str:
+    """Simulated seconds as hours, with 3 significant digits under an hour."""
+    h = seconds / 3600
+    return f"{h:.2f}h" if h >= 1 else f"{h:#.3g}h"
+
+
+def hit_hours(hit: Hit | None) -> str:
+    """`~1.83h` (interpolated), `1.83h` (an evaluation) or `never`."""
+    return "never" if hit is None else ("~" if hit.interpolated else "") + hours(hit.time_s)
+
+
+def _hit(entry: dict) -> Hit | None:
+    """The Hit of a report's target entry (None: never reached)."""
+    return None if entry["rounds"] is None else Hit(entry["rounds"], entry["time_s"], entry["interpolated"])
+
+
+def hit_rounds(hit: Hit | None) -> str:
+    if hit is None:
+        return "never"
+    return f"~{hit.rounds:.1f}" if hit.interpolated else f"{hit.rounds:.0f}"
+
+
+def _number(value: float | None, spec: str = ".4g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns as wide as their widest cell; the first left-aligned, the others right."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                      for i, (cell, w) in enumerate(zip(row, widths))) for row in [header, *rows]]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def format_report(doc: dict) -> str:
+    """The report as tables: results, time to each target (when there are targets), rounds
+    and participation."""
+    runs = doc["runs"]
+    blocks = [_table(
+        ["run", "status", "rounds", "sim time", "final acc", "best acc", "final loss", "best loss"],
+        [[r["name"], r["status"], str(r["rounds"]), hours(r["sim_time_s"]), percent(r["final_acc"]),
+          percent(r["best_acc"]), _number(r["final_loss"]), _number(r["best_loss"])] for r in runs])]
+    if doc["targets"]:
+        header = ["time to target"]
+        for t in doc["targets"]:
+            header += [f"{target_label(t)} rounds", f"{target_label(t)} time"]
+        blocks.append(_table(header, [
+            [r["name"], *[cell for entry in r["targets"] for cell in (hit_rounds(_hit(entry)),
+                                                                       hit_hours(_hit(entry)))]]
+            for r in runs]))
+    blocks.append(_table(
+        ["participation", "median round", "p90 round", "invited", "arrived", "dropped",
+         "late", "surplus", "devices arrived", "gini", "cv"],
+        [[r["name"], _seconds(r["round_duration"]["median_s"]),
+          _seconds(r["round_duration"]["p90_s"]), str(p["invited"]),
+          percent(p["arrived_rate"]), percent(p["dropped_rate"]), percent(p["late_rate"]),
+          percent(p["surplus_rate"]), f"{p['devices_arrived']} of {p['devices']}",
+          _number(p["arrivals_gini"], ".3f"), _number(p["arrivals_cv"], ".3f")]
+         for r in runs for p in [r["participation"]]]))
+    return "\n\n".join(blocks)

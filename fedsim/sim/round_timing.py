@@ -1,0 +1,135 @@
+"""`[server] timing`: when a round starts, how each invited device's task goes, when the round
+closes. Two policies behind one interface, so that the server's round reads the same story for
+both: the papers' round-indexed model (`ideal`) and devices with speeds and links (`model`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from fedsim.config import ServerConfig
+from fedsim.sim.timing import DeviceTiming
+
+
+@dataclass(frozen=True)
+class Stop:
+    """What a round returns instead of its outcome when the run cannot go on, and why."""
+
+    reason: str
+
+
+@dataclass
+class Tasks:
+    """The tasks of the devices invited at `invited_at` (one entry per device, known in advance:
+    the trace says when each device goes offline)."""
+
+    invited_at: float
+    download_s: np.ndarray
+    compute_s: np.ndarray
+    upload_s: np.ndarray
+    samples: np.ndarray  # training samples the task computes on
+    dropped: np.ndarray  # bool: offline before it finished
+    ends_at: np.ndarray  # when it finished, or when it went offline
+
+    @property
+    def started(self) -> np.ndarray:
+        """When training began: after the download (NaN: offline during the download)."""
+        at = self.invited_at + self.download_s
+        return np.where(self.dropped & (self.ends_at < at), np.nan, at)
+
+    @property
+    def finished(self) -> np.ndarray:
+        """When the upload completed (NaN: it dropped first)."""
+        return np.where(self.dropped, np.nan, self.ends_at)
+
+
+def wait_for_someone(env: simpy.Environment, index, max_time: float = 0.0):
+    """Sleep until a device is online (now, or when the index says). Returns None, or why nobody
+    ever will be (or not before max_time): the run is over."""
+    t_next = index.next_online(env.now)
+    if math.isinf(t_next):
+        return "the trace has nobody online after this point"
+    if max_time and t_next >= max_time:
+        return f"max_time {max_time:g} s reached while nobody was online"
+    if t_next > env.now:
+        yield env.timeout(t_next - env.now)
+    return None
+
+
+def invite_budget(cfg: ServerConfig) -> int:
+    """How many devices to invite per round: K, or ceil(K (1 + overcommit)) under model timing
+    (0 = every online device). Ideal timing has no stragglers to overcommit against."""
+    k = cfg.clients_per_round
+    if not k or cfg.timing == "ideal":
+        return k
+    return math.ceil(k * (1 + cfg.overcommit) - 1e-9)  # 10 * 1.1 is 11.000000000000002
+
+
+class IdealRounds:
+    """The papers' round-indexed model: round r spans [r*D, (r+1)*D); it looks at the trace at
+    exactly r*D (no float drift over rounds) and every invited device reports by its end."""
+
+    def __init__(self, cfg: ServerConfig):
+        self.duration = cfg.round_duration
+
+    def start(self, env: simpy.Environment, rnd: int, max_time: float):
+        """Round r starts at r*D: no waiting (the previous round closed then)."""
+        yield from ()  # a generator like ModelRounds.start, with nothing to wait for
+        return rnd * self.duration
+
+    def tasks(self, rnd: int, ids: np.ndarray, samples: np.ndarray, t0: float) -> Tasks:
+        """Zero latency: the task spans the round; everyone invited arrives at its end."""
+        zero, end = np.zeros(len(ids)), (rnd + 1) * self.duration
+        return Tasks(t0, zero, zero + (end - t0), zero, samples, np.zeros(len(ids), dtype=bool),
+                     zero + end)
+
+    def close_at(self, rnd: int, t0: float, invited: int, max_time: float) -> float:
+        return (rnd + 1) * self.duration
+
+    def target(self, invited: int) -> int:
+        return invited
+
+
+class ModelRounds:
+    """Devices with speeds and links (`[devices]`): a round starts when someone is online, a task
+    is download + compute + upload unless the trace takes the device away first, and the round
+    closes at the deadline, at K arrivals when the server overcommitted, or when every invited
+    device has reported."""
+
+    def __init__(self, cfg: ServerConfig, index, timing: DeviceTiming, model_bytes: int):
+        self.cfg, self.index, self.timing, self.model_bytes = cfg, index, timing, model_bytes
+
+    def start(self, env: simpy.Environment, rnd: int, max_time: float):
+        reason = yield env.process(wait_for_someone(env, self.index, max_time))
+        return Stop(reason) if reason else env.now
+
+    def tasks(self, rnd: int, ids: np.ndarray, samples: np.ndarray, t0: float) -> Tasks:
+        transfer = self.timing.transfer_s(ids, self.model_bytes)
+        compute = samples * self.timing.seconds_per_sample[ids]
+        finish = t0 + (transfer + compute + transfer)
+        offline_at = self.index.next_offline(ids, t0)
+        dropped = offline_at < finish
+        return Tasks(t0, transfer, compute, transfer, samples, dropped,
+                     np.where(dropped, offline_at, finish))
+
+    def close_at(self, rnd: int, t0: float, invited: int, max_time: float) -> float:
+        close = t0 + (self.cfg.deadline if invited else self.cfg.round_duration)
+        return min(close, max_time) if max_time and invited else close
+
+    def target(self, invited: int) -> int:
+        """Arrivals that close a round early: the first K when the server overcommitted,
+        otherwise every invited device (algorithms that invite more than K want all of their
+        updates)."""
+        k = self.cfg.clients_per_round
+        if self.cfg.overcommit > 0 and 0 < k < invited <= invite_budget(self.cfg):
+            return k
+        return invited
+
+
+def round_timing(cfg: ServerConfig, **model_parts) -> IdealRounds | ModelRounds:
+    """The policy of `[server] timing`; `model_parts` are ModelRounds' other arguments."""
+    return IdealRounds(cfg) if cfg.timing == "ideal" else ModelRounds(cfg, **model_parts)

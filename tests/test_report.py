@@ -1,0 +1,305 @@
+"""`fedsim report`: time to target accuracy (interpolated, exact, never), round durations and
+participation on hand-made frames with known answers; the command on hand-made run directories
+(tables, JSON, names, targets, errors); and end to end on a real comparison run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from fedsim.cli import _summary_table, main
+from fedsim.config import dump_toml, read_toml
+from fedsim.results.report import (Hit, gini, hit_hours, participation, round_durations,
+                                   time_to_target, variation)
+
+H = 3600.0
+
+
+def rounds_frame(acc, t_end=None, loss=None, **counts) -> pl.DataFrame:
+    """Rounds 0..n-1 of an hour each (unless t_end is given); `acc` and `loss` None off evaluations."""
+    n = len(acc)
+    t_end = [H * (i + 1) for i in range(n)] if t_end is None else t_end
+    t_start = [0.0, *t_end[:-1]]
+    columns = {"round": list(range(n)), "t_start": t_start, "t_end": t_end,
+               "invited": [10] * n, "arrived": [10] * n, "dropped": [0] * n, "late": [0] * n,
+               "test_loss": loss if loss is not None else [None if a is None else 1 - a for a in acc],
+               "test_acc": acc, **counts}
+    return pl.DataFrame(columns, schema_overrides={"test_acc": pl.Float64, "test_loss": pl.Float64})
+
+
+# evaluations after rounds 2, 4, 6 (0-based 1, 3, 5) at 2h, 4h, 6h
+CURVE = rounds_frame([None, 0.4, None, 0.6, None, 0.9])
+
+
+# -- time to target ---------------------------------------------------------------------------
+def test_a_crossing_between_evaluations_is_interpolated_on_rounds_and_time():
+    hit = time_to_target(CURVE, 0.7)  # a third of the way from (4, 4h, 0.6) to (6, 6h, 0.9)
+    assert hit.interpolated
+    assert hit.rounds == pytest.approx(4 + 2 / 3) and hit.time_s == pytest.approx(4 * H + 2 * H / 3)
+
+
+def test_interpolation_follows_t_end_not_the_round_number():
+    uneven = rounds_frame([None, 0.4, None, 0.6, None, 0.9], t_end=[10, 20, 30, 100, 110, 400])
+    hit = time_to_target(uneven, 0.7)
+    assert hit.rounds == pytest.approx(4 + 2 / 3) and hit.time_s == pytest.approx(100 + 300 / 3)
+
+
+def test_an_evaluation_at_the_target_is_exact():
+    assert time_to_target(CURVE, 0.6) == Hit(4.0, 4 * H, False)
+
+
+def test_a_target_never_reached_and_a_task_without_accuracy():
+    assert time_to_target(CURVE, 0.95) is None
+    assert time_to_target(rounds_frame([None, None], loss=[None, 0.3]), 0.1) is None
+
+
+def test_without_an_initial_evaluation_the_first_one_is_where_an_easy_target_is_met():
+    assert time_to_target(CURVE, 0.3) == Hit(2.0, 2 * H, False)
+
+
+def test_the_initial_evaluation_starts_the_curve():
+    initial = {"test_loss": 2.3, "test_acc": 0.1, "t": 0.0}
+    hit = time_to_target(CURVE, 0.3, initial)  # two thirds of the way from (0, 0, 0.1) to (2, 2h, 0.4)
+    assert hit.interpolated
+    assert hit.rounds == pytest.approx(4 / 3) and hit.time_s == pytest.approx(4 * H / 3)
+    assert time_to_target(CURVE, 0.05, initial) == Hit(0.0, 0.0, False)
+    # an initial model without accuracy (quadratic task) adds no point
+    assert time_to_target(CURVE, 0.3, {"test_loss": 2.0, "test_acc": None, "t": 0.0}) == Hit(2.0, 2 * H, False)
+
+
+def test_the_first_crossing_counts_and_diverged_evaluations_are_skipped():
+    wavy = rounds_frame([0.5, 0.8, 0.6, 0.9])
+    hit = time_to_target(wavy, 0.7)
+    assert hit.rounds == pytest.approx(1 + 2 / 3) and hit.time_s == pytest.approx(H + 2 * H / 3)
+    diverged = rounds_frame([0.5, float("nan"), 0.9])
+    assert time_to_target(diverged, 0.7).rounds == pytest.approx(2.0)  # halfway from 1 to 3
+
+
+# -- durations and participation --------------------------------------------------------------
+def test_round_duration_median_and_p90_from_t_end_minus_t_start_or_the_duration_column():
+    t_end = np.cumsum([30.0, 10.0, 50.0, 20.0, 40.0]).tolist()
+    frame = rounds_frame([None] * 5, t_end=t_end)
+    assert round_durations(frame) == {"median_s": 30.0, "p90_s": pytest.approx(46.0)}
+    with_column = frame.with_columns(duration=pl.Series([1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert round_durations(with_column) == {"median_s": 3.0, "p90_s": pytest.approx(4.6)}
+    assert round_durations(frame.head(0)) == {"median_s": None, "p90_s": None}
+
+
+def test_gini_and_coefficient_of_variation_of_known_vectors():
+    assert gini([1, 1, 1, 1]) == 0.0
+    assert gini([0, 0, 0, 4]) == pytest.approx(0.75)
+    assert gini([0, 5, 5, 5]) == pytest.approx(0.25)
+    assert gini([0, 0]) is None
+    x = np.random.default_rng(0).integers(0, 20, size=50)
+    pairwise = np.abs(x[:, None] - x[None, :]).sum() / (2 * len(x) ** 2 * x.mean())
+    assert gini(x) == pytest.approx(pairwise)
+    assert variation([1, 1, 1, 1]) == 0.0
+    assert variation([0, 0, 0, 4]) == pytest.approx(math.sqrt(3))
+    assert variation([0, 0]) is None
+
+
+def test_participation_rates_are_fractions_of_the_invited():
+    frame = rounds_frame([None, None], invited=[10, 10], arrived=[7, 8], dropped=[2, 1], late=[1, 1])
+    devices = pl.DataFrame({"device_id": [0, 1, 2, 3], "arrivals": [0, 5, 5, 5]})
+    assert participation(frame, devices) == pytest.approx({
+        "invited": 20, "arrived_rate": 0.75, "dropped_rate": 0.15, "late_rate": 0.1,
+        "surplus_rate": 0.0, "devices": 4, "devices_arrived": 3, "arrivals_gini": 0.25,
+        "arrivals_cv": 1 / math.sqrt(3)})  # std sqrt(75/4 - 3.75**2) over mean 3.75
+    with_surplus = frame.with_columns(surplus=pl.Series([1, 0]))
+    assert participation(with_surplus, devices)["surplus_rate"] == pytest.approx(0.05)
+    nobody = participation(frame.head(0), devices.with_columns(arrivals=pl.lit(0)))
+    assert nobody["arrived_rate"] is None and nobody["arrivals_gini"] is None
+
+
+# -- the command on hand-made run directories -------------------------------------------------
+def make_run(path: Path, algorithm: str = "fedavg", frame: pl.DataFrame = CURVE,
+             targets: list | None = None, initial: dict | None = None) -> Path:
+    path.mkdir(parents=True)
+    frame.write_parquet(path / "rounds.parquet")
+    pl.DataFrame({"device_id": [0, 1, 2, 3], "invitations": [20, 20, 10, 10],
+                  "arrivals": [0, 0, 0, 60], "drops": [0] * 4, "late": [0] * 4,
+                  "last_round": [-1, -1, -1, 5]}).write_parquet(path / "devices.parquet")
+    manifest = {"status": "completed", "reason": "6 rounds", "rounds": len(frame),
+                "sim_time_s": frame["t_end"][-1], "algorithm": algorithm}
+    if initial is not None:
+        manifest["initial"] = initial
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    run = {"rounds": len(frame)} | ({"targets": targets} if targets is not None else {})
+    (path / "config.toml").write_text(dump_toml({"run": run, "algorithm": {"name": algorithm}}))
+    return path
+
+
+def report_json(capsys, *argv) -> dict:
+    assert main(["report", *map(str, argv), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def fails(capsys, *argv) -> str:
+    assert main(["report", *map(str, argv)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "\n" not in out.err.strip()
+    return out.err.strip()
+
+
+def test_json_report_of_one_run(tmp_path, capsys):
+    run = make_run(tmp_path / "a")
+    doc = report_json(capsys, run, "--target", "0.7,0.6", "--target", "0.95")
+    assert doc["targets"] == [0.6, 0.7, 0.95]
+    (r,) = doc["runs"]
+    assert r["name"] == "fedavg" and r["status"] == "completed" and r["rounds"] == 6
+    assert r["final_acc"] == 0.9 and r["best_acc"] == 0.9
+    assert r["final_loss"] == pytest.approx(0.1) and r["best_loss"] == pytest.approx(0.1)
+    exact, between, never = r["targets"]
+    assert exact == {"target": 0.6, "rounds": 4.0, "time_s": 4 * H, "interpolated": False}
+    assert between["interpolated"] is True and between["time_s"] == pytest.approx(4 * H + 2 * H / 3)
+    assert never == {"target": 0.95, "rounds": None, "time_s": None, "interpolated": None}
+    assert r["round_duration"] == {"median_s": H, "p90_s": H}
+    p = r["participation"]
+    assert p["arrived_rate"] == 1.0 and p["devices_arrived"] == 1 and p["arrivals_gini"] == 0.75
+
+
+def test_table_marks_interpolated_exact_and_never(tmp_path, capsys):
+    run = make_run(tmp_path / "a", initial={"test_loss": 2.3, "test_acc": 0.1, "t": 0.0})
+    assert main(["report", str(run), "--target", "0.6", "--target", "0.7", "--target", "0.95"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("fedavg") and "never" in line)
+    assert line.split()[1:] == ["4", "4.00h", "~4.7", "~4.67h", "never", "never"]
+    assert "60% rounds" in out and "95% time" in out
+    first = next(line for line in out.splitlines() if line.startswith("fedavg"))
+    assert first.split() == ["fedavg", "completed", "6", "6.00h", "90.00%", "90.00%", "0.1", "0.1"]
+
+
+def test_targets_default_to_the_runs_config(tmp_path, capsys):
+    assert report_json(capsys, make_run(tmp_path / "a", targets=[0.7]))["targets"] == [0.7]
+    assert main(["report", str(make_run(tmp_path / "b"))]) == 0
+    assert "time to target" not in capsys.readouterr().out
+
+
+def test_a_comparison_folder_gives_one_row_per_algorithm(tmp_path, capsys):
+    for algorithm in ("mifa", "fedavg"):
+        make_run(tmp_path / "cmp" / algorithm, algorithm)
+    (tmp_path / "cmp" / "plots").mkdir()
+    doc = report_json(capsys, tmp_path / "cmp")
+    assert [r["name"] for r in doc["runs"]] == ["fedavg", "mifa"]
+
+
+def test_runs_side_by_side_are_named_by_algorithm_and_told_apart_by_folder(tmp_path, capsys):
+    a, b = make_run(tmp_path / "a"), make_run(tmp_path / "b")
+    other = make_run(tmp_path / "c", "mifa")
+    names = [r["name"] for r in report_json(capsys, a, b, other)["runs"]]
+    assert names == ["fedavg (a)", "fedavg (b)", "mifa"]
+    x, y = make_run(tmp_path / "x" / "run"), make_run(tmp_path / "y" / "run")
+    assert [r["name"] for r in report_json(capsys, x, y)["runs"]] == ["fedavg (x/run)", "fedavg (y/run)"]
+
+
+def test_bad_targets_are_one_error_line(tmp_path, capsys):
+    run = make_run(tmp_path / "a")
+    assert fails(capsys, run, "--target", "80") == (
+        "error: --target '80': target accuracy 80.0 is not in (0, 1]; give a fraction such as 0.8 "
+        "(not a percentage)")
+    assert fails(capsys, run, "--target", "0.8,abc") == (
+        "error: --target '0.8,abc': 'abc' is not a number; give accuracies in (0, 1], e.g. "
+        "--target 0.8 or --target 0.8,0.9")
+    assert "target accuracy 0.0 is not in (0, 1]" in fails(capsys, run, "--target", "0")
+    assert "target accuracy nan is not in (0, 1]" in fails(capsys, run, "--target", "nan")
+    bad = make_run(tmp_path / "b", targets=[1.5])
+    assert fails(capsys, bad) == (
+        f"error: {bad / 'config.toml'}: [run] targets: target accuracy 1.5 is not in (0, 1]; give "
+        "a fraction such as 0.8 (not a percentage)")
+
+
+def test_a_folder_that_is_not_a_run_is_one_error_line(tmp_path, capsys):
+    run = make_run(tmp_path / "a")
+    (tmp_path / "empty").mkdir()
+    for path in (tmp_path / "empty", tmp_path / "missing"):
+        assert fails(capsys, run, path) == (
+            f"error: {path}: not a run directory (no rounds.parquet and devices.parquet here or in "
+            "its sub-folders); pass the folder that `fedsim run` printed after 'results:'")
+    CURVE.drop("test_acc", "late").write_parquet(run / "rounds.parquet")
+    assert fails(capsys, run) == (
+        f"error: {run / 'rounds.parquet'}: no column late, test_acc; this is not the table of a "
+        "fedsim run directory, pass the folder that `fedsim run` printed")
+    (run / "rounds.parquet").write_text("not parquet")
+    assert fails(capsys, run).startswith(f"error: {run / 'rounds.parquet'}: not a readable Parquet file")
+
+
+def test_a_run_still_going_has_no_manifest_yet(tmp_path, capsys):
+    run = make_run(tmp_path / "a", "mifa")
+    (run / "manifest.json").unlink()
+    (r,) = report_json(capsys, run)["runs"]
+    assert (r["name"], r["status"], r["sim_time_s"]) == ("mifa", "unfinished", 6 * H)
+
+
+# -- end to end --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory) -> Path:
+    """A small real comparison run (fedavg and mifa on digits)."""
+    tmp = tmp_path_factory.mktemp("report")
+    config = {"run": {"rounds": 20, "eval_every": 2, "out": str(tmp / "runs"), "name": "cmp",
+                      "algorithms": ["fedavg", "mifa"], "progress": False},
+              "data": {"dataset": "digits", "clients": 20}, "server": {"clients_per_round": 5},
+              "client": {"local_steps": 2, "lr": 0.5}}
+    (tmp / "c.toml").write_text(dump_toml(config))
+    assert main(["run", str(tmp / "c.toml"), "--quiet"]) == 0
+    return tmp / "runs" / "cmp"
+
+
+def expected_hit(run_dir: Path, target: float) -> tuple[float, float] | None:
+    """(rounds, seconds) to `target` computed row by row from rounds.parquet and the manifest."""
+    initial = json.loads((run_dir / "manifest.json").read_text()).get("initial")
+    points = [(0, initial["t"], initial["test_acc"])] if initial and initial.get("test_acc") is not None else []
+    points += [(row["round"] + 1, row["t_end"], row["test_acc"])
+               for row in pl.read_parquet(run_dir / "rounds.parquet").iter_rows(named=True)
+               if row["test_acc"] is not None]
+    for k, (n, t, acc) in enumerate(points):
+        if acc >= target:
+            if k == 0 or acc == target:
+                return n, t
+            n0, t0, acc0 = points[k - 1]
+            w = (target - acc0) / (acc - acc0)
+            return n0 + w * (n - n0), t0 + w * (t - t0)
+    return None
+
+
+def test_report_of_a_real_run_agrees_with_its_rounds(comparison, capsys):
+    run_dir = comparison / "fedavg"
+    accs = pl.read_parquet(run_dir / "rounds.parquet")["test_acc"].drop_nulls()
+    midway = round(float(accs[0] + accs.max()) / 2, 6)  # met between two evaluations
+    doc = report_json(capsys, run_dir, "--target", "0.5", "--target", str(midway))
+    (r,) = doc["runs"]
+    for entry in r["targets"]:
+        expected = expected_hit(run_dir, entry["target"])
+        assert expected is not None, f"target {entry['target']} not reached; accuracies {accs.to_list()}"
+        assert (entry["rounds"], entry["time_s"]) == pytest.approx(expected)
+    assert r["targets"][[e["target"] for e in r["targets"]].index(midway)]["interpolated"] is True
+    rounds = pl.read_parquet(run_dir / "rounds.parquet")
+    devices = pl.read_parquet(run_dir / "devices.parquet")
+    p = r["participation"]
+    assert p["invited"] == rounds["invited"].sum() == devices["invitations"].sum()
+    assert p["arrived_rate"] == pytest.approx(rounds["arrived"].sum() / rounds["invited"].sum())
+    assert p["devices_arrived"] == (devices["arrivals"] > 0).sum()
+    assert r["final_acc"] == accs[-1] and r["best_acc"] == accs.max() and r["rounds"] == 20
+
+
+def test_report_of_a_real_comparison_and_the_run_table_with_targets(comparison, capsys):
+    doc = report_json(capsys, comparison, "--target", "0.5")
+    assert [r["name"] for r in doc["runs"]] == ["fedavg", "mifa"]
+    assert main(["report", str(comparison), "--target", "0.5"]) == 0
+    assert "50% rounds" in capsys.readouterr().out
+
+    from fedsim.experiment import RunResult
+
+    raw = read_toml(comparison / "fedavg" / "config.toml")
+    raw["run"]["targets"] = [0.5, 0.99]
+    (comparison / "fedavg" / "config.toml").write_text(dump_toml(raw))
+    rounds = pl.read_parquet(comparison / "fedavg" / "rounds.parquet")
+    table = _summary_table(RunResult(comparison / "fedavg", "fedavg", "completed", "", rounds))
+    header, _, line = table.splitlines()
+    assert header.split()[-4:] == ["to", "50%", "to", "99%"]
+    hit = doc["runs"][0]["targets"][0]
+    assert line.split()[-2:] == [hit_hours(Hit(hit["rounds"], hit["time_s"], hit["interpolated"])), "never"]

@@ -1,63 +1,285 @@
-"""Plots of a run (and of several runs side by side): accuracy against rounds and sim time.
+"""Plots of a run (and of several runs side by side), into ``plots/`` of the run directory.
 
-Tasks without an accuracy (the quadratic task) plot the test loss instead.
+* ``accuracy_vs_rounds.png``, ``accuracy_vs_time.png``: test accuracy (%) and test loss (log
+  scale) against rounds completed and hours since the start, from the initial model's evaluation
+  on (with a clock-time axis on top when the trace has an origin); tasks without an accuracy
+  show the loss only.
+* ``round_duration_vs_time_of_day.png``: how long rounds take at each hour of the day.
+* ``participation_<run>.png``: per round, who was online, invited, and what became of the
+  invitations (arrived, dropped, late, surplus, stacked) over simulated time.
+* ``participation_per_device.png``: devices by number of arrivals; mean arrivals per device
+  by time zone or group when devices.parquet has one.
 
-matplotlib is imported when a plot is drawn (it costs a few tenths of a second), and as a
-bare ``Figure``, which draws with Agg without pyplot's global state or backend switch.
+A plot whose columns a run directory lacks (written by an older fedsim) is skipped; the others
+are drawn. matplotlib is imported when a plot is drawn (it costs a few tenths of a second), and
+as a bare ``Figure``, which draws with Agg without pyplot's global state or backend switch;
+fixed margins replace a layout pass (half of the drawing time).
 """
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
+from fedsim.errors import FedsimError
 from fedsim.files import atomic_write
 
+DPI = 100
+COUNTS = ("online", "invited", "arrived", "dropped", "late")
+STACKED = ("arrived", "dropped", "late", "surplus")  # they add up to `invited`
+GROUP_COLUMNS = {"tz_offset": "time zone (UTC offset, h)", "group": "device group"}
 
-def _metric(frames: dict[str, pl.DataFrame]) -> tuple[str, str]:
-    has_acc = any(df["test_acc"].drop_nulls().len() for df in frames.values())
-    return ("test_acc", "test accuracy") if has_acc else ("test_loss", "test loss")
+
+@dataclass
+class RunData:
+    """What the plots read from one run directory."""
+
+    rounds: pl.DataFrame
+    devices: pl.DataFrame | None  # None: no devices.parquet
+    initial: dict | None  # the initial model's {"test_loss", "test_acc", "t"}
+    origin: datetime | None  # the date-time of trace t = 0
+    start: float  # simulated seconds at the run's start
 
 
-def plot_runs(frames: dict[str, pl.DataFrame], out_dir: Path, title: str = "") -> list[Path]:
-    """One PNG per x-axis (rounds, simulated hours), one line per run. Returns the files.
+def load_run(run_dir: Path) -> RunData:
+    """The tables and manifest entries of `run_dir`, with the defaults of columns added later."""
+    run_dir = Path(run_dir)
+    rounds = pl.read_parquet(run_dir / "rounds.parquet")
+    if "surplus" not in rounds.columns:
+        rounds = rounds.with_columns(surplus=pl.lit(0, pl.Int64))
+    if "duration" not in rounds.columns and {"t_start", "t_end"} <= set(rounds.columns):
+        rounds = rounds.with_columns(duration=pl.col("t_end") - pl.col("t_start"))
+    devices_path = run_dir / "devices.parquet"
+    devices = pl.read_parquet(devices_path) if devices_path.exists() else None
+    manifest_path = run_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    initial = manifest.get("initial")
+    origin = (manifest.get("trace") or {}).get("origin")
+    if origin is not None:
+        try:
+            origin = datetime.fromisoformat(origin)
+        except (TypeError, ValueError):
+            raise FedsimError(f"{manifest_path}: trace.origin = {origin!r} is not an ISO 8601 "
+                              f"date-time; write one such as '2024-01-01T00:00:00+00:00', or null") from None
+    start = (initial or {}).get("t")
+    if start is None:
+        start = rounds["t_start"][0] if "t_start" in rounds.columns and rounds.height else 0.0
+    return RunData(rounds, devices, initial, origin, float(start))
 
-    One figure serves both: only the lines' x data and the x label change between the two
-    PNGs, and fixed margins replace a layout pass (together half of the drawing time)."""
+
+def _figure(width: float = 6.4, height: float = 4.0, rows: int = 1, cols: int = 1, *, top: float = 0.9,
+            left: float = 0.11, bottom: float = 0.12, right: float = 0.97, title: str = ""):
+    """A Figure with a `rows` x `cols` grid of axes (a flat list) and fixed margins."""
     from matplotlib.figure import Figure
 
-    metric, label = _metric(frames)
-    fig = Figure(figsize=(6.4, 4.0), dpi=110)
-    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.12, top=0.92)
-    ax = fig.subplots()
-    points = {run: df.filter(pl.col(metric).is_not_null()) for run, df in frames.items()}
-    lines = {run: ax.plot([], [], label=run, marker=".")[0] for run in frames}
-    ax.set_ylabel(label)
-    if metric == "test_loss":
-        ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.set_title(title)
-    if len(frames) > 1:
-        ax.legend()
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, hspace=0.12, wspace=0.25)
+    axes = fig.subplots(rows, cols, sharex=cols == 1, squeeze=False).ravel().tolist()
+    fig.suptitle(title)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    return fig, axes
+
+
+def _hours(run: RunData, seconds) -> np.ndarray:
+    return (np.asarray(seconds, dtype=np.float64) - run.start) / 3600.0
+
+
+def _clock(runs: dict[str, RunData]) -> tuple[datetime, float, str] | None:
+    """The trace's clock, from the first run that has an origin: midnight of the origin's day,
+    the clock hours from it to trace t = 0, and the zone's name. None without an origin."""
+    origin = next((run.origin for run in runs.values() if run.origin is not None), None)
+    if origin is None:
+        return None
+    midnight = origin.replace(hour=0, minute=0, second=0, microsecond=0)
+    return midnight, (origin - midnight).total_seconds() / 3600.0, origin.tzname() or "trace's local time"
+
+
+def _metric_curves(runs: dict[str, RunData], metric: str, x: str):
+    """Per run: x (rounds completed, or hours since the start) and y of the evaluated rounds,
+    the initial evaluation first; accuracy in percent."""
+    scale = 100.0 if metric == "test_acc" else 1.0
+    curves = {}
+    for name, run in runs.items():
+        done = run.rounds.filter(pl.col(metric).is_not_null())
+        xs = done["round"].to_numpy() + 1.0 if x == "rounds" else _hours(run, done["t_end"])
+        ys = done[metric].to_numpy().astype(np.float64) * scale
+        first = (run.initial or {}).get(metric)
+        if first is not None:
+            xs, ys = np.r_[0.0, xs], np.r_[first * scale, ys]
+        curves[name] = xs, ys
+    return curves
+
+
+def _metric_figure(runs: dict[str, RunData], title: str, x: str):
+    """Test accuracy (%, when the task has one) over test loss, against `x`."""
+    metrics = [m for m in ("test_acc", "test_loss")
+               if any(run.rounds[m].drop_nulls().len() for run in runs.values())] or ["test_loss"]
+    clock = _clock(runs) if x == "hours" else None
+    fig, axes = _figure(height=2.2 + 2.0 * len(metrics), rows=len(metrics),
+                        top=0.84 if clock else 0.9, bottom=0.08 + 0.04 / len(metrics), title=title)
+    for ax, metric in zip(axes, metrics):
+        for name, (xs, ys) in _metric_curves(runs, metric, x).items():
+            ax.plot(xs, ys, marker=".", label=name)
+        if metric == "test_acc":
+            ax.set_ylim(0, 100)
+            ax.set_ylabel("test accuracy (%)")
+        else:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(_plain_log())
+            ax.yaxis.set_minor_formatter(_plain_log(labelOnlyBase=False))
+            ax.set_ylabel("test loss (log scale)")
+    axes[0].legend(loc="lower right" if metrics[0] == "test_acc" else "upper right")
+    axes[-1].set_xlabel("rounds completed" if x == "rounds" else "simulated time since the start (h)")
+    axes[-1].set_xlim(left=0)
+    if clock:
+        _clock_axis(axes[0], clock, next(iter(runs.values())).start)
+    return fig
+
+
+def _plain_log(**options):
+    """matplotlib's choice of which ticks of a log axis get a label, as plain numbers: its
+    default "2 x 10^0" goes through mathtext, which was a third of drawing the figure."""
+    from matplotlib.ticker import LogFormatter
+
+    class PlainLog(LogFormatter):
+        def __call__(self, x, pos=None):
+            return f"{x:.3g}" if super().__call__(x, pos) else ""
+
+    return PlainLog(**options)
+
+
+def _clock_axis(ax, clock: tuple[datetime, float, str], start: float) -> None:
+    """Clock time on top of `ax`, whose x is hours since the start (trace time `start`)."""
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
+
+    midnight, at_zero, zone = clock
+    shift = at_zero + start / 3600.0  # the clock hours at x = 0
+    top = ax.secondary_xaxis("top", functions=(lambda h: h + shift, lambda c: c - shift))
+    span = max(ax.get_xlim()[1], 1e-9)
+    step = next((s for s in (1 / 12, 1 / 6, 1 / 4, 1 / 2, 1, 2, 3, 6, 12) if span / s <= 8),
+                24.0 * math.ceil(span / 24 / 8))
+    form = "%a %H:%M" if span > 24 else "%H:%M"
+    top.xaxis.set_major_locator(MultipleLocator(step))
+    top.xaxis.set_major_formatter(FuncFormatter(
+        lambda c, _: (midnight + timedelta(minutes=round(c * 60))).strftime(form)))
+    top.set_xlabel(f"clock time ({zone})")
+
+
+def _duration_figure(runs: dict[str, RunData], title: str):
+    """Round duration against the time of day at which the round started, one series per run."""
+    clock = _clock(runs)
+    fig, (ax,) = _figure(title=title)
+    for name, run in runs.items():
+        t = run.rounds["t_start"].to_numpy()
+        hours = t / 3600.0 + clock[1] if clock else _hours(run, t)
+        ax.plot(hours % 24.0, run.rounds["duration"].to_numpy(), ls="", marker=".", ms=4,
+                alpha=0.6, label=name)
+    longest = max((run.rounds["duration"].max() or 0.0 for run in runs.values()), default=0.0)
+    ax.set_xlim(0, 24)
+    ax.set_xticks(range(0, 25, 3))
+    ax.set_ylim(0, 1.08 * longest or 1.0)
+    ax.set_xlabel(f"time of day at the round's start (h, {clock[2]})" if clock
+                  else "hours since the start, modulo 24 (the trace has no clock origin)")
+    ax.set_ylabel("round duration (s)")
+    ax.legend(loc="upper right")
+    return fig
+
+
+def _steps(run: RunData, values) -> tuple[np.ndarray, np.ndarray]:
+    """x (hours) and y of a per-round value held over each round's span."""
+    x = np.column_stack([_hours(run, run.rounds["t_start"]), _hours(run, run.rounds["t_end"])])
+    return x.ravel(), np.repeat(np.asarray(values, dtype=np.float64), 2)
+
+
+def _participation_figure(run: RunData, title: str):
+    """Per round: online and invited devices (lines) and the fates of the invitations (stacked)."""
+    fig, (ax,) = _figure(7.2, 4.0, left=0.09, right=0.84, title=title)
+    bottom = np.zeros(2 * run.rounds.height)
+    for column in STACKED:
+        x, y = _steps(run, run.rounds[column])
+        ax.fill_between(x, bottom, bottom + y, lw=0, alpha=0.8, label=column)
+        bottom = bottom + y
+    for column, style in (("online", "-"), ("invited", "--")):
+        ax.plot(*_steps(run, run.rounds[column]), ls=style, color="black", lw=1, label=column)
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("simulated time since the start (h)")
+    ax.set_ylabel("devices per round")
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    return fig
+
+
+def _device_figure(runs: dict[str, RunData], title: str):
+    """Number of devices by arrivals; and mean arrivals per device by time zone / group."""
+    group = next((c for c in GROUP_COLUMNS if all(c in run.devices.columns for run in runs.values())),
+                 None)
+    fig, axes = _figure(10.0 if group else 6.4, 4.0, cols=2 if group else 1,
+                        left=0.07 if group else 0.11, title=title)
+    arrivals = {name: run.devices["arrivals"].to_numpy() for name, run in runs.items()}
+    most = max(int(a.max(initial=0)) for a in arrivals.values())
+    width = max(1, math.ceil((most + 1) / 40))  # whole numbers of arrivals per bin, at most ~40 bins
+    edges = np.arange(most // width + 2) * width - 0.5
+    for name, a in arrivals.items():
+        axes[0].stairs(np.bincount(a // width, minlength=len(edges) - 1), edges, label=name, lw=1.5)
+    axes[0].set_xlabel("arrivals per device (rounds it took part in)")
+    axes[0].set_ylabel("devices")
+    axes[0].yaxis.get_major_locator().set_params(integer=True)
+    axes[0].legend(loc="best")
+    if group:
+        ax = axes[1]
+        means = {name: run.devices.drop_nulls(group).group_by(group).agg(pl.col("arrivals").mean())
+                 .sort(group) for name, run in runs.items()}
+        keys = np.unique(np.concatenate([m[group].to_numpy() for m in means.values()]))
+        bar = 0.8 / len(runs)
+        for i, (name, m) in enumerate(means.items()):
+            at = np.searchsorted(keys, m[group].to_numpy()) + (i - (len(runs) - 1) / 2) * bar
+            ax.bar(at, m["arrivals"].to_numpy(), width=bar, label=name)
+        ax.set_xticks(range(len(keys)), [f"{k:+g}" if group == "tz_offset" else f"{k:g}" for k in keys])
+        ax.set_xlabel(GROUP_COLUMNS[group])
+        ax.set_ylabel("mean arrivals per device")
+        ax.legend(loc="best")
+    return fig
+
+
+def _has(runs: dict[str, RunData], *columns: str) -> bool:
+    return all(set(columns) <= set(run.rounds.columns) for run in runs.values())
+
+
+def build_figures(runs: dict[str, RunData], title: str = "") -> dict[str, object]:
+    """The figures of `runs` (name -> RunData), by file name without ``.png``; not saved.
+
+    A figure whose columns some run lacks is left out."""
+    head = f"{title}: " if title else ""
+    figures = {"accuracy_vs_rounds": _metric_figure(runs, f"{head}test metrics by round", "rounds")}
+    if _has(runs, "t_end"):
+        figures["accuracy_vs_time"] = _metric_figure(runs, f"{head}test metrics by simulated time", "hours")
+    if _has(runs, "t_start", "duration"):
+        figures["round_duration_vs_time_of_day"] = _duration_figure(
+            runs, f"{head}round duration by time of day")
+    if _has(runs, "t_start", "t_end", *COUNTS, *STACKED):
+        for name, run in runs.items():
+            figures[f"participation_{name}"] = _participation_figure(run, f"{head}devices per round ({name})")
+    if all(run.devices is not None for run in runs.values()):
+        figures["participation_per_device"] = _device_figure(runs, f"{head}participation per device")
+    return figures
+
+
+def plot_dirs(runs: dict[str, Path], out_dir: Path, title: str = "") -> list[Path]:
+    """Draw the plots of the run directories `runs` (name -> directory) into `out_dir`."""
+    figures = build_figures({name: load_run(run_dir) for name, run_dir in runs.items()}, title)
     written = []
-    for x, xlabel, scale, name in (("round", "round", 1.0, "accuracy_vs_rounds"),
-                                   ("t_end", "simulated time (h)", 3600.0, "accuracy_vs_time")):
-        for run, line in lines.items():
-            line.set_data(points[run][x].to_numpy() / scale, points[run][metric].to_numpy())
-        ax.relim()
-        ax.autoscale_view()
-        ax.set_xlabel(xlabel)
+    for name, fig in figures.items():
         path = Path(out_dir) / f"{name}.png"
         atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
         written.append(path)
     return written
-
-
-def plot_dirs(runs: dict[str, Path], out_dir: Path, title: str = "") -> list[Path]:
-    """The plots of the run directories `runs` (name -> directory), side by side."""
-    frames = {name: pl.read_parquet(Path(run_dir) / "rounds.parquet") for name, run_dir in runs.items()}
-    return plot_runs(frames, out_dir, title=title)
 
 
 def draw_plots(plotter, runs: dict[str, Path], out_dir: Path, title: str) -> None:
@@ -68,14 +290,15 @@ def draw_plots(plotter, runs: dict[str, Path], out_dir: Path, title: str) -> Non
 
 
 def plot_run_dir(run_dir: Path) -> list[Path]:
-    """(Re)draw the plots of a finished run directory, single or multi-algorithm."""
+    """(Re)draw the plots of a finished run directory, single or multi-algorithm, named as
+    the run named them (by algorithm)."""
     run_dir = Path(run_dir)
     if (run_dir / "rounds.parquet").exists():
-        runs = {run_dir.name: run_dir}
+        manifest = run_dir / "manifest.json"
+        name = json.loads(manifest.read_text()).get("algorithm") if manifest.exists() else None
+        runs = {name or run_dir.name: run_dir}
     else:
         runs = {p.parent.name: p.parent for p in sorted(run_dir.glob("*/rounds.parquet"))}
     if not runs:
-        from fedsim.errors import FedsimError
-
         raise FedsimError(f"{run_dir}: no rounds.parquet here or in its sub-folders; pass a run directory")
     return plot_dirs(runs, run_dir / "plots", title=run_dir.name)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from fedsim.errors import FedsimError
-from fedsim.traces import read_trace
-from fedsim.traces.commands import add_trace_commands, parse_value
+from fedsim.traces import Trace, read_trace
+from fedsim.traces.commands import _duration, add_trace_commands, parse_value
 from fedsim.traces.io import read_device_table
 
 
@@ -90,6 +90,30 @@ def test_info_json_and_table(diurnal_file, capsys):
     run(["info", str(diurnal_file)])
     text = capsys.readouterr().out
     assert "availability" in text and "hourly profile" in text and "23h" in text
+
+
+@pytest.mark.parametrize("seconds, shown", [
+    (0.003, "3 ms"), (0.0000031, "0.0031 ms"), (0.0, "0 s"), (1.0, "1 s"), (45.0, "45 s"),
+    (59.44, "59.4 s"), (750.0, "12.5 min"), (1234.5678, "20.6 min"), (5400.0, "1.5 h"),
+    (216000.0, "2.5 d"), (7 * 86400.0, "7 d"),
+])
+def test_durations_keep_three_significant_digits(seconds, shown):
+    assert _duration(seconds) == shown
+
+
+def test_info_prints_millisecond_sessions(tmp_path, capsys):
+    from fedsim.traces import write_trace
+
+    trace = Trace.from_intervals([0, 0, 1], [0.0, 1.0, 0.0], [0.003, 1.005, 0.004], n_devices=2,
+                                 horizon=10.0)
+    write_trace(trace, tmp_path / "ms.parquet")
+    assert run(["info", str(tmp_path / "ms.parquet")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # lengths 3, 5 and 4 ms; the one gap 997 ms
+    assert f"{'session':16}" + "".join(f"{cell:>10}" for cell in [
+        "4 ms", "3 ms", "3.2 ms", "4 ms", "4.8 ms", "5 ms"]) in lines
+    assert f"{'gap':16}" + f"{'997 ms':>10}" * 6 in lines
+    assert "horizon    10 s  (10 s), wrap none" in lines
 
 
 def test_plot_writes_png(diurnal_file, tmp_path, capsys):

@@ -149,14 +149,171 @@ def test_csv_with_and_without_header(tmp_path):
 
 
 @pytest.mark.parametrize("text, match", [
-    ("0,0,5\n1,x,3\n", "line 2: expected 'device_id,start,end'"),
-    ("0,0,5\n1,2,3,4\n", "line 2: expected"),
-    ("device_id,start,end\n0,0,5\n\n1,3,2\n", r"line 4: interval \[3.0, 2.0\) needs 0 <= start < end"),
+    ("0,0,5\n1,x,3\n", "line 2: start 'x' is not a time; expected a number or an ISO 8601 time "
+                       r"like 2024-03-01T08:00:00\+02:00$"),
+    ("0,0,5\n1,2,3,4\n", "line 2: 4 fields where line 1 has 3; give every line the same columns$"),
+    ("device_id,start,end\n0,0,5\n\n1,3,2\n", r"line 4: interval \[3, 2\) needs finite 0 <= start < end$"),
+    ("0,0,5\n1,2\n", "line 2: end is missing; every line needs a device id, a start and an end$"),
+    (" ,0,5\n", "line 1: device is empty; every line needs a device id"),
     ("", "the file is empty"),
+    ("\n \n", "the file is empty"),
 ])
 def test_csv_bad_lines(tmp_path, text, match):
     (tmp_path / "bad.csv").write_text(text)
     one_line_error("csv", tmp_path / "bad.csv", match)
+
+
+def test_csv_iso_times_with_offsets_named_columns_and_string_ids(tmp_path):
+    path = tmp_path / "phones.csv"
+    path.write_text('phone,model,on,off\n'
+                    '"pixel, 7",x,2024-03-01T08:00:00+02:00,2024-03-01 07:30:00Z\n'
+                    'alpha,y,2024-03-01T05:00:00,2024-03-01T05:00:00.003\n'
+                    'alpha,y,2024-03-01T06:00,2024-03-01T07:00\n')
+    columns = {"device_col": "phone", "start_col": "on", "end_col": "off"}
+    trace = convert("csv", path, tz="+01:00", **columns)  # the naive times are at UTC+1
+    assert trace.generator["ids"] == ["alpha", "pixel, 7"] and trace.n_devices == 2
+    assert trace.origin == "2024-03-01T04:00:00+00:00" and trace.horizon == 12600.0
+    assert trace.device_id.tolist() == [0, 0, 1]
+    assert trace.start.tolist() == [0.0, 3600.0, 7200.0]
+    assert trace.end.tolist() == [0.003, 7200.0, 12600.0]  # a 3 ms session, exactly
+    utc = convert("csv", path, **columns)  # naive times default to UTC
+    assert utc.origin == "2024-03-01T05:00:00+00:00" and utc.start.tolist() == [0.0, 3600.0, 3600.0]
+
+
+def test_csv_header_names_pick_columns_in_any_order(tmp_path):
+    (tmp_path / "a.csv").write_text('end,device_id,note,start\n5,a,"x, y",0\n9,b,,4\n')
+    trace = convert("csv", tmp_path / "a.csv")
+    assert trace.generator["ids"] == ["a", "b"] and trace.start.tolist() == [0.0, 4.0]
+    assert trace.end.tolist() == [5.0, 9.0] and trace.origin is None
+
+
+@pytest.mark.parametrize("text, options, start, end, origin", [
+    # numbers starting below 1e8 are seconds since t = 0, used as they are
+    ("a,100,160\nb,130.5,190\n", {}, [100, 130.5], [160, 190], None),
+    # larger ones are instants since 1970: seconds, or milliseconds from 1e11 on
+    ("a,1700000000,1700000060\nb,1700000030.5,1700000090\n", {}, [0, 30.5], [60, 90],
+     "2023-11-14T22:13:20+00:00"),
+    ("a,1700000000000,1700000060000\nb,1700000030500,1700000090000\n", {}, [0, 30.5], [60, 90],
+     "2023-11-14T22:13:20+00:00"),
+    # a unit given makes every number an instant
+    ("a,100,160\nb,130.5,190\n", {"time_unit": "s"}, [0, 30.5], [60, 90], "1970-01-01T00:01:40+00:00"),
+    ("a,0,5000\n", {"time_unit": "ms"}, [0], [5], "1970-01-01T00:00:00+00:00"),
+])
+def test_csv_numbers_are_relative_seconds_or_instants(tmp_path, text, options, start, end, origin):
+    (tmp_path / "n.csv").write_text(text)
+    trace = convert("csv", tmp_path / "n.csv", **options)
+    assert trace.start.tolist() == start and trace.end.tolist() == end and trace.origin == origin
+
+
+def test_csv_merges_overlapping_sessions_and_counts_them(tmp_path):
+    (tmp_path / "m.csv").write_text("b,0,10\nb,5,20\nb,20,30\na,0,1\nb,40,50\n")
+    trace = convert("csv", tmp_path / "m.csv")
+    assert trace.start.tolist() == [0, 0, 40] and trace.end.tolist() == [1, 30, 50]
+    assert trace.generator["merged"] == 2  # [5, 20) overlaps [0, 10); [20, 30) touches it
+
+
+def write_iso_fleet(path, rows: int, seed: int):
+    """A CSV of `rows` sessions of 40 named devices with ISO times in mixed zones, and the
+    (device name, start, end) in seconds since 1970 it encodes."""
+    from datetime import datetime, timedelta, timezone
+
+    rng = np.random.default_rng(seed)
+    names = [f"dev-{k:02d}" for k in rng.permutation(40)]
+    device = rng.integers(0, 40, rows)
+    begin = 1_709_251_200 + rng.integers(0, 3 * 86400, rows)  # 2024-03-01 on, whole seconds
+    end = begin + rng.integers(1, 4 * 3600, rows)
+    zones = [timezone.utc, timezone(timedelta(hours=2)), timezone(timedelta(hours=-5, minutes=-30)), None]
+    zone = rng.integers(0, len(zones), rows)
+
+    def iso(t, z):
+        if zones[z] is None:  # naive: UTC, the default of --tz
+            return datetime.fromtimestamp(int(t), timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        return datetime.fromtimestamp(int(t), zones[z]).isoformat()
+
+    lines = ["device_id,start,end"] + [f"{names[d]},{iso(b, z)},{iso(e, z)}"
+                                       for d, b, e, z in zip(device, begin, end, zone)]
+    path.write_text("\n".join(lines) + "\n")
+    return [names[d] for d in device], begin, end
+
+
+def union_seconds(names, begin, end) -> dict:
+    """Seconds online per device name: the length of the union of its sessions."""
+    total = {}
+    for name in set(names):
+        spans = sorted((b, e) for n, b, e in zip(names, begin, end) if n == name)
+        covered, reach = 0, -np.inf
+        for b, e in spans:
+            covered += max(e - max(b, reach), 0)
+            reach = max(reach, e)
+        total[name] = covered
+    return total
+
+
+def test_csv_thousands_of_iso_lines_match_an_independent_union(tmp_path):
+    path = tmp_path / "fleet.csv"
+    names, begin, end = write_iso_fleet(path, 4000, seed=7)
+    trace = convert("csv", path)
+    ids = trace.generator["ids"]
+    assert ids == sorted(set(names)) and trace.n_devices == 40
+    origin = datetime_from_iso(trace.origin).timestamp()
+    assert origin == begin.min() and trace.horizon == end.max() - begin.min()
+    online = trace.availability() * trace.horizon
+    expected = union_seconds(names, begin, end)
+    assert online.tolist() == pytest.approx([expected[name] for name in ids], abs=1e-6)
+    assert trace.generator["merged"] == 4000 - trace.n_intervals > 0
+    lines = path.read_text().splitlines()
+    lines[2500] = lines[2500].rsplit(",", 1)[0] + ",2024-02-30T01:00:00"
+    path.write_text("\n".join(lines) + "\n")
+    one_line_error("csv", path, r"line 2501: end '2024-02-30T01:00:00' is not a time")
+
+
+def datetime_from_iso(text):
+    from datetime import datetime
+
+    return datetime.fromisoformat(text)
+
+
+def test_sessions_take_iso_and_second_starts(tmp_path):
+    path = tmp_path / "s.txt"
+    path.write_text("alice 1 2024-03-01T08:00:00+02:00 2 3600000 1800000 7200000\n"
+                    "bob   0 2024-03-01T07:00:00 1 600000 5400000\n")
+    trace = convert("sessions", path)
+    assert trace.origin == "2024-03-01T06:00:00+00:00" and trace.generator["ids"] == ["alice", "bob"]
+    assert trace.start.tolist() == [0, 5400, 4200] and trace.end.tolist() == [3600, 12600, 9600]
+    shifted = convert("sessions", path, tz="+01:00", time_unit="iso")  # bob's start is 06:00 UTC
+    assert shifted.start[shifted.device_id == 1].tolist() == [600.0]
+    path.write_text("u 1 1709272800 0 1000\n")
+    seconds = convert("sessions", path, time_unit="s")
+    assert seconds.origin == "2024-03-01T06:00:00+00:00" and seconds.end.tolist() == [1.0]
+
+
+def test_options_reach_only_converters_that_take_them(tmp_path, monkeypatch):
+    from fedsim.catalog import CONVERTERS
+    from fedsim.traces.schema import Trace
+
+    calls = []
+
+    def plain(path, where, horizon):
+        calls.append((path.name, where, horizon))
+        return Trace.from_intervals([0], [0.0], [1.0], n_devices=1, horizon=1.0)
+
+    def keywords(path, where, horizon, **options):
+        calls.append(options)
+        return plain(path, where, horizon)
+
+    monkeypatch.setitem(CONVERTERS, "plain", plain)
+    monkeypatch.setitem(CONVERTERS, "keywords", keywords)
+    (tmp_path / "in.txt").write_text("x")
+    convert("plain", tmp_path / "in.txt", tz=None, time_unit=None)  # None: not given
+    assert calls == [("in.txt", f"plain trace {tmp_path / 'in.txt'}", None)]
+    convert("keywords", tmp_path / "in.txt", tz="UTC")
+    assert calls[1] == {"tz": "UTC"}
+    one_line_error("plain", tmp_path / "in.txt", "the 'plain' format takes no options; remove --tz$",
+                   tz="UTC")
+    one_line_error("sessions", tmp_path / "in.txt", r"option = '--device-col' is not taken by the "
+                   r"'sessions' format \(one of: --time-unit, --tz\)$", device_col="user")
+    one_line_error("csv", tmp_path / "in.txt", r"option = '--time-unt' is not taken by the 'csv' "
+                   r"format; did you mean '--time-unit'\?", time_unt="s")
 
 
 def test_convert_unknown_format_and_missing_file(tmp_path):
@@ -195,17 +352,55 @@ def _flash_json(messages: str) -> str:
      ["--horizon", "1e300"], r"unrolling to horizon 1e\+300 s would make 3.33e\+299 rows, above "
                              r"fedsim's limit of 50,000,000; give a shorter --horizon"),
     ("sessions", "", [], "no session lines found"),
-    ("sessions", "u 1 1e20 0 1000 1000\n", [], "line 1: .* with start_ms in milliseconds since 1970"),
-    ("sessions", "u 1 0 0 10\nu 1 inf 0 1000\n", [], "line 2: .* with start_ms in milliseconds"),
-    ("sessions", "u 1 nan 0 1000\n", [], "with start_ms in milliseconds since 1970, years 1..9999"),
+    ("sessions", "u 1 1e20 0 1000 1000\n", [], "line 1: .* with a start in the years 1..9999"),
+    ("sessions", "u 1 0 0 10\nu 1 inf 0 1000\n", [], "line 2: .* with a start in the years 1..9999"),
+    ("sessions", "u 1 nan 0 1000\n", [], "line 1: start 'nan' is not a time; expected a number or an "
+                                         "ISO 8601 time"),
+    ("sessions", "u 1\n", [], "line 1: expected 'user first_online.0|1. start .* with a start time"),
     ("sessions", "u 1 0 0 1000 -5\n", [], "with lengths >= 0 \\(milliseconds\\)"),
     ("sessions", "u 1 0 0 1000 nan\n", [], "with lengths >= 0 \\(milliseconds\\)"),
     ("sessions", "u 1 0 0 1e308 1e308\n", [], "with sessions that end by the year 9999"),
     ("sessions", "u 1 0 nan 1000\n", [], "with tz_offset_h in hours within \\[-14, 14\\]"),
     ("sessions", "u 1 0 -300 1000\n", [], "with tz_offset_h in hours"),
-    ("csv", "0,nan,1\n", [], "line 1: expected 'device_id,start,end' with times in seconds"),
-    ("csv", "0,0,5\n1,1_0,20\n", [], "line 2: expected 'device_id,start,end'"),
+    ("csv", "0,nan,1\n", [], "line 1: start 'nan' is not a time"),
+    ("csv", "0,0,5\n1,1_0,20\n", [], "line 2: start '1_0' is not a time"),
+    ("csv", "0,0,inf\n", [], r"line 1: interval \[0, inf\) needs finite 0 <= start < end"),
     ("csv", "device_id,start,end\n\n", [], "no data after the header line 1 'device_id,start,end'"),
+    ("csv", "a,1700000000000,1700000060000\n", ["--time-unit", "s"],
+     "line 1: start 1700000000000 as seconds since 1970 is outside the years 1..9999; this "
+     "contradicts --time-unit s: the times look like milliseconds, use --time-unit ms$"),
+    ("csv", "a,1e20,1e21\n", ["--time-unit", "ms"],
+     "line 1: start 1e20 as milliseconds since 1970 is outside the years 1..9999$"),
+    ("csv", "a,1700000000,1700000060\n", ["--time-unit", "iso"],
+     "line 1: start '1700000000' is a number, which contradicts --time-unit iso; use --time-unit "
+     "s or ms$"),
+    ("csv", "a,0,5\nb,2024-03-01,2024-03-02\n", ["--time-unit", "ms"],
+     "line 2: start '2024-03-01' is an ISO 8601 time, which contradicts --time-unit ms; use "
+     "--time-unit iso$"),
+    ("csv", "a,0,5\nb,2,2024-03-01T00:00:00\n", [],
+     r"line 2: end '2024-03-01T00:00:00' is an ISO 8601 time but the first line's start is a "
+     r"number; write every time the same way \(or give --time-unit\)$"),
+    ("csv", "\n\ndevice_id,start,end\n0,2024-03-01T00:00,2024-03-01T01:00\n\n1,2024-03-01,2024-02-30\n",
+     ["--time-unit", "iso"], r"line 6: end '2024-02-30' is not a time; expected an ISO 8601 time "
+                             r"like 2024-03-01T08:00:00\+02:00 \(--time-unit iso\)$"),
+    ("csv", "a,2024-03-01T25:00,2024-03-02\n", [], "line 1: start '2024-03-01T25:00' is not a time"),
+    ("csv", "a,0,5\n", ["--time-unit", "sec"],
+     r"--time-unit = 'sec' is unknown; did you mean 's'\? \(one of: s, ms, iso\)$"),
+    ("csv", "a,2024-03-01,2024-03-02\n", ["--tz", "Europe/Paris"],
+     r"--tz 'Europe/Paris' is not a UTC offset; give one like \+02:00, -05:30 or UTC"),
+    ("csv", "a,0,5\n", ["--tz", "+02:00"], r"--tz applies to ISO 8601 times written without an "
+                                           r"offset, but the times are numbers .since 1970, UTC.; "
+                                           r"remove --tz$"),
+    ("csv", "phone,begin,finish\na,0,5\n", ["--device-col", "phone", "--start-col", "bgin"],
+     r"line 1: the header has no column 'bgin'; did you mean 'begin'\? columns found: phone, "
+     r"begin, finish; pick them with --device-col, --start-col, --end-col$"),
+    ("csv", "\nphone,begin,finish,x\na,0,5,1\n", [],
+     "line 2: 4 columns but none named device_id, start and end; pick them with --device-col"),
+    ("sessions", "u 1 2024-03-01 0 1000\n", ["--time-unit", "ms"],
+     "line 1: start '2024-03-01' is an ISO 8601 time, which contradicts --time-unit ms"),
+    ("sessions", "u 1 0 0 1000\n", ["--device-col", "u"],
+     "option = '--device-col' is not taken by the 'sessions' format"),
+    ("fedscale", pickle.dumps({}), ["--tz", "UTC"], "the 'fedscale' format takes no options; remove --tz$"),
     ("fedscale", pickle.dumps({}), [], "got an empty dict"),
     ("fedscale", pickle.dumps({0: {"active": [0], "inactive": [5], "finish_time": 1e-300}}),
      ["--horizon", "1e300"], "unrolling to horizon 1e\\+300 s would make inf rows"),
@@ -221,4 +416,49 @@ def test_malformed_input_is_one_line_naming_the_file(tmp_path, capsys, fmt, cont
     err = captured.err.strip()
     assert err.startswith(f"error: {fmt} trace {path}: ") and "\n" not in err, captured.err
     assert re.search(says, err), err
+    assert not out.exists() and not (tmp_path / "t.devices.parquet").exists()
+
+
+def test_trace_convert_prints_merges_and_writes_device_names(tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from fedsim.cli import main
+    from fedsim.traces import read_trace
+
+    (tmp_path / "in.csv").write_text("name,on,off\nb,0,10\nb,5,20\nb,20,30\na,0,1\n")
+    out = tmp_path / "t.parquet"
+    assert main(["trace", "convert", "--from", "csv", str(tmp_path / "in.csv"), "--out", str(out),
+                 "--device-col", "name", "--start-col", "on", "--end-col", "off"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    names = tmp_path / "t.devices.parquet"
+    assert lines[0].startswith(f"wrote {out}: csv, 2 devices, 2 intervals")
+    assert lines[1:] == ["merged 2 overlapping or touching sessions",
+                         f"wrote {names}: the names of the 2 devices"]
+    table = pq.read_table(names)
+    assert str(table.schema.field("device_id").type) == "int64"
+    assert str(table.schema.field("name").type) == "string"
+    assert table.to_pydict() == {"device_id": [0, 1], "name": ["a", "b"]}
+    assert read_trace(out).generator["ids"] == ["a", "b"]
+
+    (tmp_path / "ints.csv").write_text("0,0,5\n3,1,2\n")
+    assert main(["trace", "convert", "--from", "csv", str(tmp_path / "ints.csv"),
+                 "--out", str(tmp_path / "plain")]) == 0  # no .parquet suffix
+    assert "merged 0 overlapping" in capsys.readouterr().out
+    assert not (tmp_path / "plain.devices.parquet").exists()  # ids used as they are
+
+    (tmp_path / "s.txt").write_text("7 1 0 0 1000\n12 1 0 0 500\n")
+    assert main(["trace", "convert", "--from", "sessions", str(tmp_path / "s.txt"),
+                 "--out", str(tmp_path / "plain")]) == 0
+    assert pq.read_table(tmp_path / "plain.devices.parquet").to_pydict() == {
+        "device_id": [0, 1], "name": ["7", "12"]}
+
+
+def test_devices_out_may_not_take_the_names_path(tmp_path, capsys):
+    from fedsim.cli import main
+
+    (tmp_path / "in.csv").write_text("a,0,5\n")
+    out = tmp_path / "t.parquet"
+    assert main(["trace", "convert", "--from", "csv", str(tmp_path / "in.csv"), "--out", str(out),
+                 "--devices-out", str(tmp_path / "t.devices.parquet")]) == 2
+    assert "the device names go there; choose another path" in capsys.readouterr().err
     assert not out.exists()

@@ -171,6 +171,34 @@ def test_diurnal_mean_spread_and_interruptions():
     assert busy.n_intervals > 2 * calm.n_intervals  # interruptions split the nights
 
 
+def zone_shares(trace, offsets) -> np.ndarray:
+    tz = np.asarray(trace.generator["tz_offset_h"])
+    return np.array([np.mean(tz == offset) for offset in offsets])
+
+
+def test_diurnal_tz_weights_default_to_uniform_over_the_offsets_given():
+    offsets = [-5.0, 0.0, 5.5, 9.0]
+    trace = generate("diurnal", 20000, seed=3, days=1, tz_offsets=offsets)
+    shares = zone_shares(trace, offsets)
+    # binomial std of a share: sqrt(0.25 * 0.75 / 20000) = 0.003; 5 sigma
+    assert shares.sum() == pytest.approx(1.0) and np.all(np.abs(shares - 0.25) < 0.015), shares
+    assert trace.generator["options"]["tz_weights"] == []
+
+
+def test_diurnal_without_tz_offsets_keeps_the_built_in_mixture():
+    from fedsim.traces.clock_models import TZ_OFFSETS, TZ_WEIGHTS
+
+    trace = generate("diurnal", 20000, seed=4, days=1)
+    assert np.all(np.abs(zone_shares(trace, TZ_OFFSETS) - TZ_WEIGHTS) < 0.015)
+    reweighted = generate("sleep-window", 20000, seed=4, days=1, tz_weights=[1.0] + [0.0] * 8)
+    assert set(reweighted.generator["tz_offset_h"]) == {TZ_OFFSETS[0]}
+    with pytest.raises(FedsimError, match=r"tz_offsets \(9 values \(the built-in ones: tz_offsets "
+                                          r"is not set\)\) and tz_weights \(2 values\) need the same"):
+        generate("diurnal", 3, seed=0, days=1, tz_weights=[1.0, 2.0])
+    with pytest.raises(FedsimError, match=r"tz_offsets \(2 values\) and tz_weights \(3 values\)"):
+        generate("diurnal", 3, seed=0, days=1, tz_offsets=[0, 1], tz_weights=[1, 1, 1])
+
+
 def test_markov_session_and_gap_lengths():
     trace = generate("markov", 300, seed=3, days=4, mean_on=600.0, mean_off=1200.0, spread=0.0)
     inner = (trace.start > 0) & (trace.end < trace.horizon)

@@ -18,9 +18,11 @@ from fedsim.traces.request import Generated, Request
 from fedsim.traces.schema import check_rows
 
 DEFAULT_ORIGIN = "2024-01-01T00:00:00+00:00"  # a Monday, midnight UTC
+# The built-in mixture, used while tz_offsets is empty (not set); tz_weights left empty weigh
+# the offsets given equally.
 TZ_OFFSETS = [-8.0, -5.0, -3.0, 0.0, 1.0, 3.0, 5.5, 8.0, 9.0]
 TZ_WEIGHTS = [0.12, 0.15, 0.08, 0.1, 0.2, 0.05, 0.12, 0.12, 0.06]
-_TIME_ZONES = {"tz_offsets": TZ_OFFSETS, "tz_weights": TZ_WEIGHTS, "origin": DEFAULT_ORIGIN}
+_TIME_ZONES = {"tz_offsets": [], "tz_weights": [], "origin": DEFAULT_ORIGIN}
 
 MARKOV_OPTIONS = {"mean_on": 3600.0, "mean_off": 10800.0, "spread": 0.5}
 SLEEP_OPTIONS = {"hours": 8.0, "start_h": 23.0, "start_spread_h": 3.0, "activity": [],
@@ -181,12 +183,14 @@ def _beta(rng: np.random.Generator, mean: float, std: float, n: int) -> np.ndarr
 def _zones(req: Request, kind: str):
     """Per-device tz offsets (hours), origin hour of day (UTC) and origin weekday (Mon = 0)."""
     o = req.options
-    offsets = np.asarray(o["tz_offsets"], dtype=np.float64)
-    weights = np.asarray(o["tz_weights"], dtype=np.float64)
-    if offsets.size == 0 or weights.shape != offsets.shape or np.any(weights < 0) or weights.sum() <= 0:
-        raise FedsimError(f"trace generator {kind!r}: tz_offsets ({offsets.size} values) and "
-                          f"tz_weights ({weights.size} values) need the same length, weights >= 0 "
-                          f"and a positive sum")
+    offsets = np.asarray(o["tz_offsets"] or TZ_OFFSETS, dtype=np.float64)
+    default = TZ_WEIGHTS if not o["tz_offsets"] else np.ones(offsets.size)
+    weights = np.asarray(o["tz_weights"] or default, dtype=np.float64)
+    if weights.shape != offsets.shape or np.any(weights < 0) or weights.sum() <= 0:
+        given = "" if o["tz_offsets"] else " (the built-in ones: tz_offsets is not set)"
+        raise FedsimError(f"trace generator {kind!r}: tz_offsets ({offsets.size} values{given}) "
+                          f"and tz_weights ({weights.size} values) need the same length, weights "
+                          f">= 0 and a positive sum")
     if np.any(np.abs(offsets) > 14):
         raise FedsimError(f"trace generator {kind!r}: tz_offsets must be hours in [-14, 14]")
     try:

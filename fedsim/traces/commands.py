@@ -14,12 +14,13 @@ import argparse
 import json
 import time
 import tomllib
+from pathlib import Path
 
 import numpy as np
 
 from fedsim.catalog import CONVERTERS, GENERATORS
 from fedsim.errors import FedsimError
-from fedsim.traces.converters import convert
+from fedsim.traces.converters import TIME_UNITS, convert
 from fedsim.traces.generators import generate
 from fedsim.traces.schema import Trace
 from fedsim.traces.stats import summarize
@@ -51,6 +52,14 @@ def add_trace_commands(subparsers) -> None:
     conv.add_argument("--out", required=True, help="trace .parquet to write")
     conv.add_argument("--horizon", type=float, help="seconds to cover (default: the input's span)")
     conv.add_argument("--devices-out", help="also write a device table (tz offsets) here")
+    conv.add_argument("--time-unit", metavar="UNIT",
+                      help=f"csv, sessions: times written as {', '.join(TIME_UNITS)} (seconds or "
+                           "milliseconds since 1970, ISO 8601); default: detected (docs/traces.md)")
+    conv.add_argument("--tz", help="csv, sessions: UTC offset of ISO times written without one, "
+                                   "e.g. +02:00 (default UTC)")
+    for flag, default in zip(("--device-col", "--start-col", "--end-col"), ("device_id", "start", "end")):
+        conv.add_argument(flag, metavar="NAME",
+                          help=f"csv: header column of the {flag[2:-4]} (default {default})")
     conv.set_defaults(func=convert_command)
 
 
@@ -136,10 +145,20 @@ def plot_command(args) -> int:
 def convert_command(args) -> int:
     from fedsim.traces.io import write_trace
 
-    trace = convert(args.fmt, args.input, horizon=args.horizon)
+    names = device_names_path(args.out)
+    if args.devices_out and Path(args.devices_out).resolve() == Path(names).resolve():
+        raise FedsimError(f"--devices-out {args.devices_out}: the device names go there; choose "
+                          f"another path for the device table")
+    trace = convert(args.fmt, args.input, horizon=args.horizon, time_unit=args.time_unit,
+                    tz=args.tz, device_col=args.device_col, start_col=args.start_col,
+                    end_col=args.end_col)
     write_trace(trace, args.out)
-    _write_devices(trace, args.devices_out)
     print(f"wrote {args.out}: {_one_line(trace)}")
+    if "merged" in trace.generator:
+        print(f"merged {trace.generator['merged']} overlapping or touching sessions")
+    if _write_names(trace, names):
+        print(f"wrote {names}: the names of the {trace.n_devices} devices")
+    _write_devices(trace, args.devices_out)
     return 0
 
 
@@ -151,6 +170,29 @@ def parse_value(text: str):
         return tomllib.loads(f"value = {text}")["value"]
     except tomllib.TOMLDecodeError:
         return text
+
+
+def device_names_path(out) -> str:
+    """Where ``trace convert`` writes the device names: ``trace.parquet`` ->
+    ``trace.devices.parquet``."""
+    return str(out).removesuffix(".parquet") + ".devices.parquet"
+
+
+def _write_names(trace: Trace, path) -> bool:
+    """Write device_id -> name (the input's ids, ``generator["ids"]``) when the converter
+    renumbered the devices; say whether it did."""
+    ids = trace.generator.get("ids")
+    if ids is None:
+        return False
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fedsim.files import atomic_write
+
+    table = pa.table({"device_id": pa.array(np.arange(len(ids)), pa.int64()),
+                      "name": pa.array([str(name) for name in ids], pa.string())})
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    return True
 
 
 def _write_devices(trace: Trace, path) -> None:
@@ -171,12 +213,16 @@ def _one_line(trace: Trace) -> str:
             f"{_duration(trace.horizon)}, mean availability {trace.availability().mean():.3f}")
 
 
+_UNITS = ((86400.0, "d"), (3600.0, "h"), (60.0, "min"), (1.0, "s"))
+
+
 def _duration(seconds: float) -> str:
-    if seconds >= 86400:
-        return f"{seconds / 86400:g} d"
-    if seconds >= 3600:
-        return f"{seconds / 3600:g} h"
-    return f"{seconds:g} s"
+    """3 significant digits in the largest unit the value reaches (ms below a second), so that
+    3 ms sessions do not print as 0.0 s."""
+    if seconds == 0:
+        return "0 s"
+    size, unit = next(((size, unit) for size, unit in _UNITS if abs(seconds) >= size), (1e-3, "ms"))
+    return f"{seconds / size:.3g} {unit}"
 
 
 def format_summary(name, s: dict) -> str:
@@ -191,9 +237,9 @@ def format_summary(name, s: dict) -> str:
         f"origin     {s['origin'] or '-'}",
         "",
         f"{'':16}{'mean':>10}{'min':>10}{'q10':>10}{'median':>10}{'q90':>10}{'max':>10}",
-        _row("availability", a, "{:10.3f}") + f"   std {_num(a['std'], '{:.3f}')}",
-        _row("session (s)", sess, "{:10.1f}"),
-        _row("gap (s)", gap, "{:10.1f}"),
+        _row("availability", a, "{:.3f}".format) + f"   std {_num(a['std'], '{:.3f}')}",
+        _row("session", sess, _duration),
+        _row("gap", gap, _duration),
         "",
         "hourly profile (fraction online by hour of day"
         + (", UTC)" if s["origin"] else ", t mod 24 h)"),
@@ -206,9 +252,9 @@ def format_summary(name, s: dict) -> str:
     return "\n".join(lines)
 
 
-def _row(label: str, stats: dict, fmt: str) -> str:
+def _row(label: str, stats: dict, show) -> str:
     cells = [stats["mean"], stats["q0"], stats["q10"], stats["q50"], stats["q90"], stats["q100"]]
-    return f"{label:16}" + "".join(f"{'-':>10}" if v is None else fmt.format(v) for v in cells)
+    return f"{label:16}" + "".join(f"{'-' if v is None else show(v):>10}" for v in cells)
 
 
 def _num(value, fmt: str) -> str:

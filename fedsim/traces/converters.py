@@ -10,49 +10,96 @@ Formats (docs/traces.md):
   ``messages`` holds lines ``YYYY-MM-DD HH:MM:SS<TAB>state``. A user is available while the
   screen is locked, on Wi-Fi and charging; each user repeats over its own first..last
   message span, as FLASH replays it. t = 0 is the earliest message of all users.
-* ``sessions``: text lines ``user first_online start_ms tz_offset_h len_ms len_ms ...``:
+* ``sessions``: text lines ``user first_online start tz_offset_h len_ms len_ms ...``:
   alternating online/offline session lengths, the first online iff first_online is 1. All
-  lines of a user are one device; t = 0 is the earliest start_ms (a date in years 1..9999);
+  lines of a user are one device; t = 0 is the earliest start (a date in years 1..9999);
   tz_offset_h in [-14, 14].
-* ``csv``: ``device_id,start,end`` in seconds, header optional.
+* ``csv``: ``device,start,end`` lines, columns picked by a header row, header optional.
+
+csv and sessions take keyword options: ``time_unit`` (how times are written, TIME_UNITS;
+without it they are detected), ``tz`` (the UTC offset of ISO times written without one) and,
+for csv, ``device_col``/``start_col``/``end_col`` (header names).
 
 Client ids map to 0..n-1 in sorted order (numerically when they are all integers); the
-mapping is kept in ``generator["ids"]``. Bad input raises one FedsimError line naming the
-file and the line (or client) at fault.
+mapping is kept in ``generator["ids"]``, and ``generator["merged"]`` counts the intervals
+merged into another (overlapping or touching ones of a device). Bad input raises one
+FedsimError line naming the file and the line (or client) at fault.
 
-A converter is a function (path, where, horizon) -> Trace, registered by name in
-fedsim/catalog.py CONVERTERS (plugins: docs/extending.md). polars is imported by the
-converters that use it, so that the re-export in ``traces.io`` does not cost its import.
+A converter is a function (path, where, horizon, **options) -> Trace, registered by name in
+fedsim/catalog.py CONVERTERS (plugins: docs/extending.md); one that takes no options is
+called as (path, where, horizon). polars is imported by the converters that use it, so that
+the re-export in ``traces.io`` does not cost its import.
 """
 
 from __future__ import annotations
 
+import csv as csvlib
+import inspect
 import io
 import json
 import pickle
 import re
-from datetime import datetime, timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedsim.catalog import CONVERTERS
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, choice_error, did_you_mean
 from fedsim.traces.intervals import clip
 from fedsim.traces.schema import Trace, check_rows, positive_seconds
 
+if TYPE_CHECKING:
+    import polars as pl
+
+TIME_UNITS = ("s", "ms", "iso")  # --time-unit: seconds or milliseconds since 1970, ISO 8601
+RELATIVE_BELOW = 1e8  # csv numbers (detected) starting below this are seconds since t = 0
+MS_FROM = 1e11  # detected csv instants starting from here are milliseconds (year 5138 as s)
+YEARS_S = (-62_135_596_800, 253_402_300_799)  # 0001-01-01 .. 9999-12-31 23:59:59 UTC, seconds
 
 
-def convert(fmt: str, in_path, *, horizon: float | None = None) -> Trace:
-    """Read ``in_path`` in format ``fmt`` and return a validated Trace."""
+def convert(fmt: str, in_path, *, horizon: float | None = None, **options) -> Trace:
+    """Read ``in_path`` in format ``fmt`` and return a validated Trace.
+
+    ``options`` (None: not given) go to the converter as keywords; without any, a converter
+    gets the plain ``(path, where, horizon)`` call that plugins are written for."""
     converter = CONVERTERS.lookup(fmt, "--from (trace format)")
     path = Path(in_path)
     where = f"{fmt} trace {path}"
+    given = {key: value for key, value in options.items() if value is not None}
+    _check_options(converter, fmt, given, where)
     if not path.is_file():
         raise FedsimError(f"{where}: file not found; check the path")
     if horizon is not None:
         horizon = positive_seconds(horizon, "horizon", where)
-    return converter(path, where, horizon)
+    return converter(path, where, horizon, **given)
+
+
+def _check_options(converter, fmt: str, given: dict, where: str) -> None:
+    """Refuse an option the converter has no parameter for (it takes those after
+    (path, where, horizon); one with **kwargs takes any)."""
+    if not given:
+        return
+    try:
+        params = list(inspect.signature(converter).parameters.values())[3:]
+    except (TypeError, ValueError):  # a callable without a signature takes no options
+        params = []
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    taken = [_flag(p.name) for p in params]
+    for key in given:
+        if _flag(key) in taken:
+            continue
+        if not taken:
+            raise FedsimError(f"{where}: the {fmt!r} format takes no options; remove {_flag(key)}")
+        raise choice_error(f"{where}: option", _flag(key), taken,
+                           f"is not taken by the {fmt!r} format")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 # -- fedscale -------------------------------------------------------------------------------
@@ -91,11 +138,9 @@ def fedscale(path: Path, where: str, horizon: float | None) -> Trace:
     horizon = float(periods.max()) if horizon is None else horizon
     dev, start, end = np.concatenate(devs), np.concatenate(starts), np.concatenate(ends)
     dev, start, end = _unroll(dev, start, end, periods, horizon, where)
-    return Trace.from_intervals(dev, start, end, n_devices=len(ids), horizon=horizon, wrap="loop",
-                                where=where,
-                                generator={"kind": "fedscale", "source": path.name,
-                                           "ids": [_jsonable(i) for i in ids],
-                                           "finish_time": periods.tolist()})
+    return _trace(dev, start, end, n_devices=len(ids), horizon=horizon, wrap="loop", where=where,
+                  generator={"kind": "fedscale", "source": path.name,
+                             "ids": [_jsonable(i) for i in ids], "finish_time": periods.tolist()})
 
 
 def _fedscale_client(record, client, where: str):
@@ -191,10 +236,9 @@ def flash(path: Path, where: str, horizon: float | None) -> Trace:
     dev, start_t, end_t = device[opens], seconds[opens], seconds[closes]
     horizon = float(span_end.max()) if horizon is None else horizon
     dev, start, end = _unroll(dev, start_t, end_t, period, horizon, where)
-    return Trace.from_intervals(dev, start, end, n_devices=len(ids), horizon=horizon, wrap="none",
-                                origin=origin.isoformat(), where=where,
-                                generator={"kind": "flash", "source": path.name,
-                                           "ids": [_jsonable(i) for i in ids]})
+    return _trace(dev, start, end, n_devices=len(ids), horizon=horizon, origin=origin.isoformat(),
+                  where=where, generator={"kind": "flash", "source": path.name,
+                                          "ids": [_jsonable(i) for i in ids]})
 
 
 def _flash_check(lines: pl.DataFrame, ids: list, where: str) -> None:
@@ -217,17 +261,20 @@ def _flash_check(lines: pl.DataFrame, ids: list, where: str) -> None:
 
 # -- sessions -------------------------------------------------------------------------------
 
-# start_ms and session ends must be datetimes: years 1..9999, in ms since 1970
-_MS_RANGE = (-62_135_596_800_000, 253_402_300_799_000)
+_SESSION_LINE = "'user first_online(0|1) start tz_offset_h len_ms ...'"
+_MS_RANGE = (YEARS_S[0] * 1000, YEARS_S[1] * 1000)  # start and session ends, ms since 1970
 
 
 def _session_rules() -> list:
-    """(bad line, what the line needs); a missing field counts as bad."""
+    """(bad line, what the line needs); a missing field counts as bad. The need "" marks a
+    start that is not a time (worded by _time_problem)."""
     import polars as pl
 
     return [
+        (pl.col("start").is_null(), "a start time"),
+        (pl.col("start_ms").is_null(), ""),
         (~pl.col("first_online").is_in(["0", "1"]), "first_online 0 or 1"),
-        (~pl.col("start_ms").is_between(*_MS_RANGE), "start_ms in milliseconds since 1970, years 1..9999"),
+        (~pl.col("start_ms").is_between(*_MS_RANGE), "a start in the years 1..9999"),
         (~pl.col("tz").is_between(-14, 14), "tz_offset_h in hours within [-14, 14]"),
         (pl.col("lengths").list.eval(pl.element().is_null() | pl.element().is_nan()
                                      | (pl.element() < 0)).list.any(), "lengths >= 0 (milliseconds)"),
@@ -236,32 +283,37 @@ def _session_rules() -> list:
     ]
 
 
-def sessions(path: Path, where: str, horizon: float | None) -> Trace:
+def sessions(path: Path, where: str, horizon: float | None, *, time_unit: str | None = None,
+             tz: str | None = None) -> Trace:
     import polars as pl
 
+    unit, tz_s = _time_options(time_unit, tz, where)
     fields = (pl.DataFrame({"text": _text(path, where).splitlines()}, schema={"text": pl.String})
               .with_row_index("line", offset=1)
               .with_columns(pl.col("text").str.strip_chars())
               .filter((pl.col("text") != "") & ~pl.col("text").str.starts_with("#"))
               .with_columns(pl.col("text").str.extract_all(r"\S+").alias("f")))
     if not fields.height:
-        raise FedsimError(f"{where}: no session lines found; expected 'user first_online(0|1) "
-                          f"start_ms tz_offset_h len_ms ...'")
-    number = pl.col("f").list.get(pl.lit(2), null_on_oob=True)
+        raise FedsimError(f"{where}: no session lines found; expected {_SESSION_LINE}")
     table = fields.select(
         "line", "text",
         user=pl.col("f").list.first(),
         first_online=pl.col("f").list.get(1, null_on_oob=True),
-        start_ms=number.cast(pl.Float64, strict=False),
+        start=pl.col("f").list.get(2, null_on_oob=True),
         tz=pl.col("f").list.get(3, null_on_oob=True).cast(pl.Float64, strict=False),
         lengths=pl.col("f").list.slice(4).cast(pl.List(pl.Float64), strict=False),
     )
+    kind = _time_kind(unit, table["start"][0], tz_s, where)
+    to_ms = 1e-3 if kind == "iso" else 1e3 if unit == "s" else 1.0  # numbers: ms by default
+    table = table.with_columns(start_ms=_parse_times(table["start"], kind, tz_s) * to_ms)
     why = pl.coalesce(pl.when(rule.fill_null(True)).then(pl.lit(need)) for rule, need in _session_rules())
-    bad = table.select("line", "text", why.alias("why")).drop_nulls("why")
+    bad = table.select("line", "text", "start", why.alias("why")).drop_nulls("why")
     if bad.height:
-        line, text, need = bad.row(0)
-        raise FedsimError(f"{where}: line {line}: expected 'user first_online(0|1) start_ms "
-                          f"tz_offset_h len_ms ...' with {need}, got {text[:60]!r}")
+        line, text, start, need = bad.row(0)
+        if not need:
+            raise FedsimError(f"{where}: line {line}: start {start!r} {_time_problem(start, kind, unit)}")
+        raise FedsimError(f"{where}: line {line}: expected {_SESSION_LINE} with {need}, "
+                          f"got {text[:60]!r}")
     users = table["user"].to_list()
     ids = _sorted_ids(dict.fromkeys(users))
     device = table["user"].replace_strict({u: i for i, u in enumerate(ids)},
@@ -285,93 +337,282 @@ def sessions(path: Path, where: str, horizon: float | None) -> Trace:
     horizon = float(end[online].max()) if horizon is None else horizon
     dev, start, end = clip(device[row][online], start[online], end[online], 0.0, horizon)
     _, first_line = np.unique(device, return_index=True)  # each user's first line sets its tz
-    tz = table["tz"].to_numpy()[first_line]
-    origin = (datetime(1970, 1, 1) + timedelta(milliseconds=origin_ms)).isoformat() + "+00:00"
-    return Trace.from_intervals(dev, start, end, n_devices=len(ids), horizon=horizon,
-                                origin=origin, where=where,
-                                generator={"kind": "sessions", "source": path.name,
-                                           "ids": [_jsonable(i) for i in ids],
-                                           "tz_offset_h": tz.tolist()})
+    tz_h = table["tz"].to_numpy()[first_line]
+    return _trace(dev, start, end, n_devices=len(ids), horizon=horizon,
+                  origin=_utc(round(origin_ms * 1000)), where=where,
+                  generator={"kind": "sessions", "source": path.name,
+                             "ids": [_jsonable(i) for i in ids], "tz_offset_h": tz_h.tolist()})
 
 
 # -- csv ------------------------------------------------------------------------------------
 
-def csv(path: Path, where: str, horizon: float | None) -> Trace:
+_CSV_FLAGS = ("--device-col", "--start-col", "--end-col")
+
+
+def csv(path: Path, where: str, horizon: float | None, *, time_unit: str | None = None,
+        tz: str | None = None, device_col: str | None = None, start_col: str | None = None,
+        end_col: str | None = None) -> Trace:
     import polars as pl
 
-    text = _text(path, where)
-    rows = [line for line in text.splitlines()]
-    first = next((i for i, line in enumerate(rows) if line.strip()), None)
-    if first is None:
-        raise FedsimError(f"{where}: the file is empty; expected lines 'device_id,start,end'")
-    header = not _is_number(rows[first].split(",")[-1].strip())
-    skip = first + (1 if header else 0)
-    if not any(line.strip() for line in rows[skip:]):
-        raise FedsimError(f"{where}: no data after the header line {first + 1} "
-                          f"{rows[first].strip()[:60]!r}; expected lines 'device_id,start,end'")
-    try:
-        table = pl.read_csv(io.StringIO(text), has_header=False, skip_rows=skip,
-                            new_columns=["device_id", "start", "end"],
-                            schema_overrides=[pl.String] * 3)
-        if table.width != 3:
-            raise pl.exceptions.ComputeError("wrong field count")
-    except (pl.exceptions.PolarsError, ValueError):
-        _csv_bad_line(rows, skip, where)
-        raise
-    table = table.filter(~pl.all_horizontal(pl.all().is_null()))  # blank lines
-    ids_raw = table["device_id"].str.strip_chars()
-    start = table["start"].str.strip_chars().cast(pl.Float64, strict=False).to_numpy()
-    end = table["end"].str.strip_chars().cast(pl.Float64, strict=False).to_numpy()
-    bad = np.flatnonzero(ids_raw.is_null().to_numpy() | np.isnan(start) | np.isnan(end))
-    if bad.size:
-        _csv_bad_line(rows, skip, where)
-    integer = ids_raw.cast(pl.Int64, strict=False)
-    if integer.null_count() == 0 and integer.min() >= 0:
-        dev = integer.to_numpy()
-        n_devices, ids = int(dev.max()) + 1 if len(dev) else 0, None
-    else:
-        ids = sorted(set(ids_raw.to_list()))
-        dev = ids_raw.replace_strict({k: i for i, k in enumerate(ids)}, return_dtype=pl.Int64).to_numpy()
-        n_devices = len(ids)
-    problem = np.flatnonzero((start < 0) | (end <= start) | ~np.isfinite(start) | ~np.isfinite(end))
+    unit, tz_s = _time_options(time_unit, tz, where)
+    frame, labels = _csv_frame(path, where, (device_col, start_col, end_col))
+    kind = _time_kind(unit, frame["start"][0], tz_s, where)
+    frame = frame.with_columns(t0=_parse_times(frame["start"], kind, tz_s),
+                               t1=_parse_times(frame["end"], kind, tz_s))
+    bad = frame.filter((pl.col("device") == "").fill_null(True) | pl.col("t0").is_null()
+                       | pl.col("t1").is_null())
+    if bad.height:
+        row = bad.row(0, named=True)
+        if not row["device"]:
+            raise FedsimError(f"{where}: line {row['line']}: {labels[0]} is empty; every line "
+                              f"needs a device id, a start and an end")
+        key, label = ("start", labels[1]) if row["t0"] is None else ("end", labels[2])
+        if row[key] is None:
+            raise FedsimError(f"{where}: line {row['line']}: {label} is missing; every line needs "
+                              f"a device id, a start and an end")
+        raise FedsimError(f"{where}: line {row['line']}: {label} {row[key]!r} "
+                          f"{_time_problem(row[key], kind, unit)}")
+    start, end, origin = _csv_seconds(frame, kind, unit, labels, where)
+    problem = np.flatnonzero(~((start >= 0) & (end > start) & np.isfinite(end)))
     if problem.size:
-        k = int(problem[0])
-        raise FedsimError(f"{where}: line {_csv_line(rows, skip, k)}: interval [{start[k]}, {end[k]}) "
-                          f"needs 0 <= start < end")
+        row = frame.row(int(problem[0]), named=True)
+        raise FedsimError(f"{where}: line {row['line']}: interval [{row['start']}, {row['end']}) "
+                          f"needs finite 0 <= start < end")
+    dev, ids = _device_numbers(frame["device"])
+    n_devices = len(ids) if ids is not None else int(dev.max()) + 1
     horizon = float(end.max()) if horizon is None else horizon
     dev, start, end = clip(dev, start, end, 0.0, horizon)
     generator = {"kind": "csv", "source": path.name}
     if ids is not None:
         generator["ids"] = ids
-    return Trace.from_intervals(dev, start, end, n_devices=max(n_devices, 1), horizon=horizon,
-                                generator=generator, where=where)
+    return _trace(dev, start, end, n_devices=n_devices, horizon=horizon, origin=origin,
+                  generator=generator, where=where)
 
 
-def _csv_bad_line(rows: list[str], skip: int, where: str) -> None:
-    """Find the first malformed data line (slow path, only on error) and raise."""
-    for number in range(skip, len(rows)):
-        line = rows[number]
-        if not line.strip():
-            continue
-        fields = [x.strip() for x in line.split(",")]
-        if len(fields) != 3 or not fields[0] or not all(_is_number(x) for x in fields[1:]):
-            raise FedsimError(f"{where}: line {number + 1}: expected 'device_id,start,end' with "
-                              f"times in seconds, got {line.strip()[:60]!r}")
-    raise FedsimError(f"{where}: could not parse as 'device_id,start,end' lines")
+def _csv_frame(path: Path, where: str, named: tuple):
+    """The data lines as stripped strings: columns line (1-based in the file), device, start,
+    end; and the names of those columns for messages. Blank lines are dropped."""
+    import polars as pl
+
+    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")  # the BOM spreadsheets write
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FedsimError(f"{where}: not a UTF-8 text file") from None
+    body = data.lstrip()
+    if not body:
+        raise FedsimError(f"{where}: the file is empty; expected lines 'device_id,start,end'")
+    first_line = data.count(b"\n", 0, len(data) - len(body)) + 1
+    try:
+        raw = pl.read_csv(body, has_header=False, infer_schema=False)
+    except pl.exceptions.PolarsError as exc:
+        _csv_unreadable(body, first_line, where, exc)
+    raw = raw.select(pl.all().str.strip_chars())
+    head = raw.row(0)
+    header = any(named) or not _is_time(head[-1])
+    columns, labels = _csv_columns(head if header else None, named, where, first_line)
+    frame = (raw.with_row_index("line", offset=first_line)
+             .slice(1 if header else 0)
+             .filter(~pl.all_horizontal(pl.exclude("line").fill_null("") == ""))
+             .select("line", *(pl.col(raw.columns[i]).alias(name)
+                               for i, name in zip(columns, ("device", "start", "end")))))
+    if not frame.height:
+        raise FedsimError(f"{where}: no data after the header line {first_line} "
+                          f"{','.join(h or '' for h in head)[:60]!r}; expected lines "
+                          f"'{','.join(labels)}'")
+    return frame, labels
 
 
-def _csv_line(rows: list[str], skip: int, k: int) -> int:
-    """1-based file line of data row k (blank lines are skipped by the parser)."""
-    seen = -1
-    for number in range(skip, len(rows)):
-        if rows[number].strip():
-            seen += 1
-            if seen == k:
-                return number + 1
-    return skip + k + 1
+def _csv_columns(head: tuple | None, named: tuple, where: str, line: int):
+    """Indices of the device, start and end columns, and their names: by name when options
+    name them or the header has device_id, start and end; else the only three columns."""
+    defaults = ("device_id", "start", "end")
+    if head is not None and (any(named) or set(defaults) <= set(head)):
+        wanted = [name or default for name, default in zip(named, defaults)]
+        for name in wanted:
+            if name not in head:
+                found = [h for h in head if h]
+                raise FedsimError(f"{where}: line {line}: the header has no column {name!r}; "
+                                  f"{did_you_mean(name, found, end='? ')}columns found: "
+                                  f"{', '.join(found)}; pick them with {', '.join(_CSV_FLAGS)}")
+        return [head.index(name) for name in wanted], wanted
+    width = 3 if head is None else len(head)
+    if width != 3:
+        raise FedsimError(f"{where}: line {line}: {width} columns but none named device_id, start "
+                          f"and end; pick them with {', '.join(_CSV_FLAGS)}")
+    return [0, 1, 2], ["device", "start", "end"] if head is None else [h or "" for h in head]
+
+
+def _csv_unreadable(body: bytes, first_line: int, where: str, exc: Exception):
+    """Raise for a file polars cannot parse, naming the first line with too many fields
+    (read again with the csv module: only on this error path)."""
+    reader = csvlib.reader(io.StringIO(body.decode("utf-8")))
+    width = None
+    for fields in reader:
+        width = width or len(fields)
+        if len(fields) > width:
+            raise FedsimError(f"{where}: line {first_line + reader.line_num - 1}: {len(fields)} "
+                              f"fields where line {first_line} has {width}; give every line the "
+                              f"same columns")
+    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    raise FedsimError(f"{where}: not readable as CSV ({detail})")
+
+
+def _csv_seconds(frame, kind: str, unit: str | None, labels: list, where: str):
+    """Start and end in seconds since t = 0, and the origin: the earliest start for instants,
+    none for numbers read as relative seconds (detected: they start below RELATIVE_BELOW)."""
+    t0, t1 = frame["t0"].to_numpy(), frame["t1"].to_numpy()
+    first = t0.min()
+    if kind == "iso":  # int64 microseconds: subtract before converting, exactly
+        return (t0 - first) / 1e6, (t1 - first) / 1e6, _utc(int(first))
+    if unit is None and first < RELATIVE_BELOW:
+        return t0, t1, None
+    ms = unit == "ms" or (unit is None and first >= MS_FROM)
+    scale = 1e-3 if ms else 1.0
+    low, high = YEARS_S[0] / scale, YEARS_S[1] / scale
+    outside = np.flatnonzero(~((t0 >= low) & (t0 <= high) & (t1 >= low) & (t1 <= high)))
+    if outside.size:
+        row = frame.row(int(outside[0]), named=True)
+        key, label = ("start", labels[1]) if not low <= row["t0"] <= high else ("end", labels[2])
+        value = row["t0" if key == "start" else "t1"]
+        what = "milliseconds" if ms else "seconds"
+        fix = ("; this contradicts --time-unit s: the times look like milliseconds, use "
+               "--time-unit ms" if unit == "s" and _MS_RANGE[0] <= value <= _MS_RANGE[1] else "")
+        raise FedsimError(f"{where}: line {row['line']}: {label} {row[key]} as {what} since 1970 "
+                          f"is outside the years 1..9999{fix}")
+    return (t0 - first) * scale, (t1 - first) * scale, _utc(round(first * scale * 1e6))
+
+
+def _device_numbers(names):
+    """Device numbers for the id column: non-negative integers as they are; other ids map to
+    0..n-1 in sorted order (numeric when all are integers), returned as the second value."""
+    import polars as pl
+
+    integer = names.cast(pl.Int64, strict=False)
+    if integer.null_count() == 0 and integer.min() >= 0:
+        return integer.to_numpy(), None
+    key = integer if integer.null_count() == 0 else names
+    ids = key.unique().sort()
+    return ids.search_sorted(key).cast(pl.Int64).to_numpy(), ids.to_list()
+
+
+# -- timestamps -----------------------------------------------------------------------------
+
+# [0-9], not \d: both regex engines would take other scripts' digits
+_NUMBER_RE = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?[iI][nN][fF]"
+_NUMBER = re.compile(_NUMBER_RE)
+_ISO = (r"^[0-9]{4}-[0-9]{2}-[0-9]{2}(?:[Tt ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:[.,][0-9]+)?)?"
+        r"\s*(?:[Zz]|[+-][0-9]{2}(?::?[0-9]{2})?)?)?$")  # a zone only after a clock
+_TZ = re.compile(r"(?:UTC|GMT|Z)?(?:([+-])([0-9]{1,2})(?::?([0-9]{2}))?)?", re.IGNORECASE)
+_ISO_EXAMPLE = "2024-03-01T08:00:00+02:00"
+
+
+def _time_options(time_unit, tz, where: str) -> tuple[str | None, int | None]:
+    """The checked time unit (None: detect) and --tz as seconds east of UTC (None: not given)."""
+    if time_unit is not None and time_unit not in TIME_UNITS:
+        raise choice_error(f"{where}: --time-unit", time_unit, TIME_UNITS)
+    if tz is None:
+        return time_unit, None
+    match = _TZ.fullmatch(str(tz).strip())
+    if not str(tz).strip() or not match or int(match[2] or 0) > 14 or int(match[3] or 0) > 59:
+        raise FedsimError(f"{where}: --tz {tz!r} is not a UTC offset; give one like +02:00, "
+                          f"-05:30 or UTC (zone names such as Europe/Paris are not supported)")
+    sign = -1 if match[1] == "-" else 1
+    return time_unit, sign * (int(match[2] or 0) * 3600 + int(match[3] or 0) * 60)
+
+
+def _time_kind(unit: str | None, first: str | None, tz_s: int | None, where: str) -> str:
+    """"iso" or "number": from the unit, else from the first value."""
+    if unit is not None:
+        kind = "iso" if unit == "iso" else "number"
+    else:
+        kind = "number" if first is not None and _NUMBER.fullmatch(first) else "iso"
+    if tz_s is not None and kind == "number":
+        raise FedsimError(f"{where}: --tz applies to ISO 8601 times written without an offset, "
+                          f"but the times are numbers (since 1970, UTC); remove --tz")
+    return kind
+
+
+def _parse_times(text, kind: str, tz_s: int | None):
+    """A Series of numbers as written (Float64) or of ISO 8601 times as microseconds since
+    1970 (Int64); null where the text is not of that kind."""
+    import polars as pl
+
+    if kind == "number":
+        return pl.select(pl.when(text.str.contains(f"^(?:{_NUMBER_RE})$"))
+                         .then(text.cast(pl.Float64, strict=False))).to_series()
+    # Once _ISO matches, the date and clock fields sit at fixed places (slicing is much faster
+    # than capture groups): "YYYY-MM-DD", then "HH:MM[:SS[.f]]" after a T, then the zone.
+    clock = text.str.extract(r"^.{10}[Tt ]([0-9:.,]+)", 1)
+    zone = (text.str.slice(clock.str.len_chars() + 11).str.strip_chars().fill_null("")
+            .str.to_uppercase().str.replace(":", "", literal=True))
+    parts = pl.DataFrame({
+        "ok": text.str.contains(_ISO),
+        "date": text.str.slice(0, 10).str.to_date("%Y-%m-%d", strict=False),
+        "hour": _digits(clock.str.slice(0, 2)), "minute": _digits(clock.str.slice(3, 2)),
+        "second": _digits(clock.str.slice(6, 2)),
+        "us": _digits(clock.str.slice(9, 6).str.pad_end(6, "0")),
+        "naive": zone == "", "zone_h": _digits(zone.str.slice(1, 2)),
+        "zone_m": _digits(zone.str.slice(3, 2)), "west": zone.str.starts_with("-")})
+    hour, minute, second, zone_h, zone_m = map(pl.col, ("hour", "minute", "second", "zone_h", "zone_m"))
+    offset = (pl.when("naive").then(pl.lit(tz_s or 0))
+              .otherwise(pl.when("west").then(-1).otherwise(1) * (zone_h * 3600 + zone_m * 60)))
+    us = (pl.col("date").cast(pl.Int64) * 86_400_000_000 + pl.col("us")
+          + (hour * 3600 + minute * 60 + second - offset) * 1_000_000)
+    valid = (pl.col("ok") & pl.col("date").is_not_null() & (pl.col("date").dt.year() >= 1)
+             & (hour < 24) & (minute < 60) & (second < 60) & (zone_h <= 14) & (zone_m < 60)
+             & us.is_between(YEARS_S[0] * 1_000_000, YEARS_S[1] * 1_000_000 + 999_999))
+    return parts.select(pl.when(valid).then(us)).to_series()
+
+
+def _digits(piece):
+    """The integer a field of digits reads as; 0 where the field is absent."""
+    import polars as pl
+
+    return piece.cast(pl.Int64, strict=False).fill_null(0)
+
+
+def _is_kind(value: str, kind: str) -> bool:
+    import polars as pl
+
+    if kind == "number":
+        return _NUMBER.fullmatch(value) is not None
+    return _parse_times(pl.Series([value], dtype=pl.String), "iso", None)[0] is not None
+
+
+def _is_time(value: str | None) -> bool:
+    return value is not None and (_is_kind(value, "number") or _is_kind(value, "iso"))
+
+
+def _time_problem(value: str, kind: str, unit: str | None) -> str:
+    """Why ``value`` is not a time of ``kind``: the end of an error line."""
+    other = "iso" if kind == "number" else "number"
+    what = {"iso": "an ISO 8601 time", "number": "a number"}
+    if _is_kind(value, other):
+        if unit:
+            fix = "--time-unit iso" if other == "iso" else "--time-unit s or ms"
+            return f"is {what[other]}, which contradicts --time-unit {unit}; use {fix}"
+        return (f"is {what[other]} but the first line's start is {what[kind]}; write every time "
+                f"the same way (or give --time-unit)")
+    if unit is None:
+        return f"is not a time; expected a number or an ISO 8601 time like {_ISO_EXAMPLE}"
+    expected = f"an ISO 8601 time like {_ISO_EXAMPLE}" if kind == "iso" else "a number"
+    return f"is not a time; expected {expected} (--time-unit {unit})"
+
+
+def _utc(microseconds: int) -> str:
+    """The ISO 8601 instant (UTC) ``microseconds`` after 1970."""
+    return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=microseconds)).isoformat()
 
 
 # -- shared ---------------------------------------------------------------------------------
+
+def _trace(dev, start, end, *, where: str, **header) -> Trace:
+    """The validated trace; ``generator["merged"]`` counts the intervals that
+    ``Trace.from_intervals`` merged into another (overlapping or touching ones of a device)."""
+    trace = Trace.from_intervals(dev, start, end, where=where, **header)
+    return replace(trace, generator={**trace.generator, "merged": len(dev) - trace.n_intervals})
+
 
 def _unroll(dev, start, end, period, horizon: float, where: str):
     """Repeat each device's intervals every ``period[device]`` seconds, over [0, horizon)."""
@@ -405,13 +646,5 @@ def _text(path: Path, where: str) -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise FedsimError(f"{where}: not a UTF-8 text file") from None
-
-
-_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?inf", re.IGNORECASE)
-
-
-def _is_number(text: str) -> bool:
-    """A number as the CSV parser reads it (no nan, no 1_000, unlike Python's float)."""
-    return _NUMBER.fullmatch(text.strip()) is not None
 
 

@@ -56,7 +56,7 @@ GENERATORS = Registry("a fedsim.traces.generators.GeneratorSpec", _is_generator,
                           "diurnal")},
                       group="fedsim.generators")
 
-# a converter is a function (path, where, horizon) -> Trace (docs/extending.md)
+# a converter is a function (path, where, horizon, *, options...) -> Trace (docs/extending.md)
 CONVERTERS = Registry("a function (path, where, horizon) -> fedsim.traces.Trace", callable,
                       _paths("fedsim.traces.converters", {
                           "fedscale": "fedscale", "flash": "flash", "sessions": "sessions",

@@ -1,0 +1,166 @@
+"""events.parquet, close reasons and outcome counts through whole runs; callbacks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import quadratic_config, rounds  # noqa: E402
+from test_server_rules import always, targets, timed  # noqa: E402
+
+from fedsim.cli import main  # noqa: E402
+from fedsim.traces import Trace  # noqa: E402
+
+OUTCOMES = ["arrived", "dropped", "late", "surplus"]
+
+
+def churn_config(rounds_: int = 40) -> dict:
+    """Overcommit and a tight deadline on a trace of few-second sessions with lognormal speeds:
+    every outcome happens."""
+    return {
+        "run": {"rounds": rounds_, "eval_every": 10, "checkpoint_every": 7},
+        "data": {"dataset": "digits", "clients": 60},
+        "client": {"local_steps": 3, "batch_size": 16},
+        "server": {"timing": "model", "clients_per_round": 8, "overcommit": 0.5, "deadline": 1.2},
+        "devices": {"model": "lognormal", "seconds_per_sample": 0.01, "compute_sigma": 1.0,
+                    "bandwidth_bps": 2e6, "latency_s": 0.05},
+        "trace": {"source": "markov", "mean_on": 4.0, "mean_off": 4.0, "days": 0.05},
+    }
+
+
+def outcome_counts(run_dir: Path) -> pl.DataFrame:
+    events = pl.read_parquet(run_dir / "events.parquet")
+    return (events.group_by("round").agg([(pl.col("outcome") == o).sum().alias(o) for o in OUTCOMES])
+            .sort("round"))
+
+
+def test_every_invitation_is_one_event_and_the_outcomes_add_up(cli_run):
+    run_dir = cli_run(churn_config())
+    df, events = rounds(run_dir), pl.read_parquet(run_dir / "events.parquet")
+    assert (df["arrived"] + df["dropped"] + df["late"] + df["surplus"] == df["invited"]).all()
+    assert {o: int(df[o].sum()) > 0 for o in OUTCOMES} == dict.fromkeys(OUTCOMES, True), df.sum()
+    counted = outcome_counts(run_dir)
+    joined = df.select("round", *OUTCOMES).join(counted, on="round", how="left", suffix="_e").fill_null(0)
+    for o in OUTCOMES:
+        assert (joined[o] == joined[f"{o}_e"]).all(), o
+    assert set(df["close_reason"]) <= {"all-arrived", "quota", "deadline"}
+    assert {"quota", "deadline"} <= set(df["close_reason"])
+    np.testing.assert_allclose(df["duration"], df["t_end"] - df["t_start"])
+    # times: invited at the round's start; started after the download; finished after the upload
+    ev = events.join(df.select("round", "t_start", "t_end"), on="round")
+    assert (ev["invited_at"] == ev["t_start"]).all()
+    ok = ev.filter(pl.col("started").is_not_null())
+    np.testing.assert_allclose(ok["started"], ok["invited_at"] + ok["download_s"])
+    done = ev.filter(pl.col("finished").is_not_null())
+    np.testing.assert_allclose(done["finished"], done["started"] + done["compute_s"] + done["upload_s"])
+    arrived = ev.filter(pl.col("outcome") == "arrived")
+    assert (arrived["finished"] <= arrived["t_end"]).all()
+    deadline = ev["t_start"] + 1.2
+    assert (ev.filter(pl.col("outcome") == "surplus")["finished"] <= deadline.filter(ev["outcome"] == "surplus")).all()
+    assert ev.filter(pl.col("outcome") == "dropped")["finished"].is_null().all()
+    late = ev.filter(pl.col("outcome") == "late")
+    late_end = late["finished"].fill_null(np.inf)
+    assert (late_end > late["t_start"] + 1.2).all()
+    assert events["staleness"].is_null().all()  # synchronous rounds
+    assert (events["samples"] == events["steps"] * 16).all()
+    devices = pl.read_parquet(run_dir / "devices.parquet")
+    for column, outcome in [("arrivals", "arrived"), ("drops", "dropped"), ("late", "late"),
+                            ("surplus", "surplus")]:
+        per_device = events.filter(pl.col("outcome") == outcome)["device_id"].to_numpy()
+        assert np.array_equal(np.bincount(per_device, minlength=60), devices[column].to_numpy()), column
+
+
+def test_resume_after_a_hard_stop_gives_the_same_events_log(cli_run, monkeypatch):
+    """A second Ctrl-C aborts at once: the run keeps its last checkpoint (round 14) while the
+    log has flushed part files beyond it (small parts); the resumed run's log equals an
+    uninterrupted run's."""
+    import fedsim.results.events_log as events_log
+    from fedsim.results.recorder import Recorder
+
+    monkeypatch.setattr(events_log, "ROWS_PER_PART", 5)
+    config = churn_config(30)
+    whole = cli_run(config, name="whole")
+    add_round = Recorder.add_round
+
+    def abort_at_18(self, outcome, *args):
+        row = add_round(self, outcome, *args)
+        if outcome.round == 18:
+            raise KeyboardInterrupt
+        return row
+
+    monkeypatch.setattr(Recorder, "add_round", abort_at_18)
+    cut = cli_run(config, name="cut", expect=130)
+    assert len(list((cut / ".events").glob("part-*.parquet"))) > 0
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    assert main(["run", "--resume", str(cut), "--quiet"]) == 0
+    assert pl.read_parquet(cut / "events.parquet").equals(pl.read_parquet(whole / "events.parquet"))
+    assert not (cut / ".events").exists()
+    columns = ["round", "t_end", "arrived", "late", "surplus", "close_reason", "test_acc"]
+    assert rounds(cut)[columns].equals(rounds(whole)[columns])
+
+
+def test_extending_a_finished_run_continues_its_events_log(cli_run):
+    config = churn_config(20)
+    whole = cli_run(config, name="whole")
+    config["run"]["rounds"] = 12
+    short = cli_run(config, name="short")
+    assert main(["run", "--resume", str(short), "--set", "run.rounds=20", "--quiet"]) == 0
+    assert pl.read_parquet(short / "events.parquet").equals(pl.read_parquet(whole / "events.parquet"))
+
+
+def test_close_reasons_of_ideal_rounds_nobody_online_and_max_time(cli_run):
+    trace = Trace.from_intervals([0, 1], [0.0, 0.0], [2.0, 5.0], n_devices=2, horizon=10.0)
+    df = rounds(cli_run(quadratic_config(targets(2), rounds=6), trace, name="ideal"))
+    assert df["close_reason"].to_list() == ["all-arrived"] * 5 + ["nobody-invited"]
+    assert df["invited"].to_list() == [2, 2, 1, 1, 1, 0]
+    np.testing.assert_allclose(df["t_end"], np.arange(1, 7))  # a round spans its slot
+    config = timed(targets(3), 10)  # 2 s tasks
+    config["server"]["deadline"] = 100.0
+    config["run"]["max_time"] = 5.0
+    df = rounds(cli_run(config, always(3), name="max"))
+    assert df["close_reason"].to_list() == ["all-arrived", "all-arrived", "max-time"]
+    assert df["t_end"].to_list()[-1] == 5.0 and df["late"].to_list() == [0, 0, 3]
+    config = timed(targets(3), 2)
+    config["server"]["deadline"] = 1.0
+    df = rounds(cli_run(config, always(3), name="deadline"))
+    assert df["close_reason"].to_list() == ["deadline", "deadline"] and df["late"].to_list() == [3, 3]
+
+
+def test_async_events_carry_staleness(cli_run):
+    config = timed(targets(6), 8, mode="async", buffer=2, concurrency=4)
+    run_dir = cli_run(config, always(6))
+    events = pl.read_parquet(run_dir / "events.parquet")
+    arrived = events.filter(pl.col("outcome") == "arrived")
+    assert len(arrived) == 16 and arrived["staleness"].is_not_null().all()
+    assert (arrived["staleness"] >= 0).all() and arrived["staleness"].max() >= 1
+    per_round = arrived.group_by("round").agg(pl.col("staleness").mean()).sort("round")
+    np.testing.assert_allclose(per_round["staleness"], rounds(run_dir)["staleness"])
+
+
+def test_a_user_callback_stops_early_and_adds_metrics(tmp_path):
+    """Through the Python API: early stopping at a target accuracy, and a callback whose
+    metric becomes a column of rounds.parquet; the initial model's evaluation is recorded."""
+    import fedsim
+    from fedsim.callbacks import Callback, EarlyStopping
+
+    class Spread(Callback):
+        def on_round(self, run, outcome, metrics):
+            return False, {"param_norm": float(run.strategy.params.norm())}
+
+    config = fedsim.load_config("quickstart", [f"run.out={json.dumps(str(tmp_path))}", "run.algorithms=[]",
+                                               "run.progress=false", "run.eval_every=5"])
+    result = fedsim.run(config, callbacks=[Spread(), EarlyStopping(0.6)])
+    df = result.rounds
+    accs = df["test_acc"].drop_nulls().to_list()
+    assert accs[-1] >= 0.6 and all(a < 0.6 for a in accs[:-1])
+    assert result.status == "completed" and "reached the target 60%" in result.reason
+    assert len(df) < config.run.rounds and len(df) % 5 == 0
+    assert (df["param_norm"] > 0).all()
+    manifest = json.loads((result.run_dir / "manifest.json").read_text())
+    assert manifest["initial"]["test_acc"] < 0.3 and manifest["initial"]["t"] == 0.0
+    assert not (result.run_dir / ".events").exists()

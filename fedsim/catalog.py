@@ -78,5 +78,9 @@ SELECTIONS = Registry("a selection policy", callable, _paths("fedsim.algorithms.
     "all": "SelectAll", "uniform": "SelectUniform", "regularized": "SelectRegularized",
     "longest-absent": "SelectLongestAbsent"}))
 
+# which trace devices a run replays when the trace has more than [data] clients
+TRACE_SELECTIONS = Registry("a trace device selection", callable, _paths("fedsim.replay", {
+    "random": "select_random", "first": "select_first", "most-available": "select_most_available"}))
+
 __all__ = ["ALGORITHMS", "MODELS", "GENERATORS", "CONVERTERS", "PARTITIONS", "SCHEDULES",
-           "TRAINERS", "SELECTIONS"]
+           "TRAINERS", "SELECTIONS", "TRACE_SELECTIONS"]

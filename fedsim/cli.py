@@ -73,6 +73,14 @@ def early_stops(result) -> list[str]:
     return lines
 
 
+def manifest_warnings(result) -> list[str]:
+    """`warning: ALGO: ...` for each warning a run's manifest records."""
+    import json
+
+    return [f"warning: {r.algorithm}: {text}" for r in result.runs or [result]
+            for text in json.loads((r.run_dir / "manifest.json").read_text()).get("warnings", [])]
+
+
 def cmd_run(args) -> int:
     from fedsim.results.plot_worker import shared_worker
 
@@ -99,6 +107,8 @@ def cmd_run(args) -> int:
         if r.status != "completed":
             print(f"{r.algorithm}: {r.status} ({r.reason})")
     for line in early_stops(result):
+        print(line)
+    for line in manifest_warnings(result):
         print(line)
     print(f"results: {result.run_dir}")
     return 0 if result.status in ("completed", "interrupted") else 1

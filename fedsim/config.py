@@ -18,7 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fedsim.catalog import ALGORITHMS, GENERATORS, MODELS, PARTITIONS, SCHEDULES, SELECTIONS, TRAINERS
+from fedsim.catalog import (ALGORITHMS, GENERATORS, MODELS, PARTITIONS, SCHEDULES, SELECTIONS, TRACE_SELECTIONS,
+                            TRAINERS)
 from fedsim.errors import FedsimError, choice_error, did_you_mean
 from fedsim.registry import Registry
 
@@ -43,6 +44,7 @@ class Rule:
     choices: tuple | Registry | None = None
     zero: str = ""
     word: tuple[str, str] | None = None
+    text: str = ""  # a number key that also takes text, and what the text is
     names: Callable[[], list[str]] | None = None
     check: Callable[[str, Any], Any] | None = None
 
@@ -98,6 +100,19 @@ def _folder_name(where: str, value: str) -> str:
             f"{where} = {value!r} is not a folder name; give a plain name without '/' or '\\' "
             "(the run directory is [run] out / name; put the parent folders in [run] out)"
         )
+    return value
+
+
+def _offset(where: str, value: Any) -> Any:
+    """A number of seconds, or an ISO 8601 date-time (resolved against the trace's origin)."""
+    if isinstance(value, str):
+        from datetime import datetime
+
+        try:
+            datetime.fromisoformat(value)
+        except ValueError:
+            raise FedsimError(f"{where} = {value!r} is not a date-time; give seconds into the trace "
+                              "or an ISO 8601 date-time like '2024-03-04T08:00:00+00:00'") from None
     return value
 
 
@@ -199,6 +214,12 @@ class TraceConfig:
                       zero="long enough for the run")
     devices_table: str = key("", "devices.parquet with the devices' speeds, for [devices] "
                              'model = "table"', zero="none")
+    offset: float | str = key(0.0, "where in the trace the run starts: seconds after its t = 0, or "
+                              "a date-time when the trace has an origin", non_negative=True,
+                              text="an ISO 8601 date-time", check=_offset)
+    select: str = key("", "which trace devices the run's [data] clients replay when the trace "
+                      "has more", choices=TRACE_SELECTIONS,
+                      zero="none: the trace has exactly [data] clients devices")
     options: dict = key({}, "the generator's own keys, written as further [trace] keys")
 
 
@@ -358,6 +379,8 @@ def _check_type(where: str, value: Any, default: Any) -> Any:
 
 def _check_value(where: str, value: Any, rule: Rule) -> Any:
     """The value of a key once its rule (see `Rule`) holds; FedsimError naming the key if not."""
+    if rule.text and isinstance(value, str):  # the numeric rules are for its numbers
+        return rule.check(where, value) if rule.check else value
     if isinstance(value, float) and not math.isfinite(value):
         raise FedsimError(f"{where} = {value!r} must be a finite number")
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
@@ -411,7 +434,7 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str):
         where = f"{origin}: [{section}] {key}"
         if key in fields:
             ruled = rule(fields[key])
-            if not (ruled.word and type(value) is int):
+            if not ((ruled.word and type(value) is int) or (ruled.text and isinstance(value, str))):
                 value = _check_type(where, value, getattr(defaults, key))
             kwargs[key] = _check_value(where, value, ruled)
         elif extra is not None and key in extra:

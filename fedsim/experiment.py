@@ -37,6 +37,7 @@ from fedsim.sim.timing import DeviceTiming
 from fedsim.traces import AvailabilityIndex, Trace, read_trace, write_trace
 from fedsim.traces.generators import known_probability_at
 from fedsim.traces.io import read_device_table
+from fedsim.traces.stats import device_online_fraction
 from fedsim.training import ThreadPolicy, build_task, build_trainer
 from fedsim.training.schedules import learning_rate
 
@@ -117,7 +118,8 @@ class Experiment:
         cfg = config
         self.task = build_task(cfg.data, cfg.model, seed=cfg.run.seed, device=self.device)
         check_cohort_size(cfg.server, self.task.n_clients)
-        self.trace = load_trace(cfg, self.task.n_clients, self.task.label_distribution())
+        self.trace, self.trace_device = load_trace(cfg, self.task.n_clients,
+                                                   self.task.label_distribution())
         if saved_trace is not None and not agrees_with(self.trace, saved_trace):
             self.trace = saved_trace
         self.index = AvailabilityIndex(self.trace)
@@ -168,7 +170,7 @@ class Experiment:
         started = time.perf_counter()
         previous_s = resume["host_s"] if resume else 0.0
         self._host_s = lambda: previous_s + time.perf_counter() - started
-        self.recorder = Recorder(self.run_dir, self.task.n_clients)
+        self.recorder = Recorder(self.run_dir, self.task.n_clients, self.device_info())
         self.resumed = resume is not None
         self.start_round, self.start_time = 0, 0.0
         if resume is not None:
@@ -216,6 +218,17 @@ class Experiment:
         return RunResult(self.run_dir, cfg.algorithm.name, result.status, result.reason,
                          self.recorder.rounds_frame(), self.strategy.params.detach().cpu())
 
+    def device_info(self) -> dict[str, np.ndarray]:
+        """Per-device columns of devices.parquet known before the run: timing parameters, the
+        trace device it replays, its time zone or group where the generator has one."""
+        n, timing, generator = self.task.n_clients, self.timing, self.trace.generator
+        info = {"seconds_per_sample": timing.seconds_per_sample, "bandwidth_bps": timing.bandwidth_bps,
+                "latency_s": np.full(n, float(timing.latency_s)), "trace_device": self.trace_device}
+        for key, column, dtype in (("tz_offset_h", "tz_offset", np.float64), ("group", "group", np.int64)):
+            if isinstance(generator.get(key), list) and len(generator[key]) == n:
+                info[column] = np.asarray(generator[key], dtype=dtype)
+        return info
+
     def evaluate(self) -> tuple[float, float | None]:
         """Test loss and accuracy of the current global model."""
         with self.threads.work(self.task.evaluate_flops()):
@@ -225,6 +238,7 @@ class Experiment:
         return (rnd + 1) % self.config.run.eval_every == 0 or rnd + 1 == self.config.run.rounds
 
     def checkpoint(self, rounds_done: int, sim_time: float) -> None:
+        self.recorder.device_info["online_fraction"] = device_online_fraction(self.trace, sim_time)
         self.recorder.write_tables()
         save_torch(self.run_dir / "checkpoint.pt", {
             "round": rounds_done, "sim_time": sim_time, "strategy": self.strategy.state_dict(),

@@ -116,7 +116,7 @@ def test_a_trace_file_has_no_generator_options():
     config = config_from_dict({"trace": {"source": "file", "path": "t.parquet"}})
     lines = key_lines(show_config(config))
     assert sorted(key for section, key in lines if section == "trace") == [
-        "days", "devices_table", "path", "source"]
+        "days", "devices_table", "offset", "path", "select", "source"]
     reads_back(config)
 
 

@@ -52,7 +52,7 @@ def wait_for_someone(env: simpy.Environment, index, max_time: float = 0.0):
     ever will be (or not before max_time): the run is over."""
     t_next = index.next_online(env.now)
     if math.isinf(t_next):
-        return "the trace has nobody online after this point"
+        return f"the trace has nobody online after this point (it ends at {index.horizon:g} s)"
     if max_time and t_next >= max_time:
         return f"max_time {max_time:g} s reached while nobody was online"
     if t_next > env.now:
@@ -73,13 +73,16 @@ class IdealRounds:
     """The papers' round-indexed model: round r spans [r*D, (r+1)*D); it looks at the trace at
     exactly r*D (no float drift over rounds) and every invited device reports by its end."""
 
-    def __init__(self, cfg: ServerConfig):
+    def __init__(self, cfg: ServerConfig, index):
         self.duration = cfg.round_duration
+        self.trace_end = index.horizon if index.trace.wrap == "none" else math.inf
 
     def start(self, env: simpy.Environment, rnd: int, max_time: float):
-        """Round r starts at r*D: no waiting (the previous round closed then)."""
+        """Round r starts at r*D: no waiting (the previous round closed then); a trace that
+        does not loop ends the run at its horizon."""
         yield from ()  # a generator like ModelRounds.start, with nothing to wait for
-        return rnd * self.duration
+        t0 = rnd * self.duration
+        return Stop(f"the trace ended at {self.trace_end:g} s") if t0 >= self.trace_end else t0
 
     def tasks(self, rnd: int, ids: np.ndarray, samples: np.ndarray, t0: float) -> Tasks:
         """Zero latency: the task spans the round; everyone invited arrives at its end."""
@@ -132,4 +135,6 @@ class ModelRounds:
 
 def round_timing(cfg: ServerConfig, **model_parts) -> IdealRounds | ModelRounds:
     """The policy of `[server] timing`; `model_parts` are ModelRounds' other arguments."""
-    return IdealRounds(cfg) if cfg.timing == "ideal" else ModelRounds(cfg, **model_parts)
+    if cfg.timing == "ideal":
+        return IdealRounds(cfg, model_parts["index"])
+    return ModelRounds(cfg, **model_parts)

@@ -93,3 +93,20 @@ def _mean(values: np.ndarray) -> float | None:
 
 def _f(value) -> float | None:
     return None if not np.isfinite(value) else float(value)
+
+
+def device_online_fraction(trace: Trace, t: float) -> np.ndarray:
+    """Per device, the fraction of [0, t) it is online (a looping trace repeats; a trace that
+    ends counts as offline after its horizon)."""
+    n = trace.n_devices
+    if t <= 0:
+        return np.zeros(n)
+
+    def online_until(until: float) -> np.ndarray:
+        seconds = np.clip(np.minimum(trace.end, until) - trace.start, 0.0, None)
+        return np.bincount(trace.device_id, weights=seconds, minlength=n)
+
+    if trace.wrap != "loop" or t <= trace.horizon:
+        return online_until(min(t, trace.horizon)) / t
+    cycles, rest = divmod(t, trace.horizon)
+    return (cycles * online_until(trace.horizon) + online_until(rest)) / t

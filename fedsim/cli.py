@@ -1,4 +1,4 @@
-"""The `fedsim` command: run, resume, plot, scenarios, and the trace tools.
+"""The `fedsim` command: run, resume, report, plot, scenarios, config show, and the trace tools.
 
 User mistakes (FedsimError) print one line ``error: ...`` and exit with status 2.
 """

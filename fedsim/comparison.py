@@ -28,12 +28,21 @@ def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
 
     `on_ready(run_dir)` is called once the first simulation is set up (config, data and trace
     are valid), before anything is written. `plotter`: a PlotWorker to draw the plots (the CLI
-    starts one first thing); without one they are drawn in this process. `callbacks`: the
-    user's own (fedsim/callbacks.py), given to every algorithm's run.
+    starts one first thing); without one they are drawn in this process; either way they are
+    drawn when this returns. `callbacks`: the user's own (fedsim/callbacks.py), given to every
+    algorithm's run.
     """
     if not isinstance(config, Config):
         raise FedsimError(f"fedsim.run: expected a Config (from fedsim.load_config), got {config!r}")
     run_dir = Path(run_dir) if run_dir else fresh_run_dir(config.run.out, config.run.name)
+    try:
+        return _run(config, run_dir, progress, on_ready, plotter, callbacks)
+    finally:
+        if plotter is not None:
+            plotter.finish()
+
+
+def _run(config, run_dir, progress, on_ready, plotter, callbacks) -> RunResult:
     if not config.run.algorithms:
         experiment = Experiment(config, run_dir, progress, plotter=plotter, callbacks=callbacks)
         on_ready(run_dir)

@@ -289,5 +289,9 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,
     if config.run.rounds < state["round"]:
         raise FedsimError(f"--set run.rounds={config.run.rounds}: the run already has "
                           f"{state['round']} rounds; resume can only add rounds")
-    return Experiment(config, run_dir, progress, saved_trace, plotter, callbacks).run(resume=state)
+    try:
+        return Experiment(config, run_dir, progress, saved_trace, plotter, callbacks).run(resume=state)
+    finally:
+        if plotter is not None:
+            plotter.finish()  # the plots are drawn when this returns
 

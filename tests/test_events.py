@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import quadratic_config, rounds  # noqa: E402
@@ -164,3 +165,33 @@ def test_a_user_callback_stops_early_and_adds_metrics(tmp_path):
     manifest = json.loads((result.run_dir / "manifest.json").read_text())
     assert manifest["initial"]["test_acc"] < 0.3 and manifest["initial"]["t"] == 0.0
     assert not (result.run_dir / ".events").exists()
+
+
+def test_a_diurnal_comparison_reports_each_algorithms_time_to_80_percent(cli_run, capsys):
+    """The wall-clock question end to end: model timing on a diurnal trace (lognormal speeds,
+    deadline 300 s, overcommit 0.3), FedAvg vs MIFA; `fedsim report` gives the time to 80 %
+    computed here independently from rounds.parquet and the initial evaluation."""
+    from test_report import expected_hit
+
+    config = {
+        "run": {"rounds": 40, "eval_every": 2, "algorithms": ["fedavg", "mifa"]},
+        "data": {"dataset": "digits", "clients": 40},
+        "client": {"local_steps": 5, "batch_size": 16, "lr": 0.3},
+        "server": {"timing": "model", "clients_per_round": 10, "overcommit": 0.3, "deadline": 300.0},
+        "devices": {"model": "lognormal", "seconds_per_sample": 0.5},
+        "trace": {"source": "diurnal", "days": 2.0, "availability": 0.6},
+    }
+    run_dir = cli_run(config)
+    capsys.readouterr()
+    assert main(["report", str(run_dir), "--target", "0.8", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for entry in report["runs"]:
+        sub = run_dir / entry["name"]
+        assert (sub / "events.parquet").exists() and (sub / "plots").is_dir()
+        hit = expected_hit(sub, 0.8)
+        assert hit is not None, rounds(sub)["test_acc"].drop_nulls().to_list()
+        (target,) = entry["targets"]
+        assert (target["rounds"], target["time_s"]) == pytest.approx(hit)
+        df = rounds(sub)
+        assert (df["arrived"] + df["dropped"] + df["late"] + df["surplus"] == df["invited"]).all()
+        assert "tz_offset" in pl.read_parquet(sub / "devices.parquet").columns

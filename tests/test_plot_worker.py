@@ -20,9 +20,10 @@ def test_the_worker_draws_the_same_pngs_as_the_run(tmp_path):
     runs = comparison(tmp_path)
     worker = PlotWorker()
     try:
-        assert worker.plot(runs, tmp_path / "by_worker", "t")
+        assert worker.plot(runs, tmp_path / "by_worker", "t")  # queued
+        assert worker.pending
     finally:
-        worker.close()
+        worker.close()  # waits for it
     plot_dirs(runs, tmp_path / "here", title="t")
     assert sorted(p.name for p in (tmp_path / "by_worker").iterdir()) == PNGS
     for name in PNGS:
@@ -39,11 +40,24 @@ def test_a_dead_worker_leaves_the_plots_to_the_run(tmp_path):
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == PNGS
 
 
-def test_a_request_the_worker_cannot_draw_is_drawn_by_the_run(tmp_path):
+def test_a_request_the_worker_could_not_draw_is_drawn_by_the_run(tmp_path):
+    """A worker that fails on one request serves the next; one that dies with requests queued
+    leaves them to `finish`, which draws them here."""
+    import pytest
+
+
     path = write_run(tmp_path / "run")
     worker = PlotWorker()
     try:
-        assert not worker.plot({"fedavg": tmp_path / "missing"}, tmp_path / "plots", "t")
-        assert worker.plot({"fedavg": path}, tmp_path / "plots", "t")  # and it serves on
+        assert worker.plot({"fedavg": tmp_path / "missing"}, tmp_path / "nowhere", "t")
+        assert worker.plot({"fedavg": path}, tmp_path / "plots", "t")
+        with pytest.raises(FileNotFoundError):  # drawn here, where it fails as well
+            worker.finish()
+        assert not worker.pending
+        assert worker.plot({"fedavg": path}, tmp_path / "later", "t")
+        worker.proc.kill()
+        worker.proc.wait()
+        worker.finish()
+        assert sorted(p.name for p in (tmp_path / "later").iterdir())  # drawn by the run
     finally:
         worker.close()

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fedsim.files import atomic_write
+from fedsim.sim.events import OUTCOMES, event_columns
 
 ROWS_PER_PART = 1 << 17
 SCHEMA = pa.schema([
@@ -27,13 +28,16 @@ SCHEMA = pa.schema([
 ])
 
 
-def _table(columns: list[dict[str, np.ndarray]]) -> pa.Table:
-    """One Arrow table of event column batches; NaN times and staleness -1 become null."""
+def _table(batches: list[dict]) -> pa.Table:
+    """One Arrow table of several rounds' invitations; NaN times and staleness -1 become null,
+    outcome codes their names."""
+    columns = event_columns(batches)
     arrays = []
     for field in SCHEMA:
-        values = np.concatenate([c[field.name] for c in columns])
-        if field.name == "outcome":
-            arrays.append(pa.array(values.tolist(), pa.string()))
+        values = columns[field.name]
+        if field.name == "outcome":  # codes -> their names, in Arrow
+            codes = pa.DictionaryArray.from_arrays(pa.array(values, pa.int8()), pa.array(OUTCOMES))
+            arrays.append(codes.cast(pa.string()))
         elif field.name == "staleness":
             arrays.append(pa.array(values, pa.int64(), mask=values < 0))
         elif pa.types.is_floating(field.type):
@@ -47,13 +51,14 @@ class EventLog:
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / "events.parquet"
         self.spool = Path(run_dir) / ".events"
-        self.pending: list[dict[str, np.ndarray]] = []
+        self.pending: list[dict] = []
         self.pending_rows = 0
         self.parts = 0
         self.rows = 0  # rows in closed parts
 
-    def add(self, events: dict[str, np.ndarray]) -> None:
-        n = len(events["round"]) if events else 0
+    def add(self, events: dict) -> None:
+        """A round's invitations (sim/events.py `task_events`)."""
+        n = events.get("n", 0)
         if not n:
             return
         self.pending.append(events)

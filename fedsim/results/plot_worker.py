@@ -33,10 +33,14 @@ def shared_worker() -> PlotWorker | None:
 
 
 class PlotWorker:
+    """Requests are queued, not waited for: a comparison's first plots draw while the next
+    algorithm runs. `finish()` waits for the queue and draws here what the worker could not."""
+
     def __init__(self):
         self.proc = subprocess.Popen([sys.executable, "-m", "fedsim.results.plot_worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True)
+        self.pending: list[tuple[dict[str, Path], Path, str]] = []
 
     @classmethod
     def start(cls) -> PlotWorker | None:
@@ -49,17 +53,39 @@ class PlotWorker:
             return None
 
     def plot(self, runs: dict[str, Path], out_dir: Path, title: str) -> bool:
-        """Draw the plots of `runs` (name -> run directory) into `out_dir`; False if it could not."""
+        """Queue the plots of `runs` (name -> run directory) into `out_dir`; False if the worker
+        cannot take them."""
         request = {"runs": {name: str(path) for name, path in runs.items()}, "out": str(out_dir),
                    "title": title}
         try:
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
-            return self.proc.stdout.readline().strip() == "ok"
         except (OSError, ValueError):  # it died (broken pipe) or was closed
             return False
+        self.pending.append((runs, out_dir, title))
+        return True
+
+    def finish(self) -> None:
+        """Wait until every queued plot is drawn; draw here each one the worker did not (it
+        raised, or died)."""
+        from fedsim.results.plots import plot_dirs
+
+        pending, self.pending, failed = self.pending, [], []
+        for runs, out_dir, title in pending:  # every answer is read, whatever happens here
+            try:
+                answer = self.proc.stdout.readline().strip()
+            except (OSError, ValueError):
+                answer = ""
+            if answer != "ok":
+                try:
+                    plot_dirs(runs, out_dir, title)
+                except Exception as err:  # raised once the queue is done
+                    failed.append(err)
+        if failed:
+            raise failed[0]
 
     def close(self) -> None:
+        self.finish()
         try:
             self.proc.stdin.close()
             self.proc.wait(timeout=10)

@@ -277,7 +277,8 @@ def plot_dirs(runs: dict[str, Path], out_dir: Path, title: str = "") -> list[Pat
     written = []
     for name, fig in figures.items():
         path = Path(out_dir) / f"{name}.png"
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+        # zlib level 1: a third faster than the default to write, files 10 % larger
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", pil_kwargs={"compress_level": 1}))
         written.append(path)
     return written
 

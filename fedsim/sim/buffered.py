@@ -41,7 +41,7 @@ import torch
 from fedsim.algorithms.base import Arrivals
 from fedsim.errors import FedsimError
 from fedsim.sim.device import start_device_tasks
-from fedsim.sim.events import task_events
+from fedsim.sim.events import ARRIVED, OUTCOMES, task_events
 from fedsim.sim.round_timing import Stop, Tasks, wait_for_someone
 from fedsim.sim.server import RoundOutcome, Server
 
@@ -116,7 +116,7 @@ class BufferedServer(Server):
         arrivals = self._arrivals_of(taken)
         self.strategy.receive(rnd, arrivals)
         self.ran_this_version[:] = False
-        outcome = np.array([o for _, _, o in resolved], dtype=object)
+        outcome = np.array([o for _, _, o in resolved], dtype=object)  # the tasks' reports
         return RoundOutcome(
             round=rnd, t_start=t0, t_end=self.env.now,
             online=int(self.index.online(self.env.now).sum()),
@@ -141,8 +141,8 @@ class BufferedServer(Server):
                       pick(lambda d: d.tasks.compute_s), pick(lambda d: d.tasks.upload_s),
                       pick(lambda d: d.tasks.samples), pick(lambda d: d.tasks.dropped),
                       pick(lambda d: d.tasks.ends_at))
-        outcome = np.array([o for *_, o in entries], dtype=object)
-        staleness = np.where(outcome == "arrived", rnd - pick(lambda d: np.full(len(d.ids), d.version)), -1)
+        outcome = np.array([OUTCOMES.index(o) for *_, o in entries], dtype=np.int8)
+        staleness = np.where(outcome == ARRIVED, rnd - pick(lambda d: np.full(len(d.ids), d.version)), -1)
         return task_events(rnd, pick(lambda d: d.ids), tasks, outcome, pick(lambda d: d.steps), staleness)
 
     def _stop(self, rnd: int, reason: str) -> Stop:

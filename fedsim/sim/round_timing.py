@@ -35,17 +35,6 @@ class Tasks:
     dropped: np.ndarray  # bool: offline before it finished
     ends_at: np.ndarray  # when it finished, or when it went offline
 
-    @property
-    def started(self) -> np.ndarray:
-        """When training began: after the download (NaN: offline during the download)."""
-        at = self.invited_at + self.download_s
-        return np.where(self.dropped & (self.ends_at < at), np.nan, at)
-
-    @property
-    def finished(self) -> np.ndarray:
-        """When the upload completed (NaN: it dropped first)."""
-        return np.where(self.dropped, np.nan, self.ends_at)
-
 
 def wait_for_someone(env: simpy.Environment, index, max_time: float = 0.0):
     """Sleep until a device is online (now, or when the index says). Returns None, or why nobody

@@ -18,7 +18,7 @@ import torch
 from fedsim.algorithms.base import Arrivals, Strategy
 from fedsim.config import ServerConfig
 from fedsim.sim.device import RoundBoard, deadline, start_device_tasks
-from fedsim.sim.events import task_events
+from fedsim.sim.events import ARRIVED, DROPPED, LATE, SURPLUS, task_events
 from fedsim.sim.round_timing import Stop, Tasks, round_timing
 from fedsim.sim.timing import DeviceTiming
 
@@ -100,8 +100,8 @@ class Server:
         loss = float(arrivals.loss.mean()) if len(arrivals) else None
         return RoundOutcome(
             round=rnd, t_start=t0, t_end=env.now, online=len(online), invited=ids,
-            arrived=ids[arrived_pos], dropped=ids[outcome == "dropped"], late=ids[outcome == "late"],
-            surplus=ids[outcome == "surplus"], close_reason=board.reason, train_loss=loss,
+            arrived=ids[arrived_pos], dropped=ids[outcome == DROPPED], late=ids[outcome == LATE],
+            surplus=ids[outcome == SURPLUS], close_reason=board.reason, train_loss=loss,
             wall_s=time.perf_counter() - wall0, events=task_events(rnd, ids, tasks, outcome, steps),
         )
 
@@ -114,12 +114,12 @@ class Server:
     def outcomes(board: RoundBoard, tasks: Tasks, close_at: float) -> np.ndarray:
         """What each invitation came to: arrived (counted), dropped (offline before it finished,
         by the deadline), surplus (finished by the deadline, after the round had closed at K
-        arrivals), late (neither by the deadline)."""
-        outcome = np.full(len(tasks.ends_at), "late", dtype=object)
+        arrivals), late (neither by the deadline); codes of sim/events.py."""
+        outcome = np.full(len(tasks.ends_at), LATE, dtype=np.int8)
         in_time = tasks.ends_at <= close_at
-        outcome[in_time & tasks.dropped] = "dropped"
-        outcome[in_time & ~tasks.dropped] = "surplus"
-        outcome[np.asarray(board.arrived, dtype=np.int64)] = "arrived"
+        outcome[in_time & tasks.dropped] = DROPPED
+        outcome[in_time & ~tasks.dropped] = SURPLUS
+        outcome[np.asarray(board.arrived, dtype=np.int64)] = ARRIVED
         return outcome
 
     def _arrivals(self, rnd, t0, ids, arrived_pos, trained, result, steps, lr) -> Arrivals:

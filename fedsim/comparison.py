@@ -61,7 +61,8 @@ def _run(config, run_dir, progress, on_ready, plotter, callbacks) -> RunResult:
     write_text(run_dir / "config.toml", dump_toml(config.to_dict()))
     summary = summarize(results)
     atomic_write(run_dir / "summary.parquet", summary.write_parquet)
-    draw_plots(plotter, {r.algorithm: r.run_dir for r in results}, run_dir / "plots", config.run.name)
+    if config.run.plots:
+        draw_plots(plotter, {r.algorithm: r.run_dir for r in results}, run_dir / "plots", config.run.name)
     worst = max((r.status for r in results), key=STATUS_SEVERITY.index)
     return RunResult(run_dir, ",".join(config.run.algorithms), worst, "", summary, runs=results)
 

@@ -159,6 +159,7 @@ class RunConfig:
     checkpoint_every: int = key(0, "rounds between checkpoints", non_negative=True,
                                 zero="only at the end")
     progress: bool = key(True, "show a progress bar")
+    plots: bool = key(True, "draw the plots into plots/ at the end (fedsim plot draws them later)")
     targets: list = key([], "test accuracies whose time-to-target the report and the end-of-run "
                         "table show (fractions in (0, 1])", check=_accuracies)
 
@@ -334,7 +335,7 @@ class Config:
 # what a resumed run may change: how long it goes on and how it is watched, never what is
 # simulated (that would silently mix two experiments in one run directory)
 RESUME_KEYS = ("run.rounds", "run.max_time", "run.eval_every", "run.checkpoint_every",
-               "run.progress", "run.device", "run.targets")
+               "run.progress", "run.device", "run.targets", "run.plots")
 
 
 _SECTION_CLASSES = {

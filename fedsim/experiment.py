@@ -214,7 +214,8 @@ class Experiment:
         self.recorder.finish()
         save_torch(self.run_dir / "model.pt", self.task.state_dict(self.strategy.params))
         write_manifest(self, result, self._host_s())
-        draw_plots(self.plotter, {cfg.algorithm.name: self.run_dir}, self.run_dir / "plots", cfg.run.name)
+        if cfg.run.plots:
+            draw_plots(self.plotter, {cfg.algorithm.name: self.run_dir}, self.run_dir / "plots", cfg.run.name)
         return RunResult(self.run_dir, cfg.algorithm.name, result.status, result.reason,
                          self.recorder.rounds_frame(), self.strategy.params.detach().cpu())
 

@@ -40,6 +40,7 @@ class CliRun:
         run.setdefault("out", str(self.tmp / "runs"))
         run.setdefault("name", name)
         run.setdefault("progress", False)
+        run.setdefault("plots", False)  # drawn where a test asks for them (plots: True)
         if trace is not None:
             write_trace(trace, self.tmp / f"{name}.parquet")
             config.setdefault("trace", {}).update(source="file", path=str(self.tmp / f"{name}.parquet"))

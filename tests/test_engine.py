@@ -153,7 +153,7 @@ def test_same_config_and_seed_give_identical_rounds(cli_run):
 
 def test_run_directory_has_every_file_and_column(cli_run):
     config = {
-        "run": {"rounds": 6, "eval_every": 3, "algorithms": ["fedavg", "mifa"]},
+        "run": {"rounds": 6, "eval_every": 3, "algorithms": ["fedavg", "mifa"], "plots": True},
         "data": {"dataset": "digits", "clients": 10},
         "client": {"local_steps": 2, "batch_size": 8},
         "trace": {"source": "bernoulli", "p": 0.7},

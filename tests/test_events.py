@@ -174,7 +174,7 @@ def test_a_diurnal_comparison_reports_each_algorithms_time_to_80_percent(cli_run
     from test_report import expected_hit
 
     config = {
-        "run": {"rounds": 40, "eval_every": 2, "algorithms": ["fedavg", "mifa"]},
+        "run": {"rounds": 40, "eval_every": 2, "algorithms": ["fedavg", "mifa"], "plots": True},
         "data": {"dataset": "digits", "clients": 40},
         "client": {"local_steps": 5, "batch_size": 16, "lr": 0.3},
         "server": {"timing": "model", "clients_per_round": 10, "overcommit": 0.3, "deadline": 300.0},

@@ -220,7 +220,8 @@ def test_an_origin_that_is_no_date_time_is_one_error_line(tmp_path):
 
 
 def test_a_real_comparison_run_writes_every_plot_from_its_tables(cli_run):
-    run_dir = cli_run({"run": {"rounds": 4, "eval_every": 2, "algorithms": ["fedavg", "mifa"]},
+    run_dir = cli_run({"run": {"rounds": 4, "eval_every": 2, "algorithms": ["fedavg", "mifa"],
+                               "plots": True},
                        "data": {"dataset": "digits", "clients": 10},
                        "client": {"local_steps": 1, "batch_size": 8},
                        "trace": {"source": "bernoulli", "p": 0.7}})
@@ -236,3 +237,13 @@ def test_a_real_comparison_run_writes_every_plot_from_its_tables(cli_run):
     top = upper_edge(fig.axes[0].collections[-1])
     assert list(top[:, 1]) == list(np.repeat(run.rounds["invited"].to_numpy(), 2))
     assert fig.get_suptitle() == "devices per round (fedavg)"
+
+
+def test_plots_false_draws_none_and_fedsim_plot_draws_them_later(cli_run, capsys):
+    from fedsim.cli import main
+
+    run_dir = cli_run({"run": {"rounds": 2, "plots": False}, "data": {"dataset": "digits", "clients": 10},
+                       "client": {"local_steps": 1, "batch_size": 8}})
+    assert not (run_dir / "plots").exists()
+    assert main(["plot", str(run_dir)]) == 0
+    assert "accuracy_vs_rounds.png" in {p.name for p in (run_dir / "plots").iterdir()}

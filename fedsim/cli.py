@@ -122,13 +122,64 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from fedsim.results.plot_worker import shared_worker
+
+    plotter = shared_worker()
+    from fedsim.study import format_summary, load_study, run_study
+
+    study = load_study(args.study, args.set, yes=args.yes)
+    print(f"study {study.name}: {len(study.points)} points in {study.folder}", flush=True)
+
+    def on_point(point, state):
+        what = {"done": "done, skipped", "resume": "resuming", "new": "running"}[state]
+        print(f"  {point.name}: {what}", flush=True)
+
+    records = run_study(study, progress=not args.quiet, plotter=plotter, on_point=on_point,
+                        backend=args.backend, address=args.address)
+    if plotter is not None:
+        plotter.finish()
+    stopped = [r for r in records if r["status"] == "interrupted"]
+    if stopped:
+        print(f"study interrupted at {stopped[0]['point']}; run `fedsim sweep {args.study}` again "
+              "to finish it")
+        return 0
+    print(format_summary(study))
+    print(f"results: {study.folder}")
+    return 0
+
+
 def cmd_report(args) -> int:
     import json
 
     from fedsim.results.report import format_report, parse_targets, report
 
+    if (Path(args.runs[0]) / "study.toml").exists():
+        return report_study(args)
+    if args.best_by or args.over:
+        raise FedsimError("--best-by and --over report on a study folder (from `fedsim sweep`)")
     doc = report([Path(p) for p in args.runs], parse_targets(args.target))
     print(json.dumps(doc, indent=2, allow_nan=False) if args.json else format_report(doc))
+    return 0
+
+
+def report_study(args) -> int:
+    """`fedsim report STUDY`: mean ± 95 % CI over seeds per group of points."""
+    import json
+
+    from fedsim.results.report import parse_targets
+    from fedsim.study import best_by, format_summary, open_study, write_tables
+
+    if len(args.runs) > 1:
+        raise FedsimError("fedsim report: give one study folder at a time")
+    if bool(args.best_by) != bool(args.over):
+        raise FedsimError("--best-by METRIC and --over AXIS go together, e.g. --best-by final_acc "
+                          "--over client.lr")
+    study = open_study(Path(args.runs[0]))
+    summary = write_tables(study, parse_targets(args.target))
+    if args.best_by:
+        summary = best_by(summary, args.best_by, args.over, study.group_axes)
+    print(json.dumps(summary.to_dicts(), indent=2) if args.json else format_summary(study, summary))
     return 0
 
 
@@ -199,6 +250,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
 
+    p = sub.add_parser("sweep", help="run a study: a base config over axes of values (seeds, "
+                                     "algorithms, settings), summarised over seeds")
+    p.add_argument("study", help="a study .toml ([sweep] axes) or a built-in study scenario")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a key of the study's base config (repeatable)")
+    p.add_argument("--yes", action="store_true", help="run a grid of more than 10,000 points")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--backend", default="inprocess", metavar="{inprocess,ray}",
+                   help="inprocess (default): points one after another in this process; ray: "
+                        "points as Ray tasks (pip install -e '.[ray]')")
+    p.add_argument("--address", help="Ray: the cluster to join (default: RAY_ADDRESS, else a local Ray)")
+    p.set_defaults(func=cmd_sweep)
+
     p = sub.add_parser("plot", help="(re)draw the plots of a run directory")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_plot)
@@ -212,6 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a target accuracy in (0, 1], e.g. --target 0.8 --target 0.9 or "
                         "--target 0.8,0.9 (default: the runs' [run] targets)")
     p.add_argument("--json", action="store_true", help="one JSON document (null: never reached)")
+    p.add_argument("--best-by", metavar="METRIC",
+                   help="a study: for each value of the other axes, the best value of --over by this "
+                        "metric's mean (final_acc, best_acc, final_loss, time_to_0.8_s, ...)")
+    p.add_argument("--over", metavar="AXIS", help="the axis --best-by chooses over, e.g. client.lr")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("scenarios", help="list the built-in scenarios")

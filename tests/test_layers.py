@@ -15,7 +15,7 @@ LAYERS = [
     ["fedsim.sim"],
     ["fedsim.results", "fedsim.callbacks", "fedsim.replay", "fedsim.config_show"],
     ["fedsim.experiment"],
-    ["fedsim.comparison"],
+    ["fedsim.comparison", "fedsim.study", "fedsim.study_ray"],
     ["fedsim.cli", "fedsim.__main__"],
 ]
 

@@ -1,0 +1,380 @@
+"""Studies: a base config swept over axes (algorithms x seeds x settings x learning rates),
+every point an ordinary run directory, summarised over seeds with confidence intervals.
+
+A study file is a config (its sections inline, and/or ``base = "file.toml"`` or a scenario
+name) plus a ``[sweep]`` table: each ``"section.key" = [values]`` is an axis; axes combine as
+a full grid, except those named together in ``zip = [["a.b", "c.d"]]``, which vary together.
+Points run into ``<run.out>/<study>/<point>/``; running the study again skips the finished
+points, resumes the interrupted ones from their checkpoints and runs the rest. Then
+``study.parquet`` (every point's rounds, axis values as columns) and ``summary.parquet`` (per
+group of points that differ only in ``run.seed``: mean, std and 95 % CI of the final and best
+accuracy, final loss and time to each target) are written.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from fedsim.config import (Config, config_from_dict, dump_toml, parse_override, read_toml, scenario_names,
+                           scenario_path)
+from fedsim.errors import FedsimError
+
+MAX_POINTS = 10_000  # more need --yes
+SEED = "run.seed"
+METRICS = ("final_acc", "best_acc", "final_loss")
+
+
+@dataclass
+class Point:
+    name: str
+    values: dict[str, Any]  # axis -> value
+    config: Config
+
+
+@dataclass
+class Study:
+    name: str
+    source: str
+    axes: dict[str, list]
+    points: list[Point]
+    folder: Path
+    resolved: dict  # what study.toml records: the base config and the axes
+    gpus_per_task: float = 0.0  # the Ray backend's request per point
+
+    @property
+    def group_axes(self) -> list[str]:
+        """The axes a summary row stands for: every axis but the seed."""
+        return [axis for axis in self.axes if axis != SEED]
+
+
+def study_path(source: str) -> Path:
+    path = Path(source)
+    if not path.exists() and source in scenario_names():
+        return scenario_path(source)
+    return path
+
+
+def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Study:
+    """The study of a file (or a built-in scenario name) with --set overrides of its base
+    config; every point's config is checked before anything runs."""
+    path = study_path(source)
+    raw = read_toml(path)
+    sweep = raw.pop("sweep", None)
+    if not isinstance(sweep, dict):
+        raise FedsimError(f"{path}: no [sweep] table; a study gives its axes there, e.g. "
+                          '[sweep] "run.seed" = [0, 1, 2] (use `fedsim run` for a single config)')
+    base = _base(raw, path)
+    for text in overrides:
+        section, key, value = parse_override(text)
+        base.setdefault(section, {})[key] = value
+    zips = sweep.pop("zip", [])
+    gpus = sweep.pop("gpus_per_task", 0.0)
+    if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
+        raise FedsimError(f"{path}: [sweep] gpus_per_task = {gpus!r} must be a number >= 0")
+    axes = _axes(sweep, base, path)
+    grid = _grid(axes, zips, path)
+    if len(grid) > MAX_POINTS and not yes:
+        raise FedsimError(f"{path}: the sweep has {len(grid):,} points (over {MAX_POINTS:,}); pass --yes "
+                          "to run them all, or shorten its axes")
+    name = base.get("run", {}).get("name") or path.stem
+    folder = Path(base.get("run", {}).get("out", "runs")) / name
+    points = []
+    for values in grid:
+        point_name = _point_name(values, axes)
+        raw_point = {section: dict(body) for section, body in base.items()}
+        for axis, value in values.items():
+            section, key = axis.split(".", 1)
+            raw_point.setdefault(section, {})[key] = value
+        raw_point.setdefault("run", {}).update(name=point_name, out=str(folder))
+        try:
+            config = config_from_dict(raw_point, origin=f"{path} point {point_name}")
+        except FedsimError as err:
+            raise FedsimError(f"{err} (an axis of [sweep] sets it)") from None
+        points.append(Point(point_name, values, config))
+    _unique_names(points, path)
+    resolved = {"base": base, "axes": axes, "zip": zips}
+    return Study(name, str(path), axes, points, folder, json.loads(json.dumps(resolved)), float(gpus))
+
+
+def _base(raw: dict, path: Path) -> dict:
+    """The study's base config: `base` (a file beside the study or a scenario), then the
+    study's own sections over it; `[run] algorithms` becomes an axis of algorithm names."""
+    base_name = raw.pop("base", None)
+    base: dict = {}
+    if base_name is not None:
+        if not isinstance(base_name, str):
+            raise FedsimError(f"{path}: base = {base_name!r} must be a config file or scenario name")
+        beside = path.parent / base_name
+        base_path = beside if beside.exists() else study_path(base_name)
+        base = read_toml(base_path)
+    for section, body in raw.items():
+        if not isinstance(body, dict):
+            raise FedsimError(f"{path}: {section} = {body!r} is not a [section] table (a study has "
+                              "`base`, config sections and [sweep])")
+        base.setdefault(section, {}).update(body)
+    return base
+
+
+def _axes(sweep: dict, base: dict, path: Path) -> dict[str, list]:
+    axes = {}
+    for axis, values in sweep.items():
+        if "." not in axis:
+            raise FedsimError(f'{path}: [sweep] {axis!r} is not a config key; write "section.key" = '
+                              '[values], e.g. "client.lr" = [0.01, 0.1]')
+        if not isinstance(values, list) or not values:
+            raise FedsimError(f"{path}: [sweep] {axis!r} = {values!r} must be a non-empty list of values")
+        axes[axis] = values
+    algorithms = base.get("run", {}).pop("algorithms", [])
+    if algorithms and "algorithm.name" not in axes:
+        axes = {"algorithm.name": list(algorithms), **axes}
+    if not axes:
+        raise FedsimError(f"{path}: [sweep] has no axes; give at least one, e.g. \"run.seed\" = [0, 1, 2]")
+    return axes
+
+
+def _grid(axes: dict[str, list], zips: list, path: Path) -> list[dict[str, Any]]:
+    """Every point: the full product of the axes, where each zip group counts as one axis."""
+    if not isinstance(zips, list) or not all(isinstance(g, list) for g in zips):
+        raise FedsimError(f'{path}: [sweep] zip = {zips!r} must be a list of lists of axes, e.g. '
+                          'zip = [["client.lr", "client.local_steps"]]')
+    grouped = [axis for group in zips for axis in group]
+    for axis in grouped:
+        if axis not in axes:
+            raise FedsimError(f"{path}: [sweep] zip names {axis!r}, which is not an axis of the sweep")
+    factors = []
+    for group in zips:
+        lengths = {len(axes[axis]) for axis in group}
+        if len(lengths) > 1:
+            raise FedsimError(f"{path}: [sweep] zip {group} has axes of different lengths; axes that "
+                              "vary together need as many values each")
+        factors.append([dict(zip(group, values)) for values in zip(*(axes[a] for a in group))])
+    factors += [[{axis: v} for v in values] for axis, values in axes.items() if axis not in grouped]
+    return [{axis: combo[axis] for axis in axes}
+            for combo in ({k: v for part in parts for k, v in part.items()} for parts in itertools.product(*factors))]
+
+
+def _point_name(values: dict[str, Any], axes: dict[str, list]) -> str:
+    """`algorithm-fedavg_seed-0`: each axis by the last part of its key (algorithm for
+    algorithm.name), the full key where two axes share a last part."""
+    lasts = [axis.split(".")[-1] for axis in axes]
+    parts = []
+    for axis, value in values.items():
+        short = "algorithm" if axis == "algorithm.name" else axis.split(".")[-1]
+        if lasts.count(axis.split(".")[-1]) > 1:
+            short = axis.replace(".", "-")
+        text = "-".join(map(str, value)) if isinstance(value, list) else str(value)
+        parts.append(f"{short}-{text}")
+    name = "_".join(parts)
+    return "".join(c if c.isalnum() or c in "-_.+" else "-" for c in name) or "point"
+
+
+def _unique_names(points: list[Point], path: Path) -> None:
+    seen: dict[str, Point] = {}
+    for point in points:
+        if point.name in seen:
+            raise FedsimError(f"{path}: points {seen[point.name].values} and {point.values} get the same "
+                              f"folder name {point.name!r}; give the axes distinct values")
+        seen[point.name] = point
+
+
+# -- running ----------------------------------------------------------------------------------
+
+def point_state(run_dir: Path, config: Config) -> str:
+    """done (it ran its rounds, or stopped for good: diverged, trace over, max_time), resume
+    (interrupted, or the study now asks for more rounds), or new."""
+    manifest = run_dir / "manifest.json"
+    if manifest.exists():
+        m = json.loads(manifest.read_text())
+        more = m["status"] == "completed" and m["reason"] == f"{m['rounds']} rounds" \
+            and config.run.rounds > m["rounds"]
+        if m["status"] in ("completed", "diverged") and not more:
+            return "done"
+    return "resume" if (run_dir / "checkpoint.pt").exists() else "new"
+
+
+def check_same_study(study: Study) -> None:
+    """A study folder holds one study: running another into it is refused."""
+    recorded = study.folder / "study.toml"
+    if recorded.exists():
+        before = json.loads(json.dumps(read_toml(recorded)))
+        if before != study.resolved:
+            raise FedsimError(f"{study.folder}: holds a different study (its study.toml differs from "
+                              f"{study.source}); give this one another [run] name, or delete the folder")
+
+
+BACKENDS = ("inprocess", "ray")
+
+
+def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, plotter=None) -> str:
+    """Run, resume or (done) skip one point; its status. Every backend runs a point this way,
+    so a point equals the standalone `fedsim run` of its config."""
+    from fedsim.experiment import Experiment, resume
+
+    if state == "done":
+        return json.loads((run_dir / "manifest.json").read_text())["status"]
+    if state == "resume":
+        return resume(run_dir, [f"run.rounds={config.run.rounds}"], progress, plotter).status
+    shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
+    return Experiment(config, run_dir, progress, plotter=plotter).run().status
+
+
+def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
+              backend: str = "inprocess", address: str | None = None) -> list[dict]:
+    """Run (or finish) every point; returns one record per point: its name, axis values,
+    state before and status after. In-process, points run one after another and the study
+    stops after a point that was interrupted (Ctrl-C or SIGTERM); with `backend = "ray"`
+    they run as Ray tasks (fedsim/study_ray.py)."""
+    if backend not in BACKENDS:
+        raise FedsimError(f"--backend {backend!r} is not one of: {', '.join(BACKENDS)}")
+    check_same_study(study)
+    study.folder.mkdir(parents=True, exist_ok=True)
+    (study.folder / "study.toml").write_text(dump_toml(study.resolved))
+    todo = [(point, point_state(study.folder / point.name, point.config)) for point in study.points]
+    if on_point:
+        for point, state in todo:
+            on_point(point, state)
+    records = []
+    if backend == "ray":
+        from fedsim.study_ray import run_points
+
+        statuses = run_points(study, todo, address)
+        records = [{"point": p.name, **p.values, "was": state, "status": status}
+                   for (p, state), status in zip(todo, statuses)]
+    for point, state in todo if backend == "inprocess" else ():
+        status = run_point(point.config, study.folder / point.name, state, progress, plotter)
+        records.append({"point": point.name, **point.values, "was": state, "status": status})
+        if status == "interrupted":
+            break
+    if all(r["status"] != "interrupted" for r in records) and len(records) == len(study.points):
+        write_tables(study)
+        if study.points[0].config.run.plots:
+            from fedsim.results.plots import plot_study
+
+            plot_study(study.folder)
+    return records
+
+
+# -- tables -----------------------------------------------------------------------------------
+
+def _axis_columns(values: dict[str, Any]) -> dict[str, Any]:
+    return {axis: (json.dumps(v) if isinstance(v, (list, dict)) else v) for axis, v in values.items()}
+
+
+def write_tables(study: Study, targets: list[float] | None = None) -> pl.DataFrame:
+    """study.parquet and summary.parquet of a finished study; returns the summary."""
+    from fedsim.files import atomic_write
+    from fedsim.results.report import config_targets, read_run, summarize_run
+
+    runs = [read_run(study.folder / p.name, study.folder) for p in study.points]
+    targets = config_targets(runs) if targets is None else targets
+    frames = [r.rounds.with_columns(point=pl.lit(p.name), **{a: pl.lit(v) for a, v in _axis_columns(p.values).items()})
+              for r, p in zip(runs, study.points)]
+    atomic_write(study.folder / "study.parquet", pl.concat(frames, how="diagonal_relaxed").write_parquet)
+    rows = []
+    for run, point in zip(runs, study.points):
+        s = summarize_run(run, point.name, targets)
+        row = {"point": point.name, **_axis_columns(point.values), "status": s["status"],
+               **{m: s[m] for m in METRICS}}
+        for t in s["targets"]:
+            row[f"time_to_{t['target']:g}_s"] = t["time_s"]
+            row[f"rounds_to_{t['target']:g}"] = t["rounds"]
+        rows.append(row)
+    points = pl.DataFrame(rows, infer_schema_length=None)
+    summary = summarize_points(points, study.group_axes)
+    atomic_write(study.folder / "summary.parquet", summary.write_parquet)
+    return summary
+
+
+def t_quantile(df: int) -> float:
+    """Student's t 0.975 quantile (two-sided 95 %) for `df` degrees of freedom."""
+    table = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+             2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+             2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+    return table[df - 1] if df <= len(table) else 1.96
+
+
+def summarize_points(points: pl.DataFrame, group_axes: list[str]) -> pl.DataFrame:
+    """Per group of points (same values on `group_axes`): seeds, and for each metric its mean,
+    std (n - 1) and the half-width of its 95 % CI (t quantile; null with one seed)."""
+    metrics = [c for c in points.columns if c in METRICS or c.startswith(("time_to_", "rounds_to_"))]
+    by = group_axes or [pl.lit("all").alias("group")]
+    aggregations = [pl.len().alias("seeds")]
+    for m in metrics:
+        aggregations += [pl.col(m).mean().alias(f"{m}_mean"), pl.col(m).std().alias(f"{m}_std"),
+                         pl.col(m).count().alias(f"{m}_n")]
+    summary = points.group_by(by, maintain_order=True).agg(aggregations)
+    for m in metrics:
+        n = summary[f"{m}_n"]
+        half = [t_quantile(int(k) - 1) * s / math.sqrt(k) if k and k > 1 and s is not None else None
+                for k, s in zip(n, summary[f"{m}_std"])]
+        summary = summary.with_columns(pl.Series(f"{m}_ci95", half, dtype=pl.Float64)).drop(f"{m}_n")
+    return summary
+
+
+def best_by(summary: pl.DataFrame, metric: str, over: str, group_axes: list[str]) -> pl.DataFrame:
+    """For each value of the other axes, the row whose mean `metric` is best over the values
+    of axis `over` (losses and times: lowest; accuracies: highest) — the papers' "best
+    learning rate per method"."""
+    column = f"{metric}_mean"
+    if column not in summary.columns:
+        known = sorted(c.removesuffix("_mean") for c in summary.columns if c.endswith("_mean"))
+        raise FedsimError(f"--best-by {metric!r}: not a metric of the summary (one of: {', '.join(known)})")
+    if over not in group_axes:
+        raise FedsimError(f"--over {over!r}: not an axis of the study (axes: {', '.join(group_axes) or 'none'})")
+    lowest = metric.endswith("loss") or metric.startswith(("time_to_", "rounds_to_"))
+    others = [a for a in group_axes if a != over]
+    ranked = summary.sort(column, descending=not lowest, nulls_last=True)
+    return ranked.group_by(others, maintain_order=True).first() if others else ranked.head(1)
+
+
+def open_study(folder: Path) -> Study:
+    """The study recorded in a study folder (its study.toml), for reports and plots."""
+    folder = Path(folder)
+    recorded = folder / "study.toml"
+    if not recorded.exists():
+        raise FedsimError(f"{folder}: not a study folder (no study.toml); pass the folder that "
+                          "`fedsim sweep` printed after 'results:'")
+    resolved = read_toml(recorded)
+    axes, zips = resolved["axes"], resolved.get("zip", [])
+    points = [Point(_point_name(values, axes), values, None) for values in _grid(axes, zips, recorded)]
+    missing = [p.name for p in points if not (folder / p.name / "rounds.parquet").exists()]
+    if missing:
+        raise FedsimError(f"{folder}: point {missing[0]} has not run yet ({len(missing)} of "
+                          f"{len(points)} missing); run `fedsim sweep` on the study to finish it")
+    return Study(folder.name, str(folder), axes, points, folder, resolved)
+
+
+def _pm(mean, ci, scale: float = 1.0, spec: str = ".2f", unit: str = "") -> str:
+    if mean is None:
+        return "-"
+    text = f"{mean * scale:{spec}}{unit}"
+    return text + (f" ± {ci * scale:{spec}}" if ci is not None else "")
+
+
+def format_summary(study: Study, summary: pl.DataFrame | None = None) -> str:
+    """The summary as a table: one row per group, mean ± 95 % CI over its seeds."""
+    if summary is None:
+        summary = pl.read_parquet(study.folder / "summary.parquet")
+    targets = sorted({c.removeprefix("time_to_").removesuffix("_s_mean") for c in summary.columns
+                      if c.startswith("time_to_") and c.endswith("_s_mean")}, key=float)
+    header = [*study.group_axes, "seeds", "final acc %", "best acc %", "final loss",
+              *(f"h to {100 * float(t):g}%" for t in targets)]
+    rows = []
+    for r in summary.iter_rows(named=True):
+        rows.append([*(str(r[a]) for a in study.group_axes), str(r["seeds"]),
+                     _pm(r["final_acc_mean"], r["final_acc_ci95"], 100),
+                     _pm(r["best_acc_mean"], r["best_acc_ci95"], 100),
+                     _pm(r["final_loss_mean"], r["final_loss_ci95"], 1, ".4g"),
+                     *(_pm(r[f"time_to_{t}_s_mean"], r[f"time_to_{t}_s_ci95"], 1 / 3600) for t in targets)])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""Studies (`fedsim sweep`): grids of points, standalone-equal points, resumption, summaries
+over seeds with confidence intervals, best-by, bands, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import rounds  # noqa: E402
+
+from fedsim.cli import main  # noqa: E402
+from fedsim.config import dump_toml  # noqa: E402
+
+BASE = {"run": {"rounds": 10, "eval_every": 5, "progress": False, "plots": False},
+        "data": {"dataset": "digits", "clients": 20},
+        "server": {"clients_per_round": 5, "timing": "ideal"},
+        "client": {"local_steps": 2, "lr": 0.3}}
+
+
+def write_study(folder: Path, sweep: dict, name: str = "s", **sections) -> Path:
+    study = {section: dict(body) for section, body in BASE.items()}
+    for section, body in sections.items():
+        study.setdefault(section, {}).update(body)
+    study["run"].update(name=name, out=str(folder / "runs"))
+    study["sweep"] = sweep
+    path = folder / f"{name}.toml"
+    path.write_text(dump_toml(study))
+    return path
+
+
+def sweep(path: Path, *extra: str, expect: int = 0) -> None:
+    assert main(["sweep", str(path), "--quiet", *extra]) == expect
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory) -> Path:
+    """3 algorithms x 3 seeds, run once for the module."""
+    folder = tmp_path_factory.mktemp("study")
+    path = write_study(folder, {"algorithm.name": ["fedavg", "mifa", "fedau"], "run.seed": [0, 1, 2]})
+    sweep(path)
+    return folder / "runs" / "s"
+
+
+def test_a_grid_runs_every_point_and_summarises_over_seeds(grid):
+    names = sorted(p.name for p in grid.iterdir() if p.is_dir())
+    assert names == sorted(f"algorithm-{a}_seed-{s}" for a in ("fedavg", "mifa", "fedau") for s in range(3))
+    summary = pl.read_parquet(grid / "summary.parquet")
+    assert summary["algorithm.name"].to_list() == ["fedavg", "mifa", "fedau"]
+    assert summary["seeds"].to_list() == [3, 3, 3]
+    for row in summary.iter_rows(named=True):
+        finals = [rounds(grid / f"algorithm-{row['algorithm.name']}_seed-{s}")["test_acc"].drop_nulls()[-1]
+                  for s in range(3)]
+        assert row["final_acc_mean"] == pytest.approx(np.mean(finals))
+        assert row["final_acc_ci95"] == pytest.approx(4.303 * np.std(finals, ddof=1) / math.sqrt(3))
+    study = pl.read_parquet(grid / "study.parquet")
+    assert len(study) == 9 * 10 and set(study["run.seed"]) == {0, 1, 2}
+    per_point = study.group_by("point").agg(pl.len())["len"].to_list()
+    assert per_point == [10] * 9
+
+
+def test_a_point_equals_its_standalone_run(grid, tmp_path):
+    point = grid / "algorithm-mifa_seed-1"
+    raw = (point / "config.toml").read_text().replace(f'out = "{grid}"', f'out = "{tmp_path}"')
+    (tmp_path / "alone.toml").write_text(raw)
+    assert main(["run", str(tmp_path / "alone.toml"), "--quiet"]) == 0
+    alone = tmp_path / "algorithm-mifa_seed-1"
+    columns = ["round", "arrived", "train_loss", "test_loss", "test_acc"]
+    assert rounds(alone)[columns].equals(rounds(point)[columns])
+    a, b = torch.load(alone / "model.pt"), torch.load(point / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_study_resumes_after_sigterm_and_ends_like_an_uninterrupted_one(grid, tmp_path, monkeypatch, capsys):
+    from fedsim.results.recorder import Recorder
+
+    path = write_study(tmp_path, {"algorithm.name": ["fedavg", "mifa", "fedau"], "run.seed": [0, 1, 2]})
+    add_round, calls = Recorder.add_round, {"n": 0}
+
+    def term_in_the_fourth_point(self, outcome, *args):
+        row = add_round(self, outcome, *args)
+        calls["n"] += 1
+        if calls["n"] == 3 * 10 + 4:  # round 4 of the fourth point
+            signal.raise_signal(signal.SIGTERM)
+        return row
+
+    monkeypatch.setattr(Recorder, "add_round", term_in_the_fourth_point)
+    sweep(path)
+    assert "study interrupted at algorithm-mifa_seed-0" in capsys.readouterr().out
+    folder = tmp_path / "runs" / "s"
+    assert not (folder / "summary.parquet").exists()
+    assert not (folder / "algorithm-mifa_seed-1").exists()
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    sweep(path)
+    out = capsys.readouterr().out
+    assert out.count("done, skipped") == 3 and out.count("resuming") == 1 and out.count(": running") == 5
+    mine, theirs = pl.read_parquet(folder / "summary.parquet"), pl.read_parquet(grid / "summary.parquet")
+    assert mine.equals(theirs)
+    sweep(path)
+    assert capsys.readouterr().out.count("done, skipped") == 9
+
+
+def test_report_prints_mean_and_ci_and_picks_the_best_learning_rate(tmp_path, capsys):
+    path = write_study(tmp_path, {"algorithm.name": ["fedavg", "mifa"], "client.lr": [0.01, 0.3],
+                                  "run.seed": [0, 1]})
+    sweep(path)
+    folder = tmp_path / "runs" / "s"
+    capsys.readouterr()
+    assert main(["report", str(folder), "--target", "0.5"]) == 0
+    text = capsys.readouterr().out
+    assert "algorithm.name" in text and "client.lr" in text and "±" in text and "h to 50%" in text
+    assert main(["report", str(folder), "--best-by", "final_acc", "--over", "client.lr", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)
+    summary = pl.read_parquet(folder / "summary.parquet")
+    for entry in best:
+        rows = summary.filter(pl.col("algorithm.name") == entry["algorithm.name"])
+        assert entry["client.lr"] == rows.sort("final_acc_mean")["client.lr"][-1]
+    assert [e["algorithm.name"] for e in best] == ["fedavg", "mifa"]
+    assert main(["report", str(folder), "--best-by", "final_acc", "--over", "client.momentum"]) == 2
+    assert "not an axis of the study" in capsys.readouterr().err
+
+
+def test_zipped_axes_vary_together_and_plots_show_bands(tmp_path):
+    from fedsim.results.plots import study_bands
+
+    path = write_study(tmp_path, {"client.lr": [0.1, 0.3], "client.local_steps": [1, 3], "run.seed": [0, 1],
+                                  "zip": [["client.lr", "client.local_steps"]]},
+                       run={"plots": True})
+    sweep(path)
+    folder = tmp_path / "runs" / "s"
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name != "plots") == [
+        "lr-0.1_local_steps-1_seed-0", "lr-0.1_local_steps-1_seed-1",
+        "lr-0.3_local_steps-3_seed-0", "lr-0.3_local_steps-3_seed-1"]
+    assert {p.name for p in (folder / "plots").iterdir()} == {"study_accuracy_vs_rounds.png",
+                                                               "study_accuracy_vs_time.png"}
+    bands = study_bands(pl.read_parquet(folder / "study.parquet"), ["client.lr", "client.local_steps"], "round")
+    first = bands.filter((pl.col("client.lr") == 0.1) & (pl.col("x_value") == 5))
+    accs = [rounds(folder / f"lr-0.1_local_steps-1_seed-{s}")["test_acc"][4] for s in (0, 1)]
+    assert first["mean"][0] == pytest.approx(np.mean(accs))
+    assert first["ci95"][0] == pytest.approx(12.706 * np.std(accs, ddof=1) / math.sqrt(2))
+
+
+@pytest.mark.parametrize("sweep_table, says", [
+    ({"client.lrr": [0.1]}, "unknown key [client] lrr; did you mean 'lr'?"),
+    ({"client.lr": []}, "[sweep] 'client.lr' = [] must be a non-empty list of values"),
+    ({"lr": [0.1]}, "[sweep] 'lr' is not a config key"),
+    ({"client.lr": [0.1, -1.0]}, "point lr--1.0: [client] lr = -1.0 must be > 0 (an axis of [sweep] sets it)"),
+    ({"client.lr": [0.1, 0.2], "client.local_steps": [1], "zip": [["client.lr", "client.local_steps"]]},
+     "zip ['client.lr', 'client.local_steps'] has axes of different lengths"),
+    ({"run.seed": list(range(101)), "client.batch_size": list(range(1, 101))},
+     "the sweep has 10,100 points (over 10,000); pass --yes"),
+    ({}, "[sweep] has no axes"),
+])
+def test_bad_studies_are_one_line_and_run_nothing(tmp_path, capsys, sweep_table, says):
+    path = write_study(tmp_path, sweep_table)
+    sweep(path, expect=2)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_another_study_in_the_same_folder_is_refused(grid, tmp_path, capsys):
+    path = write_study(tmp_path, {"run.seed": [0, 1]})
+    raw = path.read_text().replace(f'out = "{tmp_path / "runs"}"', f'out = "{grid.parent}"')
+    path.write_text(raw)
+    sweep(path, expect=2)
+    assert "holds a different study" in capsys.readouterr().err

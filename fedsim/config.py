@@ -194,13 +194,16 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    """The model every client trains (quadratic ignores it but for init)."""
+    """The model every client trains (the quadratic task reads only init and init_from)."""
 
     name: str = key("logreg", "model architecture", names=MODELS.names)
     hidden: int = key(64, "mlp: width of the hidden layer", positive=True)
     dropout: float = key(0.0, "dropout before every dense layer that reads a learned "
                          "representation (cnn-cinic: 0.2 unless given)", within=(0.0, 1.0, True, False))
     init: list = key([], "quadratic: the starting point x0", zero="zeros")
+    init_from: str = key("", "start from a run's saved model.pt, or the run directory holding it "
+                         "(looked up in the working directory, then beside the config)",
+                         zero="the task's own seeded initialisation")
 
 
 @dataclass

@@ -40,6 +40,7 @@ from fedsim.traces.io import read_device_table
 from fedsim.traces.stats import device_online_fraction
 from fedsim.training import ThreadPolicy, build_task, build_trainer
 from fedsim.training.schedules import learning_rate
+from fedsim.training.warm_start import initial_params
 
 
 @dataclass
@@ -104,11 +105,13 @@ class Experiment:
 
     def __init__(self, config: Config, run_dir: Path, progress: bool = True,
                  saved_trace: Trace | None = None, plotter: PlotWorker | None = None,
-                 callbacks: Sequence[Callback] = ()):
+                 callbacks: Sequence[Callback] = (), resuming: bool = False):
         """`saved_trace`: the generated trace of the run being resumed. A resume generates the
         trace again for its (maybe longer) extent and keeps that when it agrees with the saved
         one; otherwise it replays the saved trace, repeating it. `callbacks`: the user's own,
-        called after the evaluation and before the recorder."""
+        called after the evaluation and before the recorder. `resuming`: the checkpoint holds
+        the model, so a warm start's `[model] init_from` is not read again (it may be gone)."""
+        self.resuming = resuming
         self.config = config = resolve_trace_path(config)
         self.run_dir = Path(run_dir)
         self.progress = progress and config.run.progress
@@ -133,7 +136,8 @@ class Experiment:
         """The strategy of `cfg` on this experiment's task and trace; a comparison calls this for
         every algorithm first, so that one that cannot run here fails before any has run."""
         strategy = make_strategy(cfg.algorithm.name, origin=cfg.source)
-        strategy.setup(self.task.n_clients, self.task.init_params(), self._context(cfg))
+        params = self.task.init_params() if self.resuming else initial_params(self.task, cfg)
+        strategy.setup(self.task.n_clients, params, self._context(cfg))
         return strategy
 
     def _context(self, cfg: Config) -> Context:
@@ -291,7 +295,8 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,
         raise FedsimError(f"--set run.rounds={config.run.rounds}: the run already has "
                           f"{state['round']} rounds; resume can only add rounds")
     try:
-        return Experiment(config, run_dir, progress, saved_trace, plotter, callbacks).run(resume=state)
+        return Experiment(config, run_dir, progress, saved_trace, plotter, callbacks,
+                          resuming=True).run(resume=state)
     finally:
         if plotter is not None:
             plotter.finish()  # the plots are drawn when this returns

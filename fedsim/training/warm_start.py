@@ -1,0 +1,92 @@
+"""``[model] init_from``: a run starts from the parameters another run saved (its model.pt)
+instead of the task's own seeded initialisation, to go on training under another config or
+to fine-tune. The file must hold exactly the parameters this run's model has, with the same
+shapes; anything else is one error line before the run starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from fedsim.config import Config
+from fedsim.errors import FedsimError
+from fedsim.training.task import Task
+
+
+def initial_params(task: Task, config: Config) -> Tensor:
+    """The flat parameters the run starts from, on the task's device."""
+    init = task.init_params()
+    if not config.model.init_from:
+        return init
+    where = f"{config.source}: [model] init_from = {config.model.init_from!r}"
+    saved = read_state_dict(model_file(config, where), where)
+    expected = task.state_dict(init)
+    check_matches(saved, expected, where, shaping_keys(config))
+    flat = torch.cat([saved[name].reshape(-1) for name in expected])
+    return flat.to(device=init.device, dtype=init.dtype)
+
+
+def model_file(config: Config, where: str) -> Path:
+    """The model.pt that init_from names: a relative path is looked up in the working
+    directory, then beside the config file (as [trace] path is); a run directory gives its
+    model.pt."""
+    path = Path(config.model.init_from)
+    beside_config = Path(config.source).parent / path
+    if not path.is_absolute() and not path.exists() and beside_config.exists():
+        path = beside_config
+    if not path.exists():
+        raise FedsimError(f"{where}: no such file or run directory; give a run's model.pt or its "
+                          "run directory (relative: to the working directory or the config file)")
+    if not path.is_dir():
+        return path
+    if (path / "model.pt").is_file():
+        return path / "model.pt"
+    members = sorted(p.parent.name for p in path.glob("*/model.pt"))
+    if members:
+        raise FedsimError(f"{where} is a comparison of {', '.join(members)}; name the algorithm's "
+                          f"sub-folder, e.g. {str(path / members[0])!r}")
+    raise FedsimError(f"{where}: the directory holds no model.pt; give the directory of a run "
+                      "that finished, or a model.pt file")
+
+
+def read_state_dict(path: Path, where: str) -> dict[str, Tensor]:
+    """The named tensors of a model.pt, loaded without running any code from the file."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many kinds for a file it cannot read
+        saved = err
+    if not (isinstance(saved, dict) and all(isinstance(k, str) and isinstance(v, Tensor)
+                                            for k, v in saved.items())):
+        why = type(saved).__name__ if isinstance(saved, Exception) else "not a dict of named tensors"
+        raise FedsimError(f"{where}: {path} is not a readable checkpoint ({why}); give a model.pt "
+                          "that a fedsim run wrote")
+    return saved
+
+
+def check_matches(saved: dict[str, Tensor], expected: dict[str, Tensor], where: str, keys: str) -> None:
+    """FedsimError on the first parameter missing, extra or of another shape."""
+    fix = f"set {keys} as in the run that saved it"
+    missing = [name for name in expected if name not in saved]
+    if missing:
+        raise FedsimError(f"{where}: the file has no parameter {missing[0]!r}, which this run's "
+                          f"model has; {fix}")
+    extra = [name for name in saved if name not in expected]
+    if extra:
+        raise FedsimError(f"{where}: the file has a parameter {extra[0]!r}, which this run's "
+                          f"model lacks; {fix}")
+    for name, tensor in expected.items():
+        if saved[name].shape != tensor.shape:
+            raise FedsimError(f"{where}: parameter {name!r} has shape {list(saved[name].shape)} in "
+                              f"the file but {list(tensor.shape)} in this run's model; {fix}")
+
+
+def shaping_keys(config: Config) -> str:
+    """The settings that decide the model's parameter names and shapes, for the error lines."""
+    if config.data.dataset == "quadratic":
+        return "[data] dim and targets"
+    if config.data.dataset == "logistic":
+        return "[model] name and hidden and [data] dim and classes"
+    return "[model] name and hidden and [data] dataset"

@@ -57,14 +57,16 @@ def measure(n_devices: int, per_round: int, rounds: int, timing: str, out: Path)
                 engine_s[0] += time.perf_counter() - t
         return wrapper
 
-    run_engine, finish = fedsim.experiment.run_engine, fedsim.results.recorder.Recorder.finish
-    fedsim.experiment.run_engine = timed(run_engine)  # the rounds, with the recorder's callbacks
+    import simpy
+
+    env_run, finish = simpy.Environment.run, fedsim.results.recorder.Recorder.finish
+    simpy.Environment.run = timed(env_run)  # the rounds, with the recorder's callbacks
     fedsim.results.recorder.Recorder.finish = timed(finish)  # joining the events log's parts
     t0 = time.perf_counter()
     try:
         result = run(config, progress=False)
     finally:
-        fedsim.experiment.run_engine, fedsim.results.recorder.Recorder.finish = run_engine, finish
+        simpy.Environment.run, fedsim.results.recorder.Recorder.finish = env_run, finish
     host = time.perf_counter() - t0
     df = result.rounds
     in_rounds = float(df["wall_s"].sum())

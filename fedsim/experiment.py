@@ -30,7 +30,7 @@ from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import Recorder, save_torch, write_text
 from fedsim.sim.buffered import BufferedServer
-from fedsim.sim.engine import new_environment, run_engine
+from fedsim.sim.engine import Engine, finish_round_on_stop_signal, new_environment
 from fedsim.sim.round_timing import invite_budget
 from fedsim.sim.server import Server
 from fedsim.sim.timing import DeviceTiming
@@ -170,6 +170,17 @@ class Experiment:
         return [Evaluation(), *self.user_callbacks, RecordRounds(), *progress, Checkpoints()]
 
     def run(self, resume: dict | None = None) -> RunResult:
+        """The whole simulation (from the checkpoint state `resume`, if given)."""
+        stop_signal = {"name": None}
+        with self.threads.scope():
+            with finish_round_on_stop_signal(stop_signal):
+                engine = self.start(resume, stop_signal)
+                engine.env.run(until=engine.process)
+            return self.end()
+
+    def start(self, resume: dict | None, stop_signal: dict) -> Engine:
+        """Everything before the first round, and the engine that will run the rounds (run
+        alone by `run`, or with other runs' engines by fedsim/lockstep.py)."""
         cfg = self.config
         started = time.perf_counter()
         previous_s = resume["host_s"] if resume else 0.0
@@ -189,32 +200,37 @@ class Experiment:
             write_trace(self.trace, self.run_dir / "trace.parquet")
         env = new_environment(self.start_time)
         server_class = BufferedServer if cfg.server.mode == "async" else Server
-        server = server_class(
+        self.server = server_class(
             env=env, index=self.index, strategy=self.strategy, trainer=self.trainer,
             timing=self.timing, cfg=cfg.server, batch_size=cfg.client.batch_size,
             client_sizes=self.task.client_sizes(), model_bytes=4 * self.task.dim,
             seed=cfg.run.seed, device=self.device,
         )
-        callbacks = self.callbacks()
-        with self.threads.scope():
-            gathered: dict = {}
-            for callback in callbacks:
-                gathered.update(callback.on_start(self, gathered))
+        self.chain = self.callbacks()
+        gathered: dict = {}
+        for callback in self.chain:
+            gathered.update(callback.on_start(self, gathered))
+        self.engine = Engine(self.server, rounds=cfg.run.rounds, max_time=cfg.run.max_time,
+                             start_round=self.start_round, on_round=self._on_round,
+                             stop_signal=stop_signal)
+        return self.engine
 
-            def on_round(outcome) -> bool | str:
-                metrics, stop = {}, False
-                for callback in callbacks:
-                    wants, more = callback.on_round(self, outcome, metrics)
-                    metrics.update(more)
-                    stop = stop or (wants and (wants if isinstance(wants, str)
-                                               else f"stopped by {type(callback).__name__}"))
-                return stop
+    def _on_round(self, outcome) -> bool | str:
+        """The callbacks of a round, in order; why the run should stop now, or False."""
+        metrics, stop = {}, False
+        for callback in self.chain:
+            wants, more = callback.on_round(self, outcome, metrics)
+            metrics.update(more)
+            if wants and not stop:
+                stop = wants if isinstance(wants, str) else f"stopped by {type(callback).__name__}"
+        return stop
 
-            result = run_engine(server, rounds=cfg.run.rounds, max_time=cfg.run.max_time,
-                                start_round=self.start_round, on_round=on_round)
-            metrics: dict = {}
-            for callback in callbacks:
-                metrics.update(callback.on_end(self, result, metrics))
+    def end(self) -> RunResult:
+        """Everything after the last round: final evaluation and checkpoint, the outputs."""
+        cfg, result = self.config, self.engine.result()
+        metrics: dict = {}
+        for callback in self.chain:
+            metrics.update(callback.on_end(self, result, metrics))
         self.recorder.finish()
         save_torch(self.run_dir / "model.pt", self.task.state_dict(self.strategy.params))
         write_manifest(self, result, self._host_s())
@@ -269,6 +285,18 @@ def check_unchanged(started: dict, now: dict, where: Path) -> None:
 def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,
            plotter: PlotWorker | None = None, callbacks: Sequence[Callback] = ()) -> RunResult:
     """Continue an interrupted (or shorter) run from its checkpoint, in the same directory."""
+    experiment, state = prepare_resume(run_dir, overrides, progress, plotter, callbacks)
+    try:
+        return experiment.run(resume=state)
+    finally:
+        if plotter is not None:
+            plotter.finish()  # the plots are drawn when this returns
+
+
+def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,
+                   plotter: PlotWorker | None = None,
+                   callbacks: Sequence[Callback] = ()) -> tuple[Experiment, dict]:
+    """The Experiment of a run to resume, and its checkpoint state (checked against its config)."""
     run_dir = Path(run_dir)
     checkpoint = run_dir / "checkpoint.pt"
     if not checkpoint.exists():
@@ -294,10 +322,5 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,
     if config.run.rounds < state["round"]:
         raise FedsimError(f"--set run.rounds={config.run.rounds}: the run already has "
                           f"{state['round']} rounds; resume can only add rounds")
-    try:
-        return Experiment(config, run_dir, progress, saved_trace, plotter, callbacks,
-                          resuming=True).run(resume=state)
-    finally:
-        if plotter is not None:
-            plotter.finish()  # the plots are drawn when this returns
+    return Experiment(config, run_dir, progress, saved_trace, plotter, callbacks, resuming=True), state
 

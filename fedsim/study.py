@@ -28,6 +28,7 @@ from fedsim.config import (Config, config_from_dict, dump_toml, parse_override, 
 from fedsim.errors import FedsimError
 
 MAX_POINTS = 10_000  # more need --yes
+TOGETHER = 64  # points stepped in lockstep at once by the in-process backend
 SEED = "run.seed"
 METRICS = ("final_acc", "best_acc", "final_loss")
 
@@ -226,6 +227,38 @@ def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, 
     return Experiment(config, run_dir, progress, plotter=plotter).run().status
 
 
+def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=None) -> list[str]:
+    """The in-process backend: the points not done, `TOGETHER` at a time, in lockstep with
+    their cohorts trained in shared batched calls (fedsim/lockstep.py); stops after a group
+    that a signal interrupted."""
+    from fedsim.experiment import Experiment, prepare_resume
+    from fedsim.lockstep import run_together
+
+    statuses: dict[str, str] = {}
+    waiting = [(p, s) for p, s in todo if s != "done"]
+    for p, s in todo:
+        if s == "done":
+            statuses[p.name] = run_point(p.config, study.folder / p.name, s)
+    for lo in range(0, len(waiting), TOGETHER):
+        group = waiting[lo:lo + TOGETHER]
+        experiments, resumes = [], []
+        for point, state in group:
+            run_dir = study.folder / point.name
+            if state == "resume":
+                experiment, resume_state = prepare_resume(run_dir, [f"run.rounds={point.config.run.rounds}"],
+                                                          False, plotter)
+            else:
+                shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
+                experiment, resume_state = Experiment(point.config, run_dir, False, plotter=plotter), None
+            experiments.append(experiment)
+            resumes.append(resume_state)
+        for (point, _), result in zip(group, run_together(experiments, resumes)):
+            statuses[point.name] = result.status
+        if any(statuses[p.name] == "interrupted" for p, _ in group):
+            break
+    return [statuses.get(p.name, "interrupted") for p, _ in todo]
+
+
 def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
               backend: str = "inprocess", address: str | None = None) -> list[dict]:
     """Run (or finish) every point; returns one record per point: its name, axis values,
@@ -248,11 +281,10 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
         statuses = run_points(study, todo, address)
         records = [{"point": p.name, **p.values, "was": state, "status": status}
                    for (p, state), status in zip(todo, statuses)]
-    for point, state in todo if backend == "inprocess" else ():
-        status = run_point(point.config, study.folder / point.name, state, progress, plotter)
-        records.append({"point": point.name, **point.values, "was": state, "status": status})
-        if status == "interrupted":
-            break
+    if backend == "inprocess":
+        statuses = run_points_together(study, todo, plotter)
+        records = [{"point": p.name, **p.values, "was": state, "status": status}
+                   for (p, state), status in zip(todo, statuses)]
     if all(r["status"] != "interrupted" for r in records) and len(records) == len(study.points):
         write_tables(study)
         if study.points[0].config.run.plots:

@@ -15,7 +15,8 @@ LAYERS = [
     ["fedsim.sim"],
     ["fedsim.results", "fedsim.callbacks", "fedsim.replay", "fedsim.config_show"],
     ["fedsim.experiment"],
-    ["fedsim.comparison", "fedsim.study", "fedsim.study_ray"],
+    ["fedsim.comparison", "fedsim.lockstep"],
+    ["fedsim.study", "fedsim.study_ray"],
     ["fedsim.cli", "fedsim.__main__"],
 ]
 

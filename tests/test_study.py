@@ -85,23 +85,25 @@ def test_a_study_resumes_after_sigterm_and_ends_like_an_uninterrupted_one(grid, 
     path = write_study(tmp_path, {"algorithm.name": ["fedavg", "mifa", "fedau"], "run.seed": [0, 1, 2]})
     add_round, calls = Recorder.add_round, {"n": 0}
 
-    def term_in_the_fourth_point(self, outcome, *args):
+    def term_in_round_4(self, outcome, *args):
         row = add_round(self, outcome, *args)
         calls["n"] += 1
-        if calls["n"] == 3 * 10 + 4:  # round 4 of the fourth point
+        if calls["n"] == 9 * 4 + 3:  # the points step together: round 4 of the fourth point
             signal.raise_signal(signal.SIGTERM)
         return row
 
-    monkeypatch.setattr(Recorder, "add_round", term_in_the_fourth_point)
+    monkeypatch.setattr(Recorder, "add_round", term_in_round_4)
     sweep(path)
-    assert "study interrupted at algorithm-mifa_seed-0" in capsys.readouterr().out
+    assert "study interrupted at algorithm-fedavg_seed-0" in capsys.readouterr().out
     folder = tmp_path / "runs" / "s"
     assert not (folder / "summary.parquet").exists()
-    assert not (folder / "algorithm-mifa_seed-1").exists()
+    manifests = [json.loads((p / "manifest.json").read_text()) for p in folder.glob("algorithm-*")]
+    assert len(manifests) == 9 and {m["status"] for m in manifests} == {"interrupted"}
+    assert {m["rounds"] for m in manifests} <= {5, 6}  # each finished the round it was in
     monkeypatch.setattr(Recorder, "add_round", add_round)
     sweep(path)
     out = capsys.readouterr().out
-    assert out.count("done, skipped") == 3 and out.count("resuming") == 1 and out.count(": running") == 5
+    assert out.count("resuming") == 9
     mine, theirs = pl.read_parquet(folder / "summary.parquet"), pl.read_parquet(grid / "summary.parquet")
     assert mine.equals(theirs)
     sweep(path)
@@ -173,3 +175,31 @@ def test_another_study_in_the_same_folder_is_refused(grid, tmp_path, capsys):
     path.write_text(raw)
     sweep(path, expect=2)
     assert "holds a different study" in capsys.readouterr().err
+
+
+def test_points_stepped_together_equal_their_runs_alone(tmp_path):
+    """Model timing, a proximal objective beside a plain one (two shared calls), an async
+    point (trains on its own): each point as `fedsim run` would make it."""
+    from fedsim.config import config_from_dict
+    from fedsim.experiment import Experiment
+    from fedsim.lockstep import run_together
+
+    def config(name, algorithm, seed, **server):
+        return config_from_dict({
+            "run": {"rounds": 8, "eval_every": 4, "seed": seed, "name": name, "out": str(tmp_path),
+                    "progress": False, "plots": False},
+            "data": {"dataset": "digits", "clients": 20}, "client": {"local_steps": 3, "batch_size": 8},
+            "algorithm": {"name": algorithm},
+            "server": {"clients_per_round": 6, "deadline": 30.0, **server},
+            "devices": {"seconds_per_sample": 0.5}, "trace": {"source": "markov", "mean_on": 60.0,
+                                                           "mean_off": 30.0, "days": 1.0}})
+
+    configs = [config(f"{a}-{s}", a, s) for a in ("fedavg", "fedprox", "mifa") for s in (0, 1)]
+    configs.append(config("async", "fedavg", 0, mode="async", buffer=3, concurrency=6))
+    together = run_together([Experiment(c, tmp_path / "together" / c.run.name) for c in configs])
+    for c, result in zip(configs, together):
+        alone = Experiment(c, tmp_path / "alone" / c.run.name).run()
+        assert result.status == alone.status == "completed"
+        np.testing.assert_allclose(result.params.numpy(), alone.params.numpy(), rtol=1e-5, atol=1e-6)
+        columns = ["round", "invited", "arrived", "late", "test_acc"]
+        assert result.rounds[columns].equals(alone.rounds[columns]), c.run.name

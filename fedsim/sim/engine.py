@@ -24,46 +24,61 @@ class EngineResult:
     sim_time: float
 
 
-def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int = 0,
-               on_round: Callable[[RoundOutcome], bool | str]) -> EngineResult:
-    """Drive `server` round after round; `on_round` evaluates/records/checkpoints each one and
-    returns why the run should stop now (a string), or False.
+class Engine:
+    """The server's rounds as one SimPy process in the server's environment, until the run's
+    end (rounds, time, trace, divergence, a stop signal or `on_round`'s word).
 
-    Stops after `rounds` rounds, at `max_time` simulated seconds (0 = none), when the trace
-    has nobody online ever again, when `on_round` says so, when the model stops being finite
-    (status diverged), or after the round in progress on Ctrl-C or SIGTERM (status interrupted).
+    `on_round` evaluates/records/checkpoints each round and returns why the run should stop
+    now (a string), or False. `stop_signal` is the dict that `finish_round_on_stop_signal`
+    fills; several engines driven together (fedsim/lockstep.py) share one.
     """
-    env = server.env
-    stop = {"status": "completed", "reason": f"{rounds} rounds"}
-    done = {"rounds": start_round}
-    stop_signal = {"name": None}
 
-    def main():
-        rnd = start_round
-        while rnd < rounds:
+    def __init__(self, server: Server, *, rounds: int, max_time: float, start_round: int = 0,
+                 on_round: Callable[[RoundOutcome], bool | str], stop_signal: dict):
+        self.server, self.env = server, server.env
+        self.rounds, self.max_time = rounds, max_time
+        self.on_round, self.stop_signal = on_round, stop_signal
+        self.status, self.reason = "completed", f"{rounds} rounds"
+        self.done = start_round
+        self.process = self.env.process(self._main(start_round))
+
+    def _main(self, rnd: int):
+        env, max_time, server = self.env, self.max_time, self.server
+        while rnd < self.rounds:
             if max_time and env.now >= max_time:
-                stop["reason"] = f"max_time {max_time:g} s reached"
+                self.reason = f"max_time {max_time:g} s reached"
                 return
             outcome = yield env.process(server.round(rnd, max_time))
             if isinstance(outcome, Stop):
-                stop["reason"] = outcome.reason
+                self.reason = outcome.reason
                 return
-            asked = on_round(outcome)
-            done["rounds"] = rnd = rnd + 1
+            asked = self.on_round(outcome)
+            self.done = rnd = rnd + 1
             if not bool(torch.isfinite(server.strategy.params).all()):
-                stop.update(status="diverged", reason=f"non-finite model after round {rnd - 1}")
+                self.status, self.reason = "diverged", f"non-finite model after round {rnd - 1}"
                 return
-            if stop_signal["name"]:
-                stop.update(status="interrupted",
-                            reason=f"interrupted by {stop_signal['name']} after round {rnd - 1}")
+            if self.stop_signal["name"]:
+                self.status = "interrupted"
+                self.reason = f"interrupted by {self.stop_signal['name']} after round {rnd - 1}"
                 return
             if asked:
-                stop["reason"] = f"{asked} (after round {rnd - 1})"
+                self.reason = f"{asked} (after round {rnd - 1})"
                 return
 
+    def result(self) -> EngineResult:
+        return EngineResult(self.status, self.reason, self.done, self.env.now)
+
+
+def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int = 0,
+               on_round: Callable[[RoundOutcome], bool | str]) -> EngineResult:
+    """Drive `server` round after round until the run's end (see Engine); the first Ctrl-C or
+    SIGTERM lets the round in progress finish (status interrupted)."""
+    stop_signal = {"name": None}
     with finish_round_on_stop_signal(stop_signal):
-        env.run(until=env.process(main()))
-    return EngineResult(stop["status"], stop["reason"], done["rounds"], env.now)
+        engine = Engine(server, rounds=rounds, max_time=max_time, start_round=start_round,
+                        on_round=on_round, stop_signal=stop_signal)
+        server.env.run(until=engine.process)
+    return engine.result()
 
 
 STOP_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
@@ -98,4 +113,4 @@ def new_environment(start_time: float = 0.0) -> simpy.Environment:
     return simpy.Environment(initial_time=start_time)
 
 
-__all__ = ["EngineResult", "run_engine", "new_environment"]
+__all__ = ["Engine", "EngineResult", "finish_round_on_stop_signal", "new_environment", "run_engine"]

@@ -58,6 +58,14 @@ class Server:
         self.seed = seed
         self.device = device
         self.rounds = round_timing(cfg, index=index, timing=timing, model_bytes=model_bytes)
+        self.gate = None  # set when runs train together (fedsim/lockstep.py)
+
+    def train(self, rnd: int, ids: np.ndarray, start: torch.Tensor, steps: np.ndarray, lr: float):
+        """The cohort's local training: at once, or, when this run trains together with others,
+        once the driver has trained every waiting run's cohort in one call."""
+        if self.gate is None:
+            return self.trainer.train(rnd, ids, start, steps, lr, self.strategy.local_objective)
+        return (yield self.gate.request(self, rnd, ids, start, steps, lr))
 
     def round(self, rnd: int, max_time: float = 0.0):
         """One synchronous round (a SimPy sub-process): wait until the round can start, invite,
@@ -80,8 +88,7 @@ class Server:
         result = None
         if len(trained):
             start = strategy.start_params(ids)[torch.as_tensor(trained, device=self.device)]
-            result = self.trainer.train(rnd, ids[trained], start, steps[trained], lr,
-                                        strategy.local_objective)
+            result = yield from self.train(rnd, ids[trained], start, steps[trained], lr)
 
         board = RoundBoard(env, invited=len(ids), target=self.rounds.target(len(ids)))
         # ties in end time report in a random order, so that equal speeds do not always favour

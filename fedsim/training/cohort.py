@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedsim.training.trainer import Trainer, sgd_update_
+from fedsim.training.trainer import Trainer, TrainResult, sgd_update_
 
 ACTIVATION_BUDGET = 2**27  # floats of layer outputs per batched call on a CPU (512 MiB)
 
@@ -70,3 +70,89 @@ class BatchedTrainer(Trainer):
                     end[rows] = w
                 loss_sum[rows] += loss
         return end, loss_sum
+
+
+def cohort_key(trainer: Trainer, ids: np.ndarray, objective) -> tuple | None:
+    """What cohorts of different runs must share to be trained in one batched call: the
+    batched path, the same model (architecture and size) and loss on the same device, the same
+    batch size and local-update settings. None: this cohort trains on its own."""
+    path = trainer.path_for(ids) if hasattr(trainer, "path_for") else trainer
+    if not isinstance(path, BatchedTrainer) or not len(ids):
+        return None
+    task, client = path.task, path.client
+    model = getattr(task, "model", None)
+    shape = (model.name, tuple(type(layer).__name__ for layer in model.layers), model.dropout_features) \
+        if model is not None else (getattr(task, "noise", None),)
+    return (type(task), task.dim, shape, str(task.device), path.batch_size, client.clip,
+            client.weight_decay, objective)
+
+
+def train_together(calls: list[tuple]) -> list[TrainResult]:
+    """The cohorts of several runs, each `(trainer, rnd, ids, start, steps, lr, objective)` as
+    `Trainer.train` takes them: those that can share a batched call (`cohort_key`, up to the
+    activation budget) in one, the others on their own. Each device's arithmetic is the
+    same as in its own run's call (the calls batch over devices), so results equal separate
+    calls up to float rounding (BLAS may block a larger batch differently)."""
+    results: list[TrainResult | None] = [None] * len(calls)
+    groups: dict[tuple, list[list[int]]] = {}
+    for i, call in enumerate(calls):
+        key = cohort_key(call[0], call[2], call[6])
+        if key is None:
+            results[i] = call[0].train(*call[1:])
+            continue
+        batched = call[0].path_for(call[2]) if hasattr(call[0], "path_for") else call[0]
+        room = batched.chunk_size(call[2])
+        chunks = groups.setdefault(key, [[]])
+        if sum(len(calls[j][2]) for j in chunks[-1]) + len(call[2]) > room:
+            chunks.append([])
+        chunks[-1].append(i)
+    for chunks in groups.values():
+        for members in chunks:
+            if len(members) == 1:
+                results[members[0]] = calls[members[0]][0].train(*calls[members[0]][1:])
+            else:
+                for i, result in zip(members, _train_group([calls[i] for i in members])):
+                    results[i] = result
+    return results
+
+
+def _train_group(calls: list[tuple]) -> list[TrainResult]:
+    """One batched call for cohorts of the same `cohort_key`: their devices stacked run after
+    run; each run draws its own inputs (its data, seed and round)."""
+    trainers = [c[0].path_for(c[2]) if hasattr(c[0], "path_for") else c[0] for c in calls]
+    first, device = trainers[0], trainers[0].task.device
+    ks = [len(c[2]) for c in calls]
+    offsets = np.cumsum([0, *ks])
+    start = torch.cat([c[3].to(device, torch.float32) for c in calls])
+    steps = np.concatenate([np.asarray(c[4], dtype=np.int64) for c in calls])
+    lr = torch.cat([torch.as_tensor(c[5], dtype=torch.float32, device=device).expand(k) for c, k in zip(calls, ks)])
+    objective = calls[0][6]
+    ids_t = [torch.as_tensor(np.asarray(c[2], dtype=np.int64), device=device) for c in calls]
+    inputs = [t.task.inputs(i, c[1], int(np.max(c[4], initial=0)), t.batch_size, t.seed)
+              for t, i, c in zip(trainers, ids_t, calls)]
+    end = start.clone()
+    loss_sum = torch.zeros(len(steps), device=device)
+    with first.threads.work(sum(t.call_flops(np.asarray(c[2])) for t, c in zip(trainers, calls))):
+        for s in range(int(steps.max(initial=0))):
+            active = np.flatnonzero(steps > s)
+            parts = []
+            for r, at in enumerate(inputs):
+                local = active[(active >= offsets[r]) & (active < offsets[r + 1])] - offsets[r]
+                if len(local):
+                    parts.append(at(s, slice(None) if len(local) == ks[r] else torch.as_tensor(local, device=device)))
+            batch = tuple(torch.cat(pieces) for pieces in zip(*parts))
+            rows = slice(None) if len(active) == len(steps) else torch.as_tensor(active, device=device)
+            w = end[rows]
+            ws = first.task.split(w)
+            grads, loss = first.step_fn(ws, *batch)
+            starts = first.task.split(start[rows]) if objective.uses_start else ()
+            sgd_update_(ws, grads, starts, lr[rows], first.client, objective)
+            if isinstance(rows, torch.Tensor):
+                end[rows] = w
+            loss_sum[rows] += loss
+    results = []
+    for t, c, i, lo, hi in zip(trainers, calls, ids_t, offsets[:-1], offsets[1:]):
+        steps_t = torch.as_tensor(np.asarray(c[4], dtype=np.int64), device=device)
+        per_step = t.batch_size if t.batch_size > 0 else t.task.sizes[i]
+        results.append(TrainResult(end[lo:hi] - start[lo:hi], loss_sum[lo:hi] / steps_t, steps_t * per_step))
+    return results

@@ -1,0 +1,105 @@
+"""A study's runs stepped together (one batched training call per round for all of them)
+against the same runs one after another in one process, and with Ray.
+
+16 runs by default (4 algorithms x 4 seeds; digits, mlp, 100 devices, 10 a round, 300
+rounds, ideal timing); `--runs 32` for 8 seeds. Prints a table; --json FILE writes it.
+
+    python benchmarks/bench_study.py [--runs 16|32] [--rounds 300] [--ray] [--device cpu|cuda] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+ALGORITHMS = ["fedavg", "mifa", "fedau", "fedvarp"]
+
+
+def configs(runs: int, rounds: int, device: str, out: Path):
+    from fedsim.config import config_from_dict
+
+    seeds = runs // len(ALGORITHMS)
+    return [config_from_dict({
+        "run": {"name": f"{a}-{s}", "out": str(out), "rounds": rounds, "eval_every": rounds,
+                "seed": s, "progress": False, "plots": False, "device": device},
+        "data": {"dataset": "digits", "clients": 100},
+        "model": {"name": "mlp"},
+        "server": {"timing": "ideal", "clients_per_round": 10},
+        "client": {"local_steps": 5, "batch_size": 32, "lr": 0.1},
+        "algorithm": {"name": a},
+    }) for a in ALGORITHMS for s in range(seeds)]
+
+
+def sequential(cfgs, out: Path) -> tuple[float, list]:
+    from fedsim.experiment import Experiment
+
+    t0 = time.perf_counter()
+    results = [Experiment(c, out / "seq" / c.run.name, False).run() for c in cfgs]
+    return time.perf_counter() - t0, results
+
+
+def together(cfgs, out: Path) -> tuple[float, list]:
+    from fedsim.experiment import Experiment
+    from fedsim.lockstep import run_together
+
+    t0 = time.perf_counter()
+    results = run_together([Experiment(c, out / "together" / c.run.name, False) for c in cfgs])
+    return time.perf_counter() - t0, results
+
+
+def with_ray(runs: int, rounds: int, device: str, out: Path) -> float:
+    """The same study through `fedsim sweep --backend ray` (local Ray, a worker per core)."""
+    from fedsim.config import dump_toml
+    from fedsim.study import load_study, run_study
+
+    study = {"run": {"name": "ray", "out": str(out / "ray"), "rounds": rounds, "eval_every": rounds,
+                     "progress": False, "plots": False, "device": device},
+             "data": {"dataset": "digits", "clients": 100}, "model": {"name": "mlp"},
+             "server": {"timing": "ideal", "clients_per_round": 10},
+             "client": {"local_steps": 5, "batch_size": 32, "lr": 0.1},
+             "sweep": {"algorithm.name": ALGORITHMS, "run.seed": list(range(runs // len(ALGORITHMS)))}}
+    path = out / "study.toml"
+    path.write_text(dump_toml(study))
+    t0 = time.perf_counter()
+    run_study(load_study(str(path)), progress=False, backend="ray")
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--ray", action="store_true", help="also through the Ray backend")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        cfgs = configs(args.runs, args.rounds, args.device, out)
+        seq_s, seq = sequential(cfgs, out)
+        tog_s, tog = together(cfgs, out)
+        worst = max(float(np.max(np.abs(a.params.numpy() - b.params.numpy()) / (np.abs(a.params.numpy()) + 1e-6)))
+                    for a, b in zip(seq, tog))
+        record = {"runs": args.runs, "rounds": args.rounds, "device": args.device,
+                  "sequential_s": round(seq_s, 2), "together_s": round(tog_s, 2),
+                  "speedup": round(seq_s / tog_s, 2),
+                  "per_run_round_ms_sequential": round(1000 * seq_s / (args.runs * args.rounds), 3),
+                  "per_run_round_ms_together": round(1000 * tog_s / (args.runs * args.rounds), 3),
+                  "max_relative_difference": worst}
+        if args.ray:
+            record["ray_s"] = round(with_ray(args.runs, args.rounds, args.device, out), 2)
+    print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}")
+    for key, value in record.items():
+        print(f"{key:<30} {value}")
+    if args.json:
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""The Ray backend of `fedsim sweep --backend ray`: every point that is not done runs as one
+Ray task, on this machine's cores (a local Ray) or on a cluster (`--address`, or RAY_ADDRESS).
+
+A task gets plain data (the point's config as a dict, its run directory, its state) and runs
+the point with `fedsim.study.run_point`, exactly as a standalone `fedsim run` does (the
+in-process backend steps its points in lockstep instead, to the same results). Workers write
+the run directories straight into the study folder, so on a cluster every node needs fedsim
+installed and the study folder on a shared filesystem, mounted at the same path. Ctrl-C cancels the tasks: the running points finish their round and keep a
+checkpoint, and running the study again resumes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+from fedsim.errors import FedsimError
+from fedsim.study import Point, Study, run_point
+
+WAIT_S = 1.0  # how often the driver wakes up while it waits (so Ctrl-C is seen at once)
+
+
+def run_task(raw_config: dict, origin: str, run_dir: str, state: str, cwd: str) -> tuple:
+    """One point, in a Ray worker: ("ok", status), ("error", message) for a FedsimError, or
+    ("bug", message, traceback) for anything else, so nothing Ray-specific crosses back."""
+    import torch
+
+    from fedsim.config import config_from_dict
+
+    torch.set_num_threads(1)  # one core per task: tasks side by side must not fight over cores
+    if os.path.isdir(cwd):
+        os.chdir(cwd)  # relative paths in the config mean what they mean to `fedsim run`
+    (Path(run_dir) / "error.txt").unlink(missing_ok=True)  # an earlier failure's traceback
+    try:
+        config = config_from_dict(raw_config, origin=origin)
+        return "ok", run_point(config, Path(run_dir), state, progress=False)
+    except FedsimError as err:
+        return "error", str(err)
+    except Exception as err:  # a bug: its traceback goes to the point's folder
+        return "bug", f"{type(err).__name__}: {err}", traceback.format_exc()
+
+
+def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None = None) -> list[str]:
+    """Run every point of `todo` ((point, state) pairs) that is not done as a Ray task; one
+    status per entry, in order (a done point's status is read from its manifest)."""
+    try:
+        import ray
+    except ImportError:
+        raise FedsimError("the Ray backend needs ray: pip install -e '.[ray]'") from None
+    statuses = [run_point(p.config, study.folder / p.name, "done") if state == "done" else None
+                for p, state in todo]
+    pending = [i for i, (_, state) in enumerate(todo) if state != "done"]
+    if not pending:
+        return statuses
+    where = f"--address {address}" if address else f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}"
+    started = start_ray(ray, address or os.environ.get("RAY_ADDRESS"), where)
+    try:
+        check_gpus(ray, study.gpus_per_task)
+        task = ray.remote(run_task).options(num_cpus=1, num_gpus=study.gpus_per_task, max_retries=0)
+        cwd = os.getcwd()
+        refs = {}
+        for i in pending:
+            point, state = todo[i]
+            run_dir = str((study.folder / point.name).resolve())
+            refs[task.remote(point.config.to_dict(), point.config.source, run_dir, state, cwd)] = i
+        with sigterm_as_ctrl_c():
+            failures = gather(ray, refs, todo, study, statuses)
+    finally:
+        if started:
+            ray.shutdown()
+    if failures:  # the first in the study's order
+        more = f" ({len(failures) - 1} more points failed)" if len(failures) > 1 else ""
+        raise FedsimError(min(failures)[1] + more)
+    return statuses
+
+
+def start_ray(ray, address: str | None, where: str) -> bool:
+    """Join the cluster at `address` (`where`: the flag or variable that gave it), else start a
+    local Ray on every core; whether this call started Ray (and so shuts it down)."""
+    if ray.is_initialized():
+        return False
+    if address:
+        check_reachable(address, where)
+    options = {"ignore_reinit_error": True, "log_to_driver": False, "include_dashboard": False,
+               "logging_level": logging.WARNING}
+    try:
+        if address:
+            ray.init(address=address, **options)
+        else:
+            ray.init(num_cpus=os.cpu_count() or 1, **options)
+    except (ConnectionError, ValueError, RuntimeError) as err:
+        where = where if address else "a local Ray"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FedsimError(f"{where}: Ray could not start ({first}); check the address (a cluster "
+                          "started with `ray start --head`), or leave out --address and RAY_ADDRESS "
+                          "for a local Ray") from None
+    return True
+
+
+def check_reachable(address: str, where: str) -> None:
+    """Ray retries an address where no cluster answers for ever: try it first, in seconds."""
+    if address in ("auto", "local"):  # Ray's own words: the cluster on this machine, a new one
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise FedsimError(f"{where}: not HOST:PORT; give the head node's address, e.g. 10.0.0.5:6379 "
+                          "(the port of `ray start --head`)")
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as err:
+        raise FedsimError(f"{where}: no Ray cluster answers there ({err.strerror or err}); start one "
+                          "with `ray start --head`, or leave out --address and RAY_ADDRESS for a "
+                          "local Ray") from None
+
+
+def check_gpus(ray, per_task: float) -> None:
+    """A task asking for more GPUs than the cluster has would wait forever: refuse it."""
+    if per_task > 0:
+        have = ray.cluster_resources().get("GPU", 0)
+        if have < per_task:
+            raise FedsimError(f"[sweep] gpus_per_task = {per_task:g}, but the Ray cluster has {have:g} "
+                              "GPUs; set gpus_per_task = 0 for CPU tasks, or join a cluster with GPUs")
+
+
+@contextmanager
+def sigterm_as_ctrl_c():
+    """SIGTERM (`kill`, `timeout`, a batch scheduler's time limit) stops the study as Ctrl-C
+    does, as it stops an in-process run, instead of killing the driver with its tasks."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def gather(ray, refs: dict, todo: list, study: Study, statuses: list) -> list[tuple[int, str]]:
+    """Wait for the tasks, filling `statuses`; (index, error line) of the points that failed.
+    The first Ctrl-C cancels the tasks (a running point finishes its round and checkpoints,
+    status interrupted); a second one kills them and aborts."""
+    failures: list[tuple[int, str]] = []
+    left, total, finished = list(refs), len(refs), 0
+    cancelled = False
+    while left:
+        try:
+            ready, left = ray.wait(left, num_returns=1, timeout=WAIT_S)
+        except KeyboardInterrupt:
+            if cancelled:
+                for ref in left:
+                    ray.cancel(ref, force=True)
+                raise
+            cancelled = True
+            print("\nstopping: the running points finish their round (Ctrl-C again to abort)",
+                  file=sys.stderr, flush=True)
+            for ref in left:
+                ray.cancel(ref)
+            continue
+        for ref in ready:
+            i = refs[ref]
+            point = todo[i][0]
+            statuses[i], failure = outcome(ray, ref, point, study)
+            if failure:
+                failures.append((i, failure))
+            finished += 1
+            print(f"  {point.name}: {'failed' if failure else statuses[i]} ({finished}/{total})", flush=True)
+    return failures
+
+
+def outcome(ray, ref, point: Point, study: Study) -> tuple[str | None, str | None]:
+    """(status, None) of a finished task, or (None, the error line naming its point)."""
+    from ray.exceptions import RayError, TaskCancelledError
+
+    try:
+        result = ray.get(ref)
+    except TaskCancelledError:  # cancelled before it started, or before its run's first round
+        return "interrupted", None
+    except RayError as err:  # the worker died (out of memory, its node lost, ...)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return None, f"point {point.name}: its Ray task failed: {first}"
+    if result[0] == "ok":
+        return result[1], None
+    message = result[1]
+    if result[0] == "bug":
+        log = study.folder / point.name / "error.txt"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(result[2])
+        return None, f"point {point.name}: its run failed with {message.splitlines()[0]} (traceback: {log})"
+    return None, message if point.name in message else f"point {point.name}: {message}"

@@ -1,0 +1,159 @@
+"""`fedsim sweep --backend ray`: the points run as Ray tasks on a local Ray and give exactly the
+run directories and summary of the in-process backend; failures come back as one line."""
+
+import json
+import socket
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from fedsim import study_ray
+from fedsim.cli import main
+from fedsim.config import read_toml
+from fedsim.errors import FedsimError
+from fedsim.study import load_study
+
+STUDY = """
+[run]
+name = "digits-study"
+out = "{out}"
+rounds = 10
+eval_every = 5
+progress = false
+plots = false
+algorithms = ["fedavg", "mifa"]
+
+[data]
+dataset = "digits"
+clients = 20
+
+[server]
+clients_per_round = 5
+timing = "ideal"
+
+[client]
+local_steps = 2
+
+[sweep]
+{axis} = [0, 1]
+"""
+
+
+def write_study(path: Path, out: str, axis='"run.seed"') -> Path:
+    path.write_text(STUDY.format(out=out, axis=axis))
+    return path
+
+
+def point_config(run_dir: Path) -> dict:
+    config = read_toml(run_dir / "config.toml")
+    config["run"].pop("out")  # the study folder, which differs between the two copies
+    return config
+
+
+def test_ray_backend_equals_inprocess_and_skips_done_points(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    on_ray = write_study(tmp_path / "ray.toml", "ray")
+    here = write_study(tmp_path / "here.toml", "here")
+
+    assert main(["sweep", str(on_ray), "--backend", "ray", "--quiet"]) == 0
+    assert "(4/4)" in capsys.readouterr().out
+    assert not ray.is_initialized()  # the sweep shut down the Ray it started
+    assert main(["sweep", str(here), "--quiet"]) == 0
+
+    points = [p.name for p in load_study(str(on_ray)).points]
+    assert len(points) == 4
+    for name in points:
+        a, b = tmp_path / "ray/digits-study" / name, tmp_path / "here/digits-study" / name
+        assert json.loads((a / "manifest.json").read_text())["status"] == "completed"
+        assert point_config(a) == point_config(b)
+        acc = pl.read_parquet(a / "rounds.parquet")["test_acc"]
+        assert acc.drop_nulls().len() == 2
+        assert acc.to_list() == pl.read_parquet(b / "rounds.parquet")["test_acc"].to_list()
+    summary_ray = pl.read_parquet(tmp_path / "ray/digits-study/summary.parquet")
+    summary_here = pl.read_parquet(tmp_path / "here/digits-study/summary.parquet")
+    means = [c for c in summary_ray.columns if c.endswith("_mean")]
+    assert {"final_acc_mean", "best_acc_mean", "final_loss_mean"} <= set(means)
+    assert summary_ray.select("algorithm.name", "seeds", *means).equals(
+        summary_here.select("algorithm.name", "seeds", *means))
+    assert summary_ray["algorithm.name"].to_list() == ["fedavg", "mifa"]
+
+    manifest = tmp_path / "ray/digits-study" / points[0] / "manifest.json"
+    before = manifest.stat().st_mtime_ns
+    assert main(["sweep", str(on_ray), "--backend", "ray", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("done, skipped") == 4 and "(1/4)" not in out  # nothing ran
+    assert manifest.stat().st_mtime_ns == before
+
+
+def test_a_point_that_fails_in_its_worker_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # the cohort axis: 30 of 20 devices passes the config check, then fails in the worker
+    study = write_study(tmp_path / "s.toml", "runs", axis='"server.clients_per_round"')
+    study.write_text(study.read_text().replace("[0, 1]", "[5, 30]"))
+
+    assert main(["sweep", str(study), "--backend", "ray", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: point algorithm-fedavg_clients_per_round-30: [server] "
+                          "clients_per_round = 30 is more than the 20 devices")
+    assert "more points failed" in err  # mifa's point failed the same way
+    done = tmp_path / "runs/digits-study/algorithm-fedavg_clients_per_round-5/manifest.json"
+    assert json.loads(done.read_text())["status"] == "completed"  # the others still ran
+
+
+def test_without_ray_the_backend_is_one_error_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "ray", None)
+    study = write_study(tmp_path / "s.toml", "runs")
+    assert main(["sweep", str(study), "--backend", "ray"]) == 2
+    assert capsys.readouterr().err == "error: the Ray backend needs ray: pip install -e '.[ray]'\n"
+
+
+def test_worker_outcomes_come_back_as_plain_data(tmp_path, monkeypatch):
+    monkeypatch.setattr("torch.set_num_threads", lambda n: None)  # not this test process's threads
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(study_ray, "run_point", boom)
+    config = load_study(str(write_study(tmp_path / "s.toml", str(tmp_path / "runs")))).points[0].config
+    args = (config.to_dict(), config.source, str(tmp_path / "p"), "new", str(tmp_path))
+    kind, message, trace = study_ray.run_task(*args)
+    assert (kind, message) == ("bug", "RuntimeError: boom") and "Traceback" in trace
+    bad = {**config.to_dict(), "run": {**config.to_dict()["run"], "rounds": 0}}
+    kind, message = study_ray.run_task(bad, config.source, str(tmp_path / "p"), "new", str(tmp_path))
+    assert kind == "error" and "rounds" in message
+
+    # the driver: a bug is one line naming the point, its traceback kept in the point's folder
+    study = SimpleNamespace(folder=tmp_path / "runs")
+    point = SimpleNamespace(name="p1")
+    fake_ray = SimpleNamespace(get=lambda ref: ("bug", "RuntimeError: boom", "Traceback ..."))
+    status, line = study_ray.outcome(fake_ray, None, point, study)
+    assert status is None and line.startswith("point p1: its run failed with RuntimeError: boom")
+    assert (tmp_path / "runs/p1/error.txt").read_text() == "Traceback ..."
+
+
+def test_more_gpus_per_task_than_the_cluster_has_is_refused():
+    cpu_only = SimpleNamespace(cluster_resources=lambda: {"CPU": 2.0})
+    study_ray.check_gpus(cpu_only, 0)
+    with pytest.raises(FedsimError, match=r"gpus_per_task = 0.5, but the Ray cluster has 0 GPUs"):
+        study_ray.check_gpus(cpu_only, 0.5)
+
+
+def test_an_address_where_no_cluster_answers_is_one_line_not_a_hang(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    study = write_study(tmp_path / "s.toml", "runs")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["sweep", str(study), "--backend", "ray", "--address", f"127.0.0.1:{port}"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --address 127.0.0.1:{port}: no Ray cluster "
+                                              "answers there")
+    monkeypatch.setenv("RAY_ADDRESS", "head-node")
+    assert main(["sweep", str(study), "--backend", "ray"]) == 2
+    assert capsys.readouterr().err.startswith("error: RAY_ADDRESS=head-node: not HOST:PORT")
+    assert not ray.is_initialized()

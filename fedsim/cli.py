@@ -73,6 +73,20 @@ def early_stops(result) -> list[str]:
     return lines
 
 
+# README, "Exit codes": 0 completed, 1 a bug (a traceback), 2 a usage or config error, 3 a
+# diverged run, 130 / 143 a run stopped by SIGINT (Ctrl-C) / SIGTERM, its state saved
+EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM = 3, 130, 143
+
+
+def exit_code(runs) -> int:
+    """The exit status of runs (a comparison's or a study's): a stop signal first (the work is
+    unfinished), then divergence, else 0."""
+    for r in runs:
+        if r.status == "interrupted":
+            return EXIT_SIGTERM if "SIGTERM" in r.reason else EXIT_SIGINT
+    return EXIT_DIVERGED if any(r.status == "diverged" for r in runs) else 0
+
+
 def manifest_warnings(result) -> list[str]:
     """`warning: ALGO: ...` for each warning a run's manifest records."""
     import json
@@ -111,7 +125,7 @@ def cmd_run(args) -> int:
     for line in manifest_warnings(result):
         print(line)
     print(f"results: {result.run_dir}")
-    return 0 if result.status in ("completed", "interrupted") else 1
+    return exit_code(result.runs or [result])
 
 
 def cmd_plot(args) -> int:
@@ -123,6 +137,8 @@ def cmd_plot(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    import json
+
     from fedsim.results.plot_worker import shared_worker
 
     plotter = shared_worker()
@@ -143,10 +159,12 @@ def cmd_sweep(args) -> int:
     if stopped:
         print(f"study interrupted at {stopped[0]['point']}; run `fedsim sweep {args.study}` again "
               "to finish it")
-        return 0
+        reason = json.loads((study.folder / stopped[0]["point"] / "manifest.json").read_text())["reason"] \
+            if (study.folder / stopped[0]["point"] / "manifest.json").exists() else ""
+        return EXIT_SIGTERM if "SIGTERM" in reason else EXIT_SIGINT
     print(format_summary(study))
     print(f"results: {study.folder}")
-    return 0
+    return EXIT_DIVERGED if any(r["status"] == "diverged" for r in records) else 0
 
 
 def cmd_report(args) -> int:

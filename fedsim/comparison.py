@@ -15,7 +15,7 @@ from fedsim.callbacks import Callback
 from fedsim.config import Config, dump_toml
 from fedsim.errors import FedsimError
 from fedsim.experiment import Experiment, RunResult, fresh_run_dir
-from fedsim.files import atomic_write
+from fedsim.files import atomic_write, claim_directory
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import write_text
@@ -34,17 +34,20 @@ def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
     """
     if not isinstance(config, Config):
         raise FedsimError(f"fedsim.run: expected a Config (from fedsim.load_config), got {config!r}")
+    claim = run_dir is None  # a directory of its own, taken once the config proved valid
     run_dir = Path(run_dir) if run_dir else fresh_run_dir(config.run.out, config.run.name)
     try:
-        return _run(config, run_dir, progress, on_ready, plotter, callbacks)
+        return _run(config, run_dir, claim, progress, on_ready, plotter, callbacks)
     finally:
         if plotter is not None:
             plotter.finish()
 
 
-def _run(config, run_dir, progress, on_ready, plotter, callbacks) -> RunResult:
+def _run(config, run_dir, claim, progress, on_ready, plotter, callbacks) -> RunResult:
     if not config.run.algorithms:
         experiment = Experiment(config, run_dir, progress, plotter=plotter, callbacks=callbacks)
+        if claim:
+            experiment.run_dir = run_dir = claim_directory(run_dir)
         on_ready(run_dir)
         return experiment.run()
     results = []
@@ -54,6 +57,9 @@ def _run(config, run_dir, progress, on_ready, plotter, callbacks) -> RunResult:
         if not results:
             for other in config.run.algorithms[1:]:
                 experiment.set_up_strategy(config.with_algorithm(other))
+            if claim:
+                run_dir = claim_directory(run_dir)
+                experiment.run_dir = run_dir / name
             on_ready(run_dir)
         results.append(experiment.run())
         if results[-1].status == "interrupted":  # Ctrl-C stops the comparison, not one member

@@ -24,6 +24,7 @@ from fedsim.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, Rec
 from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml,
                            read_toml)
 from fedsim.errors import FedsimError
+from fedsim.files import DirectoryLock
 from fedsim.replay import agrees_with, load_trace, resolve_trace_path
 from fedsim.results.manifest import write_manifest
 from fedsim.results.plot_worker import PlotWorker
@@ -75,7 +76,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def fresh_run_dir(out: str, name: str) -> Path:
-    """runs/NAME, or runs/NAME-2, -3, ... : an earlier run is never overwritten."""
+    """runs/NAME, or runs/NAME-2, -3, ... as it stands now (`files.claim_directory` takes it
+    for a run): an earlier run is never overwritten."""
     base = Path(out) / name
     candidate, k = base, 1
     while candidate.exists():
@@ -112,6 +114,7 @@ class Experiment:
         called after the evaluation and before the recorder. `resuming`: the checkpoint holds
         the model, so a warm start's `[model] init_from` is not read again (it may be gone)."""
         self.resuming = resuming
+        self.lock = DirectoryLock(run_dir)
         self.config = config = resolve_trace_path(config)
         self.run_dir = Path(run_dir)
         self.progress = progress and config.run.progress
@@ -172,16 +175,22 @@ class Experiment:
     def run(self, resume: dict | None = None) -> RunResult:
         """The whole simulation (from the checkpoint state `resume`, if given)."""
         stop_signal = {"name": None}
-        with self.threads.scope():
-            with finish_round_on_stop_signal(stop_signal):
-                engine = self.start(resume, stop_signal)
-                engine.env.run(until=engine.process)
-            return self.end()
+        try:
+            with self.threads.scope():
+                with finish_round_on_stop_signal(stop_signal):
+                    engine = self.start(resume, stop_signal)
+                    engine.env.run(until=engine.process)
+                return self.end()
+        finally:
+            self.lock.release()
 
     def start(self, resume: dict | None, stop_signal: dict) -> Engine:
         """Everything before the first round, and the engine that will run the rounds (run
-        alone by `run`, or with other runs' engines by fedsim/lockstep.py)."""
+        alone by `run`, or with other runs' engines by fedsim/lockstep.py). The run directory is
+        this process's until `end` (or the process ends)."""
         cfg = self.config
+        self.lock = DirectoryLock(self.run_dir)
+        self.lock.acquire("fedsim resume" if resume else "fedsim run")
         started = time.perf_counter()
         previous_s = resume["host_s"] if resume else 0.0
         self._host_s = lambda: previous_s + time.perf_counter() - started
@@ -236,6 +245,7 @@ class Experiment:
         write_manifest(self, result, self._host_s())
         if cfg.run.plots:
             draw_plots(self.plotter, {cfg.algorithm.name: self.run_dir}, self.run_dir / "plots", cfg.run.name)
+        self.lock.release()
         return RunResult(self.run_dir, cfg.algorithm.name, result.status, result.reason,
                          self.recorder.rounds_frame(), self.strategy.params.detach().cpu())
 

@@ -36,3 +36,54 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def claim_directory(base: Path) -> Path:
+    """`base`, or `base-2`, `-3`, ...: the first that did not exist, created now. mkdir is
+    atomic, so runs started together never share a directory."""
+    base = Path(base)
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise FedsimError(f"cannot create the folder {base.parent}: {err.strerror}; choose another "
+                          "[run] out") from None
+    candidate, k = base, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            k += 1
+            candidate = base.with_name(f"{base.name}-{k}")
+
+
+class DirectoryLock:
+    """One writer per run directory: an exclusive `flock` on its `.lock` file, held while a run
+    or a resume writes there. The system releases it when the process ends, even by kill -9,
+    so a crash never leaves a directory locked."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.fd: int | None = None
+
+    def acquire(self, what: str) -> None:
+        import fcntl
+        import socket
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise FedsimError(f"{self.folder}: in use by {holder}; wait until it ends (or stop it), "
+                              "then try again") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()} on {socket.gethostname()} ({what})".encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the file drops the lock
+            self.fd = None

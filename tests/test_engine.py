@@ -215,7 +215,7 @@ def test_a_diverging_model_stops_the_run_with_status_diverged(cli_run):
     # lr = 3 on f = 0.5||x - u||^2: x <- x - 3(x - u) multiplies the error by -2 every step.
     config = quadratic_config([E1, E2], lr=3.0, steps=50, rounds=100)
     trace = Trace.from_intervals([0, 1], [0.0, 0.0], [100.0, 100.0], n_devices=2, horizon=100.0)
-    run_dir = cli_run(config, trace, expect=1)  # the CLI exits 1 for a diverged run
+    run_dir = cli_run(config, trace, expect=3)  # the CLI exits 3 for a diverged run
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "diverged"
     assert 0 < manifest["rounds"] < 100

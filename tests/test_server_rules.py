@@ -130,7 +130,7 @@ def test_stop_signal_stops_at_a_round_boundary_and_resume_finishes_the_same_run(
     whole = cli_run(config, name="whole")
     with monkeypatch.context() as patch:
         interrupt_at(patch, 11, signum)
-        stopped = cli_run(config, name="stopped")
+        stopped = cli_run(config, name="stopped", expect=128 + signum)  # 130 Ctrl-C, 143 SIGTERM
     restored = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
     assert signal.getsignal(signum) == restored[signum]  # the run gives the signal back
     manifest = json.loads((stopped / "manifest.json").read_text())
@@ -147,7 +147,7 @@ def test_ctrl_c_stops_a_comparison_too(cli_run, monkeypatch):
     config = quadratic_config(targets(3), rounds=10)
     config["run"]["algorithms"] = ["fedavg", "mifa"]
     interrupt_at(monkeypatch, 4)
-    run_dir = cli_run(config, always(3))
+    run_dir = cli_run(config, always(3), expect=130)
     summary = pl.read_parquet(run_dir / "summary.parquet")
     assert summary["algorithm"].to_list() == ["fedavg"] and summary["status"].to_list() == ["interrupted"]
     assert not (run_dir / "mifa").exists()

@@ -93,7 +93,7 @@ def test_a_study_resumes_after_sigterm_and_ends_like_an_uninterrupted_one(grid, 
         return row
 
     monkeypatch.setattr(Recorder, "add_round", term_in_round_4)
-    sweep(path)
+    sweep(path, expect=143)
     assert "study interrupted at algorithm-fedavg_seed-0" in capsys.readouterr().out
     folder = tmp_path / "runs" / "s"
     assert not (folder / "summary.parquet").exists()

@@ -1,0 +1,52 @@
+"""One writer per run directory: runs started together get directories of their own, and a
+run directory in use refuses a second writer with one line naming the holder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import quadratic_config  # noqa: E402
+
+from fedsim.cli import main  # noqa: E402
+from fedsim.config import dump_toml  # noqa: E402
+from fedsim.files import DirectoryLock, claim_directory  # noqa: E402
+
+
+def test_claiming_a_taken_directory_takes_the_next_name(tmp_path):
+    first, second = claim_directory(tmp_path / "runs" / "x"), claim_directory(tmp_path / "runs" / "x")
+    assert (first.name, second.name) == ("x", "x-2") and first.is_dir() and second.is_dir()
+
+
+def test_two_runs_started_together_with_one_name_keep_both_results(tmp_path):
+    config = quadratic_config([[1.0, 0.0], [0.0, 1.0]], rounds=300)
+    config["run"].update(name="same", out=str(tmp_path / "runs"), progress=False, plots=False)
+    (tmp_path / "c.toml").write_text(dump_toml(config))
+    procs = [subprocess.Popen([sys.executable, "-m", "fedsim", "run", str(tmp_path / "c.toml"), "--quiet"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    dirs = sorted(line.split(": ", 1)[1] for out, _ in outs for line in out.splitlines()
+                  if line.startswith("run directory: "))
+    assert [Path(d).name for d in dirs] == ["same", "same-2"]
+    for d in dirs:
+        assert json.loads((Path(d) / "manifest.json").read_text())["status"] == "completed"
+
+
+def test_a_run_directory_in_use_refuses_a_second_writer(cli_run, capsys):
+    config = quadratic_config([[1.0, 0.0], [0.0, 1.0]], rounds=4)
+    run_dir = cli_run(config)
+    lock = DirectoryLock(run_dir)
+    lock.acquire("a test")
+    try:
+        assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: {run_dir}: in use by process {os.getpid()} on {os.uname().nodename} " \
+                      "(a test); wait until it ends (or stop it), then try again\n"
+    finally:
+        lock.release()
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 0

@@ -95,6 +95,20 @@ def manifest_warnings(result) -> list[str]:
             for text in json.loads((r.run_dir / "manifest.json").read_text()).get("warnings", [])]
 
 
+def crash_note(run_dir: Path) -> str:
+    """`: it crashed (last checkpoint at round R)` for a run whose manifest says it is running
+    while nobody holds its directory."""
+    import json
+
+    from fedsim.results.status import run_status
+
+    try:
+        status = run_status(run_dir, json.loads((run_dir / "manifest.json").read_text()))
+    except (OSError, ValueError):
+        return ""
+    return f": it {status}" if status.startswith("crashed") else ""
+
+
 def cmd_run(args) -> int:
     from fedsim.results.plot_worker import shared_worker
 
@@ -110,7 +124,7 @@ def cmd_run(args) -> int:
                 "RUN_DIR, not both (a resumed run uses the config.toml in its directory)"
             )
         check_resume_overrides(args.set)
-        print(f"resuming {args.resume}", flush=True)
+        print(f"resuming {args.resume}{crash_note(Path(args.resume))}", flush=True)
         result = resume(Path(args.resume), args.set, progress=not args.quiet, plotter=plotter)
     else:
         config = load_config(args.config, args.set)

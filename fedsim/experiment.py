@@ -24,14 +24,14 @@ from fedsim.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, Rec
 from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml,
                            read_toml)
 from fedsim.errors import FedsimError
-from fedsim.files import DirectoryLock
+from fedsim.files import DirectoryLock, remove_stale_temporaries
 from fedsim.replay import agrees_with, load_trace, resolve_trace_path
 from fedsim.results.manifest import write_manifest
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import Recorder, save_torch, write_text
 from fedsim.sim.buffered import BufferedServer
-from fedsim.sim.engine import Engine, finish_round_on_stop_signal, new_environment
+from fedsim.sim.engine import Engine, EngineResult, finish_round_on_stop_signal, new_environment
 from fedsim.sim.round_timing import invite_budget
 from fedsim.sim.server import Server
 from fedsim.sim.timing import DeviceTiming
@@ -204,6 +204,7 @@ class Experiment:
             last = self.recorder.rows[-1] if self.recorder.rows else None
             if last is not None and not self.evaluation_due(last["round"]):
                 last.update(test_loss=None, test_acc=None)  # the stop's final evaluation
+        remove_stale_temporaries(self.run_dir)
         write_text(self.run_dir / "config.toml", dump_toml(cfg.to_dict()))
         if cfg.trace.source != "file":  # keep the generated availability with its results
             write_trace(self.trace, self.run_dir / "trace.parquet")
@@ -222,6 +223,8 @@ class Experiment:
         self.engine = Engine(self.server, rounds=cfg.run.rounds, max_time=cfg.run.max_time,
                              start_round=self.start_round, on_round=self._on_round,
                              stop_signal=stop_signal)
+        if resume is None:  # every run directory that exists can be resumed
+            self.checkpoint(0, self.start_time)
         return self.engine
 
     def _on_round(self, outcome) -> bool | str:
@@ -269,6 +272,7 @@ class Experiment:
         return (rnd + 1) % self.config.run.eval_every == 0 or rnd + 1 == self.config.run.rounds
 
     def checkpoint(self, rounds_done: int, sim_time: float) -> None:
+        """Tables, checkpoint.pt, then the manifest saying `running` at this round."""
         self.recorder.device_info["online_fraction"] = device_online_fraction(self.trace, sim_time)
         self.recorder.write_tables()
         save_torch(self.run_dir / "checkpoint.pt", {
@@ -276,6 +280,7 @@ class Experiment:
             "recorder": self.recorder.state_dict(), "host_s": self._host_s(),
             "config": self.config.to_dict(),
         })
+        write_manifest(self, EngineResult("running", "", rounds_done, sim_time), self._host_s())
 
 
 def check_unchanged(started: dict, now: dict, where: Path) -> None:

@@ -87,3 +87,10 @@ class DirectoryLock:
         if self.fd is not None:
             os.close(self.fd)  # closing the file drops the lock
             self.fd = None
+
+
+def remove_stale_temporaries(folder: Path) -> None:
+    """The temporary files of writes that a crash interrupted (atomic_write's `.NAME.*.tmp*`):
+    called by the run that holds the folder's lock, so no write of another is under way."""
+    for tmp in Path(folder).glob(".*.tmp*"):
+        tmp.unlink(missing_ok=True)

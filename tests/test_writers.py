@@ -50,3 +50,39 @@ def test_a_run_directory_in_use_refuses_a_second_writer(cli_run, capsys):
     finally:
         lock.release()
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 0
+
+
+def test_a_run_killed_before_any_periodic_checkpoint_resumes_and_says_it_crashed(cli_run, monkeypatch, capsys):
+    """A hard stop (a second Ctrl-C) in round 3 of a run without periodic checkpoints: the
+    checkpoint written before round 1 makes it resumable; its manifest says `running` while it
+    goes, the report and the resume call it crashed; stale temporaries go at the resume."""
+    import polars as pl
+    import torch
+
+    from fedsim.results.recorder import Recorder
+
+    config = quadratic_config([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]], rounds=8, algorithm="mifa")
+    whole = cli_run(config, name="whole")
+    add_round = Recorder.add_round
+
+    def abort_in_round_3(self, outcome, *args):
+        if outcome.round == 3:
+            raise KeyboardInterrupt
+        return add_round(self, outcome, *args)
+
+    monkeypatch.setattr(Recorder, "add_round", abort_in_round_3)
+    cut = cli_run(config, name="cut", expect=130)
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    manifest = json.loads((cut / "manifest.json").read_text())
+    assert manifest["status"] == "running" and manifest["rounds"] == 0 and manifest["pid"] == os.getpid()
+    (cut / ".rounds.parquet.abc.tmp.parquet").write_bytes(b"half a file")
+    capsys.readouterr()
+    assert main(["report", str(cut), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"][0]["status"] == "crashed (last checkpoint at round 0)"
+    assert main(["run", "--resume", str(cut), "--quiet"]) == 0
+    assert f"resuming {cut}: it crashed (last checkpoint at round 0)" in capsys.readouterr().out
+    assert not list(cut.glob(".*.tmp*"))
+    assert json.loads((cut / "manifest.json").read_text())["status"] == "completed"
+    columns = ["round", "arrived", "train_loss", "test_loss"]
+    assert pl.read_parquet(cut / "rounds.parquet")[columns].equals(pl.read_parquet(whole / "rounds.parquet")[columns])
+    assert torch.equal(torch.load(cut / "model.pt")["x"], torch.load(whole / "model.pt")["x"])

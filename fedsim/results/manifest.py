@@ -1,8 +1,16 @@
-"""manifest.json: what a run was (versions, seed, device, trace) and how it ended."""
+"""manifest.json: what a run was (versions, seed, device, trace) and how it is going or ended.
+
+It is written when the run starts and at every checkpoint with status `running` (and the
+process and host), then with how it ended; a manifest that still says `running` while
+nobody holds the run directory's lock belongs to a run that crashed.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
 import platform
+import socket
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
@@ -13,6 +21,7 @@ import torch
 from fedsim.results.recorder import write_json
 
 
+@functools.cache
 def _git_sha() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
@@ -23,7 +32,7 @@ def _git_sha() -> str | None:
 
 
 def write_manifest(run, result, host_s: float) -> None:
-    """`run`: the Experiment; `result`: its EngineResult."""
+    """`run`: the Experiment; `result`: its EngineResult (status `running` while it goes)."""
     import fedsim
 
     config, trace = run.config, run.trace
@@ -32,6 +41,7 @@ def write_manifest(run, result, host_s: float) -> None:
         "python": platform.python_version(), "seed": config.run.seed,
         "device": str(run.device), "threads": run.threads.summary(), "git_sha": _git_sha(),
         "status": result.status, "reason": result.reason, "rounds": result.rounds,
+        "pid": os.getpid(), "host": socket.gethostname(),
         "sim_time_s": result.sim_time, "host_s": round(host_s, 3),
         "algorithm": config.algorithm.name,
         "server_memory_bytes": run.strategy.memory_bytes(),
@@ -60,3 +70,4 @@ def participation_warnings(recorder) -> list[str]:
         warnings.append(f"degenerate participation: only {ever} of {len(devices)} devices "
                         f"({100 * ever / len(devices):.1f}%) ever arrived")
     return warnings
+

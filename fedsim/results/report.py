@@ -18,6 +18,7 @@ import polars as pl
 
 from fedsim.config import read_toml
 from fedsim.errors import FedsimError
+from fedsim.results.status import run_status
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,7 @@ def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
     hits = [time_to_target(run.rounds, t, run.manifest.get("initial")) for t in targets]
     return {
         "name": name, "algorithm": run.algorithm, "run_dir": str(run.path),
-        "status": run.manifest.get("status", "unfinished"), "reason": run.manifest.get("reason"),
+        "status": run_status(run.path, run.manifest), "reason": run.manifest.get("reason"),
         "rounds": len(run.rounds),
         "sim_time_s": run.manifest.get("sim_time_s", float(t_end[-1]) if len(t_end) else 0.0),
         "final_acc": final_acc, "best_acc": best_acc, "final_loss": final_loss, "best_loss": best_loss,

@@ -125,7 +125,8 @@ def cmd_run(args) -> int:
             )
         check_resume_overrides(args.set)
         print(f"resuming {args.resume}{crash_note(Path(args.resume))}", flush=True)
-        result = resume(Path(args.resume), args.set, progress=not args.quiet, plotter=plotter)
+        result = resume(Path(args.resume), args.set, progress=not args.quiet, plotter=plotter,
+                        force=args.force)
     else:
         config = load_config(args.config, args.set)
         result = run(config, progress=not args.quiet, plotter=plotter,
@@ -279,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a run from its checkpoint (with --set run.rounds=N to extend it; "
                         "only " + ", ".join(RESUME_KEYS) + " can be changed)")
+    p.add_argument("--force", action="store_true", help="with --resume: resume a diverged run too")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
 

@@ -103,6 +103,13 @@ def _folder_name(where: str, value: str) -> str:
     return value
 
 
+def _auto(where: str, value: Any) -> Any:
+    """The one word a number key with `text` takes: "auto"."""
+    if isinstance(value, str) and value != "auto":
+        raise FedsimError(f'{where} = {value!r} must be "auto" or a number >= 0 (0 = off)')
+    return value
+
+
 def _offset(where: str, value: Any) -> Any:
     """A number of seconds, or an ISO 8601 date-time (resolved against the trace's origin)."""
     if isinstance(value, str):
@@ -160,6 +167,9 @@ class RunConfig:
                                 zero="only at the end")
     progress: bool = key(True, "show a progress bar")
     plots: bool = key(True, "draw the plots into plots/ at the end (fedsim plot draws them later)")
+    diverge_loss: float | str = key("auto", "a training loss above which the run counts as diverged",
+                                    non_negative=True, zero="off", check=_auto,
+                                    text='"auto" = 1000 x the initial model\'s loss')
     targets: list = key([], "test accuracies whose time-to-target the report and the end-of-run "
                         "table show (fractions in (0, 1])", check=_accuracies)
 
@@ -438,7 +448,9 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str):
         where = f"{origin}: [{section}] {key}"
         if key in fields:
             ruled = rule(fields[key])
-            if not ((ruled.word and type(value) is int) or (ruled.text and isinstance(value, str))):
+            if ruled.text and isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = float(value)  # a number key that also takes a word
+            elif not ((ruled.word and type(value) is int) or (ruled.text and isinstance(value, str))):
                 value = _check_type(where, value, getattr(defaults, key))
             kwargs[key] = _check_value(where, value, ruled)
         elif extra is not None and key in extra:

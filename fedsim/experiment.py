@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,7 +223,7 @@ class Experiment:
             gathered.update(callback.on_start(self, gathered))
         self.engine = Engine(self.server, rounds=cfg.run.rounds, max_time=cfg.run.max_time,
                              start_round=self.start_round, on_round=self._on_round,
-                             stop_signal=stop_signal)
+                             stop_signal=stop_signal, diverged=self._diverged)
         if resume is None:  # every run directory that exists can be resumed
             self.checkpoint(0, self.start_time)
         return self.engine
@@ -236,6 +237,18 @@ class Experiment:
             if wants and not stop:
                 stop = wants if isinstance(wants, str) else f"stopped by {type(callback).__name__}"
         return stop
+
+    def _diverged(self, outcome) -> str | None:
+        """Why the training loss means divergence: above `[run] diverge_loss` ("auto": 1000 x
+        the initial model's loss, as evaluated before round 1), or None."""
+        limit = self.config.run.diverge_loss
+        if limit == "auto":
+            initial = (self.recorder.initial or {}).get("test_loss")
+            limit = 1000 * initial if initial and math.isfinite(initial) else 0.0
+        loss = outcome.train_loss
+        if limit and loss is not None and loss > limit:
+            return f"training loss {loss:.4g} above [run] diverge_loss {limit:.4g}"
+        return None
 
     def end(self) -> RunResult:
         """Everything after the last round: final evaluation and checkpoint, the outputs."""
@@ -298,9 +311,11 @@ def check_unchanged(started: dict, now: dict, where: Path) -> None:
 
 
 def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,
-           plotter: PlotWorker | None = None, callbacks: Sequence[Callback] = ()) -> RunResult:
-    """Continue an interrupted (or shorter) run from its checkpoint, in the same directory."""
-    experiment, state = prepare_resume(run_dir, overrides, progress, plotter, callbacks)
+           plotter: PlotWorker | None = None, callbacks: Sequence[Callback] = (),
+           force: bool = False) -> RunResult:
+    """Continue an interrupted (or shorter) run from its checkpoint, in the same directory; a
+    diverged one only with `force`."""
+    experiment, state = prepare_resume(run_dir, overrides, progress, plotter, callbacks, force)
     try:
         return experiment.run(resume=state)
     finally:
@@ -309,10 +324,16 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,
 
 
 def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,
-                   plotter: PlotWorker | None = None,
-                   callbacks: Sequence[Callback] = ()) -> tuple[Experiment, dict]:
+                   plotter: PlotWorker | None = None, callbacks: Sequence[Callback] = (),
+                   force: bool = False) -> tuple[Experiment, dict]:
     """The Experiment of a run to resume, and its checkpoint state (checked against its config)."""
     run_dir = Path(run_dir)
+    manifest = run_dir / "manifest.json"
+    ended = json.loads(manifest.read_text()) if manifest.exists() else {}
+    if ended.get("status") == "diverged" and not force:
+        raise FedsimError(f"{run_dir}: the run diverged ({ended.get('reason')}); resuming would go on "
+                          "from a broken model: start it again with other settings, or pass --force "
+                          "to resume anyway")
     checkpoint = run_dir / "checkpoint.pt"
     if not checkpoint.exists():
         raise FedsimError(f"{run_dir}: no checkpoint.pt; resume needs the directory of a single-algorithm run")

@@ -86,3 +86,21 @@ def test_a_run_killed_before_any_periodic_checkpoint_resumes_and_says_it_crashed
     columns = ["round", "arrived", "train_loss", "test_loss"]
     assert pl.read_parquet(cut / "rounds.parquet")[columns].equals(pl.read_parquet(whole / "rounds.parquet")[columns])
     assert torch.equal(torch.load(cut / "model.pt")["x"], torch.load(whole / "model.pt")["x"])
+
+
+def test_a_loss_far_above_the_start_is_divergence_and_a_diverged_run_resumes_only_by_force(cli_run, capsys):
+    config = {"run": {"rounds": 6, "eval_every": 3}, "data": {"dataset": "digits", "clients": 10},
+              "client": {"local_steps": 2, "batch_size": 8, "lr": 1e6}}
+    run_dir = cli_run(config, expect=3)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    limit = 1000 * manifest["initial"]["test_loss"]
+    assert manifest["status"] == "diverged" and manifest["rounds"] == 1
+    assert manifest["reason"].startswith("training loss ") and f"above [run] diverge_loss {limit:.4g} after round 0" \
+        in manifest["reason"]
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 2
+    assert "the run diverged (training loss" in capsys.readouterr().err
+    assert main(["run", "--resume", str(run_dir), "--set", "run.diverge_loss=0", "--force", "--quiet"]) == 2
+    assert "run.diverge_loss cannot be changed when resuming" in capsys.readouterr().err
+    assert main(["run", "--resume", str(run_dir), "--force", "--quiet"]) == 3  # and diverges again
+    off = cli_run({**config, "run": {**config["run"], "diverge_loss": 0}}, name="off")
+    assert json.loads((off / "manifest.json").read_text())["status"] == "completed"

@@ -29,15 +29,17 @@ class Engine:
     end (rounds, time, trace, divergence, a stop signal or `on_round`'s word).
 
     `on_round` evaluates/records/checkpoints each round and returns why the run should stop
-    now (a string), or False. `stop_signal` is the dict that `finish_round_on_stop_signal`
+    now (a string), or False; `diverged` says why a round's outcome means divergence (beyond
+    a non-finite model), or None. `stop_signal` is the dict that `finish_round_on_stop_signal`
     fills; several engines driven together (fedsim/lockstep.py) share one.
     """
 
     def __init__(self, server: Server, *, rounds: int, max_time: float, start_round: int = 0,
-                 on_round: Callable[[RoundOutcome], bool | str], stop_signal: dict):
+                 on_round: Callable[[RoundOutcome], bool | str], stop_signal: dict,
+                 diverged: Callable[[RoundOutcome], str | None] = lambda outcome: None):
         self.server, self.env = server, server.env
         self.rounds, self.max_time = rounds, max_time
-        self.on_round, self.stop_signal = on_round, stop_signal
+        self.on_round, self.stop_signal, self.diverged = on_round, stop_signal, diverged
         self.status, self.reason = "completed", f"{rounds} rounds"
         self.done = start_round
         self.process = self.env.process(self._main(start_round))
@@ -56,6 +58,10 @@ class Engine:
             self.done = rnd = rnd + 1
             if not bool(torch.isfinite(server.strategy.params).all()):
                 self.status, self.reason = "diverged", f"non-finite model after round {rnd - 1}"
+                return
+            why = self.diverged(outcome)
+            if why:
+                self.status, self.reason = "diverged", f"{why} after round {rnd - 1}"
                 return
             if self.stop_signal["name"]:
                 self.status = "interrupted"

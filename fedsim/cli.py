@@ -114,7 +114,7 @@ def cmd_run(args) -> int:
 
     plotter = shared_worker()  # before torch's import, so that matplotlib's overlaps it
     from fedsim.config import load_config
-    from fedsim.comparison import run
+    from fedsim.comparison import is_comparison, resume_comparison, run
     from fedsim.experiment import resume
 
     if args.resume:
@@ -125,8 +125,12 @@ def cmd_run(args) -> int:
             )
         check_resume_overrides(args.set)
         print(f"resuming {args.resume}{crash_note(Path(args.resume))}", flush=True)
-        result = resume(Path(args.resume), args.set, progress=not args.quiet, plotter=plotter,
-                        force=args.force)
+        run_dir = Path(args.resume)
+        if not (run_dir / "checkpoint.pt").exists() and is_comparison(run_dir):
+            result = resume_comparison(run_dir, args.set, progress=not args.quiet, plotter=plotter,
+                                       force=args.force)
+        else:
+            result = resume(run_dir, args.set, progress=not args.quiet, plotter=plotter, force=args.force)
     else:
         config = load_config(args.config, args.set)
         result = run(config, progress=not args.quiet, plotter=plotter,
@@ -140,7 +144,7 @@ def cmd_run(args) -> int:
     for line in manifest_warnings(result):
         print(line)
     print(f"results: {result.run_dir}")
-    return exit_code(result.runs or [result])
+    return exit_code([*result.runs, result])  # a member says which signal; the whole, between members
 
 
 def cmd_plot(args) -> int:

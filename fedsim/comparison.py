@@ -12,13 +12,14 @@ from typing import Callable, Sequence
 import polars as pl
 
 from fedsim.callbacks import Callback
-from fedsim.config import Config, dump_toml
+from fedsim.config import Config, config_from_dict, dump_toml
 from fedsim.errors import FedsimError
 from fedsim.experiment import Experiment, RunResult, fresh_run_dir
 from fedsim.files import atomic_write, claim_directory
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import write_text
+from fedsim.sim.engine import finish_round_on_stop_signal
 
 
 def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
@@ -50,27 +51,87 @@ def _run(config, run_dir, claim, progress, on_ready, plotter, callbacks) -> RunR
             experiment.run_dir = run_dir = claim_directory(run_dir)
         on_ready(run_dir)
         return experiment.run()
+    first = Experiment(config.with_algorithm(config.run.algorithms[0]), run_dir / config.run.algorithms[0],
+                       progress, plotter=plotter, callbacks=callbacks)
+    for other in config.run.algorithms[1:]:  # every algorithm fits before any runs
+        first.set_up_strategy(config.with_algorithm(other))
+    if claim:
+        run_dir = claim_directory(run_dir)
+        first.run_dir = run_dir / config.run.algorithms[0]
+    on_ready(run_dir)
+    write_text(run_dir / "config.toml", dump_toml(config.to_dict()))  # what --resume goes on with
+    return _members(config, run_dir, progress, plotter, callbacks, first=first)
+
+
+def _members(config, run_dir, progress, plotter, callbacks, first=None, force=False) -> RunResult:
+    """Each algorithm of a comparison in turn: run it, resume it from its checkpoint, or (done)
+    read its result; then the summary and the comparison plots. A stop signal, also between
+    two algorithms, stops the comparison (status interrupted; `--resume` finishes it)."""
+    from fedsim.experiment import resume, run_state
+
     results = []
-    for name in config.run.algorithms:
-        experiment = Experiment(config.with_algorithm(name), run_dir / name, progress, plotter=plotter,
-                                callbacks=callbacks)
-        if not results:
-            for other in config.run.algorithms[1:]:
-                experiment.set_up_strategy(config.with_algorithm(other))
-            if claim:
-                run_dir = claim_directory(run_dir)
-                experiment.run_dir = run_dir / name
-            on_ready(run_dir)
-        results.append(experiment.run())
-        if results[-1].status == "interrupted":  # Ctrl-C stops the comparison, not one member
-            break
-    write_text(run_dir / "config.toml", dump_toml(config.to_dict()))
+    stop_signal = {"name": None}
+    with finish_round_on_stop_signal(stop_signal):
+        for name in config.run.algorithms:
+            sub = run_dir / name
+            state = run_state(sub, config.with_algorithm(name))
+            if stop_signal["name"]:
+                break
+            if state == "done":
+                results.append(finished_result(sub, name))
+            elif state == "resume":
+                results.append(resume(sub, [f"run.rounds={config.run.rounds}"], progress, plotter,
+                                      callbacks, force))
+            else:
+                experiment = first or Experiment(config.with_algorithm(name), sub, progress,
+                                                 plotter=plotter, callbacks=callbacks)
+                results.append(experiment.run())
+            first = None
+            if results[-1].status == "interrupted":  # Ctrl-C stops the comparison, not one member
+                break
     summary = summarize(results)
     atomic_write(run_dir / "summary.parquet", summary.write_parquet)
-    if config.run.plots:
+    if config.run.plots and results:
         draw_plots(plotter, {r.algorithm: r.run_dir for r in results}, run_dir / "plots", config.run.name)
-    worst = max((r.status for r in results), key=STATUS_SEVERITY.index)
-    return RunResult(run_dir, ",".join(config.run.algorithms), worst, "", summary, runs=results)
+    statuses = [r.status for r in results]
+    if stop_signal["name"] or len(results) < len(config.run.algorithms) and "interrupted" not in statuses:
+        statuses.append("interrupted")
+    worst = max(statuses, key=STATUS_SEVERITY.index)
+    reason = f"interrupted by {stop_signal['name']} between algorithms" if stop_signal["name"] else ""
+    return RunResult(run_dir, ",".join(config.run.algorithms), worst, reason, summary, runs=results)
+
+
+def finished_result(run_dir: Path, algorithm: str) -> RunResult:
+    """The RunResult of a member that already ended, read from its directory."""
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return RunResult(run_dir, algorithm, manifest["status"], manifest["reason"],
+                     pl.read_parquet(run_dir / "rounds.parquet"))
+
+
+def is_comparison(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a comparison (its config.toml names several algorithms)."""
+    from fedsim.config import read_toml
+
+    config = run_dir / "config.toml"
+    return config.exists() and bool(read_toml(config).get("run", {}).get("algorithms"))
+
+
+def resume_comparison(run_dir: Path, overrides: list[str] = (), progress: bool = True, plotter=None,
+                      force: bool = False) -> RunResult:
+    """Finish a comparison: its interrupted algorithm resumed, the ones not started run, the
+    summary and plots written as an uninterrupted comparison writes them."""
+    from fedsim.config import parse_override, read_toml
+
+    raw = read_toml(run_dir / "config.toml")
+    for text in overrides:
+        section, key, value = parse_override(text)
+        raw.setdefault(section, {})[key] = value
+    config = config_from_dict(raw, origin=str(run_dir / "config.toml"))
+    try:
+        return _members(config, run_dir, progress, plotter, (), force=force)
+    finally:
+        if plotter is not None:
+            plotter.finish()
 
 
 STATUS_SEVERITY = ["completed", "interrupted", "diverged"]

@@ -328,6 +328,9 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
                    force: bool = False) -> tuple[Experiment, dict]:
     """The Experiment of a run to resume, and its checkpoint state (checked against its config)."""
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FedsimError(f"{run_dir}: no such run directory; give the folder that `fedsim run` "
+                          "printed after 'run directory:'")
     manifest = run_dir / "manifest.json"
     ended = json.loads(manifest.read_text()) if manifest.exists() else {}
     if ended.get("status") == "diverged" and not force:
@@ -336,7 +339,8 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
                           "to resume anyway")
     checkpoint = run_dir / "checkpoint.pt"
     if not checkpoint.exists():
-        raise FedsimError(f"{run_dir}: no checkpoint.pt; resume needs the directory of a single-algorithm run")
+        raise FedsimError(f"{run_dir}: no checkpoint.pt (nor a comparison's config.toml); give a run "
+                          "directory that `fedsim run` made")
     from fedsim.config import parse_override
     from fedsim.sim.buffered import refuse_resume
 
@@ -360,3 +364,16 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
                           f"{state['round']} rounds; resume can only add rounds")
     return Experiment(config, run_dir, progress, saved_trace, plotter, callbacks, resuming=True), state
 
+
+
+def run_state(run_dir: Path, config: Config) -> str:
+    """done (it ran its rounds, or stopped for good: diverged, trace over, max_time), resume
+    (interrupted, or the study now asks for more rounds), or new."""
+    manifest = run_dir / "manifest.json"
+    if manifest.exists():
+        m = json.loads(manifest.read_text())
+        more = m["status"] == "completed" and m["reason"] == f"{m['rounds']} rounds" \
+            and config.run.rounds > m["rounds"]
+        if m["status"] in ("completed", "diverged") and not more:
+            return "done"
+    return "resume" if (run_dir / "checkpoint.pt").exists() else "new"

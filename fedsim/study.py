@@ -26,6 +26,7 @@ import polars as pl
 from fedsim.config import (Config, config_from_dict, dump_toml, parse_override, read_toml, scenario_names,
                            scenario_path)
 from fedsim.errors import FedsimError
+from fedsim.experiment import run_state
 
 MAX_POINTS = 10_000  # more need --yes
 TOGETHER = 64  # points stepped in lockstep at once by the in-process backend
@@ -188,19 +189,6 @@ def _unique_names(points: list[Point], path: Path) -> None:
 
 # -- running ----------------------------------------------------------------------------------
 
-def point_state(run_dir: Path, config: Config) -> str:
-    """done (it ran its rounds, or stopped for good: diverged, trace over, max_time), resume
-    (interrupted, or the study now asks for more rounds), or new."""
-    manifest = run_dir / "manifest.json"
-    if manifest.exists():
-        m = json.loads(manifest.read_text())
-        more = m["status"] == "completed" and m["reason"] == f"{m['rounds']} rounds" \
-            and config.run.rounds > m["rounds"]
-        if m["status"] in ("completed", "diverged") and not more:
-            return "done"
-    return "resume" if (run_dir / "checkpoint.pt").exists() else "new"
-
-
 def check_same_study(study: Study) -> None:
     """A study folder holds one study: running another into it is refused."""
     recorded = study.folder / "study.toml"
@@ -270,7 +258,7 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
     check_same_study(study)
     study.folder.mkdir(parents=True, exist_ok=True)
     (study.folder / "study.toml").write_text(dump_toml(study.resolved))
-    todo = [(point, point_state(study.folder / point.name, point.config)) for point in study.points]
+    todo = [(point, run_state(study.folder / point.name, point.config)) for point in study.points]
     if on_point:
         for point, state in todo:
             on_point(point, state)

@@ -104,3 +104,70 @@ def test_a_loss_far_above_the_start_is_divergence_and_a_diverged_run_resumes_onl
     assert main(["run", "--resume", str(run_dir), "--force", "--quiet"]) == 3  # and diverges again
     off = cli_run({**config, "run": {**config["run"], "diverge_loss": 0}}, name="off")
     assert json.loads((off / "manifest.json").read_text())["status"] == "completed"
+
+
+def comparison_config():
+    config = quadratic_config([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]], rounds=10)
+    config["run"]["algorithms"] = ["fedavg", "mifa", "fedau"]
+    config["trace"] = {"source": "bernoulli", "p": [0.9, 0.6, 0.4]}
+    return config
+
+
+def same_summary(a, b) -> bool:
+    import polars as pl
+
+    columns = ["algorithm", "status", "rounds", "final_test_loss"]
+    return pl.read_parquet(a / "summary.parquet")[columns].equals(pl.read_parquet(b / "summary.parquet")[columns])
+
+
+def test_a_comparison_stopped_between_algorithms_resumes_as_a_whole(cli_run, monkeypatch, capsys):
+    import signal
+
+    from fedsim.experiment import Experiment
+
+    whole = cli_run(comparison_config(), name="whole")
+    end = Experiment.end
+
+    def end_then_sigterm(self):
+        result = end(self)
+        if self.config.algorithm.name == "fedavg":
+            signal.raise_signal(signal.SIGTERM)  # after the first algorithm, before the second
+        return result
+
+    monkeypatch.setattr(Experiment, "end", end_then_sigterm)
+    cut = cli_run(comparison_config(), name="cut", expect=143)
+    monkeypatch.setattr(Experiment, "end", end)
+    assert (cut / "fedavg" / "manifest.json").exists() and not (cut / "mifa").exists()
+    assert (cut / "summary.parquet").exists() and (cut / "config.toml").exists()
+    assert main(["run", "--resume", str(cut), "--quiet"]) == 0
+    assert same_summary(cut, whole)
+    assert main(["run", "--resume", str(cut), "--quiet"]) == 0  # nothing left: the same again
+    assert same_summary(cut, whole)
+
+
+def test_a_comparison_stopped_inside_an_algorithm_resumes_as_a_whole(cli_run, monkeypatch):
+    import signal
+
+    from fedsim.results.recorder import Recorder
+
+    whole = cli_run(comparison_config(), name="whole")
+    add_round, seen = Recorder.add_round, {"n": 0}
+
+    def sigint_in_mifa(self, outcome, *args):
+        row = add_round(self, outcome, *args)
+        seen["n"] += 1
+        if seen["n"] == 10 + 4:  # round 4 of the second algorithm
+            signal.raise_signal(signal.SIGINT)
+        return row
+
+    monkeypatch.setattr(Recorder, "add_round", sigint_in_mifa)
+    cut = cli_run(comparison_config(), name="cut", expect=130)
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    assert main(["run", "--resume", str(cut), "--quiet"]) == 0
+    assert same_summary(cut, whole)
+
+
+def test_resume_of_a_missing_directory_says_so(capsys, tmp_path):
+    assert main(["run", "--resume", str(tmp_path / "nope"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'nope'}: no such run directory; give the "
+                                       "folder that `fedsim run` printed after 'run directory:'\n")

@@ -103,6 +103,20 @@ def _folder_name(where: str, value: str) -> str:
     return value
 
 
+def _target_vectors(where: str, value: Any) -> Any:
+    """Lists of finite numbers, all of one length."""
+    for k, vector in enumerate(value):
+        numbers = isinstance(vector, list) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vector)
+        if not numbers or not vector:
+            raise FedsimError(f"{where}: entry {k + 1} = {vector!r} is not a list of finite numbers; give "
+                              "one vector per client, e.g. targets = [[1.0, 0.0], [0.0, 2.0]]")
+        if len(vector) != len(value[0]):
+            raise FedsimError(f"{where}: entry {k + 1} has {len(vector)} numbers but entry 1 has "
+                              f"{len(value[0])}; give vectors of one dimension")
+    return value
+
+
 def _auto(where: str, value: Any) -> Any:
     """The one word a number key with `text` takes: "auto"."""
     if isinstance(value, str) and value != "auto":
@@ -195,7 +209,7 @@ class DataConfig:
     test_fraction: float = key(0.25, "fraction held out for testing by datasets without a test "
                                "split (digits, logistic)", within=(0.0, 1.0, False, False))
     targets: list = key([], "quadratic: one target vector per client",
-                        zero="drawn at random, of dimension dim")
+                        zero="drawn at random, of dimension dim", check=_target_vectors)
     dim: int = key(2, "quadratic / logistic: dimension when no targets are given", positive=True)
     noise: float = key(0.0, "quadratic: std of the gradient noise", non_negative=True)
     samples: int = key(5000, "logistic: number of synthetic samples (train + test)", positive=True)
@@ -267,7 +281,8 @@ class ClientConfig:
     lr_schedule: str = key("constant", "how the client learning rate changes over rounds",
                            choices=SCHEDULES)
     lr_step_every: int = key(100, "step schedule: rounds between decays", positive=True)
-    lr_step_gamma: float = key(0.5, "step schedule: decay factor", positive=True)
+    lr_step_gamma: float = key(0.5, "step schedule: decay factor (a decay: at most 1)",
+                               within=(0.0, 1.0, False, True))
     weight_decay: float = key(0.0, "L2 penalty added to each step's gradient, like torch's SGD",
                               non_negative=True)
     clip: float = key(0.0, "max gradient L2 norm per step", non_negative=True, zero="off")
@@ -507,6 +522,9 @@ def _check_consistency(config: Config) -> None:
     origin = config.source
     if config.trace.source == "file" and not config.trace.path:
         raise FedsimError(f"{origin}: [trace] source = 'file' needs [trace] path = 'trace.parquet'")
+    if config.data.dataset == "quadratic" and config.data.partition != DataConfig.partition:
+        raise FedsimError(f"{origin}: [data] partition = {config.data.partition!r} does not apply to the "
+                          "quadratic task (its clients are their targets); remove it")
     if config.server.mode == "async" and config.server.timing == "ideal":
         raise FedsimError(f"{origin}: [server] mode = 'async' needs timing = 'model' (ideal timing "
                           "is the papers' synchronous round model)")

@@ -38,7 +38,10 @@ def tiny(tmp_path) -> str:
 BAD = [
     # (--set override, the key as the message names it, what the message says)
     ("client.lr_step_every=0", "[client] lr_step_every", ">= 1"),
-    ("client.lr_step_gamma=0", "[client] lr_step_gamma", "> 0"),
+    ("client.lr_step_gamma=0", "[client] lr_step_gamma", "in (0, 1]"),
+    ("client.lr_step_gamma=5", "[client] lr_step_gamma", "in (0, 1]"),
+    ("data.targets=[[1.0, 0.0], [\"a\", 2.0]]", "[data] targets", "entry 2 = ['a', 2.0] is not a list of finite numbers"),
+    ("data.targets=[[1.0, 0.0], [2.0]]", "[data] targets", "entry 2 has 1 numbers but entry 1 has 2"),
     ("devices.compute_sigma=-0.1", "[devices] compute_sigma", ">= 0"),
     ("devices.bandwidth_sigma=-1", "[devices] bandwidth_sigma", ">= 0"),
     ("data.size_sigma=-0.5", "[data] size_sigma", ">= 0"),

@@ -171,3 +171,21 @@ def test_resume_of_a_missing_directory_says_so(capsys, tmp_path):
     assert main(["run", "--resume", str(tmp_path / "nope"), "--quiet"]) == 2
     assert capsys.readouterr().err == (f"error: {tmp_path / 'nope'}: no such run directory; give the "
                                        "folder that `fedsim run` printed after 'run directory:'\n")
+
+
+def test_trace_generate_keeps_an_existing_file_unless_forced(tmp_path, capsys):
+    out = tmp_path / "t.parquet"
+    out.write_bytes(b"precious")
+    args = ["trace", "generate", "always", "--devices", "3", "--days", "1", "--out", str(out)]
+    assert main(args) == 2
+    assert capsys.readouterr().err == (f"error: --out {out}: the file exists; give another path, or "
+                                       "--force to overwrite it\n")
+    assert out.read_bytes() == b"precious"
+    assert main([*args, "--force"]) == 0 and out.read_bytes() != b"precious"
+
+
+def test_a_partition_on_the_quadratic_task_is_refused(cli_run):
+    config = quadratic_config([[1.0, 0.0], [0.0, 1.0]], rounds=2)
+    config["data"]["partition"] = "dirichlet"
+    cli_run(config, expect=2)
+    assert "[data] partition = 'dirichlet' does not apply to the quadratic task" in cli_run.last_output.err

@@ -85,6 +85,7 @@ def _add_generate(sub) -> None:
     gen.add_argument("--round-duration", type=float, default=1.0, help="seconds per round (1)")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     gen.add_argument("--out", required=True, help="trace .parquet to write")
+    gen.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     gen.add_argument("--devices-out", help="also write a device table (tz offsets) here")
     gen.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                      help="a generator option")
@@ -112,6 +113,7 @@ def generate_command(args) -> int:
             options[name.removeprefix("option:")] = parse_value(value)
     if args.days is not None and not args.days > 0:
         raise FedsimError(f"--days {args.days}: give a number of days > 0")
+    refuse_overwrite(args.out, args.force)
     began = time.perf_counter()
     trace = generate(args.kind, args.devices, seed=args.seed, rounds=args.rounds,
                      round_duration=args.round_duration, days=args.days, **options)
@@ -163,6 +165,14 @@ def convert_command(args) -> int:
 
 
 # -- helpers --------------------------------------------------------------------------------
+
+def refuse_overwrite(path: str, force: bool) -> None:
+    """An existing output is kept unless the user says --force."""
+    from pathlib import Path
+
+    if Path(path).is_file() and not force:
+        raise FedsimError(f"--out {path}: the file exists; give another path, or --force to overwrite it")
+
 
 def parse_value(text: str):
     """A TOML literal (0.3, 20, [1, 0.5], "sine", true), else the text as a string."""

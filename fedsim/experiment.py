@@ -25,7 +25,7 @@ from fedsim.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, Rec
 from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml,
                            read_toml)
 from fedsim.errors import FedsimError
-from fedsim.files import DirectoryLock, remove_stale_temporaries
+from fedsim.files import DirectoryLock, file_fingerprint, remove_stale_temporaries
 from fedsim.replay import agrees_with, load_trace, resolve_trace_path
 from fedsim.results.manifest import write_manifest
 from fedsim.results.plot_worker import PlotWorker
@@ -130,6 +130,8 @@ class Experiment:
         if saved_trace is not None and not agrees_with(self.trace, saved_trace):
             self.trace = saved_trace
         self.index = AvailabilityIndex(self.trace)
+        # the trace file as it was read: a resume checks that it is still that file
+        self.trace_file = file_fingerprint(Path(cfg.trace.path)) if cfg.trace.source == "file" else None
         self.threads = ThreadPolicy(cfg.run.threads, self.device)
         self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads)
         table = read_device_table(cfg.trace.devices_table) if cfg.trace.devices_table else None
@@ -357,8 +359,18 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
     except Exception as err:  # torch raises many kinds for a damaged file
         raise FedsimError(f"{checkpoint}: not a readable checkpoint ({type(err).__name__}); "
                           "the run cannot be resumed from it, start it again") from None
+    keys = ("round", "sim_time", "strategy", "recorder", "host_s")
+    missing = [k for k in keys if k not in state] if isinstance(state, dict) else list(keys)
+    if missing:
+        raise FedsimError(f"{checkpoint}: not a fedsim checkpoint (no {', '.join(missing) or 'table'}); "
+                          "the run cannot be resumed from it, start it again")
     if "config" in state:  # (checkpoints of fedsim before 0.1 kept no config)
         check_unchanged(state["config"], config.to_dict(), run_dir / "config.toml")
+    recorded = (ended.get("trace") or {}).get("file")
+    if recorded and config.trace.source == "file" and recorded != file_fingerprint(Path(config.trace.path)):
+        raise FedsimError(f"{config.trace.path}: the trace file changed since the run started (it had "
+                          f"{recorded['bytes']} bytes, sha256 {recorded['sha256'][:12]}...); put the "
+                          "original back, or start a new run with this trace")
     if config.run.rounds < state["round"]:
         raise FedsimError(f"--set run.rounds={config.run.rounds}: the run already has "
                           f"{state['round']} rounds; resume can only add rounds")

@@ -94,3 +94,14 @@ def remove_stale_temporaries(folder: Path) -> None:
     called by the run that holds the folder's lock, so no write of another is under way."""
     for tmp in Path(folder).glob(".*.tmp*"):
         tmp.unlink(missing_ok=True)
+
+
+def file_fingerprint(path: Path) -> dict:
+    """Size and SHA-256 of a file (read in blocks), to tell later whether it is the same file."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": Path(path).stat().st_size, "sha256": digest.hexdigest()}

@@ -189,3 +189,27 @@ def test_a_partition_on_the_quadratic_task_is_refused(cli_run):
     config["data"]["partition"] = "dirichlet"
     cli_run(config, expect=2)
     assert "[data] partition = 'dirichlet' does not apply to the quadratic task" in cli_run.last_output.err
+
+
+def test_damaged_files_and_a_replaced_trace_are_one_line(cli_run, capsys, tmp_path):
+    import torch
+
+    from fedsim.traces import Trace, write_trace
+
+    config = quadratic_config([[1.0, 0.0], [0.0, 1.0]], rounds=4)
+    trace = Trace.from_intervals([0, 1], [0.0, 0.0], [100.0, 100.0], n_devices=2, horizon=100.0)
+    run_dir = cli_run(config, trace, name="t")
+    write_trace(Trace.from_intervals([0, 1], [0.0, 0.0], [50.0, 100.0], n_devices=2, horizon=100.0),
+                cli_run.tmp / "t.parquet")  # the file the run replays, replaced
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "the trace file changed since the run started" in err and err.count("\n") == 1
+    torch.save({"round": 4}, run_dir / "checkpoint.pt")
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 2
+    assert "not a fedsim checkpoint (no sim_time, strategy, recorder, host_s)" in capsys.readouterr().err
+    rounds_file = run_dir / "rounds.parquet"
+    rounds_file.write_bytes(rounds_file.read_bytes()[: len(rounds_file.read_bytes()) // 2])
+    assert main(["plot", str(run_dir)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {rounds_file}: not a readable Parquet file")
+    assert main(["trace", "convert", "--from", "csv", str(tmp_path), "--out", str(tmp_path / "o.parquet")]) == 2
+    assert "is a folder; give the file to convert" in capsys.readouterr().err

@@ -50,7 +50,7 @@ def write_manifest(run, result, host_s: float) -> None:
         "initial": run.recorder.initial,
         "warnings": participation_warnings(run.recorder),
         "trace": {"n_devices": trace.n_devices, "horizon": trace.horizon, "wrap": trace.wrap,
-                  "generator": trace.generator, "origin": trace.origin},
+                  "generator": trace.generator, "origin": trace.origin, "file": run.trace_file},
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })
 

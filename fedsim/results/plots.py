@@ -47,16 +47,27 @@ class RunData:
     start: float  # simulated seconds at the run's start
 
 
+def _table(path: Path) -> pl.DataFrame:
+    """A run's Parquet table; a damaged one (cut by a crash of an older fedsim, say) is one line."""
+    try:
+        return pl.read_parquet(path)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # polars raises several kinds for a damaged file
+        raise FedsimError(f"{path}: not a readable Parquet file ({type(err).__name__}); the run "
+                          "directory is damaged: resume the run or run it again") from None
+
+
 def load_run(run_dir: Path) -> RunData:
     """The tables and manifest entries of `run_dir`, with the defaults of columns added later."""
     run_dir = Path(run_dir)
-    rounds = pl.read_parquet(run_dir / "rounds.parquet")
+    rounds = _table(run_dir / "rounds.parquet")
     if "surplus" not in rounds.columns:
         rounds = rounds.with_columns(surplus=pl.lit(0, pl.Int64))
     if "duration" not in rounds.columns and {"t_start", "t_end"} <= set(rounds.columns):
         rounds = rounds.with_columns(duration=pl.col("t_end") - pl.col("t_start"))
     devices_path = run_dir / "devices.parquet"
-    devices = pl.read_parquet(devices_path) if devices_path.exists() else None
+    devices = _table(devices_path) if devices_path.exists() else None
     manifest_path = run_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     initial = manifest.get("initial")

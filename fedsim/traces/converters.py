@@ -70,6 +70,8 @@ def convert(fmt: str, in_path, *, horizon: float | None = None, **options) -> Tr
     where = f"{fmt} trace {path}"
     given = {key: value for key, value in options.items() if value is not None}
     _check_options(converter, fmt, given, where)
+    if path.is_dir():
+        raise FedsimError(f"{where}: is a folder; give the file to convert")
     if not path.is_file():
         raise FedsimError(f"{where}: file not found; check the path")
     if horizon is not None:

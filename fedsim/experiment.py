@@ -346,6 +346,9 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
     from fedsim.config import parse_override
     from fedsim.sim.buffered import refuse_resume
 
+    if not (run_dir / "config.toml").exists():
+        raise FedsimError(f"{run_dir / 'config.toml'}: missing, so the run's settings are unknown; "
+                          "restore it (a copy is in checkpoint.pt's 'config') or start the run again")
     raw = read_toml(run_dir / "config.toml")
     for text in overrides:
         section, key, value = parse_override(text)

@@ -20,15 +20,19 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     except OSError as err:
         raise FedsimError(f"cannot create the folder {path.parent} for {path.name}: "
                           f"{err.strerror}; choose another output path") from None
-    # the suffix keeps the file's extension, which writers such as matplotlib go by
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{path.suffix}")
-    os.close(fd)
+    tmp = None
     try:
+        # the suffix keeps the file's extension, which writers such as matplotlib go by
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{path.suffix}")
+        os.close(fd)
         write(Path(tmp))
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; outputs are ordinary files
         os.replace(tmp, path)
+    except OSError as err:  # named by the user's path, never the temporary file; the old file stays
+        raise FedsimError(f"{path}: cannot write it ({err.strerror or err}); check the folder's "
+                          "permissions and free space (the earlier file, if any, is intact)") from None
     finally:
-        if os.path.exists(tmp):
+        if tmp and os.path.exists(tmp):
             os.unlink(tmp)
 
 

@@ -213,3 +213,32 @@ def test_damaged_files_and_a_replaced_trace_are_one_line(cli_run, capsys, tmp_pa
     assert capsys.readouterr().err.startswith(f"error: {rounds_file}: not a readable Parquet file")
     assert main(["trace", "convert", "--from", "csv", str(tmp_path), "--out", str(tmp_path / "o.parquet")]) == 2
     assert "is a folder; give the file to convert" in capsys.readouterr().err
+
+
+def test_a_write_that_fails_names_the_users_path_and_keeps_the_old_file(tmp_path, monkeypatch):
+    import errno
+
+    import pytest
+
+    from fedsim.errors import FedsimError
+    from fedsim.files import atomic_write
+
+    target = tmp_path / "rounds.parquet"
+    target.write_bytes(b"earlier")
+
+    def disk_full(tmp):
+        tmp.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(FedsimError) as err:
+        atomic_write(target, disk_full)
+    assert str(err.value) == (f"{target}: cannot write it (No space left on device); check the "
+                              "folder's permissions and free space (the earlier file, if any, is intact)")
+    assert target.read_bytes() == b"earlier" and sorted(p.name for p in tmp_path.iterdir()) == ["rounds.parquet"]
+
+
+def test_resume_without_config_toml_says_what_is_missing(cli_run, capsys):
+    run_dir = cli_run(quadratic_config([[1.0, 0.0], [0.0, 1.0]], rounds=2))
+    (run_dir / "config.toml").unlink()
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {run_dir / 'config.toml'}: missing, so the run's settings")

@@ -148,9 +148,17 @@ def cmd_run(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from fedsim.results.plots import plot_run_dir
+    from fedsim.results.plots import plot_run_dir, plot_study
 
-    for path in plot_run_dir(Path(args.run_dir)):
+    folder = Path(args.run_dir)
+    if (folder / "study.toml").exists():
+        from fedsim.study import open_study
+
+        study = open_study(folder)
+        paths = plot_study(study.folder, study.name, study.group_axes)
+    else:
+        paths = plot_run_dir(folder)
+    for path in paths:
         print(path)
     return 0
 

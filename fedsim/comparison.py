@@ -14,7 +14,7 @@ import polars as pl
 from fedsim.callbacks import Callback
 from fedsim.config import Config, config_from_dict, dump_toml
 from fedsim.errors import FedsimError
-from fedsim.experiment import Experiment, RunResult, fresh_run_dir
+from fedsim.experiment import Experiment, RunResult
 from fedsim.files import atomic_write, claim_directory
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
@@ -36,7 +36,7 @@ def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
     if not isinstance(config, Config):
         raise FedsimError(f"fedsim.run: expected a Config (from fedsim.load_config), got {config!r}")
     claim = run_dir is None  # a directory of its own, taken once the config proved valid
-    run_dir = Path(run_dir) if run_dir else fresh_run_dir(config.run.out, config.run.name)
+    run_dir = Path(run_dir) if run_dir else Path(config.run.out) / config.run.name
     try:
         return _run(config, run_dir, claim, progress, on_ready, plotter, callbacks)
     finally:

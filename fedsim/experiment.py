@@ -76,17 +76,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def fresh_run_dir(out: str, name: str) -> Path:
-    """runs/NAME, or runs/NAME-2, -3, ... as it stands now (`files.claim_directory` takes it
-    for a run): an earlier run is never overwritten."""
-    base = Path(out) / name
-    candidate, k = base, 1
-    while candidate.exists():
-        k += 1
-        candidate = base.with_name(f"{name}-{k}")
-    return candidate
-
-
 def server_optimizer_config(algorithm: AlgorithmConfig) -> ServerOptimizerConfig:
     a = algorithm
     return ServerOptimizerConfig(a.server_optimizer, a.server_lr, a.server_momentum, a.server_beta1,

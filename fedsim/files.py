@@ -70,19 +70,36 @@ class DirectoryLock:
         self.folder = Path(folder)
         self.fd: int | None = None
 
-    def acquire(self, what: str) -> None:
+    def _try(self) -> tuple[int, str | None]:
+        """The lock file's descriptor, locked by us; or (-1, its holder's description)."""
         import fcntl
-        import socket
 
-        self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
             os.close(fd)
+            return -1, holder
+        return fd, None
+
+    def held(self) -> bool:
+        """Whether some process holds it now (a look that writes nothing)."""
+        if not (self.folder / ".lock").exists():
+            return False
+        fd, holder = self._try()
+        if fd >= 0:
+            os.close(fd)
+        return holder is not None
+
+    def acquire(self, what: str) -> None:
+        import socket
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd, holder = self._try()
+        if holder is not None:
             raise FedsimError(f"{self.folder}: in use by {holder}; wait until it ends (or stop it), "
-                              "then try again") from None
+                              "then try again")
         os.ftruncate(fd, 0)
         os.write(fd, f"process {os.getpid()} on {socket.gethostname()} ({what})".encode())
         self.fd = fd

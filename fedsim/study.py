@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from fedsim.config import (Config, config_from_dict, dump_toml, parse_override, 
                            scenario_path)
 from fedsim.errors import FedsimError
 from fedsim.experiment import run_state
+from fedsim.results.report import ci95
 
 MAX_POINTS = 10_000  # more need --yes
 TOGETHER = 64  # points stepped in lockstep at once by the in-process backend
@@ -278,7 +278,7 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
         if study.points[0].config.run.plots:
             from fedsim.results.plots import plot_study
 
-            plot_study(study.folder)
+            plot_study(study.folder, study.name, study.group_axes)
     return records
 
 
@@ -313,14 +313,6 @@ def write_tables(study: Study, targets: list[float] | None = None) -> pl.DataFra
     return summary
 
 
-def t_quantile(df: int) -> float:
-    """Student's t 0.975 quantile (two-sided 95 %) for `df` degrees of freedom."""
-    table = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-             2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-             2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-    return table[df - 1] if df <= len(table) else 1.96
-
-
 def summarize_points(points: pl.DataFrame, group_axes: list[str]) -> pl.DataFrame:
     """Per group of points (same values on `group_axes`): seeds, and for each metric its mean,
     std (n - 1) and the half-width of its 95 % CI (t quantile; null with one seed)."""
@@ -332,9 +324,7 @@ def summarize_points(points: pl.DataFrame, group_axes: list[str]) -> pl.DataFram
                          pl.col(m).count().alias(f"{m}_n")]
     summary = points.group_by(by, maintain_order=True).agg(aggregations)
     for m in metrics:
-        n = summary[f"{m}_n"]
-        half = [t_quantile(int(k) - 1) * s / math.sqrt(k) if k and k > 1 and s is not None else None
-                for k, s in zip(n, summary[f"{m}_std"])]
+        half = ci95(summary[f"{m}_std"], summary[f"{m}_n"])
         summary = summary.with_columns(pl.Series(f"{m}_ci95", half, dtype=pl.Float64)).drop(f"{m}_n")
     return summary
 

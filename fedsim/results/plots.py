@@ -305,8 +305,6 @@ def plot_run_dir(run_dir: Path) -> list[Path]:
     """(Re)draw the plots of a finished run directory, single or multi-algorithm, named as
     the run named them (by algorithm)."""
     run_dir = Path(run_dir)
-    if (run_dir / "study.toml").exists():
-        return plot_study(run_dir)
     if (run_dir / "rounds.parquet").exists():
         manifest = run_dir / "manifest.json"
         name = json.loads(manifest.read_text()).get("algorithm") if manifest.exists() else None
@@ -323,32 +321,29 @@ def study_bands(study: pl.DataFrame, group_axes: list[str], x: str) -> pl.DataFr
     "t_end"), the mean test accuracy over the seeds and the half-width of its 95 % CI (t
     quantile; 0 with one seed). Seeds are matched by round: under model timing their rounds
     end at different times."""
-    from fedsim.study import t_quantile
+    from fedsim.results.report import ci95
 
     keys = group_axes or [pl.lit("all").alias("group")]
     points = study.filter(pl.col("test_acc").is_not_null())
     bands = points.group_by([*keys, "round"], maintain_order=True).agg(
         x_value=(pl.col("round") + 1).first().cast(pl.Float64) if x == "round" else pl.col(x).mean(),
         mean=pl.col("test_acc").mean(), std=pl.col("test_acc").std(), n=pl.len())
-    half = [t_quantile(n - 1) * s / math.sqrt(n) if n > 1 and s is not None else 0.0
-            for n, s in zip(bands["n"], bands["std"])]
+    half = ci95(bands["std"], bands["n"], single=0.0)
     return bands.with_columns(ci95=pl.Series(half, dtype=pl.Float64)).sort([*(keys if group_axes else []), "x_value"])
 
 
-def plot_study(folder: Path) -> list[Path]:
+def plot_study(folder: Path, name: str, group_axes: list[str]) -> list[Path]:
     """Test accuracy of a study (fedsim/study.py) by rounds and by simulated hours: per group
-    of points the mean over the seeds, with its 95 % confidence band."""
-    from fedsim.study import open_study
-
-    study = open_study(Path(folder))
-    frame = pl.read_parquet(study.folder / "study.parquet")
+    of points (same values on `group_axes`) the mean over the seeds, with its 95 % band."""
+    folder = Path(folder)
+    frame = pl.read_parquet(folder / "study.parquet")
     written = []
-    for x, label, scale, name in (("round", "rounds completed", 1.0, "study_accuracy_vs_rounds"),
+    for x, label, scale, file in (("round", "rounds completed", 1.0, "study_accuracy_vs_rounds"),
                                   ("t_end", "simulated time (h)", 3600.0, "study_accuracy_vs_time")):
-        bands = study_bands(frame, study.group_axes, x)
-        fig, (ax,) = _figure(title=f"{study.name}: test accuracy, mean and 95 % CI over seeds")
-        groups = bands.partition_by(study.group_axes, as_dict=True, maintain_order=True) \
-            if study.group_axes else {("all",): bands}
+        bands = study_bands(frame, group_axes, x)
+        fig, (ax,) = _figure(title=f"{name}: test accuracy, mean and 95 % CI over seeds")
+        groups = bands.partition_by(group_axes, as_dict=True, maintain_order=True) \
+            if group_axes else {("all",): bands}
         for key, band in groups.items():
             xs = band["x_value"].to_numpy() / scale
             mean, half = 100 * band["mean"].to_numpy(), 100 * band["ci95"].to_numpy()
@@ -356,8 +351,8 @@ def plot_study(folder: Path) -> list[Path]:
             ax.plot(xs, mean, label=label_text)
             ax.fill_between(xs, mean - half, mean + half, alpha=0.2)
         ax.set(xlabel=label, ylabel="test accuracy (%)", ylim=(0, 100))
-        ax.legend(title=", ".join(study.group_axes) or None, fontsize="small")
-        path = study.folder / "plots" / f"{name}.png"
+        ax.legend(title=", ".join(group_axes) or None, fontsize="small")
+        path = folder / "plots" / f"{file}.png"
         atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", pil_kwargs={"compress_level": 1}))
         written.append(path)
     return written

@@ -9,6 +9,7 @@ checked on hand-made frames; `find_runs` reads the run directories and `report` 
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -80,6 +81,21 @@ def round_durations(rounds: pl.DataFrame) -> dict:
         return {"median_s": None, "p90_s": None}
     median, p90 = np.percentile(durations, [50, 90])
     return {"median_s": float(median), "p90_s": float(p90)}
+
+
+def t_quantile(df: int) -> float:
+    """Student's t 0.975 quantile (two-sided 95 %) for `df` degrees of freedom."""
+    table = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+             2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+             2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+    return table[df - 1] if df <= len(table) else 1.96
+
+
+def ci95(stds, counts, single=None) -> list:
+    """Half-widths of 95 % confidence intervals of means (Student's t): one per (std, count);
+    `single` where there is one value (or no std)."""
+    return [t_quantile(int(n) - 1) * s / math.sqrt(n) if n and n > 1 and s is not None else single
+            for s, n in zip(stds, counts)]
 
 
 def gini(values) -> float | None:

@@ -8,16 +8,11 @@ from pathlib import Path
 def run_status(run_dir: Path, manifest: dict) -> str:
     """The manifest's status, told truthfully: a `running` run whose directory nobody holds
     crashed (or was killed) after its last checkpoint."""
-    from fedsim.errors import FedsimError
     from fedsim.files import DirectoryLock
 
     status = manifest.get("status", "unfinished")
     if status != "running":
         return status
-    lock = DirectoryLock(run_dir)
-    try:
-        lock.acquire("fedsim report")
-    except FedsimError:
+    if DirectoryLock(run_dir).held():
         return f"running (process {manifest.get('pid')} on {manifest.get('host')})"
-    lock.release()
     return f"crashed (last checkpoint at round {manifest.get('rounds', 0)})"

@@ -133,8 +133,8 @@ class BufferedServer(Server):
 
     @staticmethod
     def _events(rnd: int, taken: list, resolved: list) -> dict[str, np.ndarray]:
-        """The events of the invitations this aggregation resolved: the buffered arrivals (in
-        the order `_arrivals_of` gathers them, grouped by training call) and the dropped and late."""
+        """The events of the invitations this aggregation resolved: the buffered arrivals, then
+        the dropped and late (a buffer holds a few devices: gathered entry by entry)."""
         entries = [(d, pos, "arrived") for d, pos in taken] + resolved
         pick = lambda get: np.array([get(d)[pos] for d, pos, _ in entries])  # noqa: E731
         tasks = Tasks(pick(lambda d: np.full(len(d.ids), d.at)), pick(lambda d: d.tasks.download_s),

@@ -44,32 +44,47 @@ class BatchedTrainer(Trainer):
         return max(1, activation_budget(self.task.device) // (per_sample * self.batch_width(ids)))
 
     def _run(self, rnd, ids, start, steps, lr, objective):
-        task = self.task
-        end = start.clone()
-        loss_sum = torch.zeros(len(ids), device=task.device)
-        ids_t = torch.as_tensor(ids, device=task.device)
+        end = torch.empty_like(start)
+        loss_sum = torch.zeros(len(ids), device=self.task.device)
+        ids_t = torch.as_tensor(ids, device=self.task.device)
         size = self.chunk_size(ids)
         for lo in range(0, len(ids), size):
             part = slice(lo, lo + size)
-            chunk_steps = steps[part]
-            most = int(chunk_steps.max(initial=0))
-            inputs = task.inputs(ids_t[part], rnd, most, self.batch_size, self.seed)
-            for s in range(most):
-                active = np.flatnonzero(chunk_steps > s)
-                if len(active) == len(chunk_steps):
-                    which, rows = slice(None), part  # every device of the chunk: views, no copies
-                else:
-                    which = torch.as_tensor(active, device=task.device)
-                    rows = which + lo
-                w = end[rows]
-                ws = task.split(w)
-                grads, loss = self.step_fn(ws, *inputs(s, which))
-                starts = task.split(start[rows]) if objective.uses_start else ()
-                sgd_update_(ws, grads, starts, lr[rows], self.client, objective)
-                if isinstance(rows, torch.Tensor):
-                    end[rows] = w
-                loss_sum[rows] += loss
+            most = int(steps[part].max(initial=0))
+            inputs = self.task.inputs(ids_t[part], rnd, most, self.batch_size, self.seed)
+            end[part], loss_sum[part] = local_sgd(self, start[part], steps[part], lr[part], objective,
+                                                  [inputs], [len(ids_t[part])])
         return end, loss_sum
+
+
+def local_sgd(trainer: BatchedTrainer, start, steps: np.ndarray, lr, objective, inputs: list,
+              sizes: list[int]):
+    """(end parameters, summed step losses) of devices stacked in blocks of `sizes` (a chunk
+    of one run, or the cohorts of several runs), one gradient call per local step. Block b's
+    step inputs come from `inputs[b](step, which)` with `which` its own rows. Devices with fewer
+    steps drop out of the later steps (known on the host from `steps`: no device sync)."""
+    device = start.device
+    offsets = np.cumsum([0, *sizes])
+    end = start.clone()
+    loss_sum = torch.zeros(len(steps), device=device)
+    for s in range(int(steps.max(initial=0))):
+        active = np.flatnonzero(steps > s)
+        parts = []
+        for b, at in enumerate(inputs):
+            local = active[(active >= offsets[b]) & (active < offsets[b + 1])] - offsets[b]
+            if len(local):  # every device of a block: views, no copies
+                parts.append(at(s, slice(None) if len(local) == sizes[b] else torch.as_tensor(local, device=device)))
+        batch = parts[0] if len(parts) == 1 else tuple(torch.cat(pieces) for pieces in zip(*parts))
+        rows = slice(None) if len(active) == len(steps) else torch.as_tensor(active, device=device)
+        w = end[rows]
+        ws = trainer.task.split(w)
+        grads, loss = trainer.step_fn(ws, *batch)
+        starts = trainer.task.split(start[rows]) if objective.uses_start else ()
+        sgd_update_(ws, grads, starts, lr[rows], trainer.client, objective)
+        if isinstance(rows, torch.Tensor):
+            end[rows] = w
+        loss_sum[rows] += loss
+    return end, loss_sum
 
 
 def cohort_key(trainer: Trainer, ids: np.ndarray, objective) -> tuple | None:
@@ -126,33 +141,10 @@ def _train_group(calls: list[tuple]) -> list[TrainResult]:
     start = torch.cat([c[3].to(device, torch.float32) for c in calls])
     steps = np.concatenate([np.asarray(c[4], dtype=np.int64) for c in calls])
     lr = torch.cat([torch.as_tensor(c[5], dtype=torch.float32, device=device).expand(k) for c, k in zip(calls, ks)])
-    objective = calls[0][6]
     ids_t = [torch.as_tensor(np.asarray(c[2], dtype=np.int64), device=device) for c in calls]
     inputs = [t.task.inputs(i, c[1], int(np.max(c[4], initial=0)), t.batch_size, t.seed)
               for t, i, c in zip(trainers, ids_t, calls)]
-    end = start.clone()
-    loss_sum = torch.zeros(len(steps), device=device)
     with first.threads.work(sum(t.call_flops(np.asarray(c[2])) for t, c in zip(trainers, calls))):
-        for s in range(int(steps.max(initial=0))):
-            active = np.flatnonzero(steps > s)
-            parts = []
-            for r, at in enumerate(inputs):
-                local = active[(active >= offsets[r]) & (active < offsets[r + 1])] - offsets[r]
-                if len(local):
-                    parts.append(at(s, slice(None) if len(local) == ks[r] else torch.as_tensor(local, device=device)))
-            batch = tuple(torch.cat(pieces) for pieces in zip(*parts))
-            rows = slice(None) if len(active) == len(steps) else torch.as_tensor(active, device=device)
-            w = end[rows]
-            ws = first.task.split(w)
-            grads, loss = first.step_fn(ws, *batch)
-            starts = first.task.split(start[rows]) if objective.uses_start else ()
-            sgd_update_(ws, grads, starts, lr[rows], first.client, objective)
-            if isinstance(rows, torch.Tensor):
-                end[rows] = w
-            loss_sum[rows] += loss
-    results = []
-    for t, c, i, lo, hi in zip(trainers, calls, ids_t, offsets[:-1], offsets[1:]):
-        steps_t = torch.as_tensor(np.asarray(c[4], dtype=np.int64), device=device)
-        per_step = t.batch_size if t.batch_size > 0 else t.task.sizes[i]
-        results.append(TrainResult(end[lo:hi] - start[lo:hi], loss_sum[lo:hi] / steps_t, steps_t * per_step))
-    return results
+        end, loss_sum = local_sgd(first, start, steps, lr, calls[0][6], inputs, ks)
+    return [t.result(c[2], start[lo:hi], end[lo:hi], loss_sum[lo:hi], np.asarray(c[4], dtype=np.int64))
+            for t, c, lo, hi in zip(trainers, calls, offsets[:-1], offsets[1:])]

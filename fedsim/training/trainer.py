@@ -84,9 +84,14 @@ class Trainer:
             return TrainResult(torch.zeros_like(start), lr_t.clone(), torch.zeros(0, dtype=torch.int64, device=task.device))
         with self.threads.work(self.call_flops(ids) if self.threads.active else 0.0):
             end, loss_sum = self._run(rnd, ids, start, steps, lr_t, objective)
-        ids_t = torch.as_tensor(ids, device=task.device)
-        steps_t = torch.as_tensor(steps, device=task.device)
-        per_step = self.batch_size if self.batch_size > 0 else task.sizes[ids_t]
+        return self.result(ids, start, end, loss_sum, steps)
+
+    def result(self, ids: np.ndarray, start: Tensor, end: Tensor, loss_sum: Tensor,
+               steps: np.ndarray) -> TrainResult:
+        """Deltas, mean step loss and samples used of devices `ids` trained from start to end."""
+        device = self.task.device
+        steps_t = torch.as_tensor(steps, device=device)
+        per_step = self.batch_size if self.batch_size > 0 else self.task.sizes[torch.as_tensor(ids, device=device)]
         return TrainResult(end - start, loss_sum / steps_t, steps_t * per_step)
 
     def train_pooled(self, rnd: int, params: Tensor, steps: int, lr: float) -> Tensor:

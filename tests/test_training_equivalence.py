@@ -127,3 +127,43 @@ def test_large_cohort_is_chunked_with_the_same_result(monkeypatch):
     monkeypatch.setattr(cohort, "ACTIVATION_BUDGET", 1)  # one device per vmapped call
     _, chunked, _ = run_both(task, ClientConfig(batch_size=3), steps, 0.05)
     assert_same(start, whole, chunked, steps)
+
+
+@pytest.mark.parametrize("model", ["logreg", "mlp", "cnn-svhn"])
+def test_minibatches_larger_than_the_local_data_equal_the_loop(model):
+    """Batches of 32 from devices of 13-14 samples: the batched path trains on each device's
+    distinct samples (padded to 14) weighted by their draws, the loop on the drawn minibatch;
+    the same loss and gradient, also with devices that stop early."""
+    task = build_task(DataConfig(dataset="digits", clients=100), ModelConfig(name=model, hidden=16),
+                      seed=0, device=CPU)
+    ids = np.arange(0, 100, 10)
+    sizes = task.client_sizes()[ids]
+    batched = build_trainer(task, ClientConfig(batch_size=32, trainer="batched"), seed=7)
+    width = batched.batch_width(ids)
+    assert width == sizes.max() < 32 and sizes.min() < width
+    steps = np.array([3, 1, 0, 2, 3, 3, 2, 1, 3, 2])
+    start = task.init_params()[None] + 0.01 * torch.randn(10, task.dim, generator=torch.Generator().manual_seed(5))
+    a = batched.train(4, ids, start, steps, 0.1)
+    b = build_trainer(task, ClientConfig(batch_size=32, trainer="loop"), seed=7).train(4, ids, start, steps, 0.1)
+    assert_same(start, a, b, steps)
+
+
+def test_distinct_rows_are_the_drawn_minibatch():
+    """Weights of the distinct rows are the draw counts over B: they sum to 1 per device and step,
+    and the features they weight are exactly those of the drawn minibatch (a device with more
+    samples than the batch is drawn as a minibatch; dropout always is)."""
+    task = build_task(DataConfig(dataset="digits", clients=100), ModelConfig(name="logreg"), seed=0, device=CPU)
+    ids = torch.arange(5)
+    drawn = task.inputs(ids, 2, 3, 32, 9)
+    distinct = task.inputs(ids, 2, 3, 32, 9, width=int(task.sizes[ids].max()))
+    for step in range(3):
+        x, y, w, _ = distinct(step, slice(None))
+        xd, yd, wd, _ = drawn(step, slice(None))
+        assert x.shape[1] < 32 == xd.shape[1] and torch.allclose(w.sum(1), torch.ones(5))
+        # sum_j w_j f(x_j) == mean_b f(x_b) for a function of the sample: its features' sum
+        assert torch.allclose((w[..., None, None, None] * x).sum(1), (wd[..., None, None, None] * xd).sum(1), atol=1e-5)
+        assert torch.allclose((w * y).sum(1), (wd * yd).sum(1).to(torch.float32))
+    dropout = build_task(DataConfig(dataset="digits", clients=100), ModelConfig(name="mlp", dropout=0.2),
+                         seed=0, device=CPU)
+    assert not dropout.distinct_rows()
+    assert build_trainer(dropout, ClientConfig(batch_size=32, trainer="batched"), seed=0).batch_width(np.arange(5)) == 32

@@ -54,15 +54,28 @@ class ClientData:
 
     def minibatch_rows(self, ids: Tensor, u: Tensor) -> Tensor:
         """Sample ids of uniform draws with replacement: u [..., m, B] in [0, 1) -> [..., m, B]."""
-        size = self.sizes[ids, None]
-        local = torch.minimum((u * size).to(torch.int64), size - 1)
-        return gather(self.indices, self.starts[ids, None] + local)
+        return gather(self.indices, self.starts[ids, None] + self._positions(ids, u))
 
-    def full_rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        """All samples of each client, padded to the largest: (sample ids [m, n], weights [m, n]),
-        the padding with weight 0, the rest 1/n_i."""
+    def minibatch_weights(self, ids: Tensor, u: Tensor, width: int) -> tuple[Tensor, Tensor]:
+        """The same draws as `minibatch_rows`, as each client's samples once (padded to `width`
+        >= the largest client) weighted by how often they were drawn over B: (sample ids [m, width],
+        weights [S, m, width]). Without dropout, the weighted loss over these rows is the
+        minibatch loss and its gradient exactly, on min(n_i, B) rows instead of B."""
+        rows, _ = self.full_rows(ids, width)
+        counts = torch.zeros(*u.shape[:-1], width, device=self.device)
+        counts.scatter_add_(-1, self._positions(ids, u), torch.ones_like(u))
+        return rows, counts.div_(u.shape[-1])
+
+    def _positions(self, ids: Tensor, u: Tensor) -> Tensor:
+        """Positions in each client's own samples of uniform draws u [..., m, B]."""
         size = self.sizes[ids, None]
-        pos = torch.arange(int(size.max()), device=self.device)[None, :]
+        return torch.minimum((u * size).to(torch.int64), size - 1)
+
+    def full_rows(self, ids: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
+        """All samples of each client, padded to `width` (default: the largest): (sample ids
+        [m, width], weights [m, width]), the padding with weight 0, the rest 1/n_i."""
+        size = self.sizes[ids, None]
+        pos = torch.arange(width or int(size.max()), device=self.device)[None, :]
         valid = pos < size
         return gather(self.indices, self.starts[ids, None] + torch.where(valid, pos, 0)), valid.to(torch.float32) / size
 

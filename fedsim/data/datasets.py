@@ -6,6 +6,7 @@ device as float32. Nothing is downloaded unless `[data] download = true`.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import math
 import zlib
@@ -70,8 +71,12 @@ def _digits_file() -> Path:
 def read_digits() -> tuple[np.ndarray, np.ndarray]:
     """The 1797 8x8 digits as uint8 images [n, 1, 8, 8] (values 0..16) and int64 labels: the
     rows of digits.csv.gz are 64 pixels and the label, as ``sklearn.datasets.load_digits``
-    reads them."""
-    path = _digits_file()
+    reads them. Read once per process (a study's runs share it), as read-only arrays."""
+    return _read_digits(_digits_file())
+
+
+@functools.cache
+def _read_digits(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             table = np.loadtxt(f, delimiter=",", ndmin=2)
@@ -80,7 +85,9 @@ def read_digits() -> tuple[np.ndarray, np.ndarray]:
     except (OSError, EOFError, ValueError, zlib.error) as exc:  # BadGzipFile is an OSError
         raise FedsimError(f"[data] dataset = 'digits': {path} is damaged ({exc}); "
                           "re-install scikit-learn") from None
-    return table[:, :64].astype(np.uint8).reshape(-1, 1, 8, 8), table[:, 64].astype(np.int64)
+    x, y = table[:, :64].astype(np.uint8).reshape(-1, 1, 8, 8), table[:, 64].astype(np.int64)
+    x.flags.writeable = y.flags.writeable = False
+    return x, y
 
 
 def _digits(cfg: DataConfig, seed: int) -> Dataset:

@@ -28,6 +28,7 @@ def activation_budget(device: torch.device) -> int:
 
 class BatchedTrainer(Trainer):
     path = "batched"
+    distinct_rows = True
 
     def __init__(self, task, client, *, seed, threads=None):
         super().__init__(task, client, seed=seed, threads=threads)
@@ -47,11 +48,11 @@ class BatchedTrainer(Trainer):
         end = torch.empty_like(start)
         loss_sum = torch.zeros(len(ids), device=self.task.device)
         ids_t = torch.as_tensor(ids, device=self.task.device)
-        size = self.chunk_size(ids)
+        size, width = self.chunk_size(ids), self.batch_width(ids)
         for lo in range(0, len(ids), size):
             part = slice(lo, lo + size)
             most = int(steps[part].max(initial=0))
-            inputs = self.task.inputs(ids_t[part], rnd, most, self.batch_size, self.seed)
+            inputs = self.task.inputs(ids_t[part], rnd, most, self.batch_size, self.seed, width)
             end[part], loss_sum[part] = local_sgd(self, start[part], steps[part], lr[part], objective,
                                                   [inputs], [len(ids_t[part])])
         return end, loss_sum
@@ -142,9 +143,10 @@ def _train_group(calls: list[tuple]) -> list[TrainResult]:
     steps = np.concatenate([np.asarray(c[4], dtype=np.int64) for c in calls])
     lr = torch.cat([torch.as_tensor(c[5], dtype=torch.float32, device=device).expand(k) for c, k in zip(calls, ks)])
     ids_t = [torch.as_tensor(np.asarray(c[2], dtype=np.int64), device=device) for c in calls]
-    inputs = [t.task.inputs(i, c[1], int(np.max(c[4], initial=0)), t.batch_size, t.seed)
+    width = max(t.batch_width(np.asarray(c[2])) for t, c in zip(trainers, calls))  # one width to stack
+    inputs = [t.task.inputs(i, c[1], int(np.max(c[4], initial=0)), t.batch_size, t.seed, width)
               for t, i, c in zip(trainers, ids_t, calls)]
-    with first.threads.work(sum(t.call_flops(np.asarray(c[2])) for t, c in zip(trainers, calls))):
+    with first.threads.work(first.task.step_flops(width) * len(steps)):
         end, loss_sum = local_sgd(first, start, steps, lr, calls[0][6], inputs, ks)
     return [t.result(c[2], start[lo:hi], end[lo:hi], loss_sum[lo:hi], np.asarray(c[4], dtype=np.int64))
             for t, c, lo, hi in zip(trainers, calls, offsets[:-1], offsets[1:])]

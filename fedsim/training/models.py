@@ -231,7 +231,9 @@ class Model:
         """Logits [m, B, C] of m devices: parameters [m, ...] (as `split` gives them for a
         stack), inputs x [m, B, *in_shape], dropout uniforms u [m, B, dropout_features]."""
         p = {q.name: v for q, v in zip(self.params, params)}
-        if x.dim() == 5:  # images: [B, m, C, H, W], the cohort layout, contiguous (convolutions
+        if x.dim() == 5 and isinstance(self.layers[0], Flatten):  # [m, B, C * H * W]: no copy
+            x = x.flatten(2)
+        elif x.dim() == 5:  # images: [B, m, C, H, W], the cohort layout, contiguous (convolutions
             x = x.transpose(0, 1).contiguous()  # on a strided input are ~3x slower on a CPU)
         used = 0
         for layer in self.layers:

@@ -60,11 +60,17 @@ class Task:
         """Views of parameters [..., d] as the model's tensors [..., *shape]."""
         return (flat,)
 
-    def inputs(self, ids: Tensor, rnd: int, steps: int, batch_size: int, seed: int) -> StepInputs:
+    def inputs(self, ids: Tensor, rnd: int, steps: int, batch_size: int, seed: int,
+               width: int | None = None) -> StepInputs:
         """The inputs of local steps 0..steps-1 of devices `ids` [m] in round `rnd`. What can be
         drawn for all steps at once (minibatch sample ids) is, in one call; the returned
-        function gathers one step's inputs for some of the devices."""
+        function gathers one step's inputs for some of the devices. `width`: samples per device
+        in a step, padded (`Trainer.batch_width`); None: the batch size, or each device's
+        largest local data set."""
         raise NotImplementedError
+
+    def distinct_rows(self) -> bool:
+        return False
 
     def step_fn(self) -> StepFn:
         raise NotImplementedError
@@ -107,24 +113,41 @@ class ClassificationTask(Task):
     def split(self, flat: Tensor) -> tuple[Tensor, ...]:
         return self.model.split(flat)
 
-    def inputs(self, ids, rnd, steps, batch_size, seed):
+    def inputs(self, ids, rnd, steps, batch_size, seed, width=None):
         data, n_drop = self.data, self.model.dropout_features
-        if batch_size > 0:
+        if batch_size > 0 and (n_drop or not width or width >= batch_size):
             rows = data.minibatch_rows(ids, rng.uniform(seed, rng.BATCH, rnd, ids, range(steps), batch_size))
-            weight = torch.full(rows.shape[1:], 1.0 / batch_size, device=self.device)
-        else:  # the full local data: the same rows at every step
-            full, weight = data.full_rows(ids)
-            rows = full.expand(steps, *full.shape)
-        no_dropout = data.x.new_zeros(*weight.shape, 0)  # an empty tensor keeps the signature fixed
+            weight = torch.full((1, 1, 1), 1.0 / batch_size, device=self.device).expand(*rows.shape)
+
+            def samples(step: int, which: slice | Tensor) -> tuple[Tensor, Tensor]:
+                return data.take(rows[step, which])
+        else:
+            if batch_size > 0:  # fewer samples than a minibatch: each once, weighted by its draws
+                rows, weight = data.minibatch_weights(
+                    ids, rng.uniform(seed, rng.BATCH, rnd, ids, range(steps), batch_size), width)
+            else:  # the full local data: the same rows at every step
+                rows, once = data.full_rows(ids, width)
+                weight = once.expand(steps, *once.shape)
+            x, y = data.take(rows)  # the same rows at every step: gathered once
+
+            def samples(step: int, which: slice | Tensor) -> tuple[Tensor, Tensor]:
+                return x[which], y[which]
+        no_dropout = data.x.new_zeros(*weight.shape[1:], 0)  # an empty tensor keeps the signature fixed
 
         def at(step: int, which: slice | Tensor) -> tuple[Tensor, ...]:
-            sample = rows[step, which]
-            m, b = sample.shape
+            x, y = samples(step, which)
+            m, b = y.shape
             u = (rng.uniform(seed, rng.DROPOUT, rnd, ids[which], step, b * n_drop).view(m, b, n_drop)
                  if n_drop else no_dropout[which])
-            return *data.take(sample), weight[which], u
+            return x, y, weight[step, which], u
 
         return at
+
+    def distinct_rows(self) -> bool:
+        """Whether a minibatch may be computed as the client's distinct samples weighted by
+        their draws (`inputs` with a width under the batch size): the same loss and gradient
+        when no dropout mask differs between two draws of one sample."""
+        return not self.model.dropout_features
 
     def step_flops(self, batch: int) -> float:
         return 3.0 * self.model.flops * batch  # the backward pass costs about twice the forward

@@ -66,6 +66,7 @@ class Trainer:
         self.task, self.client, self.seed = task, client, seed
         self.batch_size = client.batch_size
         self.threads = threads or ThreadPolicy(device=task.device)
+        self.sizes = task.sizes.cpu().numpy()  # on the host: widths are decided without a device sync
 
     def train(self, rnd: int, ids: np.ndarray, start: Tensor, steps: np.ndarray, lr: float | Tensor,
               objective: LocalObjective = PLAIN) -> TrainResult:
@@ -103,9 +104,16 @@ class Trainer:
         """Multiply-adds of one local step of the devices that one gradient call holds."""
         return self.task.step_flops(self.batch_width(ids)) * self.devices_per_call(ids)
 
+    distinct_rows = False  # whether this path computes a minibatch on the distinct samples drawn
+
     def batch_width(self, ids: np.ndarray) -> int:
-        """Samples per device in one step: the batch size, or the largest local data set (0)."""
-        return self.batch_size or int(self.task.sizes[torch.as_tensor(ids, device=self.task.device)].max())
+        """Samples per device in one step: the batch size, or the largest local data set (full
+        batches; also minibatches larger than every device's data on a path with
+        `distinct_rows`, which weights each sample by its draws instead of repeating it)."""
+        if self.batch_size and not (self.distinct_rows and self.task.distinct_rows()):
+            return self.batch_size
+        largest = int(self.sizes[ids].max(initial=0))
+        return min(largest, self.batch_size) if self.batch_size else largest
 
     def devices_per_call(self, ids: np.ndarray) -> int:
         raise NotImplementedError

@@ -70,11 +70,14 @@ def local_sgd(trainer: BatchedTrainer, start, steps: np.ndarray, lr, objective, 
     loss_sum = torch.zeros(len(steps), device=device)
     for s in range(int(steps.max(initial=0))):
         active = np.flatnonzero(steps > s)
-        parts = []
-        for b, at in enumerate(inputs):
-            local = active[(active >= offsets[b]) & (active < offsets[b + 1])] - offsets[b]
-            if len(local):  # every device of a block: views, no copies
-                parts.append(at(s, slice(None) if len(local) == sizes[b] else torch.as_tensor(local, device=device)))
+        if len(active) == len(steps):  # every device of every block: views, no copies
+            parts = [at(s, slice(None)) for at in inputs]
+        else:
+            parts = []
+            for b, at in enumerate(inputs):
+                local = active[(active >= offsets[b]) & (active < offsets[b + 1])] - offsets[b]
+                if len(local):
+                    parts.append(at(s, slice(None) if len(local) == sizes[b] else torch.as_tensor(local, device=device)))
         batch = parts[0] if len(parts) == 1 else tuple(torch.cat(pieces) for pieces in zip(*parts))
         rows = slice(None) if len(active) == len(steps) else torch.as_tensor(active, device=device)
         w = end[rows]

@@ -60,7 +60,8 @@ class ClientData:
         """The same draws as `minibatch_rows`, as each client's samples once (padded to `width`
         >= the largest client) weighted by how often they were drawn over B: (sample ids [m, width],
         weights [S, m, width]). Without dropout, the weighted loss over these rows is the
-        minibatch loss and its gradient exactly, on min(n_i, B) rows instead of B."""
+        minibatch loss and its gradient exactly, on min(n_i, B) rows instead of B. The counts are
+        sums of ones, exact in any order, so a GPU's atomic adds keep runs deterministic."""
         rows, _ = self.full_rows(ids, width)
         counts = torch.zeros(*u.shape[:-1], width, device=self.device)
         counts.scatter_add_(-1, self._positions(ids, u), torch.ones_like(u))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import errno
 import os
 import sys
 from pathlib import Path
@@ -367,8 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except OSError as err:  # a path the system refuses (permissions, a folder for a file, ...)
         where = f"{err.filename}: " if err.filename else ""
-        print(f"error: {where}{err.strerror or err}; check the path and its permissions",
-              file=sys.stderr)
+        full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+        fix = "free some space, then run the command again" if full else "check the path and its permissions"
+        print(f"error: {where}{err.strerror or err}; {fix}", file=sys.stderr)
         return 2
 
 

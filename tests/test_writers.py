@@ -318,3 +318,36 @@ def test_resume_without_config_toml_says_what_is_missing(cli_run, capsys):
     (run_dir / "config.toml").unlink()
     assert main(["run", "--resume", str(run_dir), "--quiet"]) == 2
     assert capsys.readouterr().err.startswith(f"error: {run_dir / 'config.toml'}: missing, so the run's settings")
+
+
+def test_a_comparison_folder_has_one_writer(cli_run, monkeypatch, capsys):
+    """The top folder of a comparison is locked for the whole comparison: a --resume of it
+    while the comparison runs (here, from inside its second algorithm) gets the one line
+    naming the holder, and nothing of the comparison is lost."""
+    from fedsim.experiment import Experiment
+
+    whole = cli_run(comparison_config(), name="whole")
+    top = cli_run.tmp / "runs" / "cmp"
+    end, refusals = Experiment.end, []
+
+    def end_and_try_a_second_writer(self):
+        if self.config.algorithm.name == "mifa":
+            refusals.append(main(["run", "--resume", str(top), "--quiet"]))
+            seen = capsys.readouterr()
+            print(seen.out, end="")  # the comparison's own output, for cli_run
+            refusals.append(seen.err)
+        return end(self)
+
+    monkeypatch.setattr(Experiment, "end", end_and_try_a_second_writer)
+    assert cli_run(comparison_config(), name="cmp") == top
+    assert refusals == [2, f"error: {top}: in use by process {os.getpid()} on {os.uname().nodename} "
+                           "(fedsim run, a comparison); wait until it ends (or stop it), then try again\n"]
+    assert same_summary(top, whole)
+    lock = DirectoryLock(top)
+    lock.acquire("a test")
+    try:
+        assert main(["run", "--resume", str(top), "--quiet"]) == 2
+        assert capsys.readouterr().err.startswith(f"error: {top}: in use by process {os.getpid()}")
+    finally:
+        lock.release()
+    assert main(["run", "--resume", str(top), "--quiet"]) == 0 and same_summary(top, whole)

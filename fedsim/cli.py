@@ -263,7 +263,15 @@ def choices_listing() -> str:
             "'module:Name'; see docs/extending.md):\n" + "\n".join(lines))
 
 
-class ListingParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
+    """A usage mistake is one `error:` line like every other, pointing at the help (argparse
+    would print the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message}; see `{self.prog} --help`\n")
+
+
+class ListingParser(OneLineParser):
     """With ``listing=True``, the help ends with `choices_listing()`, built only when the help
     is shown (it looks up the installed plugins)."""
 
@@ -279,7 +287,7 @@ class ListingParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="fedsim",
         description="Federated learning under intermittent device availability, simulated.",
     )

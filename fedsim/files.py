@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -23,11 +24,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     path = Path(path)
     if path.is_dir():
         raise FedsimError(f"{path} is a folder; give the path of a file to write")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise FedsimError(f"cannot create the folder {path.parent} for {path.name}: "
-                          f"{err.strerror}; choose another output path") from None
+    make_folder(path.parent, "choose another output path")
     tmp, full = None, False
     try:
         # the suffix keeps the file's extension, which writers such as matplotlib go by
@@ -53,6 +50,17 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
         written = _remove(tmp)
     if full:  # out of the except clause, which keeps the writer (and its open file) alive
         raise FedsimError(_no_space(path, write, written))
+
+
+def make_folder(folder: Path, fix: str) -> None:
+    """`mkdir -p folder`, or one line saying why not: a file standing where a folder must be
+    (the system says only "File exists" or "Not a directory"), or the system's reason."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file" if blocker else err.strerror
+        raise FedsimError(f"cannot create the folder {folder}: {why}; {fix}") from None
 
 
 def _remove(tmp: str | None) -> int:
@@ -151,11 +159,7 @@ def claim_directory(base: Path) -> Path:
     """`base`, or `base-2`, `-3`, ...: the first that did not exist, created now. mkdir is
     atomic, so runs started together never share a directory."""
     base = Path(base)
-    try:
-        base.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise FedsimError(f"cannot create the folder {base.parent}: {err.strerror}; choose another "
-                          "[run] out") from None
+    make_folder(base.parent, "choose another [run] out")
     candidate, k = base, 1
     while True:
         try:
@@ -205,8 +209,9 @@ class DirectoryLock:
         if holder is not None:
             raise FedsimError(f"{self.folder}: in use by {holder}; wait until it ends (or stop it), "
                               "then try again")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"process {os.getpid()} on {socket.gethostname()} ({what})".encode())
+        with contextlib.suppress(OSError):  # a full disk: locked all the same, the next write says so
+            os.ftruncate(fd, 0)
+            os.write(fd, f"process {os.getpid()} on {socket.gethostname()} ({what})".encode())
         self.fd = fd
 
     def release(self) -> None:

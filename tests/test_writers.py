@@ -275,8 +275,8 @@ def small_disk(tmp_path):
 def test_a_run_on_a_full_disk_stops_with_one_line_and_resumes_once_there_is_space(cli_run, small_disk, capsys):
     """A run of 4 rounds fits on the 1 MiB disk; going on to 8 needs a second checkpoint.pt
     (487 kB) beside the first, which does not fit: one line, exit 2, the checkpoint, model and
-    manifest of round 4 untouched, no temporary file left; with space, the resume completes
-    as if the disk had never filled."""
+    events of round 4 untouched, no temporary file left, the run shown as crashed after its
+    checkpoint at round 4; with space, the resume completes as if the disk had never filled."""
     import hashlib
     import re
 
@@ -289,13 +289,15 @@ def test_a_run_on_a_full_disk_stops_with_one_line_and_resumes_once_there_is_spac
     whole = cli_run({**config, "run": {**config["run"], "rounds": 8}}, name="whole")
     run_dir = cli_run({**config, "run": {**config["run"], "out": str(small_disk)}}, name="full")
     kept = {name: hashlib.sha256((run_dir / name).read_bytes()).hexdigest()
-            for name in ("checkpoint.pt", "model.pt", "manifest.json", "events.parquet")}
+            for name in ("checkpoint.pt", "model.pt", "events.parquet")}
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert re.fullmatch(re.escape(f"error: {run_dir / 'checkpoint.pt'}: ") + re.escape(NO_SPACE).replace(
         r"\{needed\}", r"48\d kB").replace(r"\{free\}", r"4\d\d kB") + "\n", err), err
     assert kept == {name: hashlib.sha256((run_dir / name).read_bytes()).hexdigest() for name in kept}
     assert not list(run_dir.glob(".*.tmp*"))
+    assert main(["report", str(run_dir), "--json"]) == 0  # the resume said `running` from its start
+    assert json.loads(capsys.readouterr().out)["runs"][0]["status"] == "crashed (last checkpoint at round 4)"
     subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 0
     columns = ["round", "arrived", "train_loss", "test_loss"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import errno
 import os
 import sys
 from pathlib import Path
@@ -262,7 +263,15 @@ def choices_listing() -> str:
             "'module:Name'; see docs/extending.md):\n" + "\n".join(lines))
 
 
-class ListingParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
+    """A usage mistake is one `error:` line like every other, pointing at the help (argparse
+    would print the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message}; see `{self.prog} --help`\n")
+
+
+class ListingParser(OneLineParser):
     """With ``listing=True``, the help ends with `choices_listing()`, built only when the help
     is shown (it looks up the installed plugins)."""
 
@@ -278,7 +287,7 @@ class ListingParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="fedsim",
         description="Federated learning under intermittent device availability, simulated.",
     )
@@ -367,8 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except OSError as err:  # a path the system refuses (permissions, a folder for a file, ...)
         where = f"{err.filename}: " if err.filename else ""
-        print(f"error: {where}{err.strerror or err}; check the path and its permissions",
-              file=sys.stderr)
+        full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+        fix = "free some space, then run the command again" if full else "check the path and its permissions"
+        print(f"error: {where}{err.strerror or err}; {fix}", file=sys.stderr)
         return 2
 
 

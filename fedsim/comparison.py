@@ -5,6 +5,7 @@ comparison plots.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Callable, Sequence
@@ -15,7 +16,7 @@ from fedsim.callbacks import Callback
 from fedsim.config import Config, config_from_dict, dump_toml
 from fedsim.errors import FedsimError
 from fedsim.experiment import Experiment, RunResult
-from fedsim.files import atomic_write, claim_directory
+from fedsim.files import DirectoryLock, atomic_write, claim_directory, remove_stale_temporaries
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import write_text
@@ -58,9 +59,23 @@ def _run(config, run_dir, claim, progress, on_ready, plotter, callbacks) -> RunR
     if claim:
         run_dir = claim_directory(run_dir)
         first.run_dir = run_dir / config.run.algorithms[0]
-    on_ready(run_dir)
-    write_text(run_dir / "config.toml", dump_toml(config.to_dict()))  # what --resume goes on with
-    return _members(config, run_dir, progress, plotter, callbacks, first=first)
+    with comparison_lock(run_dir, "fedsim run, a comparison"):
+        on_ready(run_dir)
+        write_text(run_dir / "config.toml", dump_toml(config.to_dict()))  # what --resume goes on with
+        return _members(config, run_dir, progress, plotter, callbacks, first=first)
+
+
+@contextlib.contextmanager
+def comparison_lock(run_dir: Path, what: str):
+    """A comparison's folder has one writer, as a run directory has: its lock is held for the
+    whole comparison (each algorithm's sub-folder has its own too); stale temporaries go."""
+    lock = DirectoryLock(run_dir)
+    lock.acquire(what)
+    try:
+        remove_stale_temporaries(run_dir)
+        yield
+    finally:
+        lock.release()
 
 
 def _members(config, run_dir, progress, plotter, callbacks, first=None, force=False) -> RunResult:
@@ -128,7 +143,8 @@ def resume_comparison(run_dir: Path, overrides: list[str] = (), progress: bool =
         raw.setdefault(section, {})[key] = value
     config = config_from_dict(raw, origin=str(run_dir / "config.toml"))
     try:
-        return _members(config, run_dir, progress, plotter, (), force=force)
+        with comparison_lock(run_dir, "fedsim resume, a comparison"):
+            return _members(config, run_dir, progress, plotter, (), force=force)
     finally:
         if plotter is not None:
             plotter.finish()

@@ -217,6 +217,8 @@ class Experiment:
                              stop_signal=stop_signal, diverged=self._diverged)
         if resume is None:  # every run directory that exists can be resumed
             self.checkpoint(0, self.start_time)
+        else:  # no longer how it ended: a crash from here on leaves it `running`
+            write_manifest(self, EngineResult("running", "", self.start_round, self.start_time), self._host_s())
         return self.engine
 
     def _on_round(self, outcome) -> bool | str:
@@ -316,8 +318,9 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,
 
 def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,
                    plotter: PlotWorker | None = None, callbacks: Sequence[Callback] = (),
-                   force: bool = False) -> tuple[Experiment, dict]:
-    """The Experiment of a run to resume, and its checkpoint state (checked against its config)."""
+                   force: bool = False) -> tuple[Experiment, dict | None]:
+    """The Experiment of a run to resume, and its checkpoint state (checked against its config);
+    None for a run that stopped before its first checkpoint, which starts over."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FedsimError(f"{run_dir}: no such run directory; give the folder that `fedsim run` "
@@ -329,7 +332,7 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
                           "from a broken model: start it again with other settings, or pass --force "
                           "to resume anyway")
     checkpoint = run_dir / "checkpoint.pt"
-    if not checkpoint.exists():
+    if not checkpoint.exists() and not (run_dir / "config.toml").exists():
         raise FedsimError(f"{run_dir}: no checkpoint.pt (nor a comparison's config.toml); give a run "
                           "directory that `fedsim run` made")
     from fedsim.config import parse_override
@@ -343,6 +346,8 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
         section, key, value = parse_override(text)
         raw.setdefault(section, {})[key] = value
     config = config_from_dict(raw, origin=str(run_dir / "config.toml"))
+    if not checkpoint.exists():  # stopped before its first checkpoint, before round 1: start over
+        return Experiment(config, run_dir, progress, plotter=plotter, callbacks=callbacks), None
     refuse_resume(config)
     saved = run_dir / "trace.parquet"  # the availability a generated-trace run started with
     saved_trace = read_trace(saved) if config.trace.source != "file" and saved.exists() else None

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import os
+import shutil
+import signal
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -11,29 +16,137 @@ from fedsim.errors import FedsimError
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
-    """Run `write(tmp)` on a temporary file beside `path`, then rename it over `path`."""
+    """Run `write(tmp)` on a temporary file beside `path`, then rename it over `path`.
+
+    If the disk fills up, `write` is run once more on a sink that only counts bytes (writers
+    that take a path take a binary file object too: torch, polars, pyarrow, matplotlib), so
+    that the error can say how much space the file needs."""
     path = Path(path)
     if path.is_dir():
         raise FedsimError(f"{path} is a folder; give the path of a file to write")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise FedsimError(f"cannot create the folder {path.parent} for {path.name}: "
-                          f"{err.strerror}; choose another output path") from None
-    tmp = None
+    make_folder(path.parent, "choose another output path")
+    tmp, full = None, False
     try:
         # the suffix keeps the file's extension, which writers such as matplotlib go by
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{path.suffix}")
         os.close(fd)
         write(Path(tmp))
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; outputs are ordinary files
+        if _KILL_AT:
+            _test_kill_point("before", path)
         os.replace(tmp, path)
-    except OSError as err:  # named by the user's path, never the temporary file; the old file stays
-        raise FedsimError(f"{path}: cannot write it ({err.strerror or err}); check the folder's "
-                          "permissions and free space (the earlier file, if any, is intact)") from None
+        if _KILL_AT:
+            _test_kill_point("after", path)
+    except FedsimError:
+        raise
+    except Exception as err:  # named by the user's path, never the temporary file; the old file stays
+        full = _disk_full(err, path.parent)
+        if not full and isinstance(err, OSError):
+            raise FedsimError(f"{path}: cannot write it ({err.strerror or err}); check the folder's "
+                              "permissions (the earlier file, if any, is intact)") from None
+        if not full:
+            raise
     finally:
-        if tmp and os.path.exists(tmp):
-            os.unlink(tmp)
+        written = _remove(tmp)
+    if full:  # out of the except clause, which keeps the writer (and its open file) alive
+        raise FedsimError(_no_space(path, write, written))
+
+
+def make_folder(folder: Path, fix: str) -> None:
+    """`mkdir -p folder`, or one line saying why not: a file standing where a folder must be
+    (the system says only "File exists" or "Not a directory"), or the system's reason."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file" if blocker else err.strerror
+        raise FedsimError(f"cannot create the folder {folder}: {why}; {fix}") from None
+
+
+def _remove(tmp: str | None) -> int:
+    """Delete the temporary file if it is there; the bytes it held."""
+    if not tmp or not os.path.exists(tmp):
+        return 0
+    size = os.path.getsize(tmp)
+    os.unlink(tmp)
+    return size
+
+
+def _disk_full(err: Exception, folder: Path) -> bool:
+    """Whether a failed write ran out of space: an OSError's ENOSPC or EDQUOT, or their words
+    in polars' own error; torch's says only that its write fell short, so there a folder left
+    with (almost) no free space by the partial file counts too."""
+    if isinstance(err, OSError):
+        return err.errno in (errno.ENOSPC, errno.EDQUOT)
+    if any(text in str(err) for text in ("No space left on device", "Disk quota exceeded")):
+        return True
+    try:
+        return shutil.disk_usage(folder).free < 1 << 16
+    except OSError:
+        return False
+
+
+def _no_space(path: Path, write: Callable, written: int) -> str:
+    """The disk-full line: how much the file needs (counted by writing it again, to nothing)
+    and how much is free."""
+    counter = _ByteCounter()
+    try:
+        write(counter)
+        needed = f"needs {human_size(counter.count)}"
+    except Exception:  # a writer that takes paths only: what it wrote is a lower bound
+        needed = f"needs more than {human_size(written)}"
+    free = human_size(shutil.disk_usage(path.parent).free)
+    return (f"{path}: no space left on device (the file {needed}, {free} free); free some space, "
+            "then run the command again, or `fedsim run --resume` a run (the earlier file, if "
+            "any, is intact)")
+
+
+class _ByteCounter(io.RawIOBase):
+    """A binary file that keeps nothing and counts the bytes written to it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        size = memoryview(data).nbytes
+        self.count += size
+        return size
+
+    def tell(self) -> int:
+        return self.count
+
+    def write_bytes(self, data) -> int:  # the Path methods that writers use
+        return self.write(data)
+
+    def write_text(self, text: str) -> int:
+        return self.write(text.encode())
+
+
+def human_size(n: int) -> str:
+    """Bytes in decimal units, 3 significant digits: 1.23 MB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+# Test hook (tests/test_kill_resume.py): FEDSIM_TEST_KILL_AT="before:checkpoint.pt:2" kills
+# this process with SIGKILL right before (or `after`) the 2nd rename of a file of that name,
+# as a crash or kill -9 would. Read once at import; unset, a write pays one test of a global.
+_KILL_AT = os.environ.get("FEDSIM_TEST_KILL_AT")
+_renames: dict[tuple[str, str], int] = {}
+
+
+def _test_kill_point(when: str, path: Path) -> None:
+    point, name, count = _KILL_AT.split(":")
+    key = (when, path.name)
+    _renames[key] = _renames.get(key, 0) + 1
+    if (point, name) == key and _renames[key] == int(count):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _umask() -> int:
@@ -46,11 +159,7 @@ def claim_directory(base: Path) -> Path:
     """`base`, or `base-2`, `-3`, ...: the first that did not exist, created now. mkdir is
     atomic, so runs started together never share a directory."""
     base = Path(base)
-    try:
-        base.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise FedsimError(f"cannot create the folder {base.parent}: {err.strerror}; choose another "
-                          "[run] out") from None
+    make_folder(base.parent, "choose another [run] out")
     candidate, k = base, 1
     while True:
         try:
@@ -100,8 +209,9 @@ class DirectoryLock:
         if holder is not None:
             raise FedsimError(f"{self.folder}: in use by {holder}; wait until it ends (or stop it), "
                               "then try again")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"process {os.getpid()} on {socket.gethostname()} ({what})".encode())
+        with contextlib.suppress(OSError):  # a full disk: locked all the same, the next write says so
+            os.ftruncate(fd, 0)
+            os.write(fd, f"process {os.getpid()} on {socket.gethostname()} ({what})".encode())
         self.fd = fd
 
     def release(self) -> None:

@@ -208,7 +208,7 @@ def test_fedsim_plot_redraws_under_the_names_the_run_used(tmp_path):
     with pytest.raises(FedsimError) as err:
         plot_run_dir(tmp_path / "empty")
     assert str(err.value) == (f"{tmp_path / 'empty'}: no rounds.parquet here or in its sub-folders; "
-                              f"pass a run directory")
+                              "pass a run directory (the folder that `fedsim run` printed after 'results:')")
 
 
 def test_an_origin_that_is_no_date_time_is_one_error_line(tmp_path):

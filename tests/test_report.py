@@ -216,10 +216,11 @@ def test_bad_targets_are_one_error_line(tmp_path, capsys):
 def test_a_folder_that_is_not_a_run_is_one_error_line(tmp_path, capsys):
     run = make_run(tmp_path / "a")
     (tmp_path / "empty").mkdir()
-    for path in (tmp_path / "empty", tmp_path / "missing"):
+    for path, what in ((tmp_path / "empty", "not a run directory (no rounds.parquet and devices.parquet "
+                                             "here or in its sub-folders)"),
+                       (tmp_path / "missing", "no such folder")):
         assert fails(capsys, run, path) == (
-            f"error: {path}: not a run directory (no rounds.parquet and devices.parquet here or in "
-            "its sub-folders); pass the folder that `fedsim run` printed after 'results:'")
+            f"error: {path}: {what}; pass the folder that `fedsim run` printed after 'results:'")
     CURVE.drop("test_acc", "late").write_parquet(run / "rounds.parquet")
     assert fails(capsys, run) == (
         f"error: {run / 'rounds.parquet'}: no column late, test_acc; this is not the table of a "

@@ -163,3 +163,32 @@ def test_device_table_round_trip_and_errors(tmp_path):
         read_device_table(tmp_path / "t.parquet")
     with pytest.raises(FedsimError, match="columns must include device_id"):
         write_device_table({"device_id": [0], "speed": [1.0]}, tmp_path / "u.parquet")
+
+
+def test_unsigned_ids_beyond_int64_are_named_by_their_value(tmp_path):
+    """2^64-1 in a uint64 column was read as -1 and reported as "device -1"."""
+    big = 2**64 - 1
+    ids = pa.array(np.array([0, 0, 2, big], dtype=np.uint64))
+    message = error_of(write_raw(tmp_path / "u.parquet", {**GOOD, "device_id": ids}))
+    assert message.endswith(f"row 3: device_id {big} is too large; ids count devices from 0 "
+                            "(at most 100,000,000 of them)")
+    assert read_trace(write_raw(tmp_path / "small.parquet", {**GOOD, "device_id": pa.array(
+        np.array([0, 0, 2, 3], dtype=np.uint64))})).device_id.dtype == np.int64
+    pq.write_table(pa.table({"device_id": ids}), tmp_path / "devices.parquet")
+    with pytest.raises(FedsimError, match=f"row 3: device_id {big} is too large"):
+        read_device_table(tmp_path / "devices.parquet")
+    with pytest.raises(FedsimError, match=f"row 1: device_id {big} is too large"):
+        Trace.from_intervals(np.array([0, big], dtype=np.uint64), [0.0, 0.0], [1.0, 1.0],
+                             n_devices=2, horizon=1.0)
+
+
+def test_a_csv_id_beyond_int64_stays_a_name(tmp_path):
+    """A CSV id too large for int64 is a device name, kept in the names file, never -1."""
+    from fedsim.cli import main
+
+    (tmp_path / "u.csv").write_text("device_id,start,end\n0,0,10\n18446744073709551615,0,10\n")
+    out = tmp_path / "u.parquet"
+    assert main(["trace", "convert", "--from", "csv", str(tmp_path / "u.csv"), "--out", str(out)]) == 0
+    assert read_trace(out).device_id.tolist() == [0, 1]
+    names = pq.read_table(tmp_path / "u.devices.parquet").to_pydict()
+    assert [str(n) for n in names["name"]] == ["0", "18446744073709551615"]

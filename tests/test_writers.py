@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import quadratic_config  # noqa: E402
 
@@ -215,8 +217,14 @@ def test_damaged_files_and_a_replaced_trace_are_one_line(cli_run, capsys, tmp_pa
     assert "is a folder; give the file to convert" in capsys.readouterr().err
 
 
-def test_a_write_that_fails_names_the_users_path_and_keeps_the_old_file(tmp_path, monkeypatch):
+NO_SPACE = ("no space left on device (the file needs {needed}, {free} free); free some space, then "
+            "run the command again, or `fedsim run --resume` a run (the earlier file, if any, is intact)")
+
+
+def test_a_full_disk_is_one_line_saying_how_much_the_file_needs(tmp_path, monkeypatch):
     import errno
+    import shutil
+    from collections import namedtuple
 
     import pytest
 
@@ -225,16 +233,86 @@ def test_a_write_that_fails_names_the_users_path_and_keeps_the_old_file(tmp_path
 
     target = tmp_path / "rounds.parquet"
     target.write_bytes(b"earlier")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: usage(10**9, 10**9 - 2500, 2500))
 
-    def disk_full(tmp):
-        tmp.write_bytes(b"half")
+    def disk_full(tmp):  # fills the disk when given the temporary file, not when counted
+        tmp.write_bytes(b"y" * 1_234_567)
+        if isinstance(tmp, Path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def paths_only(tmp):  # cannot be counted: what it wrote before the disk filled is a bound
+        Path(tmp).write_bytes(b"half")
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    for write, needed in ((disk_full, "1.23 MB"), (paths_only, "more than 4 bytes")):
+        with pytest.raises(FedsimError) as err:
+            atomic_write(target, write)
+        assert str(err.value) == f"{target}: " + NO_SPACE.format(needed=needed, free="2.5 kB")
+        assert target.read_bytes() == b"earlier" and sorted(p.name for p in tmp_path.iterdir()) == ["rounds.parquet"]
+
+    def refused(tmp):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
     with pytest.raises(FedsimError) as err:
-        atomic_write(target, disk_full)
-    assert str(err.value) == (f"{target}: cannot write it (No space left on device); check the "
-                              "folder's permissions and free space (the earlier file, if any, is intact)")
-    assert target.read_bytes() == b"earlier" and sorted(p.name for p in tmp_path.iterdir()) == ["rounds.parquet"]
+        atomic_write(target, refused)
+    assert str(err.value) == (f"{target}: cannot write it (Permission denied); check the folder's "
+                              "permissions (the earlier file, if any, is intact)")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs at tmp_path/disk (root only; skipped where it cannot be mounted)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("a real disk-full test needs root and `mount -t tmpfs`")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_run_on_a_full_disk_stops_with_one_line_and_resumes_once_there_is_space(cli_run, small_disk, capsys):
+    """A run of 4 rounds fits on the 1 MiB disk; going on to 8 needs a second checkpoint.pt
+    (487 kB) beside the first, which does not fit: one line, exit 2, the checkpoint, model and
+    events of round 4 untouched, no temporary file left, the run shown as crashed after its
+    checkpoint at round 4; with space, the resume completes as if the disk had never filled."""
+    import hashlib
+    import re
+
+    import polars as pl
+    import torch
+
+    config = quadratic_config([[0.0] * 20000] * 3, rounds=4, algorithm="mifa")
+    config["data"].pop("targets")
+    config["data"]["dim"] = 20000
+    whole = cli_run({**config, "run": {**config["run"], "rounds": 8}}, name="whole")
+    run_dir = cli_run({**config, "run": {**config["run"], "out": str(small_disk)}}, name="full")
+    kept = {name: hashlib.sha256((run_dir / name).read_bytes()).hexdigest()
+            for name in ("checkpoint.pt", "model.pt", "events.parquet")}
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(re.escape(f"error: {run_dir / 'checkpoint.pt'}: ") + re.escape(NO_SPACE).replace(
+        r"\{needed\}", r"48\d kB").replace(r"\{free\}", r"4\d\d kB") + "\n", err), err
+    assert kept == {name: hashlib.sha256((run_dir / name).read_bytes()).hexdigest() for name in kept}
+    assert not list(run_dir.glob(".*.tmp*"))
+    assert main(["report", str(run_dir), "--json"]) == 0  # the resume said `running` from its start
+    assert json.loads(capsys.readouterr().out)["runs"][0]["status"] == "crashed (last checkpoint at round 4)"
+    subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 0
+    columns = ["round", "arrived", "train_loss", "test_loss"]
+    assert pl.read_parquet(run_dir / "rounds.parquet")[columns].equals(pl.read_parquet(whole / "rounds.parquet")[columns])
+    assert torch.equal(torch.load(run_dir / "model.pt")["x"], torch.load(whole / "model.pt")["x"])
+
+
+def test_trace_generate_on_a_full_disk_names_its_output(small_disk, capsys):
+    (small_disk / "filler").write_bytes(b"\0" * (1024 * 1024 - 64 * 1024))
+    out = small_disk / "t.parquet"
+    argv = ["trace", "generate", "diurnal", "--devices", "2000", "--days", "7", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {out}: no space left on device (the file needs ") and err.count("\n") == 1
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
 
 
 def test_resume_without_config_toml_says_what_is_missing(cli_run, capsys):
@@ -242,3 +320,36 @@ def test_resume_without_config_toml_says_what_is_missing(cli_run, capsys):
     (run_dir / "config.toml").unlink()
     assert main(["run", "--resume", str(run_dir), "--quiet"]) == 2
     assert capsys.readouterr().err.startswith(f"error: {run_dir / 'config.toml'}: missing, so the run's settings")
+
+
+def test_a_comparison_folder_has_one_writer(cli_run, monkeypatch, capsys):
+    """The top folder of a comparison is locked for the whole comparison: a --resume of it
+    while the comparison runs (here, from inside its second algorithm) gets the one line
+    naming the holder, and nothing of the comparison is lost."""
+    from fedsim.experiment import Experiment
+
+    whole = cli_run(comparison_config(), name="whole")
+    top = cli_run.tmp / "runs" / "cmp"
+    end, refusals = Experiment.end, []
+
+    def end_and_try_a_second_writer(self):
+        if self.config.algorithm.name == "mifa":
+            refusals.append(main(["run", "--resume", str(top), "--quiet"]))
+            seen = capsys.readouterr()
+            print(seen.out, end="")  # the comparison's own output, for cli_run
+            refusals.append(seen.err)
+        return end(self)
+
+    monkeypatch.setattr(Experiment, "end", end_and_try_a_second_writer)
+    assert cli_run(comparison_config(), name="cmp") == top
+    assert refusals == [2, f"error: {top}: in use by process {os.getpid()} on {os.uname().nodename} "
+                           "(fedsim run, a comparison); wait until it ends (or stop it), then try again\n"]
+    assert same_summary(top, whole)
+    lock = DirectoryLock(top)
+    lock.acquire("a test")
+    try:
+        assert main(["run", "--resume", str(top), "--quiet"]) == 2
+        assert capsys.readouterr().err.startswith(f"error: {top}: in use by process {os.getpid()}")
+    finally:
+        lock.release()
+    assert main(["run", "--resume", str(top), "--quiet"]) == 0 and same_summary(top, whole)

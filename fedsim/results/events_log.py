@@ -95,17 +95,25 @@ class EventLog:
         shutil.rmtree(self.spool, ignore_errors=True)
 
     def resume(self, rows: int) -> None:
-        """Keep the first `rows` rows of what an earlier run logged (events.parquet of a run
-        that finished, else its parts) as this log's first part, streamed batch by batch."""
-        sources = [self.path] if self.path.exists() else sorted(self.spool.glob("part-*.parquet"))
+        """Keep the first `rows` rows of what an earlier run logged as this log's first part,
+        streamed batch by batch. The newest log is read: the parts of a run cut short (also of
+        a resumed run, whose events.parquet is older), else the rows an earlier resume kept
+        (cut before they became a part), else the events.parquet of a run that finished."""
         kept = self.spool.with_name(".events-kept.parquet")
+        sources = sorted(self.spool.glob("part-*.parquet")) or [p for p in (kept, self.path) if p.exists()][:1]
         left = rows
-        with pq.ParquetWriter(kept, SCHEMA) as writer:
-            for source in sources:
-                for batch in pq.ParquetFile(source).iter_batches():
-                    if left > 0:
-                        writer.write_batch(batch.slice(0, left))
-                        left -= min(left, batch.num_rows)
+
+        def write(tmp) -> None:
+            nonlocal left
+            left = rows
+            with pq.ParquetWriter(tmp, SCHEMA) as writer:
+                for source in sources:
+                    for batch in pq.ParquetFile(source).iter_batches():
+                        if left > 0:
+                            writer.write_batch(batch.slice(0, left))
+                            left -= min(left, batch.num_rows)
+
+        atomic_write(kept, write)  # a full disk named by its file, as every other write
         shutil.rmtree(self.spool, ignore_errors=True)
         self.spool.mkdir()
         kept.replace(self._part(0))

@@ -312,7 +312,9 @@ def plot_run_dir(run_dir: Path) -> list[Path]:
     else:
         runs = {p.parent.name: p.parent for p in sorted(run_dir.glob("*/rounds.parquet"))}
     if not runs:
-        raise FedsimError(f"{run_dir}: no rounds.parquet here or in its sub-folders; pass a run directory")
+        what = "no rounds.parquet here or in its sub-folders" if run_dir.is_dir() else "no such folder"
+        raise FedsimError(f"{run_dir}: {what}; pass a run directory (the folder that `fedsim run` "
+                          "printed after 'results:')")
     return plot_dirs(runs, run_dir / "plots", title=run_dir.name)
 
 

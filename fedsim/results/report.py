@@ -188,6 +188,9 @@ def find_runs(paths: list[Path]) -> list[Run]:
     sub-folders, in name order)."""
     runs = []
     for origin in paths:
+        if not origin.is_dir():
+            raise FedsimError(f"{origin}: no such folder; pass the folder that `fedsim run` printed "
+                              "after 'results:'")
         members = [origin] if _is_run(origin) else sorted(p for p in origin.glob("*") if _is_run(p))
         if not members:
             raise FedsimError(

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from fedsim.errors import FedsimError
 from fedsim.files import atomic_write
 from fedsim.traces.converters import convert  # noqa: F401  (public API lives here too)
-from fedsim.traces.schema import Trace, check_header, first_problem, merge_sorted
+from fedsim.traces.schema import Trace, check_header, first_problem, merge_sorted, signed_ids
 
 VERSION = "1"
 COLUMNS = {"device_id": "integer", "start": "float", "end": "float"}
@@ -134,7 +134,8 @@ def _columns(table: pa.Table, kinds: dict, where: str, *, required: dict) -> dic
         if column.null_count:
             row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
             raise FedsimError(f"{where}: row {row}: {name} is null; every row needs a value")
-        out[name] = column.to_numpy().astype(np.int64 if kind == "integer" else np.float64, copy=False)
+        values = column.to_numpy()
+        out[name] = signed_ids(values, name, where) if kind == "integer" else values.astype(np.float64, copy=False)
     return out
 
 

@@ -82,7 +82,19 @@ def _as_array(values, dtype, name: str, where: str) -> np.ndarray:
         raise FedsimError(f"{where}: {name} must be one-dimensional, got shape {array.shape}")
     if dtype is np.int64 and array.size and not np.issubdtype(array.dtype, np.integer):
         raise FedsimError(f"{where}: device_id must hold integers, got {array.dtype}")
+    if dtype is np.int64:
+        return signed_ids(array, name, where).copy()
     return np.array(array, dtype=dtype)  # a copy: the trace must not change under an index
+
+
+def signed_ids(ids: np.ndarray, name: str, where: str) -> np.ndarray:
+    """Integer ids as int64, refusing unsigned ones above its range by their true value (a
+    plain cast would report 2^64-1 as -1)."""
+    if ids.dtype.kind == "u" and ids.size and ids.max() > np.iinfo(np.int64).max:
+        row = int(np.argmax(ids > np.iinfo(np.int64).max))
+        raise FedsimError(f"{where}: row {row}: {name} {int(ids[row])} is too large; ids count "
+                          f"devices from 0 (at most {MAX_DEVICES:,} of them)")
+    return ids.astype(np.int64, copy=False)
 
 
 def positive_seconds(value, name: str, where: str) -> float:

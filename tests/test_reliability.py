@@ -1,0 +1,320 @@
+"""The catalogue of bad inputs: every one gets exit status 2 and ONE line on stderr, `error: `
+followed by what is wrong, where, and how to fix it; no traceback, and nothing that was there
+before is deleted or changed.
+
+Each case is a command line (`{tmp}` stands for the test's folder, also the working
+directory), the files it needs there, and a regular expression the line must match.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import quadratic_config  # noqa: E402
+
+from fedsim.cli import main  # noqa: E402
+from fedsim.config import dump_toml  # noqa: E402
+
+META = {"fedsim.trace.version": "1", "n_devices": "3", "horizon": "100.0"}
+GOOD = {"device_id": [0, 1, 2], "start": [0.0, 10.0, 5.0], "end": [50.0, 90.0, 100.0]}
+QUADRATIC = quadratic_config([[1.0, 0.0], [0.0, 1.0], [2.0, 1.0]], rounds=2)
+
+
+def trace(columns=None, meta=None, **change):
+    """A trace file with exactly these columns and metadata (unchecked): GOOD with `change`."""
+    def write(path, run):
+        table = pa.table(columns if columns is not None else {**GOOD, **change})
+        pq.write_table(table.replace_schema_metadata(META if meta is None else meta), path)
+    return write
+
+
+def config(trace_path: str | None = None, **sections) -> str:
+    """A quadratic config (3 devices, 2 rounds) as TOML, `sections` merged in."""
+    body = {section: dict(keys) for section, keys in QUADRATIC.items()}
+    body["run"].update(out="{tmp}/runs", name="t", progress=False, plots=False)
+    if trace_path:
+        body["trace"] = {"source": "file", "path": trace_path}
+    for section, keys in sections.items():
+        body.setdefault(section, {}).update(keys)
+    return dump_toml(body)
+
+
+def run_dir(change=None):
+    """A copy of a finished quadratic run, then `change(folder)`."""
+    def write(path, run):
+        shutil.copytree(run, path)
+        if change:
+            change(path)
+    return write
+
+
+def diverged(folder: Path) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "status": "diverged", "reason": "loss nan"}))
+
+
+def case(name: str, argv: str, says: str, **files):
+    """A bad input: `fedsim ARGV` (split on spaces) in a folder holding `files` (text, bytes,
+    or a function(path, finished_run) writing it); `says`: a regex for its line."""
+    return pytest.param(argv.split(), says, files, id=name)
+
+
+def run_then_replace_trace(runs: Path, finished) -> None:
+    """Run c.toml (which replays t.parquet), then write another trace over t.parquet."""
+    assert main(["run", str(runs.parent / "c.toml"), "--quiet"]) == 0
+    trace(end=[50.0, 90.0, 99.0])(runs.parent / "t.parquet", finished)
+
+
+def idx_files(folder: Path) -> None:
+    """The four MNIST-format files, the first of them cut short."""
+    import gzip
+
+    folder.mkdir()
+    for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        (folder / f"{stem}.gz").write_bytes(gzip.compress(b"\x00\x00\x08\x03\x00\x00"))
+
+
+RUN = "run {tmp}/c.toml --quiet"
+CONVERT = "trace convert --from csv {tmp}/in.csv --out {tmp}/out.parquet"
+
+CASES = [
+    # --- config: keys, types, ranges, names --------------------------------------------------
+    case("unknown-key", RUN, r"unknown key \[client\] local_step.*did you mean 'local_steps'",
+         **{"c.toml": "[client]\nlocal_step = 3\n"}),
+    case("unknown-section", RUN, r"unknown section \[clients\].*'client'", **{"c.toml": "[clients]\nlr = 0.1\n"}),
+    case("unknown-key-by-set", "run quickstart --set server.dedline=5", r"did you mean 'deadline'"),
+    case("string-for-int", RUN, r"\[run\] rounds.*expected an integer", **{"c.toml": "[run]\nrounds = 'many'\n"}),
+    case("bool-for-int", "run quickstart --set run.rounds=true", r"\[run\] rounds.*expected an integer"),
+    case("list-for-float", "run quickstart --set client.lr=[1]", r"\[client\] lr.*expected a number"),
+    case("section-not-a-table", RUN, r"'run' must be a \[run\] table", **{"c.toml": "run = 5\n"}),
+    case("negative-clients", "run quickstart --set data.clients=-3", r"\[data\] clients = -3 must be >= 1"),
+    case("zero-local-steps", "run quickstart --set client.local_steps=0", r"\[client\] local_steps = 0 must be >= 1"),
+    case("negative-lr", "run quickstart --set client.lr=-1", r"\[client\] lr = -1\.0 must be > 0"),
+    case("negative-checkpoint-every", "run quickstart --set run.checkpoint_every=-1",
+         r"\[run\] checkpoint_every = -1 must be >= 0"),
+    case("test-fraction-above-1", "run quickstart --set data.test_fraction=1.5",
+         r"\[data\] test_fraction = 1\.5 must be in \(0, 1\)"),
+    case("majority-above-1", "run quickstart --set data.majority=2.0", r"\[data\] majority = 2\.0 must be in \[0, 1\]"),
+    case("dropout-of-1", "run quickstart --set model.dropout=1.0", r"\[model\] dropout = 1\.0 must be in \[0, 1\)"),
+    case("gamma-above-1", "run quickstart --set client.lr_step_gamma=5", r"\[client\] lr_step_gamma = 5.* must be in \(0, 1\]"),
+    case("infinite-deadline", "run quickstart --set server.deadline=inf", r"\[server\] deadline = inf must be a finite number"),
+    case("seed-beyond-64-bits", "run quickstart --set run.seed=99999999999999999999", r"is too large \(it must fit in 64 bits\)"),
+    case("name-with-slash", "run quickstart --set run.name='a/b'", r"\[run\] name = 'a/b'.*folder name"),
+    case("unknown-algorithm", "run quickstart --set algorithm.name='fedavgg'",
+         r"\[algorithm\] name = 'fedavgg' is unknown; did you mean 'fedavg'"),
+    case("unknown-model", "run quickstart --set model.name='resnet'", r"\[model\] name = 'resnet' is unknown"),
+    case("unknown-trace-source", "run quickstart --set trace.source='nope'", r"\[trace\] source = 'nope' is unknown"),
+    case("unknown-partition", "run quickstart --set data.partition='skewed'", r"\[data\] partition = 'skewed' is not valid \(one of: iid, dirichlet"),
+    case("bad-timing-choice", "run quickstart --set server.timing='real'", r"one of: model, ideal"),
+    case("algorithm-twice", "run quickstart --set run.algorithms=['mifa','mifa']", r"\[run\] algorithms lists 'mifa' more than once"),
+    case("algorithms-not-a-list", "run quickstart --set run.algorithms='fedavg'", r"\[run\] algorithms must be a list of names"),
+    case("target-above-1", "run quickstart --set run.targets=[1.5]", r"1\.5 is not an accuracy in \(0, 1\]"),
+    case("diverge-loss-word", "run quickstart --set run.diverge_loss='sometimes'", r"must be \"auto\""),
+    case("offset-not-a-time", "run quickstart --set trace.offset='noon'", r"\[trace\] offset = 'noon' is not a date-time"),
+    case("targets-not-numbers", RUN, r"\[data\] targets: entry 1 = \['a'\] is not a list of finite numbers",
+         **{"c.toml": config(data={"targets": [["a"]]})}),
+    case("unknown-algorithm-option", RUN, r"unknown key \[algorithm\] cutof for 'fedau'.*cutoff",
+         **{"c.toml": config(algorithm={"name": "fedau", "cutof": 3})}),
+    case("file-source-without-path", RUN, r"\[trace\] source = 'file' needs \[trace\] path",
+         **{"c.toml": config(trace={"source": "file"})}),
+    case("partition-on-quadratic", RUN, r"partition = 'dirichlet' does not apply to the quadratic task",
+         **{"c.toml": config(data={"partition": "dirichlet"})}),
+    case("async-with-ideal-timing", RUN, r"mode = 'async' needs timing = 'model'",
+         **{"c.toml": config(server={"mode": "async"})}),
+    case("more-per-round-than-devices", RUN, r"clients_per_round = 4 is more than the 3 devices",
+         **{"c.toml": config(server={"clients_per_round": 4})}),
+    case("clients-beyond-samples", "run quickstart --set data.clients=3000000 --set run.rounds=1",
+         r"\[data\] clients = 3000000 is more than the 1347 training samples of 'digits'"),
+    case("invalid-toml", RUN, r"config .*c\.toml: invalid TOML", **{"c.toml": "[run\nrounds = 1\n"}),
+    case("config-not-utf8", RUN, r"not UTF-8 text", **{"c.toml": b"\xff\xfe[run]\n"}),
+    case("set-without-equals", "run quickstart --set run.rounds", r"--set 'run\.rounds': expected section\.key=value"),
+    case("set-bad-value", "run quickstart --set run.rounds=x", r"\[run\] rounds: expected an integer, got 'x'"),
+    # --- CLI: arguments, missing files, resume ------------------------------------------------
+    case("unknown-option", "run --bogus", r"fedsim: unrecognized arguments: --bogus; see `fedsim --help`"),
+    case("no-command", "", r"the following arguments are required: command"),
+    case("not-an-integer-argument", "trace generate always --devices x --days 1 --out {tmp}/t.parquet",
+         r"fedsim trace generate: argument --devices: invalid int value: 'x'; see `fedsim trace generate --help`"),
+    case("missing-config", "run {tmp}/nope.toml", r"config .*nope\.toml: no such file"),
+    case("folder-as-config", "run {tmp}", r"config .*: cannot read it \(Is a directory\); pass a readable \.toml file"),
+    case("resume-missing-folder", "run --resume {tmp}/nope", r"nope: no such run directory"),
+    case("resume-and-config", "run quickstart --resume {tmp}/r", r"give a config or --resume RUN_DIR, not both"),
+    case("resume-changes-lr", "run --resume {tmp}/r --set client.lr=1", r"client\.lr cannot be changed when resuming"),
+    case("resume-not-a-run", "run --resume {tmp}/empty", r"empty: no checkpoint\.pt", empty=lambda path, run: path.mkdir()),
+    case("resume-fewer-rounds", "run --resume {tmp}/r --set run.rounds=1 --quiet", r"the run already has 2 rounds",
+         r=run_dir()),
+    case("resume-diverged", "run --resume {tmp}/r --quiet", r"the run diverged \(loss nan\).*--force", r=run_dir(diverged)),
+    case("resume-without-config", "run --resume {tmp}/r --quiet", r"r/config\.toml: missing",
+         r=run_dir(lambda path: (path / "config.toml").unlink())),
+    case("resume-damaged-checkpoint", "run --resume {tmp}/r --quiet", r"checkpoint\.pt: not a readable checkpoint",
+         r=run_dir(lambda path: (path / "checkpoint.pt").write_bytes(b"half a checkpoint"))),
+    case("resume-edited-config", "run --resume {tmp}/r --quiet", r"\[client\] lr = 0\.5, but the run started with 0\.1",
+         r=run_dir(lambda path: (path / "config.toml").write_text(
+             (path / "config.toml").read_text().replace("lr = 0.1", "lr = 0.5")))),
+    case("report-missing-folder", "report {tmp}/nope", r"nope: no such folder; pass the folder that `fedsim run` printed"),
+    case("report-not-a-run", "report {tmp}/empty", r"empty: not a run directory \(no rounds\.parquet",
+         empty=lambda path, run: path.mkdir()),
+    case("plot-missing-folder", "plot {tmp}/nope", r"nope: no such folder; pass a run directory"),
+    case("report-missing-rounds", "report {tmp}/r", r"r: not a run directory \(no rounds\.parquet",
+         r=run_dir(lambda path: (path / "rounds.parquet").unlink())),
+    case("report-bad-target", "report {tmp}/r --target 1.5", r"1\.5", r=run_dir()),
+    case("best-by-without-study", "report {tmp}/r --best-by final_acc --over client.lr", r"report on a study folder",
+         r=run_dir()),
+    case("plot-damaged-rounds", "plot {tmp}/r", r"rounds\.parquet: not a readable Parquet file",
+         r=run_dir(lambda path: (path / "rounds.parquet").write_bytes(b"PAR1 broken"))),
+    case("sweep-missing-study", "sweep {tmp}/nope.toml", r"nope\.toml: no such file"),
+    case("sweep-unknown-axis", "sweep {tmp}/s.toml", r"unknown key \[client\] lrr; did you mean 'lr'\? \(an axis of \[sweep\]",
+         **{"s.toml": 'base = "quickstart"\n[sweep]\n"client.lrr" = [0.1, 0.2]\n'}),
+    case("sweep-empty-axis", "sweep {tmp}/s.toml", r"\[sweep\] 'client\.lr' = \[\] must be a non-empty list",
+         **{"s.toml": 'base = "quickstart"\n[sweep]\n"client.lr" = []\n'}),
+    case("sweep-bad-value", "sweep {tmp}/s.toml", r"point algorithm-fedavg_lr--1\.0: \[client\] lr = -1\.0 must be > 0",
+         **{"s.toml": 'base = "quickstart"\n[sweep]\n"client.lr" = [0.1, -1.0]\n'}),
+    case("config-show-bad-key", "config show quickstart --set run.roundz=3", r"did you mean 'rounds'"),
+    # --- traces ------------------------------------------------------------------------------
+    case("trace-unsorted", "trace info {tmp}/t.parquet", r"row 2 \(device 1\): rows are not sorted",
+         **{"t.parquet": trace(device_id=[0, 2, 1], start=[0.0, 5.0, 10.0], end=[50.0, 100.0, 90.0])}),
+    case("trace-overlap", "trace info {tmp}/t.parquet", r"row 1 \(device 0\): start 10\.0 < end 50\.0 of the previous",
+         **{"t.parquet": trace(device_id=[0, 0, 2])}),
+    case("trace-negative-start", "trace info {tmp}/t.parquet", r"row 0 \(device 0\): start -1\.0 < 0",
+         **{"t.parquet": trace(start=[-1.0, 10.0, 5.0])}),
+    case("trace-end-before-start", "trace info {tmp}/t.parquet", r"row 1 \(device 1\): end 5\.0 <= start 10\.0",
+         **{"t.parquet": trace(end=[50.0, 5.0, 100.0])}),
+    case("trace-beyond-horizon", "trace info {tmp}/t.parquet", r"end 200\.0 > horizon 100\.0",
+         **{"t.parquet": trace(end=[50.0, 90.0, 200.0])}),
+    case("trace-id-outside", "trace info {tmp}/t.parquet", r"device_id 7 is outside 0\.\.2",
+         **{"t.parquet": trace(device_id=[0, 1, 7])}),
+    case("trace-id-2-64", "trace info {tmp}/t.parquet", r"row 2: device_id 18446744073709551615 is too large",
+         **{"t.parquet": trace(device_id=pa.array(np.array([0, 1, 2**64 - 1], dtype=np.uint64)))}),
+    case("trace-missing-column", "trace info {tmp}/t.parquet", r"missing column 'end'",
+         **{"t.parquet": trace(columns={"device_id": [0], "start": [0.0]})}),
+    case("trace-string-times", "trace info {tmp}/t.parquet", r"column 'start' has type string",
+         **{"t.parquet": trace(start=["0", "10", "5"])}),
+    case("trace-null", "trace info {tmp}/t.parquet", r"row 1: end is null", **{"t.parquet": trace(end=[50.0, None, 100.0])}),
+    case("trace-no-metadata", "trace info {tmp}/t.parquet", r"no 'fedsim\.trace\.version' metadata",
+         **{"t.parquet": trace(meta={})}),
+    case("trace-wrong-version", "trace info {tmp}/t.parquet", r"trace version '7' is not supported",
+         **{"t.parquet": trace(meta={**META, "fedsim.trace.version": "7"})}),
+    case("trace-bad-n-devices", "trace info {tmp}/t.parquet", r"n_devices = 'three' is not an integer",
+         **{"t.parquet": trace(meta={**META, "n_devices": "three"})}),
+    case("trace-negative-horizon", "trace info {tmp}/t.parquet", r"horizon = -5\.0; it must be a finite number of seconds > 0",
+         **{"t.parquet": trace(meta={**META, "horizon": "-5"})}),
+    case("trace-not-parquet", "trace info {tmp}/t.parquet", r"t\.parquet: not a readable Parquet file",
+         **{"t.parquet": "device_id,start,end\n0,0,1\n"}),
+    case("trace-missing", "trace info {tmp}/nope.parquet", r"nope\.parquet: file not found"),
+    case("trace-a-folder", "trace info {tmp}", r"is a directory; give the path of a \.parquet file"),
+    case("trace-device-table-twice", RUN, r"device table .*d\.parquet: row 1: device_id 0 appears twice",
+         **{"t.parquet": trace(), "d.parquet": trace(columns={"device_id": [0, 0, 1]}, meta={}),
+            "c.toml": config("{tmp}/t.parquet", trace={"source": "file", "path": "{tmp}/t.parquet",
+                                                       "devices_table": "{tmp}/d.parquet"},
+                             devices={"model": "table"})}),
+    case("trace-wrong-device-count", RUN, r"3 devices.*clients = 5",
+         **{"t.parquet": trace(), "c.toml": config("{tmp}/t.parquet", data={"clients": 5, "targets": []})}),
+    case("trace-replaced-on-resume", "run --resume {tmp}/runs/t --quiet", r"t\.parquet: the trace file changed since",
+         **{"t.parquet": trace(), "c.toml": config("{tmp}/t.parquet"), "runs": run_then_replace_trace}),
+    case("trace-plot-out-folder", "trace plot {tmp}/t.parquet --out {tmp}", r"^error: \S+ is a folder; give the path of a file to write", **{"t.parquet": trace()}),
+    case("generate-unknown-kind", "trace generate sometimes --devices 3 --days 1 --out {tmp}/g.parquet", r"trace generator = 'sometimes' is unknown \(one of: always, bernoulli"),
+    case("generate-no-days", "trace generate always --devices 3 --days 0 --out {tmp}/g.parquet", r"--days 0\.0: give a number of days > 0"),
+    case("generate-bad-set", "trace generate bernoulli --devices 3 --days 1 --set p --out {tmp}/g.parquet",
+         r"--set 'p': expected key=value"),
+    case("generate-over-a-file", "trace generate always --devices 3 --days 1 --out {tmp}/g.parquet",
+         r"--out .*g\.parquet: the file exists; give another path, or --force", **{"g.parquet": b"precious"}),
+    # --- converters --------------------------------------------------------------------------
+    case("convert-a-folder", "trace convert --from csv {tmp} --out {tmp}/out.parquet", r"is a folder; give the file to convert"),
+    case("convert-missing-input", CONVERT, r"csv trace \S+/in\.csv: file not found"),
+    case("convert-unknown-format", "trace convert --from xls {tmp}/in.csv --out {tmp}/out.parquet", r"--from \(trace format\) = 'xls' is unknown",
+         **{"in.csv": "device_id,start,end\n0,0,10\n"}),
+    case("csv-missing-column", CONVERT + " --end-col stop", r"the header has no column 'stop'",
+         **{"in.csv": "device_id,start,end\n0,0,10\n"}),
+    case("csv-bad-time", CONVERT, r"line 3: start 'abc' is not a time", **{"in.csv": "device_id,start,end\n0,0,10\n1,abc,20\n"}),
+    case("csv-end-before-start", CONVERT, r"line 2: interval \[10, 5\) needs finite 0 <= start < end",
+         **{"in.csv": "device_id,start,end\n0,10,5\n"}),
+    case("csv-empty", CONVERT, r"the file is empty", **{"in.csv": ""}),
+    case("csv-not-utf8", CONVERT, r"not a UTF-8 text file", **{"in.csv": b"device_id,start,end\n\xff,0,1\n"}),
+    case("csv-ragged", CONVERT, r"line 3: 4 fields where line 1 has 3", **{"in.csv": "device_id,start,end\n0,0,10\n1,0,10,7\n"}),
+    case("csv-bad-time-unit", CONVERT + " --time-unit hours", r"--time-unit = 'hours' is unknown",
+         **{"in.csv": "device_id,start,end\n0,0,10\n"}),
+    case("csv-bad-tz", CONVERT + " --tz Mars", r"--tz 'Mars' is not a UTC offset", **{"in.csv": "device_id,start,end\n0,0,10\n"}),
+    case("csv-too-many-devices", CONVERT, r"n_devices = 100,000,000,000 is above fedsim's limit",
+         **{"in.csv": "device_id,start,end\n0,0,10\n99999999999,0,10\n"}),
+    case("fedscale-not-pickle", "trace convert --from fedscale {tmp}/in.pkl --out {tmp}/out.parquet",
+         r"not a FedScale client_behave_trace pickle", **{"in.pkl": b"not a pickle"}),
+    case("flash-not-json", "trace convert --from flash {tmp}/in.json --out {tmp}/out.parquet",
+         r"not FLASH user-behaviour JSON", **{"in.json": "{oops"}),
+    # --- datasets ----------------------------------------------------------------------------
+    case("mnist-missing-files", RUN, r"\[data\] dataset = 'mnist': files not found in .*data.*set \[data\] root",
+         **{"c.toml": config(data={"dataset": "mnist", "root": "{tmp}/data", "targets": []}),
+            "data": lambda path, run: path.mkdir()}),
+    case("fashion-mnist-damaged", RUN, r"\[data\] dataset = 'fashion-mnist': .* is damaged",
+         **{"c.toml": config(data={"dataset": "fashion-mnist", "root": "{tmp}/data", "targets": []}),
+            "data": lambda path, run: idx_files(path)}),
+    case("cifar10-missing-files", RUN, r"\[data\] dataset = 'cifar10': files not found",
+         **{"c.toml": config(data={"dataset": "cifar10", "root": "{tmp}/data", "targets": []})}),
+    case("svhn-missing-files", RUN, r"\[data\] dataset = 'svhn': files not found",
+         **{"c.toml": config(data={"dataset": "svhn", "root": "{tmp}/data", "targets": []})}),
+    # --- outputs -----------------------------------------------------------------------------
+    case("run-out-under-a-file", RUN, r"cannot create the folder (\S+)/blocker/runs: \1/blocker is a file; choose another \[run\] out", blocker="",
+         **{"c.toml": config(run={"out": "{tmp}/blocker/runs"})}),
+    case("generate-out-a-folder", "trace generate always --devices 3 --days 1 --out {tmp}", r"^error: \S+ is a folder; give the path"),
+    case("generate-out-under-a-file", "trace generate always --devices 3 --days 1 --out {tmp}/blocker/t.parquet",
+         r"cannot create the folder (\S+)/blocker: \1/blocker is a file", blocker=""),
+    case("devices-out-a-folder", CONVERT + " --devices-out {tmp}", r"^error: \S+ is a folder; give the path", **{"in.csv": "device_id,start,end\n0,0,10\n"}),
+    case("plot-into-a-file", "plot {tmp}/r", r"cannot create the folder (\S+)/r/plots: \1/r/plots is a file", r=run_dir(lambda path: (path / "plots").write_text(""))),
+]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished quadratic run (2 rounds) replaying the trace file t.parquet beside it."""
+    from fedsim.traces import Trace, write_trace
+
+    root = tmp_path_factory.mktemp("finished")
+    write_trace(Trace.from_intervals([0, 1, 2], [0.0] * 3, [100.0] * 3, n_devices=3, horizon=100.0),
+                root / "t.parquet")
+    (root / "c.toml").write_text(config(str(root / "t.parquet")).replace("{tmp}", str(root)))
+    assert main(["run", str(root / "c.toml"), "--quiet"]) == 0
+    return root / "runs" / "t"
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+def test_the_catalogue_is_large_enough():
+    assert len(CASES) >= 60
+
+
+@pytest.mark.parametrize("argv, says, files", CASES)
+def test_a_bad_input_is_one_line(argv, says, files, tmp_path, monkeypatch, capsys, finished_run):
+    monkeypatch.chdir(tmp_path)
+    for name, content in files.items():
+        path = tmp_path / name
+        if callable(content):
+            content(path, finished_run)
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content.replace("{tmp}", str(tmp_path)))
+    capsys.readouterr()
+    before = snapshot(tmp_path)
+    try:
+        code = main([arg.replace("{tmp}", str(tmp_path)) for arg in argv])
+    except SystemExit as exit:  # argparse
+        code = exit.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and err.endswith("\n"), err
+    assert "Traceback" not in err
+    assert re.search(says, err), err
+    after = snapshot(tmp_path)
+    assert {name: after.get(name) for name in before} == before, "a file that was there changed"

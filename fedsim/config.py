@@ -599,6 +599,9 @@ def load_config(source: str | Path | None = None, overrides: list[str] = ()) -> 
     if not path.exists() and str(source) in scenario_names():
         path = scenario_path(str(source))
     raw = read_toml(path)
+    if "sweep" in raw:
+        raise FedsimError(f"{path}: is a study (it has a [sweep] table of axes); run it with "
+                          f"`fedsim sweep {source}`")
     for text in overrides:
         section, key, value = parse_override(text)
         raw.setdefault(section, {})

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from fedsim.errors import FedsimError, did_you_mean
+from fedsim.errors import FedsimError, choice_error, did_you_mean
 from fedsim.results.report import ci95, finite, table_text
 
 SEED = "run.seed"
@@ -62,7 +62,7 @@ def check_claims(claims, axes: dict[str, list], where: str) -> list[dict]:
 def _check(claim: dict, axes: dict[str, list], where: str) -> dict:
     for key in claim:
         if key not in KEYS:
-            raise FedsimError(f"{where}: unknown key {key!r}; {did_you_mean(key, KEYS, '') or 'keys: ' + ', '.join(KEYS)}")
+            raise FedsimError(f"{where}: unknown key {key!r}; {did_you_mean(key, KEYS) or 'keys: ' + ', '.join(KEYS)}")
     for key in ("claim", "metric", "better", "than"):
         if key not in claim:
             raise FedsimError(f"{where}: no {key!r}; a claim needs claim, metric, better and than")
@@ -70,8 +70,7 @@ def _check(claim: dict, axes: dict[str, list], where: str) -> dict:
         raise FedsimError(f"{where}: claim = {claim['claim']!r} must be the sentence the report shows")
     where = f"{where} ({claim['claim']!r})"
     if claim["metric"] not in METRICS:
-        hint = did_you_mean(claim["metric"], METRICS, "; ")
-        raise FedsimError(f"{where}: metric = {claim['metric']!r} is unknown; {hint}one of: {', '.join(METRICS)}")
+        raise choice_error(f"{where}: metric", claim["metric"], list(METRICS))
     window = claim.get("window")
     if claim["metric"] in WINDOWED and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise FedsimError(f"{where}: metric {claim['metric']!r} needs window = ROUNDS (an integer >= 1), "
@@ -122,8 +121,9 @@ def _check_selection(selection, key: str, axes: dict[str, list], where: str) -> 
 def point_metric(study: pl.DataFrame, metric: str, window: int | None = None) -> pl.DataFrame:
     """`point` and `value`: the metric of each point, from study.parquet's rounds."""
     frame = study.sort(["point", "round"])
-    if metric in WINDOWED:
-        frame = frame.filter(pl.col("round") > pl.col("round").max().over("point") - window)
+    if metric in WINDOWED:  # the study's last rounds; a point that stopped early (diverged) has none
+        last = pl.col("round").max()
+        frame = frame.filter((last.over("point") == last) & (pl.col("round") > last - window))
     acc, loss = finite("test_acc"), finite("test_loss")
     value = {"final_acc": acc.drop_nulls().last(), "best_acc": acc.max(), "final_loss": loss.drop_nulls().last(),
              "tail_acc": acc.mean(), "tail_loss": loss.mean(), "loss_swing": loss.max() - loss.min()}[metric]

@@ -264,13 +264,13 @@ def cmd_config_show(args) -> int:
 
 def cmd_scenarios(args) -> int:
     """The built-in scenarios with the first line of their comment; a study says so."""
-    from fedsim.config import read_toml, scenario_names, scenario_path
+    from fedsim.config import is_study, read_toml, scenario_names, scenario_path
 
     for name in scenario_names():
         path = scenario_path(name)
         text = path.read_text().splitlines()
         about = next((line.lstrip("# ").strip() for line in text if line.startswith("#")), "")
-        if "sweep" in read_toml(path):
+        if is_study(read_toml(path)):
             about = f"study (fedsim sweep {name}): {about}"
         print(f"{name:<20} {about}")
     return 0

@@ -12,14 +12,16 @@ selects with those that `than` selects, paired by seed (same seed, same data, sa
     where = {"trace.p_min" = [0.05, 0.1]}   # optional: only these points
     grows_as = {"trace.p_min" = "falls"}    # optional: the advantage at the smallest p_min
                                             # exceeds the one at the largest ("rises": reverse)
+    at_least = -0.01                        # optional: the advantage must exceed this (default 0;
+                                            # -0.01: A is no more than 1 point below B)
     within = 0.01                           # optional: instead, A matches B within this margin
     best_over = "client.lr"                 # optional: each side at its best value of the axis
     window = 100                            # rounds, for tail_acc, tail_loss, loss_swing
 
 Every axis the claim does not name (but the seed) splits it into groups, and the claim must
 hold in each. Per group the statistic is computed per seed, and its mean and 95 % CI decide:
-`holds` (the CI is on the claimed side), `does not hold` (the mean is not), `inconclusive`
-(the mean is, the CI is not). A claim's verdict is that of its worst group.
+`holds` (the CI is above `at_least`), `does not hold` (the mean is not), `inconclusive` (the
+mean is, the CI is not). A claim's verdict is that of its worst group.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ METRICS = {
     "loss_swing": ("max - min test loss over the last `window` rounds (oscillation)", False),
 }
 WINDOWED = ("tail_acc", "tail_loss", "loss_swing")
-KEYS = ("claim", "metric", "better", "than", "where", "grows_as", "within", "best_over", "window")
+KEYS = ("claim", "metric", "better", "than", "where", "grows_as", "at_least", "within", "best_over", "window")
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
 
 
@@ -91,15 +93,21 @@ def _check(claim: dict, axes: dict[str, list], where: str) -> dict:
                               f"(axes: {', '.join(free)})")
         if direction not in ("falls", "rises"):
             raise FedsimError(f"{where}: grows_as {axis!r} = {direction!r} must be \"falls\" or \"rises\"")
-    within = claim.get("within")
-    if within is not None and (isinstance(within, bool) or not isinstance(within, (int, float)) or within <= 0):
+    within, at_least = claim.get("within"), claim.get("at_least")
+    if within is not None and (not _number(within) or within <= 0):
         raise FedsimError(f"{where}: within = {within!r} must be a margin > 0 (0.01 = 1 point of accuracy)")
-    if within is not None and grows is not None:
-        raise FedsimError(f"{where}: within and grows_as are two kinds of claim; give one")
+    if at_least is not None and not _number(at_least):
+        raise FedsimError(f"{where}: at_least = {at_least!r} must be a number (-0.01: at most 1 point worse)")
+    if within is not None and (grows is not None or at_least is not None):
+        raise FedsimError(f"{where}: within is a claim of its own; give it without grows_as and at_least")
     best = claim.get("best_over")
     if best is not None and best not in free:
         raise FedsimError(f"{where}: best_over = {best!r} is not an axis of the study (axes: {', '.join(free)})")
     return claim
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
 
 
 def _check_selection(selection, key: str, axes: dict[str, list], where: str) -> None:
@@ -155,14 +163,17 @@ class Verdict:
     decisive: Group  # the group that decides: the worst one
 
 
-def judge(claim: dict, study: pl.DataFrame, axes: dict[str, list]) -> Verdict:
-    """The claim checked on a study's rounds (study.parquet, axis values as columns)."""
+def judge(claim: dict, study: pl.DataFrame, axes: dict[str, list], zips: list[list[str]] = ()) -> Verdict:
+    """The claim checked on a study's rounds (study.parquet, axis values as columns); an axis
+    zipped with one the claim names (a learning rate per algorithm) goes with it."""
     higher = METRICS[claim["metric"]][1]
     metric = point_metric(study, claim["metric"], claim.get("window"))
     points = (study.select("point", *axes).unique("point", maintain_order=True)
               .join(metric, on="point").drop_nulls("value"))
     points = _select(points, claim.get("where", {}))
-    named = [a for a in axes if a in claim["better"] or a in claim["than"]]
+    sides = {a for a in axes if a in claim["better"] or a in claim["than"]}
+    sides |= {a for group in zips if sides & set(group) for a in group}
+    named = [a for a in axes if a in sides]
     best = claim.get("best_over")
     pair_on = [a for a in axes if a not in named and a != best]
     sides = []
@@ -191,7 +202,7 @@ def judge(claim: dict, study: pl.DataFrame, axes: dict[str, list]) -> Verdict:
     for key, rows in pairs.group_by(label_on, maintain_order=True):
         label = _group_label(dict(zip(label_on, key)), group_on, grows)
         values = rows["stat"].to_list()
-        groups.append(Group(label, values, _verdict(values, claim.get("within"))))
+        groups.append(Group(label, values, _verdict(values, claim.get("within"), claim.get("at_least", 0.0))))
     order = {FAILS: 0, UNSURE: 1, HOLDS: 2}
     within = claim.get("within")
     decisive = min(groups, key=lambda g: (order[g.verdict], -abs(g.mean) if within else g.mean))
@@ -241,12 +252,12 @@ def _group_label(key: dict, group_on: list[str], grows: dict | None) -> str:
     return text + (f" at {', '.join(where)}" if where else "")
 
 
-def _verdict(values: list[float], within: float | None) -> str:
+def _verdict(values: list[float], within: float | None, at_least: float = 0.0) -> str:
     mean = float(np.mean(values))
     half = ci95([np.std(values, ddof=1) if len(values) > 1 else None], [len(values)], 0.0)[0]
     if within is not None:
         return HOLDS if abs(mean) + half < within else FAILS if abs(mean) >= within else UNSURE
-    return HOLDS if mean - half > 0 else FAILS if mean <= 0 else UNSURE
+    return HOLDS if mean - half > at_least else FAILS if mean <= at_least else UNSURE
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -262,12 +273,12 @@ def measured(verdict: Verdict, group: Group | None = None) -> str:
     return text + unit
 
 
-def judge_study(folder: Path, axes: dict[str, list], claims: list[dict]) -> list[Verdict]:
+def judge_study(folder: Path, axes: dict[str, list], claims: list[dict], zips: list[list[str]] = ()) -> list[Verdict]:
     if not claims:
         raise FedsimError(f"{folder}: the study has no claims; add [[claims]] tables to its study file "
                           "(see docs/reproductions.md) and run `fedsim sweep` on it again")
     study = pl.read_parquet(folder / "study.parquet")
-    return [judge(claim, study, axes) for claim in claims]
+    return [judge(claim, study, axes, zips) for claim in claims]
 
 
 def claims_table(verdicts: list[Verdict]) -> str:
@@ -299,6 +310,8 @@ def _metric_text(claim: dict) -> str:
     text = claim["metric"] + (f" (last {claim['window']} rounds)" if claim["metric"] in WINDOWED else "")
     if claim.get("within") is not None:
         text += f", within {claim['within']:g}"
+    if claim.get("at_least") is not None:
+        text += f", advantage > {claim['at_least']:g}"
     if claim.get("grows_as"):
         (axis, direction), = claim["grows_as"].items()
         text += f", grows as {axis} {direction}"
@@ -313,7 +326,7 @@ def write_claims(folder: Path, name: str, verdicts: list[Verdict]) -> list[Path]
     from fedsim.results.plots import plot_claims
 
     rows = [{"claim": v.claim["claim"], "mean": v.decisive.mean, "ci": v.decisive.ci or 0.0,
-             "verdict": v.verdict, "within": v.claim.get("within"),
+             "verdict": v.verdict, "within": v.claim.get("within"), "at_least": v.claim.get("at_least", 0.0),
              "scale": 100.0 if v.claim["metric"].endswith("acc") else 1.0} for v in verdicts]
     plot = plot_claims(rows, folder / "plots" / "claims.png", name)
     pictures = [p for p in ("plots/claims.png", "plots/study_accuracy_vs_rounds.png") if (folder / p).exists()]

@@ -240,7 +240,7 @@ def report_claims(study, as_json: bool) -> int:
 
     from fedsim.claims import claims_table, judge_study, write_claims
 
-    verdicts = judge_study(study.folder, study.axes, study.claims)
+    verdicts = judge_study(study.folder, study.axes, study.claims, study.resolved.get("zip", []))
     written = write_claims(study.folder, study.name, verdicts)
     if as_json:
         print(json.dumps([{"claim": v.claim["claim"], "verdict": v.verdict, "mean": v.decisive.mean,

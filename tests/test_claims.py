@@ -159,3 +159,26 @@ def test_a_malformed_claim_is_one_line_naming_it(change, says):
         check_claims([A_BEATS_B, {**A_BEATS_B, **change}], AXES, "study.toml")
     assert says in str(err.value) and "\n" not in str(err.value)
     assert str(err.value).startswith("study.toml: claim 2")
+
+
+def test_an_axis_zipped_with_a_named_one_goes_with_it():
+    """A learning rate per algorithm (zip): a at 0.1 against b at 0.05, paired by seed."""
+    frame = study([({"algorithm.name": name, "client.lr": lr, "run.seed": s}, acc + 0.01 * s, None)
+                   for name, lr, acc in (("a", 0.1, 0.8), ("b", 0.05, 0.7)) for s in range(3)])
+    axes = {"algorithm.name": ["a", "b"], "client.lr": [0.1, 0.05], "run.seed": [0, 1, 2]}
+    result = judge(A_BEATS_B, frame, axes, [["algorithm.name", "client.lr"]])
+    assert result.verdict == HOLDS and result.decisive.mean == pytest.approx(0.1)
+    assert result.decisive.label == "a vs b"
+    with pytest.raises(FedsimError, match="no points of `better` and `than` share a seed"):
+        judge(A_BEATS_B, frame, axes)
+
+
+def test_at_least_moves_the_bar_a_non_inferiority_claim_must_clear():
+    """a is 0.5 point below b: it fails "a beats b" but holds "a is at most 1 point below b"."""
+    frame = two_algorithms([0.795, 0.7945, 0.7952], [0.8, 0.8, 0.8])
+    assert judge(A_BEATS_B, frame, AXES).verdict == FAILS
+    result = judge({**A_BEATS_B, "at_least": -0.01}, frame, AXES)
+    assert result.verdict == HOLDS and result.decisive.mean == pytest.approx(-0.0051, abs=1e-4)
+    assert judge({**A_BEATS_B, "at_least": -0.005}, frame, AXES).verdict == FAILS
+    with pytest.raises(FedsimError, match="within is a claim of its own"):
+        check_claims([{**A_BEATS_B, "at_least": -0.01, "within": 0.01}], AXES, "s")

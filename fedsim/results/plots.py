@@ -366,7 +366,8 @@ VERDICT_COLOURS = {"holds": "tab:green", "does not hold": "tab:red", "inconclusi
 
 def plot_claims(rows: list[dict], path: Path, name: str) -> Path:
     """One panel per claim (fedsim/claims.py): its deciding statistic, mean and 95 % CI over
-    the seeds, against 0 (or the band of a `within` claim), coloured by verdict."""
+    the seeds, against 0 (the band of a `within` claim, the dashed line of `at_least`),
+    coloured by verdict."""
     import textwrap
 
     height = 0.7 + 1.0 * len(rows)
@@ -381,7 +382,9 @@ def plot_claims(rows: list[dict], path: Path, name: str) -> Path:
         ax.axvline(0, color="black", lw=0.8)
         if row["within"]:
             ax.axvspan(-row["within"] * scale, row["within"] * scale, color="tab:green", alpha=0.12)
-        reach = max(abs(mean) + ci, (row["within"] or 0) * scale, 1e-9) * 1.3
+        elif row["at_least"]:
+            ax.axvline(row["at_least"] * scale, color="tab:green", lw=1.2, ls="--")
+        reach = max(abs(mean) + ci, (row["within"] or 0) * scale, abs(row["at_least"] or 0) * scale, 1e-9) * 1.3
         ax.set(xlim=(-reach, reach), yticks=[])
         ax.tick_params(axis="x", labelbottom=True, labelsize="small")
         ax.set_title(textwrap.shorten(f"{row['claim']}: {row['verdict']}", 95) +

@@ -289,10 +289,12 @@ def claims_table(verdicts: list[Verdict]) -> str:
 def claims_markdown(name: str, verdicts: list[Verdict], plots: list[str]) -> str:
     """claims.md: the table, then each claim's groups, then the plots."""
     lines = [f"# Claims of {name}", "",
-             "Each claim is checked per group of points, on the statistic per seed (better minus than, "
-             "so that > 0 is the claimed direction; for `within`, the difference); its mean and 95 % CI "
-             "over the seeds decide: holds (the CI is on the claimed side), does not hold (the mean is "
-             "not), inconclusive (the mean is, the CI is not). A claim's verdict is its worst group's.", "",
+             "Each claim is checked per group of points, on a statistic per seed: the advantage of "
+             "`better` over `than` (> 0 in the claimed direction; accuracies in points, losses in loss "
+             "units). Its mean and 95 % CI over the seeds decide: holds (the whole CI is above the bar, "
+             "0 or `at_least`), does not hold (the mean is not), inconclusive (the mean is, the CI is "
+             "not); a `within` claim holds when |mean| + CI is under its margin and does not when "
+             "|mean| is not. A claim's verdict is its worst group's.", "",
              "| claim | metric | measured (mean ± 95 % CI) | verdict |", "| --- | --- | --- | --- |"]
     for v in verdicts:
         lines.append(f"| {v.claim['claim']} | {_metric_text(v.claim)} | {measured(v)} ({v.decisive.label}) "
@@ -301,7 +303,8 @@ def claims_markdown(name: str, verdicts: list[Verdict], plots: list[str]) -> str
         lines += ["", f"## {k}. {v.claim['claim']}: {v.verdict}", "",
                   f"`{json.dumps({key: v.claim[key] for key in KEYS if key in v.claim and key != 'claim'})}`",
                   "", "| group | seeds | measured | verdict |", "| --- | --- | --- | --- |"]
-        lines += [f"| {g.label} | {len(g.values)} | {measured(v, g)} | {g.verdict} |" for g in v.groups]
+        lines += [f"| {g.label} | {len(g.values)} | {measured(v, g)} | {g.verdict} |"
+                  for g in sorted(v.groups, key=lambda g: g.label)]
     lines += ["", *(f"![{Path(p).stem}]({p})" for p in plots)]
     return "\n".join(lines) + "\n"
 

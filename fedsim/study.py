@@ -28,8 +28,8 @@ from typing import Any
 
 import polars as pl
 
-from fedsim.config import (AlgorithmConfig, Config, algorithm_options, config_from_dict, dump_toml, parse_override,
-                           read_toml, scenario_names, scenario_path)
+from fedsim.config import (AlgorithmConfig, Config, algorithm_options, config_from_dict, dump_toml, is_study,
+                           parse_override, read_toml, scenario_names, scenario_path)
 from fedsim.errors import FedsimError
 from fedsim.experiment import run_state
 from fedsim.results.report import ci95
@@ -221,6 +221,10 @@ def _base(raw: dict, path: Path) -> dict:
         beside = path.parent / base_name
         base_path = beside if beside.exists() else study_path(base_name)
         base = read_toml(base_path)
+        if is_study(base):
+            raise FedsimError(f"{path}: base = {base_name!r} is a study, and a base is a config; run that "
+                              f"study with --set overrides (--set 'sweep.run.seed=[...]'), or copy its "
+                              "sections into this file")
     for section, body in raw.items():
         if not isinstance(body, dict):
             raise FedsimError(f"{path}: {section} = {body!r} is not a [section] table (a study has "

@@ -238,3 +238,11 @@ def test_algorithm_keys_of_the_other_algorithms_are_dropped_per_point(tmp_path, 
     typo = write_study(tmp_path, {"algorithm.name": ["fedavg", "mifa"]}, algorithm={"warmpu": True})
     sweep(typo, expect=2)
     assert "unknown key [algorithm] warmpu for 'fedavg'" in capsys.readouterr().err
+
+
+def test_a_study_is_not_the_base_of_another(tmp_path, capsys):
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml({"base": "paper-mifa", "sweep": {"run.seed": [5]}}))
+    sweep(path, expect=2)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "base = 'paper-mifa' is a study, and a base is a config" in err

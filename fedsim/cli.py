@@ -238,7 +238,7 @@ def report_claims(study, as_json: bool) -> int:
     to claims.md and plots/claims.png in the study folder."""
     import json
 
-    from fedsim.claims import claims_table, judge_study, write_claims
+    from fedsim.results.claims import claims_table, judge_study, write_claims
 
     verdicts = judge_study(study.folder, study.axes, study.claims, study.resolved.get("zip", []))
     written = write_claims(study.folder, study.name, verdicts)

@@ -12,9 +12,9 @@ accuracy, final loss and time to each target) are written.
 
 Optionally a ``[warm_start]`` table (``"section.key" = value``) makes the study two-phase: the
 points' configs with those keys set run first, once per distinct config (``warm-start/NAME``),
-and each point starts from its warm-start run's model (``[model] init_from``). ``[[claims]]``
-tables state what the study should show (fedsim/claims.py); they are recorded with the study
-and checked by ``fedsim report --claims``.
+and each point starts from its warm-start run's model (``[model] init_from``).
+``[[claims]]`` tables state what the study should show (fedsim/results/claims.py); they are
+recorded with the study and checked by ``fedsim report --claims``.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
     resolved = {"base": base, "axes": axes, "zip": zips, **({WARM: warm} if warm else {})}
     resolved = json.loads(json.dumps(resolved))
     if claims:
-        from fedsim.claims import check_claims
+        from fedsim.results.claims import check_claims
 
         resolved["claims"] = check_claims(claims, axes, str(path))
     return Study(name, str(path), axes, points, folder, resolved, float(gpus), warm_points)

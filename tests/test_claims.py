@@ -1,5 +1,5 @@
-"""Claims (fedsim/claims.py) checked on hand-made study tables with known verdicts, and every
-malformed claim as one error line."""
+"""Claims (fedsim/results/claims.py) checked on hand-made study tables with known verdicts,
+and every malformed claim as one error line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from fedsim.claims import FAILS, HOLDS, UNSURE, check_claims, judge, measured, point_metric
+from fedsim.results.claims import FAILS, HOLDS, UNSURE, check_claims, judge, measured, point_metric
 from fedsim.errors import FedsimError
 
 ROUNDS = 10

@@ -365,8 +365,8 @@ VERDICT_COLOURS = {"holds": "tab:green", "does not hold": "tab:red", "inconclusi
 
 
 def plot_claims(rows: list[dict], path: Path, name: str) -> Path:
-    """One panel per claim (fedsim/claims.py): its deciding statistic, mean and 95 % CI over
-    the seeds, against 0 (the band of a `within` claim, the dashed line of `at_least`),
+    """One panel per claim (fedsim/results/claims.py): its deciding statistic, mean and 95 % CI
+    over the seeds, against 0 (the band of a `within` claim, the dashed line of `at_least`),
     coloured by verdict."""
     import textwrap
 

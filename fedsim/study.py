@@ -151,11 +151,11 @@ def _set(raw: dict, key: str, value: Any) -> None:
     raw.setdefault(section, {})[name] = value
 
 
-def _config(raw: dict, origin: str) -> Config:
+def _config(raw: dict, origin: str, setter: str = "an axis of [sweep]") -> Config:
     try:
         return config_from_dict(raw, origin=origin)
     except FedsimError as err:
-        raise FedsimError(f"{err} (an axis of [sweep] sets it)") from None
+        raise FedsimError(f"{err} ({setter} sets it)") from None
 
 
 def _study_algorithms(base: dict, axes: dict[str, list], warm: dict) -> list[str]:
@@ -196,16 +196,19 @@ def _warm_runs(raws: list, warm: dict, axes: dict[str, list], algorithms: list[s
         key = json.dumps(raw_warm, sort_keys=True, default=str)
         keys.append(key)
         runs.setdefault(key, (raw_warm, []))[1].append(values)
-    free = [axis for axis in axes if axis not in warm]
-    telling = [axis for axis in free
-               if all(len({json.dumps(v[axis]) for v in members}) == 1 for _, members in runs.values())
-               and len({json.dumps(members[0][axis]) for _, members in runs.values()}) > 1]
+    def same(axis: str, values: list[dict]) -> bool:
+        return len({json.dumps(v[axis]) for v in values}) == 1
+
+    firsts = [members[0] for _, members in runs.values()]
+    telling = [axis for axis in axes if axis not in warm and not same(axis, firsts)
+               and all(same(axis, members) for _, members in runs.values())]
     names, points = {}, []
     for key, (raw_warm, members) in runs.items():
-        name = f"{WARM_FOLDER}/" + (_point_name({a: members[0][a] for a in telling}, axes) if telling else "run")
-        raw_warm.setdefault("run", {}).update(name=name.split("/")[1], out=str(folder / WARM_FOLDER))
-        names[key] = name
-        points.append(Point(name, {a: members[0][a] for a in telling}, _config(raw_warm, f"{path} [{WARM}] {name}")))
+        values = {axis: members[0][axis] for axis in telling}
+        short = _point_name(values, axes) if telling else "run"
+        raw_warm.setdefault("run", {}).update(name=short, out=str(folder / WARM_FOLDER))
+        names[key] = f"{WARM_FOLDER}/{short}"
+        points.append(Point(names[key], values, _config(raw_warm, f"{path} {names[key]}", f"[{WARM}]")))
     _unique_names(points, path)
     return points, [names[k] for k in keys]
 

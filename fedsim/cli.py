@@ -173,7 +173,8 @@ def cmd_sweep(args) -> int:
     from fedsim.study import format_summary, load_study, run_study
 
     study = load_study(args.study, args.set, yes=args.yes)
-    print(f"study {study.name}: {len(study.points)} points in {study.folder}", flush=True)
+    warm = f" after {len(study.warm)} warm-start runs" if study.warm else ""
+    print(f"study {study.name}: {len(study.points)} points{warm} in {study.folder}", flush=True)
 
     def on_point(point, state):
         what = {"done": "done, skipped", "resume": "resuming", "new": "running"}[state]
@@ -202,8 +203,10 @@ def cmd_report(args) -> int:
 
     if (Path(args.runs[0]) / "study.toml").exists():
         return report_study(args)
-    if args.best_by or args.over:
-        raise FedsimError("--best-by and --over report on a study folder (from `fedsim sweep`)")
+    if args.best_by or args.over or args.claims:
+        option = "--claims" if args.claims else "--best-by and --over"
+        raise FedsimError(f"{args.runs[0]}: not a study folder (no study.toml); {option} report on the "
+                          "folder of a study that `fedsim sweep` ran")
     doc = report([Path(p) for p in args.runs], parse_targets(args.target))
     print(json.dumps(doc, indent=2, allow_nan=False) if args.json else format_report(doc))
     return 0
@@ -223,9 +226,32 @@ def report_study(args) -> int:
                           "--over client.lr")
     study = open_study(Path(args.runs[0]))
     summary = write_tables(study, parse_targets(args.target))
+    if args.claims:
+        return report_claims(study, args.json)
     if args.best_by:
         summary = best_by(summary, args.best_by, args.over, study.group_axes)
     print(json.dumps(summary.to_dicts(), indent=2) if args.json else format_summary(study, summary))
+    return 0
+
+
+def report_claims(study, as_json: bool) -> int:
+    """`fedsim report STUDY --claims`: each claim of the study checked, as a table, and written
+    to claims.md and plots/claims.png in the study folder."""
+    import json
+
+    from fedsim.results.claims import claims_table, judge_study, write_claims
+
+    verdicts = judge_study(study.folder, study.axes, study.claims, study.resolved.get("zip", []))
+    written = write_claims(study.folder, study.name, verdicts)
+    if as_json:
+        print(json.dumps([{"claim": v.claim["claim"], "verdict": v.verdict, "mean": v.decisive.mean,
+                           "ci95": v.decisive.ci, "group": v.decisive.label,
+                           "groups": [{"group": g.label, "values": g.values, "verdict": g.verdict}
+                                      for g in v.groups]} for v in verdicts], indent=2))
+        return 0
+    print(claims_table(verdicts))
+    for path in written:
+        print(f"written: {path}")
     return 0
 
 
@@ -238,11 +264,15 @@ def cmd_config_show(args) -> int:
 
 
 def cmd_scenarios(args) -> int:
-    from fedsim.config import scenario_names, scenario_path
+    """The built-in scenarios with the first line of their comment; a study says so."""
+    from fedsim.config import is_study, read_toml, scenario_names, scenario_path
 
     for name in scenario_names():
-        text = scenario_path(name).read_text().splitlines()
+        path = scenario_path(name)
+        text = path.read_text().splitlines()
         about = next((line.lstrip("# ").strip() for line in text if line.startswith("#")), "")
+        if is_study(read_toml(path)):
+            about = f"study (fedsim sweep {name}): {about}"
         print(f"{name:<20} {about}")
     return 0
 
@@ -307,9 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="run a study: a base config over axes of values (seeds, "
                                      "algorithms, settings), summarised over seeds")
-    p.add_argument("study", help="a study .toml ([sweep] axes) or a built-in study scenario")
+    p.add_argument("study", help="a study .toml ([sweep] axes) or a built-in study scenario "
+                                 "(paper-fedlaavg, paper-mifa, paper-fedawe, paper-wangji)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a key of the study's base config (repeatable)")
+                   help="override a key of the study's base config; sweep.SECTION.KEY=[...] replaces "
+                        "an axis, warm_start.SECTION.KEY=VALUE a key of its warm start (repeatable)")
     p.add_argument("--yes", action="store_true", help="run a grid of more than 10,000 points")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--backend", default="inprocess", metavar="{inprocess,ray}",
@@ -335,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a study: for each value of the other axes, the best value of --over by this "
                         "metric's mean (final_acc, best_acc, final_loss, time_to_0.8_s, ...)")
     p.add_argument("--over", metavar="AXIS", help="the axis --best-by chooses over, e.g. client.lr")
+    p.add_argument("--claims", action="store_true",
+                   help="a study: check its [[claims]] (the paper studies' claims), print which hold, "
+                        "and write claims.md and plots/claims.png into the study folder")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("scenarios", help="list the built-in scenarios")

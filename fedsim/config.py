@@ -586,6 +586,16 @@ def scenario_path(name: str) -> Path:
     return Path(str(resources.files("fedsim.scenarios").joinpath(f"{name}.toml")))
 
 
+def is_study(raw: dict) -> bool:
+    """A parsed TOML file is a study (for `fedsim sweep`) when it has a [sweep] table."""
+    return "sweep" in raw
+
+
+def config_scenarios() -> list[str]:
+    """The built-in scenarios that are single configs (for `fedsim run`), not studies."""
+    return [name for name in scenario_names() if not is_study(read_toml(scenario_path(name)))]
+
+
 def load_config(source: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Load a config file (or a built-in scenario by name; None = quickstart) plus overrides."""
     if source is None:
@@ -599,6 +609,9 @@ def load_config(source: str | Path | None = None, overrides: list[str] = ()) -> 
     if not path.exists() and str(source) in scenario_names():
         path = scenario_path(str(source))
     raw = read_toml(path)
+    if is_study(raw):
+        raise FedsimError(f"{path}: is a study (it has a [sweep] table of axes); run it with "
+                          f"`fedsim sweep {source}`")
     for text in overrides:
         section, key, value = parse_override(text)
         raw.setdefault(section, {})

@@ -9,6 +9,12 @@ points, resumes the interrupted ones from their checkpoints and runs the rest. T
 ``study.parquet`` (every point's rounds, axis values as columns) and ``summary.parquet`` (per
 group of points that differ only in ``run.seed``: mean, std and 95 % CI of the final and best
 accuracy, final loss and time to each target) are written.
+
+Optionally a ``[warm_start]`` table (``"section.key" = value``) makes the study two-phase: the
+points' configs with those keys set run first, once per distinct config (``warm-start/NAME``),
+and each point starts from its warm-start run's model (``[model] init_from``).
+``[[claims]]`` tables state what the study should show (fedsim/results/claims.py); they are
+recorded with the study and checked by ``fedsim report --claims``.
 """
 
 from __future__ import annotations
@@ -16,14 +22,14 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from fedsim.config import (Config, config_from_dict, dump_toml, parse_override, read_toml, scenario_names,
-                           scenario_path)
+from fedsim.config import (AlgorithmConfig, Config, algorithm_options, config_from_dict, dump_toml, is_study,
+                           parse_override, read_toml, scenario_names, scenario_path)
 from fedsim.errors import FedsimError
 from fedsim.experiment import run_state
 from fedsim.results.report import ci95
@@ -32,6 +38,8 @@ MAX_POINTS = 10_000  # more need --yes
 TOGETHER = 64  # points stepped in lockstep at once by the in-process backend
 SEED = "run.seed"
 METRICS = ("final_acc", "best_acc", "final_loss")
+WARM = "warm_start"  # the study file's table of the first phase's keys
+WARM_FOLDER = "warm-start"  # where the first phase's runs go in the study folder
 
 
 @dataclass
@@ -48,8 +56,13 @@ class Study:
     axes: dict[str, list]
     points: list[Point]
     folder: Path
-    resolved: dict  # what study.toml records: the base config and the axes
+    resolved: dict  # what study.toml records: the base config, the axes, the warm start, the claims
     gpus_per_task: float = 0.0  # the Ray backend's request per point
+    warm: list[Point] = field(default_factory=list)  # the warm-start runs, before the points
+
+    @property
+    def claims(self) -> list[dict]:
+        return self.resolved.get("claims", [])
 
     @property
     def group_axes(self) -> list[str]:
@@ -65,45 +78,139 @@ def study_path(source: str) -> Path:
 
 
 def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Study:
-    """The study of a file (or a built-in scenario name) with --set overrides of its base
-    config; every point's config is checked before anything runs."""
+    """The study of a file (or a built-in scenario name) with --set overrides: `section.key=v`
+    of its base config, `sweep.section.key=[...]` of an axis, `warm_start.section.key=v` of its
+    first phase; every point's config is checked before anything runs."""
     path = study_path(source)
     raw = read_toml(path)
     sweep = raw.pop("sweep", None)
     if not isinstance(sweep, dict):
         raise FedsimError(f"{path}: no [sweep] table; a study gives its axes there, e.g. "
                           '[sweep] "run.seed" = [0, 1, 2] (use `fedsim run` for a single config)')
+    warm = raw.pop(WARM, {})
+    if not isinstance(warm, dict):
+        raise FedsimError(f'{path}: {WARM} = {warm!r} must be a table of "section.key" = value')
+    claims = raw.pop("claims", [])
     base = _base(raw, path)
+    set_keys = []
     for text in overrides:
         section, key, value = parse_override(text)
-        base.setdefault(section, {})[key] = value
+        if section == "sweep":
+            sweep[key] = value
+        elif section == WARM:
+            warm[key] = value
+        else:
+            base.setdefault(section, {})[key] = value
+            set_keys.append((text, f"{section}.{key}"))
     zips = sweep.pop("zip", [])
     gpus = sweep.pop("gpus_per_task", 0.0)
     if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
         raise FedsimError(f"{path}: [sweep] gpus_per_task = {gpus!r} must be a number >= 0")
     axes = _axes(sweep, base, path)
+    for text, axis in set_keys:
+        if axis in axes:
+            raise FedsimError(f"--set {text!r}: {axis} is an axis of the sweep, which would override it; "
+                              f"give its values with --set 'sweep.{axis}=[...]'")
+    for key in warm:
+        if "." not in key:
+            raise FedsimError(f'{path}: [{WARM}] {key!r} is not a config key; write "section.key" = value, '
+                              'e.g. "client.lr" = 0.1')
     grid = _grid(axes, zips, path)
     if len(grid) > MAX_POINTS and not yes:
         raise FedsimError(f"{path}: the sweep has {len(grid):,} points (over {MAX_POINTS:,}); pass --yes "
                           "to run them all, or shorten its axes")
     name = base.get("run", {}).get("name") or path.stem
     folder = Path(base.get("run", {}).get("out", "runs")) / name
-    points = []
+    algorithms = _study_algorithms(base, axes, warm)
+    raws = []
     for values in grid:
-        point_name = _point_name(values, axes)
         raw_point = {section: dict(body) for section, body in base.items()}
         for axis, value in values.items():
-            section, key = axis.split(".", 1)
-            raw_point.setdefault(section, {})[key] = value
+            _set(raw_point, axis, value)
+        raws.append((_point_name(values, axes), values, raw_point))
+    warm_points, warm_of = _warm_runs(raws, warm, axes, algorithms, folder, path)
+    points = []
+    for (point_name, values, raw_point), warm_name in zip(raws, warm_of):
+        if warm_name is not None:
+            _set(raw_point, "model.init_from", str(folder / warm_name))
         raw_point.setdefault("run", {}).update(name=point_name, out=str(folder))
-        try:
-            config = config_from_dict(raw_point, origin=f"{path} point {point_name}")
-        except FedsimError as err:
-            raise FedsimError(f"{err} (an axis of [sweep] sets it)") from None
-        points.append(Point(point_name, values, config))
+        _own_algorithm_keys(raw_point, algorithms)
+        points.append(Point(point_name, values, _config(raw_point, f"{path} point {point_name}")))
     _unique_names(points, path)
-    resolved = {"base": base, "axes": axes, "zip": zips}
-    return Study(name, str(path), axes, points, folder, json.loads(json.dumps(resolved)), float(gpus))
+    resolved = {"base": base, "axes": axes, "zip": zips, **({WARM: warm} if warm else {})}
+    resolved = json.loads(json.dumps(resolved))
+    if claims:
+        from fedsim.results.claims import check_claims
+
+        resolved["claims"] = check_claims(claims, axes, str(path))
+    return Study(name, str(path), axes, points, folder, resolved, float(gpus), warm_points)
+
+
+def _set(raw: dict, key: str, value: Any) -> None:
+    section, name = key.split(".", 1)
+    raw.setdefault(section, {})[name] = value
+
+
+def _config(raw: dict, origin: str, setter: str = "an axis of [sweep]") -> Config:
+    try:
+        return config_from_dict(raw, origin=origin)
+    except FedsimError as err:
+        raise FedsimError(f"{err} ({setter} sets it)") from None
+
+
+def _study_algorithms(base: dict, axes: dict[str, list], warm: dict) -> list[str]:
+    """Every algorithm name the study runs (strings only: config_from_dict judges the rest)."""
+    names = [base.get("algorithm", {}).get("name", AlgorithmConfig.name), warm.get("algorithm.name"),
+             *axes.get("algorithm.name", [])]
+    return [n for n in dict.fromkeys(names) if isinstance(n, str)]
+
+
+def _own_algorithm_keys(raw: dict, algorithms: list[str]) -> None:
+    """Drop the [algorithm] keys that only another algorithm of the study has (MIFA's `warmup`
+    from a FedAvg point), as a comparison of `[run] algorithms` does; a key that no algorithm
+    of the study has stays, and is an error."""
+    section = raw.get("algorithm", {})
+    name = section.get("name", AlgorithmConfig.name)
+    try:
+        own = algorithm_options(name)
+        others = {key for other in algorithms for key in algorithm_options(other)}
+    except FedsimError:
+        return  # an unknown name: config_from_dict says so
+    for key in [k for k in section if k in others and k not in own]:
+        del section[key]
+
+
+def _warm_runs(raws: list, warm: dict, axes: dict[str, list], algorithms: list[str], folder: Path,
+               path: Path) -> tuple[list[Point], list[str | None]]:
+    """The warm-start runs (one per distinct config: each point's with the [warm_start] keys
+    set) and, per point, its run's folder name under the study folder (None: no warm start).
+    A run is named by the axes that tell the runs apart (`warm-start/seed-0`)."""
+    if not warm:
+        return [], [None] * len(raws)
+    keys, runs = [], {}
+    for _, values, raw_point in raws:
+        raw_warm = {section: dict(body) for section, body in raw_point.items()}
+        for key, value in warm.items():
+            _set(raw_warm, key, value)
+        _own_algorithm_keys(raw_warm, algorithms)
+        key = json.dumps(raw_warm, sort_keys=True, default=str)
+        keys.append(key)
+        runs.setdefault(key, (raw_warm, []))[1].append(values)
+    def same(axis: str, values: list[dict]) -> bool:
+        return len({json.dumps(v[axis]) for v in values}) == 1
+
+    firsts = [members[0] for _, members in runs.values()]
+    telling = [axis for axis in axes if axis not in warm and not same(axis, firsts)
+               and all(same(axis, members) for _, members in runs.values())]
+    names, points = {}, []
+    for key, (raw_warm, members) in runs.items():
+        values = {axis: members[0][axis] for axis in telling}
+        short = _point_name(values, axes) if telling else "run"
+        raw_warm.setdefault("run", {}).update(name=short, out=str(folder / WARM_FOLDER))
+        names[key] = f"{WARM_FOLDER}/{short}"
+        points.append(Point(names[key], values, _config(raw_warm, f"{path} {names[key]}", f"[{WARM}]")))
+    _unique_names(points, path)
+    return points, [names[k] for k in keys]
 
 
 def _base(raw: dict, path: Path) -> dict:
@@ -117,6 +224,10 @@ def _base(raw: dict, path: Path) -> dict:
         beside = path.parent / base_name
         base_path = beside if beside.exists() else study_path(base_name)
         base = read_toml(base_path)
+        if is_study(base):
+            raise FedsimError(f"{path}: base = {base_name!r} is a study, and a base is a config; run that "
+                              f"study with --set overrides (--set 'sweep.run.seed=[...]'), or copy its "
+                              "sections into this file")
     for section, body in raw.items():
         if not isinstance(body, dict):
             raise FedsimError(f"{path}: {section} = {body!r} is not a [section] table (a study has "
@@ -194,9 +305,14 @@ def check_same_study(study: Study) -> None:
     recorded = study.folder / "study.toml"
     if recorded.exists():
         before = json.loads(json.dumps(read_toml(recorded)))
-        if before != study.resolved:
+        if _what_runs(before) != _what_runs(study.resolved):
             raise FedsimError(f"{study.folder}: holds a different study (its study.toml differs from "
                               f"{study.source}); give this one another [run] name, or delete the folder")
+
+
+def _what_runs(resolved: dict) -> dict:
+    """A study.toml without its claims: they judge the results, they do not make them."""
+    return {key: value for key, value in resolved.items() if key != "claims"}
 
 
 BACKENDS = ("inprocess", "ray")
@@ -249,37 +365,47 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
 
 def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
               backend: str = "inprocess", address: str | None = None) -> list[dict]:
-    """Run (or finish) every point; returns one record per point: its name, axis values,
-    state before and status after. In-process, points run one after another and the study
-    stops after a point that was interrupted (Ctrl-C or SIGTERM); with `backend = "ray"`
-    they run as Ray tasks (fedsim/study_ray.py)."""
+    """Run (or finish) the warm-start runs, then every point; returns one record per run:
+    its name, axis values, state before and status after. The study stops after a run that
+    was interrupted (Ctrl-C or SIGTERM). In-process, points run in lockstep; with
+    `backend = "ray"` they run as Ray tasks (fedsim/study_ray.py)."""
     if backend not in BACKENDS:
         raise FedsimError(f"--backend {backend!r} is not one of: {', '.join(BACKENDS)}")
     check_same_study(study)
     study.folder.mkdir(parents=True, exist_ok=True)
     (study.folder / "study.toml").write_text(dump_toml(study.resolved))
-    todo = [(point, run_state(study.folder / point.name, point.config)) for point in study.points]
-    if on_point:
-        for point, state in todo:
-            on_point(point, state)
     records = []
-    if backend == "ray":
-        from fedsim.study_ray import run_points
+    for phase in (study.warm, study.points):
+        todo = [(point, run_state(study.folder / point.name, point.config)) for point in phase]
+        if on_point:
+            for point, state in todo:
+                on_point(point, state)
+        if backend == "ray":
+            from fedsim.study_ray import run_points
 
-        statuses = run_points(study, todo, address)
-        records = [{"point": p.name, **p.values, "was": state, "status": status}
-                   for (p, state), status in zip(todo, statuses)]
-    if backend == "inprocess":
-        statuses = run_points_together(study, todo, plotter)
-        records = [{"point": p.name, **p.values, "was": state, "status": status}
-                   for (p, state), status in zip(todo, statuses)]
-    if all(r["status"] != "interrupted" for r in records) and len(records) == len(study.points):
-        write_tables(study)
-        if study.points[0].config.run.plots:
-            from fedsim.results.plots import plot_study
+            statuses = run_points(study, todo, address)
+        else:
+            statuses = run_points_together(study, todo, plotter)
+        records += [{"point": p.name, **p.values, "was": state, "status": status}
+                    for (p, state), status in zip(todo, statuses)]
+        if any(r["status"] == "interrupted" for r in records):
+            return records
+        _check_warm_runs(study, records)
+    write_tables(study)
+    if study.points[0].config.run.plots:
+        from fedsim.results.plots import plot_study
 
-            plot_study(study.folder, study.name, study.group_axes)
+        plot_study(study.folder, study.name, study.group_axes)
     return records
+
+
+def _check_warm_runs(study: Study, records: list[dict]) -> None:
+    """The points cannot start from a warm-start run that diverged."""
+    for record in records[:len(study.warm)]:
+        if record["status"] == "diverged":
+            raise FedsimError(f"{study.folder / record['point']}: the warm-start run diverged, so the points "
+                              f"cannot start from its model; lower its learning rate ([{WARM}] "
+                              '"client.lr") and delete that folder')
 
 
 # -- tables -----------------------------------------------------------------------------------

@@ -205,10 +205,10 @@ def test_targets_only_change_what_is_reported_so_a_resume_may_set_them():
 
 
 def test_defaults_and_scenarios_pass_the_rules():
-    from fedsim.config import load_config, scenario_names
+    from fedsim.config import config_scenarios, load_config
 
     config_from_dict({})
-    for name in scenario_names():
+    for name in config_scenarios():
         load_config(name)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from fedsim.catalog import ALGORITHMS
 from fedsim.cli import main
-from fedsim.config import _SECTION_CLASSES, config_from_dict, dump_toml, load_config, rule, scenario_names
+from fedsim.config import _SECTION_CLASSES, config_from_dict, config_scenarios, dump_toml, load_config, rule
 from fedsim.config_show import show_config
 
 KEY_LINE = re.compile(r'^(# )?("[^"]*"|[A-Za-z0-9_-]+) = (.+?)  # (.+)$')
@@ -37,7 +37,7 @@ def key_lines(text: str) -> dict[tuple[str, str], tuple[bool, str, str]]:
     return found
 
 
-@pytest.mark.parametrize("name", scenario_names())
+@pytest.mark.parametrize("name", config_scenarios())
 def test_every_scenario_reads_back_as_the_same_config(name):
     reads_back(load_config(name))
 

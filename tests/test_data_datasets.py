@@ -213,3 +213,17 @@ def test_corrupt_cifar_files_are_one_line(tmp_path):
     with pytest.raises(FedsimError) as err:
         load_dataset(DataConfig(dataset="cifar10", root=str(tmp_path)), seed=0)
     assert "\n" not in str(err.value) and "torchvision could not load it" in str(err.value)
+
+
+def test_runs_of_one_process_share_the_features_of_one_dataset():
+    """A study's points in lockstep hold one float32 copy of the images, not one each."""
+    from fedsim.config import ModelConfig
+    from fedsim.training import build_task
+
+    def task(seed, partition):
+        return build_task(DataConfig(dataset="digits", clients=10, partition=partition), ModelConfig(),
+                          seed=seed, device=torch.device("cpu"))
+
+    a, b = task(0, "iid"), task(3, "dirichlet")
+    assert a.data.x is b.data.x and a.data.x_test is b.data.x_test
+    assert not torch.equal(a.data.indices, b.data.indices)  # each keeps its own partition

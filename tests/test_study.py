@@ -203,3 +203,46 @@ def test_points_stepped_together_equal_their_runs_alone(tmp_path):
         np.testing.assert_allclose(result.params.numpy(), alone.params.numpy(), rtol=1e-5, atol=1e-6)
         columns = ["round", "invited", "arrived", "late", "test_acc"]
         assert result.rounds[columns].equals(alone.rounds[columns]), c.run.name
+
+
+def test_a_warm_start_phase_runs_once_per_seed_and_starts_every_point(tmp_path, capsys):
+    path = write_study(tmp_path, {"algorithm.name": ["fedavg", "mifa"], "client.lr": [0.01, 0.1], "run.seed": [0, 1]},
+                       warm_start={"algorithm.name": "fedavg", "client.lr": 0.3, "run.rounds": 6})
+    sweep(path, "--set", "warm_start.run.rounds=4")
+    assert "8 points after 2 warm-start runs" in capsys.readouterr().out
+    folder = tmp_path / "runs" / "s"
+    assert sorted(p.name for p in (folder / "warm-start").iterdir()) == ["seed-0", "seed-1"]
+    for seed in (0, 1):
+        warm = folder / "warm-start" / f"seed-{seed}"
+        assert len(rounds(warm)) == 4 and json.loads((warm / "manifest.json").read_text())["seed"] == seed
+        final = rounds(warm)["test_acc"].drop_nulls()[-1]
+        for point in folder.glob(f"algorithm-*_seed-{seed}"):
+            manifest = json.loads((point / "manifest.json").read_text())
+            assert manifest["initial"]["test_acc"] == final  # it starts where its warm start ended
+            assert f'init_from = "{warm}"' in (point / "config.toml").read_text()
+    assert pl.read_parquet(folder / "summary.parquet")["seeds"].to_list() == [2] * 4
+    sweep(path, "--set", "warm_start.run.rounds=4")
+    assert capsys.readouterr().out.count("done, skipped") == 10
+
+
+def test_algorithm_keys_of_the_other_algorithms_are_dropped_per_point(tmp_path, capsys):
+    """A study of the `compare` scenario: FedLaAvg's `beta` does not reach the FedAvg points."""
+    path = tmp_path / "c.toml"
+    path.write_text(dump_toml({"base": "compare", "run": {"name": "c", "out": str(tmp_path / "runs"), "rounds": 2,
+                                                           "plots": False, "progress": False},
+                               "sweep": {"run.seed": [0]}}))
+    sweep(path)
+    folder = tmp_path / "runs" / "c"
+    assert "\nbeta = 0.1\n" in (folder / "algorithm-fedlaavg_seed-0" / "config.toml").read_text()
+    assert "\nbeta = " not in (folder / "algorithm-fedavg_seed-0" / "config.toml").read_text()
+    typo = write_study(tmp_path, {"algorithm.name": ["fedavg", "mifa"]}, algorithm={"warmpu": True})
+    sweep(typo, expect=2)
+    assert "unknown key [algorithm] warmpu for 'fedavg'" in capsys.readouterr().err
+
+
+def test_a_study_is_not_the_base_of_another(tmp_path, capsys):
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml({"base": "paper-mifa", "sweep": {"run.seed": [5]}}))
+    sweep(path, expect=2)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "base = 'paper-mifa' is a study, and a base is a config" in err

@@ -141,7 +141,17 @@ def test_periodic_turns_and_offset():
     first = trace.end[(trace.start == 0)]
     assert np.all(first == 100 - offset)
     fixed = generate("periodic", 10, seed=1, rounds=10, groups=2, rounds_per_group=5, offset=3)
-    assert fixed.generator["offset"] == 3 and fixed.generator["group"][:3] == [0, 0, 0]
+    assert fixed.generator["offset"] == 3 and fixed.generator["group"][:3] == [0, 1, 0]
+
+
+def test_periodic_without_labels_puts_device_i_in_group_i_mod_g():
+    """3 devices in 3 groups take three turns (each online a third of the time), not one
+    group of everybody that is always online."""
+    trace = generate("periodic", 3, seed=0, rounds=30, groups=3, rounds_per_group=5, offset=0)
+    assert trace.generator["group"] == [0, 1, 2]
+    online = round_matrix(trace, 30)
+    assert np.array_equal(online.sum(axis=0), [10, 10, 10]) and np.all(online.sum(axis=1) == 1)
+    assert online[:5, 0].all() and online[5:10, 1].all() and online[10:15, 2].all()
 
 
 def local_hour_profile(trace, tz: float) -> np.ndarray:

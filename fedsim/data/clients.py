@@ -9,6 +9,9 @@ One extra client, id N (`pooled`), holds every sample: plain SGD over the pooled
 
 from __future__ import annotations
 
+import hashlib
+import weakref
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -37,8 +40,9 @@ class ClientData:
 
     def _features(self, x: np.ndarray, scale: float) -> Tensor:
         """float32 model inputs on the device. Stored as floats, not uint8: converting every
-        gathered minibatch would cost as much as a logistic regression's whole step."""
-        return (torch.as_tensor(x, device=self.device) * scale).to(torch.float32)  # a new tensor
+        gathered minibatch would cost as much as a logistic regression's whole step. Shared
+        with the other runs of this process that hold the same array (`shared_features`)."""
+        return shared_features(x, scale, self.device)
 
     def label_distribution(self) -> np.ndarray:
         """[N, C] fraction of each client's samples per label."""
@@ -79,6 +83,23 @@ class ClientData:
         pos = torch.arange(width or int(size.max()), device=self.device)[None, :]
         valid = pos < size
         return gather(self.indices, self.starts[ids, None] + torch.where(valid, pos, 0)), valid.to(torch.float32) / size
+
+
+# float32 features by content: a study's points in lockstep (fedsim/lockstep.py) that train on
+# one dataset hold one copy (Fashion-MNIST's training images are 188 MB as floats; 64 copies
+# would not fit in memory). Read-only: the training only gathers from them.
+_SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def shared_features(x: np.ndarray, scale: float, device: torch.device) -> Tensor:
+    """`x * scale` as float32 on `device`, the same tensor for equal arrays while one is alive."""
+    digest = hashlib.sha1(np.ascontiguousarray(x).view(np.uint8).reshape(-1)).hexdigest()
+    key = (digest, x.dtype.str, x.shape, scale, str(device))
+    features = _SHARED.get(key)
+    if features is None:
+        features = (torch.as_tensor(x, device=device) * scale).to(torch.float32)  # a new tensor
+        _SHARED[key] = features
+    return features
 
 
 def gather(table: Tensor, rows: Tensor) -> Tensor:

@@ -124,7 +124,15 @@ _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
 
 def _read_idx(path: Path, ndim: int, name: str) -> np.ndarray:
     """An IDX array of unsigned bytes with ``ndim`` dimensions (the MNIST file format), gzipped
-    or not; a damaged file (truncated download, wrong file) is one error line naming it."""
+    or not; a damaged file (truncated download, wrong file) is one error line naming it. Read
+    once per process while the file is unchanged (a study's 60 points decompress it once);
+    the array is shared, so nobody may write into it."""
+    stat = path.stat()
+    return _read_idx_file(path, stat.st_mtime_ns, stat.st_size, ndim, name)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_idx_file(path: Path, mtime_ns: int, size: int, ndim: int, name: str) -> np.ndarray:
     raw = path.read_bytes()
     if path.suffix == ".gz":
         try:

@@ -85,13 +85,16 @@ def load_run(run_dir: Path) -> RunData:
 
 
 def _figure(width: float = 6.4, height: float = 4.0, rows: int = 1, cols: int = 1, *, top: float = 0.9,
-            left: float = 0.11, bottom: float = 0.12, right: float = 0.97, title: str = ""):
-    """A Figure with a `rows` x `cols` grid of axes (a flat list) and fixed margins."""
+            left: float = 0.11, bottom: float = 0.12, right: float = 0.97, title: str = "",
+            sharex: bool | None = None, hspace: float = 0.12):
+    """A Figure with a `rows` x `cols` grid of axes (a flat list) and fixed margins; the rows
+    of one column share their x axis unless `sharex` says otherwise."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), dpi=DPI)
-    fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, hspace=0.12, wspace=0.25)
-    axes = fig.subplots(rows, cols, sharex=cols == 1, squeeze=False).ravel().tolist()
+    fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, hspace=hspace, wspace=0.25)
+    axes = fig.subplots(rows, cols, sharex=cols == 1 if sharex is None else sharex,
+                        squeeze=False).ravel().tolist()
     fig.suptitle(title)
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -358,3 +361,35 @@ def plot_study(folder: Path, name: str, group_axes: list[str]) -> list[Path]:
         atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", pil_kwargs={"compress_level": 1}))
         written.append(path)
     return written
+
+
+VERDICT_COLOURS = {"holds": "tab:green", "does not hold": "tab:red", "inconclusive": "tab:orange"}
+
+
+def plot_claims(rows: list[dict], path: Path, name: str) -> Path:
+    """One panel per claim (fedsim/results/claims.py): its deciding statistic, mean and 95 % CI
+    over the seeds, against 0 (the band of a `within` claim, the dashed line of `at_least`),
+    coloured by verdict."""
+    import textwrap
+
+    height = 0.7 + 1.0 * len(rows)
+    fig, axes = _figure(width=7.5, height=height, rows=len(rows), top=1 - 0.45 / height, bottom=0.3 / height,
+                        left=0.04, right=0.97, title=f"{name}: claims (mean and 95 % CI over seeds)",
+                        sharex=False, hspace=1.1)
+    for ax, row in zip(axes, rows):
+        scale = row["scale"]
+        mean, ci = row["mean"] * scale, row["ci"] * scale
+        colour = VERDICT_COLOURS[row["verdict"]]
+        ax.errorbar([mean], [0], xerr=[[ci], [ci]], fmt="o", color=colour, capsize=4)
+        ax.axvline(0, color="black", lw=0.8)
+        if row["within"]:
+            ax.axvspan(-row["within"] * scale, row["within"] * scale, color="tab:green", alpha=0.12)
+        elif row["at_least"]:
+            ax.axvline(row["at_least"] * scale, color="tab:green", lw=1.2, ls="--")
+        reach = max(abs(mean) + ci, (row["within"] or 0) * scale, abs(row["at_least"] or 0) * scale, 1e-9) * 1.3
+        ax.set(xlim=(-reach, reach), yticks=[])
+        ax.tick_params(axis="x", labelbottom=True, labelsize="small")
+        ax.set_title(textwrap.shorten(f"{row['claim']}: {row['verdict']}", 95) +
+                     (" (pp)" if scale == 100 else ""), fontsize="small", color=colour, loc="left")
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", pil_kwargs={"compress_level": 1}))
+    return path

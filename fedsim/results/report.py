@@ -32,7 +32,7 @@ class Hit:
     interpolated: bool
 
 
-def _finite(name: str) -> pl.Expr:
+def finite(name: str) -> pl.Expr:
     """The column as floats, NaN and infinities (a diverged model's) read as missing."""
     col = pl.col(name).cast(pl.Float64)
     return pl.when(col.is_finite()).then(col).alias(name)
@@ -42,7 +42,7 @@ def evaluations(rounds: pl.DataFrame, initial: dict | None = None) -> pl.DataFra
     """The accuracy curve: `done` (rounds completed), `t` (simulated seconds) and `acc` of each
     evaluation that measured an accuracy, after the initial model's (manifest "initial")."""
     points = (rounds.select(done=pl.col("round").cast(pl.Float64) + 1,
-                            t=pl.col("t_end").cast(pl.Float64), acc=_finite("test_acc"))
+                            t=pl.col("t_end").cast(pl.Float64), acc=finite("test_acc"))
               .drop_nulls("acc"))
     if initial and initial.get("test_acc") is not None:
         start = pl.DataFrame({"done": [0.0], "t": [float(initial.get("t") or 0.0)],
@@ -254,7 +254,7 @@ def config_targets(runs: list[Run]) -> list[float]:
 
 def _best(frame: pl.DataFrame, column: str, best: str) -> tuple[float | None, float | None]:
     """(final, best) of an evaluated metric; `best` is "max" or "min"."""
-    values = frame.select(_finite(column)).drop_nulls()[column]
+    values = frame.select(finite(column)).drop_nulls()[column]
     if not len(values):
         return None, None
     return float(values[-1]), float(getattr(values, best)())
@@ -326,7 +326,7 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def table_text(header: list[str], rows: list[list[str]]) -> str:
     """Columns as wide as their widest cell; the first left-aligned, the others right."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
@@ -339,7 +339,7 @@ def format_report(doc: dict) -> str:
     """The report as tables: results, time to each target (when there are targets), rounds
     and participation."""
     runs = doc["runs"]
-    blocks = [_table(
+    blocks = [table_text(
         ["run", "status", "rounds", "sim time", "final acc", "best acc", "final loss", "best loss"],
         [[r["name"], r["status"], str(r["rounds"]), hours(r["sim_time_s"]), percent(r["final_acc"]),
           percent(r["best_acc"]), _number(r["final_loss"]), _number(r["best_loss"])] for r in runs])]
@@ -347,11 +347,11 @@ def format_report(doc: dict) -> str:
         header = ["time to target"]
         for t in doc["targets"]:
             header += [f"{target_label(t)} rounds", f"{target_label(t)} time"]
-        blocks.append(_table(header, [
+        blocks.append(table_text(header, [
             [r["name"], *[cell for entry in r["targets"] for cell in (hit_rounds(_hit(entry)),
                                                                        hit_hours(_hit(entry)))]]
             for r in runs]))
-    blocks.append(_table(
+    blocks.append(table_text(
         ["participation", "median round", "p90 round", "invited", "arrived", "dropped",
          "late", "surplus", "devices arrived", "gini", "cv"],
         [[r["name"], _seconds(r["round_duration"]["median_s"]),

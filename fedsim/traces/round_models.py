@@ -169,12 +169,19 @@ def periodic(req: Request) -> Generated:
     elif isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < length:
         raise FedsimError(f"trace generator 'periodic': offset = {offset!r}; give an integer in "
                           f"0..{length - 1}, or leave it out for a random one")
-    labels = majority_labels(req)
-    classes = DEFAULT_CLASSES if req.label_dist is None else req.label_dist.shape[1]
-    group = labels * groups // classes
+    group = periodic_groups(req, groups)
     params = {"groups": groups, "rounds_per_group": length, "offset": offset,
               "group": group.tolist()}
     return sample_rounds(req, params, periodic_probability, random=False)
+
+
+def periodic_groups(req: Request, groups: int) -> np.ndarray:
+    """Device i's group: floor(c G / C) for its most frequent label c of C classes (Wang & Ji:
+    consecutive labels share a turn); without labels i mod G, so that every group has devices
+    (3 devices in 3 groups take three turns, not one)."""
+    if req.label_dist is None:
+        return np.arange(req.n_devices) % groups
+    return majority_labels(req) * groups // req.label_dist.shape[1]
 
 
 def periodic_probability(params: dict, rounds: np.ndarray) -> np.ndarray:

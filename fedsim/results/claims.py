@@ -1,0 +1,338 @@
+"""Claims: what a study should show, written as checks over its results, so that
+`fedsim report STUDY --claims` says which hold (docs/reproductions.md).
+
+A claim is a ``[[claims]]`` table of the study file; it compares the points that `better`
+selects with those that `than` selects, paired by seed (same seed, same data, same trace):
+
+    [[claims]]
+    claim = "MIFA beats biased FedAvg"      # the sentence the report shows
+    metric = "final_acc"                    # see METRICS; tail_* and loss_swing need `window`
+    better = {"algorithm.name" = "mifa"}    # these points ...
+    than = {"algorithm.name" = "fedavg"}    # ... against these (a value or a list per axis)
+    where = {"trace.p_min" = [0.05, 0.1]}   # optional: only these points
+    grows_as = {"trace.p_min" = "falls"}    # optional: the advantage at the smallest p_min
+                                            # exceeds the one at the largest ("rises": reverse)
+    at_least = -0.01                        # optional: the advantage must exceed this (default 0;
+                                            # -0.01: A is no more than 1 point below B)
+    within = 0.01                           # optional: instead, A matches B within this margin
+    best_over = "client.lr"                 # optional: each side at its best value of the axis
+    window = 100                            # rounds, for tail_acc, tail_loss, loss_swing
+
+Every axis the claim does not name (but the seed) splits it into groups, and the claim must
+hold in each. Per group the statistic is computed per seed, and its mean and 95 % CI decide:
+`holds` (the CI is above `at_least`), `does not hold` (the mean is not), `inconclusive` (the
+mean is, the CI is not). A claim's verdict is that of its worst group.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from fedsim.errors import FedsimError, choice_error, did_you_mean
+from fedsim.results.report import ci95, finite, table_text
+
+SEED = "run.seed"
+# metric -> (what it is, whether higher is better)
+METRICS = {
+    "final_acc": ("test accuracy at the last evaluation", True),
+    "best_acc": ("best test accuracy over the evaluations", True),
+    "final_loss": ("test loss at the last evaluation", False),
+    "tail_acc": ("mean test accuracy over the last `window` rounds", True),
+    "tail_loss": ("mean test loss over the last `window` rounds", False),
+    "loss_swing": ("max - min test loss over the last `window` rounds (oscillation)", False),
+}
+WINDOWED = ("tail_acc", "tail_loss", "loss_swing")
+KEYS = ("claim", "metric", "better", "than", "where", "grows_as", "at_least", "within", "best_over", "window")
+HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
+
+
+# -- checking the tables ----------------------------------------------------------------------
+
+def check_claims(claims, axes: dict[str, list], where: str) -> list[dict]:
+    """The [[claims]] tables, each checked against the study's axes (one error line for the
+    first problem)."""
+    if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
+        raise FedsimError(f"{where}: claims must be [[claims]] tables (an array of tables)")
+    return [_check(claim, axes, f"{where}: claim {k + 1}") for k, claim in enumerate(claims)]
+
+
+def _check(claim: dict, axes: dict[str, list], where: str) -> dict:
+    for key in claim:
+        if key not in KEYS:
+            raise FedsimError(f"{where}: unknown key {key!r}; {did_you_mean(key, KEYS) or 'keys: ' + ', '.join(KEYS)}")
+    for key in ("claim", "metric", "better", "than"):
+        if key not in claim:
+            raise FedsimError(f"{where}: no {key!r}; a claim needs claim, metric, better and than")
+    if not isinstance(claim["claim"], str) or not claim["claim"].strip():
+        raise FedsimError(f"{where}: claim = {claim['claim']!r} must be the sentence the report shows")
+    where = f"{where} ({claim['claim']!r})"
+    if claim["metric"] not in METRICS:
+        raise choice_error(f"{where}: metric", claim["metric"], list(METRICS))
+    window = claim.get("window")
+    if claim["metric"] in WINDOWED and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise FedsimError(f"{where}: metric {claim['metric']!r} needs window = ROUNDS (an integer >= 1), "
+                          f"got {window!r}")
+    free = [a for a in axes if a != SEED]
+    for key in ("better", "than", "where"):
+        _check_selection(claim.get(key, {}), key, axes, where)
+    if not claim["better"] or not claim["than"]:
+        raise FedsimError(f"{where}: better and than must each select points, e.g. "
+                          'better = {"algorithm.name" = "mifa"}')
+    grows = claim.get("grows_as")
+    if grows is not None:
+        if not isinstance(grows, dict) or len(grows) != 1:
+            raise FedsimError(f'{where}: grows_as = {grows!r} must name one axis, e.g. {{"trace.p_min" = "falls"}}')
+        (axis, direction), = grows.items()
+        if axis not in free or len(axes[axis]) < 2:
+            raise FedsimError(f"{where}: grows_as {axis!r} is not an axis of the study with 2 or more values "
+                              f"(axes: {', '.join(free)})")
+        if direction not in ("falls", "rises"):
+            raise FedsimError(f"{where}: grows_as {axis!r} = {direction!r} must be \"falls\" or \"rises\"")
+    within, at_least = claim.get("within"), claim.get("at_least")
+    if within is not None and (not _number(within) or within <= 0):
+        raise FedsimError(f"{where}: within = {within!r} must be a margin > 0 (0.01 = 1 point of accuracy)")
+    if at_least is not None and not _number(at_least):
+        raise FedsimError(f"{where}: at_least = {at_least!r} must be a number (-0.01: at most 1 point worse)")
+    if within is not None and (grows is not None or at_least is not None):
+        raise FedsimError(f"{where}: within is a claim of its own; give it without grows_as and at_least")
+    best = claim.get("best_over")
+    if best is not None and best not in free:
+        raise FedsimError(f"{where}: best_over = {best!r} is not an axis of the study (axes: {', '.join(free)})")
+    return claim
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+
+
+def _check_selection(selection, key: str, axes: dict[str, list], where: str) -> None:
+    if not isinstance(selection, dict):
+        raise FedsimError(f'{where}: {key} = {selection!r} must be a table of axis = value(s), e.g. '
+                          '{"algorithm.name" = "mifa"}')
+    for axis, wanted in selection.items():
+        if axis not in axes or axis == SEED:
+            raise FedsimError(f"{where}: {key} names {axis!r}, which is not an axis of the study "
+                              f"(axes: {', '.join(a for a in axes if a != SEED)})")
+        for value in wanted if isinstance(wanted, list) else [wanted]:
+            if value not in axes[axis]:
+                raise FedsimError(f"{where}: {key} {axis} = {value!r} is not a value of that axis "
+                                  f"({', '.join(map(repr, axes[axis]))})")
+
+
+# -- measuring ----------------------------------------------------------------------------------
+
+def point_metric(study: pl.DataFrame, metric: str, window: int | None = None) -> pl.DataFrame:
+    """`point` and `value`: the metric of each point, from study.parquet's rounds."""
+    frame = study.sort(["point", "round"])
+    if metric in WINDOWED:  # the study's last rounds; a point that stopped early (diverged) has none
+        last = pl.col("round").max()
+        frame = frame.filter((last.over("point") == last) & (pl.col("round") > last - window))
+    acc, loss = finite("test_acc"), finite("test_loss")
+    value = {"final_acc": acc.drop_nulls().last(), "best_acc": acc.max(), "final_loss": loss.drop_nulls().last(),
+             "tail_acc": acc.mean(), "tail_loss": loss.mean(), "loss_swing": loss.max() - loss.min()}[metric]
+    return frame.group_by("point", maintain_order=True).agg(value.alias("value"))
+
+
+@dataclass
+class Group:
+    """One group of a claim: what was compared and the statistic over the seeds."""
+
+    label: str
+    values: list[float]
+    verdict: str
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.values))
+
+    @property
+    def ci(self) -> float | None:
+        return ci95([np.std(self.values, ddof=1) if len(self.values) > 1 else None], [len(self.values)])[0]
+
+
+@dataclass
+class Verdict:
+    claim: dict
+    groups: list[Group]
+    verdict: str
+    decisive: Group  # the group that decides: the worst one
+
+
+def judge(claim: dict, study: pl.DataFrame, axes: dict[str, list], zips: list[list[str]] = ()) -> Verdict:
+    """The claim checked on a study's rounds (study.parquet, axis values as columns); an axis
+    zipped with one the claim names (a learning rate per algorithm) goes with it."""
+    higher = METRICS[claim["metric"]][1]
+    metric = point_metric(study, claim["metric"], claim.get("window"))
+    points = (study.select("point", *axes).unique("point", maintain_order=True)
+              .join(metric, on="point").drop_nulls("value"))
+    points = _select(points, claim.get("where", {}))
+    sides = {a for a in axes if a in claim["better"] or a in claim["than"]}
+    sides |= {a for group in zips if sides & set(group) for a in group}
+    named = [a for a in axes if a in sides]
+    best = claim.get("best_over")
+    pair_on = [a for a in axes if a not in named and a != best]
+    sides = []
+    for key, prefix in (("better", "a"), ("than", "b")):
+        side = _select(points, claim[key])
+        shown = [a for a in named if a in claim[key] or side[a].n_unique() > 1]
+        side = side.with_columns(side=_label(shown))
+        if best:
+            side = _best_of(side, best, pair_on, higher)
+        sides.append(side.select(*pair_on, pl.col("side").alias(f"{prefix}_side"),
+                                 pl.col("value").alias(f"{prefix}_value"),
+                                 *([pl.col(best).cast(pl.String).alias(f"{prefix}_best")] if best else [])))
+    pairs = sides[0].join(sides[1], on=pair_on)
+    if not len(pairs):
+        raise FedsimError(f"claim {claim['claim']!r}: no points of `better` and `than` share a seed and "
+                          "the other axes; the study has not run them")
+    sign = 1.0 if higher or "within" in claim else -1.0
+    pairs = pairs.with_columns(stat=sign * (pl.col("a_value") - pl.col("b_value")))
+    group_on = [a for a in pair_on if a != SEED]
+    grows = claim.get("grows_as")
+    if grows:
+        pairs = _growth(pairs, grows, group_on)
+        group_on = [a for a in group_on if a not in grows]
+    label_on = [*group_on, "a_side", "b_side", *(["a_best", "b_best"] if best and not grows else [])]
+    groups = []
+    for key, rows in pairs.group_by(label_on, maintain_order=True):
+        label = _group_label(dict(zip(label_on, key)), group_on, grows)
+        values = rows["stat"].to_list()
+        groups.append(Group(label, values, _verdict(values, claim.get("within"), claim.get("at_least", 0.0))))
+    order = {FAILS: 0, UNSURE: 1, HOLDS: 2}
+    within = claim.get("within")
+    decisive = min(groups, key=lambda g: (order[g.verdict], -abs(g.mean) if within else g.mean))
+    return Verdict(claim, groups, decisive.verdict, decisive)
+
+
+def _select(points: pl.DataFrame, selection: dict) -> pl.DataFrame:
+    for axis, wanted in selection.items():
+        points = points.filter(pl.col(axis).is_in(wanted if isinstance(wanted, list) else [wanted]))
+    return points
+
+
+def _label(named: list[str]) -> pl.Expr:
+    """What a side is: its algorithm, then its other named axes as key=value."""
+    parts = [pl.col(a).cast(pl.String) if a == "algorithm.name"
+             else pl.concat_str(pl.lit(a.split(".")[-1] + "="), pl.col(a).cast(pl.String)) for a in named]
+    return pl.concat_str(parts, separator=" ")
+
+
+def _best_of(side: pl.DataFrame, axis: str, pair_on: list[str], higher: bool) -> pl.DataFrame:
+    """Each side group at its value of `axis` with the best mean metric over the seeds."""
+    keys = ["side", *(a for a in pair_on if a != SEED)]
+    means = side.group_by([*keys, axis]).agg(mean=pl.col("value").mean())
+    chosen = means.sort("mean", descending=higher).group_by(keys, maintain_order=True).first()
+    return side.join(chosen.select(*keys, axis), on=[*keys, axis])
+
+
+def _growth(pairs: pl.DataFrame, grows: dict, group_on: list[str]) -> pl.DataFrame:
+    """Per seed and group: the advantage at the claimed end of the axis minus at the other."""
+    (axis, direction), = grows.items()
+    values = sorted(pairs[axis].unique().to_list())
+    first, last = (values[0], values[-1]) if direction == "falls" else (values[-1], values[0])
+    keys = [a for a in pairs.columns if a not in (axis, "a_value", "b_value", "a_best", "b_best", "stat")]
+    at = [pairs.filter(pl.col(axis) == v).select(*keys, pl.col("stat").alias(f"stat_{i}"))
+          for i, v in enumerate((first, last))]
+    return at[0].join(at[1], on=keys).with_columns(stat=pl.col("stat_0") - pl.col("stat_1"))
+
+
+def _group_label(key: dict, group_on: list[str], grows: dict | None) -> str:
+    text = f"{key['a_side']} vs {key['b_side']}"
+    if "a_best" in key:
+        text = f"{key['a_side']} ({key['a_best']}) vs {key['b_side']} ({key['b_best']})"
+    where = [f"{a.split('.')[-1]}={key[a]}" for a in group_on]
+    if grows:
+        (axis, direction), = grows.items()
+        text = f"({text}) as {axis.split('.')[-1]} {direction}"
+    return text + (f" at {', '.join(where)}" if where else "")
+
+
+def _verdict(values: list[float], within: float | None, at_least: float = 0.0) -> str:
+    mean = float(np.mean(values))
+    half = ci95([np.std(values, ddof=1) if len(values) > 1 else None], [len(values)], 0.0)[0]
+    if within is not None:
+        return HOLDS if abs(mean) + half < within else FAILS if abs(mean) >= within else UNSURE
+    return HOLDS if mean - half > at_least else FAILS if mean <= at_least else UNSURE
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+def measured(verdict: Verdict, group: Group | None = None) -> str:
+    """`+3.20 ± 1.10 pp` (accuracies in points) or `-0.0123 ± 0.004` (losses)."""
+    group = group or verdict.decisive
+    accuracy = verdict.claim["metric"].endswith("acc")
+    scale, spec, unit = (100, "+.2f", " pp") if accuracy else (1, "+.4g", "")
+    ci = group.ci
+    text = f"{group.mean * scale:{spec}}" + (f" ± {ci * scale:.2f}" if ci is not None and accuracy
+                                               else f" ± {ci:.2g}" if ci is not None else "")
+    return text + unit
+
+
+def judge_study(folder: Path, axes: dict[str, list], claims: list[dict], zips: list[list[str]] = ()) -> list[Verdict]:
+    if not claims:
+        raise FedsimError(f"{folder}: the study has no claims; add [[claims]] tables to its study file "
+                          "(see docs/reproductions.md) and run `fedsim sweep` on it again")
+    study = pl.read_parquet(folder / "study.parquet")
+    return [judge(claim, study, axes, zips) for claim in claims]
+
+
+def claims_table(verdicts: list[Verdict]) -> str:
+    rows = [[v.claim["claim"], measured(v), v.verdict, v.decisive.label] for v in verdicts]
+    return table_text(["claim", "measured (mean ± 95 % CI)", "verdict", "deciding group"], rows)
+
+
+def claims_markdown(name: str, verdicts: list[Verdict], plots: list[str]) -> str:
+    """claims.md: the table, then each claim's groups, then the plots."""
+    lines = [f"# Claims of {name}", "",
+             "Each claim is checked per group of points, on a statistic per seed: the advantage of "
+             "`better` over `than` (> 0 in the claimed direction; accuracies in points, losses in loss "
+             "units). Its mean and 95 % CI over the seeds decide: holds (the whole CI is above the bar, "
+             "0 or `at_least`), does not hold (the mean is not), inconclusive (the mean is, the CI is "
+             "not); a `within` claim holds when |mean| + CI is under its margin and does not when "
+             "|mean| is not. A claim's verdict is its worst group's.", "",
+             "| claim | metric | measured (mean ± 95 % CI) | verdict |", "| --- | --- | --- | --- |"]
+    for v in verdicts:
+        lines.append(f"| {v.claim['claim']} | {_metric_text(v.claim)} | {measured(v)} ({v.decisive.label}) "
+                     f"| {v.verdict} |")
+    for k, v in enumerate(verdicts, 1):
+        lines += ["", f"## {k}. {v.claim['claim']}: {v.verdict}", "",
+                  f"`{json.dumps({key: v.claim[key] for key in KEYS if key in v.claim and key != 'claim'})}`",
+                  "", "| group | seeds | measured | verdict |", "| --- | --- | --- | --- |"]
+        lines += [f"| {g.label} | {len(g.values)} | {measured(v, g)} | {g.verdict} |"
+                  for g in sorted(v.groups, key=lambda g: g.label)]
+    lines += ["", *(f"![{Path(p).stem}]({p})" for p in plots)]
+    return "\n".join(lines) + "\n"
+
+
+def _metric_text(claim: dict) -> str:
+    text = claim["metric"] + (f" (last {claim['window']} rounds)" if claim["metric"] in WINDOWED else "")
+    if claim.get("within") is not None:
+        text += f", within {claim['within']:g}"
+    if claim.get("at_least") is not None:
+        text += f", advantage > {claim['at_least']:g}"
+    if claim.get("grows_as"):
+        (axis, direction), = claim["grows_as"].items()
+        text += f", grows as {axis} {direction}"
+    if claim.get("best_over"):
+        text += f", best {claim['best_over']} each"
+    return text
+
+
+def write_claims(folder: Path, name: str, verdicts: list[Verdict]) -> list[Path]:
+    """claims.md and plots/claims.png in the study folder."""
+    from fedsim.files import atomic_write
+    from fedsim.results.plots import plot_claims
+
+    rows = [{"claim": v.claim["claim"], "mean": v.decisive.mean, "ci": v.decisive.ci or 0.0,
+             "verdict": v.verdict, "within": v.claim.get("within"), "at_least": v.claim.get("at_least", 0.0),
+             "scale": 100.0 if v.claim["metric"].endswith("acc") else 1.0} for v in verdicts]
+    plot = plot_claims(rows, folder / "plots" / "claims.png", name)
+    pictures = [p for p in ("plots/claims.png", "plots/study_accuracy_vs_rounds.png") if (folder / p).exists()]
+    markdown = claims_markdown(name, verdicts, pictures)
+    atomic_write(folder / "claims.md", lambda tmp: Path(tmp).write_text(markdown))
+    return [folder / "claims.md", plot]

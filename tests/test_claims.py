@@ -1,0 +1,184 @@
+"""Claims (fedsim/results/claims.py) checked on hand-made study tables with known verdicts,
+and every malformed claim as one error line."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from fedsim.results.claims import FAILS, HOLDS, UNSURE, check_claims, judge, measured, point_metric
+from fedsim.errors import FedsimError
+
+ROUNDS = 10
+
+
+def study(points: list[tuple[dict, list, list | None]]) -> pl.DataFrame:
+    """study.parquet as `fedsim sweep` writes it: one row per round of every point, with the
+    point's axis values; `acc` and `loss` per round (None: not evaluated), or one number for
+    every round."""
+    frames = []
+    for k, (values, acc, loss) in enumerate(points):
+        n = len(acc) if isinstance(acc, list) else ROUNDS
+        acc = acc if isinstance(acc, list) else [acc] * n
+        loss = loss if isinstance(loss, list) else [1.0 - a if a is not None else None for a in acc] \
+            if loss is None else [loss] * n
+        frames.append(pl.DataFrame({"round": list(range(n)), "test_acc": acc, "test_loss": loss},
+                                   schema={"round": pl.Int64, "test_acc": pl.Float64, "test_loss": pl.Float64})
+                      .with_columns(point=pl.lit(f"p{k}"), **{a: pl.lit(v) for a, v in values.items()}))
+    return pl.concat(frames)
+
+
+def two_algorithms(a: list[float], b: list[float], **extra) -> pl.DataFrame:
+    """Final accuracies per seed of algorithms "a" and "b"."""
+    return study([({"algorithm.name": name, **extra, "run.seed": s}, acc, None)
+                  for name, accs in (("a", a), ("b", b)) for s, acc in enumerate(accs)])
+
+
+AXES = {"algorithm.name": ["a", "b"], "run.seed": [0, 1, 2]}
+A_BEATS_B = {"claim": "a beats b", "metric": "final_acc", "better": {"algorithm.name": "a"},
+             "than": {"algorithm.name": "b"}}
+
+
+@pytest.mark.parametrize("a, b, verdict", [
+    ([0.80, 0.81, 0.82], [0.70, 0.70, 0.71], HOLDS),
+    ([0.70, 0.72, 0.71], [0.80, 0.81, 0.82], FAILS),
+    ([0.75, 0.70, 0.76], [0.70, 0.71, 0.70], UNSURE),  # differences 0.05, -0.01, 0.06
+])
+def test_better_than_is_decided_by_the_paired_differences_and_their_ci(a, b, verdict):
+    result = judge(A_BEATS_B, two_algorithms(a, b), AXES)
+    assert result.verdict == verdict
+    diffs = np.subtract(a, b)
+    assert result.decisive.mean == pytest.approx(diffs.mean())
+    assert result.decisive.ci == pytest.approx(4.303 * diffs.std(ddof=1) / math.sqrt(3))
+    assert result.decisive.label == "a vs b"
+    assert measured(result).endswith(" pp") and measured(result).startswith(("+", "-"))
+
+
+def test_for_a_loss_lower_is_better():
+    frame = study([({"algorithm.name": name, "run.seed": s}, 0.5, loss)
+                   for name, loss in (("a", 0.3), ("b", 0.4)) for s in range(3)])
+    frame = frame.with_columns(test_loss=pl.col("test_loss") + pl.col("run.seed") * 0.001)
+    claim = {**A_BEATS_B, "metric": "final_loss"}
+    result = judge(claim, frame, AXES)
+    assert result.verdict == HOLDS and result.decisive.mean == pytest.approx(0.1)
+    assert judge({**claim, "better": {"algorithm.name": "b"}, "than": {"algorithm.name": "a"}},
+                 frame, AXES).verdict == FAILS
+
+
+def test_every_group_must_hold_and_the_worst_one_decides():
+    frame = pl.concat([two_algorithms([0.8, 0.81, 0.82], [0.7, 0.7, 0.7], **{"trace.dynamics": "sine"}),
+                       two_algorithms([0.6, 0.61, 0.6], [0.7, 0.7, 0.7], **{"trace.dynamics": "staircase"})
+                       .with_columns(point=pl.col("point") + "x")])
+    axes = {"algorithm.name": ["a", "b"], "trace.dynamics": ["sine", "staircase"], "run.seed": [0, 1, 2]}
+    result = judge(A_BEATS_B, frame, axes)
+    assert [g.verdict for g in result.groups] == [HOLDS, FAILS]
+    assert result.verdict == FAILS and result.decisive.label == "a vs b at dynamics=staircase"
+    only_sine = judge({**A_BEATS_B, "where": {"trace.dynamics": "sine"}}, frame, axes)
+    assert only_sine.verdict == HOLDS and len(only_sine.groups) == 1
+
+
+def test_a_list_of_algorithms_is_every_pair():
+    frame = study([({"algorithm.name": name, "run.seed": s}, acc + 0.01 * s, None)
+                   for name, acc in (("a", 0.9), ("b", 0.5), ("c", 0.6)) for s in range(3)])
+    axes = {"algorithm.name": ["a", "b", "c"], "run.seed": [0, 1, 2]}
+    result = judge({**A_BEATS_B, "than": {"algorithm.name": ["b", "c"]}}, frame, axes)
+    assert sorted(g.label for g in result.groups) == ["a vs b", "a vs c"]
+    assert result.verdict == HOLDS and result.decisive.mean == pytest.approx(0.3)
+
+
+def gap_study(gaps: dict[float, list[float]]) -> pl.DataFrame:
+    """a - b = gaps[p_min][seed] at each p_min."""
+    return study([({"algorithm.name": name, "trace.p_min": p, "run.seed": s},
+                   0.5 + (gap if name == "a" else 0.0), None)
+                  for p, per_seed in gaps.items() for s, gap in enumerate(per_seed) for name in ("a", "b")])
+
+
+P_AXES = {"algorithm.name": ["a", "b"], "trace.p_min": [0.5, 0.2, 0.05], "run.seed": [0, 1, 2]}
+
+
+def test_grows_as_compares_the_advantage_at_the_two_ends_of_the_axis():
+    claim = {**A_BEATS_B, "grows_as": {"trace.p_min": "falls"}}
+    growing = gap_study({0.5: [0.0, 0.01, 0.0], 0.2: [0.02, 0.03, 0.02], 0.05: [0.08, 0.09, 0.1]})
+    result = judge(claim, growing, P_AXES)
+    assert result.verdict == HOLDS and result.decisive.mean == pytest.approx(np.mean([0.08, 0.08, 0.1]))
+    assert result.decisive.label == "(a vs b) as p_min falls"
+    assert judge({**claim, "grows_as": {"trace.p_min": "rises"}}, growing, P_AXES).verdict == FAILS
+
+
+def test_within_is_an_equivalence_with_a_margin():
+    claim = {**A_BEATS_B, "within": 0.01}
+    close = judge(claim, two_algorithms([0.801, 0.798, 0.8015], [0.8, 0.8, 0.8]), AXES)
+    assert close.verdict == HOLDS
+    apart = judge(claim, two_algorithms([0.83, 0.83, 0.831], [0.8, 0.8, 0.8]), AXES)
+    assert apart.verdict == FAILS and apart.decisive.mean == pytest.approx(0.03033, abs=1e-4)
+    noisy = judge(claim, two_algorithms([0.805, 0.79, 0.812], [0.8, 0.8, 0.8]), AXES)
+    assert noisy.verdict == UNSURE
+
+
+def test_best_over_takes_each_side_at_its_best_learning_rate():
+    accs = {("a", 0.1): 0.5, ("a", 0.01): 0.9, ("b", 0.1): 0.8, ("b", 0.01): 0.6}
+    frame = study([({"algorithm.name": name, "client.lr": lr, "run.seed": s}, acc + 0.001 * s, None)
+                   for (name, lr), acc in accs.items() for s in range(3)])
+    axes = {"algorithm.name": ["a", "b"], "client.lr": [0.1, 0.01], "run.seed": [0, 1, 2]}
+    result = judge({**A_BEATS_B, "best_over": "client.lr"}, frame, axes)
+    assert result.verdict == HOLDS and result.decisive.mean == pytest.approx(0.1)
+    assert result.decisive.label == "a (0.01) vs b (0.1)"
+
+
+def test_windowed_metrics_read_the_last_rounds_of_the_study():
+    swinging = [0.5, 0.6] * 5
+    frame = study([({"algorithm.name": "a", "run.seed": 0}, [0.7] * 10, [0.4] * 10),
+                   ({"algorithm.name": "b", "run.seed": 0}, [0.1] * 6 + [0.9] * 4, swinging),
+                   ({"algorithm.name": "c", "run.seed": 0}, [0.9] * 7, None)])  # stopped early
+    tail = dict(point_metric(frame, "tail_acc", 4).iter_rows())
+    assert tail == {"p0": pytest.approx(0.7), "p1": pytest.approx(0.9)}  # c has no last rounds
+    swing = dict(point_metric(frame, "loss_swing", 4).iter_rows())
+    assert swing["p0"] == 0.0 and swing["p1"] == pytest.approx(0.1)
+    evaluated = study([({"algorithm.name": "a", "run.seed": 0}, [None, 0.2, None, 0.4, None], None)])
+    assert dict(point_metric(evaluated, "final_acc").iter_rows())["p0"] == 0.4
+    assert dict(point_metric(evaluated, "tail_acc", 3).iter_rows())["p0"] == 0.4
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"metric": "final_accuracy"}, "metric = 'final_accuracy' is unknown; did you mean 'final_acc'?"),
+    ({"metric": "tail_acc"}, "metric 'tail_acc' needs window = ROUNDS"),
+    ({"better": {"algorithm.nam": "a"}}, "better names 'algorithm.nam', which is not an axis of the study"),
+    ({"than": {"algorithm.name": "z"}}, "than algorithm.name = 'z' is not a value of that axis"),
+    ({"better": {}}, "better and than must each select points"),
+    ({"grows_as": {"algorithm.name": "up"}}, "grows_as 'algorithm.name' = 'up' must be \"falls\" or \"rises\""),
+    ({"within": -1}, "within = -1 must be a margin > 0"),
+    ({"best_over": "client.lr"}, "best_over = 'client.lr' is not an axis of the study"),
+    ({"treshold": 1}, "unknown key 'treshold'"),
+    ({"claim": ""}, "claim = '' must be the sentence the report shows"),
+])
+def test_a_malformed_claim_is_one_line_naming_it(change, says):
+    with pytest.raises(FedsimError) as err:
+        check_claims([A_BEATS_B, {**A_BEATS_B, **change}], AXES, "study.toml")
+    assert says in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).startswith("study.toml: claim 2")
+
+
+def test_an_axis_zipped_with_a_named_one_goes_with_it():
+    """A learning rate per algorithm (zip): a at 0.1 against b at 0.05, paired by seed."""
+    frame = study([({"algorithm.name": name, "client.lr": lr, "run.seed": s}, acc + 0.01 * s, None)
+                   for name, lr, acc in (("a", 0.1, 0.8), ("b", 0.05, 0.7)) for s in range(3)])
+    axes = {"algorithm.name": ["a", "b"], "client.lr": [0.1, 0.05], "run.seed": [0, 1, 2]}
+    result = judge(A_BEATS_B, frame, axes, [["algorithm.name", "client.lr"]])
+    assert result.verdict == HOLDS and result.decisive.mean == pytest.approx(0.1)
+    assert result.decisive.label == "a vs b"
+    with pytest.raises(FedsimError, match="no points of `better` and `than` share a seed"):
+        judge(A_BEATS_B, frame, axes)
+
+
+def test_at_least_moves_the_bar_a_non_inferiority_claim_must_clear():
+    """a is 0.5 point below b: it fails "a beats b" but holds "a is at most 1 point below b"."""
+    frame = two_algorithms([0.795, 0.7945, 0.7952], [0.8, 0.8, 0.8])
+    assert judge(A_BEATS_B, frame, AXES).verdict == FAILS
+    result = judge({**A_BEATS_B, "at_least": -0.01}, frame, AXES)
+    assert result.verdict == HOLDS and result.decisive.mean == pytest.approx(-0.0051, abs=1e-4)
+    assert judge({**A_BEATS_B, "at_least": -0.005}, frame, AXES).verdict == FAILS
+    with pytest.raises(FedsimError, match="within is a claim of its own"):
+        check_claims([{**A_BEATS_B, "at_least": -0.01, "within": 0.01}], AXES, "s")

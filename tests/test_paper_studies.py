@@ -1,0 +1,80 @@
+"""The four paper studies (fedsim/scenarios/paper-*.toml): each loads as a study of its paper's
+algorithms and settings with its claims, and a tiny version of each runs from its scenario
+name through `fedsim sweep` and `fedsim report --claims` to claims.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedsim.cli import main
+from fedsim.config import read_toml, scenario_path
+from fedsim.study import load_study
+
+PAPERS = {
+    "paper-fedlaavg": ({"algorithm.name": {"fedavg", "fedprox", "fedlaavg", "sequential-sgd"}},
+                       ["sweep.run.seed=[0, 1]"]),
+    "paper-mifa": ({"algorithm.name": {"fedavg", "fedavg-wait", "mifa", "fedavg-known-p"},
+                    "algorithm.warmup": {False, True}, "trace.p_min": {0.5, 0.2, 0.1, 0.05}},
+                   ["algorithm.S=5"]),
+    "paper-fedawe": ({"algorithm.name": {"fedawe", "mifa", "fedvarp", "fedau", "fedavg", "fedavg-all",
+                                         "fedavg-known-p"},
+                      "trace.dynamics": {"stationary", "staircase", "sine", "interleaved-sine"}}, []),
+    "paper-wangji": ({"algorithm.name": {"amplified", "fedavg", "fedavg-wait"}},
+                     ["algorithm.S=10", "warm_start.run.rounds=2"]),
+}
+TINY = ["run.rounds=4", "run.eval_every=2", "data.dataset=digits", "data.clients=10", "sweep.run.seed=[0]",
+        "run.plots=false"]
+
+
+@pytest.mark.parametrize("name", PAPERS)
+def test_each_paper_study_has_its_algorithms_settings_seeds_and_claims(name, capsys):
+    study = load_study(name)
+    axes, _ = PAPERS[name]
+    for axis, values in axes.items():
+        assert set(study.axes[axis]) == values, axis
+    assert len(study.axes["run.seed"]) >= 3
+    assert study.folder.name == name and len(study.claims) >= 3
+    assert len(study.claims) == len(read_toml(scenario_path(name))["claims"])
+    assert all(p.config.data.dataset == "fashion-mnist" for p in study.points)
+    assert main(["scenarios"]) == 0
+    listed = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(name))
+    assert f"study (fedsim sweep {name})" in listed
+
+
+def test_wang_and_ji_start_every_point_from_a_fedavg_phase_of_its_seed():
+    study = load_study("paper-wangji")
+    assert [p.name for p in study.warm] == ["warm-start/seed-0", "warm-start/seed-1", "warm-start/seed-2"]
+    assert {(p.config.algorithm.name, p.config.client.lr) for p in study.warm} == {("fedavg", 0.1)}
+    for point in study.points:
+        assert point.config.model.init_from == str(study.folder / "warm-start" / f"seed-{point.values['run.seed']}")
+
+
+@pytest.mark.parametrize("name", PAPERS)
+def test_a_tiny_version_runs_from_its_name_to_a_claims_report(name, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", name, "--quiet", *(f"--set={s}" for s in TINY + PAPERS[name][1])]) == 0
+    folder = tmp_path / "runs" / name
+    capsys.readouterr()
+    assert main(["report", str(folder), "--claims"]) == 0
+    out = capsys.readouterr().out
+    claims = load_study(name).claims
+    for claim in claims:
+        assert claim["claim"] in out
+    table = [line for line in (folder / "claims.md").read_text().split("\n## ")[0].splitlines()
+             if line.startswith("| ") and not line.startswith(("| claim", "| ---"))]
+    assert len(table) == len(claims)
+    assert all(row.rstrip(" |").endswith(("holds", "does not hold", "inconclusive")) for row in table)
+    assert (folder / "plots" / "claims.png").stat().st_size > 0
+
+
+def test_a_study_is_not_a_run_and_a_run_has_no_claims(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "paper-mifa"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a study" in err and "fedsim sweep paper-mifa" in err
+    assert main(["sweep", "paper-mifa", "--set", "run.seed=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run.seed is an axis of the sweep" in err and "sweep.run.seed=[...]" in err
+    assert main(["report", str(tmp_path), "--claims"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a study folder" in err

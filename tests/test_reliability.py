@@ -168,7 +168,7 @@ CASES = [
     case("report-missing-rounds", "report {tmp}/r", r"r: not a run directory \(no rounds\.parquet",
          r=run_dir(lambda path: (path / "rounds.parquet").unlink())),
     case("report-bad-target", "report {tmp}/r --target 1.5", r"1\.5", r=run_dir()),
-    case("best-by-without-study", "report {tmp}/r --best-by final_acc --over client.lr", r"report on a study folder",
+    case("best-by-without-study", "report {tmp}/r --best-by final_acc --over client.lr", r"not a study folder \(no study\.toml\); --best-by and --over report on the folder of a study",
          r=run_dir()),
     case("plot-damaged-rounds", "plot {tmp}/r", r"rounds\.parquet: not a readable Parquet file",
          r=run_dir(lambda path: (path / "rounds.parquet").write_bytes(b"PAR1 broken"))),

@@ -100,7 +100,8 @@ def test_zero_means_something_for_these_keys():
     raw["run"].update(max_time=0, checkpoint_every=0, seed=0)
     raw["server"].update(clients_per_round=0, overcommit=0)
     raw["client"].update(batch_size=0, clip=0, weight_decay=0)
-    raw["devices"] = {"compute_sigma": 0, "bandwidth_sigma": 0, "latency_s": 0, "seconds_per_sample": 0}
+    raw["devices"] = {"model": "lognormal", "compute_sigma": 0, "bandwidth_sigma": 0, "latency_s": 0,
+                      "seconds_per_sample": 0}
     raw["data"].update(size_sigma=0, noise=0, majority=0)
     raw["model"] = {"dropout": 0}
     config = config_from_dict(raw)

@@ -222,3 +222,59 @@ def test_bad_devices_keys_are_one_line(devices, says):
     with pytest.raises(FedsimError) as err:
         config_from_dict({"devices": devices}, origin="c.toml")
     assert str(err.value) == f"c.toml: {says}"
+
+
+def always_online(n: int) -> Trace:
+    return Trace.from_intervals(np.arange(n), np.zeros(n), np.full(n, 1e6), n_devices=n, horizon=1e6)
+
+
+def test_devices_too_slow_for_the_deadline_are_named_by_a_warning(cli_run):
+    n = 10
+    table = {"device_id": np.arange(n), "seconds_per_sample": [1.0] * 3 + [100.0] * 7,
+             "bandwidth_bps": [1e12] * n, "latency_s": [0.0] * n}
+    write_device_table(table, cli_run.tmp / "devices.parquet")
+    config = quadratic_config([[float(i), 0.0] for i in range(n)], rounds=5,
+                              server={"timing": "model", "deadline": 10.0},
+                              trace={"devices_table": str(cli_run.tmp / "devices.parquet")},
+                              devices={"model": "table"})
+    run_dir = cli_run(config, always_online(n))
+    warning = ("never arrived: 7 of 10 devices invited at least 5 times never arrived (35 late, 0 dropped); "
+               "mostly late: too slow for the deadline (their median task takes 1.67 min, the deadline is "
+               "10 s); raise [server] deadline or see [devices] in docs/timing.md")
+    assert json.loads((run_dir / "manifest.json").read_text())["warnings"] == [warning]
+    assert f"warning: fedavg: {warning}" in cli_run.last_output.out
+    # four invitations each: not yet a pattern
+    config["run"]["rounds"] = 4
+    assert json.loads((cli_run(config, always_online(n), name="short") / "manifest.json").read_text())["warnings"] == []
+
+
+def test_devices_that_go_offline_before_finishing_are_named_by_a_warning(cli_run):
+    # 3 devices always online; 7 online 2 s out of every 10 s; every task takes 5 s
+    n, period = 10, 10.0
+    starts = np.arange(0, 1000, period)
+    ids = np.concatenate([np.arange(3), np.repeat(np.arange(3, n), len(starts))])
+    start = np.concatenate([np.zeros(3), np.tile(starts, 7)])
+    end = np.concatenate([np.full(3, 1000.0), np.tile(starts + 2.0, 7)])
+    trace = Trace.from_intervals(ids, start, end, n_devices=n, horizon=1000.0, wrap="loop")
+    config = quadratic_config([[float(i), 0.0] for i in range(n)], rounds=60,
+                              server={"timing": "model", "deadline": 10.0},
+                              devices={"model": "constant", "seconds_per_sample": 0.5, "latency_s": 0.0,
+                                       "bandwidth_bps": 1e12, "step_overhead_s": 0.0})
+    config["client"]["local_steps"] = 10
+    warnings = json.loads((cli_run(config, trace) / "manifest.json").read_text())["warnings"]
+    # rounds of 5 s from t = 0: the seven are online at the start of every other one
+    assert warnings == ["never arrived: 7 of 10 devices invited at least 5 times never arrived (0 late, 210 "
+                        "dropped); mostly dropped: offline before finishing (availability: their online "
+                        "sessions are shorter than their tasks)"]
+
+
+def test_the_quickstart_scenario_gives_no_warning(tmp_path, capsys):
+    from fedsim.cli import main
+
+    code = main(["run", "quickstart", "--quiet", "--set", "run.algorithms=[]", "--set", f"run.out='{tmp_path}'",
+                 "--set", "run.plots=false"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "warning" not in out.out + out.err
+    manifest = json.loads((tmp_path / "quickstart" / "manifest.json").read_text())
+    assert manifest["warnings"] == [] and manifest["rounds"] == 300

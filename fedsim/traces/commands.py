@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -51,7 +52,13 @@ def add_trace_commands(subparsers) -> None:
     conv.add_argument("input", help="file to convert")
     conv.add_argument("--out", required=True, help="trace .parquet to write")
     conv.add_argument("--horizon", type=float, help="seconds to cover (default: the input's span)")
-    conv.add_argument("--devices-out", help="also write a device table (tz offsets) here")
+    conv.add_argument("--devices-out", help="also write the device table (names, tz_offset, the "
+                                            "source's per-device columns) here")
+    conv.add_argument("--repeat", metavar="MODE",
+                      help="flash: span (default: each device's record repeats over its own "
+                           "first-to-last-message span, as FLASH replays it) or none (only what was "
+                           "recorded); fedscale: period (default: each client repeats every "
+                           "finish_time, as FedScale replays it) or none; csv, sessions: none")
     conv.add_argument("--time-unit", metavar="UNIT",
                       help=f"csv, sessions: times written as {', '.join(TIME_UNITS)} (seconds or "
                            "milliseconds since 1970, ISO 8601); default: detected (docs/traces.md)")
@@ -118,7 +125,12 @@ def generate_command(args) -> int:
     trace = generate(args.kind, args.devices, seed=args.seed, rounds=args.rounds,
                      round_duration=args.round_duration, days=args.days, **options)
     write_trace(trace, args.out)
-    _write_devices(trace, args.devices_out)
+    if args.devices_out:
+        from fedsim.traces.io import write_device_table
+
+        table = device_table(trace, {"group": trace.generator["group"]}
+                             if isinstance(trace.generator.get("group"), list) else {})
+        write_device_table(table, args.devices_out)
     print(f"wrote {args.out}: {_one_line(trace)} ({time.perf_counter() - began:.2f} s)")
     return 0
 
@@ -145,23 +157,57 @@ def plot_command(args) -> int:
 
 
 def convert_command(args) -> int:
+    import dataclasses
+
     from fedsim.traces.io import write_trace
 
-    names = device_names_path(args.out)
-    if args.devices_out and Path(args.devices_out).resolve() == Path(names).resolve():
-        raise FedsimError(f"--devices-out {args.devices_out}: the device names go there; choose "
-                          f"another path for the device table")
     trace = convert(args.fmt, args.input, horizon=args.horizon, time_unit=args.time_unit,
                     tz=args.tz, device_col=args.device_col, start_col=args.start_col,
-                    end_col=args.end_col)
+                    end_col=args.end_col, repeat=args.repeat)
+    generator = dict(trace.generator)
+    columns, warnings = generator.pop("device_columns", {}), generator.pop("warnings", [])
+    trace = dataclasses.replace(trace, generator=generator)  # the trace's metadata stays small
     write_trace(trace, args.out)
     print(f"wrote {args.out}: {_one_line(trace)}")
     if "merged" in trace.generator:
         print(f"merged {trace.generator['merged']} overlapping or touching sessions")
-    if _write_names(trace, names):
-        print(f"wrote {names}: the names of the {trace.n_devices} devices")
-    _write_devices(trace, args.devices_out)
+    for line in [*warnings, *_repetition_warning(trace)]:
+        print(f"warning: {line}", file=sys.stderr)
+    table = device_table(trace, columns)
+    if len(table) > 1:
+        from fedsim.traces.io import write_device_table
+
+        beside = device_names_path(args.out)
+        same = args.devices_out and Path(args.devices_out).resolve() == Path(beside).resolve()
+        for path in [beside] + ([args.devices_out] if args.devices_out and not same else []):
+            write_device_table(table, path)
+            print(f"wrote {path}: the device table ({', '.join(table)}) of the {trace.n_devices} devices")
     return 0
+
+
+def _repetition_warning(trace: Trace) -> list[str]:
+    """What repeating the records added, when over 10 % of the online time."""
+    g = trace.generator
+    if g.get("repeat", "none") == "none" or not g.get("recorded_online_s"):
+        return []
+    added = g["online_s"] / g["recorded_online_s"] - 1
+    if added <= 0.1:
+        return []
+    return [f"--repeat {g['repeat']} added {100 * added:.1f} % to the recorded online time "
+            f"({g['recorded_online_s'] / 3600:.1f} h recorded, {g['online_s'] / 3600:.1f} h in the trace); "
+            f"{g['short_records']} of {trace.n_devices} devices' records cover less than half of the "
+            f"horizon; --repeat none keeps only what was recorded"]
+
+
+def device_table(trace: Trace, columns: dict) -> dict:
+    """device_id, name (where the converter renumbered the devices), tz_offset (where known)
+    and the source's per-device columns."""
+    table = {"device_id": np.arange(trace.n_devices)}
+    if trace.generator.get("ids") is not None:
+        table["name"] = [str(name) for name in trace.generator["ids"]]
+    if trace.generator.get("tz_offset_h") is not None:
+        table["tz_offset"] = np.asarray(trace.generator["tz_offset_h"], dtype=np.float64)
+    return {**table, **{k: v for k, v in columns.items() if k not in table}}
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -186,35 +232,6 @@ def device_names_path(out) -> str:
     """Where ``trace convert`` writes the device names: ``trace.parquet`` ->
     ``trace.devices.parquet``."""
     return str(out).removesuffix(".parquet") + ".devices.parquet"
-
-
-def _write_names(trace: Trace, path) -> bool:
-    """Write device_id -> name (the input's ids, ``generator["ids"]``) when the converter
-    renumbered the devices; say whether it did."""
-    ids = trace.generator.get("ids")
-    if ids is None:
-        return False
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from fedsim.files import atomic_write
-
-    table = pa.table({"device_id": pa.array(np.arange(len(ids)), pa.int64()),
-                      "name": pa.array([str(name) for name in ids], pa.string())})
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
-    return True
-
-
-def _write_devices(trace: Trace, path) -> None:
-    if not path:
-        return
-    from fedsim.traces.io import write_device_table
-
-    tz = trace.generator.get("tz_offset_h")
-    table = {"device_id": np.arange(trace.n_devices)}
-    if tz is not None:
-        table["tz_offset_h"] = np.asarray(tz, dtype=np.float64)
-    write_device_table(table, path)
 
 
 def _one_line(trace: Trace) -> str:

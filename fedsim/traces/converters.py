@@ -419,8 +419,10 @@ def csv(path: Path, where: str, horizon: float | None, *, time_unit: str | None 
         warnings.append(f"some device numbers have no line (ids with gaps), so the columns "
                         f"{', '.join(skipped)} are left out of the device table")
     elif skipped:
-        warnings.append(f"column{'s' * (len(skipped) > 1)} {', '.join(skipped)} vary within a device, so "
-                        "they are not per-device columns; left out of the device table")
+        many = len(skipped) > 1
+        warnings.append(f"column{'s' * many} {', '.join(skipped)} var{'y' if many else 'ies'} within a device, "
+                        f"so {'they are not per-device columns' if many else 'it is not a per-device column'}; "
+                        "left out of the device table")
     if warnings:
         generator["warnings"] = warnings
     return _trace(dev, start, end, n_devices=n_devices, horizon=horizon, origin=origin,

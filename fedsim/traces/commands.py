@@ -25,6 +25,9 @@ from fedsim.traces.converters import TIME_UNITS, convert
 from fedsim.traces.generators import generate
 from fedsim.traces.schema import Trace
 from fedsim.traces.stats import summarize
+from fedsim.traces.zones import beside, by_zone, trace_zones
+
+REPETITION = ("repeat", "recorded_online_s", "online_s", "short_records")
 
 
 def add_trace_commands(subparsers) -> None:
@@ -35,14 +38,18 @@ def add_trace_commands(subparsers) -> None:
     sub.required = True
     _add_generate(sub)
 
-    info = sub.add_parser("info", help="statistics of a trace file")
+    devices_help = ("device table with the devices' tz_offset or group (default: the table beside "
+                    "the trace that `trace convert` writes, else the trace's own metadata)")
+    info = sub.add_parser("info", help="statistics of a trace file, by time zone where known")
     info.add_argument("file", help="trace .parquet")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    info.add_argument("--devices", metavar="TABLE", help=devices_help)
     info.set_defaults(func=info_command)
 
-    plot = sub.add_parser("plot", help="device x time raster and fraction online, as PNG")
+    plot = sub.add_parser("plot", help="device x time raster (by time zone) and fraction online, as PNG")
     plot.add_argument("file", help="trace .parquet")
     plot.add_argument("--out", required=True, help="PNG to write")
+    plot.add_argument("--devices", metavar="TABLE", help=devices_help)
     plot.set_defaults(func=plot_command)
 
     conv = sub.add_parser("convert", help="convert a third-party trace dump to Parquet")
@@ -138,7 +145,12 @@ def generate_command(args) -> int:
 def info_command(args) -> int:
     from fedsim.traces.io import read_trace
 
-    summary = summarize(read_trace(args.file))
+    trace = read_trace(args.file)
+    summary = summarize(trace)
+    zones = trace_zones(trace, args.file, args.devices)
+    summary["by_zone"] = None if zones is None else {"column": zones.column, "source": zones.source,
+                                                     "rows": by_zone(trace, zones)}
+    summary["repetition"] = {k: trace.generator[k] for k in REPETITION if k in trace.generator} or None
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -151,7 +163,7 @@ def plot_command(args) -> int:
     from fedsim.traces.plot import plot_trace
 
     trace = read_trace(args.file)
-    shown = plot_trace(trace, args.out)
+    shown = plot_trace(trace, args.out, zones=trace_zones(trace, args.file, args.devices))
     print(f"wrote {args.out}: {shown} of {trace.n_devices} devices")
     return 0
 
@@ -177,9 +189,9 @@ def convert_command(args) -> int:
     if len(table) > 1:
         from fedsim.traces.io import write_device_table
 
-        beside = device_names_path(args.out)
-        same = args.devices_out and Path(args.devices_out).resolve() == Path(beside).resolve()
-        for path in [beside] + ([args.devices_out] if args.devices_out and not same else []):
+        next_to = str(beside(args.out))
+        same = args.devices_out and Path(args.devices_out).resolve() == Path(next_to).resolve()
+        for path in [next_to] + ([args.devices_out] if args.devices_out and not same else []):
             write_device_table(table, path)
             print(f"wrote {path}: the device table ({', '.join(table)}) of the {trace.n_devices} devices")
     return 0
@@ -228,12 +240,6 @@ def parse_value(text: str):
         return text
 
 
-def device_names_path(out) -> str:
-    """Where ``trace convert`` writes the device names: ``trace.parquet`` ->
-    ``trace.devices.parquet``."""
-    return str(out).removesuffix(".parquet") + ".devices.parquet"
-
-
 def _one_line(trace: Trace) -> str:
     kind = trace.generator.get("kind", "trace")
     return (f"{kind}, {trace.n_devices} devices, {trace.n_intervals} intervals, horizon "
@@ -276,6 +282,22 @@ def format_summary(name, s: dict) -> str:
     for hour, value in enumerate(profile):
         bar = "" if value is None else "#" * round(30 * value / peak)
         lines.append(f"  {hour:02d}h {_num(value, '{:.3f}'):>6} {bar}")
+    rep = s.get("repetition")
+    if rep and rep.get("repeat", "none") != "none" and rep.get("online_s"):
+        repeated = 1 - rep["recorded_online_s"] / rep["online_s"]
+        lines += ["", f"repetition: {100 * repeated:.1f} % of the online time is repeated from the record "
+                      f"(--repeat {rep['repeat']}; {rep['short_records']} devices' records cover less than "
+                      "half of the horizon)"]
+    if s.get("by_zone"):
+        zone = s["by_zone"]
+        clock = "UTC hour" if s["origin"] else "hour (t mod 24 h)"
+        lines += ["", f"availability by {'time zone' if zone['column'] == 'tz_offset' else 'group'} "
+                      f"(from {zone['source']})",
+                  f"{'':16}{'devices':>8}{'mean':>10}{'q10':>10}{'median':>10}{'q90':>10}   most online at"]
+        for r in zone["rows"]:
+            label = f"UTC{r['zone']:+g}" if zone["column"] == "tz_offset" else f"group {r['zone']:g}"
+            lines.append(f"{label:16}{r['devices']:>8}" + "".join(f"{r[k]:>10.3f}" for k in ("mean", "q10", "median", "q90"))
+                         + f"   {r['peak_hour']:02d}h {clock}")
     return "\n".join(lines)
 
 

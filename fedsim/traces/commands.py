@@ -186,12 +186,14 @@ def convert_command(args) -> int:
     for line in [*warnings, *_repetition_warning(trace)]:
         print(f"warning: {line}", file=sys.stderr)
     table = device_table(trace, columns)
-    if len(table) > 1:
+    next_to = str(beside(args.out))
+    same = args.devices_out and Path(args.devices_out).resolve() == Path(next_to).resolve()
+    # beside the trace when there is more than the ids to say; at --devices-out as asked
+    paths = ([next_to] if len(table) > 1 or same else []) + ([args.devices_out] if args.devices_out and not same else [])
+    if paths:
         from fedsim.traces.io import write_device_table
 
-        next_to = str(beside(args.out))
-        same = args.devices_out and Path(args.devices_out).resolve() == Path(next_to).resolve()
-        for path in [next_to] + ([args.devices_out] if args.devices_out and not same else []):
+        for path in paths:
             write_device_table(table, path)
             print(f"wrote {path}: the device table ({', '.join(table)}) of the {trace.n_devices} devices")
     return 0

@@ -280,6 +280,8 @@ def cmd_scenarios(args) -> int:
 def choices_listing() -> str:
     """The valid names of every choice, plugins installed as entry points included."""
     from fedsim import catalog
+    from fedsim.config import DEVICE_MODELS
+    from fedsim.sim import profiles
 
     rows = [("[algorithm] name", catalog.ALGORITHMS.names()), ("[model] name", catalog.MODELS.names()),
             ("[trace] source", ["file", *catalog.GENERATORS.names()]),
@@ -287,6 +289,8 @@ def choices_listing() -> str:
             ("[client] lr_schedule", catalog.SCHEDULES.names()),
             ("[client] trainer", catalog.TRAINERS.names()),
             ("[algorithm] selection", catalog.SELECTIONS.names()),
+            ("[devices] model", list(DEVICE_MODELS)),
+            ("[devices] classes", list(profiles.NAMES)),
             ("fedsim trace convert --from", catalog.CONVERTERS.names())]
     lines = [f"  {where}: {', '.join(names)}" for where, names in rows]
     return ("valid names (algorithms, models and generators also take a plugin's "

@@ -158,6 +158,9 @@ def _accuracies(where: str, value: list) -> list[float]:
     return [float(entry) for entry in value]
 
 
+DEVICE_MODELS = ("profiles", "constant", "lognormal", "table")
+
+
 def _device_classes(where: str, value: list) -> list:
     from fedsim.sim.profiles import NAMES
 
@@ -337,7 +340,7 @@ class DevicesConfig:
     model: str = key("profiles", "profiles: device classes with FLOP/s, links and latency, compute "
                      "from the model's cost; constant: every device at the medians below; "
                      "lognormal: spread around them; table: [trace] devices_table",
-                     choices=("profiles", "constant", "lognormal", "table"))
+                     choices=DEVICE_MODELS)
     classes: list = key([], "profiles: the device classes to draw from", check=_device_classes,
                         zero="every built-in class (docs/timing.md)")
     class_weights: list = key([], "profiles: the share of each of classes", check=_class_weights,

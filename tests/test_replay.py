@@ -50,8 +50,7 @@ def test_a_large_fleet_replays_a_random_selection(cli_run, big_diurnal):
     assert rounds(run_dir)["online"][0] == online
     again = cli_run(config, name="again")
     assert np.array_equal(pl.read_parquet(again / "devices.parquet")["trace_device"].to_numpy(), chosen)
-    assert {"class", "flops", "seconds_per_sample", "downlink_bps", "uplink_bps", "latency_s",
-            "online_fraction"} <= set(devices.columns)
+    assert {"seconds_per_sample", "downlink_bps", "uplink_bps", "latency_s", "online_fraction"} <= set(devices.columns)
     assert ((devices["online_fraction"] >= 0) & (devices["online_fraction"] <= 1)).all()
 
 

@@ -20,7 +20,7 @@ def _summary_table(result) -> str:
     """One line per algorithm; with `[run] targets`, the simulated time each was reached at
     (`~` interpolated between evaluations, as in `fedsim report`)."""
     from fedsim.config import read_toml
-    from fedsim.results.report import hit_hours, target_label, time_to_target
+    from fedsim.results.report import hit_hours, hours, target_label, time_to_target
 
     runs = result.runs or [result]
     targets = read_toml(runs[0].run_dir / "config.toml").get("run", {}).get("targets", [])
@@ -33,11 +33,10 @@ def _summary_table(result) -> str:
         manifest = json.loads((r.run_dir / "manifest.json").read_text())
         acc = f"{100 * r.final_accuracy:.2f}%" if r.final_accuracy is not None else "-"
         loss = f"{r.final_loss:.4g}" if r.final_loss is not None else "-"
-        hours = manifest["sim_time_s"] / 3600
         mem = manifest["server_memory_bytes"] / 1024
         reached = "".join(f" {hit_hours(time_to_target(r.rounds, t, manifest.get('initial'))):>9}"
                           for t in targets)
-        lines.append(f"{r.algorithm:<16} {r.status:<10} {manifest['rounds']:>7} {hours:>9.2f}h "
+        lines.append(f"{r.algorithm:<16} {r.status:<10} {manifest['rounds']:>7} {hours(manifest['sim_time_s']):>10} "
                      f"{acc:>9} {loss:>10} {mem:>9.1f}KB{reached}")
     return "\n".join(lines)
 
@@ -280,6 +279,8 @@ def cmd_scenarios(args) -> int:
 def choices_listing() -> str:
     """The valid names of every choice, plugins installed as entry points included."""
     from fedsim import catalog
+    from fedsim.config import DEVICE_MODELS
+    from fedsim.sim import profiles
 
     rows = [("[algorithm] name", catalog.ALGORITHMS.names()), ("[model] name", catalog.MODELS.names()),
             ("[trace] source", ["file", *catalog.GENERATORS.names()]),
@@ -287,6 +288,8 @@ def choices_listing() -> str:
             ("[client] lr_schedule", catalog.SCHEDULES.names()),
             ("[client] trainer", catalog.TRAINERS.names()),
             ("[algorithm] selection", catalog.SELECTIONS.names()),
+            ("[devices] model", list(DEVICE_MODELS)),
+            ("[devices] classes", list(profiles.NAMES)),
             ("fedsim trace convert --from", catalog.CONVERTERS.names())]
     lines = [f"  {where}: {', '.join(names)}" for where, names in rows]
     return ("valid names (algorithms, models and generators also take a plugin's "

@@ -158,6 +158,29 @@ def _accuracies(where: str, value: list) -> list[float]:
     return [float(entry) for entry in value]
 
 
+DEVICE_MODELS = ("profiles", "constant", "lognormal", "table")
+
+
+def _device_classes(where: str, value: list) -> list:
+    from fedsim.sim.profiles import NAMES
+
+    for name in value:
+        if name not in NAMES:
+            raise choice_error(where, name, list(NAMES), "is not a device class")
+    repeated = next((name for i, name in enumerate(value) if name in value[:i]), None)
+    if repeated is not None:
+        raise FedsimError(f"{where} lists {repeated!r} more than once; name each class once")
+    return value
+
+
+def _class_weights(where: str, value: list) -> list[float]:
+    numbers = all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w >= 0
+                  for w in value)
+    if not numbers or (value and sum(value) <= 0):
+        raise FedsimError(f"{where} = {value!r} must be shares >= 0 with a positive sum, one per class")
+    return [float(w) for w in value]
+
+
 @dataclass
 class RunConfig:
     """What the run is called, where it writes, how long it goes and how it is watched."""
@@ -240,8 +263,9 @@ class TraceConfig:
                     "then beside the config)")
     days: float = key(0.0, "wall-clock generators: days of trace", non_negative=True,
                       zero="long enough for the run")
-    devices_table: str = key("", "devices.parquet with the devices' speeds, for [devices] "
-                             'model = "table"', zero="none")
+    devices_table: str = key("", "a device table (Parquet, one row per trace device): class, "
+                             "speeds, tz_offset, group, ...; recorded in devices.parquet and read by "
+                             "[devices] (docs/timing.md)", zero="none")
     offset: float | str = key(0.0, "where in the trace the run starts: seconds after its t = 0, or "
                               "a date-time when the trace has an origin", non_negative=True,
                               text="an ISO 8601 date-time", check=_offset)
@@ -311,19 +335,36 @@ class AlgorithmConfig:
 
 @dataclass
 class DevicesConfig:
-    """How long each device takes to download, train and upload (model timing)."""
+    """How long each device takes to download, train and upload (model timing; docs/timing.md)."""
 
-    model: str = key("lognormal", "constant: every device at the medians; lognormal: spread "
-                     "across devices; table: [trace] devices_table",
-                     choices=("constant", "lognormal", "table"))
-    seconds_per_sample: float = key(0.002, "median compute seconds per training sample",
-                                    non_negative=True)
-    bandwidth_bps: float = key(1.0e6, "median link speed, bits per second", positive=True)
-    latency_s: float = key(0.1, "seconds of latency per transfer", non_negative=True)
-    compute_sigma: float = key(0.5, "lognormal spread of seconds_per_sample across devices",
+    model: str = key("profiles", "profiles: device classes with FLOP/s, links and latency, compute "
+                     "from the model's cost; constant: every device at the medians below; "
+                     "lognormal: spread around them; table: [trace] devices_table",
+                     choices=DEVICE_MODELS)
+    classes: list = key([], "profiles: the device classes to draw from", check=_device_classes,
+                        zero="every built-in class (docs/timing.md)")
+    class_weights: list = key([], "profiles: the share of each of classes", check=_class_weights,
+                              zero="the classes' built-in shares")
+    step_overhead_s: float = key(0.0, "seconds a device spends per local step on top of its "
+                                 "samples' compute (any model)", non_negative=True)
+    seconds_per_sample: float = key(0.002, "constant, lognormal: median compute seconds per "
+                                    "training sample", non_negative=True)
+    bandwidth_bps: float = key(1.0e6, "constant, lognormal: median link speed, bits per second, "
+                               "both directions", positive=True)
+    latency_s: float = key(0.1, "constant, lognormal, table (without its latency_s column): "
+                           "seconds of latency per transfer", non_negative=True)
+    compute_sigma: float = key(0.5, "lognormal: spread of seconds_per_sample across devices",
                                non_negative=True)
-    bandwidth_sigma: float = key(0.5, "lognormal spread of bandwidth across devices",
+    bandwidth_sigma: float = key(0.5, "lognormal: spread of bandwidth across devices",
                                  non_negative=True)
+
+
+# the [devices] keys that only some timing models read: set under another model, they would
+# be ignored, so they are refused (an earlier fedsim's default model was lognormal)
+DEVICE_MODEL_KEYS = {"classes": ("profiles",), "class_weights": ("profiles",),
+                     "seconds_per_sample": ("constant", "lognormal"),
+                     "bandwidth_bps": ("constant", "lognormal"), "latency_s": ("constant", "lognormal", "table"),
+                     "compute_sigma": ("lognormal",), "bandwidth_sigma": ("lognormal",)}
 
 
 @dataclass
@@ -541,12 +582,31 @@ def _check_consistency(config: Config) -> None:
                     "needs synchronous rounds); set [server] mode = 'sync'"
                     + (" or warmup = false" if warmup else " or choose another algorithm")
                 )
+    _check_devices(config.devices, origin)
     if config.data.dataset == "quadratic" and config.data.targets:
         if len(config.data.targets) != config.data.clients:
             raise FedsimError(
                 f"{origin}: [data] targets has {len(config.data.targets)} entries but "
                 f"[data] clients = {config.data.clients}; give one target per client"
             )
+
+
+def _check_devices(devices: DevicesConfig, origin: str) -> None:
+    """A [devices] key away from its default must be one that the chosen model reads."""
+    defaults = DevicesConfig()
+    for name, models in DEVICE_MODEL_KEYS.items():
+        if getattr(devices, name) != getattr(defaults, name) and devices.model not in models:
+            keep = (f"; to keep the numbers of a config written before 'profiles' became the default, "
+                    f"set [devices] model = \"lognormal\"" if devices.model == "profiles" else "")
+            raise FedsimError(f"{origin}: [devices] {name} applies to model = "
+                              f"{' or '.join(repr(m) for m in models)}, not {devices.model!r}; remove it "
+                              f"or set [devices] model{keep} (docs/timing.md)")
+    from fedsim.sim.profiles import NAMES
+
+    classes = devices.classes or list(NAMES)
+    if devices.class_weights and len(devices.class_weights) != len(classes):
+        raise FedsimError(f"{origin}: [devices] class_weights has {len(devices.class_weights)} shares for "
+                          f"{len(classes)} classes ({', '.join(classes)}); give one share per class")
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -32,7 +32,8 @@ def show_config(config: Config) -> str:
         body = getattr(config, section.name)
         defaults = type(body)()
         lines += ["", f"# {type(body).__doc__}", f"[{section.name}]"]
-        lines += [_line(f.name, getattr(body, f.name), rule(f).describe(getattr(defaults, f.name)))
+        lines += [_line(f.name, getattr(body, f.name), _comment(rule(f), getattr(body, f.name),
+                                                                 getattr(defaults, f.name)))
                   for f in dataclasses.fields(body) if f.name != "options"]
         lines += _option_lines(config, section.name)
     return "\n".join(lines) + "\n"
@@ -64,6 +65,13 @@ def _option_lines(config: Config, section: str) -> list[str]:
             value = "<value>" if default is None else _literal(default)
             lines.append(f"# {_key(k)} = {value}  # {comment}")
     return lines
+
+
+def _comment(ruled, value: Any, default: Any) -> str:
+    """The key's meaning and rule; where the config sets another value, the default too (so a
+    scenario's value does not read as fedsim's default)."""
+    text = ruled.describe(default)
+    return text if value == default else f"{text}; default {_literal(default)}"
 
 
 def _line(key: str, value: Any, comment: str) -> str:

@@ -24,6 +24,7 @@ from fedsim.algorithms.server_optimizer import ServerOptimizerConfig
 from fedsim.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, RecordRounds
 from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml,
                            read_toml)
+from fedsim.catalog import GENERATORS
 from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock, file_fingerprint, remove_stale_temporaries
 from fedsim.replay import agrees_with, load_trace, resolve_trace_path
@@ -35,7 +36,7 @@ from fedsim.sim.buffered import BufferedServer
 from fedsim.sim.engine import Engine, EngineResult, finish_round_on_stop_signal, new_environment
 from fedsim.sim.round_timing import invite_budget
 from fedsim.sim.server import Server
-from fedsim.sim.timing import DeviceTiming
+from fedsim.sim.timing import SPEED_COLUMNS, DeviceTiming, device_rows
 from fedsim.traces import AvailabilityIndex, Trace, read_trace, write_trace
 from fedsim.traces.generators import known_probability_at
 from fedsim.traces.io import read_device_table
@@ -123,8 +124,10 @@ class Experiment:
         self.trace_file = file_fingerprint(Path(cfg.trace.path)) if cfg.trace.source == "file" else None
         self.threads = ThreadPolicy(cfg.run.threads, self.device)
         self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads)
-        table = read_device_table(cfg.trace.devices_table) if cfg.trace.devices_table else None
-        self.timing = DeviceTiming.build(cfg.devices, self.task.n_clients, cfg.run.seed, table)
+        self.device_table = self.read_device_table(cfg)
+        self.timing = DeviceTiming.build(cfg.devices, self.task.n_clients, cfg.run.seed,
+                                         train_flops=self.task.train_flops_per_sample(),
+                                         table=self.device_table, where=f"device table {cfg.trace.devices_table}")
         self.strategy = self.set_up_strategy(cfg)
 
     def set_up_strategy(self, cfg: Config) -> Strategy:
@@ -205,7 +208,7 @@ class Experiment:
         self.server = server_class(
             env=env, index=self.index, strategy=self.strategy, trainer=self.trainer,
             timing=self.timing, cfg=cfg.server, batch_size=cfg.client.batch_size,
-            client_sizes=self.task.client_sizes(), model_bytes=4 * self.task.dim,
+            client_sizes=self.task.client_sizes(),
             seed=cfg.run.seed, device=self.device,
         )
         self.chain = self.callbacks()
@@ -258,16 +261,42 @@ class Experiment:
         return RunResult(self.run_dir, cfg.algorithm.name, result.status, result.reason,
                          self.recorder.rounds_frame(), self.strategy.params.detach().cpu())
 
+    def read_device_table(self, cfg: Config) -> dict[str, np.ndarray] | None:
+        """The rows of `[trace] devices_table` for the run's devices (the table describes the
+        trace's devices: run device i is the row of the trace device it replays)."""
+        if not cfg.trace.devices_table:
+            return None
+        where = f"device table {cfg.trace.devices_table}"
+        return device_rows(read_device_table(cfg.trace.devices_table), self.trace_device, where)
+
     def device_info(self) -> dict[str, np.ndarray]:
-        """Per-device columns of devices.parquet known before the run: timing parameters, the
-        trace device it replays, its time zone or group where the generator has one."""
-        n, timing, generator = self.task.n_clients, self.timing, self.trace.generator
-        info = {"seconds_per_sample": timing.seconds_per_sample, "bandwidth_bps": timing.bandwidth_bps,
-                "latency_s": np.full(n, float(timing.latency_s)), "trace_device": self.trace_device}
+        """Per-device columns of devices.parquet known before the run: the trace device it
+        replays, its timing (class, FLOP/s, links, latency), its time zone or group where the
+        generator has one, and every column of the device table."""
+        n, generator = self.task.n_clients, self.trace.generator
+        info = {"trace_device": self.trace_device, **self.timing.columns()}
         for key, column, dtype in (("tz_offset_h", "tz_offset", np.float64), ("group", "group", np.int64)):
             if isinstance(generator.get(key), list) and len(generator[key]) == n:
                 info[column] = np.asarray(generator[key], dtype=dtype)
+        info.update({k: v for k, v in (self.device_table or {}).items() if k not in ("device_id", *SPEED_COLUMNS)})
+        if "tz_offset_h" in info:  # the table's older name
+            info["tz_offset"] = np.asarray(info.pop("tz_offset_h"), dtype=np.float64)
         return info
+
+    @property
+    def coverage_matters(self) -> bool:
+        """Whether the trace has a span of its own that the run should see: a recorded trace or
+        a wall-clock generator (round-indexed ones are generated for the run's own length)."""
+        source = self.config.trace.source
+        return source == "file" or not GENERATORS.lookup(source, "[trace] source").round_indexed
+
+    def typical_task_s(self) -> np.ndarray:
+        """Each device's download + compute + upload of a task of `[client] local_steps` steps."""
+        ids, steps = np.arange(self.task.n_clients), self.config.client.local_steps
+        batch = self.config.client.batch_size or self.task.client_sizes()
+        down, up = self.strategy.message_bytes()
+        return (self.timing.download_s(ids, down) + self.timing.compute_s(ids, steps * batch, steps)
+                + self.timing.upload_s(ids, up))
 
     def evaluate(self) -> tuple[float, float | None]:
         """Test loss and accuracy of the current global model."""

@@ -100,7 +100,8 @@ def test_zero_means_something_for_these_keys():
     raw["run"].update(max_time=0, checkpoint_every=0, seed=0)
     raw["server"].update(clients_per_round=0, overcommit=0)
     raw["client"].update(batch_size=0, clip=0, weight_decay=0)
-    raw["devices"] = {"compute_sigma": 0, "bandwidth_sigma": 0, "latency_s": 0, "seconds_per_sample": 0}
+    raw["devices"] = {"model": "lognormal", "compute_sigma": 0, "bandwidth_sigma": 0, "latency_s": 0,
+                      "seconds_per_sample": 0}
     raw["data"].update(size_sigma=0, noise=0, majority=0)
     raw["model"] = {"dropout": 0}
     config = config_from_dict(raw)
@@ -159,7 +160,7 @@ def test_each_numeric_rule_is_checked_from_the_metadata(section, f):
     ({"algorithm": {"selection": "uniformm"}}, "c.toml: [algorithm] selection = 'uniformm' is not "
      "valid; did you mean 'uniform'? (one of: all, uniform, regularized, longest-absent)"),
     ({"devices": {"model": "fixed"}}, "c.toml: [devices] model = 'fixed' is not valid (one of: "
-     "constant, lognormal, table)"),
+     "profiles, constant, lognormal, table)"),
 ])
 def test_rule_errors_are_the_exact_lines(raw, line):
     with pytest.raises(FedsimError) as err:

@@ -223,11 +223,11 @@ def test_a_diverging_model_stops_the_run_with_status_diverged(cli_run):
 
 
 @pytest.mark.parametrize("columns, says", [
-    ({"device_id": [0, 1], "seconds_per_sample": [1.0, 1.0]}, "missing column 'bandwidth_bps'"),
+    ({"device_id": [0, 1], "seconds_per_sample": [1.0, 1.0]}, "missing column 'downlink_bps'"),
     ({"device_id": [0, 1], "seconds_per_sample": [1.0, -1.0], "bandwidth_bps": [1e6, 1e6]},
-     "seconds_per_sample = -1.0 on row 1; it must be a finite number >= 0"),
+     "seconds_per_sample = -1.0 on row 1 (device 1); it must be a finite number >= 0"),
     ({"device_id": [0, 1], "seconds_per_sample": [1.0, 1.0], "bandwidth_bps": [0.0, 1e6]},
-     "bandwidth_bps = 0.0 on row 0; it must be a finite number > 0"),
+     "bandwidth_bps = 0.0 on row 0 (device 0); it must be a finite number > 0"),
 ])
 def test_a_bad_device_table_is_one_error_line(cli_run, capsys, columns, says):
     import pyarrow as pa

@@ -226,12 +226,12 @@ def test_a_real_comparison_run_writes_every_plot_from_its_tables(cli_run):
                        "client": {"local_steps": 1, "batch_size": 8},
                        "trace": {"source": "bernoulli", "p": 0.7}})
     common = {"accuracy_vs_rounds.png", "accuracy_vs_time.png", "round_duration_vs_time_of_day.png",
-              "participation_per_device.png"}
+              "participation_per_device.png", "arrival_rate_vs_speed.png"}
     for name in ("fedavg", "mifa"):
         drawn = {p.name for p in (run_dir / name / "plots").iterdir()}
-        assert drawn == common | {f"participation_{name}.png"}
-    assert {p.name for p in (run_dir / "plots").iterdir()} == common | {"participation_fedavg.png",
-                                                                         "participation_mifa.png"}
+        assert drawn == common | {f"participation_{name}.png", f"latency_{name}.png"}
+    assert {p.name for p in (run_dir / "plots").iterdir()} == common | {
+        "participation_fedavg.png", "participation_mifa.png", "latency_fedavg.png", "latency_mifa.png"}
     run = load_run(run_dir / "fedavg")
     fig = build_figures({"fedavg": run})["participation_fedavg"]
     top = upper_edge(fig.axes[0].collections[-1])

@@ -50,7 +50,7 @@ def test_a_large_fleet_replays_a_random_selection(cli_run, big_diurnal):
     assert rounds(run_dir)["online"][0] == online
     again = cli_run(config, name="again")
     assert np.array_equal(pl.read_parquet(again / "devices.parquet")["trace_device"].to_numpy(), chosen)
-    assert {"seconds_per_sample", "bandwidth_bps", "latency_s", "online_fraction"} <= set(devices.columns)
+    assert {"seconds_per_sample", "downlink_bps", "uplink_bps", "latency_s", "online_fraction"} <= set(devices.columns)
     assert ((devices["online_fraction"] >= 0) & (devices["online_fraction"] <= 1)).all()
 
 
@@ -132,7 +132,10 @@ def test_degenerate_participation_is_a_warning(cli_run):
     assert warnings == [
         "degenerate participation: 10 of 10 rounds had fewer than 2 arrivals (check the trace's "
         "availability, the deadline and the device speeds)",
-        "degenerate participation: only 1 of 20 devices (5.0%) ever arrived"]
+        "degenerate participation: only 1 of 20 devices (5.0%) ever arrived",
+        "short clock: the run covered 10 s of the trace's 16.7 min (1 %), so its availability pattern "
+        "did not play out; run longer (run.rounds, run.max_time) or start where it matters ([trace] "
+        "offset); docs/timing.md"]
     assert f"warning: fedavg: {warnings[1]}" in cli_run.last_output.out
     healthy = cli_run(quadratic_config(targets, rounds=3), name="ok")
     assert json.loads((healthy / "manifest.json").read_text())["warnings"] == []

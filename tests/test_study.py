@@ -191,7 +191,7 @@ def test_points_stepped_together_equal_their_runs_alone(tmp_path):
             "data": {"dataset": "digits", "clients": 20}, "client": {"local_steps": 3, "batch_size": 8},
             "algorithm": {"name": algorithm},
             "server": {"clients_per_round": 6, "deadline": 30.0, **server},
-            "devices": {"seconds_per_sample": 0.5}, "trace": {"source": "markov", "mean_on": 60.0,
+            "devices": {"model": "lognormal", "seconds_per_sample": 0.5}, "trace": {"source": "markov", "mean_on": 60.0,
                                                            "mean_off": 30.0, "days": 1.0}})
 
     configs = [config(f"{a}-{s}", a, s) for a in ("fedavg", "fedprox", "mifa") for s in (0, 1)]

@@ -36,7 +36,7 @@ def test_generate_with_set_and_flag_options(tmp_path, capsys):
     assert trace.generator["options"]["tz_weights"] == [1, 3]
     assert trace.availability().mean() == pytest.approx(0.4, abs=0.05)
     table = read_device_table(tmp_path / "devices.parquet")
-    assert set(np.unique(table["tz_offset_h"])) <= {0.0, 8.0}
+    assert set(np.unique(table["tz_offset"])) <= {0.0, 8.0}
 
 
 def test_generate_round_indexed(tmp_path):

@@ -7,6 +7,7 @@ import pickle
 import re
 
 import numpy as np
+import polars as pl
 import pytest
 
 from fedsim.errors import FedsimError
@@ -311,7 +312,7 @@ def test_options_reach_only_converters_that_take_them(tmp_path, monkeypatch):
     one_line_error("plain", tmp_path / "in.txt", "the 'plain' format takes no options; remove --tz$",
                    tz="UTC")
     one_line_error("sessions", tmp_path / "in.txt", r"option = '--device-col' is not taken by the "
-                   r"'sessions' format \(one of: --time-unit, --tz\)$", device_col="user")
+                   r"'sessions' format \(one of: --time-unit, --tz, --repeat\)$", device_col="user")
     one_line_error("csv", tmp_path / "in.txt", r"option = '--time-unt' is not taken by the 'csv' "
                    r"format; did you mean '--time-unit'\?", time_unt="s")
 
@@ -400,7 +401,10 @@ def _flash_json(messages: str) -> str:
      "line 1: start '2024-03-01' is an ISO 8601 time, which contradicts --time-unit ms"),
     ("sessions", "u 1 0 0 1000\n", ["--device-col", "u"],
      "option = '--device-col' is not taken by the 'sessions' format"),
-    ("fedscale", pickle.dumps({}), ["--tz", "UTC"], "the 'fedscale' format takes no options; remove --tz$"),
+    ("fedscale", pickle.dumps({}), ["--tz", "UTC"], "option = '--tz' is not taken by the 'fedscale' format; "
+                                                    r"did you mean '--repeat'\? \(one of: --repeat\)$"),
+    ("fedscale", pickle.dumps({}), ["--repeat", "span"], r"--repeat = 'span' is not valid for this format "
+                                                         r"\(one of: period, none\)$"),
     ("fedscale", pickle.dumps({}), [], "got an empty dict"),
     ("fedscale", pickle.dumps({0: {"active": [0], "inactive": [5], "finish_time": 1e-300}}),
      ["--horizon", "1e300"], "unrolling to horizon 1e\\+300 s would make inf rows"),
@@ -433,7 +437,7 @@ def test_trace_convert_prints_merges_and_writes_device_names(tmp_path, capsys):
     names = tmp_path / "t.devices.parquet"
     assert lines[0].startswith(f"wrote {out}: csv, 2 devices, 2 intervals")
     assert lines[1:] == ["merged 2 overlapping or touching sessions",
-                         f"wrote {names}: the names of the 2 devices"]
+                         f"wrote {names}: the device table (device_id, name) of the 2 devices"]
     table = pq.read_table(names)
     assert str(table.schema.field("device_id").type) == "int64"
     assert str(table.schema.field("name").type) == "string"
@@ -450,15 +454,15 @@ def test_trace_convert_prints_merges_and_writes_device_names(tmp_path, capsys):
     assert main(["trace", "convert", "--from", "sessions", str(tmp_path / "s.txt"),
                  "--out", str(tmp_path / "plain")]) == 0
     assert pq.read_table(tmp_path / "plain.devices.parquet").to_pydict() == {
-        "device_id": [0, 1], "name": ["7", "12"]}
+        "device_id": [0, 1], "name": ["7", "12"], "tz_offset": [0.0, 0.0]}  # the lines' offsets
 
 
-def test_devices_out_may_not_take_the_names_path(tmp_path, capsys):
+def test_devices_out_may_name_the_table_beside_the_trace(tmp_path, capsys):
     from fedsim.cli import main
 
     (tmp_path / "in.csv").write_text("a,0,5\n")
     out = tmp_path / "t.parquet"
     assert main(["trace", "convert", "--from", "csv", str(tmp_path / "in.csv"), "--out", str(out),
-                 "--devices-out", str(tmp_path / "t.devices.parquet")]) == 2
-    assert "the device names go there; choose another path" in capsys.readouterr().err
-    assert not out.exists()
+                 "--devices-out", str(tmp_path / "t.devices.parquet")]) == 0
+    assert capsys.readouterr().out.count("the device table") == 1  # one table, written once
+    assert pl.read_parquet(tmp_path / "t.devices.parquet")["name"].to_list() == ["a"]

@@ -150,19 +150,38 @@ def test_read_reports_bad_metadata(tmp_path, meta, expect):
 
 def test_device_table_round_trip_and_errors(tmp_path):
     table = {"device_id": np.array([0, 1, 2]), "tz_offset_h": np.array([-5.0, 0.0, 5.5]),
-             "group": np.array([0, 1, 1])}
+             "group": np.array([0, 1, 1]), "class": ["phone-low", "phone-mid", "tablet"],
+             "flops": [1e9, 2e9, 3e9], "os": ["android", "ios", "android"], "battery_wh": [15.0, 12.0, 30.0]}
     write_device_table(table, tmp_path / "devices.parquet")
     back = read_device_table(tmp_path / "devices.parquet")
-    assert sorted(back) == ["device_id", "group", "tz_offset_h"]
-    assert back["tz_offset_h"].tolist() == [-5.0, 0.0, 5.5] and back["group"].dtype == np.int64
+    # the older name tz_offset_h is read as tz_offset; columns of the user's own are kept
+    assert sorted(back) == ["battery_wh", "class", "device_id", "flops", "group", "os", "tz_offset"]
+    assert back["tz_offset"].tolist() == [-5.0, 0.0, 5.5] and back["group"].dtype == np.int64
+    assert back["class"].tolist() == ["phone-low", "phone-mid", "tablet"] and back["os"].tolist()[1] == "ios"
     pq.write_table(pa.table({"device_id": [0, 0]}), tmp_path / "dup.parquet")
     with pytest.raises(FedsimError, match="row 1: device_id 0 appears twice"):
         read_device_table(tmp_path / "dup.parquet")
     pq.write_table(pa.table({"device_id": [0], "bandwidth_bps": ["fast"]}), tmp_path / "t.parquet")
-    with pytest.raises(FedsimError, match="'bandwidth_bps' has type string"):
+    with pytest.raises(FedsimError, match="'bandwidth_bps' has type string; expected float64"):
         read_device_table(tmp_path / "t.parquet")
-    with pytest.raises(FedsimError, match="columns must include device_id"):
-        write_device_table({"device_id": [0], "speed": [1.0]}, tmp_path / "u.parquet")
+
+
+@pytest.mark.parametrize("columns, says", [
+    ({"tz_offset": [15.0]}, "tz_offset = 15.0 on row 0 (device 0); it must be hours within [-14, 14]"),
+    ({"flops": [0.0]}, "flops = 0.0 on row 0 (device 0); it must be a finite number > 0"),
+    ({"latency_s": [float("nan")]}, "latency_s = nan on row 0 (device 0); it must be a finite number >= 0"),
+    ({"class": [" "]}, "class = ' ' on row 0 (device 0); it must be a non-empty name"),
+    ({"class": [3]}, "column 'class' has type int64; expected string"),
+    ({"arrivals": [3]}, "column 'arrivals' is one that a run writes into devices.parquet itself; rename it"),
+    ({"tz_offset": [1.0], "tz_offset_h": [1.0]}, "has both tz_offset_h and tz_offset (the same thing, by its "
+                                                 "older name); keep tz_offset"),
+    ({"class": [None]}, "column 'class' is null on row 0; give every device a value"),
+])
+def test_a_bad_device_table_column_is_one_line(tmp_path, columns, says):
+    pq.write_table(pa.table({"device_id": [0], **columns}), tmp_path / "d.parquet")
+    with pytest.raises(FedsimError) as err:
+        read_device_table(tmp_path / "d.parquet")
+    assert str(err.value) == f"device table {tmp_path / 'd.parquet'}: {says}"
 
 
 def test_unsigned_ids_beyond_int64_are_named_by_their_value(tmp_path):

@@ -66,7 +66,7 @@ def test_a_trainer_sizes_its_calls_by_devices_per_call():
 def test_thread_count_does_not_change_a_small_run(cli_run):
     """auto puts every call of a small run on one thread: the same numbers as threads = 1,
     and the manifest says how many calls ran at each count."""
-    config = {"run": {"rounds": 6, "eval_every": 3},
+    config = {"run": {"rounds": 6, "eval_every": 3, "device": "cpu"},  # threads are a CPU matter
               "data": {"dataset": "digits", "clients": 20},
               "model": {"name": "logreg"},
               "server": {"timing": "ideal", "clients_per_round": 5},

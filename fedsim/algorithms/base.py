@@ -130,6 +130,13 @@ class Strategy:
     def start_params(self, ids: np.ndarray) -> Tensor:
         return self.params.unsqueeze(0).expand(len(ids), -1)
 
+    def message_bytes(self) -> tuple[int, int]:
+        """Bytes the server sends an invited device and the device sends back: what the
+        download and the upload of its task move under model timing. Default: the flat
+        float32 model each way (an algorithm that sends more, or compresses, overrides it)."""
+        size = 4 * self.params.numel()
+        return size, size
+
     def client_lr(self, rnd: int) -> float:
         return self.ctx.lr(rnd + 1)
 

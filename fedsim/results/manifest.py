@@ -15,10 +15,10 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from fedsim.results.recorder import write_json
+from fedsim.results.warnings import run_warnings
 
 
 @functools.cache
@@ -48,26 +48,8 @@ def write_manifest(run, result, host_s: float) -> None:
         "device_memory_bytes": run.strategy.device_memory_bytes(),
         "n_devices": run.task.n_clients, "model_dim": run.task.dim,
         "initial": run.recorder.initial,
-        "warnings": participation_warnings(run.recorder),
+        "warnings": run_warnings(run, result.status, result.sim_time),
         "trace": {"n_devices": trace.n_devices, "horizon": trace.horizon, "wrap": trace.wrap,
                   "generator": trace.generator, "origin": trace.origin, "file": run.trace_file},
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })
-
-
-def participation_warnings(recorder) -> list[str]:
-    """Why a run's participation makes its results hard to read: over half of the rounds with
-    fewer than 2 arrivals, or fewer than 10 % of the devices ever arriving."""
-    arrived = np.fromiter((row["arrived"] for row in recorder.rows), dtype=np.int64)
-    warnings = []
-    few = int((arrived < 2).sum())
-    if len(arrived) and few > len(arrived) / 2:
-        warnings.append(f"degenerate participation: {few} of {len(arrived)} rounds had fewer than "
-                        "2 arrivals (check the trace's availability, the deadline and the device speeds)")
-    devices = recorder.counters["arrivals"]
-    ever = int((devices > 0).sum())
-    if len(arrived) and ever < 0.1 * len(devices):
-        warnings.append(f"degenerate participation: only {ever} of {len(devices)} devices "
-                        f"({100 * ever / len(devices):.1f}%) ever arrived")
-    return warnings
-

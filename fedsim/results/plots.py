@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from fedsim.config import read_toml
 from fedsim.errors import FedsimError
 from fedsim.files import atomic_write
 
@@ -45,6 +46,8 @@ class RunData:
     initial: dict | None  # the initial model's {"test_loss", "test_acc", "t"}
     origin: datetime | None  # the date-time of trace t = 0
     start: float  # simulated seconds at the run's start
+    path: Path | None = None  # the run directory (events.parquet is read only by the plots of it)
+    deadline: float | None = None  # [server] deadline under model timing
 
 
 def _table(path: Path) -> pl.DataFrame:
@@ -81,7 +84,9 @@ def load_run(run_dir: Path) -> RunData:
     start = (initial or {}).get("t")
     if start is None:
         start = rounds["t_start"][0] if "t_start" in rounds.columns and rounds.height else 0.0
-    return RunData(rounds, devices, initial, origin, float(start))
+    server = (read_toml(run_dir / "config.toml") if (run_dir / "config.toml").exists() else {}).get("server", {})
+    deadline = server.get("deadline") if server.get("timing", "model") == "model" else None
+    return RunData(rounds, devices, initial, origin, float(start), run_dir, deadline)
 
 
 def _figure(width: float = 6.4, height: float = 4.0, rows: int = 1, cols: int = 1, *, top: float = 0.9,
@@ -262,6 +267,63 @@ def _device_figure(runs: dict[str, RunData], title: str):
     return fig
 
 
+PHASE_LABELS = {"download_s": "download", "compute_s": "compute", "upload_s": "upload"}
+MAX_BINS = 300  # a long run's phases are medians over bins of simulated time
+
+
+def _latency_figure(run: RunData, title: str):
+    """The median phases of the tasks that ran to their end, stacked, over simulated time
+    (per round, or per bin of a long run), with the deadline."""
+    events = (pl.scan_parquet(run.path / "events.parquet")
+              .filter(pl.col("outcome").cast(pl.String).is_in(["arrived", "late", "surplus"]))
+              .select("invited_at", *PHASE_LABELS).collect())
+    t = _hours(run, events["invited_at"])
+    edges = np.unique(t) if len(np.unique(t)) <= MAX_BINS else np.linspace(t.min(), t.max(), MAX_BINS + 1)
+    which = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, len(edges) - 1)
+    medians = (events.with_columns(bin=pl.Series(which)).group_by("bin")
+               .agg([pl.col(c).median() for c in PHASE_LABELS]).sort("bin"))
+    x = edges[medians["bin"].to_numpy()]
+    fig, (ax,) = _figure(7.6, 4.0, left=0.09, right=0.76, title=title)
+    ax.stackplot(x, *[medians[c].to_numpy() for c in PHASE_LABELS], labels=list(PHASE_LABELS.values()),
+                 step="post", alpha=0.85)
+    top = float(np.max(medians.select(pl.sum_horizontal(list(PHASE_LABELS))).to_numpy(), initial=0.0))
+    shown = run.deadline is not None and run.deadline <= 3 * top
+    if shown:
+        ax.axhline(run.deadline, color="black", ls="--", lw=1, label=f"deadline ({run.deadline:g} s)")
+    elif run.deadline is not None:  # far above the tasks: said, not drawn
+        ax.plot([], [], color="black", ls="--", lw=1, label=f"deadline {run.deadline:g} s\n(off the scale)")
+    ax.set_ylim(0, 1.1 * max(top, run.deadline) if shown else 1.15 * max(top, 1e-9))
+    ax.set_xlim(left=0)
+    ax.set_xlabel("simulated time since the start (h)")
+    ax.set_ylabel("median seconds of a task" + (" (per round)" if len(edges) == len(np.unique(t)) else ""))
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    return fig
+
+
+def _speed_figure(runs: dict[str, RunData], title: str):
+    """Each device's arrival rate (arrivals / invitations) against its speed (training FLOP/s,
+    or 1 / seconds per sample), coloured by class; one panel per run."""
+    width = 4.2 * len(runs) + 2.2
+    fig, axes = _figure(width, 4.2, cols=len(runs), left=0.8 / width, right=1 - 1.6 / width, top=0.84,
+                        sharex=True, title=title)
+    for ax, (name, run) in zip(axes, runs.items()):
+        devices = run.devices.filter(pl.col("invitations") > 0)
+        by_flops = "flops" in devices.columns
+        speed = devices["flops"] if by_flops else 1.0 / devices["seconds_per_sample"]
+        rate = (devices["arrivals"] / devices["invitations"]).to_numpy()
+        classes = devices["class"].to_numpy() if "class" in devices.columns else np.full(devices.height, "devices")
+        for label in np.unique(classes):
+            mine = classes == label
+            ax.scatter(speed.to_numpy()[mine], 100 * rate[mine], s=14, alpha=0.7, label=str(label))
+        ax.set_xscale("log")
+        ax.set_ylim(-5, 105)
+        ax.set_title(name, fontsize="medium")
+        ax.set_xlabel("training FLOP/s" if by_flops else "samples per second (1 / seconds_per_sample)")
+    axes[0].set_ylabel("arrivals (% of invitations)")
+    axes[-1].legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    return fig
+
+
 def _has(runs: dict[str, RunData], *columns: str) -> bool:
     return all(set(columns) <= set(run.rounds.columns) for run in runs.values())
 
@@ -282,6 +344,13 @@ def build_figures(runs: dict[str, RunData], title: str = "") -> dict[str, object
             figures[f"participation_{name}"] = _participation_figure(run, f"{head}devices per round ({name})")
     if all(run.devices is not None for run in runs.values()):
         figures["participation_per_device"] = _device_figure(runs, f"{head}participation per device")
+    for name, run in runs.items():
+        if run.path is not None and (run.path / "events.parquet").is_file():
+            figures[f"latency_{name}"] = _latency_figure(run, f"{head}where a task's time goes ({name})")
+    if all(run.devices is not None and {"invitations", "arrivals"} <= set(run.devices.columns)
+           and ({"flops"} <= set(run.devices.columns) or "seconds_per_sample" in run.devices.columns)
+           for run in runs.values()):
+        figures["arrival_rate_vs_speed"] = _speed_figure(runs, f"{head}arrivals by device speed")
     return figures
 
 

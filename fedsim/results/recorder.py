@@ -79,8 +79,9 @@ class Recorder:
 
     def devices_frame(self) -> pl.DataFrame:
         n = len(self.last_round)
+        info = {k: v.tolist() if v.dtype == object else v for k, v in self.device_info.items()}
         return pl.DataFrame({"device_id": np.arange(n, dtype=np.int64), **self.counters,
-                             "last_round": self.last_round, **self.device_info})
+                             "last_round": self.last_round, **info})
 
     def write_tables(self) -> None:
         """rounds.parquet and devices.parquet as they stand; the events so far to the log."""

@@ -19,6 +19,8 @@ import polars as pl
 
 from fedsim.config import read_toml
 from fedsim.errors import FedsimError
+from fedsim.results.latency import (PHASES, STRAGGLER_ARRIVED_BELOW, STRAGGLER_INVITED, close_reasons, latency,
+                                     participation_by, stragglers)
 from fedsim.results.status import run_status
 
 
@@ -276,6 +278,10 @@ def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
                     for t, h in zip(targets, hits)],
         "round_duration": round_durations(run.rounds),
         "participation": participation(run.rounds, run.devices),
+        "latency": latency(run.path),
+        "close_reasons": close_reasons(run.rounds),
+        "stragglers": stragglers(run.path, run.devices),
+        "participation_by": participation_by(run.devices),
     }
 
 
@@ -360,4 +366,61 @@ def format_report(doc: dict) -> str:
           percent(p["surplus_rate"]), f"{p['devices_arrived']} of {p['devices']}",
           _number(p["arrivals_gini"], ".3f"), _number(p["arrivals_cv"], ".3f")]
          for r in runs for p in [r["participation"]]]))
-    return "\n\n".join(blocks)
+    return "\n\n".join(blocks + latency_blocks(runs))
+
+
+SHOWN_STRAGGLERS = 10
+
+
+def latency_blocks(runs: list[dict]) -> list[str]:
+    """Where the time went (phases, how rounds closed), the stragglers, participation by zone."""
+    blocks = []
+    timed = [r for r in runs if r.get("latency") and r["latency"]["tasks"]]
+    if timed:
+        header = ["latency (tasks run to their end)", "tasks"]
+        for phase in PHASES:
+            header += [f"{phase[:-2]} median", "p90"]
+        blocks.append(table_text(header, [
+            [r["name"], str(r["latency"]["tasks"]),
+             *[_short_s(r["latency"][p][q]) for p in PHASES for q in ("median", "p90")]] for r in timed]))
+    closed = [r for r in runs if r.get("close_reasons")]
+    if closed:
+        reasons = [k for k in closed[0]["close_reasons"] if any(r["close_reasons"].get(k) for r in closed)]
+        blocks.append(table_text(["rounds closed by", *reasons],
+                                 [[r["name"], *[str(r["close_reasons"].get(k, 0)) for k in reasons]]
+                                  for r in closed]))
+    for r in runs:
+        if r.get("stragglers"):
+            blocks.append(_straggler_block(r["name"], r["stragglers"]))
+    for r in runs:
+        by = r.get("participation_by")
+        if by and len(by["rows"]) > 1:
+            label = "UTC offset (h)" if by["column"] == "tz_offset" else by["column"]
+            blocks.append(table_text(
+                [f"{r['name']} by {label}", "devices", "invited", "arrived", "arrivals per device"],
+                [[_zone(z["zone"], by["column"]), str(z["devices"]), str(z["invitations"]),
+                  percent(z["arrival_rate"]), _number(z["mean_arrivals"], ".1f")] for z in by["rows"]]))
+    return blocks
+
+
+def _straggler_block(name: str, rows: list[dict]) -> str:
+    shown = rows[:SHOWN_STRAGGLERS]
+    more = f"; {len(rows) - len(shown)} more in --json" if len(rows) > len(shown) else ""
+    head = (f"{name}: {len(rows)} straggler{'s' * (len(rows) != 1)} (invited >= {STRAGGLER_INVITED} times, "
+            f"arrived < {100 * STRAGGLER_ARRIVED_BELOW:g} %){more}")
+    table = table_text(
+        ["device", "class", "UTC offset", "invited", "arrived", "late", "dropped", "median compute", "median task",
+         "likely cause"],
+        [[str(d["device_id"]), d["class"] or "-", _zone(d["tz_offset"], "tz_offset") if d["tz_offset"] is not None
+          else "-", str(d["invitations"]), str(d["arrivals"]), str(d["late"]), str(d["dropped"]),
+          _short_s(d["median_compute_s"]), _short_s(d["median_task_s"]), d["cause"]] for d in shown])
+    return head + "\n" + table
+
+
+def _zone(value, column: str) -> str:
+    return f"{value:+g}" if column == "tz_offset" else str(value)
+
+
+def _short_s(value: float | None) -> str:
+    """Seconds with 3 significant digits (phases of milliseconds stay readable)."""
+    return "-" if value is None else f"{value:.3g}s"

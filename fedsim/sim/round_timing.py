@@ -73,7 +73,7 @@ class IdealRounds:
         t0 = rnd * self.duration
         return Stop(f"the trace ended at {self.trace_end:g} s") if t0 >= self.trace_end else t0
 
-    def tasks(self, rnd: int, ids: np.ndarray, samples: np.ndarray, t0: float) -> Tasks:
+    def tasks(self, rnd: int, ids: np.ndarray, samples: np.ndarray, steps: np.ndarray, t0: float) -> Tasks:
         """Zero latency: the task spans the round; everyone invited arrives at its end."""
         zero, end = np.zeros(len(ids)), (rnd + 1) * self.duration
         return Tasks(t0, zero, zero + (end - t0), zero, samples, np.zeros(len(ids), dtype=bool),
@@ -92,20 +92,23 @@ class ModelRounds:
     closes at the deadline, at K arrivals when the server overcommitted, or when every invited
     device has reported."""
 
-    def __init__(self, cfg: ServerConfig, index, timing: DeviceTiming, model_bytes: int):
-        self.cfg, self.index, self.timing, self.model_bytes = cfg, index, timing, model_bytes
+    def __init__(self, cfg: ServerConfig, index, timing: DeviceTiming, message_bytes: tuple[int, int]):
+        """`message_bytes`: what the server sends a device and what it sends back."""
+        self.cfg, self.index, self.timing = cfg, index, timing
+        self.download_bytes, self.upload_bytes = message_bytes
 
     def start(self, env: simpy.Environment, rnd: int, max_time: float):
         reason = yield env.process(wait_for_someone(env, self.index, max_time))
         return Stop(reason) if reason else env.now
 
-    def tasks(self, rnd: int, ids: np.ndarray, samples: np.ndarray, t0: float) -> Tasks:
-        transfer = self.timing.transfer_s(ids, self.model_bytes)
-        compute = samples * self.timing.seconds_per_sample[ids]
-        finish = t0 + (transfer + compute + transfer)
+    def tasks(self, rnd: int, ids: np.ndarray, samples: np.ndarray, steps: np.ndarray, t0: float) -> Tasks:
+        download = self.timing.download_s(ids, self.download_bytes)
+        compute = self.timing.compute_s(ids, samples, steps)
+        upload = self.timing.upload_s(ids, self.upload_bytes)
+        finish = t0 + (download + compute + upload)
         offline_at = self.index.next_offline(ids, t0)
         dropped = offline_at < finish
-        return Tasks(t0, transfer, compute, transfer, samples, dropped,
+        return Tasks(t0, download, compute, upload, samples, dropped,
                      np.where(dropped, offline_at, finish))
 
     def close_at(self, rnd: int, t0: float, invited: int, max_time: float) -> float:

@@ -46,7 +46,7 @@ class RoundOutcome:
 
 class Server:
     def __init__(self, *, env: simpy.Environment, index, strategy: Strategy, trainer, timing: DeviceTiming,
-                 cfg: ServerConfig, batch_size: int, client_sizes: np.ndarray, model_bytes: int,
+                 cfg: ServerConfig, batch_size: int, client_sizes: np.ndarray,
                  seed: int, device: torch.device):
         self.env = env
         self.index = index
@@ -57,7 +57,7 @@ class Server:
         self.client_sizes = client_sizes
         self.seed = seed
         self.device = device
-        self.rounds = round_timing(cfg, index=index, timing=timing, model_bytes=model_bytes)
+        self.rounds = round_timing(cfg, index=index, timing=timing, message_bytes=strategy.message_bytes())
         self.gate = None  # set when runs train together (fedsim/lockstep.py)
 
     def train(self, rnd: int, ids: np.ndarray, start: torch.Tensor, steps: np.ndarray, lr: float):
@@ -81,7 +81,7 @@ class Server:
         ids = np.asarray(strategy.select(rnd, online, rng), dtype=np.int64)
         steps = np.asarray(strategy.local_steps(rnd, ids), dtype=np.int64)
         lr = strategy.client_lr(rnd)
-        tasks = self.rounds.tasks(rnd, ids, self.samples(ids, steps), t0)
+        tasks = self.rounds.tasks(rnd, ids, self.samples(ids, steps), steps, t0)
         close_at = self.rounds.close_at(rnd, t0, len(ids), max_time)
 
         trained = np.flatnonzero(~tasks.dropped & (tasks.ends_at <= close_at))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -24,6 +25,9 @@ from fedsim.traces.converters import TIME_UNITS, convert
 from fedsim.traces.generators import generate
 from fedsim.traces.schema import Trace
 from fedsim.traces.stats import summarize
+from fedsim.traces.zones import beside, by_zone, trace_zones
+
+REPETITION = ("repeat", "recorded_online_s", "online_s", "short_records")
 
 
 def add_trace_commands(subparsers) -> None:
@@ -34,14 +38,18 @@ def add_trace_commands(subparsers) -> None:
     sub.required = True
     _add_generate(sub)
 
-    info = sub.add_parser("info", help="statistics of a trace file")
+    devices_help = ("device table with the devices' tz_offset or group (default: the table beside "
+                    "the trace that `trace convert` writes, else the trace's own metadata)")
+    info = sub.add_parser("info", help="statistics of a trace file, by time zone where known")
     info.add_argument("file", help="trace .parquet")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    info.add_argument("--devices", metavar="TABLE", help=devices_help)
     info.set_defaults(func=info_command)
 
-    plot = sub.add_parser("plot", help="device x time raster and fraction online, as PNG")
+    plot = sub.add_parser("plot", help="device x time raster (by time zone) and fraction online, as PNG")
     plot.add_argument("file", help="trace .parquet")
     plot.add_argument("--out", required=True, help="PNG to write")
+    plot.add_argument("--devices", metavar="TABLE", help=devices_help)
     plot.set_defaults(func=plot_command)
 
     conv = sub.add_parser("convert", help="convert a third-party trace dump to Parquet")
@@ -51,7 +59,13 @@ def add_trace_commands(subparsers) -> None:
     conv.add_argument("input", help="file to convert")
     conv.add_argument("--out", required=True, help="trace .parquet to write")
     conv.add_argument("--horizon", type=float, help="seconds to cover (default: the input's span)")
-    conv.add_argument("--devices-out", help="also write a device table (tz offsets) here")
+    conv.add_argument("--devices-out", help="also write the device table (names, tz_offset, the "
+                                            "source's per-device columns) here")
+    conv.add_argument("--repeat", metavar="MODE",
+                      help="flash: span (default: each device's record repeats over its own "
+                           "first-to-last-message span, as FLASH replays it) or none (only what was "
+                           "recorded); fedscale: period (default: each client repeats every "
+                           "finish_time, as FedScale replays it) or none; csv, sessions: none")
     conv.add_argument("--time-unit", metavar="UNIT",
                       help=f"csv, sessions: times written as {', '.join(TIME_UNITS)} (seconds or "
                            "milliseconds since 1970, ISO 8601); default: detected (docs/traces.md)")
@@ -118,7 +132,12 @@ def generate_command(args) -> int:
     trace = generate(args.kind, args.devices, seed=args.seed, rounds=args.rounds,
                      round_duration=args.round_duration, days=args.days, **options)
     write_trace(trace, args.out)
-    _write_devices(trace, args.devices_out)
+    if args.devices_out:
+        from fedsim.traces.io import write_device_table
+
+        table = device_table(trace, {"group": trace.generator["group"]}
+                             if isinstance(trace.generator.get("group"), list) else {})
+        write_device_table(table, args.devices_out)
     print(f"wrote {args.out}: {_one_line(trace)} ({time.perf_counter() - began:.2f} s)")
     return 0
 
@@ -126,7 +145,12 @@ def generate_command(args) -> int:
 def info_command(args) -> int:
     from fedsim.traces.io import read_trace
 
-    summary = summarize(read_trace(args.file))
+    trace = read_trace(args.file)
+    summary = summarize(trace)
+    zones = trace_zones(trace, args.file, args.devices)
+    summary["by_zone"] = None if zones is None else {"column": zones.column, "source": zones.source,
+                                                     "rows": by_zone(trace, zones)}
+    summary["repetition"] = {k: trace.generator[k] for k in REPETITION if k in trace.generator} or None
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -139,29 +163,65 @@ def plot_command(args) -> int:
     from fedsim.traces.plot import plot_trace
 
     trace = read_trace(args.file)
-    shown = plot_trace(trace, args.out)
+    shown = plot_trace(trace, args.out, zones=trace_zones(trace, args.file, args.devices))
     print(f"wrote {args.out}: {shown} of {trace.n_devices} devices")
     return 0
 
 
 def convert_command(args) -> int:
+    import dataclasses
+
     from fedsim.traces.io import write_trace
 
-    names = device_names_path(args.out)
-    if args.devices_out and Path(args.devices_out).resolve() == Path(names).resolve():
-        raise FedsimError(f"--devices-out {args.devices_out}: the device names go there; choose "
-                          f"another path for the device table")
     trace = convert(args.fmt, args.input, horizon=args.horizon, time_unit=args.time_unit,
                     tz=args.tz, device_col=args.device_col, start_col=args.start_col,
-                    end_col=args.end_col)
+                    end_col=args.end_col, repeat=args.repeat)
+    generator = dict(trace.generator)
+    columns, warnings = generator.pop("device_columns", {}), generator.pop("warnings", [])
+    trace = dataclasses.replace(trace, generator=generator)  # the trace's metadata stays small
     write_trace(trace, args.out)
     print(f"wrote {args.out}: {_one_line(trace)}")
     if "merged" in trace.generator:
         print(f"merged {trace.generator['merged']} overlapping or touching sessions")
-    if _write_names(trace, names):
-        print(f"wrote {names}: the names of the {trace.n_devices} devices")
-    _write_devices(trace, args.devices_out)
+    for line in [*warnings, *_repetition_warning(trace)]:
+        print(f"warning: {line}", file=sys.stderr)
+    table = device_table(trace, columns)
+    next_to = str(beside(args.out))
+    same = args.devices_out and Path(args.devices_out).resolve() == Path(next_to).resolve()
+    # beside the trace when there is more than the ids to say; at --devices-out as asked
+    paths = ([next_to] if len(table) > 1 or same else []) + ([args.devices_out] if args.devices_out and not same else [])
+    if paths:
+        from fedsim.traces.io import write_device_table
+
+        for path in paths:
+            write_device_table(table, path)
+            print(f"wrote {path}: the device table ({', '.join(table)}) of the {trace.n_devices} devices")
     return 0
+
+
+def _repetition_warning(trace: Trace) -> list[str]:
+    """What repeating the records added, when over 10 % of the online time."""
+    g = trace.generator
+    if g.get("repeat", "none") == "none" or not g.get("recorded_online_s"):
+        return []
+    added = g["online_s"] / g["recorded_online_s"] - 1
+    if added <= 0.1:
+        return []
+    return [f"--repeat {g['repeat']} added {100 * added:.1f} % to the recorded online time "
+            f"({g['recorded_online_s'] / 3600:.1f} h recorded, {g['online_s'] / 3600:.1f} h in the trace); "
+            f"{g['short_records']} of {trace.n_devices} devices' records cover less than half of the "
+            f"horizon; --repeat none keeps only what was recorded"]
+
+
+def device_table(trace: Trace, columns: dict) -> dict:
+    """device_id, name (where the converter renumbered the devices), tz_offset (where known)
+    and the source's per-device columns."""
+    table = {"device_id": np.arange(trace.n_devices)}
+    if trace.generator.get("ids") is not None:
+        table["name"] = [str(name) for name in trace.generator["ids"]]
+    if trace.generator.get("tz_offset_h") is not None:
+        table["tz_offset"] = np.asarray(trace.generator["tz_offset_h"], dtype=np.float64)
+    return {**table, **{k: v for k, v in columns.items() if k not in table}}
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -180,41 +240,6 @@ def parse_value(text: str):
         return tomllib.loads(f"value = {text}")["value"]
     except tomllib.TOMLDecodeError:
         return text
-
-
-def device_names_path(out) -> str:
-    """Where ``trace convert`` writes the device names: ``trace.parquet`` ->
-    ``trace.devices.parquet``."""
-    return str(out).removesuffix(".parquet") + ".devices.parquet"
-
-
-def _write_names(trace: Trace, path) -> bool:
-    """Write device_id -> name (the input's ids, ``generator["ids"]``) when the converter
-    renumbered the devices; say whether it did."""
-    ids = trace.generator.get("ids")
-    if ids is None:
-        return False
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from fedsim.files import atomic_write
-
-    table = pa.table({"device_id": pa.array(np.arange(len(ids)), pa.int64()),
-                      "name": pa.array([str(name) for name in ids], pa.string())})
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
-    return True
-
-
-def _write_devices(trace: Trace, path) -> None:
-    if not path:
-        return
-    from fedsim.traces.io import write_device_table
-
-    tz = trace.generator.get("tz_offset_h")
-    table = {"device_id": np.arange(trace.n_devices)}
-    if tz is not None:
-        table["tz_offset_h"] = np.asarray(tz, dtype=np.float64)
-    write_device_table(table, path)
 
 
 def _one_line(trace: Trace) -> str:
@@ -259,6 +284,22 @@ def format_summary(name, s: dict) -> str:
     for hour, value in enumerate(profile):
         bar = "" if value is None else "#" * round(30 * value / peak)
         lines.append(f"  {hour:02d}h {_num(value, '{:.3f}'):>6} {bar}")
+    rep = s.get("repetition")
+    if rep and rep.get("repeat", "none") != "none" and rep.get("online_s"):
+        repeated = 1 - rep["recorded_online_s"] / rep["online_s"]
+        lines += ["", f"repetition: {100 * repeated:.1f} % of the online time is repeated from the record "
+                      f"(--repeat {rep['repeat']}; {rep['short_records']} devices' records cover less than "
+                      "half of the horizon)"]
+    if s.get("by_zone"):
+        zone = s["by_zone"]
+        clock = "UTC hour" if s["origin"] else "hour (t mod 24 h)"
+        lines += ["", f"availability by {'time zone' if zone['column'] == 'tz_offset' else 'group'} "
+                      f"(from {zone['source']})",
+                  f"{'':16}{'devices':>8}{'mean':>10}{'q10':>10}{'median':>10}{'q90':>10}   most online at"]
+        for r in zone["rows"]:
+            label = f"UTC{r['zone']:+g}" if zone["column"] == "tz_offset" else f"group {r['zone']:g}"
+            lines.append(f"{label:16}{r['devices']:>8}" + "".join(f"{r[k]:>10.3f}" for k in ("mean", "q10", "median", "q90"))
+                         + f"   {r['peak_hour']:02d}h {clock}")
     return "\n".join(lines)
 
 

@@ -118,7 +118,8 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
 
 
-def fedscale(path: Path, where: str, horizon: float | None) -> Trace:
+def fedscale(path: Path, where: str, horizon: float | None, *, repeat: str | None = None) -> Trace:
+    mode = _repeat_mode(repeat, ("period", "none"), where)
     try:
         with path.open("rb") as f:
             data = _PlainUnpickler(f).load()
@@ -139,10 +140,18 @@ def fedscale(path: Path, where: str, horizon: float | None) -> Trace:
         ends.append(inactive)
     horizon = float(periods.max()) if horizon is None else horizon
     dev, start, end = np.concatenate(devs), np.concatenate(starts), np.concatenate(ends)
-    dev, start, end = _unroll(dev, start, end, periods, horizon, where)
-    return _trace(dev, start, end, n_devices=len(ids), horizon=horizon, wrap="loop", where=where,
+    recorded = clip(dev, start, end, 0.0, horizon)
+    if mode == "period":
+        dev, start, end = _unroll(dev, start, end, periods, horizon, where)
+    else:
+        dev, start, end = recorded
+    columns = _record_columns([data[c] for c in ids], ("active", "inactive"))
+    return _trace(dev, start, end, n_devices=len(ids), horizon=horizon,
+                  wrap="loop" if mode == "period" else "none", where=where,
                   generator={"kind": "fedscale", "source": path.name,
-                             "ids": [_jsonable(i) for i in ids], "finish_time": periods.tolist()})
+                             "ids": [_jsonable(i) for i in ids], "finish_time": periods.tolist(),
+                             **_repetition(mode, recorded, (dev, start, end), periods, horizon),
+                             "device_columns": columns})
 
 
 def _fedscale_client(record, client, where: str):
@@ -183,9 +192,10 @@ _FLASH_STATES = {
 _FLASH_IGNORED = {"screen_on", "screen_off", "battery_low", "battery_okay", "phone_on"}
 
 
-def flash(path: Path, where: str, horizon: float | None) -> Trace:
+def flash(path: Path, where: str, horizon: float | None, *, repeat: str | None = None) -> Trace:
     import polars as pl
 
+    mode = _repeat_mode(repeat, ("span", "none"), where)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, a 5000-digit number, deep nesting
@@ -237,10 +247,14 @@ def flash(path: Path, where: str, horizon: float | None) -> Trace:
     period[device[first]] = span_end - span_start
     dev, start_t, end_t = device[opens], seconds[opens], seconds[closes]
     horizon = float(span_end.max()) if horizon is None else horizon
-    dev, start, end = _unroll(dev, start_t, end_t, period, horizon, where)
-    return _trace(dev, start, end, n_devices=len(ids), horizon=horizon, origin=origin.isoformat(),
+    recorded = clip(dev, start_t, end_t, 0.0, horizon)
+    trace = _unroll(dev, start_t, end_t, period, horizon, where) if mode == "span" else recorded
+    return _trace(*trace, n_devices=len(ids), horizon=horizon, origin=origin.isoformat(),
                   where=where, generator={"kind": "flash", "source": path.name,
-                                          "ids": [_jsonable(i) for i in ids]})
+                                          "ids": [_jsonable(i) for i in ids],
+                                          **_repetition(mode, recorded, trace, period, horizon),
+                                          "device_columns": _record_columns([data[u] for u in ids],
+                                                                            ("messages",))})
 
 
 def _flash_check(lines: pl.DataFrame, ids: list, where: str) -> None:
@@ -286,9 +300,10 @@ def _session_rules() -> list:
 
 
 def sessions(path: Path, where: str, horizon: float | None, *, time_unit: str | None = None,
-             tz: str | None = None) -> Trace:
+             tz: str | None = None, repeat: str | None = None) -> Trace:
     import polars as pl
 
+    _repeat_mode(repeat, ("none",), where)
     unit, tz_s = _time_options(time_unit, tz, where)
     fields = (pl.DataFrame({"text": _text(path, where).splitlines()}, schema={"text": pl.String})
               .with_row_index("line", offset=1)
@@ -349,13 +364,15 @@ def sessions(path: Path, where: str, horizon: float | None, *, time_unit: str | 
 # -- csv ------------------------------------------------------------------------------------
 
 _CSV_FLAGS = ("--device-col", "--start-col", "--end-col")
+EXTRA = "extra:"  # the prefix of a csv's other columns while it is read
 
 
 def csv(path: Path, where: str, horizon: float | None, *, time_unit: str | None = None,
         tz: str | None = None, device_col: str | None = None, start_col: str | None = None,
-        end_col: str | None = None) -> Trace:
+        end_col: str | None = None, repeat: str | None = None) -> Trace:
     import polars as pl
 
+    _repeat_mode(repeat, ("none",), where)
     unit, tz_s = _time_options(time_unit, tz, where)
     frame, labels = _csv_frame(path, where, (device_col, start_col, end_col))
     kind = _time_kind(unit, frame["start"][0], tz_s, where)
@@ -381,14 +398,69 @@ def csv(path: Path, where: str, horizon: float | None, *, time_unit: str | None 
         raise FedsimError(f"{where}: line {row['line']}: interval [{row['start']}, {row['end']}) "
                           f"needs finite 0 <= start < end")
     dev, ids = _device_numbers(frame["device"])
+    numbers = dev
     n_devices = len(ids) if ids is not None else int(dev.max()) + 1
     horizon = float(end.max()) if horizon is None else horizon
     dev, start, end = clip(dev, start, end, 0.0, horizon)
     generator = {"kind": "csv", "source": path.name}
     if ids is not None:
         generator["ids"] = ids
+    frame = frame.with_columns(number=pl.Series(numbers))
+    warnings = []
+    if kind == "iso":
+        tz_h, unknown = _device_offsets(frame.with_columns(offset=_local_offsets(frame["start"], tz_s)), n_devices)
+        if unknown:
+            warnings.append(f"{unknown} of {n_devices} devices have no UTC offset in their times; no tz_offset "
+                            "written (give --tz for times written without one)")
+        else:
+            generator["tz_offset_h"] = tz_h
+    generator["device_columns"], skipped = _csv_device_columns(frame, n_devices)
+    if skipped and len(np.unique(numbers)) < n_devices:
+        warnings.append(f"some device numbers have no line (ids with gaps), so the columns "
+                        f"{', '.join(skipped)} are left out of the device table")
+    elif skipped:
+        many = len(skipped) > 1
+        warnings.append(f"column{'s' * many} {', '.join(skipped)} var{'y' if many else 'ies'} within a device, "
+                        f"so {'they are not per-device columns' if many else 'it is not a per-device column'}; "
+                        "left out of the device table")
+    if warnings:
+        generator["warnings"] = warnings
     return _trace(dev, start, end, n_devices=n_devices, horizon=horizon, origin=origin,
                   generator=generator, where=where)
+
+
+def _device_offsets(frame, n_devices: int) -> tuple[list[float], int]:
+    """Each device's most common UTC offset in hours (ties: the smallest), and how many devices
+    have none known."""
+    import polars as pl
+
+    modes = (frame.drop_nulls("offset").group_by("number", "offset").len()
+             .sort(["number", "len", "offset"], descending=[False, True, False])
+             .unique("number", keep="first", maintain_order=True))
+    tz = np.full(n_devices, np.nan)
+    tz[modes["number"].to_numpy()] = modes["offset"].to_numpy()
+    return tz.tolist(), int(np.isnan(tz).sum())
+
+
+def _csv_device_columns(frame, n_devices: int) -> tuple[dict[str, list], list[str]]:
+    """The csv's other columns whose value is one per device (numbers where they all read as
+    numbers), and the names of those that vary within a device."""
+    import polars as pl
+
+    extras = [c for c in frame.columns if c.startswith(EXTRA)]
+    if not extras:
+        return {}, []
+    per_device = frame.group_by("number").agg(*[pl.col(c).n_unique().alias(f"n:{c}") for c in extras],
+                                              *[pl.col(c).first() for c in extras]).sort("number")
+    columns, skipped = {}, []
+    for c in extras:
+        name = c.removeprefix(EXTRA)
+        if per_device[f"n:{c}"].max() > 1 or per_device.height < n_devices or per_device[c].null_count():
+            skipped.append(name)
+            continue
+        numbers = per_device[c].cast(pl.Float64, strict=False)
+        columns[name] = (numbers if numbers.null_count() == 0 else per_device[c]).to_list()
+    return columns, skipped
 
 
 def _csv_frame(path: Path, where: str, named: tuple):
@@ -417,7 +489,9 @@ def _csv_frame(path: Path, where: str, named: tuple):
              .slice(1 if header else 0)
              .filter(~pl.all_horizontal(pl.exclude("line").fill_null("") == ""))
              .select("line", *(pl.col(raw.columns[i]).alias(name)
-                               for i, name in zip(columns, ("device", "start", "end")))))
+                               for i, name in zip(columns, ("device", "start", "end"))),
+                     *(pl.col(raw.columns[i]).alias(f"{EXTRA}{head[i]}") for i in range(len(head))
+                       if header and head[i] and i not in columns)))
     if not frame.height:
         raise FedsimError(f"{where}: no data after the header line {first_line} "
                           f"{','.join(h or '' for h in head)[:60]!r}; expected lines "
@@ -543,8 +617,23 @@ def _parse_times(text, kind: str, tz_s: int | None):
     if kind == "number":
         return pl.select(pl.when(text.str.contains(f"^(?:{_NUMBER_RE})$"))
                          .then(text.cast(pl.Float64, strict=False))).to_series()
-    # Once _ISO matches, the date and clock fields sit at fixed places (slicing is much faster
-    # than capture groups): "YYYY-MM-DD", then "HH:MM[:SS[.f]]" after a T, then the zone.
+    parts, offset = _iso_parts(text, tz_s)
+    hour, minute, second, zone_h, zone_m = map(pl.col, ("hour", "minute", "second", "zone_h", "zone_m"))
+    us = (pl.col("date").cast(pl.Int64) * 86_400_000_000 + pl.col("us")
+          + (hour * 3600 + minute * 60 + second - offset) * 1_000_000)
+    valid = (pl.col("ok") & pl.col("date").is_not_null() & (pl.col("date").dt.year() >= 1)
+             & (hour < 24) & (minute < 60) & (second < 60) & (zone_h <= 14) & (zone_m < 60)
+             & us.is_between(YEARS_S[0] * 1_000_000, YEARS_S[1] * 1_000_000 + 999_999))
+    return parts.select(pl.when(valid).then(us)).to_series()
+
+
+def _iso_parts(text, tz_s: int | None):
+    """The fields of ISO 8601 times and their UTC offset in seconds (--tz, else UTC, where a
+    time has none). Once _ISO matches, the date and clock fields sit at fixed places (slicing
+    is much faster than capture groups): "YYYY-MM-DD", then "HH:MM[:SS[.f]]" after a T, then
+    the zone."""
+    import polars as pl
+
     clock = text.str.extract(r"^.{10}[Tt ]([0-9:.,]+)", 1)
     zone = (text.str.slice(clock.str.len_chars() + 11).str.strip_chars().fill_null("")
             .str.to_uppercase().str.replace(":", "", literal=True))
@@ -556,15 +645,20 @@ def _parse_times(text, kind: str, tz_s: int | None):
         "us": _digits(clock.str.slice(9, 6).str.pad_end(6, "0")),
         "naive": zone == "", "zone_h": _digits(zone.str.slice(1, 2)),
         "zone_m": _digits(zone.str.slice(3, 2)), "west": zone.str.starts_with("-")})
-    hour, minute, second, zone_h, zone_m = map(pl.col, ("hour", "minute", "second", "zone_h", "zone_m"))
+    zone_h, zone_m = pl.col("zone_h"), pl.col("zone_m")
     offset = (pl.when("naive").then(pl.lit(tz_s or 0))
               .otherwise(pl.when("west").then(-1).otherwise(1) * (zone_h * 3600 + zone_m * 60)))
-    us = (pl.col("date").cast(pl.Int64) * 86_400_000_000 + pl.col("us")
-          + (hour * 3600 + minute * 60 + second - offset) * 1_000_000)
-    valid = (pl.col("ok") & pl.col("date").is_not_null() & (pl.col("date").dt.year() >= 1)
-             & (hour < 24) & (minute < 60) & (second < 60) & (zone_h <= 14) & (zone_m < 60)
-             & us.is_between(YEARS_S[0] * 1_000_000, YEARS_S[1] * 1_000_000 + 999_999))
-    return parts.select(pl.when(valid).then(us)).to_series()
+    return parts, offset
+
+
+def _local_offsets(text, tz_s: int | None):
+    """Each ISO time's UTC offset in hours: its own, --tz's for a time without one, null where
+    neither says (a time without an offset and no --tz: UTC is assumed, not known)."""
+    import polars as pl
+
+    parts, offset = _iso_parts(text, tz_s)
+    known = ~pl.col("naive") | pl.lit(tz_s is not None)
+    return parts.select(pl.when(known).then(offset / 3600.0)).to_series()
 
 
 def _digits(piece):
@@ -628,6 +722,45 @@ def _unroll(dev, start, end, period, horizon: float, where: str):
     k = first_k[row] + np.arange(len(row)) - np.repeat(np.cumsum(count) - count, count)
     shift = k * period[dev[row]]
     return clip(dev[row], start[row] + shift, end[row] + shift, 0.0, horizon)
+
+
+def _repeat_mode(repeat: str | None, modes: tuple[str, ...], where: str) -> str:
+    """The checked --repeat (the first of `modes` when not given): the home simulator's rule
+    (FLASH: span, FedScale: period) or none, which keeps only what was recorded."""
+    if repeat is None:
+        return modes[0]
+    if repeat not in modes:
+        only = (" (a record of intervals is converted as it was recorded)" if modes == ("none",) else "")
+        raise choice_error(f"{where}: --repeat", repeat, list(modes), f"is not valid for this format{only}")
+    return repeat
+
+
+def _repetition(mode: str, recorded, trace, period: np.ndarray, horizon: float) -> dict:
+    """What a repetition rule added, for the metadata and `trace convert`'s warning: online
+    seconds as recorded and in the trace (both within the horizon), and how many devices'
+    records (first to last message, or FedScale's finish_time) cover less than half of it."""
+    online = lambda intervals: float(np.sum(intervals[2] - intervals[1]))  # noqa: E731
+    return {"repeat": mode, "recorded_online_s": online(recorded), "online_s": online(trace),
+            "short_records": int(np.sum(period < horizon / 2))}
+
+
+def _record_columns(records: list, skip: tuple[str, ...]) -> dict[str, list]:
+    """The per-device fields of a source's records that every device has as a plain value
+    (a FLASH user's guid and model, a FedScale client's finish_time), as device-table columns."""
+    dicts = [r for r in records if isinstance(r, dict)]
+    if len(dicts) < len(records) or not dicts:
+        return {}
+    names = [k for k in dicts[0] if isinstance(k, str) and k not in skip
+             and all(isinstance(r.get(k), (str, int, float)) and not isinstance(r.get(k), bool) for r in dicts)]
+    columns = {}
+    for name in names:
+        values = [r[name] for r in dicts]
+        kinds = {type(v) for v in values}
+        if kinds <= {int, float}:
+            columns[name] = [float(v) for v in values] if float in kinds else values
+        elif kinds == {str}:
+            columns[name] = values
+    return columns
 
 
 def _sorted_ids(mapping) -> list:

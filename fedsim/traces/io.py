@@ -21,10 +21,17 @@ from fedsim.traces.schema import Trace, check_header, first_problem, merge_sorte
 
 VERSION = "1"
 COLUMNS = {"device_id": "integer", "start": "float", "end": "float"}
-DEVICE_COLUMNS = {"device_id": "integer", "tz_offset_h": "float", "seconds_per_sample": "float",
-                  "bandwidth_bps": "float", "group": "integer"}
-# the lowest value of a speed column, and whether it is allowed itself
-_DEVICE_BOUNDS = {"seconds_per_sample": (0.0, True), "bandwidth_bps": (0.0, False)}
+# the device table's known columns: (kind, the lowest value or None, whether it is allowed)
+DEVICE_COLUMNS = {"device_id": ("integer", None, False), "tz_offset": ("float", -14.0, True),
+                  "group": ("integer", None, False), "class": ("string", None, False),
+                  "name": ("string", None, False), "flops": ("float", 0.0, False),
+                  "downlink_bps": ("float", 0.0, False), "uplink_bps": ("float", 0.0, False),
+                  "latency_s": ("float", 0.0, True), "seconds_per_sample": ("float", 0.0, True),
+                  "bandwidth_bps": ("float", 0.0, False)}
+OLD_NAMES = {"tz_offset_h": "tz_offset"}  # device tables of earlier fedsim versions
+# what a run writes into devices.parquet itself: a device table column may not take these names
+RUN_DEVICE_COLUMNS = ("invitations", "arrivals", "drops", "late", "surplus", "last_round", "trace_device",
+                      "online_fraction", "n_samples")
 _META_KEYS = ("fedsim.trace.version", "n_devices", "horizon", "origin", "wrap", "generator")
 
 
@@ -56,38 +63,99 @@ def read_trace(path) -> Trace:
 
 
 def write_device_table(table: dict, path) -> None:
-    """Write the optional per-device table (``devices.parquet``) atomically."""
+    """Write a device table (one row per trace device) atomically: the known columns with
+    their types, any other column as given (checked as `read_device_table` checks it)."""
     where = f"device table {path}"
-    unknown = sorted(set(table) - set(DEVICE_COLUMNS))
-    if unknown or "device_id" not in table:
-        raise FedsimError(f"{where}: columns must include device_id and be among "
-                          f"{', '.join(DEVICE_COLUMNS)}; got {', '.join(map(str, table))}")
-    arrays = {name: pa.array(np.asarray(table[name],
-                                        np.int64 if DEVICE_COLUMNS[name] == "integer" else np.float64))
-              for name in DEVICE_COLUMNS if name in table}
-    _check_device_ids(arrays["device_id"].to_numpy(), where)
+    frame = _device_frame({k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in table.items()}, where)
+    arrays = {name: pa.array(values.tolist() if values.dtype == object else values)
+              for name, values in frame.items()}
     atomic_write(path, lambda tmp: pq.write_table(pa.table(arrays), tmp))
 
 
 def read_device_table(path) -> dict[str, np.ndarray]:
-    """Read ``devices.parquet``: ``device_id`` plus any of tz_offset_h, seconds_per_sample,
-    bandwidth_bps, group. Returns the columns present, as numpy arrays."""
+    """Read a device table (docs/timing.md, docs/traces.md): ``device_id`` and any of the known
+    columns (DEVICE_COLUMNS; ``tz_offset_h`` is read as ``tz_offset``), plus any other column
+    as it is. Strings come back as arrays of Python str (dtype object)."""
     where = f"device table {path}"
     table = _read_table(path, where)
-    columns = _columns(table, DEVICE_COLUMNS, where, required={"device_id": "integer"})
-    _check_device_ids(columns["device_id"], where)
+    columns = {}
+    for name in table.column_names:
+        column = table.column(name)
+        if column.null_count:
+            row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+            raise FedsimError(f"{where}: column {name!r} is null on row {row}; give every device a value")
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            columns[name] = np.array(column.to_pylist(), dtype=object)
+        elif pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_boolean(column.type):
+            columns[name] = column.to_numpy()
+        else:
+            raise FedsimError(f"{where}: column {name!r} has type {column.type}; device table columns "
+                              "are numbers or strings")
+    return _device_frame(columns, where)
+
+
+def _device_frame(columns: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
+    """The columns checked and typed: device_id present and unique, known columns of their kind
+    and range, no name a run writes itself; the first problem is one FedsimError line."""
+    for old, new in OLD_NAMES.items():
+        if old in columns and new in columns:
+            raise FedsimError(f"{where}: has both {old} and {new} (the same thing, by its older name); "
+                              f"keep {new}")
+        if old in columns:
+            columns = {(new if k == old else k): v for k, v in columns.items()}
+    if "device_id" not in columns:
+        raise FedsimError(f"{where}: missing column 'device_id'; a device table has one row per device "
+                          f"(has {', '.join(columns) or 'none'})")
+    clash = [name for name in columns if name in RUN_DEVICE_COLUMNS]
+    if clash:
+        raise FedsimError(f"{where}: column {clash[0]!r} is one that a run writes into devices.parquet "
+                          "itself; rename it")
+    ids = columns["device_id"]
+    if ids.dtype.kind not in "iu":
+        raise FedsimError(f"{where}: column 'device_id' has type {ids.dtype}; expected int64")
+    ids = signed_ids(ids, "device_id", where)
+    _check_device_ids(ids, where)
+    out = {"device_id": ids}
     for name, values in columns.items():
-        if values.dtype.kind != "f":
-            continue
-        low, inclusive = _DEVICE_BOUNDS.get(name, (-np.inf, False))
-        bad = ~np.isfinite(values) | ((values < low) if inclusive else (values <= low))
-        if bad.any():
-            row = int(np.argmax(bad))
-            bound = f" {'>=' if inclusive else '>'} {low:g}" if name in _DEVICE_BOUNDS else ""
-            rule = f"a finite number{bound}"
-            raise FedsimError(f"{where}: {name} = {float(values[row])!r} on row {row}; it must be "
-                              f"{rule} (device {columns['device_id'][row]})")
-    return columns
+        if name != "device_id":
+            out[name] = _device_column(name, values, ids, where)
+    return out
+
+
+def _device_column(name: str, values: np.ndarray, ids: np.ndarray, where: str) -> np.ndarray:
+    kind, low, inclusive = DEVICE_COLUMNS.get(name, (None, None, False))
+    if len(values) != len(ids):
+        raise FedsimError(f"{where}: column {name!r} has {len(values)} values for {len(ids)} devices")
+    is_text = values.dtype == object or values.dtype.kind in "US"
+    if kind is None:  # a column of the user's own: kept as it is
+        return np.array([str(v) for v in values], dtype=object) if is_text else values
+    expected = {"integer": "int64", "float": "float64", "string": "string"}[kind]
+    fits = (is_text if kind == "string" else values.dtype.kind in "iu" if kind == "integer"
+            else values.dtype.kind in "iuf")
+    if not fits:
+        raise FedsimError(f"{where}: column {name!r} has type {'string' if is_text else values.dtype}; "
+                          f"expected {expected}")
+    if kind == "string":
+        values = np.array([str(v) for v in values], dtype=object)
+        bad = np.array([not v.strip() for v in values], dtype=bool)
+        rule = "a non-empty name"
+    elif kind == "integer":
+        return signed_ids(values, name, where) if values.dtype.kind == "u" else values.astype(np.int64)
+    else:
+        values = values.astype(np.float64)
+        bad = ~np.isfinite(values)
+        if low is not None:
+            bad |= (values < low) if inclusive else (values <= low)
+        if name == "tz_offset":
+            bad |= values > 14.0
+        rule = ("hours within [-14, 14]" if name == "tz_offset" else
+                f"a finite number {'>=' if inclusive else '>'} {low:g}" if low is not None else "a finite number")
+    if bad.any():
+        row = int(np.argmax(bad))
+        value = values[row].item() if isinstance(values[row], np.generic) else values[row]
+        raise FedsimError(f"{where}: {name} = {value!r} on row {row} (device {ids[row]}); it must be "
+                          f"{rule}")
+    return values
 
 
 def _check_device_ids(ids: np.ndarray, where: str) -> None:

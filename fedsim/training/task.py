@@ -83,6 +83,11 @@ class Task:
         """Multiply-adds of one device's local step (forward and backward) on `batch` samples."""
         return 3.0 * self.dim * batch
 
+    def train_flops_per_sample(self) -> float:
+        """FLOPs (2 per multiply-add) of training on one sample, forward and backward: what a
+        device's compute time is made of under `[devices] model = "profiles"`."""
+        return 2.0 * self.step_flops(1)
+
     def evaluate_flops(self) -> float:
         """Multiply-adds of the largest call of `evaluate`."""
         return float(self.dim * self.n_clients)

@@ -1,0 +1,98 @@
+"""Where a run's simulated time went and who straggled, from its Parquet files (for `fedsim
+report`): the phases of the tasks that ran to their end, how the rounds closed, the devices
+that were invited often and almost never arrived, and participation by time zone or group.
+
+events.parquet can hold millions of rows: it is scanned lazily, for the columns needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+PHASES = ("download_s", "compute_s", "upload_s")
+RAN_TO_END = ("arrived", "late", "surplus")  # outcomes whose task ran all of its phases
+CLOSE_REASONS = ("all-arrived", "quota", "deadline", "nobody-invited", "max-time")
+STRAGGLER_INVITED = 5  # invited at least this often,
+STRAGGLER_ARRIVED_BELOW = 0.1  # and arrived in fewer than this share of the invitations
+ZONE_COLUMNS = ("tz_offset", "group")
+DEVICE_LABELS = ("class", "tz_offset", "group", "name")  # shown with a straggler where known
+
+
+def _events(run_dir: Path) -> pl.LazyFrame | None:
+    path = Path(run_dir) / "events.parquet"
+    return pl.scan_parquet(path) if path.is_file() else None
+
+
+def latency(run_dir: Path) -> dict | None:
+    """Median and p90 (linear) of each phase over the tasks that ran to their end; None without
+    an events log."""
+    events = _events(run_dir)
+    if events is None:
+        return None
+    ran = events.filter(pl.col("outcome").cast(pl.String).is_in(RAN_TO_END))
+    row = ran.select(
+        pl.len().alias("tasks"),
+        *[pl.col(p).median().alias(f"{p}_median") for p in PHASES],
+        *[pl.col(p).quantile(0.9, "linear").alias(f"{p}_p90") for p in PHASES],
+    ).collect().row(0, named=True)
+    return {"tasks": row["tasks"],
+            **{p: {"median": row[f"{p}_median"], "p90": row[f"{p}_p90"]} for p in PHASES}}
+
+
+def close_reasons(rounds: pl.DataFrame) -> dict | None:
+    """Rounds per `close_reason`: the five reasons in their order (0 where none), then any
+    other; None for a run directory written before rounds recorded it."""
+    if "close_reason" not in rounds.columns:
+        return None
+    counts = dict(rounds.group_by("close_reason").len().iter_rows())
+    return {**{reason: int(counts.pop(reason, 0)) for reason in CLOSE_REASONS},
+            **{str(k): int(v) for k, v in sorted(counts.items(), key=lambda kv: str(kv[0]))}}
+
+
+def stragglers(run_dir: Path, devices: pl.DataFrame) -> list[dict]:
+    """Devices invited at least 5 times that arrived in fewer than 10 % of their invitations,
+    most invited first (ties: the lower id), with what is known of them, their median compute
+    and whole task (download + compute + upload, as planned at invitation) and the likely cause."""
+    frame = devices.filter((pl.col("invitations") >= STRAGGLER_INVITED)
+                           & (pl.col("arrivals") < STRAGGLER_ARRIVED_BELOW * pl.col("invitations")))
+    events = _events(run_dir)
+    if events is not None and frame.height:
+        compute = (events.filter(pl.col("device_id").is_in(frame["device_id"].implode()))
+                   .group_by("device_id").agg(pl.col("compute_s").median().alias("median_compute_s"),
+                                              pl.sum_horizontal(PHASES).median().alias("median_task_s"))
+                   .collect())
+        frame = frame.join(compute, on="device_id", how="left")
+    surplus = pl.col("surplus") if "surplus" in frame.columns else pl.lit(0)
+    frame = frame.with_columns(
+        pl.when((pl.col("late") >= pl.col("drops")) & (pl.col("late") >= surplus))
+        .then(pl.lit("slow for the deadline"))
+        .when(pl.col("drops") >= surplus).then(pl.lit("offline before finishing"))
+        .otherwise(pl.lit("after the quota (surplus)")).alias("cause"))
+    labels = [c for c in DEVICE_LABELS if c in frame.columns]
+    columns = ["device_id", "invitations", "arrivals", "late", pl.col("drops").alias("dropped"),
+               *[c for c in ("median_compute_s", "median_task_s") if c in frame.columns], *labels, "cause"]
+    rows = frame.sort(["invitations", "device_id"], descending=[True, False]).select(columns).to_dicts()
+    for row in rows:
+        row.setdefault("median_compute_s", None)
+        row.setdefault("median_task_s", None)
+        for label in ("class", "tz_offset"):
+            row.setdefault(label, None)
+    return rows
+
+
+def participation_by(devices: pl.DataFrame) -> dict | None:
+    """Per time zone (or group, where there is no time zone): devices, invitations, the share
+    of them that arrived, mean arrivals per device; None where devices.parquet has neither."""
+    column = next((c for c in ZONE_COLUMNS if c in devices.columns), None)
+    if column is None:
+        return None
+    rows = (devices.group_by(column)
+            .agg(pl.len().alias("devices"), pl.col("invitations").sum(), pl.col("arrivals").sum(),
+                 pl.col("arrivals").mean().alias("mean_arrivals"))
+            .with_columns(pl.when(pl.col("invitations") > 0)
+                          .then(pl.col("arrivals") / pl.col("invitations")).alias("arrival_rate"))
+            .sort(column).rename({column: "zone"}))
+    return {"column": column, "rows": rows.select("zone", "devices", "invitations", "arrivals",
+                                                  "arrival_rate", "mean_arrivals").to_dicts()}

@@ -1,0 +1,80 @@
+"""Warnings that catch a run whose results are hard to read or whose clock means little: they
+go to the manifest's `warnings` and are printed under the end-of-run table.
+
+* participation: over half of the rounds with fewer than 2 arrivals, or fewer than 10 % of the
+  devices ever arriving;
+* coverage: the run saw less than 5 % of the span of a recorded (or wall-clock) trace, so its
+  availability pattern (days, nights, time zones) never played out;
+* never arrived: more than 20 % of the devices invited at least 5 times never arrived, with
+  the likely cause (too slow for the deadline, or offline before finishing).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+COVERAGE_BELOW = 0.05
+NEVER_ARRIVED_ABOVE = 0.2
+INVITED_AT_LEAST = 5
+
+
+def run_warnings(run, status: str, sim_time: float) -> list[str]:
+    """`run`: the Experiment; coverage is judged once the run has ended (not while `running`)."""
+    warnings = participation_warnings(run.recorder)
+    if status != "running" and run.coverage_matters:
+        warnings += coverage_warning(sim_time, run.index.horizon)
+    if run.config.server.timing == "model":
+        warnings += never_arrived_warning(run.recorder.counters, run.typical_task_s(), run.config.server.deadline)
+    return warnings
+
+
+def participation_warnings(recorder) -> list[str]:
+    """Why a run's participation makes its results hard to read: over half of the rounds with
+    fewer than 2 arrivals, or fewer than 10 % of the devices ever arriving."""
+    arrived = np.fromiter((row["arrived"] for row in recorder.rows), dtype=np.int64)
+    warnings = []
+    few = int((arrived < 2).sum())
+    if len(arrived) and few > len(arrived) / 2:
+        warnings.append(f"degenerate participation: {few} of {len(arrived)} rounds had fewer than "
+                        "2 arrivals (check the trace's availability, the deadline and the device speeds)")
+    devices = recorder.counters["arrivals"]
+    ever = int((devices > 0).sum())
+    if len(arrived) and ever < 0.1 * len(devices):
+        warnings.append(f"degenerate participation: only {ever} of {len(devices)} devices "
+                        f"({100 * ever / len(devices):.1f}%) ever arrived")
+    return warnings
+
+
+def coverage_warning(sim_time: float, horizon: float) -> list[str]:
+    share = sim_time / horizon if horizon > 0 else 1.0
+    if share >= COVERAGE_BELOW:
+        return []
+    return [f"short clock: the run covered {span(sim_time)} of the trace's {span(horizon)} "
+            f"({100 * share:.2g} %), so its availability pattern did not play out; run longer "
+            "(run.rounds, run.max_time) or start where it matters ([trace] offset); docs/timing.md"]
+
+
+def never_arrived_warning(counters: dict, typical_task_s: np.ndarray, deadline: float) -> list[str]:
+    """`typical_task_s`: each device's download + compute + upload of a full task."""
+    invited = counters["invitations"] >= INVITED_AT_LEAST
+    never = invited & (counters["arrivals"] == 0)
+    if not invited.any() or never.sum() <= NEVER_ARRIVED_ABOVE * invited.sum():
+        return []
+    late, dropped = int(counters["late"][never].sum()), int(counters["drops"][never].sum())
+    if late >= dropped:
+        cause = (f"mostly late: too slow for the deadline (their median task takes "
+                 f"{span(float(np.median(typical_task_s[never])))}, the deadline is {span(deadline)}); "
+                 "raise [server] deadline or see [devices] in docs/timing.md")
+    else:
+        cause = ("mostly dropped: offline before finishing (availability: their online sessions are "
+                 "shorter than their tasks)")
+    return [f"never arrived: {int(never.sum())} of {int(invited.sum())} devices invited at least "
+            f"{INVITED_AT_LEAST} times never arrived ({late} late, {dropped} dropped); {cause}"]
+
+
+def span(seconds: float) -> str:
+    """A duration in the largest unit it reaches, 3 significant digits."""
+    for size, unit in ((86400.0, "d"), (3600.0, "h"), (60.0, "min"), (1.0, "s")):
+        if abs(seconds) >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"

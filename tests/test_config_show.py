@@ -70,10 +70,12 @@ def test_every_key_of_every_section_with_its_meaning_and_rule():
                 continue
             commented, _, comment = lines[(section, f.name)]
             assert not commented and comment.startswith(rule(f).meaning)
-    assert lines[("run", "rounds")] == (False, "300", "rounds to run (>= 1)")
+    # the scenario's own values say fedsim's default beside them
+    assert lines[("run", "rounds")] == (False, "300", "rounds to run (>= 1); default 100")
+    assert lines[("devices", "seconds_per_sample")][2].endswith("(>= 0); default 0.002")
     assert lines[("run", "max_time")] == (False, "0.0", "simulated seconds before the run stops "
                                                         "(>= 0; 0 = no limit)")
-    assert lines[("server", "deadline")][2].endswith("(> 0)")
+    assert lines[("server", "deadline")][2].endswith("(> 0); default 600.0")
     assert lines[("data", "majority")][2].endswith("(in [0, 1])")
     assert lines[("algorithm", "selection")] == (
         False, '""', 'whom the server invites among the online devices (one of: all, uniform, '

@@ -59,7 +59,7 @@ def stragglers(run_dir: Path, devices: pl.DataFrame) -> list[dict]:
                            & (pl.col("arrivals") < STRAGGLER_ARRIVED_BELOW * pl.col("invitations")))
     events = _events(run_dir)
     if events is not None and frame.height:
-        compute = (events.filter(pl.col("device_id").is_in(frame["device_id"].implode()))
+        compute = (events.join(frame.lazy().select("device_id"), on="device_id", how="semi")
                    .group_by("device_id").agg(pl.col("compute_s").median().alias("median_compute_s"),
                                               pl.sum_horizontal(PHASES).median().alias("median_task_s"))
                    .collect())

@@ -82,7 +82,9 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
     of its base config, `sweep.section.key=[...]` of an axis, `warm_start.section.key=v` of its
     first phase; every point's config is checked before anything runs."""
     path = study_path(source)
-    raw = read_toml(path)
+    raw = recorded_study(path) if path.is_dir() else read_toml(path)
+    if path.is_dir():
+        path = path / "study.toml"
     sweep = raw.pop("sweep", None)
     if not isinstance(sweep, dict):
         raise FedsimError(f"{path}: no [sweep] table; a study gives its axes there, e.g. "
@@ -137,13 +139,34 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
         _own_algorithm_keys(raw_point, algorithms)
         points.append(Point(point_name, values, _config(raw_point, f"{path} point {point_name}")))
     _unique_names(points, path)
-    resolved = {"base": base, "axes": axes, "zip": zips, **({WARM: warm} if warm else {})}
+    resolved = {"base": base, "axes": axes, "zip": zips, **({WARM: warm} if warm else {}),
+                **({"gpus_per_task": gpus} if gpus else {})}
     resolved = json.loads(json.dumps(resolved))
     if claims:
         from fedsim.results.claims import check_claims
 
         resolved["claims"] = check_claims(claims, axes, str(path))
     return Study(name, str(path), axes, points, folder, resolved, float(gpus), warm_points)
+
+
+def recorded_study(folder: Path) -> dict:
+    """A study folder's study.toml as a study file: its base config (with every --set it was
+    run with), axes, zips, warm start and claims; run where the folder is, whatever the
+    current directory (`fedsim sweep --resume FOLDER`)."""
+    recorded = Path(folder) / "study.toml"
+    if not recorded.is_file():
+        raise FedsimError(f"{folder}: not a study folder (no study.toml); pass the folder that `fedsim sweep` "
+                          "printed after 'results:'")
+    resolved = read_toml(recorded)
+    raw = {section: dict(body) for section, body in resolved["base"].items()}
+    raw.setdefault("run", {}).update(name=Path(folder).name, out=str(Path(folder).parent))
+    raw["sweep"] = {**resolved["axes"], "zip": resolved.get("zip", []),
+                    "gpus_per_task": resolved.get("gpus_per_task", 0.0)}
+    if WARM in resolved:
+        raw[WARM] = resolved[WARM]
+    if resolved.get("claims"):
+        raw["claims"] = resolved["claims"]
+    return raw
 
 
 def _set(raw: dict, key: str, value: Any) -> None:

@@ -354,15 +354,20 @@ def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, 
     return Experiment(config, run_dir, progress, plotter=plotter).run().status
 
 
-def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=None) -> list[str]:
+def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=None,
+                        progress: bool = True) -> list[str]:
     """The in-process backend: the points not done, `TOGETHER` at a time, in lockstep with
     their cohorts trained in shared batched calls (fedsim/lockstep.py); stops after a group
     that a signal interrupted."""
     from fedsim.experiment import Experiment, prepare_resume
     from fedsim.lockstep import run_together
+    from fedsim.study_progress import StudyProgress
 
     statuses: dict[str, str] = {}
     waiting = [(p, s) for p, s in todo if s != "done"]
+    shown = StudyProgress([p.config.run.rounds for p, _ in waiting], len(todo), len(todo) - len(waiting),
+                          progress and bool(waiting), label=study.name)
+    callbacks = [shown.callback()]
     for p, s in todo:
         if s == "done":
             statuses[p.name] = run_point(p.config, study.folder / p.name, s)
@@ -373,16 +378,18 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
             run_dir = study.folder / point.name
             if state == "resume":
                 experiment, resume_state = prepare_resume(run_dir, [f"run.rounds={point.config.run.rounds}"],
-                                                          False, plotter)
+                                                          False, plotter, callbacks)
             else:
                 shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
-                experiment, resume_state = Experiment(point.config, run_dir, False, plotter=plotter), None
+                experiment = Experiment(point.config, run_dir, False, plotter=plotter, callbacks=callbacks)
+                resume_state = None
             experiments.append(experiment)
             resumes.append(resume_state)
         for (point, _), result in zip(group, run_together(experiments, resumes)):
             statuses[point.name] = result.status
         if any(statuses[p.name] == "interrupted" for p, _ in group):
             break
+    shown.close()
     return [statuses.get(p.name, "interrupted") for p, _ in todo]
 
 
@@ -406,9 +413,9 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
         if backend == "ray":
             from fedsim.study_ray import run_points
 
-            statuses = run_points(study, todo, address)
+            statuses = run_points(study, todo, address, progress)
         else:
-            statuses = run_points_together(study, todo, plotter)
+            statuses = run_points_together(study, todo, plotter, progress)
         records += [{"point": p.name, **p.values, "was": state, "status": status}
                     for (p, state), status in zip(todo, statuses)]
         if any(r["status"] == "interrupted" for r in records):

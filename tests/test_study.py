@@ -287,3 +287,29 @@ def test_sweep_takes_a_study_or_a_folder_to_resume(tmp_path, capsys):
                                        "STUDY_FOLDER to finish one that was interrupted, not both\n")
     assert main(["sweep", "--resume", str(tmp_path)]) == 2
     assert "not a study folder (no study.toml)" in capsys.readouterr().err
+
+
+def test_a_sweep_shows_its_progress_a_line_per_point_off_a_terminal_and_nothing_quiet(tmp_path, capsys):
+    path = write_study(tmp_path, {"run.seed": [0, 1, 2]}, name="p")
+    assert main(["sweep", str(path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if " s)" in line]
+    assert [line.split(":")[0].strip() for line in lines] == ["seed-0", "seed-1", "seed-2"]
+    assert [line.split("(")[1].split(",")[0] for line in lines] == ["1/3", "2/3", "3/3"]
+    path = write_study(tmp_path, {"run.seed": [0, 1, 2]}, name="q")
+    assert main(["sweep", str(path), "--quiet"]) == 0
+    assert not [line for line in capsys.readouterr().out.splitlines() if " s)" in line]
+
+
+def test_on_a_terminal_the_bar_counts_rounds_and_points(tmp_path, monkeypatch):
+    import io
+
+    from fedsim.study_progress import StudyProgress
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    shown = StudyProgress([10, 10, 5], points=4, done=1)
+    shown.bar.fp = io.StringIO()
+    shown.rounds_done(7)
+    shown.point_finished("seed-1", "completed")
+    assert (shown.bar.n, shown.bar.total, shown.done) == (7, 25, 2)
+    assert shown.bar.postfix == "points 2/4"
+    shown.close()

@@ -24,7 +24,9 @@ def _summary_table(result) -> str:
 
     runs = result.runs or [result]
     targets = read_toml(runs[0].run_dir / "config.toml").get("run", {}).get("targets", [])
-    header = f"{'algorithm':<16} {'status':<10} {'rounds':>7} {'sim time':>10} {'test acc':>9} {'test loss':>10} {'server mem':>11}"
+    width = max(16, *(len(r.algorithm) + 1 for r in runs))  # a plugin's 'module:Name' may be long
+    header = (f"{'algorithm':<{width}} {'status':<10} {'rounds':>7} {'sim time':>10} {'test acc':>9} "
+              f"{'test loss':>10} {'server mem':>11}")
     header += "".join(f" {'to ' + target_label(t):>9}" for t in targets)
     lines = [header, "-" * len(header)]
     for r in runs:
@@ -36,7 +38,7 @@ def _summary_table(result) -> str:
         mem = manifest["server_memory_bytes"] / 1024
         reached = "".join(f" {hit_hours(time_to_target(r.rounds, t, manifest.get('initial'))):>9}"
                           for t in targets)
-        lines.append(f"{r.algorithm:<16} {r.status:<10} {manifest['rounds']:>7} {hours(manifest['sim_time_s']):>10} "
+        lines.append(f"{r.algorithm:<{width}} {r.status:<10} {manifest['rounds']:>7} {hours(manifest['sim_time_s']):>10} "
                      f"{acc:>9} {loss:>10} {mem:>9.1f}KB{reached}")
     return "\n".join(lines)
 

@@ -240,6 +240,8 @@ def _base(raw: dict, path: Path) -> dict:
     """The study's base config: `base` (a file beside the study or a scenario), then the
     study's own sections over it; `[run] algorithms` becomes an axis of algorithm names."""
     base_name = raw.pop("base", None)
+    if base_name is None:  # `extends`, as in a run's config, is the same
+        base_name = raw.pop("extends", None)
     base: dict = {}
     if base_name is not None:
         if not isinstance(base_name, str):
@@ -247,6 +249,10 @@ def _base(raw: dict, path: Path) -> dict:
         beside = path.parent / base_name
         base_path = beside if beside.exists() else study_path(base_name)
         base = read_toml(base_path)
+        if not is_study(base):  # a base may extend another one
+            from fedsim.config_layers import layered_config
+
+            base = layered_config(base_path).raw
         if is_study(base):
             raise FedsimError(f"{path}: base = {base_name!r} is a study, and a base is a config; run that "
                               f"study with --set overrides (--set 'sweep.run.seed=[...]'), or copy its "

@@ -150,6 +150,16 @@ def _distinct_names(where: str, value: list) -> list:
     return value
 
 
+TRACKERS = ("tensorboard", "mlflow")
+
+
+def _trackers(where: str, value: list) -> list[str]:
+    for name in value:
+        if name not in TRACKERS:
+            raise choice_error(where, name, list(TRACKERS), "is not a tracker")
+    return list(dict.fromkeys(value))
+
+
 def _accuracies(where: str, value: list) -> list[float]:
     for entry in value:
         number = isinstance(entry, (int, float)) and not isinstance(entry, bool)
@@ -209,6 +219,9 @@ class RunConfig:
                                     text='"auto" = 1000 x the initial model\'s loss')
     targets: list = key([], "test accuracies whose time-to-target the report and the end-of-run "
                         "table show (fractions in (0, 1])", check=_accuracies)
+    trackers: list = key([], "experiment trackers that get every round's metrics: tensorboard "
+                         "(RUN/tensorboard/), mlflow (MLFLOW_TRACKING_URI, else run.out/mlruns)",
+                         check=_trackers, zero="none")
 
 
 @dataclass
@@ -405,7 +418,7 @@ class Config:
 # what a resumed run may change: how long it goes on and how it is watched, never what is
 # simulated (that would silently mix two experiments in one run directory)
 RESUME_KEYS = ("run.rounds", "run.max_time", "run.eval_every", "run.checkpoint_every",
-               "run.progress", "run.device", "run.targets", "run.plots")
+               "run.progress", "run.device", "run.targets", "run.plots", "run.trackers")
 
 
 _SECTION_CLASSES = {

@@ -410,6 +410,21 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
     check_same_study(study)
     study.folder.mkdir(parents=True, exist_ok=True)
     (study.folder / "study.toml").write_text(dump_toml(study.resolved))
+    end_parent = None
+    if "mlflow" in study.points[0].config.run.trackers:  # one MLflow experiment, a parent run
+        from fedsim.trackers import study_parent
+
+        end_parent = study_parent(study.name, study.folder.parent)
+    try:
+        records = _run_phases(study, progress, plotter, on_point, backend, address)
+    finally:
+        if end_parent is not None:
+            end_parent()
+    return records
+
+
+def _run_phases(study: Study, progress: bool, plotter, on_point, backend: str, address: str | None) -> list[dict]:
+    """The warm-start runs, then the points; the tables and plots once all are done."""
     records = []
     for phase in (study.warm, study.points):
         todo = [(point, run_state(study.folder / point.name, point.config)) for point in phase]

@@ -37,6 +37,10 @@ class Callback:
         """After the last round; returned metrics complete the last round's row."""
         return {}
 
+    def on_saved(self, run: Experiment, result: EngineResult) -> None:
+        """Once the run's files are written (model.pt, manifest.json, events.parquet): for
+        callbacks that copy them somewhere (the MLflow tracker's artifacts)."""
+
 
 class Evaluation(Callback):
     """Test loss and accuracy of the global model: at the start (the initial model), every

@@ -24,7 +24,9 @@ def _summary_table(result) -> str:
 
     runs = result.runs or [result]
     targets = read_toml(runs[0].run_dir / "config.toml").get("run", {}).get("targets", [])
-    header = f"{'algorithm':<16} {'status':<10} {'rounds':>7} {'sim time':>10} {'test acc':>9} {'test loss':>10} {'server mem':>11}"
+    width = max(16, *(len(r.algorithm) + 1 for r in runs))  # a plugin's 'module:Name' may be long
+    header = (f"{'algorithm':<{width}} {'status':<10} {'rounds':>7} {'sim time':>10} {'test acc':>9} "
+              f"{'test loss':>10} {'server mem':>11}")
     header += "".join(f" {'to ' + target_label(t):>9}" for t in targets)
     lines = [header, "-" * len(header)]
     for r in runs:
@@ -36,7 +38,7 @@ def _summary_table(result) -> str:
         mem = manifest["server_memory_bytes"] / 1024
         reached = "".join(f" {hit_hours(time_to_target(r.rounds, t, manifest.get('initial'))):>9}"
                           for t in targets)
-        lines.append(f"{r.algorithm:<16} {r.status:<10} {manifest['rounds']:>7} {hours(manifest['sim_time_s']):>10} "
+        lines.append(f"{r.algorithm:<{width}} {r.status:<10} {manifest['rounds']:>7} {hours(manifest['sim_time_s']):>10} "
                      f"{acc:>9} {loss:>10} {mem:>9.1f}KB{reached}")
     return "\n".join(lines)
 
@@ -143,6 +145,8 @@ def cmd_run(args) -> int:
         print(line)
     for line in manifest_warnings(result):
         print(line)
+    if any(r.status == "interrupted" for r in [*result.runs, result]):
+        print(f"interrupted: run `fedsim run --resume {result.run_dir}` to finish it")
     print(f"results: {result.run_dir}")
     return exit_code([*result.runs, result])  # a member says which signal; the whole, between members
 
@@ -171,7 +175,10 @@ def cmd_sweep(args) -> int:
     plotter = shared_worker()
     from fedsim.study import format_summary, load_study, run_study
 
-    study = load_study(args.study, args.set, yes=args.yes)
+    if (args.study is None) == (args.resume is None):
+        raise FedsimError("fedsim sweep: give a study file (or scenario), or --resume STUDY_FOLDER to finish "
+                          "one that was interrupted, not both")
+    study = load_study(args.study or args.resume, args.set, yes=args.yes)
     warm = f" after {len(study.warm)} warm-start runs" if study.warm else ""
     print(f"study {study.name}: {len(study.points)} points{warm} in {study.folder}", flush=True)
 
@@ -185,7 +192,7 @@ def cmd_sweep(args) -> int:
         plotter.finish()
     stopped = [r for r in records if r["status"] == "interrupted"]
     if stopped:
-        print(f"study interrupted at {stopped[0]['point']}; run `fedsim sweep {args.study}` again "
+        print(f"study interrupted at {stopped[0]['point']}; run `fedsim sweep --resume {study.folder}` "
               "to finish it")
         reason = json.loads((study.folder / stopped[0]["point"] / "manifest.json").read_text())["reason"] \
             if (study.folder / stopped[0]["point"] / "manifest.json").exists() else ""
@@ -340,16 +347,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="run a study: a base config over axes of values (seeds, "
                                      "algorithms, settings), summarised over seeds")
-    p.add_argument("study", help="a study .toml ([sweep] axes) or a built-in study scenario "
-                                 "(paper-fedlaavg, paper-mifa, paper-fedawe, paper-wangji)")
+    p.add_argument("study", nargs="?", help="a study .toml ([sweep] axes) or a built-in study scenario "
+                                            "(paper-fedlaavg, paper-mifa, paper-fedawe, paper-wangji)")
+    p.add_argument("--resume", metavar="STUDY_FOLDER",
+                   help="finish the study recorded in this folder (its study.toml holds the base config "
+                        "with every --set it ran with): runs the points not done, resumes the interrupted")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a key of the study's base config; sweep.SECTION.KEY=[...] replaces "
                         "an axis, warm_start.SECTION.KEY=VALUE a key of its warm start (repeatable)")
     p.add_argument("--yes", action="store_true", help="run a grid of more than 10,000 points")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--backend", default="inprocess", metavar="{inprocess,ray}",
-                   help="inprocess (default): points one after another in this process; ray: "
-                        "points as Ray tasks (pip install -e '.[ray]')")
+                   help="inprocess (default): the points in this process, up to 64 stepped together in "
+                        "lockstep (their training shares batched calls); ray: points as Ray tasks "
+                        "(pip install -e '.[ray]')")
     p.add_argument("--address", help="Ray: the cluster to join (default: RAY_ADDRESS, else a local Ray)")
     p.set_defaults(func=cmd_sweep)
 

@@ -16,7 +16,7 @@ from fedsim.callbacks import Callback
 from fedsim.config import Config, config_from_dict, dump_toml
 from fedsim.errors import FedsimError
 from fedsim.experiment import Experiment, RunResult
-from fedsim.files import DirectoryLock, atomic_write, claim_directory, remove_stale_temporaries
+from fedsim.files import DirectoryLock, atomic_write, claim_directory, plain_name, remove_stale_temporaries
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import write_text
@@ -52,13 +52,13 @@ def _run(config, run_dir, claim, progress, on_ready, plotter, callbacks) -> RunR
             experiment.run_dir = run_dir = claim_directory(run_dir)
         on_ready(run_dir)
         return experiment.run()
-    first = Experiment(config.with_algorithm(config.run.algorithms[0]), run_dir / config.run.algorithms[0],
+    first = Experiment(config.with_algorithm(config.run.algorithms[0]), run_dir / plain_name(config.run.algorithms[0]),
                        progress, plotter=plotter, callbacks=callbacks)
     for other in config.run.algorithms[1:]:  # every algorithm fits before any runs
         first.set_up_strategy(config.with_algorithm(other))
     if claim:
         run_dir = claim_directory(run_dir)
-        first.run_dir = run_dir / config.run.algorithms[0]
+        first.run_dir = run_dir / plain_name(config.run.algorithms[0])
     with comparison_lock(run_dir, "fedsim run, a comparison"):
         on_ready(run_dir)
         write_text(run_dir / "config.toml", dump_toml(config.to_dict()))  # what --resume goes on with
@@ -88,7 +88,7 @@ def _members(config, run_dir, progress, plotter, callbacks, first=None, force=Fa
     stop_signal = {"name": None}
     with finish_round_on_stop_signal(stop_signal):
         for name in config.run.algorithms:
-            sub = run_dir / name
+            sub = run_dir / plain_name(name)
             state = run_state(sub, config.with_algorithm(name))
             if stop_signal["name"]:
                 break

@@ -150,6 +150,16 @@ def _distinct_names(where: str, value: list) -> list:
     return value
 
 
+TRACKERS = ("tensorboard", "mlflow")
+
+
+def _trackers(where: str, value: list) -> list[str]:
+    for name in value:
+        if name not in TRACKERS:
+            raise choice_error(where, name, list(TRACKERS), "is not a tracker")
+    return list(dict.fromkeys(value))
+
+
 def _accuracies(where: str, value: list) -> list[float]:
     for entry in value:
         number = isinstance(entry, (int, float)) and not isinstance(entry, bool)
@@ -209,6 +219,9 @@ class RunConfig:
                                     text='"auto" = 1000 x the initial model\'s loss')
     targets: list = key([], "test accuracies whose time-to-target the report and the end-of-run "
                         "table show (fractions in (0, 1])", check=_accuracies)
+    trackers: list = key([], "experiment trackers that get every round's metrics: tensorboard "
+                         "(RUN/tensorboard/), mlflow (MLFLOW_TRACKING_URI, else run.out/mlruns)",
+                         check=_trackers, zero="none")
 
 
 @dataclass
@@ -378,12 +391,13 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
     source: str = "<defaults>"  # where it came from, for error messages
+    origins: dict = field(default_factory=dict, repr=False, compare=False)  # (section, key) -> where set
 
     def to_dict(self) -> dict:
         """Plain nested dict, with generator/algorithm options folded back into their sections."""
         out = {}
         for f in dataclasses.fields(self):
-            if f.name == "source":
+            if f.name in ("source", "origins"):
                 continue
             section = dataclasses.asdict(getattr(self, f.name))
             section.update(section.pop("options", {}))
@@ -404,7 +418,7 @@ class Config:
 # what a resumed run may change: how long it goes on and how it is watched, never what is
 # simulated (that would silently mix two experiments in one run directory)
 RESUME_KEYS = ("run.rounds", "run.max_time", "run.eval_every", "run.checkpoint_every",
-               "run.progress", "run.device", "run.targets", "run.plots")
+               "run.progress", "run.device", "run.targets", "run.plots", "run.trackers")
 
 
 _SECTION_CLASSES = {
@@ -494,14 +508,19 @@ def _declared_options(section: str, raw: dict, algorithms: list, origin: str) ->
     return None
 
 
-def _build_section(section: str, raw: dict, algorithms: list, origin: str):
+def _field_names(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls) if f.name != "options"]
+
+
+def _build_section(section: str, raw: dict, algorithms: list, origin: str, origins: dict | None = None):
     cls = _SECTION_CLASSES[section]
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
     extra = _declared_options(section, raw, algorithms, origin)
     defaults = cls()
     kwargs, options = {}, {}
+    origins = origins or {}
     for key, value in raw.items():
-        where = f"{origin}: [{section}] {key}"
+        where = f"{origins.get((section, key), origin)}: [{section}] {key}"
         if key in fields:
             ruled = rule(fields[key])
             if ruled.text and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -516,7 +535,7 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str):
             owner = raw.get("source") if section == "trace" else raw.get("name")
             scope = f" for {owner!r}" if extra is not None and owner else ""
             raise FedsimError(
-                f"{origin}: unknown key [{section}] {key}{scope}; "
+                f"{origins.get((section, key), origin)}: unknown key [{section}] {key}{scope}; "
                 f"{suggest(key, [*fields, *(extra or {})])}"
             )
     if extra is not None:
@@ -524,8 +543,9 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str):
     return cls(**kwargs)
 
 
-def config_from_dict(raw: dict, origin: str = "<config>") -> Config:
-    """Validate a nested dict (as parsed from TOML) into a Config."""
+def config_from_dict(raw: dict, origin: str = "<config>", origins: dict | None = None) -> Config:
+    """Validate a nested dict (as parsed from TOML) into a Config; `origins` names where each
+    (section, key) was set, for error lines and `config show` (config_layers.py)."""
     for section, body in raw.items():
         if section not in _SECTION_CLASSES:
             raise FedsimError(
@@ -538,10 +558,10 @@ def config_from_dict(raw: dict, origin: str = "<config>") -> Config:
     if not isinstance(algorithms, list):
         raise FedsimError(f"{origin}: [run] algorithms must be a list of names, got {algorithms!r}")
     built = {
-        section: _build_section(section, raw.get(section, {}), algorithms, origin)
+        section: _build_section(section, raw.get(section, {}), algorithms, origin, origins)
         for section in _SECTION_CLASSES
     }
-    config = Config(**built, source=origin)
+    config = Config(**built, source=origin, origins=dict(origins or {}))
     _check_consistency(config)
     return config
 
@@ -665,20 +685,18 @@ def load_config(source: str | Path | None = None, overrides: list[str] = ()) -> 
     if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides):
         raise FedsimError(f"load_config: overrides must be a list of 'section.key=value' strings, "
                           f"got {overrides!r}")
+    from fedsim.config_layers import drop_unselected, layered_config
+
     path = Path(source)
-    if not path.exists() and str(source) in scenario_names():
+    builtin = not path.exists() and str(source) in scenario_names()
+    if builtin:
         path = scenario_path(str(source))
     raw = read_toml(path)
     if is_study(raw):
         raise FedsimError(f"{path}: is a study (it has a [sweep] table of axes); run it with "
                           f"`fedsim sweep {source}`")
-    for text in overrides:
-        section, key, value = parse_override(text)
-        raw.setdefault(section, {})
-        if not isinstance(raw[section], dict):
-            raise FedsimError(f"--set {text!r}: [{section}] is not a table")
-        raw[section][key] = value
-    return config_from_dict(raw, origin=str(path))
+    layered = layered_config(path, list(overrides), file_is_base=builtin)
+    return config_from_dict(drop_unselected(layered), origin=str(path), origins=layered.origins)
 
 
 def dump_toml(sections: dict[str, dict[str, Any]]) -> str:

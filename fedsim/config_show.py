@@ -25,15 +25,17 @@ def show_config(config: Config) -> str:
     declare one key with different defaults, and an unset default has no TOML form).
     """
     lines = [f"# the resolved config of {config.source}: every key with what it means and the values it takes",
-             "# (save it as a .toml file, edit it, and `fedsim run FILE`)"]
+             "# (save it as a .toml file, edit it, and `fedsim run FILE`); [from ...] says where a value",
+             "# came from when not from this file: a base it extends, or --set"]
     for section in dataclasses.fields(config):
-        if section.name == "source":
+        if section.name in ("source", "origins"):
             continue
         body = getattr(config, section.name)
         defaults = type(body)()
         lines += ["", f"# {type(body).__doc__}", f"[{section.name}]"]
         lines += [_line(f.name, getattr(body, f.name), _comment(rule(f), getattr(body, f.name),
-                                                                 getattr(defaults, f.name)))
+                                                                 getattr(defaults, f.name))
+                        + _from(config, section.name, f.name))
                   for f in dataclasses.fields(body) if f.name != "options"]
         lines += _option_lines(config, section.name)
     return "\n".join(lines) + "\n"
@@ -59,7 +61,7 @@ def _option_lines(config: Config, section: str) -> list[str]:
         comment = "option of " + ", ".join(
             f"{owner} (default {'unset' if d is None else _literal(d)})" for owner, d in declared)
         if k in given:
-            lines.append(_line(k, given[k], comment))
+            lines.append(_line(k, given[k], comment + _from(config, section, k)))
         else:
             default = declared[0][1]
             value = "<value>" if default is None else _literal(default)
@@ -72,6 +74,12 @@ def _comment(ruled, value: Any, default: Any) -> str:
     scenario's value does not read as fedsim's default)."""
     text = ruled.describe(default)
     return text if value == default else f"{text}; default {_literal(default)}"
+
+
+def _from(config: Config, section: str, key: str) -> str:
+    """Where a value was set, where it was not the config file itself: a base it extends, or --set."""
+    origin = config.origins.get((section, key))
+    return f" [from {origin}]" if origin and origin != config.source else ""
 
 
 def _line(key: str, value: Any, comment: str) -> str:

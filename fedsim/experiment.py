@@ -43,6 +43,7 @@ from fedsim.traces.io import read_device_table
 from fedsim.traces.stats import device_online_fraction
 from fedsim.training import ThreadPolicy, build_task, build_trainer
 from fedsim.training.schedules import learning_rate
+from fedsim.trackers import tracker_callbacks
 from fedsim.training.warm_start import initial_params
 
 
@@ -165,7 +166,8 @@ class Experiment:
 
     def callbacks(self) -> list[Callback]:
         progress = [ProgressBar()] if self.progress else []
-        return [Evaluation(), *self.user_callbacks, RecordRounds(), *progress, Checkpoints()]
+        trackers = tracker_callbacks(self.config.run.trackers)
+        return [Evaluation(), *self.user_callbacks, RecordRounds(), *progress, Checkpoints(), *trackers]
 
     def run(self, resume: dict | None = None) -> RunResult:
         """The whole simulation (from the checkpoint state `resume`, if given)."""
@@ -255,6 +257,8 @@ class Experiment:
         self.recorder.finish()
         save_torch(self.run_dir / "model.pt", self.task.state_dict(self.strategy.params))
         write_manifest(self, result, self._host_s())
+        for callback in self.chain:
+            callback.on_saved(self, result)
         if cfg.run.plots:
             draw_plots(self.plotter, {cfg.algorithm.name: self.run_dir}, self.run_dir / "plots", cfg.run.name)
         self.lock.release()

@@ -126,6 +126,12 @@ class _ByteCounter(io.RawIOBase):
         return self.write(text.encode())
 
 
+def plain_name(name: str) -> str:
+    """A name fit for a file or folder: a plugin's algorithm `my_algos:RareFedAvg` (or
+    `pkg/mod:Name`) becomes `my_algos.RareFedAvg`; the manifest keeps the full name."""
+    return "".join(c if c.isalnum() or c in "-_.+" else "." for c in name) or "run"
+
+
 def human_size(n: int) -> str:
     """Bytes in decimal units, 3 significant digits: 1.23 MB."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):

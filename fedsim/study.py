@@ -82,7 +82,9 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
     of its base config, `sweep.section.key=[...]` of an axis, `warm_start.section.key=v` of its
     first phase; every point's config is checked before anything runs."""
     path = study_path(source)
-    raw = read_toml(path)
+    raw = recorded_study(path) if path.is_dir() else read_toml(path)
+    if path.is_dir():
+        path = path / "study.toml"
     sweep = raw.pop("sweep", None)
     if not isinstance(sweep, dict):
         raise FedsimError(f"{path}: no [sweep] table; a study gives its axes there, e.g. "
@@ -137,13 +139,34 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
         _own_algorithm_keys(raw_point, algorithms)
         points.append(Point(point_name, values, _config(raw_point, f"{path} point {point_name}")))
     _unique_names(points, path)
-    resolved = {"base": base, "axes": axes, "zip": zips, **({WARM: warm} if warm else {})}
+    resolved = {"base": base, "axes": axes, "zip": zips, **({WARM: warm} if warm else {}),
+                **({"gpus_per_task": gpus} if gpus else {})}
     resolved = json.loads(json.dumps(resolved))
     if claims:
         from fedsim.results.claims import check_claims
 
         resolved["claims"] = check_claims(claims, axes, str(path))
     return Study(name, str(path), axes, points, folder, resolved, float(gpus), warm_points)
+
+
+def recorded_study(folder: Path) -> dict:
+    """A study folder's study.toml as a study file: its base config (with every --set it was
+    run with), axes, zips, warm start and claims; run where the folder is, whatever the
+    current directory (`fedsim sweep --resume FOLDER`)."""
+    recorded = Path(folder) / "study.toml"
+    if not recorded.is_file():
+        raise FedsimError(f"{folder}: not a study folder (no study.toml); pass the folder that `fedsim sweep` "
+                          "printed after 'results:'")
+    resolved = read_toml(recorded)
+    raw = {section: dict(body) for section, body in resolved["base"].items()}
+    raw.setdefault("run", {}).update(name=Path(folder).name, out=str(Path(folder).parent))
+    raw["sweep"] = {**resolved["axes"], "zip": resolved.get("zip", []),
+                    "gpus_per_task": resolved.get("gpus_per_task", 0.0)}
+    if WARM in resolved:
+        raw[WARM] = resolved[WARM]
+    if resolved.get("claims"):
+        raw["claims"] = resolved["claims"]
+    return raw
 
 
 def _set(raw: dict, key: str, value: Any) -> None:
@@ -217,6 +240,8 @@ def _base(raw: dict, path: Path) -> dict:
     """The study's base config: `base` (a file beside the study or a scenario), then the
     study's own sections over it; `[run] algorithms` becomes an axis of algorithm names."""
     base_name = raw.pop("base", None)
+    if base_name is None:  # `extends`, as in a run's config, is the same
+        base_name = raw.pop("extends", None)
     base: dict = {}
     if base_name is not None:
         if not isinstance(base_name, str):
@@ -224,6 +249,10 @@ def _base(raw: dict, path: Path) -> dict:
         beside = path.parent / base_name
         base_path = beside if beside.exists() else study_path(base_name)
         base = read_toml(base_path)
+        if not is_study(base):  # a base may extend another one
+            from fedsim.config_layers import layered_config
+
+            base = layered_config(base_path).raw
         if is_study(base):
             raise FedsimError(f"{path}: base = {base_name!r} is a study, and a base is a config; run that "
                               f"study with --set overrides (--set 'sweep.run.seed=[...]'), or copy its "
@@ -331,15 +360,20 @@ def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, 
     return Experiment(config, run_dir, progress, plotter=plotter).run().status
 
 
-def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=None) -> list[str]:
+def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=None,
+                        progress: bool = True) -> list[str]:
     """The in-process backend: the points not done, `TOGETHER` at a time, in lockstep with
     their cohorts trained in shared batched calls (fedsim/lockstep.py); stops after a group
     that a signal interrupted."""
     from fedsim.experiment import Experiment, prepare_resume
     from fedsim.lockstep import run_together
+    from fedsim.study_progress import StudyProgress
 
     statuses: dict[str, str] = {}
     waiting = [(p, s) for p, s in todo if s != "done"]
+    shown = StudyProgress([p.config.run.rounds for p, _ in waiting], len(todo), len(todo) - len(waiting),
+                          progress and bool(waiting), label=study.name)
+    callbacks = [shown.callback()]
     for p, s in todo:
         if s == "done":
             statuses[p.name] = run_point(p.config, study.folder / p.name, s)
@@ -350,16 +384,18 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
             run_dir = study.folder / point.name
             if state == "resume":
                 experiment, resume_state = prepare_resume(run_dir, [f"run.rounds={point.config.run.rounds}"],
-                                                          False, plotter)
+                                                          False, plotter, callbacks)
             else:
                 shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
-                experiment, resume_state = Experiment(point.config, run_dir, False, plotter=plotter), None
+                experiment = Experiment(point.config, run_dir, False, plotter=plotter, callbacks=callbacks)
+                resume_state = None
             experiments.append(experiment)
             resumes.append(resume_state)
         for (point, _), result in zip(group, run_together(experiments, resumes)):
             statuses[point.name] = result.status
         if any(statuses[p.name] == "interrupted" for p, _ in group):
             break
+    shown.close()
     return [statuses.get(p.name, "interrupted") for p, _ in todo]
 
 
@@ -374,6 +410,21 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
     check_same_study(study)
     study.folder.mkdir(parents=True, exist_ok=True)
     (study.folder / "study.toml").write_text(dump_toml(study.resolved))
+    end_parent = None
+    if "mlflow" in study.points[0].config.run.trackers:  # one MLflow experiment, a parent run
+        from fedsim.trackers import study_parent
+
+        end_parent = study_parent(study.name, study.folder.parent)
+    try:
+        records = _run_phases(study, progress, plotter, on_point, backend, address)
+    finally:
+        if end_parent is not None:
+            end_parent()
+    return records
+
+
+def _run_phases(study: Study, progress: bool, plotter, on_point, backend: str, address: str | None) -> list[dict]:
+    """The warm-start runs, then the points; the tables and plots once all are done."""
     records = []
     for phase in (study.warm, study.points):
         todo = [(point, run_state(study.folder / point.name, point.config)) for point in phase]
@@ -383,9 +434,9 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
         if backend == "ray":
             from fedsim.study_ray import run_points
 
-            statuses = run_points(study, todo, address)
+            statuses = run_points(study, todo, address, progress)
         else:
-            statuses = run_points_together(study, todo, plotter)
+            statuses = run_points_together(study, todo, plotter, progress)
         records += [{"point": p.name, **p.values, "was": state, "status": status}
                     for (p, state), status in zip(todo, statuses)]
         if any(r["status"] == "interrupted" for r in records):

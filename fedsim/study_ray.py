@@ -47,7 +47,8 @@ def run_task(raw_config: dict, origin: str, run_dir: str, state: str, cwd: str) 
         return "bug", f"{type(err).__name__}: {err}", traceback.format_exc()
 
 
-def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None = None) -> list[str]:
+def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None = None,
+               progress: bool = True) -> list[str]:
     """Run every point of `todo` ((point, state) pairs) that is not done as a Ray task; one
     status per entry, in order (a done point's status is read from its manifest)."""
     try:
@@ -70,8 +71,13 @@ def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None 
             point, state = todo[i]
             run_dir = str((study.folder / point.name).resolve())
             refs[task.remote(point.config.to_dict(), point.config.source, run_dir, state, cwd)] = i
+        from fedsim.study_progress import StudyProgress
+
+        shown = StudyProgress([1] * len(pending), len(todo), len(todo) - len(pending), progress,
+                              label=study.name, unit="point")
         with sigterm_as_ctrl_c():
-            failures = gather(ray, refs, todo, study, statuses)
+            failures = gather(ray, refs, todo, study, statuses, shown)
+        shown.close()
     finally:
         if started:
             ray.shutdown()
@@ -147,12 +153,12 @@ def sigterm_as_ctrl_c():
         signal.signal(signal.SIGTERM, previous)
 
 
-def gather(ray, refs: dict, todo: list, study: Study, statuses: list) -> list[tuple[int, str]]:
+def gather(ray, refs: dict, todo: list, study: Study, statuses: list, shown) -> list[tuple[int, str]]:
     """Wait for the tasks, filling `statuses`; (index, error line) of the points that failed.
     The first Ctrl-C cancels the tasks (a running point finishes its round and checkpoints,
     status interrupted); a second one kills them and aborts."""
     failures: list[tuple[int, str]] = []
-    left, total, finished = list(refs), len(refs), 0
+    left = list(refs)
     cancelled = False
     while left:
         try:
@@ -174,8 +180,8 @@ def gather(ray, refs: dict, todo: list, study: Study, statuses: list) -> list[tu
             statuses[i], failure = outcome(ray, ref, point, study)
             if failure:
                 failures.append((i, failure))
-            finished += 1
-            print(f"  {point.name}: {'failed' if failure else statuses[i]} ({finished}/{total})", flush=True)
+            shown.rounds_done(1)
+            shown.point_finished(point.name, "failed" if failure else statuses[i])
     return failures
 
 

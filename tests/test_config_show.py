@@ -154,7 +154,7 @@ def test_no_traceback_from_the_console(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fedsim", "config", "show", "compare", "--set",
                            "run.targets=[0.5, 2]"], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == (f"error: {load_config('compare').source}: [run] targets: 2 is not an "
+    assert proc.stderr == ("error: --set run.targets=[0.5, 2]: [run] targets: 2 is not an "
                            "accuracy in (0, 1]; give fractions like 0.8\n")
     proc = subprocess.run([sys.executable, "-m", "fedsim", "config"], capture_output=True, text=True)
     assert proc.returncode == 2 and "{show}" in proc.stderr

@@ -6,6 +6,8 @@ import inspect
 import sys
 from pathlib import Path
 
+import json
+
 import numpy as np
 import pytest
 
@@ -234,3 +236,18 @@ def test_installed_plugins_of_every_kind_run_by_name_and_show_in_help(cli_run, t
     assert read_trace(tmp_path / "k.parquet").n_devices == 1
     assert main(["trace", "generate", "kit-alternat", "--devices", "2", "--days", "1", "--out", "g.parquet"]) == 2
     assert "did you mean 'kit-alternate'?" in capsys.readouterr().err
+
+
+def test_a_plugin_in_a_comparison_gets_a_plain_folder_and_an_aligned_table(cli_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    name = f"{plugin_module(tmp_path, 'my_algos')}:FedAvgM"
+    cfg = config("fedavg", rounds_=3)
+    cfg["run"].update(algorithms=["fedavg", name], plots=True)
+    run_dir = cli_run(cfg, name="cmp")
+    assert sorted(p.name for p in run_dir.iterdir() if p.is_dir() and p.name != "plots") == [
+        "fedavg", "my_algos.FedAvgM"]
+    assert json.loads((run_dir / "my_algos.FedAvgM" / "manifest.json").read_text())["algorithm"] == name
+    assert all(":" not in p.name for p in (run_dir / "plots").iterdir())
+    table = [line for line in cli_run.last_output.out.splitlines() if line.startswith(("algorithm", "fedavg ", name))]
+    assert len(table) == 3 and len({line.index("completed") if "completed" in line else line.index("status")
+                                    for line in table}) == 1  # the status column lines up

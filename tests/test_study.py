@@ -246,3 +246,70 @@ def test_a_study_is_not_the_base_of_another(tmp_path, capsys):
     sweep(path, expect=2)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "base = 'paper-mifa' is a study, and a base is a config" in err
+
+
+def test_a_study_interrupted_with_set_resumes_by_its_folder_to_the_same_numbers(tmp_path, monkeypatch, capsys):
+    """The interrupt message prints the command that finishes the study; run as printed (from
+    another directory, without the --set it started with) it ends like an uninterrupted run."""
+    from fedsim.results.recorder import Recorder
+
+    sets = ["--set", "run.name=int-study", "--set", "client.lr=0.2", "--set", "sweep.run.seed=[0, 1]"]
+    path = write_study(tmp_path, {"algorithm.name": ["fedavg", "mifa"], "run.seed": [0, 1, 2]})
+    sweep(path, *sets)  # the uninterrupted study, for reference
+    reference = tmp_path / "runs" / "int-study"
+    reference.rename(tmp_path / "runs" / "reference")
+    add_round, calls = Recorder.add_round, {"n": 0}
+
+    def term_in_round_3(self, outcome, *args):
+        row = add_round(self, outcome, *args)
+        calls["n"] += 1
+        if calls["n"] == 4 * 2 + 1:
+            signal.raise_signal(signal.SIGINT)
+        return row
+
+    monkeypatch.setattr(Recorder, "add_round", term_in_round_3)
+    sweep(path, *sets, expect=130)
+    out = capsys.readouterr().out
+    folder = tmp_path / "runs" / "int-study"
+    assert f"run `fedsim sweep --resume {folder}` to finish it" in out
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    monkeypatch.chdir(tmp_path / "runs")  # elsewhere, as a user may be
+    assert main(["sweep", "--resume", str(folder), "--quiet"]) == 0
+    assert capsys.readouterr().out.count("resuming") == 4
+    mine = pl.read_parquet(folder / "summary.parquet")
+    theirs = pl.read_parquet(tmp_path / "runs" / "reference" / "summary.parquet")
+    assert mine.equals(theirs) and mine["seeds"].to_list() == [2, 2]
+
+
+def test_sweep_takes_a_study_or_a_folder_to_resume(tmp_path, capsys):
+    assert main(["sweep", "--quiet"]) == 2
+    assert capsys.readouterr().err == ("error: fedsim sweep: give a study file (or scenario), or --resume "
+                                       "STUDY_FOLDER to finish one that was interrupted, not both\n")
+    assert main(["sweep", "--resume", str(tmp_path)]) == 2
+    assert "not a study folder (no study.toml)" in capsys.readouterr().err
+
+
+def test_a_sweep_shows_its_progress_a_line_per_point_off_a_terminal_and_nothing_quiet(tmp_path, capsys):
+    path = write_study(tmp_path, {"run.seed": [0, 1, 2]}, name="p")
+    assert main(["sweep", str(path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if " s)" in line]
+    assert [line.split(":")[0].strip() for line in lines] == ["seed-0", "seed-1", "seed-2"]
+    assert [line.split("(")[1].split(",")[0] for line in lines] == ["1/3", "2/3", "3/3"]
+    path = write_study(tmp_path, {"run.seed": [0, 1, 2]}, name="q")
+    assert main(["sweep", str(path), "--quiet"]) == 0
+    assert not [line for line in capsys.readouterr().out.splitlines() if " s)" in line]
+
+
+def test_on_a_terminal_the_bar_counts_rounds_and_points(tmp_path, monkeypatch):
+    import io
+
+    from fedsim.study_progress import StudyProgress
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    shown = StudyProgress([10, 10, 5], points=4, done=1)
+    shown.bar.fp = io.StringIO()
+    shown.rounds_done(7)
+    shown.point_finished("seed-1", "completed")
+    assert (shown.bar.n, shown.bar.total, shown.done) == (7, 25, 2)
+    assert shown.bar.postfix == "points 2/4"
+    shown.close()

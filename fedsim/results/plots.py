@@ -29,7 +29,7 @@ import polars as pl
 
 from fedsim.config import read_toml
 from fedsim.errors import FedsimError
-from fedsim.files import atomic_write
+from fedsim.files import atomic_write, plain_name
 
 DPI = 100
 COUNTS = ("online", "invited", "arrived", "dropped", "late")
@@ -359,7 +359,7 @@ def plot_dirs(runs: dict[str, Path], out_dir: Path, title: str = "") -> list[Pat
     figures = build_figures({name: load_run(run_dir) for name, run_dir in runs.items()}, title)
     written = []
     for name, fig in figures.items():
-        path = Path(out_dir) / f"{name}.png"
+        path = Path(out_dir) / f"{plain_name(name)}.png"
         # zlib level 1: a third faster than the default to write, files 10 % larger
         atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", pil_kwargs={"compress_level": 1}))
         written.append(path)

@@ -1,0 +1,107 @@
+"""A config made of layers: `extends = "SCENARIO" | "path.toml"` chains of bases, then the
+file, then `--set`; where each value came from (for `fedsim config show` and error lines).
+
+Keys that a base gives for a trace generator or an algorithm that the final config does not
+select are dropped: the user did not write them (`fedsim run quickstart --set
+trace.source=file ...` leaves the quickstart's `p_min` behind). The same keys written in the
+user's own file or by `--set` stay errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedsim.errors import FedsimError
+
+SET = "--set"
+
+
+@dataclass
+class Layered:
+    raw: dict  # the merged sections
+    origins: dict[tuple[str, str], str] = field(default_factory=dict)  # (section, key) -> where it was set
+    bases: set[tuple[str, str]] = field(default_factory=set)  # keys that only a base gave
+
+
+def layered_config(path: Path, overrides: list[str] = (), *, file_is_base: bool = False) -> Layered:
+    """The sections of `path` over its `extends` chain, then `overrides` (`section.key=value`)."""
+    from fedsim.config import parse_override
+
+    merged = Layered({})
+    for label, raw, is_base in read_layers(Path(path), file_is_base=file_is_base):
+        _merge(merged, raw, label, is_base)
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if not isinstance(merged.raw.setdefault(section, {}), dict):
+            raise FedsimError(f"--set {text!r}: [{section}] is not a table")
+        _merge(merged, {section: {key: value}}, f"{SET} {text}", False)
+    return merged
+
+
+def read_layers(path: Path, *, file_is_base: bool = False, chain: tuple[Path, ...] = ()) -> list[tuple[str, dict, bool]]:
+    """(label, sections, is a base) from the deepest base to `path`: `extends` names a scenario
+    or a file (beside the one that names it first, then from the working directory)."""
+    from fedsim.config import read_toml, scenario_names, scenario_path
+
+    resolved = path.resolve()
+    if resolved in chain:
+        names = " -> ".join(p.name for p in (*chain, resolved))
+        raise FedsimError(f"{chain[0]}: extends goes round in a circle ({names}); remove one of the extends")
+    raw = read_toml(path)
+    base = raw.pop("extends", None)
+    builtin = path.resolve().parent == scenario_path("quickstart").resolve().parent
+    label = f"{path.stem} (built-in scenario)" if builtin and chain else str(path)
+    layers = [(label, raw, file_is_base or builtin or bool(chain))]
+    if base is None:
+        return layers
+    if not isinstance(base, str) or not base:
+        raise FedsimError(f"{path}: extends = {base!r} must name a scenario ({', '.join(scenario_names())}) or a "
+                          ".toml file")
+    beside = path.parent / base
+    if beside.is_file():
+        base_path = beside
+    elif Path(base).is_file():
+        base_path = Path(base)
+    elif base in scenario_names():
+        base_path = scenario_path(base)
+    else:
+        raise FedsimError(f"{path}: extends = {base!r} is neither a file (beside it or in the working directory) "
+                          f"nor a scenario ({', '.join(scenario_names())})")
+    return read_layers(base_path, chain=(*chain, resolved)) + layers
+
+
+def _merge(into: Layered, raw: dict, label: str, is_base: bool) -> None:
+    for section, body in raw.items():
+        if not isinstance(body, dict):  # config_from_dict says what is wrong with it
+            into.raw[section] = body
+            continue
+        into.raw.setdefault(section, {})
+        for key, value in body.items():
+            into.raw[section][key] = value
+            into.origins[(section, key)] = label
+            (into.bases.add if is_base else into.bases.discard)((section, key))
+
+
+def drop_unselected(layered: Layered) -> dict:
+    """The sections without the generator and algorithm keys that only a base gave and that
+    the final config's generator or algorithms do not take."""
+    from fedsim.config import AlgorithmConfig, TraceConfig, _declared_options, _field_names
+
+    raw = {s: dict(b) if isinstance(b, dict) else b for s, b in layered.raw.items()}
+    algorithms = raw.get("run", {}).get("algorithms", []) if isinstance(raw.get("run"), dict) else []
+    for section, cls in (("trace", TraceConfig), ("algorithm", AlgorithmConfig)):
+        body = raw.get(section)
+        if not isinstance(body, dict):
+            continue
+        try:
+            declared = _declared_options(section, body, algorithms if isinstance(algorithms, list) else [],
+                                         layered.origins.get((section, "source" if section == "trace" else "name"),
+                                                             "config"))
+        except FedsimError:
+            continue  # an unknown generator or algorithm: config_from_dict says so
+        known = set(_field_names(cls)) | set(declared or {})
+        for key in list(body):
+            if key not in known and (section, key) in layered.bases:
+                del body[key]
+    return raw

@@ -1,0 +1,65 @@
+"""What a sweep shows while its points run: on a terminal one bar over the rounds still to
+run (points done of all, elapsed and remaining time, by tqdm); elsewhere (a log file, a batch
+job) a line per finished point; nothing with --quiet."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tqdm import tqdm
+
+from fedsim.callbacks import Callback
+
+
+class StudyProgress:
+    def __init__(self, rounds: list[int], points: int, done: int, enabled: bool = True, label: str = "study",
+                 unit: str = "round"):
+        """`rounds`: each point to run's rounds (or 1 each, `unit` "point", where a backend sees
+        only whole points); `points`: all points of the phase, `done` of them finished before."""
+        self.total, self.done, self.started = points, done, time.perf_counter()
+        self.lines = enabled and not sys.stderr.isatty()
+        self.bar = (tqdm(total=sum(rounds), unit=unit, desc=label, dynamic_ncols=True, leave=False)
+                    if enabled and sys.stderr.isatty() else None)
+        self._postfix()
+
+    def callback(self) -> Callback:
+        return _PointProgress(self)
+
+    def rounds_done(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def point_finished(self, name: str, status: str) -> None:
+        self.done += 1
+        self._postfix()
+        if self.lines:
+            print(f"  {name}: {status} ({self.done}/{self.total}, {time.perf_counter() - self.started:.0f} s)",
+                  flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def _postfix(self) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"points {self.done}/{self.total}", refresh=False)
+
+
+class _PointProgress(Callback):
+    """A point's rounds and its end, reported to the study's progress."""
+
+    def __init__(self, progress: StudyProgress):
+        self.progress = progress
+
+    def on_start(self, run, metrics):
+        self.progress.rounds_done(run.start_round)  # a resumed point's rounds before the checkpoint
+        return {}
+
+    def on_round(self, run, outcome, metrics):
+        self.progress.rounds_done(1)
+        return False, {}
+
+    def on_end(self, run, result, metrics):
+        self.progress.point_finished(run.run_dir.name, result.status)
+        return {}

@@ -159,7 +159,7 @@ def cmd_plot(args) -> int:
         from fedsim.study import open_study
 
         study = open_study(folder)
-        paths = plot_study(study.folder, study.name, study.group_axes)
+        paths = plot_study(study.folder, study.name, study.group_axes, study.targets)
     else:
         paths = plot_run_dir(folder)
     for path in paths:

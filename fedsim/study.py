@@ -65,6 +65,11 @@ class Study:
         return self.resolved.get("claims", [])
 
     @property
+    def targets(self) -> list[float]:
+        """The base config's `[run] targets`: the accuracies the plots and tables mark."""
+        return list(self.resolved.get("base", {}).get("run", {}).get("targets", []))
+
+    @property
     def group_axes(self) -> list[str]:
         """The axes a summary row stands for: every axis but the seed."""
         return [axis for axis in self.axes if axis != SEED]
@@ -446,7 +451,7 @@ def _run_phases(study: Study, progress: bool, plotter, on_point, backend: str, a
     if study.points[0].config.run.plots:
         from fedsim.results.plots import plot_study
 
-        plot_study(study.folder, study.name, study.group_axes)
+        plot_study(study.folder, study.name, study.group_axes, study.targets)
     return records
 
 

@@ -8,15 +8,16 @@ from pathlib import Path
 PACKAGE = Path(__file__).parent.parent / "fedsim"
 # lowest first; a module may import its own layer and those below
 LAYERS = [
-    ["fedsim", "fedsim.errors", "fedsim.registry", "fedsim.catalog", "fedsim.files", "fedsim.config"],
+    ["fedsim", "fedsim.errors", "fedsim.registry", "fedsim.catalog", "fedsim.files", "fedsim.config",
+     "fedsim.config_layers"],
     ["fedsim.traces", "fedsim.data"],
     ["fedsim.training"],
     ["fedsim.algorithms"],
     ["fedsim.sim"],
-    ["fedsim.results", "fedsim.callbacks", "fedsim.replay", "fedsim.config_show"],
+    ["fedsim.results", "fedsim.callbacks", "fedsim.replay", "fedsim.config_show", "fedsim.trackers"],
     ["fedsim.experiment"],
     ["fedsim.comparison", "fedsim.lockstep"],
-    ["fedsim.study", "fedsim.study_ray"],
+    ["fedsim.study", "fedsim.study_ray", "fedsim.study_progress"],
     ["fedsim.cli", "fedsim.__main__"],
 ]
 

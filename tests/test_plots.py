@@ -192,9 +192,26 @@ def test_a_comparison_draws_one_participation_plot_per_algorithm(tmp_path):
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "accuracy_vs_rounds.png", "accuracy_vs_time.png", "participation_fedavg.png",
         "participation_mifa.png", "participation_per_device.png", "round_duration_vs_time_of_day.png"]
-    fig = build_figures({name: load_run(path) for name, path in runs.items()})["participation_per_device"]
-    assert [len(ax.get_legend().get_texts()) for ax in fig.axes] == [2, 2]
+    figures = build_figures({name: load_run(path) for name, path in runs.items()})
+    fig = figures["participation_per_device"]
+    # the two runs' arrivals are the same: one series named by both, not one hidden under the other
+    assert [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes] == [
+        ["fedavg = mifa"], ["fedavg", "mifa"]]
     assert len(fig.axes[1].patches) == 2 * 3  # a bar per algorithm and time zone
+    durations = figures["round_duration_vs_time_of_day"].axes[0]
+    assert [t.get_text() for t in durations.get_legend().get_texts()] == ["fedavg = mifa"]
+
+
+def test_different_series_keep_their_own_line_style_and_marker(tmp_path):
+    runs = {"fedavg": load_run(write_run(tmp_path / "a")), "mifa": load_run(write_run(tmp_path / "b"))}
+    runs["mifa"].devices = runs["mifa"].devices.with_columns(pl.col("arrivals") + 1)
+    runs["mifa"].rounds = runs["mifa"].rounds.with_columns(pl.col("duration") * 2)
+    figures = build_figures(runs)
+    stairs = [p for p in figures["participation_per_device"].axes[0].patches]
+    assert [s.get_label() for s in stairs] == ["fedavg", "mifa"] and stairs[0].get_linestyle() != stairs[1].get_linestyle()
+    points = figures["round_duration_vs_time_of_day"].axes[0].get_lines()
+    assert [line.get_label() for line in points] == ["fedavg", "mifa"]
+    assert points[0].get_marker() != points[1].get_marker()
 
 
 def test_fedsim_plot_redraws_under_the_names_the_run_used(tmp_path):

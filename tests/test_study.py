@@ -313,3 +313,44 @@ def test_on_a_terminal_the_bar_counts_rounds_and_points(tmp_path, monkeypatch):
     assert (shown.bar.n, shown.bar.total, shown.done) == (7, 25, 2)
     assert shown.bar.postfix == "points 2/4"
     shown.close()
+
+
+def study_figure(folder: Path, monkeypatch, group_axes, targets=()):
+    """The figure plot_study draws for the rounds axis (kept instead of only saved)."""
+    import matplotlib.figure
+
+    import fedsim.results.plots as plots
+
+    figs = []
+    original = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: figs.append(self) or original(self, *a, **k))
+    plots.plot_study(folder, "s", group_axes, list(targets))
+    return figs[0]
+
+
+def test_study_plots_start_at_the_initial_model_clip_their_bands_and_mark_the_targets(grid, monkeypatch):
+    fig = study_figure(grid, monkeypatch, ["algorithm.name"], targets=[0.5, 0.9])
+    accuracy, loss = fig.axes[0], fig.axes[1]
+    assert accuracy.get_ylabel() == "test accuracy (%)" and loss.get_ylabel() == "test loss"
+    assert loss.get_yscale() == "log"
+    curves = [line for line in accuracy.get_lines() if line.get_label() in ("fedavg", "mifa", "fedau")]
+    fedavg = curves[1]
+    assert [c.get_label() for c in curves] == ["fedau", "fedavg", "mifa"]  # groups in order
+    initial = json.loads((grid / "algorithm-fedavg_seed-0" / "manifest.json").read_text())["initial"]
+    assert fedavg.get_xdata()[0] == 0  # rounds completed: the initial model first
+    seeds = [json.loads((grid / f"algorithm-fedavg_seed-{s}" / "manifest.json").read_text())["initial"]["test_acc"]
+             for s in range(3)]
+    assert fedavg.get_ydata()[0] == pytest.approx(100 * np.mean(seeds)) and initial["test_acc"] is not None
+    for band in accuracy.collections:  # bands within [0, 100] %
+        ys = band.get_paths()[0].vertices[:, 1]
+        assert ys.min() >= 0 and ys.max() <= 100
+    dashed = sorted(line.get_ydata()[0] for line in accuracy.get_lines() if line.get_linestyle() == "--")
+    assert dashed == [50.0, 90.0]
+
+
+def test_more_than_four_groups_get_a_panel_each(grid, monkeypatch):
+    fig = study_figure(grid, monkeypatch, ["algorithm.name", "run.seed"])  # 9 groups of one point
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(visible) == 9 * 2  # accuracy and loss per group
+    titles = [ax.get_title() for ax in visible if ax.get_title()]
+    assert titles[0] == "algorithm.name = fedau, run.seed = 0" and len(titles) == 9

@@ -195,10 +195,11 @@ def _duration_figure(runs: dict[str, RunData], title: str):
     """Round duration against the time of day at which the round started, one series per run."""
     clock = _clock(runs)
     fig, (ax,) = _figure(title=title)
-    for name, run in runs.items():
+    same = _same_series(runs, lambda run: (run.rounds["t_start"].to_numpy(), run.rounds["duration"].to_numpy()))
+    for k, (name, run) in enumerate(same.items()):
         t = run.rounds["t_start"].to_numpy()
         hours = t / 3600.0 + clock[1] if clock else _hours(run, t)
-        ax.plot(hours % 24.0, run.rounds["duration"].to_numpy(), ls="", marker=".", ms=4,
+        ax.plot(hours % 24.0, run.rounds["duration"].to_numpy(), ls="", marker=MARKERS[k % len(MARKERS)], ms=4,
                 alpha=0.6, label=name)
     longest = max((run.rounds["duration"].max() or 0.0 for run in runs.values()), default=0.0)
     ax.set_xlim(0, 24)
@@ -241,12 +242,14 @@ def _device_figure(runs: dict[str, RunData], title: str):
                  None)
     fig, axes = _figure(10.0 if group else 6.4, 4.0, cols=2 if group else 1,
                         left=0.07 if group else 0.11, title=title)
-    arrivals = {name: run.devices["arrivals"].to_numpy() for name, run in runs.items()}
+    same = _same_series(runs, lambda run: run.devices["arrivals"].to_numpy())
+    arrivals = {name: run.devices["arrivals"].to_numpy() for name, run in same.items()}
     most = max(int(a.max(initial=0)) for a in arrivals.values())
     width = max(1, math.ceil((most + 1) / 40))  # whole numbers of arrivals per bin, at most ~40 bins
     edges = np.arange(most // width + 2) * width - 0.5
-    for name, a in arrivals.items():
-        axes[0].stairs(np.bincount(a // width, minlength=len(edges) - 1), edges, label=name, lw=1.5)
+    for k, (name, a) in enumerate(arrivals.items()):
+        axes[0].stairs(np.bincount(a // width, minlength=len(edges) - 1), edges, label=name, lw=1.5,
+                       ls=LINESTYLES[k % len(LINESTYLES)])
     axes[0].set_xlabel("arrivals per device (rounds it took part in)")
     axes[0].set_ylabel("devices")
     axes[0].yaxis.get_major_locator().set_params(integer=True)
@@ -324,6 +327,31 @@ def _speed_figure(runs: dict[str, RunData], title: str):
     return fig
 
 
+MARKERS = (".", "x", "+", "1", "2")
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _same_series(runs: dict[str, RunData], values) -> dict[str, RunData]:
+    """The runs with one entry per distinct series (`values(run)`): runs whose series are equal
+    share one, labelled with all their names (`fedavg = mifa`), so none hides under another."""
+    groups: list[tuple[list[str], RunData, object]] = []
+    for name, run in runs.items():
+        mine = values(run)
+        for names, _, theirs in groups:
+            if _equal(mine, theirs):
+                names.append(name)
+                break
+        else:
+            groups.append(([name], run, mine))
+    return {" = ".join(names): run for names, run, _ in groups}
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=True))
+
+
 def _has(runs: dict[str, RunData], *columns: str) -> bool:
     return all(set(columns) <= set(run.rounds.columns) for run in runs.values())
 
@@ -390,46 +418,108 @@ def plot_run_dir(run_dir: Path) -> list[Path]:
     return plot_dirs(runs, run_dir / "plots", title=run_dir.name)
 
 
-def study_bands(study: pl.DataFrame, group_axes: list[str], x: str) -> pl.DataFrame:
+def study_bands(study: pl.DataFrame, group_axes: list[str], x: str, metric: str = "test_acc",
+                initial: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per group and evaluated round: x (rounds completed, or the mean over the seeds of
-    "t_end"), the mean test accuracy over the seeds and the half-width of its 95 % CI (t
-    quantile; 0 with one seed). Seeds are matched by round: under model timing their rounds
-    end at different times."""
+    "t_end"), the mean of `metric` over the seeds and the half-width of its 95 % CI (t
+    quantile; 0 with one seed), from the initial evaluation (`initial`: rows of round -1 at
+    the initial time) on. Seeds are matched by round: under model timing their rounds end at
+    different times."""
     from fedsim.results.report import ci95
 
     keys = group_axes or [pl.lit("all").alias("group")]
-    points = study.filter(pl.col("test_acc").is_not_null())
+    points = study.filter(pl.col(metric).is_not_null())
+    if initial is not None and initial.height:
+        points = pl.concat([initial.select(points.columns), points], how="vertical_relaxed")
     bands = points.group_by([*keys, "round"], maintain_order=True).agg(
         x_value=(pl.col("round") + 1).first().cast(pl.Float64) if x == "round" else pl.col(x).mean(),
-        mean=pl.col("test_acc").mean(), std=pl.col("test_acc").std(), n=pl.len())
+        mean=pl.col(metric).mean(), std=pl.col(metric).std(), n=pl.len())
     half = ci95(bands["std"], bands["n"], single=0.0)
     return bands.with_columns(ci95=pl.Series(half, dtype=pl.Float64)).sort([*(keys if group_axes else []), "x_value"])
 
 
-def plot_study(folder: Path, name: str, group_axes: list[str]) -> list[Path]:
-    """Test accuracy of a study (fedsim/study.py) by rounds and by simulated hours: per group
-    of points (same values on `group_axes`) the mean over the seeds, with its 95 % band."""
+def _initial_rows(folder: Path, frame: pl.DataFrame) -> pl.DataFrame | None:
+    """Each point's initial evaluation (its manifest's `initial`) as a row of round -1, with
+    the point's axis values."""
+    rows = []
+    for point in frame.group_by("point", maintain_order=True).first().iter_rows(named=True):
+        manifest = folder / point["point"] / "manifest.json"
+        initial = json.loads(manifest.read_text()).get("initial") if manifest.exists() else None
+        if initial:
+            rows.append({**point, "round": -1, "t_end": initial.get("t") or 0.0,
+                         "test_acc": initial.get("test_acc"), "test_loss": initial.get("test_loss")})
+    return pl.DataFrame(rows, schema=frame.schema) if rows else None
+
+
+SMALL_MULTIPLES_ABOVE = 4  # more groups than this get a panel each
+
+
+def plot_study(folder: Path, name: str, group_axes: list[str], targets: list[float] = ()) -> list[Path]:
+    """Test accuracy (above) and loss (below) of a study (fedsim/study.py) by rounds and by
+    simulated hours, from the initial evaluation: per group of points (same values on
+    `group_axes`) the mean over the seeds with its 95 % band (accuracy within [0, 100] %,
+    the loss above 0), the target accuracies dashed; more than 4 groups get a panel each."""
     folder = Path(folder)
     frame = pl.read_parquet(folder / "study.parquet")
+    initial = _initial_rows(folder, frame)
     written = []
     for x, label, scale, file in (("round", "rounds completed", 1.0, "study_accuracy_vs_rounds"),
                                   ("t_end", "simulated time (h)", 3600.0, "study_accuracy_vs_time")):
-        bands = study_bands(frame, group_axes, x)
-        fig, (ax,) = _figure(title=f"{name}: test accuracy, mean and 95 % CI over seeds")
-        groups = bands.partition_by(group_axes, as_dict=True, maintain_order=True) \
-            if group_axes else {("all",): bands}
-        for key, band in groups.items():
-            xs = band["x_value"].to_numpy() / scale
-            mean, half = 100 * band["mean"].to_numpy(), 100 * band["ci95"].to_numpy()
-            label_text = ", ".join(str(k) for k in key)
-            ax.plot(xs, mean, label=label_text)
-            ax.fill_between(xs, mean - half, mean + half, alpha=0.2)
-        ax.set(xlabel=label, ylabel="test accuracy (%)", ylim=(0, 100))
-        ax.legend(title=", ".join(group_axes) or None, fontsize="small")
+        metrics = [m for m in ("test_acc", "test_loss") if frame[m].drop_nulls().len()]
+        bands = {m: study_bands(frame, group_axes, x, m, initial) for m in metrics}
+        keys = list(bands[metrics[0]].partition_by(group_axes, as_dict=True, maintain_order=True)) \
+            if group_axes else [("all",)]
+        panels = len(keys) if len(keys) > SMALL_MULTIPLES_ABOVE else 1
+        cols = min(4, math.ceil(math.sqrt(panels)))
+        rows = -(-panels // cols) * len(metrics)
+        width, height = 4.0 * cols + 1.5, 2.6 * rows + 0.9
+        fig, axes = _figure(width, height, rows=rows, cols=cols, sharex=True, top=1 - 0.6 / height,
+                            bottom=0.55 / height, left=0.95 / width, hspace=0.3,
+                            title=f"{name}: test metrics, mean and 95 % CI over seeds")
+        for spare in range(panels, -(-panels // cols) * cols):  # the grid's empty places
+            for m in range(len(metrics)):
+                axes[(spare // cols * len(metrics) + m) * cols + spare % cols].set_visible(False)
+        for k, key in enumerate(keys):
+            panel = k if panels > 1 else 0
+            for m, metric in enumerate(metrics):
+                ax = axes[(panel // cols * len(metrics) + m) * cols + panel % cols]
+                band = bands[metric].filter(*[pl.col(a) == v for a, v in zip(group_axes, key)]) \
+                    if group_axes else bands[metric]
+                _band(ax, band, scale, metric, ", ".join(str(v) for v in key), f"C{k % 10}")
+                if metric == "test_acc" and (panels > 1 or k == 0):  # once a panel
+                    for target in targets:
+                        ax.axhline(100 * target, color="0.35", ls="--", lw=0.9)
+                if panels > 1 and m == 0:
+                    ax.set_title(", ".join(f"{a} = {v}" for a, v in zip(group_axes, key)), fontsize="small")
+        for i, ax in enumerate(axes):  # x labelled under each group's last panel
+            if ax.get_visible() and (i // cols) % len(metrics) == len(metrics) - 1:
+                ax.tick_params(labelbottom=True)
+                ax.set_xlabel(label)
+        for r in range(rows):
+            metric = metrics[r % len(metrics)]
+            axes[r * cols].set_ylabel("test accuracy (%)" if metric == "test_acc" else "test loss")
+        if panels == 1:
+            axes[0].legend(title=", ".join(group_axes) or None, fontsize="small")
         path = folder / "plots" / f"{file}.png"
         atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", pil_kwargs={"compress_level": 1}))
         written.append(path)
     return written
+
+
+def _band(ax, band: pl.DataFrame, scale: float, metric: str, label: str, colour: str) -> None:
+    """A group's mean and 95 % band: accuracy in percent within [0, 100], loss on a log scale."""
+    xs = band["x_value"].to_numpy() / scale
+    mean, half = band["mean"].to_numpy(), band["ci95"].to_numpy()
+    if metric == "test_acc":
+        low, high = 100 * np.clip(mean - half, 0, 1), 100 * np.clip(mean + half, 0, 1)
+        ax.plot(xs, 100 * mean, label=label, color=colour)
+        ax.set_ylim(0, 100)
+    else:
+        floor = np.nanmin(mean[mean > 0]) / 10 if (mean > 0).any() else 1e-9
+        low, high = np.maximum(mean - half, floor), mean + half
+        ax.plot(xs, mean, label=label, color=colour)
+        ax.set_yscale("log")
+    ax.fill_between(xs, low, high, alpha=0.2, color=colour, lw=0)
 
 
 VERDICT_COLOURS = {"holds": "tab:green", "does not hold": "tab:red", "inconclusive": "tab:orange"}

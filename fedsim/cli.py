@@ -223,7 +223,7 @@ def report_study(args) -> int:
     import json
 
     from fedsim.results.report import parse_targets
-    from fedsim.study import best_by, format_summary, open_study, write_tables
+    from fedsim.study import best_by, format_summary, open_study, study_tables
 
     if len(args.runs) > 1:
         raise FedsimError("fedsim report: give one study folder at a time")
@@ -231,7 +231,7 @@ def report_study(args) -> int:
         raise FedsimError("--best-by METRIC and --over AXIS go together, e.g. --best-by final_acc "
                           "--over client.lr")
     study = open_study(Path(args.runs[0]))
-    summary = write_tables(study, parse_targets(args.target))
+    _, summary = study_tables(study, parse_targets(args.target))  # read only: nothing written
     if args.claims:
         return report_claims(study, args.json)
     if args.best_by:

@@ -354,3 +354,20 @@ def test_more_than_four_groups_get_a_panel_each(grid, monkeypatch):
     assert len(visible) == 9 * 2  # accuracy and loss per group
     titles = [ax.get_title() for ax in visible if ax.get_title()]
     assert titles[0] == "algorithm.name = fedau, run.seed = 0" and len(titles) == 9
+
+
+def test_a_second_sweep_of_a_study_that_runs_is_refused_and_changes_nothing(tmp_path, capsys):
+    from fedsim.files import DirectoryLock
+
+    path = write_study(tmp_path, {"run.seed": [0, 1]}, name="busy")
+    folder = tmp_path / "runs" / "busy"
+    holder = DirectoryLock(folder)
+    holder.acquire("fedsim sweep")  # another sweep of the study, running
+    try:
+        assert main(["sweep", str(path), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {folder}: in use by process ") and "(fedsim sweep)" in err
+        assert sorted(p.name for p in folder.iterdir()) == [".lock"]  # no point, no study.toml
+    finally:
+        holder.release()
+    assert main(["sweep", str(path), "--quiet"]) == 0

@@ -100,12 +100,10 @@ def manifest_warnings(result) -> list[str]:
 def crash_note(run_dir: Path) -> str:
     """`: it crashed (last checkpoint at round R)` for a run whose manifest says it is running
     while nobody holds its directory."""
-    import json
-
-    from fedsim.results.status import run_status
+    from fedsim.results.status import read_manifest, run_status
 
     try:
-        status = run_status(run_dir, json.loads((run_dir / "manifest.json").read_text()))
+        status = run_status(run_dir, read_manifest(run_dir, strict=False))
     except (OSError, ValueError):
         return ""
     return f": it {status}" if status.startswith("crashed") else ""

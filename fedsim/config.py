@@ -312,8 +312,10 @@ class ServerConfig:
 class ClientConfig:
     """Local training on each device."""
 
-    local_steps: int = key(5, "local SGD steps per round", positive=True)
-    batch_size: int = key(32, "minibatch size", non_negative=True, zero="the full local data")
+    local_steps: int = key(5, "local SGD steps per round (at most 100,000: no run needs more, and each "
+                           "step's randomness is drawn up front)", positive=True, within=(1, 100_000, True, True))
+    batch_size: int = key(32, "minibatch size (at most 1,000,000)", non_negative=True, zero="the full local data",
+                          within=(0, 1_000_000, True, True))
     lr: float = key(0.05, "client learning rate", positive=True)
     lr_schedule: str = key("constant", "how the client learning rate changes over rounds",
                            choices=SCHEDULES)

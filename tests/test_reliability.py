@@ -198,6 +198,12 @@ CASES = [
          **{"in.csv": "device_id,start,end\n0,0,10\n", "t.parquet": "keep me"}),
     case("report-damaged-events", "report {tmp}/run", r"events\.parquet: not the events log of a fedsim run",
          run=run_dir(lambda d: (d / "events.parquet").write_text("not parquet"))),
+    case("report-damaged-manifest", "report {tmp}/run", r"manifest\.json: damaged \(not a JSON object\); `fedsim run --resume",
+         run=run_dir(lambda d: (d / "manifest.json").write_text("[1]"))),
+    case("batch-size-beyond-any-run", RUN, r"\[client\] batch_size = 1000000000 must be in \[0, 1e\+06\]",
+         **{"c.toml": config(client={"batch_size": 10**9})}),
+    case("local-steps-beyond-any-run", RUN, r"\[client\] local_steps = 1000000000 must be in \[1, 100000\]",
+         **{"c.toml": config(client={"local_steps": 10**9})}),
     case("plot-over-the-trace", "trace plot {tmp}/t.parquet --out {tmp}/t.parquet",
          r"--out \S+t\.parquet: is the input", **{"t.parquet": trace()}),
     case("sweep-unknown-axis", "sweep {tmp}/s.toml", r"unknown key \[client\] lrr; did you mean 'lr'\? \(an axis of \[sweep\]",
@@ -377,3 +383,21 @@ def test_a_bad_input_is_one_line(argv, says, files, tmp_path, monkeypatch, capsy
     assert re.search(says, err), err
     after = snapshot(tmp_path)
     assert {name: after.get(name) for name in before} == before, "a file that was there changed"
+
+
+@pytest.mark.parametrize("damage", ["{", "[1]"])
+def test_a_resume_reads_a_damaged_manifest_as_none_and_writes_it_again(tmp_path, finished_run, capsys, damage):
+    run = tmp_path / "r"
+    shutil.copytree(finished_run, run)
+    (run / "manifest.json").write_text(damage)
+    assert main(["run", "--resume", str(run), "--set", "run.rounds=3", "--quiet"]) == 0
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["rounds"] == 3
+
+
+def test_a_learning_rate_beyond_float32_diverges_instead_of_crashing(tmp_path, capsys):
+    body = config(client={"lr": 1e308})
+    (tmp_path / "c.toml").write_text(body.replace("{tmp}", str(tmp_path)))
+    assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 3
+    manifest = json.loads(next((tmp_path / "runs").glob("*/manifest.json")).read_text())
+    assert manifest["status"] == "diverged" and "non-finite" in manifest["reason"]

@@ -293,11 +293,6 @@ def _axes(sweep: dict, base: dict, path: Path) -> dict[str, list]:
             raise FedsimError(f"{path}: [sweep] {axis!r} = {values!r} must be a non-empty list of values")
         if axis in FIXED_KEYS:
             raise FedsimError(f"{path}: [sweep] {axis!r} cannot vary per point ({FIXED_KEYS[axis]})")
-        seen = [json.dumps(v, sort_keys=True) for v in (float(x) if _number(x) else x for x in values)]
-        twice = next((values[i] for i, v in enumerate(seen) if v in seen[:i]), None)
-        if twice is not None:
-            raise FedsimError(f"{path}: [sweep] {axis!r} lists {twice!r} twice (1 and 1.0 are one value); "
-                              "give each value once")
         axes[axis] = values
     algorithms = base.get("run", {}).pop("algorithms", [])
     if algorithms and "algorithm.name" not in axes:
@@ -330,8 +325,14 @@ def _grid(axes: dict[str, list], zips: list, path: Path) -> list[dict[str, Any]]
                               "vary together need as many values each")
         factors.append([dict(zip(group, values)) for values in zip(*(axes[a] for a in group))])
     factors += [[{axis: v} for v in values] for axis, values in axes.items() if axis not in grouped]
-    return [{axis: combo[axis] for axis in axes}
+    grid = [{axis: combo[axis] for axis in axes}
             for combo in ({k: v for part in parts for k, v in part.items()} for parts in itertools.product(*factors))]
+    seen = [json.dumps({a: float(v) if _number(v) else v for a, v in point.items()}, sort_keys=True) for point in grid]
+    twice = next((grid[i] for i, key in enumerate(seen) if key in seen[:i]), None)
+    if twice is not None:
+        raise FedsimError(f"{path}: [sweep] the point {twice} comes twice (1 and 1.0 are one value); give each "
+                          "value of an axis once")
+    return grid
 
 
 def _point_name(values: dict[str, Any], axes: dict[str, list]) -> str:
@@ -385,11 +386,27 @@ def read_recorded(recorded: Path) -> dict:
 
 
 def _what_runs(resolved: dict) -> dict:
-    """A study.toml without its claims: they judge the results, they do not make them."""
-    return {key: value for key, value in resolved.items() if key != "claims"}
+    """A study.toml without what may change between two sweeps of one study: its claims (they
+    judge the results, they do not make them) and the [run] keys a resumed run may change
+    (more rounds, plots, evaluation, trackers: the points resume to them)."""
+    from fedsim.config import RESUME_KEYS
+
+    growing = {key.split(".", 1)[1] for key in RESUME_KEYS if key.startswith("run.")}
+    base = dict(resolved.get("base", {}))
+    base["run"] = {k: v for k, v in base.get("run", {}).items() if k not in growing}
+    return {key: value for key, value in {**resolved, "base": base}.items() if key != "claims"}
 
 
 BACKENDS = ("inprocess", "ray")
+
+
+def resume_overrides(config: Config) -> list[str]:
+    """What a point resumes with: the study's values of the keys a resume may change (more
+    rounds, another evaluation interval, plots, trackers)."""
+    from fedsim.config import RESUME_KEYS
+
+    values = config.to_dict()
+    return [f"{key}={json.dumps(values[key.split('.')[0]][key.split('.')[1]])}" for key in RESUME_KEYS]
 
 
 def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, plotter=None) -> str:
@@ -400,7 +417,7 @@ def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, 
     if state == "done":
         return json.loads((run_dir / "manifest.json").read_text())["status"]
     if state == "resume":
-        return resume(run_dir, [f"run.rounds={config.run.rounds}"], progress, plotter).status
+        return resume(run_dir, resume_overrides(config), progress, plotter).status
     shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
     return Experiment(config, run_dir, progress, plotter=plotter).run().status
 
@@ -428,7 +445,7 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
         for point, state in group:
             run_dir = study.folder / point.name
             if state == "resume":
-                experiment, resume_state = prepare_resume(run_dir, [f"run.rounds={point.config.run.rounds}"],
+                experiment, resume_state = prepare_resume(run_dir, resume_overrides(point.config),
                                                           False, plotter, callbacks)
             else:
                 shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed

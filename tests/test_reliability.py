@@ -177,7 +177,7 @@ CASES = [
          **{"s.toml": 'base = "quickstart"\n[sweep]\n"run.name" = ["a", "b"]\n'}),
     case("sweep-algorithms-axis", "sweep {tmp}/s.toml", r"'run\.algorithms' cannot vary per point \(sweep \"algorithm\.name\"",
          **{"s.toml": 'base = "quickstart"\n[sweep]\n"run.algorithms" = [["fedavg"], ["mifa"]]\n'}),
-    case("sweep-one-and-one-point-zero", "sweep {tmp}/s.toml", r"'run\.seed' lists 1\.0 twice \(1 and 1\.0 are one value\)",
+    case("sweep-one-and-one-point-zero", "sweep {tmp}/s.toml", r"the point \{'algorithm\.name': 'fedavg', 'run\.seed': 1\.0\} comes twice \(1 and 1\.0 are one value\)",
          **{"s.toml": 'base = "quickstart"\n[sweep]\n"run.seed" = [1, 1.0]\n'}),
     case("sweep-axis-in-two-zips", "sweep {tmp}/s.toml", r"zip names 'client\.lr' in more than one group",
          **{"s.toml": 'base = "quickstart"\n[sweep]\n"client.lr" = [0.1, 0.2]\n"client.local_steps" = [1, 2]\n'

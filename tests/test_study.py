@@ -371,3 +371,15 @@ def test_a_second_sweep_of_a_study_that_runs_is_refused_and_changes_nothing(tmp_
     finally:
         holder.release()
     assert main(["sweep", str(path), "--quiet"]) == 0
+
+
+def test_a_finished_study_grows_to_more_rounds_by_set(tmp_path, capsys):
+    path = write_study(tmp_path, {"run.seed": [0, 1]}, name="grow")
+    sweep(path)
+    sweep(path, "--set", "run.rounds=14", "--set", "run.eval_every=7")
+    out = capsys.readouterr().out
+    assert out.count("resuming") == 2
+    for seed in (0, 1):
+        assert rounds(tmp_path / "runs" / "grow" / f"seed-{seed}")["round"].to_list() == list(range(14))
+    sweep(path, "--set", "client.lr=0.1", expect=2)  # another study, not a grown one
+    assert "holds a different study" in capsys.readouterr().err

@@ -100,12 +100,10 @@ def manifest_warnings(result) -> list[str]:
 def crash_note(run_dir: Path) -> str:
     """`: it crashed (last checkpoint at round R)` for a run whose manifest says it is running
     while nobody holds its directory."""
-    import json
-
-    from fedsim.results.status import run_status
+    from fedsim.results.status import read_manifest, run_status
 
     try:
-        status = run_status(run_dir, json.loads((run_dir / "manifest.json").read_text()))
+        status = run_status(run_dir, read_manifest(run_dir, strict=False))
     except (OSError, ValueError):
         return ""
     return f": it {status}" if status.startswith("crashed") else ""
@@ -223,7 +221,7 @@ def report_study(args) -> int:
     import json
 
     from fedsim.results.report import parse_targets
-    from fedsim.study import best_by, format_summary, open_study, write_tables
+    from fedsim.study import best_by, format_summary, open_study, study_tables
 
     if len(args.runs) > 1:
         raise FedsimError("fedsim report: give one study folder at a time")
@@ -231,7 +229,7 @@ def report_study(args) -> int:
         raise FedsimError("--best-by METRIC and --over AXIS go together, e.g. --best-by final_acc "
                           "--over client.lr")
     study = open_study(Path(args.runs[0]))
-    summary = write_tables(study, parse_targets(args.target))
+    _, summary = study_tables(study, parse_targets(args.target))  # read only: nothing written
     if args.claims:
         return report_claims(study, args.json)
     if args.best_by:

@@ -150,6 +150,15 @@ def _distinct_names(where: str, value: list) -> list:
     return value
 
 
+def _at_most(limit: int):
+    """A bound no run needs: above it a value is a typo, or memory that cannot be had."""
+    def check(where: str, value: int) -> int:
+        if value > limit:
+            raise FedsimError(f"{where} = {value} is more than any run needs (at most {limit:,})")
+        return value
+    return check
+
+
 TRACKERS = ("tensorboard", "mlflow")
 
 
@@ -312,8 +321,10 @@ class ServerConfig:
 class ClientConfig:
     """Local training on each device."""
 
-    local_steps: int = key(5, "local SGD steps per round", positive=True)
-    batch_size: int = key(32, "minibatch size", non_negative=True, zero="the full local data")
+    local_steps: int = key(5, "local SGD steps per round (at most 100,000: no run needs more, and each "
+                           "step's randomness is drawn up front)", positive=True, check=_at_most(100_000))
+    batch_size: int = key(32, "minibatch size (at most 1,000,000)", non_negative=True, zero="the full local data",
+                          check=_at_most(1_000_000))
     lr: float = key(0.05, "client learning rate", positive=True)
     lr_schedule: str = key("constant", "how the client learning rate changes over rounds",
                            choices=SCHEDULES)
@@ -583,6 +594,9 @@ def _check_consistency(config: Config) -> None:
     origin = config.source
     if config.trace.source == "file" and not config.trace.path:
         raise FedsimError(f"{origin}: [trace] source = 'file' needs [trace] path = 'trace.parquet'")
+    if config.data.dataset == "quadratic" and config.model.name != ModelConfig.name:
+        raise FedsimError(f"{origin}: [model] name = {config.model.name!r} does not apply to the quadratic task "
+                          "(its model is the vector x: set its start with [model] init); remove it")
     if config.data.dataset == "quadratic" and config.data.partition != DataConfig.partition:
         raise FedsimError(f"{origin}: [data] partition = {config.data.partition!r} does not apply to the "
                           "quadratic task (its clients are their targets); remove it")

@@ -32,6 +32,7 @@ from fedsim.results.manifest import write_manifest
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import Recorder, save_torch, write_text
+from fedsim.results.status import read_manifest
 from fedsim.sim.buffered import BufferedServer
 from fedsim.sim.engine import Engine, EngineResult, finish_round_on_stop_signal, new_environment
 from fedsim.sim.round_timing import invite_budget
@@ -358,8 +359,7 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
     if not run_dir.is_dir():
         raise FedsimError(f"{run_dir}: no such run directory; give the folder that `fedsim run` "
                           "printed after 'run directory:'")
-    manifest = run_dir / "manifest.json"
-    ended = json.loads(manifest.read_text()) if manifest.exists() else {}
+    ended = read_manifest(run_dir, strict=False)
     if ended.get("status") == "diverged" and not force:
         raise FedsimError(f"{run_dir}: the run diverged ({ended.get('reason')}); resuming would go on "
                           "from a broken model: start it again with other settings, or pass --force "
@@ -411,11 +411,10 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
 def run_state(run_dir: Path, config: Config) -> str:
     """done (it ran its rounds, or stopped for good: diverged, trace over, max_time), resume
     (interrupted, or the study now asks for more rounds), or new."""
-    manifest = run_dir / "manifest.json"
-    if manifest.exists():
-        m = json.loads(manifest.read_text())
-        more = m["status"] == "completed" and m["reason"] == f"{m['rounds']} rounds" \
-            and config.run.rounds > m["rounds"]
-        if m["status"] in ("completed", "diverged") and not more:
+    m = read_manifest(run_dir, strict=False)
+    if m.get("status") in ("completed", "diverged"):
+        more = m["status"] == "completed" and m.get("reason") == f"{m.get('rounds')} rounds" \
+            and config.run.rounds > m.get("rounds", 0)
+        if not more:
             return "done"
     return "resume" if (run_dir / "checkpoint.pt").exists() else "new"

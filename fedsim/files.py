@@ -126,6 +126,14 @@ class _ByteCounter(io.RawIOBase):
         return self.write(text.encode())
 
 
+def resolved(path: str | Path, where: str) -> Path:
+    """`path` made absolute, symbolic links followed; a loop of links is one line."""
+    try:
+        return Path(path).resolve(strict=False)
+    except (RuntimeError, OSError) as err:  # Python 3.11 raises RuntimeError on a loop
+        raise FedsimError(f"{where}: {path} is a symbolic link in a loop ({err}); give the path of a file") from None
+
+
 def plain_name(name: str) -> str:
     """A name fit for a file or folder: a plugin's algorithm `my_algos:RareFedAvg` (or
     `pkg/mod:Name`) becomes `my_algos.RareFedAvg`; the manifest keeps the full name."""

@@ -16,6 +16,7 @@ import numpy as np
 from fedsim.catalog import GENERATORS, TRACE_SELECTIONS
 from fedsim.config import Config
 from fedsim.errors import FedsimError
+from fedsim.files import resolved
 from fedsim.traces import Trace, generate, read_trace
 
 
@@ -28,7 +29,8 @@ def resolve_trace_path(config: Config) -> Config:
     beside_config = Path(config.source).parent / path
     if not path.is_absolute() and not path.exists() and beside_config.exists():
         path = beside_config
-    trace = dataclasses.replace(config.trace, path=str(path.resolve()))
+    where = f"{config.origins.get(('trace', 'path'), config.source)}: [trace] path"
+    trace = dataclasses.replace(config.trace, path=str(resolved(path, where)))
     return dataclasses.replace(config, trace=trace)
 
 

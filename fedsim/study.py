@@ -127,6 +127,9 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
         raise FedsimError(f"{path}: the sweep has {len(grid):,} points (over {MAX_POINTS:,}); pass --yes "
                           "to run them all, or shorten its axes")
     name = base.get("run", {}).get("name") or path.stem
+    if not isinstance(name, str) or name in (".", "..") or any(c in name for c in "/\\\n\r\t") or not name.strip():
+        raise FedsimError(f"{path}: [run] name = {name!r} is not a plain folder name; give a name without "
+                          "'/', '\\' or line breaks (the study folder is [run] out / name)")
     folder = Path(base.get("run", {}).get("out", "runs")) / name
     algorithms = _study_algorithms(base, axes, warm)
     raws = []
@@ -162,7 +165,7 @@ def recorded_study(folder: Path) -> dict:
     if not recorded.is_file():
         raise FedsimError(f"{folder}: not a study folder (no study.toml); pass the folder that `fedsim sweep` "
                           "printed after 'results:'")
-    resolved = read_toml(recorded)
+    resolved = read_recorded(recorded)
     raw = {section: dict(body) for section, body in resolved["base"].items()}
     raw.setdefault("run", {}).update(name=Path(folder).name, out=str(Path(folder).parent))
     raw["sweep"] = {**resolved["axes"], "zip": resolved.get("zip", []),
@@ -270,6 +273,16 @@ def _base(raw: dict, path: Path) -> dict:
     return base
 
 
+# keys that one study cannot vary per point, and what to use instead
+FIXED_KEYS = {"run.name": "each point's folder is named after its values; name the study with [run] name",
+              "run.out": "the points live in the study's folder; set [run] out for the whole study",
+              "run.algorithms": 'sweep "algorithm.name" instead'}
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _axes(sweep: dict, base: dict, path: Path) -> dict[str, list]:
     axes = {}
     for axis, values in sweep.items():
@@ -278,6 +291,8 @@ def _axes(sweep: dict, base: dict, path: Path) -> dict[str, list]:
                               '[values], e.g. "client.lr" = [0.01, 0.1]')
         if not isinstance(values, list) or not values:
             raise FedsimError(f"{path}: [sweep] {axis!r} = {values!r} must be a non-empty list of values")
+        if axis in FIXED_KEYS:
+            raise FedsimError(f"{path}: [sweep] {axis!r} cannot vary per point ({FIXED_KEYS[axis]})")
         axes[axis] = values
     algorithms = base.get("run", {}).pop("algorithms", [])
     if algorithms and "algorithm.name" not in axes:
@@ -293,9 +308,15 @@ def _grid(axes: dict[str, list], zips: list, path: Path) -> list[dict[str, Any]]
         raise FedsimError(f'{path}: [sweep] zip = {zips!r} must be a list of lists of axes, e.g. '
                           'zip = [["client.lr", "client.local_steps"]]')
     grouped = [axis for group in zips for axis in group]
+    if any(not group for group in zips):
+        raise FedsimError(f"{path}: [sweep] zip = {zips!r} has an empty group; each group names the axes "
+                          'that vary together, e.g. zip = [["client.lr", "client.local_steps"]]')
     for axis in grouped:
         if axis not in axes:
             raise FedsimError(f"{path}: [sweep] zip names {axis!r}, which is not an axis of the sweep")
+        if grouped.count(axis) > 1:
+            raise FedsimError(f"{path}: [sweep] zip names {axis!r} in more than one group (or twice); an "
+                              "axis varies together with one group of axes")
     factors = []
     for group in zips:
         lengths = {len(axes[axis]) for axis in group}
@@ -304,8 +325,14 @@ def _grid(axes: dict[str, list], zips: list, path: Path) -> list[dict[str, Any]]
                               "vary together need as many values each")
         factors.append([dict(zip(group, values)) for values in zip(*(axes[a] for a in group))])
     factors += [[{axis: v} for v in values] for axis, values in axes.items() if axis not in grouped]
-    return [{axis: combo[axis] for axis in axes}
+    grid = [{axis: combo[axis] for axis in axes}
             for combo in ({k: v for part in parts for k, v in part.items()} for parts in itertools.product(*factors))]
+    seen = [json.dumps({a: float(v) if _number(v) else v for a, v in point.items()}, sort_keys=True) for point in grid]
+    twice = next((grid[i] for i, key in enumerate(seen) if key in seen[:i]), None)
+    if twice is not None:
+        raise FedsimError(f"{path}: [sweep] the point {twice} comes twice (1 and 1.0 are one value); give each "
+                          "value of an axis once")
+    return grid
 
 
 def _point_name(values: dict[str, Any], axes: dict[str, list]) -> str:
@@ -338,18 +365,48 @@ def check_same_study(study: Study) -> None:
     """A study folder holds one study: running another into it is refused."""
     recorded = study.folder / "study.toml"
     if recorded.exists():
-        before = json.loads(json.dumps(read_toml(recorded)))
+        before = json.loads(json.dumps(read_recorded(recorded)))
         if _what_runs(before) != _what_runs(study.resolved):
             raise FedsimError(f"{study.folder}: holds a different study (its study.toml differs from "
                               f"{study.source}); give this one another [run] name, or delete the folder")
 
 
+def read_recorded(recorded: Path) -> dict:
+    """A study folder's study.toml, or one line saying how to recover from a damaged one (its
+    finished points are kept: the sweep skips them once the file is written again)."""
+    fix = (f"delete it and run `fedsim sweep` on the study file again: the points already in "
+           f"{recorded.parent} are kept and skipped")
+    try:
+        resolved = read_toml(recorded)
+    except FedsimError as err:
+        raise FedsimError(f"{recorded}: damaged ({str(err).split(': ', 1)[-1]}); {fix}") from None
+    if not isinstance(resolved.get("base"), dict) or not isinstance(resolved.get("axes"), dict):
+        raise FedsimError(f"{recorded}: damaged (no base config and axes in it); {fix}")
+    return resolved
+
+
 def _what_runs(resolved: dict) -> dict:
-    """A study.toml without its claims: they judge the results, they do not make them."""
-    return {key: value for key, value in resolved.items() if key != "claims"}
+    """A study.toml without what may change between two sweeps of one study: its claims (they
+    judge the results, they do not make them) and the [run] keys a resumed run may change
+    (more rounds, plots, evaluation, trackers: the points resume to them)."""
+    from fedsim.config import RESUME_KEYS
+
+    growing = {key.split(".", 1)[1] for key in RESUME_KEYS if key.startswith("run.")}
+    base = dict(resolved.get("base", {}))
+    base["run"] = {k: v for k, v in base.get("run", {}).items() if k not in growing}
+    return {key: value for key, value in {**resolved, "base": base}.items() if key != "claims"}
 
 
 BACKENDS = ("inprocess", "ray")
+
+
+def resume_overrides(config: Config) -> list[str]:
+    """What a point resumes with: the study's values of the keys a resume may change (more
+    rounds, another evaluation interval, plots, trackers)."""
+    from fedsim.config import RESUME_KEYS
+
+    values = config.to_dict()
+    return [f"{key}={json.dumps(values[key.split('.')[0]][key.split('.')[1]])}" for key in RESUME_KEYS]
 
 
 def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, plotter=None) -> str:
@@ -360,7 +417,7 @@ def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, 
     if state == "done":
         return json.loads((run_dir / "manifest.json").read_text())["status"]
     if state == "resume":
-        return resume(run_dir, [f"run.rounds={config.run.rounds}"], progress, plotter).status
+        return resume(run_dir, resume_overrides(config), progress, plotter).status
     shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
     return Experiment(config, run_dir, progress, plotter=plotter).run().status
 
@@ -388,7 +445,7 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
         for point, state in group:
             run_dir = study.folder / point.name
             if state == "resume":
-                experiment, resume_state = prepare_resume(run_dir, [f"run.rounds={point.config.run.rounds}"],
+                experiment, resume_state = prepare_resume(run_dir, resume_overrides(point.config),
                                                           False, plotter, callbacks)
             else:
                 shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
@@ -412,9 +469,17 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
     `backend = "ray"` they run as Ray tasks (fedsim/study_ray.py)."""
     if backend not in BACKENDS:
         raise FedsimError(f"--backend {backend!r} is not one of: {', '.join(BACKENDS)}")
-    check_same_study(study)
-    study.folder.mkdir(parents=True, exist_ok=True)
-    (study.folder / "study.toml").write_text(dump_toml(study.resolved))
+    from fedsim.comparison import comparison_lock
+    from fedsim.results.recorder import write_text
+
+    with comparison_lock(study.folder, "fedsim sweep"):  # one sweep of a study at a time
+        check_same_study(study)
+        write_text(study.folder / "study.toml", dump_toml(study.resolved))
+        return _run_study_locked(study, progress, plotter, on_point, backend, address)
+
+
+def _run_study_locked(study: Study, progress: bool, plotter, on_point, backend: str,
+                      address: str | None) -> list[dict]:
     end_parent = None
     if "mlflow" in study.points[0].config.run.trackers:  # one MLflow experiment, a parent run
         from fedsim.trackers import study_parent
@@ -473,13 +538,22 @@ def _axis_columns(values: dict[str, Any]) -> dict[str, Any]:
 def write_tables(study: Study, targets: list[float] | None = None) -> pl.DataFrame:
     """study.parquet and summary.parquet of a finished study; returns the summary."""
     from fedsim.files import atomic_write
+
+    frame, summary = study_tables(study, targets)
+    atomic_write(study.folder / "study.parquet", frame.write_parquet)
+    atomic_write(study.folder / "summary.parquet", summary.write_parquet)
+    return summary
+
+
+def study_tables(study: Study, targets: list[float] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Every point's rounds with its axis values, and the summary over seeds (what `fedsim
+    report` shows, without writing into the study it reads)."""
     from fedsim.results.report import config_targets, read_run, summarize_run
 
     runs = [read_run(study.folder / p.name, study.folder) for p in study.points]
     targets = config_targets(runs) if targets is None else targets
     frames = [r.rounds.with_columns(point=pl.lit(p.name), **{a: pl.lit(v) for a, v in _axis_columns(p.values).items()})
               for r, p in zip(runs, study.points)]
-    atomic_write(study.folder / "study.parquet", pl.concat(frames, how="diagonal_relaxed").write_parquet)
     rows = []
     for run, point in zip(runs, study.points):
         s = summarize_run(run, point.name, targets)
@@ -490,9 +564,7 @@ def write_tables(study: Study, targets: list[float] | None = None) -> pl.DataFra
             row[f"rounds_to_{t['target']:g}"] = t["rounds"]
         rows.append(row)
     points = pl.DataFrame(rows, infer_schema_length=None)
-    summary = summarize_points(points, study.group_axes)
-    atomic_write(study.folder / "summary.parquet", summary.write_parquet)
-    return summary
+    return pl.concat(frames, how="diagonal_relaxed"), summarize_points(points, study.group_axes)
 
 
 def summarize_points(points: pl.DataFrame, group_axes: list[str]) -> pl.DataFrame:
@@ -534,7 +606,7 @@ def open_study(folder: Path) -> Study:
     if not recorded.exists():
         raise FedsimError(f"{folder}: not a study folder (no study.toml); pass the folder that "
                           "`fedsim sweep` printed after 'results:'")
-    resolved = read_toml(recorded)
+    resolved = read_recorded(recorded)
     axes, zips = resolved["axes"], resolved.get("zip", [])
     points = [Point(_point_name(values, axes), values, None) for values in _grid(axes, zips, recorded)]
     missing = [p.name for p in points if not (folder / p.name / "rounds.parquet").exists()]

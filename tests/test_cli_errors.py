@@ -111,13 +111,13 @@ def test_output_paths_that_cannot_be_written(tmp_path, capsys):
     trace = str(tmp_path / "t.parquet")
     generate = ["trace", "generate", "always", "--devices", "3", "--days", "1"]
     err = fails(capsys, [*generate, "--out", str(tmp_path)])
-    assert f"{tmp_path} is a folder" in err
+    assert f"--out {tmp_path}: is a folder" in err
     blocker = tmp_path / "file"
     blocker.write_text("")
     err = fails(capsys, [*generate, "--out", str(blocker / "t.parquet")])
     assert f"cannot create the folder {blocker}" in err
     assert main([*generate, "--out", trace]) == 0
-    assert f"{tmp_path} is a folder" in fails(capsys, ["trace", "plot", trace, "--out", str(tmp_path)])
+    assert f"--out {tmp_path}: is a folder" in fails(capsys, ["trace", "plot", trace, "--out", str(tmp_path)])
     assert "cannot create the folder" in fails(
         capsys, ["run", "quickstart", "--set", f"run.out='{blocker}'", "--set", "run.rounds=1"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "t.parquet"]  # no temp files left

@@ -173,6 +173,45 @@ CASES = [
     case("plot-damaged-rounds", "plot {tmp}/r", r"rounds\.parquet: not a readable Parquet file",
          r=run_dir(lambda path: (path / "rounds.parquet").write_bytes(b"PAR1 broken"))),
     case("sweep-missing-study", "sweep {tmp}/nope.toml", r"nope\.toml: no such file"),
+    case("sweep-name-axis", "sweep {tmp}/s.toml", r"\[sweep\] 'run\.name' cannot vary per point",
+         **{"s.toml": 'base = "quickstart"\n[sweep]\n"run.name" = ["a", "b"]\n'}),
+    case("sweep-algorithms-axis", "sweep {tmp}/s.toml", r"'run\.algorithms' cannot vary per point \(sweep \"algorithm\.name\"",
+         **{"s.toml": 'base = "quickstart"\n[sweep]\n"run.algorithms" = [["fedavg"], ["mifa"]]\n'}),
+    case("sweep-one-and-one-point-zero", "sweep {tmp}/s.toml", r"the point \{'algorithm\.name': 'fedavg', 'run\.seed': 1\.0\} comes twice \(1 and 1\.0 are one value\)",
+         **{"s.toml": 'base = "quickstart"\n[sweep]\n"run.seed" = [1, 1.0]\n'}),
+    case("sweep-axis-in-two-zips", "sweep {tmp}/s.toml", r"zip names 'client\.lr' in more than one group",
+         **{"s.toml": 'base = "quickstart"\n[sweep]\n"client.lr" = [0.1, 0.2]\n"client.local_steps" = [1, 2]\n'
+                      '"run.seed" = [0, 1]\nzip = [["client.lr", "client.local_steps"], ["client.lr", "run.seed"]]\n'}),
+    case("sweep-empty-zip", "sweep {tmp}/s.toml", r"zip = \[\[\]\] has an empty group",
+         **{"s.toml": 'base = "quickstart"\n[sweep]\n"run.seed" = [0, 1]\nzip = [[]]\n'}),
+    case("sweep-escaping-name", "sweep {tmp}/s.toml", r"\[run\] name = '\.\./escaped' is not a plain folder name",
+         **{"s.toml": 'base = "quickstart"\n[run]\nname = "../escaped"\n[sweep]\n"run.seed" = [0, 1]\n'}),
+    case("sweep-damaged-study-toml", "sweep {tmp}/s.toml", r"study\.toml: damaged \(no base config and axes in it\); delete it",
+         **{"s.toml": 'base = "quickstart"\n[run]\nname = "dmg"\nout = "{tmp}/runs"\n[sweep]\n"run.seed" = [0, 1]\n',
+            "runs/dmg/study.toml": ""}),
+    case("report-damaged-study-toml", "report {tmp}/runs/dmg", r"study\.toml: damaged \(invalid TOML",
+         **{"runs/dmg/study.toml": "{"}),
+    case("convert-over-its-input", "trace convert --from csv {tmp}/in.csv --out {tmp}/in.csv",
+         r"--out \S+in\.csv: is the input \S+in\.csv; give another path", **{"in.csv": "device_id,start,end\n0,0,10\n"}),
+    case("convert-existing-out", "trace convert --from csv {tmp}/in.csv --out {tmp}/t.parquet",
+         r"--out \S+t\.parquet: the file exists; give another path, or --force",
+         **{"in.csv": "device_id,start,end\n0,0,10\n", "t.parquet": "keep me"}),
+    case("report-damaged-events", "report {tmp}/run", r"events\.parquet: not the events log of a fedsim run",
+         run=run_dir(lambda d: (d / "events.parquet").write_text("not parquet"))),
+    case("report-damaged-manifest", "report {tmp}/run", r"manifest\.json: damaged \(not a JSON object\); `fedsim run --resume",
+         run=run_dir(lambda d: (d / "manifest.json").write_text("[1]"))),
+    case("batch-size-beyond-any-run", RUN, r"\[client\] batch_size = 1000000000 is more than any run needs \(at most 1,000,000\)",
+         **{"c.toml": config(client={"batch_size": 10**9})}),
+    case("local-steps-beyond-any-run", RUN, r"\[client\] local_steps = 1000000000 is more than any run needs \(at most 100,000\)",
+         **{"c.toml": config(client={"local_steps": 10**9})}),
+    case("trace-symlink-loop", "trace info {tmp}/loop.parquet", r"loop\.parquet is a symbolic link in a loop",
+         **{"loop.parquet": lambda path, run: path.symlink_to(path.name)}),
+    case("run-trace-symlink-loop", RUN, r"\[trace\] path: \S+loop\.parquet is a symbolic link in a loop",
+         **{"loop.parquet": lambda path, run: path.symlink_to(path.name), "c.toml": config("{tmp}/loop.parquet")}),
+    case("quadratic-with-a-model", RUN, r"\[model\] name = 'mlp' does not apply to the quadratic task",
+         **{"c.toml": config(model={"name": "mlp"})}),
+    case("plot-over-the-trace", "trace plot {tmp}/t.parquet --out {tmp}/t.parquet",
+         r"--out \S+t\.parquet: is the input", **{"t.parquet": trace()}),
     case("sweep-unknown-axis", "sweep {tmp}/s.toml", r"unknown key \[client\] lrr; did you mean 'lr'\? \(an axis of \[sweep\]",
          **{"s.toml": 'base = "quickstart"\n[sweep]\n"client.lrr" = [0.1, 0.2]\n'}),
     case("sweep-empty-axis", "sweep {tmp}/s.toml", r"\[sweep\] 'client\.lr' = \[\] must be a non-empty list",
@@ -252,7 +291,7 @@ CASES = [
          **{"t.parquet": trace(), "c.toml": config("{tmp}/t.parquet", data={"clients": 5, "targets": []})}),
     case("trace-replaced-on-resume", "run --resume {tmp}/runs/t --quiet", r"t\.parquet: the trace file changed since",
          **{"t.parquet": trace(), "c.toml": config("{tmp}/t.parquet"), "runs": run_then_replace_trace}),
-    case("trace-plot-out-folder", "trace plot {tmp}/t.parquet --out {tmp}", r"^error: \S+ is a folder; give the path of a file to write", **{"t.parquet": trace()}),
+    case("trace-plot-out-folder", "trace plot {tmp}/t.parquet --out {tmp}", r"^error: --out \S+: is a folder; give the path of a file", **{"t.parquet": trace()}),
     case("generate-unknown-kind", "trace generate sometimes --devices 3 --days 1 --out {tmp}/g.parquet", r"trace generator = 'sometimes' is unknown \(one of: always, bernoulli"),
     case("generate-no-days", "trace generate always --devices 3 --days 0 --out {tmp}/g.parquet", r"--days 0\.0: give a number of days > 0"),
     case("generate-bad-set", "trace generate bernoulli --devices 3 --days 1 --set p --out {tmp}/g.parquet",
@@ -295,10 +334,10 @@ CASES = [
     # --- outputs -----------------------------------------------------------------------------
     case("run-out-under-a-file", RUN, r"cannot create the folder (\S+)/blocker/runs: \1/blocker is a file; choose another \[run\] out", blocker="",
          **{"c.toml": config(run={"out": "{tmp}/blocker/runs"})}),
-    case("generate-out-a-folder", "trace generate always --devices 3 --days 1 --out {tmp}", r"^error: \S+ is a folder; give the path"),
+    case("generate-out-a-folder", "trace generate always --devices 3 --days 1 --out {tmp}", r"^error: --out \S+: is a folder; give the path"),
     case("generate-out-under-a-file", "trace generate always --devices 3 --days 1 --out {tmp}/blocker/t.parquet",
          r"cannot create the folder (\S+)/blocker: \1/blocker is a file", blocker=""),
-    case("devices-out-a-folder", CONVERT + " --devices-out {tmp}", r"^error: \S+ is a folder; give the path", **{"in.csv": "device_id,start,end\n0,0,10\n"}),
+    case("devices-out-a-folder", CONVERT + " --devices-out {tmp}", r"^error: --devices-out \S+: is a folder; give the path", **{"in.csv": "device_id,start,end\n0,0,10\n"}),
     case("plot-into-a-file", "plot {tmp}/r", r"cannot create the folder (\S+)/r/plots: \1/r/plots is a file", r=run_dir(lambda path: (path / "plots").write_text(""))),
 ]
 
@@ -330,6 +369,7 @@ def test_a_bad_input_is_one_line(argv, says, files, tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     for name, content in files.items():
         path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         if callable(content):
             content(path, finished_run)
         elif isinstance(content, bytes):
@@ -349,3 +389,21 @@ def test_a_bad_input_is_one_line(argv, says, files, tmp_path, monkeypatch, capsy
     assert re.search(says, err), err
     after = snapshot(tmp_path)
     assert {name: after.get(name) for name in before} == before, "a file that was there changed"
+
+
+@pytest.mark.parametrize("damage", ["{", "[1]"])
+def test_a_resume_reads_a_damaged_manifest_as_none_and_writes_it_again(tmp_path, finished_run, capsys, damage):
+    run = tmp_path / "r"
+    shutil.copytree(finished_run, run)
+    (run / "manifest.json").write_text(damage)
+    assert main(["run", "--resume", str(run), "--set", "run.rounds=3", "--quiet"]) == 0
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["rounds"] == 3
+
+
+def test_a_learning_rate_beyond_float32_diverges_instead_of_crashing(tmp_path, capsys):
+    body = config(client={"lr": 1e308})
+    (tmp_path / "c.toml").write_text(body.replace("{tmp}", str(tmp_path)))
+    assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 3
+    manifest = json.loads(next((tmp_path / "runs").glob("*/manifest.json")).read_text())
+    assert manifest["status"] == "diverged" and "non-finite" in manifest["reason"]

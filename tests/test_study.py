@@ -354,3 +354,32 @@ def test_more_than_four_groups_get_a_panel_each(grid, monkeypatch):
     assert len(visible) == 9 * 2  # accuracy and loss per group
     titles = [ax.get_title() for ax in visible if ax.get_title()]
     assert titles[0] == "algorithm.name = fedau, run.seed = 0" and len(titles) == 9
+
+
+def test_a_second_sweep_of_a_study_that_runs_is_refused_and_changes_nothing(tmp_path, capsys):
+    from fedsim.files import DirectoryLock
+
+    path = write_study(tmp_path, {"run.seed": [0, 1]}, name="busy")
+    folder = tmp_path / "runs" / "busy"
+    holder = DirectoryLock(folder)
+    holder.acquire("fedsim sweep")  # another sweep of the study, running
+    try:
+        assert main(["sweep", str(path), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {folder}: in use by process ") and "(fedsim sweep)" in err
+        assert sorted(p.name for p in folder.iterdir()) == [".lock"]  # no point, no study.toml
+    finally:
+        holder.release()
+    assert main(["sweep", str(path), "--quiet"]) == 0
+
+
+def test_a_finished_study_grows_to_more_rounds_by_set(tmp_path, capsys):
+    path = write_study(tmp_path, {"run.seed": [0, 1]}, name="grow")
+    sweep(path)
+    sweep(path, "--set", "run.rounds=14", "--set", "run.eval_every=7")
+    out = capsys.readouterr().out
+    assert out.count("resuming") == 2
+    for seed in (0, 1):
+        assert rounds(tmp_path / "runs" / "grow" / f"seed-{seed}")["round"].to_list() == list(range(14))
+    sweep(path, "--set", "client.lr=0.1", expect=2)  # another study, not a grown one
+    assert "holds a different study" in capsys.readouterr().err

@@ -452,7 +452,9 @@ def test_trace_convert_prints_merges_and_writes_device_names(tmp_path, capsys):
 
     (tmp_path / "s.txt").write_text("7 1 0 0 1000\n12 1 0 0 500\n")
     assert main(["trace", "convert", "--from", "sessions", str(tmp_path / "s.txt"),
-                 "--out", str(tmp_path / "plain")]) == 0
+                 "--out", str(tmp_path / "plain")]) == 2  # the output exists: kept
+    assert main(["trace", "convert", "--from", "sessions", str(tmp_path / "s.txt"),
+                 "--out", str(tmp_path / "plain"), "--force"]) == 0
     assert pq.read_table(tmp_path / "plain.devices.parquet").to_pydict() == {
         "device_id": [0, 1], "name": ["7", "12"], "tz_offset": [0.0, 0.0]}  # the lines' offsets
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import polars as pl
 
+from fedsim.errors import FedsimError
+
 PHASES = ("download_s", "compute_s", "upload_s")
 RAN_TO_END = ("arrived", "late", "surplus")  # outcomes whose task ran all of its phases
 CLOSE_REASONS = ("all-arrived", "quota", "deadline", "nobody-invited", "max-time")
@@ -25,6 +27,16 @@ def _events(run_dir: Path) -> pl.LazyFrame | None:
     return pl.scan_parquet(path) if path.is_file() else None
 
 
+def collect(frame: pl.LazyFrame, run_dir: Path) -> pl.DataFrame:
+    """A query of the events log; a damaged one (or a foreign file) is one line."""
+    try:
+        return frame.collect()
+    except (pl.exceptions.PolarsError, OSError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise FedsimError(f"{Path(run_dir) / 'events.parquet'}: not the events log of a fedsim run ({first}); "
+                          "the run directory is damaged: resume the run or run it again") from None
+
+
 def latency(run_dir: Path) -> dict | None:
     """Median and p90 (linear) of each phase over the tasks that ran to their end; None without
     an events log."""
@@ -36,7 +48,8 @@ def latency(run_dir: Path) -> dict | None:
         pl.len().alias("tasks"),
         *[pl.col(p).median().alias(f"{p}_median") for p in PHASES],
         *[pl.col(p).quantile(0.9, "linear").alias(f"{p}_p90") for p in PHASES],
-    ).collect().row(0, named=True)
+    )
+    row = collect(row, run_dir).row(0, named=True)
     return {"tasks": row["tasks"],
             **{p: {"median": row[f"{p}_median"], "p90": row[f"{p}_p90"]} for p in PHASES}}
 
@@ -62,8 +75,8 @@ def stragglers(run_dir: Path, devices: pl.DataFrame) -> list[dict]:
         compute = (events.join(frame.lazy().select("device_id"), on="device_id", how="semi")
                    .group_by("device_id").agg(pl.col("compute_s").median().alias("median_compute_s"),
                                               pl.sum_horizontal(PHASES).median().alias("median_task_s"))
-                   .collect())
-        frame = frame.join(compute, on="device_id", how="left")
+)
+        frame = frame.join(collect(compute, run_dir), on="device_id", how="left")
     surplus = pl.col("surplus") if "surplus" in frame.columns else pl.lit(0)
     frame = frame.with_columns(
         pl.when((pl.col("late") >= pl.col("drops")) & (pl.col("late") >= surplus))

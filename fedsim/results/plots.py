@@ -277,9 +277,11 @@ MAX_BINS = 300  # a long run's phases are medians over bins of simulated time
 def _latency_figure(run: RunData, title: str):
     """The median phases of the tasks that ran to their end, stacked, over simulated time
     (per round, or per bin of a long run), with the deadline."""
-    events = (pl.scan_parquet(run.path / "events.parquet")
-              .filter(pl.col("outcome").cast(pl.String).is_in(["arrived", "late", "surplus"]))
-              .select("invited_at", *PHASE_LABELS).collect())
+    from fedsim.results.latency import collect
+
+    events = collect(pl.scan_parquet(run.path / "events.parquet")
+                     .filter(pl.col("outcome").cast(pl.String).is_in(["arrived", "late", "surplus"]))
+                     .select("invited_at", *PHASE_LABELS), run.path)
     t = _hours(run, events["invited_at"])
     edges = np.unique(t) if len(np.unique(t)) <= MAX_BINS else np.linspace(t.min(), t.max(), MAX_BINS + 1)
     which = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, len(edges) - 1)

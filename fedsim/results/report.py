@@ -21,7 +21,7 @@ from fedsim.config import read_toml
 from fedsim.errors import FedsimError
 from fedsim.results.latency import (PHASES, STRAGGLER_ARRIVED_BELOW, STRAGGLER_INVITED, close_reasons, latency,
                                      participation_by, stragglers)
-from fedsim.results.status import run_status
+from fedsim.results.status import read_manifest, run_status
 
 
 @dataclass(frozen=True)
@@ -167,13 +167,7 @@ def _read_parquet(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
 
 def read_run(path: Path, origin: Path) -> Run:
     """A run directory; its manifest.json is missing while the run is going (or was aborted)."""
-    manifest = {}
-    if (path / "manifest.json").exists():
-        try:
-            manifest = json.loads((path / "manifest.json").read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise FedsimError(f"{path / 'manifest.json'}: not valid JSON; the run directory is "
-                              "damaged, run it again") from None
+    manifest = read_manifest(path)
     config = read_toml(path / "config.toml") if (path / "config.toml").exists() else {}
     algorithm = manifest.get("algorithm") or config.get("algorithm", {}).get("name") or path.name
     return Run(path, origin, str(algorithm), manifest, config,

@@ -147,6 +147,7 @@ class Server:
             samples=result.samples[rows],
             loss=result.loss[rows],
             version=np.full(len(arrived_pos), rnd, dtype=np.int64),
-            lr=torch.full((len(arrived_pos),), float(lr), device=self.device),
+            # (through float64: an lr beyond float32's range is inf, and the run diverges, not crashes)
+            lr=torch.full((len(arrived_pos),), float(lr), dtype=torch.float64, device=self.device).float(),
             invited_at=np.full(len(arrived_pos), t0),
         )

@@ -49,6 +49,7 @@ def add_trace_commands(subparsers) -> None:
     plot = sub.add_parser("plot", help="device x time raster (by time zone) and fraction online, as PNG")
     plot.add_argument("file", help="trace .parquet")
     plot.add_argument("--out", required=True, help="PNG to write")
+    plot.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     plot.add_argument("--devices", metavar="TABLE", help=devices_help)
     plot.set_defaults(func=plot_command)
 
@@ -58,6 +59,8 @@ def add_trace_commands(subparsers) -> None:
                            "'module:function' (docs/extending.md)")
     conv.add_argument("input", help="file to convert")
     conv.add_argument("--out", required=True, help="trace .parquet to write")
+    conv.add_argument("--force", action="store_true", help="overwrite --out (and the device table beside it) "
+                                                         "if it exists")
     conv.add_argument("--horizon", type=float, help="seconds to cover (default: the input's span)")
     conv.add_argument("--devices-out", help="also write the device table (names, tz_offset, the "
                                             "source's per-device columns) here")
@@ -128,6 +131,7 @@ def generate_command(args) -> int:
     if args.days is not None and not args.days > 0:
         raise FedsimError(f"--days {args.days}: give a number of days > 0")
     refuse_overwrite(args.out, args.force)
+    refuse_overwrite(args.devices_out, args.force, flag="--devices-out")
     began = time.perf_counter()
     trace = generate(args.kind, args.devices, seed=args.seed, rounds=args.rounds,
                      round_duration=args.round_duration, days=args.days, **options)
@@ -162,6 +166,7 @@ def plot_command(args) -> int:
     from fedsim.traces.io import read_trace
     from fedsim.traces.plot import plot_trace
 
+    refuse_overwrite(args.out, args.force, inputs=[args.file, args.devices])
     trace = read_trace(args.file)
     shown = plot_trace(trace, args.out, zones=trace_zones(trace, args.file, args.devices))
     print(f"wrote {args.out}: {shown} of {trace.n_devices} devices")
@@ -173,6 +178,9 @@ def convert_command(args) -> int:
 
     from fedsim.traces.io import write_trace
 
+    for out, flag in ((args.out, "--out"), (str(beside(args.out)), "--out's device table"),
+                      (args.devices_out, "--devices-out")):
+        refuse_overwrite(out, args.force, inputs=[args.input], flag=flag)
     trace = convert(args.fmt, args.input, horizon=args.horizon, time_unit=args.time_unit,
                     tz=args.tz, device_col=args.device_col, start_col=args.start_col,
                     end_col=args.end_col, repeat=args.repeat)
@@ -226,12 +234,19 @@ def device_table(trace: Trace, columns: dict) -> dict:
 
 # -- helpers --------------------------------------------------------------------------------
 
-def refuse_overwrite(path: str, force: bool) -> None:
-    """An existing output is kept unless the user says --force."""
-    from pathlib import Path
-
-    if Path(path).is_file() and not force:
-        raise FedsimError(f"--out {path}: the file exists; give another path, or --force to overwrite it")
+def refuse_overwrite(path: str | None, force: bool, inputs: list = (), flag: str = "--out") -> None:
+    """An existing output is kept unless the user says --force, and an input is never one."""
+    if not path:
+        return
+    out = Path(path)
+    for given in inputs:
+        if given and out.resolve() == Path(given).resolve():
+            raise FedsimError(f"{flag} {path}: is the input {given}; give another path (an input is never "
+                              "written over)")
+    if out.is_dir():
+        raise FedsimError(f"{flag} {path}: is a folder; give the path of a file")
+    if out.exists() and not force:
+        raise FedsimError(f"{flag} {path}: the file exists; give another path, or --force to overwrite it")
 
 
 def parse_value(text: str):

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fedsim.errors import FedsimError
-from fedsim.files import atomic_write
+from fedsim.files import atomic_write, resolved
 from fedsim.traces.converters import convert  # noqa: F401  (public API lives here too)
 from fedsim.traces.schema import Trace, check_header, first_problem, merge_sorted, signed_ids
 
@@ -171,6 +171,8 @@ def _check_device_ids(ids: np.ndarray, where: str) -> None:
 
 def _read_table(path, where: str) -> pa.Table:
     path = Path(path)
+    if path.is_symlink() and not path.exists():
+        resolved(path, where)  # a loop says so; a dangling link is a missing file
     if not path.exists():
         raise FedsimError(f"{where}: file not found; check the path (relative paths start at "
                           f"{Path.cwd()})")

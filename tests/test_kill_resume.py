@@ -140,3 +140,23 @@ def test_a_resume_killed_at_a_rename_resumes_to_the_same_results(runs, point, ca
     run_in_process(["run", "--resume", str(run_dir), "--set", "run.rounds=12"])
     assert f"resuming {run_dir}: it crashed (last checkpoint at round" in capsys.readouterr().out
     same_results(run_dir, folder / "whole12")
+
+
+@pytest.mark.parametrize("point", ["before:study.toml:1", "after:study.toml:1"])
+def test_a_sweep_killed_while_it_writes_study_toml_runs_again_to_the_same_summary(tmp_path, point):
+    """study.toml is written atomically: killed before its rename there is none (the sweep
+    writes it), after it the whole file; either way running the sweep again finishes the study."""
+    study = config(tmp_path)
+    study["run"].update(rounds=4, name="st")
+    study["sweep"] = {"run.seed": [0, 1]}
+    (tmp_path / "s.toml").write_text(dump_toml(study))
+    argv = ["sweep", str(tmp_path / "s.toml"), "--quiet"]
+    assert killed_at([(point, argv)]) == [-9]
+    folder = tmp_path / "runs" / "st"
+    assert (folder / "study.toml").exists() == point.startswith("after")
+    run_in_process(argv[:-1])
+    whole = dict(study, run={**study["run"], "name": "whole"})
+    (tmp_path / "w.toml").write_text(dump_toml(whole))
+    run_in_process(["sweep", str(tmp_path / "w.toml")])
+    mine, theirs = (pl.read_parquet(tmp_path / "runs" / n / "summary.parquet") for n in ("st", "whole"))
+    assert mine.equals(theirs)

@@ -69,7 +69,8 @@ class _RowTracker(Callback):
 
 class TensorBoardTracker(_RowTracker):
     """Scalars under RUN/tensorboard/, one tag per column (train_loss, test_acc, arrived, ...),
-    in float64 (TensorBoard's tensor form: `EventAccumulator.Tensors`)."""
+    as float32 scalars: TensorBoard's data server (what `tensorboard --logdir` shows by default)
+    drops double-precision ones."""
 
     def open(self, run) -> None:
         try:
@@ -82,7 +83,7 @@ class TensorBoardTracker(_RowTracker):
 
     def log(self, step, values):
         for tag, value in values.items():
-            self.writer.add_scalar(tag, value, step, new_style=True, double_precision=True)
+            self.writer.add_scalar(tag, value, step)
 
     def on_end(self, run, result, metrics):
         super().on_end(run, result, metrics)

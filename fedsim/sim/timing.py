@@ -69,8 +69,8 @@ class DeviceTiming:
         if "class" in table:  # the table's classes; the speeds it lacks are drawn for them
             device_class = np.asarray(table["class"], dtype=object)
             _check_known_classes(device_class, table, where)
-            known = {name: k for k, name in enumerate(profiles.NAMES)}
-            which = np.array([known.get(c, 0) for c in device_class.tolist()])
+            # each device's built-in class (0 for one of the user's own, whose speeds the table gives)
+            which = (device_class[:, None] == np.array(profiles.NAMES, dtype=object)).argmax(axis=1)
             names = list(profiles.NAMES)
         speeds = profiles.draw_speeds(names, which, seed)
         speeds.update({k: np.asarray(table[k], dtype=np.float64) for k in SPEED_COLUMNS if k in table})

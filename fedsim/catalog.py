@@ -47,7 +47,8 @@ MODELS = Registry("a function (in_shape, n_classes, model_config) -> list of fed
                   _paths("fedsim.training.models", {
                       "logreg": "logreg", "mlp": "mlp", "lenet5": "lenet5", "cnn-svhn": "cnn_svhn",
                       "cnn-cifar": "cnn_cifar", "cnn-cinic": "cnn_cinic", "cnn-fmnist": "cnn_fmnist",
-                      "cnn-cifar-wj": "cnn_cifar_wj", "lstm": "lstm"}),
+                      "cnn-cifar-wj": "cnn_cifar_wj", "cnn-femnist": "cnn_femnist", "lstm": "lstm",
+                      "char-lstm": "char_lstm"}),
                   group="fedsim.models")
 
 GENERATORS = Registry("a fedsim.traces.generators.GeneratorSpec", _is_generator,
@@ -65,7 +66,7 @@ CONVERTERS = Registry("a function (path, where, horizon) -> fedsim.traces.Trace"
 
 PARTITIONS = Registry("a partition", callable, _paths("fedsim.data.partition", {
     "iid": "iid", "dirichlet": "dirichlet", "classes": "classes", "one-class": "one_class",
-    "majority": "majority"}))
+    "majority": "majority", "natural": "natural"}))
 
 SCHEDULES = Registry("a learning-rate schedule", callable, _paths("fedsim.training.schedules", {
     "constant": "constant", "inverse": "inverse", "inverse-sqrt": "inverse_sqrt", "step": "step"}))

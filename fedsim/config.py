@@ -237,12 +237,23 @@ class RunConfig:
 class DataConfig:
     """The dataset and how it is split among the clients (one client per device)."""
 
-    dataset: str = key("digits", "dataset to train on (digits, fashion-mnist, mnist, cifar10, "
-                       "svhn, quadratic or logistic)")
+    dataset: str = key("digits", "dataset to train on (digits, fashion-mnist, mnist, cifar10, svhn, "
+                       "femnist, shakespeare, sent140, parquet, quadratic or logistic)")
     root: str = key("", "folder of the dataset's files", zero="the dataset's default location")
     download: bool = key(False, "download a missing mnist, cifar10 or svhn into root")
     clients: int = key(100, "number of clients, one per device", positive=True)
-    partition: str = key("iid", "how the data is split among clients", choices=PARTITIONS)
+    partition: str = key("", "how the data is split among clients", choices=PARTITIONS,
+                         zero="natural (one device per user) for femnist, shakespeare, sent140 and "
+                              "parquet; iid otherwise")
+    users: str = key("first", "natural partition: which [data] clients users become devices when the "
+                     "dataset has more", choices=("first", "most-samples"))
+    vocab_size: int = key(10000, "sent140 / parquet texts: words kept (the most frequent; the "
+                          "others read as unknown)", positive=True)
+    client_column: str = key("", "parquet: the column of each row's client")
+    label_column: str = key("", "parquet: the column of each row's label (integers from 0, or strings)")
+    feature_column: str = key("", "parquet: the column of each row's feature (an image, numbers or a text)")
+    tokens: str = key("words", "parquet: how a text feature is split into tokens",
+                      choices=("words", "characters"))
     alpha: float = key(0.5, "dirichlet partition: concentration (smaller = more skewed)",
                        positive=True)
     classes_per_client: int = key(2, "classes partition: distinct classes per client",
@@ -269,6 +280,9 @@ class ModelConfig:
     hidden: int = key(64, "mlp: width of the hidden layer", positive=True)
     dropout: float = key(0.0, "dropout before every dense layer that reads a learned "
                          "representation (cnn-cinic: 0.2 unless given)", within=(0.0, 1.0, True, False))
+    word_vectors: str = key("", "lstm on text: a GloVe text file whose vectors are the fixed "
+                            "word embedding (its size sets the embedding's)",
+                            zero="a learned embedding of 25 (lstm) or 8 (char-lstm) numbers")
     init: list = key([], "quadratic: the starting point x0", zero="zeros")
     init_from: str = key("", "start from a run's saved model.pt, or the run directory holding it "
                          "(looked up in the working directory, then beside the config)",

@@ -276,10 +276,10 @@ class Experiment:
 
     def device_info(self) -> dict[str, np.ndarray]:
         """Per-device columns of devices.parquet known before the run: the trace device it
-        replays, its timing (class, FLOP/s, links, latency), its time zone or group where the
+        replays, its data (samples; user), its timing (class, FLOP/s, links, latency), its time zone or group where the
         generator has one, and every column of the device table."""
         n, generator = self.task.n_clients, self.trace.generator
-        info = {"trace_device": self.trace_device, **self.timing.columns()}
+        info = {"trace_device": self.trace_device, **self.task.device_columns(), **self.timing.columns()}
         for key, column, dtype in (("tz_offset_h", "tz_offset", np.float64), ("group", "group", np.int64)):
             if isinstance(generator.get(key), list) and len(generator[key]) == n:
                 info[column] = np.asarray(generator[key], dtype=dtype)

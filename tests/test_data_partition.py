@@ -23,7 +23,7 @@ def label_counts(owner: np.ndarray, labels: np.ndarray, n_clients: int) -> np.nd
 
 
 @settings(max_examples=25, deadline=None)
-@given(name=st.sampled_from(sorted(PARTITIONS)), clients=st.integers(10, 40), seed=st.integers(0, 10**6))
+@given(name=st.sampled_from(sorted(set(PARTITIONS) - {"natural"})), clients=st.integers(10, 40), seed=st.integers(0, 10**6))
 def test_every_sample_belongs_to_exactly_one_client(name, clients, seed):
     cfg = DataConfig(clients=clients, partition=name, alpha=0.3, classes_per_client=2)
     owner = partition(LABELS, cfg, seed)
@@ -119,3 +119,8 @@ def test_partition_errors_are_one_line(cfg, words):
     with pytest.raises(FedsimError) as err:
         partition(LABELS, cfg, 0)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_natural_partition_needs_a_dataset_with_its_own_clients():
+    with pytest.raises(FedsimError, match="'natural' needs a dataset with its own clients.*'digits' has none"):
+        partition(LABELS, DataConfig(clients=10, partition="natural"), 0)

@@ -48,11 +48,25 @@ def assert_same(start, a, b, steps):
     assert torch.all(a.deltas[~moved] == 0) and torch.all(torch.isnan(a.loss[~moved]))
 
 
+def text_task(model: str, clients=4, word_vectors="", dropout=0.0, seed=0):
+    """Tiny random token rows (ids 0..11, some left padding) split over `clients`: a text
+    model's input, through its embedding (learned, or fixed `word_vectors` of a file)."""
+    rng = np.random.default_rng(2)
+    n = 24 * clients
+    x = rng.integers(0, 12, size=(n, 7))
+    x[: n // 2, :3] = 0  # left padding, as fedsim/data/text.py writes it
+    y = rng.integers(0, 3, size=n)
+    ds = Dataset("tiny-text", x, y, x[:20], y[:20], 3, vocab_size=12, vocabulary=tuple("abcdefghij"))
+    return classification_task(ds, DataConfig(clients=clients, partition="iid"),
+                               ModelConfig(name=model, dropout=dropout, word_vectors=word_vectors),
+                               seed=seed, device=CPU)
+
+
 # small images keep the CNN tests fast; the layer structure is the paper's at any size
 MODEL_SHAPES = {
     "logreg": (1, 8, 8), "mlp": (1, 8, 8), "lenet5": (1, 12, 12), "lstm": (1, 8, 8),
     "cnn-fmnist": (1, 8, 8), "cnn-svhn": (3, 8, 8), "cnn-cifar": (3, 8, 8),
-    "cnn-cinic": (3, 8, 8), "cnn-cifar-wj": (3, 8, 8),
+    "cnn-cinic": (3, 8, 8), "cnn-cifar-wj": (3, 8, 8), "cnn-femnist": (1, 8, 8), "char-lstm": "text",
 }
 
 
@@ -63,11 +77,27 @@ def test_every_model_is_covered():
 @pytest.mark.parametrize("model", list(MODEL_SHAPES))
 def test_batched_equals_loop_every_model(model):
     """Mixed step counts (incl. 0) and per-device lr in one cohort, dropout on where it exists."""
-    task = image_task(model, MODEL_SHAPES[model], dropout=0.0 if model == "logreg" else 0.2)
+    dropout = 0.0 if model == "logreg" else 0.2
+    task = (text_task(model, dropout=dropout) if MODEL_SHAPES[model] == "text"
+            else image_task(model, MODEL_SHAPES[model], dropout=dropout))
     steps = [3, 1, 0, 2]
     lr = torch.tensor([0.05, 0.1, 0.2, 0.02])
     start, a, b = run_both(task, ClientConfig(batch_size=5), steps, lr)
     assert_same(start, a, b, steps)
+
+
+@pytest.mark.parametrize("model", ["lstm", "char-lstm"])
+def test_batched_equals_loop_text_models(model, tmp_path):
+    """Token rows through a learned embedding (each device its own table) and through fixed
+    word vectors (one table shared by all, not trained)."""
+    vectors = tmp_path / "vectors.txt"
+    vectors.write_text("".join(f"{w} {k} {-k / 2} 0.25\n" for k, w in enumerate("abcdefghij")))
+    steps = [3, 1, 0, 2]
+    lr = torch.tensor([0.05, 0.1, 0.2, 0.02])
+    for task in (text_task(model), text_task("lstm", word_vectors=str(vectors))):
+        start, a, b = run_both(task, ClientConfig(batch_size=5), steps, lr)
+        assert_same(start, a, b, steps)
+        assert float(a.deltas.norm()) > 0
 
 
 @pytest.mark.parametrize("option", [

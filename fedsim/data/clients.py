@@ -10,6 +10,7 @@ One extra client, id N (`pooled`), holds every sample: plain SGD over the pooled
 from __future__ import annotations
 
 import hashlib
+import warnings
 import weakref
 
 import numpy as np
@@ -28,11 +29,15 @@ class ClientData:
         self.shape = dataset.shape
         self.device = device
         self.sizes_np = np.diff(offsets)
+        self.users = dataset.users  # device -> the dataset's user (datasets with their own clients)
+        self.test_sizes_np = (None if dataset.owner_test is None
+                              else np.bincount(dataset.owner_test, minlength=n_clients))
         self.labels_np = dataset.y_train
+        self.tokens = dataset.vocab_size > 0
         self.x = self._features(dataset.x_train, dataset.scale)
-        self.y = torch.as_tensor(dataset.y_train, device=device)
+        self.y = labels_on(dataset.y_train, device)
         self.x_test = self._features(dataset.x_test, dataset.scale)
-        self.y_test = torch.as_tensor(dataset.y_test, device=device)
+        self.y_test = labels_on(dataset.y_test, device)
         self.pooled = n_clients
         self.indices = torch.as_tensor(indices, device=device)
         self.starts = torch.as_tensor(np.append(offsets[:-1], 0), device=device)
@@ -41,8 +46,9 @@ class ClientData:
     def _features(self, x: np.ndarray, scale: float) -> Tensor:
         """float32 model inputs on the device. Stored as floats, not uint8: converting every
         gathered minibatch would cost as much as a logistic regression's whole step. Shared
-        with the other runs of this process that hold the same array (`shared_features`)."""
-        return shared_features(x, scale, self.device)
+        with the other runs of this process that hold the same array (`shared_features`).
+        Token ids (text) stay int64: the model's embedding looks them up."""
+        return shared_features(x, None if self.tokens else scale, self.device)
 
     def label_distribution(self) -> np.ndarray:
         """[N, C] fraction of each client's samples per label."""
@@ -91,15 +97,24 @@ class ClientData:
 _SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def shared_features(x: np.ndarray, scale: float, device: torch.device) -> Tensor:
-    """`x * scale` as float32 on `device`, the same tensor for equal arrays while one is alive."""
+def shared_features(x: np.ndarray, scale: float | None, device: torch.device) -> Tensor:
+    """`x * scale` as float32 on `device` (scale None: x as int64), the same tensor for equal
+    arrays while one is alive."""
     digest = hashlib.sha1(np.ascontiguousarray(x).view(np.uint8).reshape(-1)).hexdigest()
     key = (digest, x.dtype.str, x.shape, scale, str(device))
     features = _SHARED.get(key)
     if features is None:
-        features = (torch.as_tensor(x, device=device) * scale).to(torch.float32)  # a new tensor
+        with warnings.catch_warnings():  # x may be read-only (a cached dataset): it is only read here
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            raw = torch.as_tensor(x, device=device)
+        features = raw.to(torch.int64, copy=True) if scale is None else (raw * scale).to(torch.float32)
         _SHARED[key] = features
     return features
+
+
+def labels_on(y: np.ndarray, device: torch.device) -> Tensor:
+    """int64 labels on `device`, copied (the array may be a read-only cached one)."""
+    return torch.as_tensor(np.array(y, dtype=np.int64), device=device)
 
 
 def gather(table: Tensor, rows: Tensor) -> Tensor:

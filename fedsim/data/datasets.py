@@ -29,10 +29,17 @@ class Dataset:
     y_test: np.ndarray
     n_classes: int
     scale: float = 1.0  # features = x * scale (1/255 for uint8 images)
+    # datasets with their own clients (fedsim/data/federated.py): the device of every sample
+    owner_train: np.ndarray | None = None
+    owner_test: np.ndarray | None = None
+    users: np.ndarray | None = None  # device -> the dataset's user id
+    vocab_size: int = 0  # > 0: x holds token ids below it (text), not features
+    vocabulary: tuple[str, ...] = ()  # the words of ids 2, 3, ... (fedsim/data/text.py)
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """Shape of one sample: (channels, height, width) for images, (dim,) for vectors."""
+        """Shape of one sample: (channels, height, width) for images, (dim,) for vectors,
+        (length,) for token rows."""
         return tuple(self.x_train.shape[1:])
 
 
@@ -245,6 +252,26 @@ def _torchvision(name: str, root: Path, cls, **kwargs):
         ) from None
 
 
+# --- datasets with their own clients (LEAF, Parquet) ------------------------------------------
+
+def _leaf(name: str):
+    def load(cfg: DataConfig, seed: int) -> Dataset:
+        from fedsim.data.federated import federated_dataset
+        from fedsim.data.leaf import read_leaf
+
+        return federated_dataset(name, read_leaf(name, _root(cfg, name)), cfg)
+    return load
+
+
+def _parquet(cfg: DataConfig, seed: int) -> Dataset:
+    from fedsim.data.federated import federated_dataset
+    from fedsim.data.parquet_clients import read_parquet_clients
+
+    if not cfg.root:
+        raise FedsimError("[data] dataset = 'parquet' needs [data] root: the folder of its Parquet files")
+    return federated_dataset("parquet", read_parquet_clients(cfg, _root(cfg, "parquet")), cfg)
+
+
 # --- lookup ----------------------------------------------------------------------------------
 
 DEFAULT_ROOTS = {
@@ -252,6 +279,9 @@ DEFAULT_ROOTS = {
     "mnist": "data/mnist",
     "cifar10": "data/cifar10",
     "svhn": "data/svhn",
+    "femnist": "data/femnist/data",  # LEAF's layout: data/<name>/data/{train,test}/*.json
+    "shakespeare": "data/shakespeare/data",
+    "sent140": "data/sent140/data",
 }
 
 
@@ -272,8 +302,13 @@ LOADERS = {
     "mnist": _mnist,
     "cifar10": _cifar10,
     "svhn": _svhn,
+    "femnist": _leaf("femnist"),
+    "shakespeare": _leaf("shakespeare"),
+    "sent140": _leaf("sent140"),
+    "parquet": _parquet,
     "logistic": _logistic,
 }
+NATURAL = frozenset({"femnist", "shakespeare", "sent140", "parquet"})  # datasets with their own clients
 DATASETS = (*LOADERS, "quadratic")
 
 

@@ -152,9 +152,16 @@ def majority(labels: np.ndarray, n_clients: int, cfg: DataConfig, rng: np.random
     return owner
 
 
+def natural(labels: np.ndarray, n_clients: int, cfg: DataConfig, rng: np.random.Generator) -> np.ndarray:
+    """One device per user: the dataset's own clients (fedsim/data/federated.py sets them; a
+    dataset that gets here has none)."""
+    raise FedsimError(f"[data] partition = 'natural' needs a dataset with its own clients (femnist, "
+                      f"shakespeare, sent140 or parquet); {cfg.dataset!r} has none: choose another partition")
+
+
 def partition(labels: np.ndarray, cfg: DataConfig, seed: int) -> np.ndarray:
     """owner[j] = the client of training sample j, for `[data] partition` and `[data] clients`."""
-    split = PARTITIONS.lookup(cfg.partition, "[data] partition")
+    split = PARTITIONS.lookup(cfg.partition or "iid", "[data] partition")
     if cfg.clients > len(labels):  # checked first: a huge count would exhaust memory below
         raise FedsimError(
             f"[data] clients = {cfg.clients} is more than the {len(labels)} training samples of "
@@ -164,7 +171,7 @@ def partition(labels: np.ndarray, cfg: DataConfig, seed: int) -> np.ndarray:
     sizes = np.bincount(owner, minlength=cfg.clients)
     if sizes.min() == 0:
         raise FedsimError(
-            f"[data] partition = {cfg.partition!r} left {int((sizes == 0).sum())} of {cfg.clients} "
+            f"[data] partition = {cfg.partition or 'iid'!r} left {int((sizes == 0).sum())} of {cfg.clients} "
             f"clients without samples ({len(labels)} training samples); lower [data] clients"
         )
     return owner

@@ -7,7 +7,8 @@
 * ``round_duration_vs_time_of_day.png``: how long rounds take at each hour of the day.
 * ``participation_<run>.png``: per round, who was online, invited, and what became of the
   invitations (arrived, dropped, late, surplus, stacked) over simulated time.
-* ``participation_per_device.png``: devices by number of arrivals; mean arrivals per device
+* ``participation_per_device.png``: devices by number of arrivals; arrivals against a device's
+  training samples where they differ; mean arrivals per device
   by time zone or group when devices.parquet has one.
 
 A plot whose columns a run directory lacks (written by an older fedsim) is skipped; the others
@@ -237,11 +238,16 @@ def _participation_figure(run: RunData, title: str):
 
 
 def _device_figure(runs: dict[str, RunData], title: str):
-    """Number of devices by arrivals; and mean arrivals per device by time zone / group."""
+    """Number of devices by arrivals; mean arrivals per device by time zone / group; and each
+    device's arrivals against its training samples where their numbers differ (a natural
+    partition's size skew, or a skewed synthetic one)."""
     group = next((c for c in GROUP_COLUMNS if all(c in run.devices.columns for run in runs.values())),
                  None)
-    fig, axes = _figure(10.0 if group else 6.4, 4.0, cols=2 if group else 1,
-                        left=0.07 if group else 0.11, title=title)
+    skewed = all("n_samples" in run.devices.columns and run.devices["n_samples"].n_unique() > 1
+                 for run in runs.values())
+    cols = 1 + bool(group) + skewed
+    fig, axes = _figure(6.4 if cols == 1 else 4.8 * cols, 4.0, cols=cols,
+                        left=0.11 if cols == 1 else 0.15 / cols, title=title)
     same = _same_series(runs, lambda run: run.devices["arrivals"].to_numpy())
     arrivals = {name: run.devices["arrivals"].to_numpy() for name, run in same.items()}
     most = max(int(a.max(initial=0)) for a in arrivals.values())
@@ -266,6 +272,15 @@ def _device_figure(runs: dict[str, RunData], title: str):
         ax.set_xticks(range(len(keys)), [f"{k:+g}" if group == "tz_offset" else f"{k:g}" for k in keys])
         ax.set_xlabel(GROUP_COLUMNS[group])
         ax.set_ylabel("mean arrivals per device")
+        ax.legend(loc="best")
+    if skewed:
+        ax = axes[-1]
+        for k, (name, run) in enumerate(same.items()):
+            ax.scatter(run.devices["n_samples"].to_numpy(), run.devices["arrivals"].to_numpy(), s=12,
+                       alpha=0.6, marker=MARKERS[k % len(MARKERS)], label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("training samples on the device")
+        ax.set_ylabel("arrivals")
         ax.legend(loc="best")
     return fig
 

@@ -134,6 +134,26 @@ def participation(rounds: pl.DataFrame, devices: pl.DataFrame) -> dict:
     }
 
 
+def sample_spread(devices: pl.DataFrame) -> dict | None:
+    """Training samples per device (devices.parquet's n_samples): their spread, and arrivals by
+    quarter of the devices ordered by size: whether the big or the small devices got in.
+    None for runs written before fedsim recorded n_samples."""
+    if "n_samples" not in devices.columns:
+        return None
+    n = devices["n_samples"].to_numpy()
+    order = np.argsort(n, kind="stable")
+    quarters = []
+    for k, part in enumerate(np.array_split(order, 4)):
+        if len(part):
+            rows = devices[part]
+            invited = int(rows["invitations"].sum())
+            quarters.append({"quarter": k + 1, "devices": len(part), "min": int(n[part].min()), "max": int(n[part].max()),
+                             "arrival_rate": int(rows["arrivals"].sum()) / invited if invited else None,
+                             "mean_arrivals": float(rows["arrivals"].mean())})
+    return {"total": int(n.sum()), "min": int(n.min()), "median": float(np.median(n)), "max": int(n.max()),
+            "gini": gini(n), "cv": variation(n), "quarters": quarters}
+
+
 @dataclass
 class Run:
     """One run directory as read from disk; `origin` is the path given on the command line."""
@@ -276,6 +296,7 @@ def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
         "close_reasons": close_reasons(run.rounds),
         "stragglers": stragglers(run.path, run.devices),
         "participation_by": participation_by(run.devices),
+        "samples": sample_spread(run.devices),
     }
 
 
@@ -386,6 +407,19 @@ def latency_blocks(runs: list[dict]) -> list[str]:
     for r in runs:
         if r.get("stragglers"):
             blocks.append(_straggler_block(r["name"], r["stragglers"]))
+    spread = [r for r in runs if r.get("samples")]
+    if spread:
+        blocks.append(table_text(["training samples per device", "total", "min", "median", "max", "gini", "cv"],
+                                 [[r["name"], str(q["total"]), str(q["min"]), _number(q["median"]), str(q["max"]),
+                                   _number(q["gini"], ".3f"), _number(q["cv"], ".3f")]
+                                  for r in spread for q in [r["samples"]]]))
+    for r in spread:
+        if r["samples"]["min"] < r["samples"]["max"]:
+            blocks.append(table_text(
+                [f"{r['name']} by size quarter", "devices", "samples", "arrived", "arrivals per device"],
+                [[f"Q{q['quarter']}" + (" (smallest)" if q["quarter"] == 1 else " (largest)" if q["quarter"] == 4
+                                        else ""), str(q["devices"]), f"{q['min']}-{q['max']}",
+                  percent(q["arrival_rate"]), _number(q["mean_arrivals"], ".1f")] for q in r["samples"]["quarters"]]))
     for r in runs:
         by = r.get("participation_by")
         if by and len(by["rows"]) > 1:

@@ -33,7 +33,7 @@ from fedsim.catalog import MODELS
 class Param:
     name: str
     shape: tuple[int, ...]
-    init: str  # "kaiming" (ReLU gain, fan-in), "zeros", "uniform" (+-1/sqrt(scale))
+    init: str  # "kaiming" (ReLU gain, fan-in), "zeros", "normal", "uniform" (+-1/sqrt(scale))
     scale: int = 1
 
     @property
@@ -143,8 +143,37 @@ class Dropout(Layer):
         return x * (u >= self.rate).to(x.dtype) / (1.0 - self.rate)
 
 
+class Embedding(Layer):
+    """Token ids [..., T] -> vectors [..., T, dim]: a learned table (parameters), or fixed word
+    vectors (a constant of the model: neither trained nor sent, as LEAF's GloVe embedding)."""
+
+    def __init__(self, vocab_size: int, dim: int, vectors=None):
+        self.w, self.dim = "embedding.weight", dim
+        self.fixed = None if vectors is None else torch.as_tensor(vectors, dtype=torch.float32)
+        self.params = () if vectors is not None else (Param(self.w, (vocab_size, dim), "normal"),)
+        self._on_device: dict[torch.device, Tensor] = {}
+
+    def out_shape(self, shape):
+        return (*shape, self.dim)
+
+    def __call__(self, p, x, u):
+        return F.embedding(x, p[self.w] if self.fixed is None else self._table(x.device))
+
+    def cohort(self, p, x, u):
+        if self.fixed is not None:
+            return F.embedding(x, self._table(x.device))
+        table = p[self.w]  # [m, V, dim]: device k looks up its own rows
+        return table[torch.arange(len(table), device=x.device)[:, None, None], x]
+
+    def _table(self, device: torch.device) -> Tensor:
+        if device not in self._on_device:
+            self._on_device[device] = self.fixed.to(device)
+        return self._on_device[device]
+
+
 class LSTM(Layer):
-    """Stacked LSTM over the rows of an image (or one step for a vector); returns the last h.
+    """Stacked LSTM over a sequence of vectors (text), the rows of an image, or one step for a
+    vector; returns the last h.
 
     Written with plain matmuls (`@` broadcasts over the cohort's leading device dimension),
     so one recurrence serves a device and a cohort.
@@ -163,16 +192,18 @@ class LSTM(Layer):
         return (self.hidden,)
 
     def flops(self, shape):
-        steps = shape[1] if len(shape) == 3 else 1
+        steps = {3: shape[1], 2: shape[0]}.get(len(shape), 1)  # image rows, sequence steps, or one
         return steps * sum(q.numel for q in self.params)
 
     def __call__(self, p, x, u):
-        # [T, B, features]: image rows (channels side by side) or a single step for a vector
-        return self._recur(p, x.permute(2, 0, 1, 3).flatten(2) if x.dim() == 4 else x[None])
+        # [T, B, features]: image rows (channels side by side), a sequence's steps, or one step
+        seq = {4: lambda: x.permute(2, 0, 1, 3).flatten(2), 3: lambda: x.transpose(0, 1)}.get(x.dim(), lambda: x[None])
+        return self._recur(p, seq())
 
     def cohort(self, p, x, u):
-        # [T, m, B, features] from images [B, m, C, H, W] or vectors [m, B, features]
-        return self._recur(p, x.permute(3, 1, 0, 2, 4).flatten(3) if x.dim() == 5 else x[None])
+        # [T, m, B, features] from images [B, m, C, H, W], sequences [m, B, T, features] or vectors [m, B, features]
+        seq = {5: lambda: x.permute(3, 1, 0, 2, 4).flatten(3), 4: lambda: x.permute(2, 0, 1, 3)}.get(x.dim(), lambda: x[None])
+        return self._recur(p, seq())
 
     def _recur(self, p, seq: Tensor) -> Tensor:
         for i in range(self.layers):
@@ -249,6 +280,8 @@ class Model:
             if q.init == "kaiming":
                 fan_in = math.prod(q.shape[1:])
                 parts.append(torch.randn(q.numel, generator=gen) * math.sqrt(2.0 / fan_in))
+            elif q.init == "normal":  # embeddings: N(0, 1), as torch's
+                parts.append(torch.randn(q.numel, generator=gen))
             elif q.init == "uniform":
                 bound = 1.0 / math.sqrt(q.scale)
                 parts.append((torch.rand(q.numel, generator=gen) * 2 - 1) * bound)
@@ -335,14 +368,66 @@ def cnn_cifar_wj(in_shape, n_classes, cfg):
     return _cnn(in_shape, n_classes, cfg.dropout, [32, 64], 5, 2, [512, 128])
 
 
+# LEAF's FEMNIST CNN (Caldas et al. 2018): 5x5 convs of 32 and 64 channels, "same" padding, 2048 dense
+def cnn_femnist(in_shape, n_classes, cfg):
+    return _cnn(in_shape, n_classes, cfg.dropout, [32, 64], 5, 2, [2048])
+
+
 def lstm(in_shape, n_classes, cfg):
-    """2-layer LSTM, 16 hidden, reading an image row by row."""
-    width = in_shape[0] * in_shape[2] if len(in_shape) == 3 else in_shape[0]
-    return [LSTM(width, 16, 2), *_head([16, n_classes], cfg.dropout)]
+    """2-layer LSTM, 16 hidden (FedLaAvg's Sent140 model), reading an image row by row, or a
+    text through an embedding of 25 numbers (FedLaAvg's GloVe size) or the given word vectors."""
+    layers = _embedding(in_shape, 25)
+    width = _shapes(layers, in_shape)[-1][-1] if layers else (
+        in_shape[0] * in_shape[2] if len(in_shape) == 3 else in_shape[0])
+    return [*layers, LSTM(width, 16, 2), *_head([16, n_classes], cfg.dropout)]
+
+
+def char_lstm(in_shape, n_classes, cfg):
+    """The FedAvg paper's Shakespeare model (LEAF's too): an embedding of 8, two LSTM layers
+    of 256, a dense layer to the next character."""
+    layers = _embedding(in_shape, 8)
+    if not layers:
+        raise FedsimError("[model] name = 'char-lstm' reads text (token ids); use it with shakespeare, "
+                          "sent140 or a parquet dataset with a text feature")
+    return [*layers, LSTM(_shapes(layers, in_shape)[-1][-1], 256, 2), *_head([256, n_classes], cfg.dropout)]
+
+
+class TokenShape(tuple):
+    """The input shape (length,) of token rows, with what an embedding needs: the vocabulary
+    size and the fixed word vectors, if any ([model] word_vectors)."""
+
+    def __new__(cls, length: int, vocab_size: int, vectors=None):
+        shape = super().__new__(cls, (length,))
+        shape.vocab_size, shape.vectors = vocab_size, vectors
+        return shape
+
+
+def _embedding(in_shape, dim: int) -> list[Layer]:
+    """[Embedding] for token input (word vectors fix its size), [] for any other input."""
+    if not isinstance(in_shape, TokenShape):
+        return []
+    vectors = in_shape.vectors
+    return [Embedding(in_shape.vocab_size, dim if vectors is None else vectors.shape[1], vectors)]
+
+
+def input_shape(dataset, cfg: ModelConfig) -> tuple[int, ...]:
+    """The model's input shape: the dataset's, or for text a TokenShape with the vocabulary
+    (and the word vectors of `[model] word_vectors` for its words)."""
+    if cfg.word_vectors and not dataset.vocabulary:
+        raise FedsimError(f"[model] word_vectors = {cfg.word_vectors!r}: [data] dataset = {dataset.name!r} "
+                          "has no word vocabulary (word vectors are for word-level text: sent140, or a "
+                          "parquet text feature with tokens = 'words'); leave it empty")
+    if not dataset.vocab_size:
+        return dataset.shape
+    from fedsim.data.text import read_word_vectors
+
+    vectors = read_word_vectors(cfg.word_vectors, list(dataset.vocabulary)) if cfg.word_vectors else None
+    return TokenShape(dataset.shape[0], dataset.vocab_size, vectors)
 
 
 ARCHITECTURES = MODELS
-IMAGE_ONLY = frozenset({"lenet5", "cnn-svhn", "cnn-cifar", "cnn-cinic", "cnn-fmnist", "cnn-cifar-wj"})
+IMAGE_ONLY = frozenset({"lenet5", "cnn-svhn", "cnn-cifar", "cnn-cinic", "cnn-fmnist", "cnn-cifar-wj", "cnn-femnist"})
+TEXT_MODELS = ("lstm", "char-lstm")  # the built-ins that read token ids (through an embedding)
 
 
 def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dataset: str) -> Model:
@@ -355,6 +440,9 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
                           "set dropout = 0 or use mlp")
     if cfg.name == "mlp" and cfg.hidden < 1:
         raise FedsimError(f"[model] hidden = {cfg.hidden} must be >= 1")
+    if isinstance(in_shape, TokenShape) and cfg.name in (*IMAGE_ONLY, "logreg", "mlp"):
+        raise FedsimError(f"[model] name = {cfg.name!r} cannot read text: [data] dataset = {dataset!r} gives "
+                          f"token ids; use {' or '.join(TEXT_MODELS)}")
     if cfg.name in IMAGE_ONLY and len(in_shape) != 3:
         raise FedsimError(
             f"[model] name = {cfg.name!r} needs images; [data] dataset = {dataset!r} has "

@@ -22,7 +22,7 @@ from fedsim.data.datasets import Dataset
 from fedsim.data.partition import partition
 from fedsim.training import rng
 from fedsim.training.evaluate import CHUNK as EVAL_CHUNK, evaluate_classifier
-from fedsim.training.models import Model, build_model
+from fedsim.training.models import Model, build_model, input_shape
 
 # (parameter tensors of one device, *its inputs) -> (their gradients, loss [])
 StepFn = Callable[..., tuple[tuple[Tensor, ...], Tensor]]
@@ -48,6 +48,11 @@ class Task:
 
     def label_distribution(self) -> np.ndarray | None:
         return None
+
+    def device_columns(self) -> dict[str, np.ndarray]:
+        """What devices.parquet records of each device's data: `n_samples` (training samples),
+        and for a dataset with its own clients the `user` and its `n_test_samples`."""
+        return {"n_samples": self.client_sizes()}
 
     def evaluate(self, params: Tensor) -> tuple[float, float | None]:
         raise NotImplementedError
@@ -109,6 +114,12 @@ class ClassificationTask(Task):
     def label_distribution(self) -> np.ndarray:
         return self.data.label_distribution()
 
+    def device_columns(self) -> dict[str, np.ndarray]:
+        columns = super().device_columns()
+        if self.data.users is not None:
+            columns |= {"user": self.data.users.astype(str), "n_test_samples": self.data.test_sizes_np}
+        return columns
+
     def evaluate(self, params: Tensor) -> tuple[float, float]:
         return evaluate_classifier(self.model, params, self.data)
 
@@ -137,7 +148,7 @@ class ClassificationTask(Task):
 
             def samples(step: int, which: slice | Tensor) -> tuple[Tensor, Tensor]:
                 return x[which], y[which]
-        no_dropout = data.x.new_zeros(*weight.shape[1:], 0)  # an empty tensor keeps the signature fixed
+        no_dropout = weight.new_zeros(*weight.shape[1:], 0)  # an empty tensor keeps the signature fixed
 
         def at(step: int, which: slice | Tensor) -> tuple[Tensor, ...]:
             x, y = samples(step, which)
@@ -211,7 +222,8 @@ def linear_cohort_step(params: tuple[Tensor, Tensor], x: Tensor, y: Tensor, weig
 
 def classification_task(dataset: Dataset, data: DataConfig, model: ModelConfig, *, seed: int,
                         device: torch.device) -> ClassificationTask:
-    """Partition `dataset` as `[data]` says and put it on `device` with the `[model]` network."""
-    owner = partition(dataset.y_train, data, seed)
-    net = build_model(model, dataset.shape, dataset.n_classes, dataset.name)
+    """Partition `dataset` as `[data]` says (a dataset with its own clients: as they are) and
+    put it on `device` with the `[model]` network."""
+    owner = dataset.owner_train if dataset.owner_train is not None else partition(dataset.y_train, data, seed)
+    net = build_model(model, input_shape(dataset, model), dataset.n_classes, dataset.name)
     return ClassificationTask(ClientData(dataset, owner, data.clients, device), net, seed)

@@ -1,0 +1,202 @@
+"""Federated datasets stored as Parquet with a client column (Flower / Hugging Face layout).
+
+`[data] root` is a folder of Parquet files (searched recursively, read in path order); a file
+with `test` in its path (`test-00000-of-00001.parquet`, `test/part-0.parquet`) holds test
+samples, every other file training samples. Each row is one sample: its client (any type),
+its label (integers 0..C-1, or strings, numbered in sorted order) and its feature: an image
+(Hugging Face's `{bytes, path}` struct or raw PNG/JPEG bytes), a list of numbers, a number,
+or a text (tokenised by `[data] tokens`). Clients are devices in order of first appearance.
+Without test files, each client's samples are split by `[data] test_fraction` (seeded).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fedsim.config import DataConfig
+from fedsim.data import text
+from fedsim.data.cache import Arrays, cached_arrays
+from fedsim.errors import FedsimError
+
+VERSION = 1
+
+
+def read_parquet_clients(cfg: DataConfig, root: Path) -> Arrays:
+    """The arrays of a Parquet federated dataset (keys as fedsim.data.leaf.read_leaf's)."""
+    if not root.is_dir():
+        raise FedsimError(f"[data] dataset = 'parquet': folder {root} not found; set [data] root to the "
+                          "folder of the dataset's Parquet files")
+    files = sorted(f for f in root.rglob("*.parquet") if ".fedsim-cache" not in f.parts)
+    if not files:
+        raise FedsimError(f"[data] dataset = 'parquet': {root} holds no *.parquet files; set [data] root "
+                          "to the folder of the dataset's Parquet files")
+    missing = [k for k in ("client_column", "label_column", "feature_column") if not getattr(cfg, k)]
+    if missing:
+        raise FedsimError(f"[data] dataset = 'parquet' needs [data] {', '.join(missing)}: the names of "
+                          "the columns holding each row's client, label and feature")
+    kind = f"parquet-v{VERSION}-{cfg.client_column}-{cfg.label_column}-{cfg.feature_column}-{cfg.tokens}"
+    return cached_arrays(kind, root, files, lambda: _parse(cfg, root, files))
+
+
+def _parse(cfg: DataConfig, root: Path, files: list[Path]) -> Arrays:
+    test_files = [f for f in files if any("test" in part for part in f.relative_to(root).parts)]
+    train_files = [f for f in files if f not in test_files]
+    if not train_files:
+        raise FedsimError(f"[data] dataset = 'parquet': every Parquet file under {root} has 'test' in its "
+                          "path, so there is no training data; name the training files without 'test'")
+    columns = (cfg.client_column, cfg.label_column, cfg.feature_column)
+    train, test = (pa.concat_tables([_read(f, columns) for f in part]) if part else None
+                   for part in (train_files, test_files))
+    clients, owner_train = np.unique(_column(train, cfg.client_column, train_files), return_inverse=True)
+    first_seen = np.argsort(np.unique(owner_train, return_index=True)[1])  # clients by first row
+    device_of = np.empty(len(clients), dtype=np.int64)
+    device_of[first_seen] = np.arange(len(clients))
+    owner_train = device_of[owner_train]
+    users = clients[first_seen]
+    labels, names = _labels(train, test, cfg, train_files, test_files)
+    x_train = _features(train, cfg, train_files)
+    if test is not None:
+        test_clients = _column(test, cfg.client_column, test_files)
+        at = np.searchsorted(clients, test_clients)
+        known = (at < len(clients)) & (clients[np.minimum(at, len(clients) - 1)] == test_clients)
+        if not known.all():
+            raise FedsimError(f"{_file_of(test_files, test, int(np.argmin(known)))}: client "
+                              f"{test_clients[np.argmin(known)]!r} has test rows but no training rows; "
+                              "every test client must also hold training samples")
+        arrays = {"x_train": x_train, "y_train": labels[0], "owner_train": owner_train,
+                  "x_test": _features(test, cfg, test_files), "y_test": labels[1], "owner_test": device_of[at]}
+    else:
+        held_out = _per_client_split(owner_train, cfg.test_fraction)
+        arrays = {"x_train": x_train[~held_out], "y_train": labels[0][~held_out], "owner_train": owner_train[~held_out],
+                  "x_test": x_train[held_out], "y_test": labels[0][held_out], "owner_test": owner_train[held_out]}
+    arrays["users"] = users.astype(str)
+    if names is not None:
+        arrays["label_names"] = names
+    arrays.update(_text_extras(arrays, cfg))
+    return arrays
+
+
+def _read(path: Path, columns: tuple[str, ...]) -> pa.Table:
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as err:
+        raise FedsimError(f"{path}: not a readable Parquet file ({err}); replace it") from None
+    absent = [c for c in columns if c not in schema.names]
+    if absent:
+        raise FedsimError(f"{path}: no column {absent[0]!r} (it has {', '.join(schema.names)}); set [data] "
+                          "client_column, label_column and feature_column to its columns")
+    return pq.read_table(path, columns=list(columns))
+
+
+def _column(table: pa.Table, name: str, files: list[Path]) -> np.ndarray:
+    column = table.column(name)
+    if column.null_count:
+        row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+        raise FedsimError(f"{_file_of(files, table, row)}: a row without a {name!r} value; fill or drop it")
+    return column.to_numpy(zero_copy_only=False)
+
+
+def _file_of(files: list[Path], table: pa.Table, row: int) -> str:
+    """Which file (of those concatenated into `table`) holds `row`."""
+    ends = np.cumsum([pq.ParquetFile(f).metadata.num_rows for f in files])
+    k = min(int(np.searchsorted(ends, row, side="right")), len(files) - 1)
+    return f"{files[k]}, row {row - (int(ends[k - 1]) if k else 0)}"
+
+
+def _labels(train, test, cfg, train_files, test_files) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """Class numbers of the training and test rows, and the class names of string labels."""
+    raw = [_column(t, cfg.label_column, f) for t, f in ((train, train_files), (test, test_files)) if t is not None]
+    if raw[0].dtype.kind in "OUS":
+        names = np.unique(raw[0]).astype(str)
+        numbers = []
+        for values, table, files in zip(raw, (train, test), (train_files, test_files)):
+            at = np.minimum(np.searchsorted(names, values.astype(str)), len(names) - 1)
+            unknown = names[at] != values.astype(str)
+            if unknown.any():
+                row = int(np.argmax(unknown))
+                raise FedsimError(f"{_file_of(files, table, row)}: label {values[row]!r} appears in no "
+                                  "training row; a test label must be a training class")
+            numbers.append(at.astype(np.int64))
+        return numbers + [np.zeros(0, np.int64)] * (2 - len(numbers)), names
+    numbers = []
+    for values, table, files in zip(raw, (train, test), (train_files, test_files)):
+        if values.dtype.kind not in "iub" or (values.dtype.kind == "i" and values.min(initial=0) < 0):
+            row = int(np.argmax(values < 0)) if values.dtype.kind in "if" else 0
+            raise FedsimError(f"{_file_of(files, table, row)}: label {values[row].item()!r} is not a class number "
+                              f"0, 1, ...; [data] label_column = {cfg.label_column!r} must hold integers "
+                              "from 0 or strings")
+        numbers.append(values.astype(np.int64))
+    return numbers + [np.zeros(0, np.int64)] * (2 - len(numbers)), None
+
+
+def _features(table: pa.Table, cfg: DataConfig, files: list[Path]) -> np.ndarray:
+    column = table.column(cfg.feature_column).combine_chunks()
+    kind = column.type
+    if column.null_count:
+        _column(table, cfg.feature_column, files)  # raises, naming the row
+    if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
+        return _images(column.field("bytes").to_pylist(), table, files)
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return _images(column.to_pylist(), table, files)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return np.asarray(column.to_pylist(), dtype=object)  # tokenised with the vocabulary (_text_extras)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        lengths = column.value_lengths().to_numpy(zero_copy_only=False)
+        if len(lengths) and (lengths != lengths[0]).any():
+            row = int(np.argmax(lengths != lengths[0]))
+            raise FedsimError(f"{_file_of(files, table, row)}: feature of {lengths[row]} numbers where the "
+                              f"first row has {lengths[0]}; every sample needs the same length")
+        return column.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(column), -1)
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return column.to_numpy(zero_copy_only=False).astype(np.float32)[:, None]
+    raise FedsimError(f"{files[0]}: column {cfg.feature_column!r} is of type {kind}; a feature must be an "
+                      "image, a list of numbers, a number or a text")
+
+
+def _images(encoded: list, table: pa.Table, files: list[Path]) -> np.ndarray:
+    """PNG/JPEG bytes -> uint8 [n, channels, height, width] (decoding is cached with the rest)."""
+    from PIL import Image, UnidentifiedImageError
+
+    pictures = []
+    for row, data in enumerate(encoded):  # load time only: the decoded array is cached
+        try:
+            picture = np.asarray(Image.open(io.BytesIO(data)))
+        except (UnidentifiedImageError, OSError, TypeError):
+            raise FedsimError(f"{_file_of(files, table, row)}: the feature is not a readable image") from None
+        if pictures and picture.shape != pictures[0].shape:
+            raise FedsimError(f"{_file_of(files, table, row)}: image of shape {picture.shape} where the first "
+                              f"is {pictures[0].shape}; every image needs the same size")
+        pictures.append(picture)
+    images = np.stack(pictures)
+    return images[:, None] if images.ndim == 3 else images.transpose(0, 3, 1, 2).copy()
+
+
+def _text_extras(arrays: dict, cfg: DataConfig) -> Arrays:
+    """Texts -> token rows, by words (a vocabulary of the training text) or by characters."""
+    if arrays["x_train"].dtype != object:
+        return {"scale": np.asarray(1 / 255 if arrays["x_train"].dtype == np.uint8 else 1.0)}
+    split = text.words if cfg.tokens == "words" else list
+    length = text.MAX_WORDS if cfg.tokens == "words" else text.MAX_CHARACTERS
+    texts = {k: [split(t) for t in arrays[k]] for k in ("x_train", "x_test")}
+    vocabulary = text.word_vocabulary(texts["x_train"])
+    ids = {w: k + 2 for k, w in enumerate(vocabulary)}
+    return {k: text.encode(v, ids, length) for k, v in texts.items()} | {
+        "vocabulary": np.asarray(vocabulary, dtype=str)}
+
+
+def _per_client_split(owner: np.ndarray, fraction: float) -> np.ndarray:
+    """Which rows are test rows: round(fraction * n_i) random ones of each client with >= 2
+    rows (at least one on each side), with a fixed seed (0) so that every run tests on them."""
+    keys = np.random.default_rng(0).random(len(owner))
+    order = np.lexsort((keys, owner))
+    sizes = np.bincount(owner)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    rank = np.empty(len(owner), dtype=np.int64)
+    rank[order] = np.arange(len(owner)) - starts[owner[order]]
+    n_test = np.where(sizes >= 2, np.clip(np.rint(fraction * sizes), 1, sizes - 1), 0)
+    return rank < n_test[owner]

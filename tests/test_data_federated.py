@@ -1,0 +1,258 @@
+"""Datasets with their own clients: LEAF (FEMNIST, Shakespeare, Sent140) and Parquet federated
+datasets, from generated files in their layouts, through the loaders and `fedsim run`."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from fedsim.cli import main
+from fedsim.config import DataConfig, ModelConfig
+from fedsim.data import cache, leaf, text
+from fedsim.data.datasets import load_dataset
+from fedsim.training import build_task
+from leaf_files import write_json, write_leaf
+
+CPU = torch.device("cpu")
+SIZES = [[10, 20, 5], [15, 8]]  # two training files: users u0..u2, then u3, u4
+
+
+def fails(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def run_config(tmp_path, dataset: str, root, model: str, **data) -> str:
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in {"clients": 5, **data}.items())
+    path = tmp_path / f"{dataset}.toml"
+    path.write_text(f'[run]\nname = "{dataset}"\nrounds = 3\nout = "{tmp_path / "out"}"\nprogress = false\n'
+                    f'[data]\ndataset = "{dataset}"\nroot = "{root}"\n{extra}'
+                    f'[model]\nname = "{model}"\n[client]\nlocal_steps = 2\nbatch_size = 4\nlr = 0.05\n')
+    return str(path)
+
+
+def test_femnist_one_device_per_user_in_file_order(tmp_path):
+    root = write_leaf(tmp_path / "femnist", "femnist", SIZES)
+    data = load_dataset(DataConfig(dataset="femnist", root=str(root), clients=5), seed=0)
+    assert data.users.tolist() == ["u0", "u1", "u2", "u3", "u4"]
+    assert np.bincount(data.owner_train).tolist() == [10, 20, 5, 15, 8]
+    assert np.bincount(data.owner_test).tolist() == [2] * 5
+    assert data.x_train.shape == (58, 1, 28, 28) and data.x_train.dtype == np.uint8 and data.n_classes == 62
+    # the pixels are the files' numbers (k / 255 kept as bytes k)
+    first = json.loads((root / "train" / "all_data_0_train.json").read_text())["user_data"]["u0"]
+    assert np.allclose(data.x_train[0].reshape(-1) * data.scale, first["x"][0], atol=1e-7)
+    assert data.y_train[:10].tolist() == first["y"]
+
+
+def test_femnist_runs_with_n_samples_and_users_in_devices_parquet(tmp_path):
+    root = write_leaf(tmp_path / "femnist", "femnist", SIZES)
+    assert main(["run", run_config(tmp_path, "femnist", root, "cnn-femnist", users="most-samples", clients=3)]) == 0
+    devices = pl.read_parquet(tmp_path / "out" / "femnist" / "devices.parquet")
+    assert devices["user"].to_list() == ["u0", "u1", "u3"]  # the 3 largest, in file order
+    assert devices["n_samples"].to_list() == [10, 20, 15]
+    assert devices["n_test_samples"].to_list() == [2, 2, 2]
+    assert main(["report", str(tmp_path / "out" / "femnist"), "--json"]) == 0
+
+
+def test_shakespeare_reads_leaf_letters_and_counts_unknown_ones(tmp_path):
+    root = write_leaf(tmp_path / "shk", "shakespeare", [[6, 4]])
+    path = root / "train" / "all_data_0_train.json"
+    content = json.loads(path.read_text())
+    content["user_data"]["u0"]["x"][0] = "é" + content["user_data"]["u0"]["x"][0][1:]
+    path.write_text(json.dumps(content))
+    arrays = leaf.read_leaf("shakespeare", root)
+    sample = content["user_data"]["u0"]["x"][0]
+    assert arrays["x_train"][0, 0] == len(text.LEAF_LETTERS) - 1  # as LEAF: index -1, its last letter
+    assert arrays["x_train"][0, 1:].tolist() == [text.LEAF_LETTERS.index(c) for c in sample[1:]]
+    assert arrays["y_train"][0] == text.LEAF_LETTERS.index(content["user_data"]["u0"]["y"][0])
+    assert int(arrays["unknown"]) == 1
+
+
+def test_shakespeare_trains_char_lstm_and_learns(tmp_path):
+    root = write_leaf(tmp_path / "shk", "shakespeare", [[6, 4], [5]])
+    task = build_task(DataConfig(dataset="shakespeare", root=str(root), clients=3),
+                      ModelConfig(name="char-lstm"), seed=0, device=CPU)
+    # the FedAvg paper's model: embedding 80 x 8, LSTM layers 8 -> 256 -> 256, dense 256 -> 80
+    assert task.dim == 80 * 8 + 4 * 256 * (8 + 256 + 1) + 4 * 256 * (256 + 256 + 1) + 256 * 80 + 80
+    assert task.client_sizes().tolist() == [6, 4, 5] and task.n_classes == 80
+
+
+def test_sent140_vocabulary_by_frequency_and_its_cut(tmp_path):
+    root = write_leaf(tmp_path / "s140", "sent140", [[12, 9], [11]], test_size=3)
+    arrays = leaf.read_leaf("sent140", root)
+    vocabulary = arrays["vocabulary"].tolist()
+    texts = [text.words(row[4]) for f in sorted((root / "train").glob("*.json"))
+             for u in json.loads(f.read_text())["user_data"].values() for row in u["x"]]
+    counts = [sum(t.count(w) for t in texts) for w in vocabulary]
+    assert counts == sorted(counts, reverse=True) and len(vocabulary) == len({w for t in texts for w in t})
+    row = arrays["x_train"][0]
+    words = texts[0][-text.MAX_WORDS:]
+    assert row[-len(words):].tolist() == [vocabulary.index(w) + 2 for w in words]
+    assert (row[:-len(words)] == text.PAD).all()  # left-padded: the LSTM ends on the last word
+    data = load_dataset(DataConfig(dataset="sent140", root=str(root), clients=3, vocab_size=3), seed=0)
+    assert data.vocab_size == 5 and data.x_train.max() == 4
+    assert ((arrays["x_train"] >= 5) == (data.x_train == text.UNKNOWN)).all()
+
+
+def test_sent140_word_vectors_are_a_fixed_embedding(tmp_path):
+    root = write_leaf(tmp_path / "s140", "sent140", [[12, 9], [11]], test_size=3)
+    glove = tmp_path / "glove.txt"
+    glove.write_text("good 0.5 1.5 -2\nzebra 9 9 9\nbad -1 0 1\n")
+    learned = build_task(DataConfig(dataset="sent140", root=str(root), clients=3),
+                         ModelConfig(name="lstm"), seed=0, device=CPU)
+    fixed = build_task(DataConfig(dataset="sent140", root=str(root), clients=3),
+                       ModelConfig(name="lstm", word_vectors=str(glove)), seed=0, device=CPU)
+    vocab = list(load_dataset(DataConfig(dataset="sent140", root=str(root), clients=3), seed=0).vocabulary)
+    # the learned table of 25 per word is parameters; fixed vectors are not (nor trained, nor sent)
+    second_layer_and_head = 4 * 16 * (16 + 16 + 1) + 16 * 2 + 2
+    assert fixed.dim == 4 * 16 * (3 + 16 + 1) + second_layer_and_head
+    assert learned.dim == (len(vocab) + 2) * 25 + 4 * 16 * (25 + 16 + 1) + second_layer_and_head
+    table = fixed.model.layers[0].fixed
+    assert table[vocab.index("good") + 2].tolist() == [0.5, 1.5, -2.0]
+    assert table[vocab.index("bad") + 2].tolist() == [-1.0, 0.0, 1.0]
+    assert table[vocab.index("love") + 2].tolist() == [0.0, 0.0, 0.0]  # not in the file
+
+
+def test_pooled_partition_takes_every_user_and_test_sample(tmp_path):
+    root = write_leaf(tmp_path / "femnist", "femnist", SIZES)
+    data = load_dataset(DataConfig(dataset="femnist", root=str(root), clients=2, partition="iid"), seed=0)
+    assert data.owner_train is None and len(data.y_train) == 58 and len(data.y_test) == 10
+    task = build_task(DataConfig(dataset="femnist", root=str(root), clients=2, partition="iid"),
+                      ModelConfig(name="logreg"), seed=0, device=CPU)
+    assert task.client_sizes().tolist() == [29, 29]
+
+
+def test_parsed_arrays_come_from_the_cache_until_a_file_changes(tmp_path, monkeypatch):
+    root = write_leaf(tmp_path / "femnist", "femnist", SIZES)
+    first = leaf.read_leaf("femnist", root)
+    assert len(list((root / ".fedsim-cache").glob("leaf-femnist-*.npz"))) == 1
+    cache._READ.clear()
+    monkeypatch.setattr(leaf, "_parse", lambda *a: pytest.fail("parsed again"))
+    again = leaf.read_leaf("femnist", root)
+    assert all(np.array_equal(first[k], again[k]) for k in first)
+    monkeypatch.undo()
+    write_leaf(root, "femnist", [[10, 20, 5], [15, 9]])  # one more sample for u4
+    assert np.bincount(leaf.read_leaf("femnist", root)["owner_train"]).tolist() == [10, 20, 5, 15, 9]
+
+
+def test_more_clients_than_users_is_said(tmp_path, capsys):
+    root = write_leaf(tmp_path / "femnist", "femnist", SIZES)
+    err = fails(capsys, ["run", run_config(tmp_path, "femnist", root, "logreg", clients=9)])
+    assert "[data] clients = 9" in err and "has 5 users" in err and "partition = 'iid'" in err
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda root: (root / "train" / "all_data_0_train.json").write_text("[1, 2]"), "not LEAF's layout"),
+    (lambda root: write_json(root / "train" / "all_data_0_train.json", ["u0"], {"u0": ([], [])}),
+     "user 'u0': the user has no samples"),
+    (lambda root: write_json(root / "train" / "all_data_0_train.json", ["u0"], {"u0": ([[0.0] * 784], [62])}),
+     "user 'u0': label 62 outside the classes 0..61"),
+    (lambda root: write_json(root / "train" / "all_data_0_train.json", ["u0"], {"u0": ([[0.0] * 780], [3])}),
+     "user 'u0': x has samples of shape (780,), expected 784"),
+    (lambda root: (root / "train" / "all_data_0_train.json").write_text("{"), "not a readable JSON file"),
+])
+def test_damaged_leaf_files_are_one_line_naming_file_and_user(tmp_path, capsys, damage, expected):
+    root = write_leaf(tmp_path / "femnist", "femnist", SIZES)
+    damage(root)
+    err = fails(capsys, ["run", run_config(tmp_path, "femnist", root, "logreg")])
+    assert expected in err and "all_data_0_train.json" in err
+
+
+def test_missing_folder_and_wrong_layout(tmp_path, capsys):
+    err = fails(capsys, ["run", run_config(tmp_path, "sent140", tmp_path / "nowhere", "lstm")])
+    assert "folder" in err and "nowhere" in err and "[data] root" in err
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "data.json").write_text("{}")
+    err = fails(capsys, ["run", run_config(tmp_path, "sent140", tmp_path / "flat", "lstm")])
+    assert "train holds no *.json" in err and "LEAF's layout" in err
+
+
+def test_text_needs_a_text_model(tmp_path, capsys):
+    root = write_leaf(tmp_path / "s140", "sent140", [[12, 9], [11]])
+    err = fails(capsys, ["run", run_config(tmp_path, "sent140", root, "mlp", clients=3)])
+    assert "'mlp' cannot read text" in err and "lstm" in err
+
+
+# -- Parquet federated datasets ----------------------------------------------------------------
+
+def _png(pixels: np.ndarray) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def write_image_parquet(folder, with_test: bool = True):
+    """Hugging Face's image layout: {bytes, path} structs, string client ids, integer labels."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True)
+    sizes = {"train": {"w7": 6, "w2": 9, "w5": 4}, "test": {"w2": 2, "w7": 1}}
+    for split in ("train", "test") if with_test else ("train",):
+        clients = [c for c, n in sizes[split].items() for _ in range(n)]
+        pictures = rng.integers(0, 256, size=(len(clients), 12, 12), dtype=np.uint8)
+        images = [{"bytes": _png(p), "path": None} for p in pictures]
+        pq.write_table(pa.table({"writer_id": clients, "character": rng.integers(0, 10, len(clients)),
+                                 "image": images}), folder / f"{split}-00000-of-00001.parquet")
+    return folder
+
+
+def test_parquet_images_one_device_per_client(tmp_path):
+    root = write_image_parquet(tmp_path / "pq")
+    cfg = DataConfig(dataset="parquet", root=str(root), clients=3, client_column="writer_id",
+                     label_column="character", feature_column="image")
+    data = load_dataset(cfg, seed=0)
+    assert data.users.tolist() == ["w7", "w2", "w5"]  # by first appearance
+    assert np.bincount(data.owner_train).tolist() == [6, 9, 4]
+    assert np.bincount(data.owner_test, minlength=3).tolist() == [1, 2, 0]
+    assert data.x_train.shape == (19, 1, 12, 12) and data.x_train.dtype == np.uint8
+    first = np.asarray(__import__("PIL.Image").Image.open(io.BytesIO(
+        pq.read_table(root / "train-00000-of-00001.parquet")["image"][0].as_py()["bytes"])))
+    assert np.array_equal(data.x_train[0, 0], first)
+
+
+def test_parquet_without_test_files_splits_each_client(tmp_path):
+    root = write_image_parquet(tmp_path / "pq", with_test=False)
+    cfg = DataConfig(dataset="parquet", root=str(root), clients=3, client_column="writer_id",
+                     label_column="character", feature_column="image", test_fraction=0.25)
+    data = load_dataset(cfg, seed=0)
+    assert np.bincount(data.owner_test).tolist() == [2, 2, 1]  # round(0.25 n), at least one
+    assert np.bincount(data.owner_train).tolist() == [4, 7, 3]
+
+
+def test_parquet_text_and_string_labels_train(tmp_path):
+    root = tmp_path / "pq"
+    root.mkdir()
+    pq.write_table(pa.table({"user": ["a", "a", "b", "b", "b", "c", "c"],
+                             "sentiment": ["pos", "neg", "pos", "pos", "neg", "neg", "pos"],
+                             "text": ["good day", "bad day", "love it", "great food", "awful", "sad", "happy"]}),
+                   root / "train.parquet")
+    assert main(["run", run_config(tmp_path, "parquet", root, "lstm", clients=3, client_column="user",
+                                   label_column="sentiment", feature_column="text", test_fraction=0.34)]) == 0
+    devices = pl.read_parquet(tmp_path / "out" / "parquet" / "devices.parquet")
+    assert devices["user"].to_list() == ["a", "b", "c"] and devices["n_samples"].to_list() == [1, 2, 1]
+
+
+def test_parquet_errors_name_file_and_row(tmp_path, capsys):
+    root = tmp_path / "pq"
+    root.mkdir()
+    pq.write_table(pa.table({"user": ["a", None], "label": [0, 1], "x": [[1.0, 2.0], [3.0, 4.0]]}),
+                   root / "train.parquet")
+    base = dict(clients=1, client_column="user", label_column="label", feature_column="x")
+    err = fails(capsys, ["run", run_config(tmp_path, "parquet", root, "logreg", **base)])
+    assert "train.parquet, row 1" in err and "'user'" in err
+    err = fails(capsys, ["run", run_config(tmp_path, "parquet", root, "logreg", **{**base, "label_column": "y"})])
+    assert "no column 'y'" in err and "user, label, x" in err
+    pq.write_table(pa.table({"user": ["a", "b"], "label": [0, -3], "x": [[1.0, 2.0], [3.0, 4.0]]}),
+                   root / "train.parquet")
+    err = fails(capsys, ["run", run_config(tmp_path, "parquet", root, "logreg", **base)])
+    assert "row 1" in err and "label -3" in err

@@ -284,8 +284,8 @@ def test_fedsim_report_claims_prints_the_verdicts_of_a_tiny_study(tmp_path, caps
     folder = tmp_path / "runs" / "s"
     frame = pl.read_parquet(folder / "study.parquet")
     known = paper_mifa_frame().filter(pl.col("round") == 0).select(
-        pl.col("algorithm.name").replace({"a": "mifa", "b": "fedavg"}), pl.col("run.seed").cast(frame["run.seed"].dtype),
-        pl.col("test_acc").alias("acc"))
+        pl.col("algorithm.name").replace({"a": "mifa", "b": "fedavg"}),
+        pl.col("run.seed").cast(frame["run.seed"].dtype), pl.col("test_acc").alias("acc"))
     frame = frame.join(known, on=["algorithm.name", "run.seed"]).with_columns(test_acc=pl.col("acc")).drop("acc")
     frame.write_parquet(folder / "study.parquet")
     capsys.readouterr()

@@ -248,10 +248,10 @@ def report_claims(study, as_json: bool) -> int:
     verdicts = judge_study(study.folder, study.axes, study.claims, study.resolved.get("zip", []))
     written = write_claims(study.folder, study.name, verdicts)
     if as_json:
-        print(json.dumps([{"claim": v.claim["claim"], "verdict": v.verdict, "mean": v.decisive.mean,
-                           "ci95": v.decisive.ci, "group": v.decisive.label,
-                           "groups": [{"group": g.label, "values": g.values, "verdict": g.verdict}
-                                      for g in v.groups]} for v in verdicts], indent=2))
+        print(json.dumps([{"claim": v.claim["claim"], "verdict": v.verdict, "note": v.decisive.note or None,
+                           "mean": v.decisive.mean, "ci95": v.decisive.ci, "group": v.decisive.label,
+                           "groups": [{"group": g.label, "values": g.values, "verdict": g.verdict,
+                                       "note": g.note or None} for g in v.groups]} for v in verdicts], indent=2))
         return 0
     print(claims_table(verdicts))
     for path in written:

@@ -3,14 +3,18 @@ and every malformed claim as one error line."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import polars as pl
 import pytest
 
-from fedsim.results.claims import FAILS, HOLDS, UNSURE, check_claims, judge, measured, point_metric
+from fedsim.cli import main
+from fedsim.config import dump_toml
 from fedsim.errors import FedsimError
+from fedsim.results.claims import (FAILS, HOLDS, UNSURE, check_claims, decide, judge, measured, point_metric,
+                                   seeds_to_decide)
 
 ROUNDS = 10
 
@@ -46,6 +50,7 @@ A_BEATS_B = {"claim": "a beats b", "metric": "final_acc", "better": {"algorithm.
     ([0.80, 0.81, 0.82], [0.70, 0.70, 0.71], HOLDS),
     ([0.70, 0.72, 0.71], [0.80, 0.81, 0.82], FAILS),
     ([0.75, 0.70, 0.76], [0.70, 0.71, 0.70], UNSURE),  # differences 0.05, -0.01, 0.06
+    ([0.65, 0.71, 0.64], [0.70, 0.70, 0.70], UNSURE),  # mean -0.033 below 0, but its CI is not
 ])
 def test_better_than_is_decided_by_the_paired_differences_and_their_ci(a, b, verdict):
     result = judge(A_BEATS_B, two_algorithms(a, b), AXES)
@@ -179,6 +184,121 @@ def test_at_least_moves_the_bar_a_non_inferiority_claim_must_clear():
     assert judge(A_BEATS_B, frame, AXES).verdict == FAILS
     result = judge({**A_BEATS_B, "at_least": -0.01}, frame, AXES)
     assert result.verdict == HOLDS and result.decisive.mean == pytest.approx(-0.0051, abs=1e-4)
-    assert judge({**A_BEATS_B, "at_least": -0.005}, frame, AXES).verdict == FAILS
+    assert judge({**A_BEATS_B, "at_least": -0.005}, frame, AXES).verdict == UNSURE  # CI -0.60 .. -0.42 pp
+    assert judge({**A_BEATS_B, "at_least": -0.004}, frame, AXES).verdict == FAILS
     with pytest.raises(FedsimError, match="within is a claim of its own"):
         check_claims([{**A_BEATS_B, "at_least": -0.01, "within": 0.01}], AXES, "s")
+
+
+# -- the rule: the whole 95 % CI decides ------------------------------------------------------
+
+@pytest.mark.parametrize("mean, half, verdict", [
+    (0.0129, 0.0136, UNSURE),  # paper-mifa: +1.29 ± 1.36 pp, CI -0.07 .. 2.65 against a 1 pp margin
+    (0.002, 0.005, HOLDS),  # CI -0.3 .. 0.7 pp: inside (-1, 1)
+    (0.009, 0.002, UNSURE),  # 0.7 .. 1.1 pp: crosses the edge
+    (0.03, 0.01, FAILS),  # 2 .. 4 pp: wholly outside
+    (-0.03, 0.01, FAILS),  # -4 .. -2 pp: wholly outside, below
+    (-0.012, 0.001, FAILS),
+    (0.0, 0.02, UNSURE),  # wider than the margin
+])
+def test_a_within_claim_holds_inside_the_margin_fails_wholly_outside_it(mean, half, verdict):
+    assert decide(mean, half, within=0.01) == verdict
+
+
+def test_the_edges_of_the_margin_and_the_bar_are_exact():
+    """Binary fractions, so that the CI's ends fall on the boundaries exactly."""
+    assert decide(0.75, 0.25, within=0.5) == FAILS  # CI [0.5, 1]: outside (-0.5, 0.5)
+    assert decide(0.25, 0.25, within=0.5) == UNSURE  # CI [0, 0.5]: not inside the open margin
+    assert decide(-0.25, 0.25) == FAILS  # CI [-0.5, 0]: at or below the bar 0
+    assert decide(0.25, 0.25) == UNSURE  # CI [0, 0.5]: not above it
+
+
+@pytest.mark.parametrize("mean, half, at_least, verdict", [
+    (0.02, 0.01, 0.0, HOLDS),  # CI 1 .. 3 pp above 0
+    (-0.02, 0.01, 0.0, FAILS),  # CI -3 .. -1 pp, wholly below 0
+    (0.005, 0.01, 0.0, UNSURE),  # straddles 0 with the mean above
+    (-0.005, 0.01, 0.0, UNSURE),  # straddles 0 with the mean below (the old rule said: does not hold)
+    (-0.005, 0.004, -0.01, HOLDS),  # at most 1 point worse: CI -0.9 .. -0.1 pp above -1
+    (-0.02, 0.005, -0.01, FAILS),
+    (-0.008, 0.004, -0.01, UNSURE),
+])
+def test_a_better_or_at_least_claim_holds_above_the_bar_fails_wholly_below_it(mean, half, at_least, verdict):
+    assert decide(mean, half, at_least=at_least) == verdict
+
+
+def test_one_seed_has_no_ci_and_decides_nothing():
+    assert decide(0.5, None) == decide(-0.5, None) == decide(0.0, None, within=0.01) == UNSURE
+    frame = two_algorithms([0.9], [0.1])
+    result = judge(A_BEATS_B, frame, {"algorithm.name": ["a", "b"], "run.seed": [0]})
+    assert result.verdict == UNSURE and result.verdict_text == "inconclusive (needs 2 or more seeds)"
+    assert measured(result) == "+80.00 pp"
+
+
+def test_how_many_more_seeds_would_decide_by_hand():
+    """The fewest n' > n with t(0.975, n' - 1) * s / sqrt(n') below the distance to the deciding boundary."""
+    # paper-mifa's within claim: +1.29 ± 1.36 pp over 3 seeds, so s = 1.36 * sqrt(3) / 4.303 = 0.547 pp;
+    # it would not hold once the CI is above the 1 pp edge, 0.29 pp from the mean:
+    # n' = 16: 2.131 * 0.547 / 4 = 0.292 > 0.29; n' = 17: 2.120 * 0.547 / sqrt(17) = 0.281 < 0.29
+    s = 0.0136 * math.sqrt(3) / 4.303
+    assert 2.131 * s / 4 > 0.0029 > 2.120 * s / math.sqrt(17)
+    assert seeds_to_decide(0.0129, s, 3, within=0.01) == 14
+    # a better claim +1.87 ± 3.06 pp over 3 seeds (paper-fedawe): s = 1.232 pp, the bar 0 is 1.87 pp off;
+    # n' = 4: 3.182 * 1.232 / 2 = 1.96 > 1.87; n' = 5: 2.776 * 1.232 / sqrt(5) = 1.53 < 1.87
+    assert seeds_to_decide(0.0187, 0.0306 * math.sqrt(3) / 4.303, 3) == 2
+    # beyond 30 degrees of freedom t = 1.96: 1.96 * 1 / sqrt(n') < 0.1 from n' = 385
+    assert seeds_to_decide(0.1, 1.0, 3) == 382
+    assert seeds_to_decide(1e-6, 1.0, 3) is None  # more than 1000 more
+
+
+def paper_mifa_frame() -> pl.DataFrame:
+    """a - b = +1.29 ± 1.36 pp over 3 seeds: mean 1.29 pp, sd s = 1.36 * sqrt(3) / 4.303 pp."""
+    s = 0.0136 * math.sqrt(3) / 4.303
+    return two_algorithms([0.8 + 0.0129 + s * k for k in (-1, 0, 1)], [0.8] * 3)
+
+
+def test_the_paper_mifa_case_is_inconclusive_and_says_how_many_seeds_would_decide():
+    result = judge({**A_BEATS_B, "within": 0.01}, paper_mifa_frame(), AXES)
+    assert measured(result) == "+1.29 ± 1.36 pp"
+    assert result.verdict == UNSURE and result.verdict_text == "inconclusive (about 14 more seeds)"
+    near = two_algorithms([0.75, 0.25, 0.5], [0.5] * 3)  # differences 0.25, -0.25, 0: mean exactly 0
+    assert judge(A_BEATS_B, near, AXES).decisive.note == "the mean is on the boundary: more seeds would not decide it"
+    far = two_algorithms([0.75, 0.25, 0.5 + 2 ** -20], [0.5] * 3)
+    assert judge(A_BEATS_B, far, AXES).decisive.note == "more than 1000 more seeds"
+
+
+def test_fedsim_report_claims_prints_the_verdicts_of_a_tiny_study(tmp_path, capsys):
+    """A real sweep (2 algorithms x 3 seeds), its study.parquet then given known accuracies
+    (mifa - fedavg = +1.29 ± 1.36 pp) so that the printed verdicts are known."""
+    claims = [{"claim": "mifa matches fedavg within 1 point", "within": 0.01},
+              {"claim": "mifa beats fedavg"},
+              {"claim": "mifa beats fedavg by 3 points", "at_least": 0.03},
+              {"claim": "mifa is at most 2 points below fedavg", "at_least": -0.02}]
+    study = {"run": {"rounds": 4, "eval_every": 2, "progress": False, "plots": False, "name": "s",
+                     "out": str(tmp_path / "runs")},
+             "data": {"dataset": "digits", "clients": 10}, "server": {"clients_per_round": 5, "timing": "ideal"},
+             "client": {"local_steps": 1}, "sweep": {"algorithm.name": ["fedavg", "mifa"], "run.seed": [0, 1, 2]},
+             "claims": [{**c, "metric": "final_acc", "better": {"algorithm.name": "mifa"},
+                         "than": {"algorithm.name": "fedavg"}} for c in claims]}
+    (tmp_path / "s.toml").write_text(dump_toml(study))
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet"]) == 0
+    folder = tmp_path / "runs" / "s"
+    frame = pl.read_parquet(folder / "study.parquet")
+    known = paper_mifa_frame().filter(pl.col("round") == 0).select(
+        pl.col("algorithm.name").replace({"a": "mifa", "b": "fedavg"}),
+        pl.col("run.seed").cast(frame["run.seed"].dtype), pl.col("test_acc").alias("acc"))
+    frame = frame.join(known, on=["algorithm.name", "run.seed"]).with_columns(test_acc=pl.col("acc")).drop("acc")
+    frame.write_parquet(folder / "study.parquet")
+    capsys.readouterr()
+    assert main(["report", str(folder), "--claims"]) == 0
+    rows = {line.split("  ")[0]: line for line in capsys.readouterr().out.splitlines()}
+    expected = ["inconclusive (about 14 more seeds)", "inconclusive (about 1 more seed)", "does not hold", "holds"]
+    for claim, verdict in zip(claims, expected):
+        row = rows[claim["claim"]]
+        assert "+1.29 ± 1.36 pp" in row and f"  {verdict}  " in row, row
+    markdown = (folder / "claims.md").read_text()
+    assert "| inconclusive (about 14 more seeds) |" in markdown
+    assert "## 1. mifa matches fedavg within 1 point: inconclusive (about 14 more seeds)" in markdown
+    assert main(["report", str(folder), "--claims", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(c["verdict"], c["note"]) for c in doc] == [
+        (UNSURE, "about 14 more seeds"), (UNSURE, "about 1 more seed"), (FAILS, None), (HOLDS, None)]

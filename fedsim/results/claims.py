@@ -19,9 +19,13 @@ selects with those that `than` selects, paired by seed (same seed, same data, sa
     window = 100                            # rounds, for tail_acc, tail_loss, loss_swing
 
 Every axis the claim does not name (but the seed) splits it into groups, and the claim must
-hold in each. Per group the statistic is computed per seed, and its mean and 95 % CI decide:
-`holds` (the CI is above `at_least`), `does not hold` (the mean is not), `inconclusive` (the
-mean is, the CI is not). A claim's verdict is that of its worst group.
+hold in each. Per group the statistic is computed per seed, and the whole 95 % CI of its mean
+decides, not the mean alone: `holds` when the CI lies on the claimed side (above `at_least`;
+for `within`, inside (-margin, margin)), `does not hold` when it lies on the other side (at or
+below `at_least`; for `within`, wholly outside the margin), `inconclusive` when it straddles
+the boundary, or with one seed (no CI). An inconclusive group says about how many more seeds
+would decide it, were the mean and sd to stay as measured. A claim's verdict is that of its
+worst group.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ METRICS = {
 WINDOWED = ("tail_acc", "tail_loss", "loss_swing")
 KEYS = ("claim", "metric", "better", "than", "where", "grows_as", "at_least", "within", "best_over", "window")
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
+MORE_SEEDS_CAP = 1000  # the most extra seeds an inconclusive verdict looks ahead
 
 
 # -- checking the tables ----------------------------------------------------------------------
@@ -145,6 +150,11 @@ class Group:
     label: str
     values: list[float]
     verdict: str
+    note: str = ""  # an inconclusive group: what would decide it ("about 6 more seeds")
+
+    @property
+    def verdict_text(self) -> str:
+        return f"{self.verdict} ({self.note})" if self.note else self.verdict
 
     @property
     def mean(self) -> float:
@@ -161,6 +171,10 @@ class Verdict:
     groups: list[Group]
     verdict: str
     decisive: Group  # the group that decides: the worst one
+
+    @property
+    def verdict_text(self) -> str:
+        return self.decisive.verdict_text
 
 
 def judge(claim: dict, study: pl.DataFrame, axes: dict[str, list], zips: list[list[str]] = ()) -> Verdict:
@@ -202,7 +216,7 @@ def judge(claim: dict, study: pl.DataFrame, axes: dict[str, list], zips: list[li
     for key, rows in pairs.group_by(label_on, maintain_order=True):
         label = _group_label(dict(zip(label_on, key)), group_on, grows)
         values = rows["stat"].to_list()
-        groups.append(Group(label, values, _verdict(values, claim.get("within"), claim.get("at_least", 0.0))))
+        groups.append(Group(label, values, *_verdict(values, claim.get("within"), claim.get("at_least", 0.0))))
     order = {FAILS: 0, UNSURE: 1, HOLDS: 2}
     within = claim.get("within")
     decisive = min(groups, key=lambda g: (order[g.verdict], -abs(g.mean) if within else g.mean))
@@ -252,12 +266,54 @@ def _group_label(key: dict, group_on: list[str], grows: dict | None) -> str:
     return text + (f" at {', '.join(where)}" if where else "")
 
 
-def _verdict(values: list[float], within: float | None, at_least: float = 0.0) -> str:
-    mean = float(np.mean(values))
-    half = ci95([np.std(values, ddof=1) if len(values) > 1 else None], [len(values)], 0.0)[0]
+def _verdict(values: list[float], within: float | None, at_least: float = 0.0) -> tuple[str, str]:
+    """A group's verdict and, when inconclusive, the note on what would decide it."""
+    n, mean = len(values), float(np.mean(values))
+    sd = float(np.std(values, ddof=1)) if n > 1 else None
+    verdict = decide(mean, ci95([sd], [n])[0], within, at_least)
+    return verdict, _more_seeds_note(mean, sd, n, within, at_least) if verdict == UNSURE else ""
+
+
+def decide(mean: float, half: float | None, within: float | None = None, at_least: float = 0.0) -> str:
+    """The verdict of the 95 % CI [mean - half, mean + half]: a mean on the claimed side whose CI
+    crosses the boundary proves nothing either way, so only the whole CI decides. `half` None
+    (one seed, no CI): inconclusive."""
+    if half is None:
+        return UNSURE
+    low, high = mean - half, mean + half
     if within is not None:
-        return HOLDS if abs(mean) + half < within else FAILS if abs(mean) >= within else UNSURE
-    return HOLDS if mean - half > at_least else FAILS if mean <= at_least else UNSURE
+        inside, outside = -within < low and high < within, low >= within or high <= -within
+    else:
+        inside, outside = low > at_least, high <= at_least
+    return HOLDS if inside else FAILS if outside else UNSURE
+
+
+def _distance(mean: float, within: float | None, at_least: float) -> float:
+    """From the mean to the boundary that would decide: the nearest margin edge, or the bar."""
+    return abs(abs(mean) - within) if within is not None else abs(mean - at_least)
+
+
+def seeds_to_decide(mean: float, sd: float, n: int, within: float | None = None,
+                    at_least: float = 0.0) -> int | None:
+    """About how many more seeds than `n` would decide an inconclusive group, were its mean and
+    sd to stay as measured: the fewest n' > n whose CI half-width (Student's t, as ci95) is below
+    the distance from the mean to the deciding boundary, minus n. None when more than
+    MORE_SEEDS_CAP would be needed (a mean on the boundary: no number of seeds)."""
+    counts = np.arange(n + 1, n + MORE_SEEDS_CAP + 1)
+    halves = np.array(ci95([sd] * len(counts), counts))
+    hit = np.flatnonzero(halves < _distance(mean, within, at_least))
+    return int(counts[hit[0]]) - n if hit.size else None
+
+
+def _more_seeds_note(mean: float, sd: float | None, n: int, within: float | None, at_least: float) -> str:
+    if sd is None:
+        return "needs 2 or more seeds"
+    if _distance(mean, within, at_least) == 0:
+        return "the mean is on the boundary: more seeds would not decide it"
+    more = seeds_to_decide(mean, sd, n, within, at_least)
+    if more is None:
+        return f"more than {MORE_SEEDS_CAP} more seeds"
+    return "about 1 more seed" if more == 1 else f"about {more} more seeds"
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -282,7 +338,7 @@ def judge_study(folder: Path, axes: dict[str, list], claims: list[dict], zips: l
 
 
 def claims_table(verdicts: list[Verdict]) -> str:
-    rows = [[v.claim["claim"], measured(v), v.verdict, v.decisive.label] for v in verdicts]
+    rows = [[v.claim["claim"], measured(v), v.verdict_text, v.decisive.label] for v in verdicts]
     return table_text(["claim", "measured (mean ± 95 % CI)", "verdict", "deciding group"], rows)
 
 
@@ -291,19 +347,21 @@ def claims_markdown(name: str, verdicts: list[Verdict], plots: list[str]) -> str
     lines = [f"# Claims of {name}", "",
              "Each claim is checked per group of points, on a statistic per seed: the advantage of "
              "`better` over `than` (> 0 in the claimed direction; accuracies in points, losses in loss "
-             "units). Its mean and 95 % CI over the seeds decide: holds (the whole CI is above the bar, "
-             "0 or `at_least`), does not hold (the mean is not), inconclusive (the mean is, the CI is "
-             "not); a `within` claim holds when |mean| + CI is under its margin and does not when "
-             "|mean| is not. A claim's verdict is its worst group's.", "",
+             "units). The whole 95 % CI of its mean over the seeds decides, not the mean alone: holds "
+             "(the CI lies above the bar, 0 or `at_least`; for `within`, inside (-margin, margin)), "
+             "does not hold (the CI lies at or below the bar; for `within`, wholly outside the margin), "
+             "inconclusive (the CI straddles the boundary, or one seed gives no CI). An inconclusive "
+             "verdict says about how many more seeds would decide it, were the mean and sd to stay as "
+             "measured. A claim's verdict is its worst group's.", "",
              "| claim | metric | measured (mean ± 95 % CI) | verdict |", "| --- | --- | --- | --- |"]
     for v in verdicts:
         lines.append(f"| {v.claim['claim']} | {_metric_text(v.claim)} | {measured(v)} ({v.decisive.label}) "
-                     f"| {v.verdict} |")
+                     f"| {v.verdict_text} |")
     for k, v in enumerate(verdicts, 1):
-        lines += ["", f"## {k}. {v.claim['claim']}: {v.verdict}", "",
+        lines += ["", f"## {k}. {v.claim['claim']}: {v.verdict_text}", "",
                   f"`{json.dumps({key: v.claim[key] for key in KEYS if key in v.claim and key != 'claim'})}`",
                   "", "| group | seeds | measured | verdict |", "| --- | --- | --- | --- |"]
-        lines += [f"| {g.label} | {len(g.values)} | {measured(v, g)} | {g.verdict} |"
+        lines += [f"| {g.label} | {len(g.values)} | {measured(v, g)} | {g.verdict_text} |"
                   for g in sorted(v.groups, key=lambda g: g.label)]
     lines += ["", *(f"![{Path(p).stem}]({p})" for p in plots)]
     return "\n".join(lines) + "\n"
@@ -329,7 +387,8 @@ def write_claims(folder: Path, name: str, verdicts: list[Verdict]) -> list[Path]
     from fedsim.results.plots import plot_claims
 
     rows = [{"claim": v.claim["claim"], "mean": v.decisive.mean, "ci": v.decisive.ci or 0.0,
-             "verdict": v.verdict, "within": v.claim.get("within"), "at_least": v.claim.get("at_least", 0.0),
+             "verdict": v.verdict, "verdict_text": v.verdict_text, "within": v.claim.get("within"),
+             "at_least": v.claim.get("at_least", 0.0),
              "scale": 100.0 if v.claim["metric"].endswith("acc") else 1.0} for v in verdicts]
     plot = plot_claims(rows, folder / "plots" / "claims.png", name)
     pictures = [p for p in ("plots/claims.png", "plots/study_accuracy_vs_rounds.png") if (folder / p).exists()]

@@ -545,7 +545,7 @@ VERDICT_COLOURS = {"holds": "tab:green", "does not hold": "tab:red", "inconclusi
 def plot_claims(rows: list[dict], path: Path, name: str) -> Path:
     """One panel per claim (fedsim/results/claims.py): its deciding statistic, mean and 95 % CI
     over the seeds, against 0 (the band of a `within` claim, the dashed line of `at_least`),
-    coloured by verdict."""
+    coloured by verdict; an inconclusive one's title says how many more seeds would decide it."""
     import textwrap
 
     height = 0.7 + 1.0 * len(rows)
@@ -565,7 +565,7 @@ def plot_claims(rows: list[dict], path: Path, name: str) -> Path:
         reach = max(abs(mean) + ci, (row["within"] or 0) * scale, abs(row["at_least"] or 0) * scale, 1e-9) * 1.3
         ax.set(xlim=(-reach, reach), yticks=[])
         ax.tick_params(axis="x", labelbottom=True, labelsize="small")
-        ax.set_title(textwrap.shorten(f"{row['claim']}: {row['verdict']}", 95) +
+        ax.set_title(f"{textwrap.shorten(row['claim'], 65)}: {row['verdict_text']}" +
                      (" (pp)" if scale == 100 else ""), fontsize="small", color=colour, loc="left")
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", pil_kwargs={"compress_level": 1}))
     return path

@@ -15,7 +15,8 @@ WORDS = "good bad happy sad love hate great awful day night movie food".split()
 
 def _samples(name: str, n: int, rng: np.random.Generator) -> tuple[list, list]:
     if name == "femnist":
-        x = (rng.integers(0, 256, size=(n, 784)) / 255).tolist()
+        ink = rng.integers(0, 256, size=(n, 784))  # about a fifth of the pixels inked, the rest white
+        x = (np.where(rng.random((n, 784)) < 0.8, 255, ink) / 255).tolist()
         return x, rng.integers(0, 62, size=n).tolist()
     if name == "shakespeare":
         letters = np.array(list(LEAF_LETTERS))

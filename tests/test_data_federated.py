@@ -122,6 +122,18 @@ def test_sent140_word_vectors_are_a_fixed_embedding(tmp_path):
     assert table[vocab.index("love") + 2].tolist() == [0.0, 0.0, 0.0]  # not in the file
 
 
+def test_test_only_users_join_the_global_test_set(tmp_path):
+    """LEAF's user split (-t user): test users that hold no training samples are no devices."""
+    root = write_leaf(tmp_path / "femnist", "femnist", SIZES)
+    x = (np.arange(784 * 3).reshape(3, 784) % 256 / 255).tolist()
+    write_json(root / "test" / "all_data_1_test.json", ["t0"], {"t0": (x, [1, 2, 3])})
+    data = load_dataset(DataConfig(dataset="femnist", root=str(root), clients=2), seed=0)
+    assert data.owner_test.tolist() == [0, 0, 1, 1, -1, -1, -1] and data.y_test[-3:].tolist() == [1, 2, 3]
+    task = build_task(DataConfig(dataset="femnist", root=str(root), clients=2), ModelConfig(name="logreg"),
+                      seed=0, device=CPU)
+    assert task.device_columns()["n_test_samples"].tolist() == [2, 2] and len(task.data.y_test) == 7
+
+
 def test_pooled_partition_takes_every_user_and_test_sample(tmp_path):
     root = write_leaf(tmp_path / "femnist", "femnist", SIZES)
     data = load_dataset(DataConfig(dataset="femnist", root=str(root), clients=2, partition="iid"), seed=0)

@@ -33,7 +33,7 @@ def link_targets(text: str) -> list[str]:
 
 def test_the_documentation_files_exist():
     names = {f.relative_to(ROOT).as_posix() for f in markdown_files()}
-    assert {"README.md", "docs/algorithms.md", "docs/traces.md"} <= names
+    assert {"README.md", "docs/algorithms.md", "docs/traces.md", "docs/datasets.md"} <= names
 
 
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: p.relative_to(ROOT).as_posix())

@@ -31,7 +31,7 @@ class ClientData:
         self.sizes_np = np.diff(offsets)
         self.users = dataset.users  # device -> the dataset's user (datasets with their own clients)
         self.test_sizes_np = (None if dataset.owner_test is None
-                              else np.bincount(dataset.owner_test, minlength=n_clients))
+                              else np.bincount(dataset.owner_test[dataset.owner_test >= 0], minlength=n_clients))
         self.labels_np = dataset.y_train
         self.tokens = dataset.vocab_size > 0
         self.x = self._features(dataset.x_train, dataset.scale)

@@ -2,7 +2,7 @@
 
 Under the natural partition every user is one device: `[data] clients` users are taken, the
 first ones (in file order) or those with the most training samples (`[data] users`), and the
-test set is their test samples. Under any other partition the users' samples are pooled and
+test set is their test samples (and those of test-only users, who are no device). Under any other partition the users' samples are pooled and
 split like an image dataset's, and the test set is every user's test samples.
 """
 
@@ -35,8 +35,9 @@ def federated_dataset(name: str, arrays: Arrays, cfg: DataConfig) -> Dataset:
     device = np.full(len(arrays["users"]), -1, dtype=np.int64)
     device[chosen] = np.arange(len(chosen))
     for split in ("train", "test"):
-        owner = device[arrays[f"owner_{split}"]]
-        keep = owner >= 0
+        raw = arrays[f"owner_{split}"]
+        owner = np.where(raw >= 0, device[raw], -1)  # -1 stays: a test-only user's samples
+        keep = (owner >= 0) | (raw < 0)
         if not keep.all():
             setattr(data, f"x_{split}", getattr(data, f"x_{split}")[keep])
             setattr(data, f"y_{split}", getattr(data, f"y_{split}")[keep])

@@ -25,7 +25,7 @@ CLASSES = {"femnist": 62, "shakespeare": len(text.LEAF_LETTERS), "sent140": 2}
 
 def read_leaf(name: str, root: Path) -> Arrays:
     """The arrays of LEAF dataset `name` under `root`: x_train, y_train, owner_train, x_test,
-    y_test, owner_test (the device of every sample), users (device -> LEAF user id), and per
+    y_test, owner_test (the device of every sample; -1: a test-only user), users (device -> LEAF user id), and per
     dataset: `vocabulary` (sent140's words by frequency), `unknown` (shakespeare's characters
     outside LEAF's vocabulary)."""
     if not root.is_dir():
@@ -56,10 +56,9 @@ def _parse(name: str, train: list[Path], test: list[Path]) -> Arrays:
                                           "regenerate the dataset with LEAF's preprocess.sh")
                     device[user] = len(users)
                     users.append(user)
-                elif user not in device:
-                    raise FedsimError(f"{where}: test samples of a user with no training samples; "
-                                      "use LEAF's sample split (-t sample) so that both hold every user")
-                parts[split].append((device[user], *SAMPLES[name](x, y, where)))
+                # a test user without training samples (LEAF's user split, -t user) is no device:
+                # its samples only join the global test set (device -1)
+                parts[split].append((device.get(user, -1), *SAMPLES[name](x, y, where)))
     arrays = {"users": np.asarray(users, dtype=str)}
     for split in ("train", "test"):
         owners, xs, ys = zip(*parts[split])

@@ -6,6 +6,7 @@ samples, every other file training samples. Each row is one sample: its client (
 its label (integers 0..C-1, or strings, numbered in sorted order) and its feature: an image
 (Hugging Face's `{bytes, path}` struct or raw PNG/JPEG bytes), a list of numbers, a number,
 or a text (tokenised by `[data] tokens`). Clients are devices in order of first appearance.
+A test client without training rows is no device: its rows join the global test set only.
 Without test files, each client's samples are split by `[data] test_fraction` (seeded).
 """
 
@@ -63,13 +64,10 @@ def _parse(cfg: DataConfig, root: Path, files: list[Path]) -> Arrays:
     if test is not None:
         test_clients = _column(test, cfg.client_column, test_files)
         at = np.searchsorted(clients, test_clients)
-        known = (at < len(clients)) & (clients[np.minimum(at, len(clients) - 1)] == test_clients)
-        if not known.all():
-            raise FedsimError(f"{_file_of(test_files, test, int(np.argmin(known)))}: client "
-                              f"{test_clients[np.argmin(known)]!r} has test rows but no training rows; "
-                              "every test client must also hold training samples")
+        at = np.minimum(at, len(clients) - 1)
+        known = clients[at] == test_clients  # the others are test-only clients: device -1
         arrays = {"x_train": x_train, "y_train": labels[0], "owner_train": owner_train,
-                  "x_test": _features(test, cfg, test_files), "y_test": labels[1], "owner_test": device_of[at]}
+                  "x_test": _features(test, cfg, test_files), "y_test": labels[1], "owner_test": np.where(known, device_of[at], -1)}
     else:
         held_out = _per_client_split(owner_train, cfg.test_fraction)
         arrays = {"x_train": x_train[~held_out], "y_train": labels[0][~held_out], "owner_train": owner_train[~held_out],

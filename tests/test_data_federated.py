@@ -60,7 +60,22 @@ def test_femnist_runs_with_n_samples_and_users_in_devices_parquet(tmp_path):
     assert devices["user"].to_list() == ["u0", "u1", "u3"]  # the 3 largest, in file order
     assert devices["n_samples"].to_list() == [10, 20, 15]
     assert devices["n_test_samples"].to_list() == [2, 2, 2]
+
+
+def test_report_shows_the_spread_of_samples_and_who_arrived_by_size(tmp_path, capsys):
+    root = write_leaf(tmp_path / "femnist", "femnist", SIZES)
+    assert main(["run", run_config(tmp_path, "femnist", root, "logreg", clients=4)]) == 0
+    capsys.readouterr()
     assert main(["report", str(tmp_path / "out" / "femnist"), "--json"]) == 0
+    samples = json.loads(capsys.readouterr().out)["runs"][0]["samples"]
+    assert {k: samples[k] for k in ("total", "min", "median", "max")} == {"total": 50, "min": 5, "median": 12.5,
+                                                                       "max": 20}
+    assert [(q["min"], q["max"], q["devices"]) for q in samples["quarters"]] == [(5, 5, 1), (10, 10, 1),
+                                                                                 (15, 15, 1), (20, 20, 1)]
+    assert all(q["arrival_rate"] == 1.0 for q in samples["quarters"])  # always online, all invited
+    assert main(["report", str(tmp_path / "out" / "femnist")]) == 0
+    text = capsys.readouterr().out
+    assert "training samples per device" in text and "Q1 (smallest)" in text and "Q4 (largest)" in text
 
 
 def test_shakespeare_reads_leaf_letters_and_counts_unknown_ones(tmp_path):

@@ -104,3 +104,20 @@ def test_a_study_is_not_a_run_and_a_run_has_no_claims(tmp_path, capsys, monkeypa
     assert main(["report", str(tmp_path), "--claims"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a study folder" in err
+
+
+def test_the_papers_scale_commands_of_the_docs_load(tmp_path):
+    """Every `fedsim sweep` line of docs/reproductions.md's "At the papers' scale" loads as a
+    study (its --set lines valid, its claims' values still on the axes)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "reproductions.md").read_text()
+    block = text[text.index("## At the papers' scale"):].replace("\\\n", " ")
+    commands = re.findall(r"^fedsim sweep (.*)$", block, re.M)
+    assert {shlex.split(c)[0] for c in commands} >= {*PAPERS, "paper-fedlaavg-sent140"}
+    for command in commands:
+        words = shlex.split(command.split("#")[0])
+        sets = [words[k + 1].replace("DIR", str(tmp_path)) for k, w in enumerate(words) if w == "--set"]
+        assert load_study(words[0], sets).points, command

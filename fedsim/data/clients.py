@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsim.data.datasets import Dataset
+from fedsim.data.dataset import Dataset
 from fedsim.data.partition import to_csr
 
 

@@ -10,37 +10,14 @@ import functools
 import gzip
 import math
 import zlib
-from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
 
 from fedsim.config import DataConfig
+from fedsim.data.dataset import Dataset
 from fedsim.errors import FedsimError, choice_error
-
-
-@dataclass
-class Dataset:
-    name: str
-    x_train: np.ndarray  # [n, *shape] uint8 (images) or float32
-    y_train: np.ndarray  # [n] int64
-    x_test: np.ndarray
-    y_test: np.ndarray
-    n_classes: int
-    scale: float = 1.0  # features = x * scale (1/255 for uint8 images)
-    # datasets with their own clients (fedsim/data/federated.py): the device of every sample
-    owner_train: np.ndarray | None = None
-    owner_test: np.ndarray | None = None
-    users: np.ndarray | None = None  # device -> the dataset's user id
-    vocab_size: int = 0  # > 0: x holds token ids below it (text), not features
-    vocabulary: tuple[str, ...] = ()  # the words of ids 2, 3, ... (fedsim/data/text.py)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """Shape of one sample: (channels, height, width) for images, (dim,) for vectors,
-        (length,) for token rows."""
-        return tuple(self.x_train.shape[1:])
 
 
 def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, where: str):

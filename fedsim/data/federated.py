@@ -13,7 +13,7 @@ import numpy as np
 from fedsim.config import DataConfig
 from fedsim.data import text
 from fedsim.data.cache import Arrays
-from fedsim.data.datasets import Dataset
+from fedsim.data.dataset import Dataset
 from fedsim.data.leaf import CLASSES
 from fedsim.errors import FedsimError
 

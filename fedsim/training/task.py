@@ -18,7 +18,7 @@ from torch import Tensor
 
 from fedsim.config import DataConfig, ModelConfig
 from fedsim.data.clients import ClientData
-from fedsim.data.datasets import Dataset
+from fedsim.data.dataset import Dataset
 from fedsim.data.partition import partition
 from fedsim.training import rng
 from fedsim.training.evaluate import CHUNK as EVAL_CHUNK, evaluate_classifier

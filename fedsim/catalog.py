@@ -8,28 +8,14 @@ entry point of the group named below; docs/extending.md); the other choices are 
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedsim.registry import Registry
-
-
-def _is_strategy(obj: Any) -> bool:
-    from fedsim.algorithms.base import Strategy
-
-    return isinstance(obj, type) and issubclass(obj, Strategy)
-
-
-def _is_generator(obj: Any) -> bool:
-    from fedsim.traces.generators import GeneratorSpec
-
-    return isinstance(obj, GeneratorSpec)
 
 
 def _paths(module: str, names: dict[str, str]) -> dict[str, str]:
     return {name: f"{module}:{attr}" for name, attr in names.items()}
 
 
-ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", _is_strategy, {
+ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", "fedsim.algorithms.base:is_strategy", {
     **_paths("fedsim.algorithms.fedavg", {"fedavg": "FedAvg", "fedavg-all": "FedAvgAll",
                                           "fedavg-known-p": "FedAvgKnownP", "fedsgd": "FedSGD",
                                           "fedprox": "FedProx"}),
@@ -51,7 +37,7 @@ MODELS = Registry("a function (in_shape, n_classes, model_config) -> list of fed
                       "char-lstm": "char_lstm"}),
                   group="fedsim.models")
 
-GENERATORS = Registry("a fedsim.traces.generators.GeneratorSpec", _is_generator,
+GENERATORS = Registry("a fedsim.traces.generators.GeneratorSpec", "fedsim.traces.generators:is_generator",
                       {name: f"fedsim.traces.generators:BUILT_IN.{name}" for name in (
                           "always", "bernoulli", "grid", "periodic", "markov", "sleep-window",
                           "diurnal")},

@@ -26,13 +26,19 @@ from fedsim.errors import FedsimError, choice_error
 class Registry(MutableMapping):
     """name -> object for one kind of choice; `accepts` says whether an object is that kind.
 
-    Values given as ``"module:attr"`` strings are imported when first read.
+    Values given as ``"module:attr"`` strings are imported when first read; so is `accepts`
+    given that way (the check of a kind lives with the kind, which may itself use the registry).
     """
 
-    def __init__(self, what: str, accepts: Callable[[Any], bool], built_ins: dict[str, Any],
+    def __init__(self, what: str, accepts: Callable[[Any], bool] | str, built_ins: dict[str, Any],
                  group: str | None = None):
-        self.what, self.accepts, self.group = what, accepts, group
+        self.what, self._accepts, self.group = what, accepts, group
         self._entries: dict[str, Any] = dict(built_ins)
+
+    def accepts(self, obj: Any) -> bool:
+        if isinstance(self._accepts, str):
+            self._accepts = self._load(self._accepts, self.what, f"the check {self._accepts!r}")
+        return self._accepts(obj)
 
     # -- the mapping: built-ins and registered names ------------------------------------------
     def __getitem__(self, name: str) -> Any:

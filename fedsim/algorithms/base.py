@@ -251,6 +251,11 @@ def check_range(strategy: Strategy, key: str, low: float, high: float = math.inf
 
 # the built-ins are listed in fedsim/catalog.py; plugins are found as "module:Class" or entry
 # points of `fedsim.algorithms`; `register` adds a class defined in the user's own script
+def is_strategy(obj: Any) -> bool:
+    """What fedsim.catalog.ALGORITHMS accepts: a Strategy subclass."""
+    return isinstance(obj, type) and issubclass(obj, Strategy)
+
+
 REGISTRY = ALGORITHMS
 
 

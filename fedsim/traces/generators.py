@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -49,6 +49,11 @@ class GeneratorSpec:
     doc: str
     fn: Callable[[Request], Generated]
     probability: Callable[[dict, np.ndarray], np.ndarray] | None = None
+
+
+def is_generator(obj: Any) -> bool:
+    """What fedsim.catalog.GENERATORS accepts: a GeneratorSpec."""
+    return isinstance(obj, GeneratorSpec)
 
 
 BUILT_IN: dict[str, GeneratorSpec] = {

@@ -454,15 +454,16 @@ def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, 
 
 
 def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=None,
-                        progress: bool = True) -> list[str]:
+                        progress: bool = True) -> tuple[list[str], str]:
     """The in-process backend: the points not done, `TOGETHER` at a time, in lockstep with
     their cohorts trained in shared batched calls (fedsim/lockstep.py); stops after a group
-    that a signal interrupted."""
+    that a signal interrupted. Their statuses, and what stopped them ("" if nothing did)."""
     from fedsim.experiment import Experiment, prepare_resume
     from fedsim.lockstep import run_together
     from fedsim.study_progress import StudyProgress
 
     statuses: dict[str, str] = {}
+    stopped_by = ""
     waiting = [(p, s) for p, s in todo if s != "done"]
     shown = StudyProgress([p.config.run.rounds for p, _ in waiting], len(todo), len(todo) - len(waiting),
                           progress and bool(waiting), label=study.name)
@@ -486,17 +487,20 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
             resumes.append(resume_state)
         for (point, _), result in zip(group, run_together(experiments, resumes)):
             statuses[point.name] = result.status
-        if any(statuses[p.name] == "interrupted" for p, _ in group):
+            if result.status == "interrupted":
+                stopped_by = result.reason
+        if stopped_by:
             break
     shown.close()
-    return [statuses.get(p.name, "interrupted") for p, _ in todo]
+    return [statuses.get(p.name, "interrupted") for p, _ in todo], stopped_by
 
 
 def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
               backend: str = "inprocess", address: str | None = None) -> list[dict]:
     """Run (or finish) the warm-start runs, then every point; returns one record per run:
-    its name, axis values, state before and status after. The study stops after a run that
-    was interrupted (Ctrl-C or SIGTERM). In-process, points run in lockstep; with
+    its name, axis values, state before, status after and `stopped_by` (the Ctrl-C or SIGTERM
+    that interrupted the study, "" if none). The study stops after a run that was
+    interrupted. In-process, points run in lockstep; with
     `backend = "ray"` they run as Ray tasks (fedsim/study_ray.py)."""
     if backend not in BACKENDS:
         raise FedsimError(f"--backend {backend!r} is not one of: {', '.join(BACKENDS)}")
@@ -535,10 +539,10 @@ def _run_phases(study: Study, progress: bool, plotter, on_point, backend: str, a
         if backend == "ray":
             from fedsim.study_ray import run_points
 
-            statuses = run_points(study, todo, address, progress)
+            statuses, stopped_by = run_points(study, todo, address, progress)
         else:
-            statuses = run_points_together(study, todo, plotter, progress)
-        records += [{"point": p.name, **p.values, "was": state, "status": status}
+            statuses, stopped_by = run_points_together(study, todo, plotter, progress)
+        records += [{"point": p.name, **p.values, "was": state, "status": status, "stopped_by": stopped_by}
                     for (p, state), status in zip(todo, statuses)]
         if any(r["status"] == "interrupted" for r in records):
             return records

@@ -204,6 +204,13 @@ CASES = [
          **{"c.toml": config(client={"batch_size": 10**9})}),
     case("local-steps-beyond-any-run", RUN, r"\[client\] local_steps = 1000000000 is more than any run needs \(at most 100,000\)",
          **{"c.toml": config(client={"local_steps": 10**9})}),
+    case("model-beyond-memory", "run quickstart --set model.name=mlp --set model.hidden=1000000000 --quiet",
+         r"^error: a local step of the run needs about 90\.1 TB of memory \(parameters, gradients and starts of 100 "
+         r"devices x 75,000,000,010 parameters: 90 TB; .*\), more than 90% of the \S+ [GT]B of this machine; "
+         r"lower \[model\] hidden or \[data\] clients$"),
+    case("batch-beyond-memory", "run quickstart --set model.name=mlp --set model.hidden=10000000 --set "
+         "client.batch_size=1000000 --set client.trainer=loop --set server.clients_per_round=1 --quiet",
+         r"layer outputs of 1,000,000 samples in one call: 80 TB; .* lower \[client\] batch_size$"),
     case("trace-symlink-loop", "trace info {tmp}/loop.parquet", r"loop\.parquet is a symbolic link in a loop",
          **{"loop.parquet": lambda path, run: path.symlink_to(path.name)}),
     case("run-trace-symlink-loop", RUN, r"\[trace\] path: \S+loop\.parquet is a symbolic link in a loop",

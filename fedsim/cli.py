@@ -166,8 +166,6 @@ def cmd_plot(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    import json
-
     from fedsim.results.plot_worker import shared_worker
 
     plotter = shared_worker()
@@ -192,9 +190,7 @@ def cmd_sweep(args) -> int:
     if stopped:
         print(f"study interrupted at {stopped[0]['point']}; run `fedsim sweep --resume {study.folder}` "
               "to finish it")
-        reason = json.loads((study.folder / stopped[0]["point"] / "manifest.json").read_text())["reason"] \
-            if (study.folder / stopped[0]["point"] / "manifest.json").exists() else ""
-        return EXIT_SIGTERM if "SIGTERM" in reason else EXIT_SIGINT
+        return EXIT_SIGTERM if "SIGTERM" in stopped[0]["stopped_by"] else EXIT_SIGINT
     print(format_summary(study))
     print(f"results: {study.folder}")
     return EXIT_DIVERGED if any(r["status"] == "diverged" for r in records) else 0

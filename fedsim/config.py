@@ -537,13 +537,13 @@ def _field_names(cls) -> list[str]:
     return [f.name for f in dataclasses.fields(cls) if f.name != "options"]
 
 
-def _build_section(section: str, raw: dict, algorithms: list, origin: str, origins: dict | None = None):
+def _build_section(section: str, raw: dict, algorithms: list, origin: str, origins: dict):
     cls = _SECTION_CLASSES[section]
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
-    extra = _declared_options(section, raw, algorithms, origin)
+    owner = (section, "source" if section == "trace" else "name")  # the key that declares the options
+    extra = _declared_options(section, raw, algorithms, origins.get(owner, origin))
     defaults = cls()
     kwargs, options = {}, {}
-    origins = origins or {}
     for key, value in raw.items():
         where = f"{origins.get((section, key), origin)}: [{section}] {key}"
         if key in fields:
@@ -568,13 +568,19 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str, origi
     return cls(**kwargs)
 
 
-def config_from_dict(raw: dict, origin: str = "<config>", origins: dict | None = None) -> Config:
+def config_from_dict(raw: dict, origin: str = "<config>", origins: dict | None = None,
+                     where: str | None = None) -> Config:
     """Validate a nested dict (as parsed from TOML) into a Config; `origins` names where each
-    (section, key) was set, for error lines and `config show` (config_layers.py)."""
+    (section, key) was set, for error lines and `config show` (config_layers.py); `where`
+    names the whole config in the errors of rules across keys (default: `origin`), which a
+    study's point breaks as a combination of its values."""
+    origins = origins or {}
     for section, body in raw.items():
         if section not in _SECTION_CLASSES:
+            first = next(iter(body), None) if isinstance(body, dict) else None
             raise FedsimError(
-                f"{origin}: unknown section [{section}]; {suggest(section, _SECTION_CLASSES)}"
+                f"{origins.get((section, first), origin)}: unknown section [{section}]; "
+                f"{suggest(section, _SECTION_CLASSES)}"
             )
         if not isinstance(body, dict):
             raise FedsimError(f"{origin}: '{section}' must be a [{section}] table, got {body!r}")
@@ -586,8 +592,8 @@ def config_from_dict(raw: dict, origin: str = "<config>", origins: dict | None =
         section: _build_section(section, raw.get(section, {}), algorithms, origin, origins)
         for section in _SECTION_CLASSES
     }
-    config = Config(**built, source=origin, origins=dict(origins or {}))
-    _check_consistency(config)
+    config = Config(**built, source=origin, origins=dict(origins))
+    _check_consistency(config, where or origin)
     return config
 
 
@@ -603,9 +609,8 @@ def _with_model_defaults(raw: dict) -> dict:
     return {**raw, "model": {**defaults, **model}} if defaults else raw
 
 
-def _check_consistency(config: Config) -> None:
+def _check_consistency(config: Config, origin: str) -> None:
     """Cross-key rules that no single field can check."""
-    origin = config.source
     if config.trace.source == "file" and not config.trace.path:
         raise FedsimError(f"{origin}: [trace] source = 'file' needs [trace] path = 'trace.parquet'")
     if config.data.dataset == "quadratic" and config.model.name != ModelConfig.name:

@@ -43,6 +43,7 @@ from fedsim.traces.generators import known_probability_at
 from fedsim.traces.io import read_device_table
 from fedsim.traces.stats import device_online_fraction
 from fedsim.training import ThreadPolicy, build_task, build_trainer
+from fedsim.training.memory import check_memory
 from fedsim.training.schedules import learning_rate
 from fedsim.trackers import tracker_callbacks
 from fedsim.training.warm_start import initial_params
@@ -126,6 +127,7 @@ class Experiment:
         self.trace_file = file_fingerprint(Path(cfg.trace.path)) if cfg.trace.source == "file" else None
         self.threads = ThreadPolicy(cfg.run.threads, self.device)
         self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads)
+        check_memory(cfg, self.task, self.trainer)  # before the model's parameters are allocated
         self.device_table = self.read_device_table(cfg)
         self.timing = DeviceTiming.build(cfg.devices, self.task.n_clients, cfg.run.seed,
                                          train_flops=self.task.train_flops_per_sample(),

@@ -142,7 +142,7 @@ def plain_name(name: str) -> str:
 
 def human_size(n: int) -> str:
     """Bytes in decimal units, 3 significant digits: 1.23 MB."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n} bytes"

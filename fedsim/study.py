@@ -30,6 +30,7 @@ import polars as pl
 
 from fedsim.config import (AlgorithmConfig, Config, algorithm_options, config_from_dict, dump_toml, is_study,
                            parse_override, read_toml, scenario_names, scenario_path)
+from fedsim.config_layers import SET, layered_config
 from fedsim.errors import FedsimError
 from fedsim.experiment import run_state
 from fedsim.results.report import ci95
@@ -98,8 +99,8 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
     if not isinstance(warm, dict):
         raise FedsimError(f'{path}: {WARM} = {warm!r} must be a table of "section.key" = value')
     claims = raw.pop("claims", [])
-    base = _base(raw, path)
-    set_keys = []
+    base, origins = _base(raw, path)
+    set_keys, set_by = [], {}  # set_by: (sweep or warm_start, key) -> the --set that gave it
     for text in overrides:
         section, key, value = parse_override(text)
         if section == "sweep":
@@ -109,11 +110,16 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
         else:
             base.setdefault(section, {})[key] = value
             set_keys.append((text, f"{section}.{key}"))
+        (set_by if section in ("sweep", WARM) else origins)[(section, key)] = f"{SET} {text}"
     zips = sweep.pop("zip", [])
     gpus = sweep.pop("gpus_per_task", 0.0)
     if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
         raise FedsimError(f"{path}: [sweep] gpus_per_task = {gpus!r} must be a number >= 0")
     axes = _axes(sweep, base, path)
+    for axis in axes:  # an axis sets its key in every point
+        origins[_key(axis)] = set_by.get(("sweep", axis), f"axis {axis} of [sweep] in {path}")
+    if "algorithm.name" not in sweep and "algorithm.name" in axes:  # the axis of [run] algorithms
+        origins[("algorithm", "name")] = origins[("run", "algorithms")]
     for text, axis in set_keys:
         if axis in axes:
             raise FedsimError(f"--set {text!r}: {axis} is an axis of the sweep, which would override it; "
@@ -138,14 +144,14 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
         for axis, value in values.items():
             _set(raw_point, axis, value)
         raws.append((_point_name(values, axes), values, raw_point))
-    warm_points, warm_of = _warm_runs(raws, warm, axes, algorithms, folder, path)
-    points = []
+    warm_origins = {**origins, **{_key(key): set_by.get((WARM, key), f"[{WARM}] {key} in {path}") for key in warm}}
+    warm_points, warm_of = _warm_runs(raws, warm, axes, algorithms, folder, path, warm_origins)
     for (point_name, values, raw_point), warm_name in zip(raws, warm_of):
         if warm_name is not None:
             _set(raw_point, "model.init_from", str(folder / warm_name))
         raw_point.setdefault("run", {}).update(name=point_name, out=str(folder))
         _own_algorithm_keys(raw_point, algorithms)
-        points.append(Point(point_name, values, _config(raw_point, f"{path} point {point_name}")))
+    points = _checked(raws, origins, path, "point")
     _unique_names(points, path)
     resolved = {"base": base, "axes": axes, "zip": zips, **({WARM: warm} if warm else {}),
                 **({"gpus_per_task": gpus} if gpus else {})}
@@ -177,16 +183,37 @@ def recorded_study(folder: Path) -> dict:
     return raw
 
 
-def _set(raw: dict, key: str, value: Any) -> None:
+def _key(key: str) -> tuple[str, str]:
     section, name = key.split(".", 1)
+    return section, name
+
+
+def _set(raw: dict, key: str, value: Any) -> None:
+    section, name = _key(key)
     raw.setdefault(section, {})[name] = value
 
 
-def _config(raw: dict, origin: str, setter: str = "an axis of [sweep]") -> Config:
-    try:
-        return config_from_dict(raw, origin=origin)
-    except FedsimError as err:
-        raise FedsimError(f"{err} ({setter} sets it)") from None
+def _checked(raws: list, origins: dict, path: Path, kind: str) -> list[Point]:
+    """The points (or warm-start runs) with their configs, every one checked before anything
+    runs. A key's own check blames where the key was set (`origins`: base config, --set,
+    axis); a rule across keys blames the point, named by its values, since it is their
+    combination that breaks it, or every point when all of them break it alike."""
+    points, broken = [], []
+    for name, values, raw in raws:
+        described = ", ".join(f"{axis} = {value!r}" for axis, value in values.items())
+        where = f"{path}: {kind} {name}" + (f" ({described})" if described else "")
+        try:
+            points.append(Point(name, values, config_from_dict(raw, origin=f"{path} {kind} {name}",
+                                                               origins=origins, where=where)))
+        except FedsimError as err:
+            if not str(err).startswith(where):
+                raise  # a key's own check, whose line names where the key was set
+            broken.append((where, str(err)[len(where):]))
+    if broken:
+        where, why = broken[0]
+        every = not points and len({reason for _, reason in broken}) == 1 and len(broken) > 1
+        raise FedsimError(f"{path}: every {kind}{why}" if every else where + why)
+    return points
 
 
 def _study_algorithms(base: dict, axes: dict[str, list], warm: dict) -> list[str]:
@@ -212,7 +239,7 @@ def _own_algorithm_keys(raw: dict, algorithms: list[str]) -> None:
 
 
 def _warm_runs(raws: list, warm: dict, axes: dict[str, list], algorithms: list[str], folder: Path,
-               path: Path) -> tuple[list[Point], list[str | None]]:
+               path: Path, origins: dict) -> tuple[list[Point], list[str | None]]:
     """The warm-start runs (one per distinct config: each point's with the [warm_start] keys
     set) and, per point, its run's folder name under the study folder (None: no warm start).
     A run is named by the axes that tell the runs apart (`warm-start/seed-0`)."""
@@ -233,24 +260,27 @@ def _warm_runs(raws: list, warm: dict, axes: dict[str, list], algorithms: list[s
     firsts = [members[0] for _, members in runs.values()]
     telling = [axis for axis in axes if axis not in warm and not same(axis, firsts)
                and all(same(axis, members) for _, members in runs.values())]
-    names, points = {}, []
+    names, warm_raws = {}, []
     for key, (raw_warm, members) in runs.items():
         values = {axis: members[0][axis] for axis in telling}
         short = _point_name(values, axes) if telling else "run"
         raw_warm.setdefault("run", {}).update(name=short, out=str(folder / WARM_FOLDER))
         names[key] = f"{WARM_FOLDER}/{short}"
-        points.append(Point(names[key], values, _config(raw_warm, f"{path} {names[key]}", f"[{WARM}]")))
+        warm_raws.append((names[key], values, raw_warm))
+    points = _checked(warm_raws, origins, path, "warm-start run")
     _unique_names(points, path)
     return points, [names[k] for k in keys]
 
 
-def _base(raw: dict, path: Path) -> dict:
+def _base(raw: dict, path: Path) -> tuple[dict, dict]:
     """The study's base config: `base` (a file beside the study or a scenario), then the
-    study's own sections over it; `[run] algorithms` becomes an axis of algorithm names."""
+    study's own sections over it; `[run] algorithms` becomes an axis of algorithm names.
+    With it, where each (section, key) was set ("base config FILE"), for error lines."""
     base_name = raw.pop("base", None)
     if base_name is None:  # `extends`, as in a run's config, is the same
         base_name = raw.pop("extends", None)
     base: dict = {}
+    origins: dict[tuple[str, str], str] = {}
     if base_name is not None:
         if not isinstance(base_name, str):
             raise FedsimError(f"{path}: base = {base_name!r} must be a config file or scenario name")
@@ -258,9 +288,9 @@ def _base(raw: dict, path: Path) -> dict:
         base_path = beside if beside.exists() else study_path(base_name)
         base = read_toml(base_path)
         if not is_study(base):  # a base may extend another one
-            from fedsim.config_layers import layered_config
-
-            base = layered_config(base_path).raw
+            layered = layered_config(base_path)
+            base = layered.raw
+            origins = {key: f"base config {label}" for key, label in layered.origins.items()}
         if is_study(base):
             raise FedsimError(f"{path}: base = {base_name!r} is a study, and a base is a config; run that "
                               f"study with --set overrides (--set 'sweep.run.seed=[...]'), or copy its "
@@ -270,7 +300,8 @@ def _base(raw: dict, path: Path) -> dict:
             raise FedsimError(f"{path}: {section} = {body!r} is not a [section] table (a study has "
                               "`base`, config sections and [sweep])")
         base.setdefault(section, {}).update(body)
-    return base
+        origins.update({(section, key): f"base config {path}" for key in body})
+    return base, origins
 
 
 # keys that one study cannot vary per point, and what to use instead
@@ -423,15 +454,16 @@ def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, 
 
 
 def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=None,
-                        progress: bool = True) -> list[str]:
+                        progress: bool = True) -> tuple[list[str], str]:
     """The in-process backend: the points not done, `TOGETHER` at a time, in lockstep with
     their cohorts trained in shared batched calls (fedsim/lockstep.py); stops after a group
-    that a signal interrupted."""
+    that a signal interrupted. Their statuses, and what stopped them ("" if nothing did)."""
     from fedsim.experiment import Experiment, prepare_resume
     from fedsim.lockstep import run_together
     from fedsim.study_progress import StudyProgress
 
     statuses: dict[str, str] = {}
+    stopped_by = ""
     waiting = [(p, s) for p, s in todo if s != "done"]
     shown = StudyProgress([p.config.run.rounds for p, _ in waiting], len(todo), len(todo) - len(waiting),
                           progress and bool(waiting), label=study.name)
@@ -455,17 +487,20 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
             resumes.append(resume_state)
         for (point, _), result in zip(group, run_together(experiments, resumes)):
             statuses[point.name] = result.status
-        if any(statuses[p.name] == "interrupted" for p, _ in group):
+            if result.status == "interrupted":
+                stopped_by = result.reason
+        if stopped_by:
             break
     shown.close()
-    return [statuses.get(p.name, "interrupted") for p, _ in todo]
+    return [statuses.get(p.name, "interrupted") for p, _ in todo], stopped_by
 
 
 def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
               backend: str = "inprocess", address: str | None = None) -> list[dict]:
     """Run (or finish) the warm-start runs, then every point; returns one record per run:
-    its name, axis values, state before and status after. The study stops after a run that
-    was interrupted (Ctrl-C or SIGTERM). In-process, points run in lockstep; with
+    its name, axis values, state before, status after and `stopped_by` (the Ctrl-C or SIGTERM
+    that interrupted the study, "" if none). The study stops after a run that was
+    interrupted. In-process, points run in lockstep; with
     `backend = "ray"` they run as Ray tasks (fedsim/study_ray.py)."""
     if backend not in BACKENDS:
         raise FedsimError(f"--backend {backend!r} is not one of: {', '.join(BACKENDS)}")
@@ -504,10 +539,10 @@ def _run_phases(study: Study, progress: bool, plotter, on_point, backend: str, a
         if backend == "ray":
             from fedsim.study_ray import run_points
 
-            statuses = run_points(study, todo, address, progress)
+            statuses, stopped_by = run_points(study, todo, address, progress)
         else:
-            statuses = run_points_together(study, todo, plotter, progress)
-        records += [{"point": p.name, **p.values, "was": state, "status": status}
+            statuses, stopped_by = run_points_together(study, todo, plotter, progress)
+        records += [{"point": p.name, **p.values, "was": state, "status": status, "stopped_by": stopped_by}
                     for (p, state), status in zip(todo, statuses)]
         if any(r["status"] == "interrupted" for r in records):
             return records

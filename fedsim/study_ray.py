@@ -5,8 +5,10 @@ A task gets plain data (the point's config as a dict, its run directory, its sta
 the point with `fedsim.study.run_point`, exactly as a standalone `fedsim run` does (the
 in-process backend steps its points in lockstep instead, to the same results). Workers write
 the run directories straight into the study folder, so on a cluster every node needs fedsim
-installed and the study folder on a shared filesystem, mounted at the same path. Ctrl-C cancels the tasks: the running points finish their round and keep a
-checkpoint, and running the study again resumes them.
+installed and the study folder on a shared filesystem, mounted at the same path. Ctrl-C or
+SIGTERM cancels the tasks: the running points finish their round and keep a checkpoint, and
+running the study again resumes them. What Ray itself prints in the driver (its warnings, a
+dead worker's report) is left out: a point that fails is one `error:` line naming it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedsim.errors import FedsimError
+from fedsim.sim.engine import STOP_SIGNALS
 from fedsim.study import Point, Study, run_point
 
 WAIT_S = 1.0  # how often the driver wakes up while it waits (so Ctrl-C is seen at once)
@@ -48,9 +51,10 @@ def run_task(raw_config: dict, origin: str, run_dir: str, state: str, cwd: str) 
 
 
 def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None = None,
-               progress: bool = True) -> list[str]:
+               progress: bool = True) -> tuple[list[str], str]:
     """Run every point of `todo` ((point, state) pairs) that is not done as a Ray task; one
-    status per entry, in order (a done point's status is read from its manifest)."""
+    status per entry, in order (a done point's status is read from its manifest), and the
+    signal that stopped them ("" if none)."""
     try:
         import ray
     except ImportError:
@@ -59,32 +63,33 @@ def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None 
                 for p, state in todo]
     pending = [i for i, (_, state) in enumerate(todo) if state != "done"]
     if not pending:
-        return statuses
+        return statuses, ""
     where = f"--address {address}" if address else f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}"
-    started = start_ray(ray, address or os.environ.get("RAY_ADDRESS"), where)
-    try:
-        check_gpus(ray, study.gpus_per_task)
-        task = ray.remote(run_task).options(num_cpus=1, num_gpus=study.gpus_per_task, max_retries=0)
-        cwd = os.getcwd()
-        refs = {}
-        for i in pending:
-            point, state = todo[i]
-            run_dir = str((study.folder / point.name).resolve())
-            refs[task.remote(point.config.to_dict(), point.config.source, run_dir, state, cwd)] = i
-        from fedsim.study_progress import StudyProgress
+    with main_thread_output():
+        started = start_ray(ray, address or os.environ.get("RAY_ADDRESS"), where)
+        try:
+            check_gpus(ray, study.gpus_per_task)
+            task = ray.remote(run_task).options(num_cpus=1, num_gpus=study.gpus_per_task, max_retries=0)
+            with stop_signals() as stopped:  # after ray.init, which sets its own SIGTERM handler
+                cwd = os.getcwd()
+                refs = {}
+                for i in pending:
+                    point, state = todo[i]
+                    run_dir = str((study.folder / point.name).resolve())
+                    refs[task.remote(point.config.to_dict(), point.config.source, run_dir, state, cwd)] = i
+                from fedsim.study_progress import StudyProgress
 
-        shown = StudyProgress([1] * len(pending), len(todo), len(todo) - len(pending), progress,
-                              label=study.name, unit="point")
-        with sigterm_as_ctrl_c():
-            failures = gather(ray, refs, todo, study, statuses, shown)
-        shown.close()
-    finally:
-        if started:
-            ray.shutdown()
+                shown = StudyProgress([1] * len(pending), len(todo), len(todo) - len(pending), progress,
+                                      label=study.name, unit="point")
+                failures = gather(ray, refs, todo, study, statuses, shown, stopped)
+                shown.close()
+        finally:
+            if started:
+                ray.shutdown()
     if failures:  # the first in the study's order
         more = f" ({len(failures) - 1} more points failed)" if len(failures) > 1 else ""
         raise FedsimError(min(failures)[1] + more)
-    return statuses
+    return statuses, stopped["name"]
 
 
 def start_ray(ray, address: str | None, where: str) -> bool:
@@ -95,7 +100,7 @@ def start_ray(ray, address: str | None, where: str) -> bool:
     if address:
         check_reachable(address, where)
     options = {"ignore_reinit_error": True, "log_to_driver": False, "include_dashboard": False,
-               "logging_level": logging.WARNING}
+               "logging_level": logging.ERROR}
     try:
         if address:
             ray.init(address=address, **options)
@@ -136,44 +141,77 @@ def check_gpus(ray, per_task: float) -> None:
 
 
 @contextmanager
-def sigterm_as_ctrl_c():
-    """SIGTERM (`kill`, `timeout`, a batch scheduler's time limit) stops the study as Ctrl-C
-    does, as it stops an in-process run, instead of killing the driver with its tasks."""
+def stop_signals():
+    """The first Ctrl-C or SIGTERM (`kill`, `timeout`, a batch scheduler's time limit) stops
+    the study, as it stops an in-process one, instead of killing the driver with its tasks:
+    it is noted in the dict this yields ({"name": "SIGTERM"}) and `gather` cancels the tasks;
+    a second one aborts (KeyboardInterrupt)."""
+    stopped = {"name": ""}
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stopped
         return
 
     def handler(signum, frame):
-        raise KeyboardInterrupt
+        if stopped["name"]:
+            raise KeyboardInterrupt
+        stopped["name"] = STOP_SIGNALS[signum]
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield stopped
+    finally:
+        for sig, old_handler in previous.items():
+            signal.signal(sig, old_handler)
+
+
+class MainThreadStream:
+    """A stream that passes on what the main thread writes and drops what other threads do:
+    in the driver, those are Ray's, which print a dead worker's report from the raylet."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        if threading.current_thread() is threading.main_thread():
+            return self.stream.write(text)
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def main_thread_output():
+    """Only the study's own lines reach stdout and stderr while Ray runs in the driver."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = MainThreadStream(sys.stdout), MainThreadStream(sys.stderr)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        sys.stdout, sys.stderr = streams
 
 
-def gather(ray, refs: dict, todo: list, study: Study, statuses: list, shown) -> list[tuple[int, str]]:
+def gather(ray, refs: dict, todo: list, study: Study, statuses: list, shown,
+           stopped: dict) -> list[tuple[int, str]]:
     """Wait for the tasks, filling `statuses`; (index, error line) of the points that failed.
-    The first Ctrl-C cancels the tasks (a running point finishes its round and checkpoints,
-    status interrupted); a second one kills them and aborts."""
+    Once a stop signal is `stopped`, the tasks are cancelled (a running point finishes its
+    round and checkpoints, status interrupted); a second signal kills them and aborts."""
     failures: list[tuple[int, str]] = []
     left = list(refs)
     cancelled = False
     while left:
-        try:
-            ready, left = ray.wait(left, num_returns=1, timeout=WAIT_S)
-        except KeyboardInterrupt:
-            if cancelled:
-                for ref in left:
-                    ray.cancel(ref, force=True)
-                raise
+        if stopped["name"] and not cancelled:
             cancelled = True
-            print("\nstopping: the running points finish their round (Ctrl-C again to abort)",
+            print(f"\nstopping: the running points finish their round ({stopped['name']} again to abort)",
                   file=sys.stderr, flush=True)
             for ref in left:
                 ray.cancel(ref)
-            continue
+        try:
+            ready, left = ray.wait(left, num_returns=1, timeout=WAIT_S)
+        except KeyboardInterrupt:
+            for ref in left:
+                ray.cancel(ref, force=True)
+            raise
         for ref in ready:
             i = refs[ref]
             point = todo[i][0]
@@ -187,13 +225,16 @@ def gather(ray, refs: dict, todo: list, study: Study, statuses: list, shown) -> 
 
 def outcome(ray, ref, point: Point, study: Study) -> tuple[str | None, str | None]:
     """(status, None) of a finished task, or (None, the error line naming its point)."""
-    from ray.exceptions import RayError, TaskCancelledError
+    from ray.exceptions import RayError, TaskCancelledError, WorkerCrashedError
 
     try:
         result = ray.get(ref)
     except TaskCancelledError:  # cancelled before it started, or before its run's first round
         return "interrupted", None
-    except RayError as err:  # the worker died (out of memory, its node lost, ...)
+    except WorkerCrashedError:  # its process was killed (by hand, by the kernel for memory, ...)
+        return None, (f"point {point.name}: its Ray worker died while it ran (killed, or out of memory); "
+                      f"run `fedsim sweep --resume {study.folder}` to run it again from its last checkpoint")
+    except RayError as err:  # its node lost, Ray's own memory monitor, ...
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return None, f"point {point.name}: its Ray task failed: {first}"
     if result[0] == "ok":

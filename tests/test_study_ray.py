@@ -2,8 +2,12 @@
 run directories and summary of the in-process backend; failures come back as one line."""
 
 import json
+import os
+import signal
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +20,7 @@ from fedsim import study_ray
 from fedsim.cli import main
 from fedsim.config import read_toml
 from fedsim.errors import FedsimError
+from fedsim.experiment import run_state
 from fedsim.study import load_study
 
 STUDY = """
@@ -157,3 +162,85 @@ def test_an_address_where_no_cluster_answers_is_one_line_not_a_hang(tmp_path, mo
     assert main(["sweep", str(study), "--backend", "ray"]) == 2
     assert capsys.readouterr().err.startswith("error: RAY_ADDRESS=head-node: not HOST:PORT")
     assert not ray.is_initialized()
+
+
+# -- a sweep process stopped or hurt from outside ---------------------------------------------
+
+LONG = """
+[run]
+name = "long"
+out = "runs"
+eval_every = 1000
+progress = false
+plots = false
+
+[data]
+dataset = "quadratic"
+clients = 2
+targets = [[1.0, 0.0], [0.0, 1.0]]
+
+[client]
+batch_size = 0
+
+[server]
+timing = "ideal"
+
+[sweep]
+"run.seed" = [0, 1]
+"run.rounds" = [2, 100000]
+zip = [["run.seed", "run.rounds"]]
+"""
+
+
+def start_sweep(tmp_path: Path) -> subprocess.Popen:
+    """`fedsim sweep --backend ray` of a tiny study in its own process: point seed-0 ends at
+    once, seed-1 runs (a minute or more) until it is stopped."""
+    (tmp_path / "s.toml").write_text(LONG)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "fedsim", "sweep", "s.toml", "--backend", "ray"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def manifest(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "manifest.json").read_text())
+    except (OSError, ValueError):  # not written yet, or being replaced
+        return {}
+
+
+def wait_until(condition, sweep: subprocess.Popen, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        if sweep.poll() is not None or time.monotonic() > end:
+            sweep.kill()
+            pytest.fail(f"the sweep ended or hung first: {sweep.communicate()}")
+        time.sleep(0.2)
+
+
+def test_sigterm_stops_a_ray_sweep_with_143_keeping_what_it_finished(tmp_path):
+    sweep = start_sweep(tmp_path)
+    done, running = tmp_path / "runs/long/seed-0_rounds-2", tmp_path / "runs/long/seed-1_rounds-100000"
+    wait_until(lambda: manifest(done).get("status") == "completed" and manifest(running).get("status") == "running",
+               sweep)
+    sweep.send_signal(signal.SIGTERM)
+    out, err = sweep.communicate(timeout=60)
+    assert sweep.returncode == 143, err
+    assert "Traceback" not in err and "fedsim sweep --resume runs/long" in out
+    assert manifest(done)["status"] == "completed"
+    assert manifest(running)["status"] == "interrupted" and (running / "checkpoint.pt").exists()
+    points = {p.name: p for p in load_study(str(tmp_path / "runs/long")).points}
+    assert run_state(done, points[done.name].config) == "done"
+    assert run_state(running, points[running.name].config) == "resume"
+
+
+def test_a_killed_ray_worker_is_one_error_line_naming_its_point(tmp_path):
+    sweep = start_sweep(tmp_path)
+    running = tmp_path / "runs/long/seed-1_rounds-100000"
+    wait_until(lambda: manifest(running).get("pid"), sweep)
+    os.kill(manifest(running)["pid"], signal.SIGKILL)
+    out, err = sweep.communicate(timeout=60)
+    assert sweep.returncode == 2, err
+    assert err.startswith("error: point seed-1_rounds-100000: its Ray worker died while it ran") and \
+        err.count("\n") == 1, err
+    assert "raylet" not in out + err and "seed-0_rounds-2: completed" in out

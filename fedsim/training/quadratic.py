@@ -50,6 +50,9 @@ class QuadraticTask(Task):
     def init_params(self) -> Tensor:
         return self.x0.clone()
 
+    def data_bytes(self) -> int:
+        return self.targets.numel() * self.targets.element_size()
+
     def evaluate(self, params: Tensor) -> tuple[float, None]:
         """mean_i f_i(x), in float64."""
         diff = params.double()[None, :] - self.targets[: self.n_clients].double()

@@ -97,6 +97,10 @@ class Task:
         """Multiply-adds of the largest call of `evaluate`."""
         return float(self.dim * self.n_clients)
 
+    def data_bytes(self) -> int:
+        """Bytes of the task's data on its device (what training reads besides parameters)."""
+        return 0
+
 
 class ClassificationTask(Task):
     """Cross-entropy on a partitioned labelled dataset, model = a flat-parameter `Model`."""
@@ -170,6 +174,9 @@ class ClassificationTask(Task):
 
     def evaluate_flops(self) -> float:
         return float(self.model.flops * min(len(self.data.y_test), EVAL_CHUNK))
+
+    def data_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.data.x, self.data.x_test))
 
     def step_fn(self) -> StepFn:
         model = self.model

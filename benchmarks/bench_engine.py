@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedsim.config import config_from_dict
-from fedsim.comparison import run
+from fedsim.runs.comparison import run
 
 
 def no_plots(*args, **kwargs) -> None:
@@ -42,10 +42,10 @@ def measure(n_devices: int, per_round: int, rounds: int, timing: str, out: Path)
         "server": {"timing": timing, "clients_per_round": per_round, "deadline": 300.0,
                    "round_duration": 300.0},
     })
-    import fedsim.experiment
+    import fedsim.runs.experiment
     import fedsim.results.recorder
 
-    fedsim.experiment.draw_plots = no_plots
+    fedsim.runs.experiment.draw_plots = no_plots
     engine_s = [0.0]
 
     def timed(fn):

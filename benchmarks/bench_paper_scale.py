@@ -74,7 +74,7 @@ def sent140_like(folder: Path) -> Path:
 
 
 def points(study: str, sets: list[str]) -> int:
-    from fedsim.study import load_study
+    from fedsim.studies.study import load_study
 
     loaded = load_study(study, sets)
     return len(loaded.points) + len(loaded.warm)
@@ -84,7 +84,7 @@ def time_point(study: str, sets: list[str], rounds: int, out: Path) -> dict:
     """One point of the study (its first: first algorithm, seed 0) run alone for `rounds`, from
     its resolved config (a warm start replaced by the model's own initialisation)."""
     from fedsim.config import dump_toml
-    from fedsim.study import load_study
+    from fedsim.studies.study import load_study
 
     config = load_study(study, sets).points[0].config.to_dict()
     config["run"].update(rounds=rounds, eval_every=rounds, plots=False, out=str(out), name=study, progress=False)

@@ -48,7 +48,7 @@ def main() -> None:
     import polars as pl
     import torch  # noqa: F401  (imported by the run anyway; timed above through fedsim's own use)
 
-    import fedsim.experiment as experiment
+    import fedsim.runs.experiment as experiment
     from fedsim.training.task import ClassificationTask
     from fedsim.training.trainer import Trainer
 

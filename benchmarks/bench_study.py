@@ -35,7 +35,7 @@ def configs(runs: int, rounds: int, device: str, out: Path):
 
 
 def sequential(cfgs, out: Path) -> tuple[float, list]:
-    from fedsim.experiment import Experiment
+    from fedsim.runs.experiment import Experiment
 
     t0 = time.perf_counter()
     results = [Experiment(c, out / "seq" / c.run.name, False).run() for c in cfgs]
@@ -43,8 +43,8 @@ def sequential(cfgs, out: Path) -> tuple[float, list]:
 
 
 def together(cfgs, out: Path) -> tuple[float, list]:
-    from fedsim.experiment import Experiment
-    from fedsim.lockstep import run_together
+    from fedsim.runs.experiment import Experiment
+    from fedsim.studies.lockstep import run_together
 
     t0 = time.perf_counter()
     results = run_together([Experiment(c, out / "together" / c.run.name, False) for c in cfgs])
@@ -54,7 +54,8 @@ def together(cfgs, out: Path) -> tuple[float, list]:
 def with_ray(runs: int, rounds: int, device: str, out: Path) -> float:
     """The same study through `fedsim sweep --backend ray` (local Ray, a worker per core)."""
     from fedsim.config import dump_toml
-    from fedsim.study import load_study, run_study
+    from fedsim.studies.study import load_study
+    from fedsim.studies.sweep import run_study
 
     study = {"run": {"name": "ray", "out": str(out / "ray"), "rounds": rounds, "eval_every": rounds,
                      "progress": False, "plots": False, "device": device},

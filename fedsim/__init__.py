@@ -37,8 +37,8 @@ def lazy_exports(package: str, homes: dict[str, str]):
 __getattr__, __dir__ = lazy_exports(__name__, {
     "load_config": "fedsim.config",
     "FedsimError": "fedsim.errors",
-    "RunResult": "fedsim.experiment",
-    "run": "fedsim.comparison",
+    "RunResult": "fedsim.runs.experiment",
+    "run": "fedsim.runs.comparison",
     "read_trace": "fedsim.traces.io",
     "write_trace": "fedsim.traces.io",
 })

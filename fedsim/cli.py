@@ -114,8 +114,8 @@ def cmd_run(args) -> int:
 
     plotter = shared_worker()  # before torch's import, so that matplotlib's overlaps it
     from fedsim.config import load_config
-    from fedsim.comparison import is_comparison, resume_comparison, run
-    from fedsim.experiment import resume
+    from fedsim.runs.comparison import is_comparison, resume_comparison, run
+    from fedsim.runs.experiment import resume
 
     if args.resume:
         if args.config is not None:
@@ -154,7 +154,7 @@ def cmd_plot(args) -> int:
 
     folder = Path(args.run_dir)
     if (folder / "study.toml").exists():
-        from fedsim.study import open_study
+        from fedsim.studies.study import open_study
 
         study = open_study(folder)
         paths = plot_study(study.folder, study.name, study.group_axes, study.targets)
@@ -169,7 +169,9 @@ def cmd_sweep(args) -> int:
     from fedsim.results.plot_worker import shared_worker
 
     plotter = shared_worker()
-    from fedsim.study import format_summary, load_study, run_study
+    from fedsim.studies.study import load_study
+    from fedsim.studies.sweep import run_study
+    from fedsim.studies.tables import format_summary
 
     if (args.study is None) == (args.resume is None):
         raise FedsimError("fedsim sweep: give a study file (or scenario), or --resume STUDY_FOLDER to finish "
@@ -217,7 +219,8 @@ def report_study(args) -> int:
     import json
 
     from fedsim.results.report import parse_targets
-    from fedsim.study import best_by, format_summary, open_study, study_tables
+    from fedsim.studies.study import open_study
+    from fedsim.studies.tables import best_by, format_summary, study_tables
 
     if len(args.runs) > 1:
         raise FedsimError("fedsim report: give one study folder at a time")
@@ -257,7 +260,7 @@ def report_claims(study, as_json: bool) -> int:
 
 def cmd_config_show(args) -> int:
     from fedsim.config import load_config
-    from fedsim.config_show import show_config
+    from fedsim.config.show import show_config
 
     print(show_config(load_config(args.config, args.set)), end="")
     return 0
@@ -279,7 +282,7 @@ def cmd_scenarios(args) -> int:
 
 def choices_listing() -> str:
     """The valid names of every choice, plugins installed as entry points included."""
-    from fedsim import catalog
+    from fedsim.config import catalog
     from fedsim.config import DEVICE_MODELS
     from fedsim.sim import profiles
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import reference_algorithms as ref  # noqa: E402
 
 from fedsim.algorithms import REGISTRY, Arrivals, Context, make_strategy  # noqa: E402
-from fedsim.catalog import SELECTIONS  # noqa: E402
+from fedsim.config.catalog import SELECTIONS  # noqa: E402
 from fedsim.algorithms.table import DeviceTable  # noqa: E402
 from fedsim.errors import FedsimError  # noqa: E402
 

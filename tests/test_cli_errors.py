@@ -183,10 +183,10 @@ def test_more_clients_than_samples_is_refused_before_partitioning(capsys):
 
 
 def test_running_out_of_memory_is_one_line(capsys, monkeypatch):
-    import fedsim.experiment
+    import fedsim.runs.experiment
 
     def too_big(*args, **kwargs):
         raise MemoryError
-    monkeypatch.setattr(fedsim.experiment, "build_task", too_big)
+    monkeypatch.setattr(fedsim.runs.experiment, "build_task", too_big)
     err = fails(capsys, ["run", "quickstart", "--quiet"])
     assert err.startswith("error: out of memory; lower the sizes")

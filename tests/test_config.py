@@ -10,7 +10,8 @@ import pytest
 
 import fedsim.config as config_module
 from fedsim.cli import RESUME_KEYS, main
-from fedsim.config import _SECTION_CLASSES, RESUME_KEYS as CONFIG_RESUME_KEYS, config_from_dict, dump_toml, rule, suggest
+from fedsim.config import RESUME_KEYS as CONFIG_RESUME_KEYS, config_from_dict, dump_toml, rule, suggest
+from fedsim.config.schema import _SECTION_CLASSES
 from fedsim.errors import FedsimError
 
 from conftest import alternating_trace, quadratic_config, rounds

@@ -7,7 +7,7 @@ import pytest
 
 from fedsim.cli import main
 from fedsim.config import load_config
-from fedsim.config_show import show_config
+from fedsim.config.show import show_config
 from fedsim.errors import FedsimError
 from fedsim.traces import Trace, write_trace
 
@@ -72,7 +72,7 @@ def test_a_typo_in_set_names_the_command_line(capsys):
 
 
 def test_a_study_extends_a_chain_of_bases(tmp_path):
-    from fedsim.study import load_study
+    from fedsim.studies.study import load_study
 
     write(tmp_path / "mine.toml", 'extends = "quickstart"\n[run]\nrounds = 4\n')
     study = write(tmp_path / "s.toml", 'extends = "mine.toml"\n[run]\nname = "s"\nalgorithms = []\n'

@@ -11,10 +11,11 @@ import tomllib
 
 import pytest
 
-from fedsim.catalog import ALGORITHMS
+from fedsim.config.catalog import ALGORITHMS
 from fedsim.cli import main
-from fedsim.config import _SECTION_CLASSES, config_from_dict, config_scenarios, dump_toml, load_config, rule
-from fedsim.config_show import show_config
+from fedsim.config import config_from_dict, config_scenarios, dump_toml, load_config, rule
+from fedsim.config.schema import _SECTION_CLASSES
+from fedsim.config.show import show_config
 
 KEY_LINE = re.compile(r'^(# )?("[^"]*"|[A-Za-z0-9_-]+) = (.+?)  # (.+)$')
 

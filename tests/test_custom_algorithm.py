@@ -92,7 +92,7 @@ def run_config(tmp_path, name, rounds, algorithm):
 
 
 def test_a_user_algorithm_with_its_own_state_resumes_bit_identically(tmp_path, monkeypatch):
-    from fedsim.experiment import resume
+    from fedsim.runs.experiment import resume
 
     monkeypatch.setitem(REGISTRY, HandMomentum.name, HandMomentum)
     whole = fedsim.run(run_config(tmp_path, "whole", 20, "hand-momentum"), progress=False)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedsim.config import DataConfig
-from fedsim.catalog import PARTITIONS
+from fedsim.config.catalog import PARTITIONS
 from fedsim.data.partition import partition, to_csr
 from fedsim.errors import FedsimError
 

@@ -65,7 +65,7 @@ def test_link_extraction_skips_code_and_reads_both_link_forms():
 
 
 def test_every_registered_algorithm_generator_and_converter_is_documented():
-    from fedsim.catalog import ALGORITHMS, CONVERTERS, GENERATORS
+    from fedsim.config.catalog import ALGORITHMS, CONVERTERS, GENERATORS
 
     algorithms = (ROOT / "docs" / "algorithms.md").read_text(encoding="utf-8")
     traces = (ROOT / "docs" / "traces.md").read_text(encoding="utf-8")

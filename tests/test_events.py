@@ -147,7 +147,7 @@ def test_a_user_callback_stops_early_and_adds_metrics(tmp_path):
     """Through the Python API: early stopping at a target accuracy, and a callback whose
     metric becomes a column of rounds.parquet; the initial model's evaluation is recorded."""
     import fedsim
-    from fedsim.callbacks import Callback, EarlyStopping
+    from fedsim.runs.callbacks import Callback, EarlyStopping
 
     class Spread(Callback):
         def on_round(self, run, outcome, metrics):

@@ -49,7 +49,7 @@ def config(root: Path) -> dict:
 # (No plot worker: these runs draw no plots, and each would start one.)
 FORKS = """
 import json, os, sys
-import fedsim.cli, fedsim.comparison, fedsim.files, fedsim.results.plot_worker
+import fedsim.cli, fedsim.runs.comparison, fedsim.files, fedsim.results.plot_worker
 fedsim.results.plot_worker.shared_worker = lambda: None
 for point, argv in json.loads(sys.argv[1]):
     pid = os.fork()

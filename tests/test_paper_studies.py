@@ -10,7 +10,7 @@ import pytest
 
 from fedsim.cli import main
 from fedsim.config import read_toml, scenario_path
-from fedsim.study import load_study
+from fedsim.studies.study import load_study
 
 PAPERS = {
     "paper-fedlaavg": ({"algorithm.name": {"fedavg", "fedprox", "fedlaavg", "sequential-sgd"}},

@@ -74,7 +74,7 @@ def test_offset_moves_the_start_of_the_run(cli_run, tmp_path, offset):
 
 
 def test_selection_policies_pick_the_devices_they_say():
-    from fedsim.replay import select_first, select_most_available, select_random
+    from fedsim.runs.replay import select_first, select_most_available, select_random
 
     trace = Trace.from_intervals([0, 1, 2, 3], [0, 0, 0, 0], [1.0, 4.0, 2.0, 4.0], n_devices=4, horizon=4.0)
     assert select_first(trace, 2, 0).tolist() == [0, 1]
@@ -85,7 +85,7 @@ def test_selection_policies_pick_the_devices_they_say():
 
 
 def test_a_looping_trace_rotates_at_the_offset():
-    from fedsim.replay import shift
+    from fedsim.runs.replay import shift
 
     trace = Trace.from_intervals([0, 1], [1.0, 5.0], [3.0, 8.0], n_devices=2, horizon=10.0, wrap="loop")
     moved = shift(trace, 2.0)

@@ -293,7 +293,7 @@ def test_report_of_a_real_comparison_and_the_run_table_with_targets(comparison, 
     assert main(["report", str(comparison), "--target", "0.5"]) == 0
     assert "50% rounds" in capsys.readouterr().out
 
-    from fedsim.experiment import RunResult
+    from fedsim.runs.experiment import RunResult
 
     raw = read_toml(comparison / "fedavg" / "config.toml")
     raw["run"]["targets"] = [0.5, 0.99]

@@ -82,7 +82,7 @@ def test_public_api_loads_on_first_use():
         "import json, sys, fedsim\n"
         "names = [fedsim.__version__, fedsim.load_config, fedsim.FedsimError, fedsim.read_trace]\n"
         "before = 'torch' in sys.modules\n"
-        "from fedsim.comparison import run\nfrom fedsim.experiment import RunResult\n"
+        "from fedsim.runs.comparison import run\nfrom fedsim.runs.experiment import RunResult\n"
         "same = fedsim.run is run and fedsim.RunResult is RunResult\n"
         "print(json.dumps([before, same, sorted(set(fedsim.__all__) - set(dir(fedsim)))]))")
     assert out == [False, True, []]

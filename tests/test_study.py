@@ -181,8 +181,8 @@ def test_points_stepped_together_equal_their_runs_alone(tmp_path):
     """Model timing, a proximal objective beside a plain one (two shared calls), an async
     point (trains on its own): each point as `fedsim run` would make it."""
     from fedsim.config import config_from_dict
-    from fedsim.experiment import Experiment
-    from fedsim.lockstep import run_together
+    from fedsim.runs.experiment import Experiment
+    from fedsim.studies.lockstep import run_together
 
     def config(name, algorithm, seed, **server):
         return config_from_dict({
@@ -303,7 +303,7 @@ def test_a_sweep_shows_its_progress_a_line_per_point_off_a_terminal_and_nothing_
 def test_on_a_terminal_the_bar_counts_rounds_and_points(tmp_path, monkeypatch):
     import io
 
-    from fedsim.study_progress import StudyProgress
+    from fedsim.studies.progress import StudyProgress
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     shown = StudyProgress([10, 10, 5], points=4, done=1)

@@ -16,12 +16,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from fedsim import study_ray
+from fedsim.studies import ray_backend as study_ray
 from fedsim.cli import main
 from fedsim.config import read_toml
 from fedsim.errors import FedsimError
-from fedsim.experiment import run_state
-from fedsim.study import load_study
+from fedsim.runs.experiment import run_state
+from fedsim.studies.study import load_study
 
 STUDY = """
 [run]

@@ -289,7 +289,7 @@ def test_sessions_take_iso_and_second_starts(tmp_path):
 
 
 def test_options_reach_only_converters_that_take_them(tmp_path, monkeypatch):
-    from fedsim.catalog import CONVERTERS
+    from fedsim.config.catalog import CONVERTERS
     from fedsim.traces.schema import Trace
 
     calls = []

@@ -125,7 +125,7 @@ def same_summary(a, b) -> bool:
 def test_a_comparison_stopped_between_algorithms_resumes_as_a_whole(cli_run, monkeypatch, capsys):
     import signal
 
-    from fedsim.experiment import Experiment
+    from fedsim.runs.experiment import Experiment
 
     whole = cli_run(comparison_config(), name="whole")
     end = Experiment.end
@@ -326,7 +326,7 @@ def test_a_comparison_folder_has_one_writer(cli_run, monkeypatch, capsys):
     """The top folder of a comparison is locked for the whole comparison: a --resume of it
     while the comparison runs (here, from inside its second algorithm) gets the one line
     naming the holder, and nothing of the comparison is lost."""
-    from fedsim.experiment import Experiment
+    from fedsim.runs.experiment import Experiment
 
     whole = cli_run(comparison_config(), name="whole")
     top = cli_run.tmp / "runs" / "cmp"

@@ -1,4 +1,4 @@
-"""Server-side algorithms behind the Strategy interface (the names: fedsim/catalog.py).
+"""Server-side algorithms behind the Strategy interface (the names: fedsim/config/catalog.py).
 
 One module per family: ``fedavg`` (fedavg, fedavg-all, fedavg-known-p, fedsgd, fedprox),
 ``waiting`` (fedavg-wait), ``mifa`` (mifa, fedlaavg), ``fedvarp``, ``fedawe``, ``amplified``,

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from fedsim.algorithms.selection import Selector
 from fedsim.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerConfig
-from fedsim.catalog import ALGORITHMS, SELECTIONS
+from fedsim.config.catalog import ALGORITHMS, SELECTIONS
 from fedsim.config import algorithm_options  # noqa: F401  (re-exported: fedsim.algorithms)
 from fedsim.errors import FedsimError
 from fedsim.training.objective import PLAIN, LocalObjective
@@ -249,10 +249,10 @@ def check_range(strategy: Strategy, key: str, low: float, high: float = math.inf
                           + (f" ({why})" if why else ""))
 
 
-# the built-ins are listed in fedsim/catalog.py; plugins are found as "module:Class" or entry
+# the built-ins are listed in fedsim/config/catalog.py; plugins are found as "module:Class" or entry
 # points of `fedsim.algorithms`; `register` adds a class defined in the user's own script
 def is_strategy(obj: Any) -> bool:
-    """What fedsim.catalog.ALGORITHMS accepts: a Strategy subclass."""
+    """What fedsim.config.catalog.ALGORITHMS accepts: a Strategy subclass."""
     return isinstance(obj, type) and issubclass(obj, Strategy)
 
 

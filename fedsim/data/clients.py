@@ -91,7 +91,7 @@ class ClientData:
         return gather(self.indices, self.starts[ids, None] + torch.where(valid, pos, 0)), valid.to(torch.float32) / size
 
 
-# float32 features by content: a study's points in lockstep (fedsim/lockstep.py) that train on
+# float32 features by content: a study's points in lockstep (fedsim/studies/lockstep.py) that train on
 # one dataset hold one copy (Fashion-MNIST's training images are 188 MB as floats; 64 copies
 # would not fit in memory). Read-only: the training only gathers from them.
 _SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedsim.config import DataConfig
-from fedsim.catalog import PARTITIONS
+from fedsim.config.catalog import PARTITIONS
 from fedsim.errors import FedsimError
 
 

@@ -472,7 +472,7 @@ SMALL_MULTIPLES_ABOVE = 4  # more groups than this get a panel each
 
 
 def plot_study(folder: Path, name: str, group_axes: list[str], targets: list[float] = ()) -> list[Path]:
-    """Test accuracy (above) and loss (below) of a study (fedsim/study.py) by rounds and by
+    """Test accuracy (above) and loss (below) of a study (fedsim/studies/study.py) by rounds and by
     simulated hours, from the initial evaluation: per group of points (same values on
     `group_axes`) the mean over the seeds with its 95 % band (accuracy within [0, 100] %,
     the loss above 0), the target accuracies dashed; more than 4 groups get a panel each."""

@@ -49,7 +49,7 @@ from fedsim.sim.server import RoundOutcome, Server
 def refuse_resume(config) -> None:
     """FedsimError for an async config: a checkpoint holds the Strategy and the recorder, not
     the tasks in flight nor the buffered updates, so a resumed run would differ from an
-    uninterrupted one. `fedsim.experiment.resume()` calls this before anything runs."""
+    uninterrupted one. `fedsim.runs.experiment.resume()` calls this before anything runs."""
     if config.server.mode == "async":
         raise FedsimError(
             f"{config.source}: cannot resume a run with [server] mode = 'async' (its tasks in "

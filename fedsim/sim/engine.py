@@ -31,7 +31,7 @@ class Engine:
     `on_round` evaluates/records/checkpoints each round and returns why the run should stop
     now (a string), or False; `diverged` says why a round's outcome means divergence (beyond
     a non-finite model), or None. `stop_signal` is the dict that `finish_round_on_stop_signal`
-    fills; several engines driven together (fedsim/lockstep.py) share one.
+    fills; several engines driven together (fedsim/studies/lockstep.py) share one.
     """
 
     def __init__(self, server: Server, *, rounds: int, max_time: float, start_round: int = 0,

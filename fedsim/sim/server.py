@@ -58,7 +58,7 @@ class Server:
         self.seed = seed
         self.device = device
         self.rounds = round_timing(cfg, index=index, timing=timing, message_bytes=strategy.message_bytes())
-        self.gate = None  # set when runs train together (fedsim/lockstep.py)
+        self.gate = None  # set when runs train together (fedsim/studies/lockstep.py)
 
     def train(self, rnd: int, ids: np.ndarray, start: torch.Tensor, steps: np.ndarray, lr: float):
         """The cohort's local training: at once, or, when this run trains together with others,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.catalog import CONVERTERS, GENERATORS
+from fedsim.config.catalog import CONVERTERS, GENERATORS
 from fedsim.errors import FedsimError
 from fedsim.traces.converters import TIME_UNITS, convert
 from fedsim.traces.generators import generate

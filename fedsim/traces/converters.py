@@ -26,7 +26,7 @@ merged into another (overlapping or touching ones of a device). Bad input raises
 FedsimError line naming the file and the line (or client) at fault.
 
 A converter is a function (path, where, horizon, **options) -> Trace, registered by name in
-fedsim/catalog.py CONVERTERS (plugins: docs/extending.md); one that takes no options is
+fedsim/config/catalog.py CONVERTERS (plugins: docs/extending.md); one that takes no options is
 called as (path, where, horizon). polars is imported by the converters that use it, so that
 the re-export in ``traces.io`` does not cost its import.
 """
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedsim.catalog import CONVERTERS
+from fedsim.config.catalog import CONVERTERS
 from fedsim.errors import FedsimError, choice_error, did_you_mean
 from fedsim.traces.intervals import clip
 from fedsim.traces.schema import Trace, check_rows, positive_seconds

@@ -1,4 +1,4 @@
-"""The built-in synthetic availability generators (their names: fedsim/catalog.py GENERATORS)
+"""The built-in synthetic availability generators (their names: fedsim/config/catalog.py GENERATORS)
 and the one entry point, ``generate``.
 
 Two families (docs/traces.md):
@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fedsim.catalog import GENERATORS
+from fedsim.config.catalog import GENERATORS
 from fedsim.errors import FedsimError, did_you_mean
 from fedsim.traces import clock_models, round_models
 from fedsim.traces.request import Generated, Request, finite_numbers, short
@@ -52,7 +52,7 @@ class GeneratorSpec:
 
 
 def is_generator(obj: Any) -> bool:
-    """What fedsim.catalog.GENERATORS accepts: a GeneratorSpec."""
+    """What fedsim.config.catalog.GENERATORS accepts: a GeneratorSpec."""
     return isinstance(obj, GeneratorSpec)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fedsim.catalog import TRAINERS
+from fedsim.config.catalog import TRAINERS
 from fedsim.config import ClientConfig, DataConfig, ModelConfig
 from fedsim.data.datasets import load_dataset
 from fedsim.errors import FedsimError

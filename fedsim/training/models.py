@@ -26,7 +26,7 @@ from torch import Tensor
 
 from fedsim.config import ModelConfig
 from fedsim.errors import FedsimError
-from fedsim.catalog import MODELS
+from fedsim.config.catalog import MODELS
 
 
 @dataclass
@@ -331,7 +331,7 @@ def _shapes(layers: list[Layer], shape: tuple[int, ...]) -> list[tuple[int, ...]
     return out
 
 
-# the architectures by name (fedsim/catalog.py MODELS): (input shape, classes, [model] config)
+# the architectures by name (fedsim/config/catalog.py MODELS): (input shape, classes, [model] config)
 # -> the layers
 def logreg(in_shape, n_classes, cfg):
     return [Flatten(), *_head([math.prod(in_shape), n_classes], 0.0)]

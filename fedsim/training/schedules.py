@@ -1,5 +1,5 @@
 """Client learning-rate schedules (docs/algorithms.md), as a function of the round; the
-names are those of fedsim/catalog.py SCHEDULES.
+names are those of fedsim/config/catalog.py SCHEDULES.
 
 ``t`` is the update round, 1-based (the first round is t = 1).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from fedsim.catalog import SCHEDULES
+from fedsim.config.catalog import SCHEDULES
 from fedsim.config import ClientConfig
 
 

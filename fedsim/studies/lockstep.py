@@ -1,4 +1,4 @@
-"""Several runs in one process, stepped together so that their cohorts train in shared
+"""The in-process backend of a study: its runs in one process, stepped together so that their cohorts train in shared
 batched calls (a study of many small runs fills a device the way one large cohort does).
 
 Each run keeps its own SimPy environment, engine, strategy and outputs, exactly as alone; the
@@ -11,14 +11,20 @@ Asynchronous runs train on their own (their server has no gate).
 
 from __future__ import annotations
 
-from typing import Sequence
+import shutil
+from typing import TYPE_CHECKING, Sequence
 
 import simpy
 
-from fedsim.experiment import Experiment, RunResult
+from fedsim.runs.experiment import Experiment, RunResult, prepare_resume
 from fedsim.sim.engine import finish_round_on_stop_signal
 from fedsim.sim.server import Server
+from fedsim.studies.point import resume_overrides, run_point
+from fedsim.studies.progress import StudyProgress
 from fedsim.training.cohort import train_together
+
+if TYPE_CHECKING:
+    from fedsim.studies.study import Point, Study
 
 
 class TrainGate:
@@ -61,3 +67,44 @@ def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | Non
                     gate.resolve(result)
                 live = [e for e in live if not e.process.triggered]
         return [e.end() for e in experiments]
+
+
+TOGETHER = 64  # points stepped in lockstep at once by the in-process backend
+
+
+def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=None,
+                        progress: bool = True) -> tuple[list[str], str]:
+    """The in-process backend: the points not done, `TOGETHER` at a time, in lockstep with
+    their cohorts trained in shared batched calls (fedsim/studies/lockstep.py); stops after a group
+    that a signal interrupted. Their statuses, and what stopped them ("" if nothing did)."""
+    statuses: dict[str, str] = {}
+    stopped_by = ""
+    waiting = [(p, s) for p, s in todo if s != "done"]
+    shown = StudyProgress([p.config.run.rounds for p, _ in waiting], len(todo), len(todo) - len(waiting),
+                          progress and bool(waiting), label=study.name)
+    callbacks = [shown.callback()]
+    for p, s in todo:
+        if s == "done":
+            statuses[p.name] = run_point(p.config, study.folder / p.name, s)
+    for lo in range(0, len(waiting), TOGETHER):
+        group = waiting[lo:lo + TOGETHER]
+        experiments, resumes = [], []
+        for point, state in group:
+            run_dir = study.folder / point.name
+            if state == "resume":
+                experiment, resume_state = prepare_resume(run_dir, resume_overrides(point.config),
+                                                          False, plotter, callbacks)
+            else:
+                shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
+                experiment = Experiment(point.config, run_dir, False, plotter=plotter, callbacks=callbacks)
+                resume_state = None
+            experiments.append(experiment)
+            resumes.append(resume_state)
+        for (point, _), result in zip(group, run_together(experiments, resumes)):
+            statuses[point.name] = result.status
+            if result.status == "interrupted":
+                stopped_by = result.reason
+        if stopped_by:
+            break
+    shown.close()
+    return [statuses.get(p.name, "interrupted") for p, _ in todo], stopped_by

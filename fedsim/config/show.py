@@ -13,8 +13,8 @@ from typing import Any
 
 import tomli_w
 
-from fedsim.catalog import GENERATORS
-from fedsim.config import Config, algorithm_options, rule
+from fedsim.config.catalog import GENERATORS
+from fedsim.config.schema import Config, algorithm_options, rule
 
 
 def show_config(config: Config) -> str:

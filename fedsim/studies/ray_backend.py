@@ -2,7 +2,7 @@
 Ray task, on this machine's cores (a local Ray) or on a cluster (`--address`, or RAY_ADDRESS).
 
 A task gets plain data (the point's config as a dict, its run directory, its state) and runs
-the point with `fedsim.study.run_point`, exactly as a standalone `fedsim run` does (the
+the point with `fedsim.studies.point.run_point`, exactly as a standalone `fedsim run` does (the
 in-process backend steps its points in lockstep instead, to the same results). Workers write
 the run directories straight into the study folder, so on a cluster every node needs fedsim
 installed and the study folder on a shared filesystem, mounted at the same path. Ctrl-C or
@@ -25,7 +25,8 @@ from pathlib import Path
 
 from fedsim.errors import FedsimError
 from fedsim.sim.engine import STOP_SIGNALS
-from fedsim.study import Point, Study, run_point
+from fedsim.studies.point import run_point
+from fedsim.studies.study import Point, Study
 
 WAIT_S = 1.0  # how often the driver wakes up while it waits (so Ctrl-C is seen at once)
 
@@ -77,7 +78,7 @@ def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None 
                     point, state = todo[i]
                     run_dir = str((study.folder / point.name).resolve())
                     refs[task.remote(point.config.to_dict(), point.config.source, run_dir, state, cwd)] = i
-                from fedsim.study_progress import StudyProgress
+                from fedsim.studies.progress import StudyProgress
 
                 shown = StudyProgress([1] * len(pending), len(todo), len(todo) - len(pending), progress,
                                       label=study.name, unit="point")

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedsim.config.schema import (AlgorithmConfig, Config, TraceConfig, _declared_options, _field_names,
+                                  config_from_dict, is_study, parse_override, read_toml, scenario_names,
+                                  scenario_path)
 from fedsim.errors import FedsimError
 
 SET = "--set"
@@ -26,7 +29,6 @@ class Layered:
 
 def layered_config(path: Path, overrides: list[str] = (), *, file_is_base: bool = False) -> Layered:
     """The sections of `path` over its `extends` chain, then `overrides` (`section.key=value`)."""
-    from fedsim.config import parse_override
 
     merged = Layered({})
     for label, raw, is_base in read_layers(Path(path), file_is_base=file_is_base):
@@ -42,7 +44,6 @@ def layered_config(path: Path, overrides: list[str] = (), *, file_is_base: bool 
 def read_layers(path: Path, *, file_is_base: bool = False, chain: tuple[Path, ...] = ()) -> list[tuple[str, dict, bool]]:
     """(label, sections, is a base) from the deepest base to `path`: `extends` names a scenario
     or a file (beside the one that names it first, then from the working directory)."""
-    from fedsim.config import read_toml, scenario_names, scenario_path
 
     resolved = path.resolve()
     if resolved in chain:
@@ -86,7 +87,6 @@ def _merge(into: Layered, raw: dict, label: str, is_base: bool) -> None:
 def drop_unselected(layered: Layered) -> dict:
     """The sections without the generator and algorithm keys that only a base gave and that
     the final config's generator or algorithms do not take."""
-    from fedsim.config import AlgorithmConfig, TraceConfig, _declared_options, _field_names
 
     raw = {s: dict(b) if isinstance(b, dict) else b for s, b in layered.raw.items()}
     algorithms = raw.get("run", {}).get("algorithms", []) if isinstance(raw.get("run"), dict) else []
@@ -105,3 +105,24 @@ def drop_unselected(layered: Layered) -> dict:
             if key not in known and (section, key) in layered.bases:
                 del body[key]
     return raw
+
+
+def load_config(source: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Load a config file (or a built-in scenario by name; None = quickstart) plus overrides."""
+    if source is None:
+        source = "quickstart"
+    if not isinstance(source, (str, Path)):
+        raise FedsimError(f"load_config: expected a config path or scenario name, got {source!r}")
+    if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides):
+        raise FedsimError(f"load_config: overrides must be a list of 'section.key=value' strings, "
+                          f"got {overrides!r}")
+    path = Path(source)
+    builtin = not path.exists() and str(source) in scenario_names()
+    if builtin:
+        path = scenario_path(str(source))
+    raw = read_toml(path)
+    if is_study(raw):
+        raise FedsimError(f"{path}: is a study (it has a [sweep] table of axes); run it with "
+                          f"`fedsim sweep {source}`")
+    layered = layered_config(path, list(overrides), file_is_base=builtin)
+    return config_from_dict(drop_unselected(layered), origin=str(path), origins=layered.origins)

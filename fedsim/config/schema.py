@@ -18,10 +18,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fedsim.catalog import (ALGORITHMS, GENERATORS, MODELS, PARTITIONS, SCHEDULES, SELECTIONS, TRACE_SELECTIONS,
+from fedsim.config.catalog import (ALGORITHMS, GENERATORS, MODELS, PARTITIONS, SCHEDULES, SELECTIONS, TRACE_SELECTIONS,
                             TRAINERS)
 from fedsim.errors import FedsimError, choice_error, did_you_mean
-from fedsim.registry import Registry
+from fedsim.config.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -707,29 +707,6 @@ def is_study(raw: dict) -> bool:
 def config_scenarios() -> list[str]:
     """The built-in scenarios that are single configs (for `fedsim run`), not studies."""
     return [name for name in scenario_names() if not is_study(read_toml(scenario_path(name)))]
-
-
-def load_config(source: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Load a config file (or a built-in scenario by name; None = quickstart) plus overrides."""
-    if source is None:
-        source = "quickstart"
-    if not isinstance(source, (str, Path)):
-        raise FedsimError(f"load_config: expected a config path or scenario name, got {source!r}")
-    if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides):
-        raise FedsimError(f"load_config: overrides must be a list of 'section.key=value' strings, "
-                          f"got {overrides!r}")
-    from fedsim.config_layers import drop_unselected, layered_config
-
-    path = Path(source)
-    builtin = not path.exists() and str(source) in scenario_names()
-    if builtin:
-        path = scenario_path(str(source))
-    raw = read_toml(path)
-    if is_study(raw):
-        raise FedsimError(f"{path}: is a study (it has a [sweep] table of axes); run it with "
-                          f"`fedsim sweep {source}`")
-    layered = layered_config(path, list(overrides), file_is_base=builtin)
-    return config_from_dict(drop_unselected(layered), origin=str(path), origins=layered.origins)
 
 
 def dump_toml(sections: dict[str, dict[str, Any]]) -> str:

@@ -1,4 +1,4 @@
-"""Every named choice of fedsim, in one place: its registry (fedsim/registry.py).
+"""Every named choice of fedsim, in one place: its registry (fedsim/config/registry.py).
 
 The built-ins are listed here by import path, so that the config checks, ``--help`` and error
 listings know every valid name without importing torch or the modules that implement them.
@@ -8,7 +8,7 @@ entry point of the group named below; docs/extending.md); the other choices are 
 
 from __future__ import annotations
 
-from fedsim.registry import Registry
+from fedsim.config.registry import Registry
 
 
 def _paths(module: str, names: dict[str, str]) -> dict[str, str]:
@@ -66,7 +66,7 @@ SELECTIONS = Registry("a selection policy", callable, _paths("fedsim.algorithms.
     "longest-absent": "SelectLongestAbsent"}))
 
 # which trace devices a run replays when the trace has more than [data] clients
-TRACE_SELECTIONS = Registry("a trace device selection", callable, _paths("fedsim.replay", {
+TRACE_SELECTIONS = Registry("a trace device selection", callable, _paths("fedsim.runs.replay", {
     "random": "select_random", "first": "select_first", "most-available": "select_most_available"}))
 
 __all__ = ["ALGORITHMS", "MODELS", "GENERATORS", "CONVERTERS", "PARTITIONS", "SCHEDULES",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm import tqdm
 
 if TYPE_CHECKING:
-    from fedsim.experiment import Experiment
+    from fedsim.runs.experiment import Experiment
     from fedsim.sim.engine import EngineResult
     from fedsim.sim.server import RoundOutcome
 

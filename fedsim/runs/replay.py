@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.catalog import GENERATORS, TRACE_SELECTIONS
+from fedsim.config.catalog import GENERATORS, TRACE_SELECTIONS
 from fedsim.config import Config
 from fedsim.errors import FedsimError
 from fedsim.files import resolved

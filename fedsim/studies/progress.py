@@ -9,7 +9,7 @@ import time
 
 from tqdm import tqdm
 
-from fedsim.callbacks import Callback
+from fedsim.runs.callbacks import Callback
 
 
 class StudyProgress:

@@ -15,7 +15,7 @@ import math
 import os
 from pathlib import Path
 
-from fedsim.callbacks import Callback
+from fedsim.runs.callbacks import Callback
 from fedsim.errors import FedsimError
 
 PARENT = "FEDSIM_MLFLOW_PARENT"  # "experiment_id:run_id" of a study's parent run

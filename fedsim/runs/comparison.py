@@ -12,10 +12,10 @@ from typing import Callable, Sequence
 
 import polars as pl
 
-from fedsim.callbacks import Callback
+from fedsim.runs.callbacks import Callback
 from fedsim.config import Config, config_from_dict, dump_toml
 from fedsim.errors import FedsimError
-from fedsim.experiment import Experiment, RunResult
+from fedsim.runs.experiment import Experiment, RunResult
 from fedsim.files import DirectoryLock, atomic_write, claim_directory, plain_name, remove_stale_temporaries
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
@@ -31,7 +31,7 @@ def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
     `on_ready(run_dir)` is called once the first simulation is set up (config, data and trace
     are valid), before anything is written. `plotter`: a PlotWorker to draw the plots (the CLI
     starts one first thing); without one they are drawn in this process; either way they are
-    drawn when this returns. `callbacks`: the user's own (fedsim/callbacks.py), given to every
+    drawn when this returns. `callbacks`: the user's own (fedsim/runs/callbacks.py), given to every
     algorithm's run.
     """
     if not isinstance(config, Config):
@@ -82,7 +82,7 @@ def _members(config, run_dir, progress, plotter, callbacks, first=None, force=Fa
     """Each algorithm of a comparison in turn: run it, resume it from its checkpoint, or (done)
     read its result; then the summary and the comparison plots. A stop signal, also between
     two algorithms, stops the comparison (status interrupted; `--resume` finishes it)."""
-    from fedsim.experiment import resume, run_state
+    from fedsim.runs.experiment import resume, run_state
 
     results = []
     stop_signal = {"name": None}

@@ -21,24 +21,17 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
-from fedsim.config import (AlgorithmConfig, Config, algorithm_options, config_from_dict, dump_toml, is_study,
+from fedsim.config import (AlgorithmConfig, Config, algorithm_options, config_from_dict, is_study,
                            parse_override, read_toml, scenario_names, scenario_path)
-from fedsim.config_layers import SET, layered_config
+from fedsim.config.layers import SET, layered_config
 from fedsim.errors import FedsimError
-from fedsim.experiment import run_state
-from fedsim.results.report import ci95
 
 MAX_POINTS = 10_000  # more need --yes
-TOGETHER = 64  # points stepped in lockstep at once by the in-process backend
 SEED = "run.seed"
-METRICS = ("final_acc", "best_acc", "final_loss")
 WARM = "warm_start"  # the study file's table of the first phase's keys
 WARM_FOLDER = "warm-start"  # where the first phase's runs go in the study folder
 
@@ -428,212 +421,6 @@ def _what_runs(resolved: dict) -> dict:
     return {key: value for key, value in {**resolved, "base": base}.items() if key != "claims"}
 
 
-BACKENDS = ("inprocess", "ray")
-
-
-def resume_overrides(config: Config) -> list[str]:
-    """What a point resumes with: the study's values of the keys a resume may change (more
-    rounds, another evaluation interval, plots, trackers)."""
-    from fedsim.config import RESUME_KEYS
-
-    values = config.to_dict()
-    return [f"{key}={json.dumps(values[key.split('.')[0]][key.split('.')[1]])}" for key in RESUME_KEYS]
-
-
-def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, plotter=None) -> str:
-    """Run, resume or (done) skip one point; its status. Every backend runs a point this way,
-    so a point equals the standalone `fedsim run` of its config."""
-    from fedsim.experiment import Experiment, resume
-
-    if state == "done":
-        return json.loads((run_dir / "manifest.json").read_text())["status"]
-    if state == "resume":
-        return resume(run_dir, resume_overrides(config), progress, plotter).status
-    shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
-    return Experiment(config, run_dir, progress, plotter=plotter).run().status
-
-
-def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=None,
-                        progress: bool = True) -> tuple[list[str], str]:
-    """The in-process backend: the points not done, `TOGETHER` at a time, in lockstep with
-    their cohorts trained in shared batched calls (fedsim/lockstep.py); stops after a group
-    that a signal interrupted. Their statuses, and what stopped them ("" if nothing did)."""
-    from fedsim.experiment import Experiment, prepare_resume
-    from fedsim.lockstep import run_together
-    from fedsim.study_progress import StudyProgress
-
-    statuses: dict[str, str] = {}
-    stopped_by = ""
-    waiting = [(p, s) for p, s in todo if s != "done"]
-    shown = StudyProgress([p.config.run.rounds for p, _ in waiting], len(todo), len(todo) - len(waiting),
-                          progress and bool(waiting), label=study.name)
-    callbacks = [shown.callback()]
-    for p, s in todo:
-        if s == "done":
-            statuses[p.name] = run_point(p.config, study.folder / p.name, s)
-    for lo in range(0, len(waiting), TOGETHER):
-        group = waiting[lo:lo + TOGETHER]
-        experiments, resumes = [], []
-        for point, state in group:
-            run_dir = study.folder / point.name
-            if state == "resume":
-                experiment, resume_state = prepare_resume(run_dir, resume_overrides(point.config),
-                                                          False, plotter, callbacks)
-            else:
-                shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
-                experiment = Experiment(point.config, run_dir, False, plotter=plotter, callbacks=callbacks)
-                resume_state = None
-            experiments.append(experiment)
-            resumes.append(resume_state)
-        for (point, _), result in zip(group, run_together(experiments, resumes)):
-            statuses[point.name] = result.status
-            if result.status == "interrupted":
-                stopped_by = result.reason
-        if stopped_by:
-            break
-    shown.close()
-    return [statuses.get(p.name, "interrupted") for p, _ in todo], stopped_by
-
-
-def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
-              backend: str = "inprocess", address: str | None = None) -> list[dict]:
-    """Run (or finish) the warm-start runs, then every point; returns one record per run:
-    its name, axis values, state before, status after and `stopped_by` (the Ctrl-C or SIGTERM
-    that interrupted the study, "" if none). The study stops after a run that was
-    interrupted. In-process, points run in lockstep; with
-    `backend = "ray"` they run as Ray tasks (fedsim/study_ray.py)."""
-    if backend not in BACKENDS:
-        raise FedsimError(f"--backend {backend!r} is not one of: {', '.join(BACKENDS)}")
-    from fedsim.comparison import comparison_lock
-    from fedsim.results.recorder import write_text
-
-    with comparison_lock(study.folder, "fedsim sweep"):  # one sweep of a study at a time
-        check_same_study(study)
-        write_text(study.folder / "study.toml", dump_toml(study.resolved))
-        return _run_study_locked(study, progress, plotter, on_point, backend, address)
-
-
-def _run_study_locked(study: Study, progress: bool, plotter, on_point, backend: str,
-                      address: str | None) -> list[dict]:
-    end_parent = None
-    if "mlflow" in study.points[0].config.run.trackers:  # one MLflow experiment, a parent run
-        from fedsim.trackers import study_parent
-
-        end_parent = study_parent(study.name, study.folder.parent)
-    try:
-        records = _run_phases(study, progress, plotter, on_point, backend, address)
-    finally:
-        if end_parent is not None:
-            end_parent()
-    return records
-
-
-def _run_phases(study: Study, progress: bool, plotter, on_point, backend: str, address: str | None) -> list[dict]:
-    """The warm-start runs, then the points; the tables and plots once all are done."""
-    records = []
-    for phase in (study.warm, study.points):
-        todo = [(point, run_state(study.folder / point.name, point.config)) for point in phase]
-        if on_point:
-            for point, state in todo:
-                on_point(point, state)
-        if backend == "ray":
-            from fedsim.study_ray import run_points
-
-            statuses, stopped_by = run_points(study, todo, address, progress)
-        else:
-            statuses, stopped_by = run_points_together(study, todo, plotter, progress)
-        records += [{"point": p.name, **p.values, "was": state, "status": status, "stopped_by": stopped_by}
-                    for (p, state), status in zip(todo, statuses)]
-        if any(r["status"] == "interrupted" for r in records):
-            return records
-        _check_warm_runs(study, records)
-    write_tables(study)
-    if study.points[0].config.run.plots:
-        from fedsim.results.plots import plot_study
-
-        plot_study(study.folder, study.name, study.group_axes, study.targets)
-    return records
-
-
-def _check_warm_runs(study: Study, records: list[dict]) -> None:
-    """The points cannot start from a warm-start run that diverged."""
-    for record in records[:len(study.warm)]:
-        if record["status"] == "diverged":
-            raise FedsimError(f"{study.folder / record['point']}: the warm-start run diverged, so the points "
-                              f"cannot start from its model; lower its learning rate ([{WARM}] "
-                              '"client.lr") and delete that folder')
-
-
-# -- tables -----------------------------------------------------------------------------------
-
-def _axis_columns(values: dict[str, Any]) -> dict[str, Any]:
-    return {axis: (json.dumps(v) if isinstance(v, (list, dict)) else v) for axis, v in values.items()}
-
-
-def write_tables(study: Study, targets: list[float] | None = None) -> pl.DataFrame:
-    """study.parquet and summary.parquet of a finished study; returns the summary."""
-    from fedsim.files import atomic_write
-
-    frame, summary = study_tables(study, targets)
-    atomic_write(study.folder / "study.parquet", frame.write_parquet)
-    atomic_write(study.folder / "summary.parquet", summary.write_parquet)
-    return summary
-
-
-def study_tables(study: Study, targets: list[float] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Every point's rounds with its axis values, and the summary over seeds (what `fedsim
-    report` shows, without writing into the study it reads)."""
-    from fedsim.results.report import config_targets, read_run, summarize_run
-
-    runs = [read_run(study.folder / p.name, study.folder) for p in study.points]
-    targets = config_targets(runs) if targets is None else targets
-    frames = [r.rounds.with_columns(point=pl.lit(p.name), **{a: pl.lit(v) for a, v in _axis_columns(p.values).items()})
-              for r, p in zip(runs, study.points)]
-    rows = []
-    for run, point in zip(runs, study.points):
-        s = summarize_run(run, point.name, targets)
-        row = {"point": point.name, **_axis_columns(point.values), "status": s["status"],
-               **{m: s[m] for m in METRICS}}
-        for t in s["targets"]:
-            row[f"time_to_{t['target']:g}_s"] = t["time_s"]
-            row[f"rounds_to_{t['target']:g}"] = t["rounds"]
-        rows.append(row)
-    points = pl.DataFrame(rows, infer_schema_length=None)
-    return pl.concat(frames, how="diagonal_relaxed"), summarize_points(points, study.group_axes)
-
-
-def summarize_points(points: pl.DataFrame, group_axes: list[str]) -> pl.DataFrame:
-    """Per group of points (same values on `group_axes`): seeds, and for each metric its mean,
-    std (n - 1) and the half-width of its 95 % CI (t quantile; null with one seed)."""
-    metrics = [c for c in points.columns if c in METRICS or c.startswith(("time_to_", "rounds_to_"))]
-    by = group_axes or [pl.lit("all").alias("group")]
-    aggregations = [pl.len().alias("seeds")]
-    for m in metrics:
-        aggregations += [pl.col(m).mean().alias(f"{m}_mean"), pl.col(m).std().alias(f"{m}_std"),
-                         pl.col(m).count().alias(f"{m}_n")]
-    summary = points.group_by(by, maintain_order=True).agg(aggregations)
-    for m in metrics:
-        half = ci95(summary[f"{m}_std"], summary[f"{m}_n"])
-        summary = summary.with_columns(pl.Series(f"{m}_ci95", half, dtype=pl.Float64)).drop(f"{m}_n")
-    return summary
-
-
-def best_by(summary: pl.DataFrame, metric: str, over: str, group_axes: list[str]) -> pl.DataFrame:
-    """For each value of the other axes, the row whose mean `metric` is best over the values
-    of axis `over` (losses and times: lowest; accuracies: highest) — the papers' "best
-    learning rate per method"."""
-    column = f"{metric}_mean"
-    if column not in summary.columns:
-        known = sorted(c.removesuffix("_mean") for c in summary.columns if c.endswith("_mean"))
-        raise FedsimError(f"--best-by {metric!r}: not a metric of the summary (one of: {', '.join(known)})")
-    if over not in group_axes:
-        raise FedsimError(f"--over {over!r}: not an axis of the study (axes: {', '.join(group_axes) or 'none'})")
-    lowest = metric.endswith("loss") or metric.startswith(("time_to_", "rounds_to_"))
-    others = [a for a in group_axes if a != over]
-    ranked = summary.sort(column, descending=not lowest, nulls_last=True)
-    return ranked.group_by(others, maintain_order=True).first() if others else ranked.head(1)
-
-
 def open_study(folder: Path) -> Study:
     """The study recorded in a study folder (its study.toml), for reports and plots."""
     folder = Path(folder)
@@ -651,29 +438,3 @@ def open_study(folder: Path) -> Study:
     return Study(folder.name, str(folder), axes, points, folder, resolved)
 
 
-def _pm(mean, ci, scale: float = 1.0, spec: str = ".2f", unit: str = "") -> str:
-    if mean is None:
-        return "-"
-    text = f"{mean * scale:{spec}}{unit}"
-    return text + (f" ± {ci * scale:{spec}}" if ci is not None else "")
-
-
-def format_summary(study: Study, summary: pl.DataFrame | None = None) -> str:
-    """The summary as a table: one row per group, mean ± 95 % CI over its seeds."""
-    if summary is None:
-        summary = pl.read_parquet(study.folder / "summary.parquet")
-    targets = sorted({c.removeprefix("time_to_").removesuffix("_s_mean") for c in summary.columns
-                      if c.startswith("time_to_") and c.endswith("_s_mean")}, key=float)
-    header = [*study.group_axes, "seeds", "final acc %", "best acc %", "final loss",
-              *(f"h to {100 * float(t):g}%" for t in targets)]
-    rows = []
-    for r in summary.iter_rows(named=True):
-        rows.append([*(str(r[a]) for a in study.group_axes), str(r["seeds"]),
-                     _pm(r["final_acc_mean"], r["final_acc_ci95"], 100),
-                     _pm(r["best_acc_mean"], r["best_acc_ci95"], 100),
-                     _pm(r["final_loss_mean"], r["final_loss_ci95"], 1, ".4g"),
-                     *(_pm(r[f"time_to_{t}_s_mean"], r[f"time_to_{t}_s_ci95"], 1 / 3600) for t in targets)])
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
-    return "\n".join(lines)

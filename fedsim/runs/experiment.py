@@ -1,7 +1,7 @@
 """Wires a Config into one simulation and runs it: trace + index, task (data, partition,
 model), trainer, strategy, round timing, engine, and the callbacks around it (evaluation,
 recorder, progress bar, checkpoints, the user's own). Several algorithms side by side:
-fedsim/comparison.py; which trace is replayed: fedsim/replay.py; manifest.json:
+fedsim/runs/comparison.py; which trace is replayed: fedsim/runs/replay.py; manifest.json:
 fedsim/results/manifest.py.
 """
 
@@ -21,13 +21,13 @@ import torch
 
 from fedsim.algorithms import Context, Strategy, make_strategy
 from fedsim.algorithms.server_optimizer import ServerOptimizerConfig
-from fedsim.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, RecordRounds
+from fedsim.runs.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, RecordRounds
 from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml,
                            read_toml)
-from fedsim.catalog import GENERATORS
+from fedsim.config.catalog import GENERATORS
 from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock, file_fingerprint, remove_stale_temporaries
-from fedsim.replay import agrees_with, load_trace, resolve_trace_path
+from fedsim.runs.replay import agrees_with, load_trace, resolve_trace_path
 from fedsim.results.manifest import write_manifest
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
@@ -45,7 +45,7 @@ from fedsim.traces.stats import device_online_fraction
 from fedsim.training import ThreadPolicy, build_task, build_trainer
 from fedsim.training.memory import check_memory
 from fedsim.training.schedules import learning_rate
-from fedsim.trackers import tracker_callbacks
+from fedsim.runs.trackers import tracker_callbacks
 from fedsim.training.warm_start import initial_params
 
 
@@ -186,7 +186,7 @@ class Experiment:
 
     def start(self, resume: dict | None, stop_signal: dict) -> Engine:
         """Everything before the first round, and the engine that will run the rounds (run
-        alone by `run`, or with other runs' engines by fedsim/lockstep.py). The run directory is
+        alone by `run`, or with other runs' engines by fedsim/studies/lockstep.py). The run directory is
         this process's until `end` (or the process ends)."""
         cfg = self.config
         self.lock = DirectoryLock(self.run_dir)

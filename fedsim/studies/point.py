@@ -1,0 +1,31 @@
+"""One point of a study, run the way every backend runs it: as the standalone `fedsim run` of
+its config would, resumed from its checkpoint with the study's values of the keys a resume may
+change, or skipped when done."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from fedsim.config import RESUME_KEYS, Config
+
+
+def resume_overrides(config: Config) -> list[str]:
+    """What a point resumes with: the study's values of the keys a resume may change (more
+    rounds, another evaluation interval, plots, trackers)."""
+    values = config.to_dict()
+    return [f"{key}={json.dumps(values[key.split('.')[0]][key.split('.')[1]])}" for key in RESUME_KEYS]
+
+
+def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, plotter=None) -> str:
+    """Run, resume or (done) skip one point; its status. Every backend runs a point this way,
+    so a point equals the standalone `fedsim run` of its config."""
+    from fedsim.runs.experiment import Experiment, resume
+
+    if state == "done":
+        return json.loads((run_dir / "manifest.json").read_text())["status"]
+    if state == "resume":
+        return resume(run_dir, resume_overrides(config), progress, plotter).status
+    shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
+    return Experiment(config, run_dir, progress, plotter=plotter).run().status

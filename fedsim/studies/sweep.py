@@ -1,0 +1,83 @@
+"""Running a study (`fedsim sweep`): under the study folder's lock, its warm-start runs, then
+its points, on the in-process backend (fedsim/studies/lockstep.py) or on Ray
+(fedsim/studies/ray_backend.py); then its tables and plots."""
+
+from __future__ import annotations
+
+from fedsim.config import dump_toml
+from fedsim.errors import FedsimError
+from fedsim.results.recorder import write_text
+from fedsim.runs.comparison import comparison_lock
+from fedsim.runs.experiment import run_state
+from fedsim.studies.lockstep import run_points_together
+from fedsim.studies.study import WARM, Study, check_same_study
+from fedsim.studies.tables import write_tables
+
+
+BACKENDS = ("inprocess", "ray")
+
+
+def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
+              backend: str = "inprocess", address: str | None = None) -> list[dict]:
+    """Run (or finish) the warm-start runs, then every point; returns one record per run:
+    its name, axis values, state before, status after and `stopped_by` (the Ctrl-C or SIGTERM
+    that interrupted the study, "" if none). The study stops after a run that was
+    interrupted. In-process, points run in lockstep; with
+    `backend = "ray"` they run as Ray tasks (fedsim/studies/ray_backend.py)."""
+    if backend not in BACKENDS:
+        raise FedsimError(f"--backend {backend!r} is not one of: {', '.join(BACKENDS)}")
+    with comparison_lock(study.folder, "fedsim sweep"):  # one sweep of a study at a time
+        check_same_study(study)
+        write_text(study.folder / "study.toml", dump_toml(study.resolved))
+        return _run_study_locked(study, progress, plotter, on_point, backend, address)
+
+
+def _run_study_locked(study: Study, progress: bool, plotter, on_point, backend: str,
+                      address: str | None) -> list[dict]:
+    end_parent = None
+    if "mlflow" in study.points[0].config.run.trackers:  # one MLflow experiment, a parent run
+        from fedsim.runs.trackers import study_parent
+
+        end_parent = study_parent(study.name, study.folder.parent)
+    try:
+        records = _run_phases(study, progress, plotter, on_point, backend, address)
+    finally:
+        if end_parent is not None:
+            end_parent()
+    return records
+
+
+def _run_phases(study: Study, progress: bool, plotter, on_point, backend: str, address: str | None) -> list[dict]:
+    """The warm-start runs, then the points; the tables and plots once all are done."""
+    records = []
+    for phase in (study.warm, study.points):
+        todo = [(point, run_state(study.folder / point.name, point.config)) for point in phase]
+        if on_point:
+            for point, state in todo:
+                on_point(point, state)
+        if backend == "ray":
+            from fedsim.studies.ray_backend import run_points  # Ray is imported only when asked
+
+            statuses, stopped_by = run_points(study, todo, address, progress)
+        else:
+            statuses, stopped_by = run_points_together(study, todo, plotter, progress)
+        records += [{"point": p.name, **p.values, "was": state, "status": status, "stopped_by": stopped_by}
+                    for (p, state), status in zip(todo, statuses)]
+        if any(r["status"] == "interrupted" for r in records):
+            return records
+        _check_warm_runs(study, records)
+    write_tables(study)
+    if study.points[0].config.run.plots:
+        from fedsim.results.plots import plot_study
+
+        plot_study(study.folder, study.name, study.group_axes, study.targets)
+    return records
+
+
+def _check_warm_runs(study: Study, records: list[dict]) -> None:
+    """The points cannot start from a warm-start run that diverged."""
+    for record in records[:len(study.warm)]:
+        if record["status"] == "diverged":
+            raise FedsimError(f"{study.folder / record['point']}: the warm-start run diverged, so the points "
+                              f"cannot start from its model; lower its learning rate ([{WARM}] "
+                              '"client.lr") and delete that folder')

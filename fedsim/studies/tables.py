@@ -1,0 +1,110 @@
+"""A study's tables: study.parquet (every point's rounds, axis values as columns) and
+summary.parquet (per group of points that differ only in the seed: mean, std and 95 % CI of
+the final and best accuracy, final loss and time to each target), and the text summary."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import polars as pl
+
+from fedsim.errors import FedsimError
+from fedsim.files import atomic_write
+from fedsim.results.report import ci95, config_targets, read_run, summarize_run
+from fedsim.studies.study import Study
+
+
+METRICS = ("final_acc", "best_acc", "final_loss")
+
+
+def _axis_columns(values: dict[str, Any]) -> dict[str, Any]:
+    return {axis: (json.dumps(v) if isinstance(v, (list, dict)) else v) for axis, v in values.items()}
+
+
+def write_tables(study: Study, targets: list[float] | None = None) -> pl.DataFrame:
+    """study.parquet and summary.parquet of a finished study; returns the summary."""
+    frame, summary = study_tables(study, targets)
+    atomic_write(study.folder / "study.parquet", frame.write_parquet)
+    atomic_write(study.folder / "summary.parquet", summary.write_parquet)
+    return summary
+
+
+def study_tables(study: Study, targets: list[float] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Every point's rounds with its axis values, and the summary over seeds (what `fedsim
+    report` shows, without writing into the study it reads)."""
+    runs = [read_run(study.folder / p.name, study.folder) for p in study.points]
+    targets = config_targets(runs) if targets is None else targets
+    frames = [r.rounds.with_columns(point=pl.lit(p.name), **{a: pl.lit(v) for a, v in _axis_columns(p.values).items()})
+              for r, p in zip(runs, study.points)]
+    rows = []
+    for run, point in zip(runs, study.points):
+        s = summarize_run(run, point.name, targets)
+        row = {"point": point.name, **_axis_columns(point.values), "status": s["status"],
+               **{m: s[m] for m in METRICS}}
+        for t in s["targets"]:
+            row[f"time_to_{t['target']:g}_s"] = t["time_s"]
+            row[f"rounds_to_{t['target']:g}"] = t["rounds"]
+        rows.append(row)
+    points = pl.DataFrame(rows, infer_schema_length=None)
+    return pl.concat(frames, how="diagonal_relaxed"), summarize_points(points, study.group_axes)
+
+
+def summarize_points(points: pl.DataFrame, group_axes: list[str]) -> pl.DataFrame:
+    """Per group of points (same values on `group_axes`): seeds, and for each metric its mean,
+    std (n - 1) and the half-width of its 95 % CI (t quantile; null with one seed)."""
+    metrics = [c for c in points.columns if c in METRICS or c.startswith(("time_to_", "rounds_to_"))]
+    by = group_axes or [pl.lit("all").alias("group")]
+    aggregations = [pl.len().alias("seeds")]
+    for m in metrics:
+        aggregations += [pl.col(m).mean().alias(f"{m}_mean"), pl.col(m).std().alias(f"{m}_std"),
+                         pl.col(m).count().alias(f"{m}_n")]
+    summary = points.group_by(by, maintain_order=True).agg(aggregations)
+    for m in metrics:
+        half = ci95(summary[f"{m}_std"], summary[f"{m}_n"])
+        summary = summary.with_columns(pl.Series(f"{m}_ci95", half, dtype=pl.Float64)).drop(f"{m}_n")
+    return summary
+
+
+def best_by(summary: pl.DataFrame, metric: str, over: str, group_axes: list[str]) -> pl.DataFrame:
+    """For each value of the other axes, the row whose mean `metric` is best over the values
+    of axis `over` (losses and times: lowest; accuracies: highest) — the papers' "best
+    learning rate per method"."""
+    column = f"{metric}_mean"
+    if column not in summary.columns:
+        known = sorted(c.removesuffix("_mean") for c in summary.columns if c.endswith("_mean"))
+        raise FedsimError(f"--best-by {metric!r}: not a metric of the summary (one of: {', '.join(known)})")
+    if over not in group_axes:
+        raise FedsimError(f"--over {over!r}: not an axis of the study (axes: {', '.join(group_axes) or 'none'})")
+    lowest = metric.endswith("loss") or metric.startswith(("time_to_", "rounds_to_"))
+    others = [a for a in group_axes if a != over]
+    ranked = summary.sort(column, descending=not lowest, nulls_last=True)
+    return ranked.group_by(others, maintain_order=True).first() if others else ranked.head(1)
+
+
+def _pm(mean, ci, scale: float = 1.0, spec: str = ".2f", unit: str = "") -> str:
+    if mean is None:
+        return "-"
+    text = f"{mean * scale:{spec}}{unit}"
+    return text + (f" ± {ci * scale:{spec}}" if ci is not None else "")
+
+
+def format_summary(study: Study, summary: pl.DataFrame | None = None) -> str:
+    """The summary as a table: one row per group, mean ± 95 % CI over its seeds."""
+    if summary is None:
+        summary = pl.read_parquet(study.folder / "summary.parquet")
+    targets = sorted({c.removeprefix("time_to_").removesuffix("_s_mean") for c in summary.columns
+                      if c.startswith("time_to_") and c.endswith("_s_mean")}, key=float)
+    header = [*study.group_axes, "seeds", "final acc %", "best acc %", "final loss",
+              *(f"h to {100 * float(t):g}%" for t in targets)]
+    rows = []
+    for r in summary.iter_rows(named=True):
+        rows.append([*(str(r[a]) for a in study.group_axes), str(r["seeds"]),
+                     _pm(r["final_acc_mean"], r["final_acc_ci95"], 100),
+                     _pm(r["best_acc_mean"], r["best_acc_ci95"], 100),
+                     _pm(r["final_loss_mean"], r["final_loss_ci95"], 1, ".4g"),
+                     *(_pm(r[f"time_to_{t}_s_mean"], r[f"time_to_{t}_s_ci95"], 1 / 3600) for t in targets)])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)

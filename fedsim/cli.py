@@ -417,6 +417,14 @@ def main(argv: list[str] | None = None) -> int:
         print("error: out of memory; lower the sizes in the config or command (data.clients, "
               "data.samples, batch_size, trace devices or days) or use a bigger machine", file=sys.stderr)
         return 2
+    except RuntimeError as err:  # torch's out of GPU memory is no MemoryError
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(err, torch.cuda.OutOfMemoryError):
+            raise
+        print("error: out of GPU memory; lower the sizes in the config or command (data.clients, "
+              "server.clients_per_round, batch_size, the model) or run on the CPU (run.device = \"cpu\")",
+              file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `fedsim trace info X | head`
         sys.stderr.close()
         return 0

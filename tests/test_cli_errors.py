@@ -190,3 +190,18 @@ def test_running_out_of_memory_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(fedsim.runs.experiment, "build_task", too_big)
     err = fails(capsys, ["run", "quickstart", "--quiet"])
     assert err.startswith("error: out of memory; lower the sizes")
+
+
+def test_out_of_gpu_memory_is_one_line(tmp_path, capsys, monkeypatch):
+    """torch's CUDA out-of-memory error is a RuntimeError, not a MemoryError: one line too."""
+    import torch
+
+    from fedsim.runs.experiment import Experiment
+
+    def oom(self):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+    monkeypatch.setattr(Experiment, "run", oom)
+    monkeypatch.chdir(tmp_path)
+    err = fails(capsys, ["run", "quickstart", "--set", "run.rounds=2", "--quiet"])
+    assert "out of GPU memory" in err and 'run.device = "cpu"' in err

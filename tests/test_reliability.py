@@ -211,6 +211,13 @@ CASES = [
     case("batch-beyond-memory", "run quickstart --set model.name=mlp --set model.hidden=10000000 --set "
          "client.batch_size=1000000 --set client.trainer=loop --set server.clients_per_round=1 --quiet",
          r"layer outputs of 1,000,000 samples in one call: 80 TB; .* lower \[client\] batch_size$"),
+    case("dim-beyond-any-run", RUN, r"\[data\] dim = 1000000000 is more than any run needs \(at most 10,000,000\)",
+         **{"c.toml": config(data={"dataset": "quadratic", "dim": 10**9})}),
+    case("samples-beyond-any-run", RUN, r"\[data\] samples = 10000000000 is more than any run needs",
+         **{"c.toml": config(data={"dataset": "logistic", "samples": 10**10})}),
+    case("sweep-point-beyond-memory", "sweep {tmp}/s.toml --quiet",
+         r"^error: point hidden-1000000000: a local step of the run needs about .* lower \[model\] hidden",
+         **{"s.toml": '[run]\nrounds = 2\n[model]\nname = "mlp"\n[sweep]\n"model.hidden" = [1000000000]\n'}),
     case("trace-symlink-loop", "trace info {tmp}/loop.parquet", r"loop\.parquet is a symbolic link in a loop",
          **{"loop.parquet": lambda path, run: path.symlink_to(path.name)}),
     case("run-trace-symlink-loop", RUN, r"\[trace\] path: \S+loop\.parquet is a symbolic link in a loop",

@@ -266,9 +266,11 @@ class DataConfig:
                                "split (digits, logistic)", within=(0.0, 1.0, False, False))
     targets: list = key([], "quadratic: one target vector per client",
                         zero="drawn at random, of dimension dim", check=_target_vectors)
-    dim: int = key(2, "quadratic / logistic: dimension when no targets are given", positive=True)
+    dim: int = key(2, "quadratic / logistic: dimension when no targets are given", positive=True,
+                   check=_at_most(10_000_000))
     noise: float = key(0.0, "quadratic: std of the gradient noise", non_negative=True)
-    samples: int = key(5000, "logistic: number of synthetic samples (train + test)", positive=True)
+    samples: int = key(5000, "logistic: number of synthetic samples (train + test)", positive=True,
+                       check=_at_most(100_000_000))
     classes: int = key(10, "logistic: number of classes", positive=True)
 
 

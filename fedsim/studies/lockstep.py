@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import simpy
 
+from fedsim.errors import FedsimError
 from fedsim.runs.experiment import Experiment, RunResult, prepare_resume
 from fedsim.sim.engine import finish_round_on_stop_signal
 from fedsim.sim.server import Server
@@ -90,14 +91,10 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
         group = waiting[lo:lo + TOGETHER]
         experiments, resumes = [], []
         for point, state in group:
-            run_dir = study.folder / point.name
-            if state == "resume":
-                experiment, resume_state = prepare_resume(run_dir, resume_overrides(point.config),
-                                                          False, plotter, callbacks)
-            else:
-                shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
-                experiment = Experiment(point.config, run_dir, False, plotter=plotter, callbacks=callbacks)
-                resume_state = None
+            try:
+                experiment, resume_state = _prepare(point, state, study.folder / point.name, plotter, callbacks)
+            except FedsimError as err:  # a check of the run's build (memory, cohort size): name the point
+                raise FedsimError(f"point {point.name}: {err}") from None
             experiments.append(experiment)
             resumes.append(resume_state)
         for (point, _), result in zip(group, run_together(experiments, resumes)):
@@ -108,3 +105,11 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
             break
     shown.close()
     return [statuses.get(p.name, "interrupted") for p, _ in todo], stopped_by
+
+
+def _prepare(point: Point, state: str, run_dir, plotter, callbacks) -> tuple[Experiment, dict | None]:
+    """A point's experiment, fresh or resumed from its checkpoint (and that checkpoint)."""
+    if state == "resume":
+        return prepare_resume(run_dir, resume_overrides(point.config), False, plotter, callbacks)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
+    return Experiment(point.config, run_dir, False, plotter=plotter, callbacks=callbacks), None

@@ -263,7 +263,7 @@ class DataConfig:
     majority: float = key(0.95, "majority partition: fraction of a client's samples with its "
                           "majority label", within=(0.0, 1.0, True, True))
     test_fraction: float = key(0.25, "fraction held out for testing by datasets without a test "
-                               "split (digits, logistic)", within=(0.0, 1.0, False, False))
+                               "split (digits, logistic; parquet without test files: per client)", within=(0.0, 1.0, False, False))
     targets: list = key([], "quadratic: one target vector per client",
                         zero="drawn at random, of dimension dim", check=_target_vectors)
     dim: int = key(2, "quadratic / logistic: dimension when no targets are given", positive=True,

@@ -19,7 +19,7 @@ from fedsim.data import text
 from fedsim.data.cache import Arrays, cached_arrays
 from fedsim.errors import FedsimError
 
-VERSION = 1  # of the parsed arrays: a new version re-parses every cached dataset
+VERSION = 2  # of the parsed arrays: a new version re-parses every cached dataset
 CLASSES = {"femnist": 62, "shakespeare": len(text.LEAF_LETTERS), "sent140": 2}
 
 
@@ -154,7 +154,7 @@ def _shakespeare_finish(arrays: dict) -> Arrays:
         for key in (f"x_{split}", f"y_{split}"):
             ids = np.concatenate(arrays[key]) if key.startswith("x") else arrays[key]
             unknown += int((ids < 0).sum())
-            arrays[key] = np.where(ids < 0, len(text.LEAF_LETTERS) - 1, ids)
+            arrays[key] = np.where(ids < 0, len(text.LEAF_LETTERS) - 1, ids).astype(np.uint8)  # 80 letters
     return arrays | {"unknown": np.asarray(unknown)}
 
 

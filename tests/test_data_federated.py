@@ -283,3 +283,18 @@ def test_parquet_errors_name_file_and_row(tmp_path, capsys):
                    root / "train.parquet")
     err = fails(capsys, ["run", run_config(tmp_path, "parquet", root, "logreg", **base)])
     assert "row 1" in err and "label -3" in err
+
+
+def test_participation_plot_shows_arrivals_against_samples_where_sizes_differ(tmp_path):
+    from fedsim.results.plots import build_figures, load_run
+
+    root = write_leaf(tmp_path / "femnist", "femnist", SIZES)
+    assert main(["run", run_config(tmp_path, "femnist", root, "logreg")]) == 0
+    run = load_run(tmp_path / "out" / "femnist")
+    panel = build_figures({"fedavg": run})["participation_per_device"].axes[-1]
+    assert panel.get_xlabel() == "training samples on the device"
+    points = panel.collections[0].get_offsets()
+    assert sorted(points[:, 0].tolist()) == [5, 8, 10, 15, 20]
+    even = run.devices.with_columns(n_samples=pl.lit(10))  # equal sizes: no such panel
+    same = build_figures({"fedavg": type(run)(**{**vars(run), "devices": even})})["participation_per_device"]
+    assert all(ax.get_xlabel() != "training samples on the device" for ax in same.axes)

@@ -356,7 +356,9 @@ def test_more_than_four_groups_get_a_panel_each(grid, monkeypatch):
     assert titles[0] == "algorithm.name = fedau, run.seed = 0" and len(titles) == 9
 
 
-def test_a_second_sweep_of_a_study_that_runs_is_refused_and_changes_nothing(tmp_path, capsys):
+@pytest.mark.parametrize("backend", ["inprocess", "ray"])
+def test_a_second_sweep_of_a_study_that_runs_is_refused_and_changes_nothing(tmp_path, capsys, backend):
+    """On either backend: the lock is taken before any point is touched (or Ray started)."""
     from fedsim.files import DirectoryLock
 
     path = write_study(tmp_path, {"run.seed": [0, 1]}, name="busy")
@@ -364,7 +366,7 @@ def test_a_second_sweep_of_a_study_that_runs_is_refused_and_changes_nothing(tmp_
     holder = DirectoryLock(folder)
     holder.acquire("fedsim sweep")  # another sweep of the study, running
     try:
-        assert main(["sweep", str(path), "--quiet"]) == 2
+        assert main(["sweep", str(path), "--quiet", "--backend", backend]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {folder}: in use by process ") and "(fedsim sweep)" in err
         assert sorted(p.name for p in folder.iterdir()) == [".lock"]  # no point, no study.toml

@@ -298,3 +298,25 @@ def test_participation_plot_shows_arrivals_against_samples_where_sizes_differ(tm
     even = run.devices.with_columns(n_samples=pl.lit(10))  # equal sizes: no such panel
     same = build_figures({"fedavg": type(run)(**{**vars(run), "devices": even})})["participation_per_device"]
     assert all(ax.get_xlabel() != "training samples on the device" for ax in same.axes)
+
+
+def test_a_plugin_text_model_reads_the_token_shape(tmp_path, monkeypatch):
+    """docs/extending.md: a model of one's own gets a TokenShape and starts with an Embedding
+    (whose size the word vectors set when given)."""
+    (tmp_path / "my_text.py").write_text(
+        "from fedsim.training.models import LSTM, Dense, Embedding\n\n"
+        "def tiny(in_shape, n_classes, cfg):\n"
+        "    embed = Embedding(in_shape.vocab_size, 4, in_shape.vectors)\n"
+        "    return [embed, LSTM(embed.dim, 5, 1), Dense('out', 5, n_classes)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    root = write_leaf(tmp_path / "s140", "sent140", [[12, 9], [11]], test_size=3)
+    glove = tmp_path / "glove.txt"
+    glove.write_text("good 0.5 1.5 -2\nbad -1 0 1\n")
+    data = DataConfig(dataset="sent140", root=str(root), clients=3)
+    learned = build_task(data, ModelConfig(name="my_text:tiny"), seed=0, device=CPU)
+    fixed = build_task(data, ModelConfig(name="my_text:tiny", word_vectors=str(glove)), seed=0, device=CPU)
+    vocab = len(load_dataset(data, seed=0).vocabulary) + 2
+    assert learned.dim == vocab * 4 + 4 * 5 * (4 + 5 + 1) + 5 * 2 + 2
+    assert fixed.dim == 4 * 5 * (3 + 5 + 1) + 5 * 2 + 2
+    loss, acc = fixed.evaluate(fixed.init_params())
+    assert np.isfinite(loss) and 0 <= acc <= 1

@@ -148,8 +148,8 @@ class Embedding(Layer):
     vectors (a constant of the model: neither trained nor sent, as LEAF's GloVe embedding)."""
 
     def __init__(self, vocab_size: int, dim: int, vectors=None):
-        self.w, self.dim = "embedding.weight", dim
         self.fixed = None if vectors is None else torch.as_tensor(vectors, dtype=torch.float32)
+        self.w, self.dim = "embedding.weight", dim if vectors is None else self.fixed.shape[1]  # the vectors' size
         self.params = () if vectors is not None else (Param(self.w, (vocab_size, dim), "normal"),)
         self._on_device: dict[torch.device, Tensor] = {}
 
@@ -406,8 +406,7 @@ def _embedding(in_shape, dim: int) -> list[Layer]:
     """[Embedding] for token input (word vectors fix its size), [] for any other input."""
     if not isinstance(in_shape, TokenShape):
         return []
-    vectors = in_shape.vectors
-    return [Embedding(in_shape.vocab_size, dim if vectors is None else vectors.shape[1], vectors)]
+    return [Embedding(in_shape.vocab_size, dim, in_shape.vectors)]
 
 
 def input_shape(dataset, cfg: ModelConfig) -> tuple[int, ...]:

@@ -320,3 +320,21 @@ def test_a_plugin_text_model_reads_the_token_shape(tmp_path, monkeypatch):
     assert fixed.dim == 4 * 5 * (3 + 5 + 1) + 5 * 2 + 2
     loss, acc = fixed.evaluate(fixed.init_params())
     assert np.isfinite(loss) and 0 <= acc <= 1
+
+
+def test_each_device_is_scored_on_its_own_test_data_and_they_add_up_to_the_global_score(tmp_path, capsys):
+    """devices.parquet's test_acc / test_loss: the final model on each user's test samples;
+    weighted by n_test_samples they are the run's final test accuracy and loss."""
+    root = write_leaf(tmp_path / "s140", "sent140", [[30, 22, 41], [25, 33]], test_size=7)
+    assert main(["run", run_config(tmp_path, "sent140", root, "lstm"), "--set", "run.rounds=6"]) == 0
+    folder = tmp_path / "out" / "sent140"
+    devices = pl.read_parquet(folder / "devices.parquet")
+    final = pl.read_parquet(folder / "rounds.parquet").drop_nulls("test_acc").row(-1, named=True)
+    weights = devices["n_test_samples"].to_numpy()
+    assert np.dot(devices["test_acc"].to_numpy(), weights) / weights.sum() == pytest.approx(final["test_acc"], abs=1e-9)
+    assert np.dot(devices["test_loss"].to_numpy(), weights) / weights.sum() == pytest.approx(final["test_loss"], rel=1e-6)
+    assert set(np.round(devices["test_acc"].to_numpy() * 7)) <= set(range(8))  # k of a device's 7 samples
+    capsys.readouterr()
+    assert main(["report", str(folder), "--json"]) == 0
+    spread = json.loads(capsys.readouterr().out)["runs"][0]["device_accuracy"]
+    assert spread["devices"] == 5 and spread["median"] == pytest.approx(float(np.median(devices["test_acc"])))

@@ -154,6 +154,19 @@ def sample_spread(devices: pl.DataFrame) -> dict | None:
             "gini": gini(n), "cv": variation(n), "quarters": quarters}
 
 
+def device_accuracy(devices: pl.DataFrame) -> dict | None:
+    """How the final model does on each device's own test data (datasets with their own
+    clients): the spread over the devices that have test samples, as LEAF reports it."""
+    if "test_acc" not in devices.columns:
+        return None
+    acc = devices["test_acc"].drop_nans().drop_nulls().to_numpy()
+    if not len(acc):
+        return None
+    p10, median, p90 = np.percentile(acc, [10, 50, 90])
+    return {"devices": len(acc), "mean": float(acc.mean()), "p10": float(p10), "median": float(median),
+            "p90": float(p90), "min": float(acc.min()), "max": float(acc.max())}
+
+
 @dataclass
 class Run:
     """One run directory as read from disk; `origin` is the path given on the command line."""
@@ -297,6 +310,7 @@ def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
         "stragglers": stragglers(run.path, run.devices),
         "participation_by": participation_by(run.devices),
         "samples": sample_spread(run.devices),
+        "device_accuracy": device_accuracy(run.devices),
     }
 
 
@@ -413,6 +427,13 @@ def latency_blocks(runs: list[dict]) -> list[str]:
                                  [[r["name"], str(q["total"]), str(q["min"]), _number(q["median"]), str(q["max"]),
                                    _number(q["gini"], ".3f"), _number(q["cv"], ".3f")]
                                   for r in spread for q in [r["samples"]]]))
+    judged = [r for r in runs if r.get("device_accuracy")]
+    if judged:
+        blocks.append(table_text(["final accuracy on each device's own test data", "devices", "mean", "p10",
+                                  "median", "p90", "min", "max"],
+                                 [[r["name"], str(a["devices"]), *(percent(a[k]) for k in ("mean", "p10", "median",
+                                                                                         "p90", "min", "max"))]
+                                  for r in judged for a in [r["device_accuracy"]]]))
     for r in spread:
         if r["samples"]["min"] < r["samples"]["max"]:
             blocks.append(table_text(

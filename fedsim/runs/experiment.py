@@ -255,7 +255,10 @@ class Experiment:
         """Everything after the last round: final evaluation and checkpoint, the outputs."""
         cfg, result = self.config, self.engine.result()
         metrics: dict = {}
-        for callback in self.chain:
+        if result.status != "interrupted":  # the final model on each device's own test data
+            with self.threads.work(self.task.evaluate_flops()):
+                self.recorder.device_info.update(self.task.device_metrics(self.strategy.params))
+        for callback in self.chain:  # (the last checkpoint writes the tables)
             metrics.update(callback.on_end(self, result, metrics))
         self.recorder.finish()
         save_torch(self.run_dir / "model.pt", self.task.state_dict(self.strategy.params))

@@ -31,7 +31,7 @@ DEVICE_COLUMNS = {"device_id": ("integer", None, False), "tz_offset": ("float", 
 OLD_NAMES = {"tz_offset_h": "tz_offset"}  # device tables of earlier fedsim versions
 # what a run writes into devices.parquet itself: a device table column may not take these names
 RUN_DEVICE_COLUMNS = ("invitations", "arrivals", "drops", "late", "surplus", "last_round", "trace_device",
-                      "online_fraction", "n_samples", "n_test_samples", "user")
+                      "online_fraction", "n_samples", "n_test_samples", "user", "test_acc", "test_loss")
 _META_KEYS = ("fedsim.trace.version", "n_devices", "horizon", "origin", "wrap", "generator")
 
 

@@ -21,7 +21,7 @@ from fedsim.data.clients import ClientData
 from fedsim.data.dataset import Dataset
 from fedsim.data.partition import partition
 from fedsim.training import rng
-from fedsim.training.evaluate import CHUNK as EVAL_CHUNK, evaluate_classifier
+from fedsim.training.evaluate import CHUNK as EVAL_CHUNK, evaluate_classifier, evaluate_per_device
 from fedsim.training.models import Model, build_model, input_shape
 
 # (parameter tensors of one device, *its inputs) -> (their gradients, loss [])
@@ -53,6 +53,11 @@ class Task:
         """What devices.parquet records of each device's data: `n_samples` (training samples),
         and for a dataset with its own clients the `user` and its `n_test_samples`."""
         return {"n_samples": self.client_sizes()}
+
+    def device_metrics(self, params: Tensor) -> dict[str, np.ndarray]:
+        """Each device's test metrics on its own test data, where devices have their own
+        (datasets with their own clients); {} otherwise."""
+        return {}
 
     def evaluate(self, params: Tensor) -> tuple[float, float | None]:
         raise NotImplementedError
@@ -117,6 +122,11 @@ class ClassificationTask(Task):
 
     def label_distribution(self) -> np.ndarray:
         return self.data.label_distribution()
+
+    def device_metrics(self, params: Tensor) -> dict[str, np.ndarray]:
+        if self.data.owner_test is None:
+            return {}
+        return evaluate_per_device(self.model, params, self.data)
 
     def device_columns(self) -> dict[str, np.ndarray]:
         columns = super().device_columns()

@@ -255,7 +255,7 @@ class Experiment:
         """Everything after the last round: final evaluation and checkpoint, the outputs."""
         cfg, result = self.config, self.engine.result()
         metrics: dict = {}
-        if result.status != "interrupted":  # the final model on each device's own test data
+        if result.status != "interrupted" and self.task.own_test_data:  # score each device on its own tests
             with self.threads.work(self.task.evaluate_flops()):
                 self.recorder.device_info.update(self.task.device_metrics(self.strategy.params))
         for callback in self.chain:  # (the last checkpoint writes the tables)

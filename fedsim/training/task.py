@@ -54,9 +54,13 @@ class Task:
         and for a dataset with its own clients the `user` and its `n_test_samples`."""
         return {"n_samples": self.client_sizes()}
 
+    @property
+    def own_test_data(self) -> bool:
+        """Whether devices have test data of their own (datasets with their own clients)."""
+        return False
+
     def device_metrics(self, params: Tensor) -> dict[str, np.ndarray]:
-        """Each device's test metrics on its own test data, where devices have their own
-        (datasets with their own clients); {} otherwise."""
+        """Each device's test metrics on its own test data (when `own_test_data`)."""
         return {}
 
     def evaluate(self, params: Tensor) -> tuple[float, float | None]:
@@ -123,10 +127,12 @@ class ClassificationTask(Task):
     def label_distribution(self) -> np.ndarray:
         return self.data.label_distribution()
 
+    @property
+    def own_test_data(self) -> bool:
+        return self.data.owner_test is not None
+
     def device_metrics(self, params: Tensor) -> dict[str, np.ndarray]:
-        if self.data.owner_test is None:
-            return {}
-        return evaluate_per_device(self.model, params, self.data)
+        return evaluate_per_device(self.model, params, self.data) if self.own_test_data else {}
 
     def device_columns(self) -> dict[str, np.ndarray]:
         columns = super().device_columns()

@@ -229,6 +229,7 @@ def test_sigterm_stops_a_ray_sweep_with_143_keeping_what_it_finished(tmp_path):
     assert "Traceback" not in err and "fedsim sweep --resume runs/long" in out
     assert manifest(done)["status"] == "completed"
     assert manifest(running)["status"] == "interrupted" and (running / "checkpoint.pt").exists()
+    assert "SIGTERM" in manifest(running)["reason"] and "Ctrl-C" not in manifest(running)["reason"]
     points = {p.name: p for p in load_study(str(tmp_path / "runs/long")).points}
     assert run_state(done, points[done.name].config) == "done"
     assert run_state(running, points[running.name].config) == "resume"

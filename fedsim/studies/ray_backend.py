@@ -13,6 +13,7 @@ dead worker's report) is left out: a point that fails is one `error:` line namin
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -24,6 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedsim.errors import FedsimError
+from fedsim.files import atomic_write
+from fedsim.results.status import read_manifest
 from fedsim.sim.engine import STOP_SIGNALS
 from fedsim.studies.point import run_point
 from fedsim.studies.study import Point, Study
@@ -217,11 +220,23 @@ def gather(ray, refs: dict, todo: list, study: Study, statuses: list, shown,
             i = refs[ref]
             point = todo[i][0]
             statuses[i], failure = outcome(ray, ref, point, study)
+            if statuses[i] == "interrupted" and stopped["name"]:
+                name_the_signal(study.folder / point.name, stopped["name"])
             if failure:
                 failures.append((i, failure))
             shown.rounds_done(1)
             shown.point_finished(point.name, "failed" if failure else statuses[i])
     return failures
+
+
+def name_the_signal(run_dir: Path, name: str) -> None:
+    """Ray stops a task by interrupting it as Ctrl-C would: the manifest of a point that a
+    SIGTERM to the sweep interrupted says SIGTERM, as a standalone run's would."""
+    manifest = read_manifest(run_dir, strict=False)
+    reason = str(manifest.get("reason", ""))
+    if manifest.get("status") == "interrupted" and "Ctrl-C" in reason and name != "Ctrl-C":
+        text = json.dumps({**manifest, "reason": reason.replace("Ctrl-C", name)}, indent=2, default=str) + "\n"
+        atomic_write(run_dir / "manifest.json", lambda tmp: Path(tmp).write_text(text))
 
 
 def outcome(ray, ref, point: Point, study: Study) -> tuple[str | None, str | None]:

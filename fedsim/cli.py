@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fedsim.config import RESUME_KEYS
 from fedsim.errors import FedsimError
+from fedsim.results.status import read_manifest
 
 
 def _summary_table(result) -> str:
@@ -30,9 +31,7 @@ def _summary_table(result) -> str:
     header += "".join(f" {'to ' + target_label(t):>9}" for t in targets)
     lines = [header, "-" * len(header)]
     for r in runs:
-        import json
-
-        manifest = json.loads((r.run_dir / "manifest.json").read_text())
+        manifest = read_manifest(r.run_dir)
         acc = f"{100 * r.final_accuracy:.2f}%" if r.final_accuracy is not None else "-"
         loss = f"{r.final_loss:.4g}" if r.final_loss is not None else "-"
         mem = manifest["server_memory_bytes"] / 1024
@@ -60,15 +59,13 @@ def check_resume_overrides(overrides: list[str]) -> None:
 def early_stops(result) -> list[str]:
     """`ALGO: stopped after R of N rounds (REASON)` for each completed run that ended short of
     its [run] rounds (the trace ran out of online devices, or max_time was reached)."""
-    import json
-
     from fedsim.config import read_toml
 
     lines = []
     for r in result.runs or [result]:
         if r.status != "completed":
             continue
-        done = json.loads((r.run_dir / "manifest.json").read_text())["rounds"]
+        done = read_manifest(r.run_dir)["rounds"]
         wanted = read_toml(r.run_dir / "config.toml").get("run", {}).get("rounds", done)
         if done < wanted:
             lines.append(f"{r.algorithm}: stopped after {done} of {wanted} rounds ({r.reason})")
@@ -91,10 +88,8 @@ def exit_code(runs) -> int:
 
 def manifest_warnings(result) -> list[str]:
     """`warning: ALGO: ...` for each warning a run's manifest records."""
-    import json
-
     return [f"warning: {r.algorithm}: {text}" for r in result.runs or [result]
-            for text in json.loads((r.run_dir / "manifest.json").read_text()).get("warnings", [])]
+            for text in read_manifest(r.run_dir).get("warnings", [])]
 
 
 def crash_note(run_dir: Path) -> str:

@@ -148,6 +148,16 @@ def human_size(n: int) -> str:
     return f"{n} bytes"
 
 
+def human_duration(seconds: float) -> str:
+    """Seconds in the largest unit they reach (ms below a second), 3 significant digits, so
+    that 3 ms sessions do not print as 0.0 s: 16.7 min, 2.5 d."""
+    if seconds == 0:
+        return "0 s"
+    units = ((86400.0, "d"), (3600.0, "h"), (60.0, "min"), (1.0, "s"))
+    size, unit = next(((size, unit) for size, unit in units if abs(seconds) >= size), (1e-3, "ms"))
+    return f"{seconds / size:.3g} {unit}"
+
+
 # Test hook (tests/test_kill_resume.py): FEDSIM_TEST_KILL_AT="before:checkpoint.pt:2" kills
 # this process with SIGKILL right before (or `after`) the 2nd rename of a file of that name,
 # as a crash or kill -9 would. Read once at import; unset, a write pays one test of a global.

@@ -256,6 +256,26 @@ def test_parquet_without_test_files_splits_each_client(tmp_path):
     assert np.bincount(data.owner_train).tolist() == [4, 7, 3]
 
 
+def test_parquet_split_follows_test_fraction_through_the_cache(tmp_path):
+    root = write_image_parquet(tmp_path / "pq", with_test=False)
+    cfg = dict(dataset="parquet", root=str(root), clients=3, client_column="writer_id",
+               label_column="character", feature_column="image")
+    quarter = load_dataset(DataConfig(**cfg, test_fraction=0.25), seed=0)
+    half = load_dataset(DataConfig(**cfg, test_fraction=0.5), seed=0)
+    assert np.bincount(quarter.owner_test).tolist() == [2, 2, 1]
+    assert np.bincount(half.owner_test).tolist() == [3, 4, 2]
+
+
+def test_parquet_test_label_unknown_to_training_is_named(tmp_path, capsys):
+    root = tmp_path / "pq"
+    root.mkdir()
+    pq.write_table(pa.table({"user": ["a", "b"], "label": ["pos", "neg"], "x": [[1.0], [2.0]]}), root / "train.parquet")
+    pq.write_table(pa.table({"user": ["a", "b"], "label": ["pos", "meh"], "x": [[1.0], [2.0]]}), root / "test.parquet")
+    err = fails(capsys, ["run", run_config(tmp_path, "parquet", root, "logreg", clients=2, client_column="user",
+                                           label_column="label", feature_column="x")])
+    assert "test.parquet, row 1: label 'meh' appears in no training row" in err
+
+
 def test_parquet_text_and_string_labels_train(tmp_path):
     root = tmp_path / "pq"
     root.mkdir()

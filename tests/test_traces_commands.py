@@ -12,7 +12,8 @@ import pytest
 
 from fedsim.errors import FedsimError
 from fedsim.traces import Trace, read_trace
-from fedsim.traces.commands import _duration, add_trace_commands, parse_value
+from fedsim.files import human_duration
+from fedsim.traces.commands import add_trace_commands, parse_value
 from fedsim.traces.io import read_device_table
 
 
@@ -98,7 +99,7 @@ def test_info_json_and_table(diurnal_file, capsys):
     (216000.0, "2.5 d"), (7 * 86400.0, "7 d"),
 ])
 def test_durations_keep_three_significant_digits(seconds, shown):
-    assert _duration(seconds) == shown
+    assert human_duration(seconds) == shown
 
 
 def test_info_prints_millisecond_sessions(tmp_path, capsys):

@@ -30,8 +30,6 @@ class ClientData:
         self.device = device
         self.sizes_np = np.diff(offsets)
         self.users = dataset.users  # device -> the dataset's user (datasets with their own clients)
-        self.test_sizes_np = (None if dataset.owner_test is None
-                              else np.bincount(dataset.owner_test[dataset.owner_test >= 0], minlength=n_clients))
         # the device of each test sample (-1: a test-only user), for per-device metrics
         self.owner_test = None if dataset.owner_test is None else torch.as_tensor(dataset.owner_test, device=device)
         self.labels_np = dataset.y_train

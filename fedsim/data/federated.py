@@ -2,8 +2,9 @@
 
 Under the natural partition every user is one device: `[data] clients` users are taken, the
 first ones (in file order) or those with the most training samples (`[data] users`), and the
-test set is their test samples (and those of test-only users, who are no device). Under any other partition the users' samples are pooled and
-split like an image dataset's, and the test set is every user's test samples.
+test set is their test samples (and those of test-only users, who are no device). Under any
+other partition the users' samples are pooled and split like an image dataset's, and the test
+set is every user's test samples.
 """
 
 from __future__ import annotations

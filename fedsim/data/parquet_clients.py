@@ -40,7 +40,9 @@ def read_parquet_clients(cfg: DataConfig, root: Path) -> Arrays:
     if missing:
         raise FedsimError(f"[data] dataset = 'parquet' needs [data] {', '.join(missing)}: the names of "
                           "the columns holding each row's client, label and feature")
-    kind = f"parquet-v{VERSION}-{cfg.client_column}-{cfg.label_column}-{cfg.feature_column}-{cfg.tokens}"
+    # everything the parse reads of [data]: the per-client test split (no test files) too
+    kind = (f"parquet-v{VERSION}-{cfg.client_column}-{cfg.label_column}-{cfg.feature_column}-{cfg.tokens}"
+            f"-{cfg.test_fraction}")
     return cached_arrays(kind, root, files, lambda: _parse(cfg, root, files))
 
 
@@ -62,10 +64,7 @@ def _parse(cfg: DataConfig, root: Path, files: list[Path]) -> Arrays:
     labels, names = _labels(train, test, cfg, train_files, test_files)
     x_train = _features(train, cfg, train_files)
     if test is not None:
-        test_clients = _column(test, cfg.client_column, test_files)
-        at = np.searchsorted(clients, test_clients)
-        at = np.minimum(at, len(clients) - 1)
-        known = clients[at] == test_clients  # the others are test-only clients: device -1
+        at, known = _find(clients, _column(test, cfg.client_column, test_files))  # unknown: test-only clients
         arrays = {"x_train": x_train, "y_train": labels[0], "owner_train": owner_train,
                   "x_test": _features(test, cfg, test_files), "y_test": labels[1], "owner_test": np.where(known, device_of[at], -1)}
     else:
@@ -107,29 +106,33 @@ def _file_of(files: list[Path], table: pa.Table, row: int) -> str:
 
 
 def _labels(train, test, cfg, train_files, test_files) -> tuple[list[np.ndarray], np.ndarray | None]:
-    """Class numbers of the training and test rows, and the class names of string labels."""
-    raw = [_column(t, cfg.label_column, f) for t, f in ((train, train_files), (test, test_files)) if t is not None]
-    if raw[0].dtype.kind in "OUS":
-        names = np.unique(raw[0]).astype(str)
-        numbers = []
-        for values, table, files in zip(raw, (train, test), (train_files, test_files)):
-            at = np.minimum(np.searchsorted(names, values.astype(str)), len(names) - 1)
-            unknown = names[at] != values.astype(str)
-            if unknown.any():
-                row = int(np.argmax(unknown))
-                raise FedsimError(f"{_file_of(files, table, row)}: label {values[row]!r} appears in no "
-                                  "training row; a test label must be a training class")
-            numbers.append(at.astype(np.int64))
-        return numbers + [np.zeros(0, np.int64)] * (2 - len(numbers)), names
+    """Class numbers of the training and test rows (none for no test files), and the class
+    names of string labels."""
+    parts = [(t, f) for t, f in ((train, train_files), (test, test_files)) if t is not None]
+    raw = [_column(t, cfg.label_column, f) for t, f in parts]
+    names = np.unique(raw[0]).astype(str) if raw[0].dtype.kind in "OUS" else None
     numbers = []
-    for values, table, files in zip(raw, (train, test), (train_files, test_files)):
-        if values.dtype.kind not in "iub" or (values.dtype.kind == "i" and values.min(initial=0) < 0):
+    for values, (table, files) in zip(raw, parts):
+        if names is not None:
+            classes, known = _find(names, values.astype(str))
+            if not known.all():
+                row = int(np.argmin(known))
+                raise FedsimError(f"{_file_of(files, table, row)}: label {values[row]!r} appears in no training "
+                                  "row; a test label must be a training class")
+            values = classes
+        elif values.dtype.kind not in "iub" or (values.dtype.kind == "i" and values.min(initial=0) < 0):
             row = int(np.argmax(values < 0)) if values.dtype.kind in "if" else 0
             raise FedsimError(f"{_file_of(files, table, row)}: label {values[row].item()!r} is not a class number "
                               f"0, 1, ...; [data] label_column = {cfg.label_column!r} must hold integers "
                               "from 0 or strings")
         numbers.append(values.astype(np.int64))
-    return numbers + [np.zeros(0, np.int64)] * (2 - len(numbers)), None
+    return numbers + [np.zeros(0, np.int64)] * (2 - len(numbers)), names
+
+
+def _find(known: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of `values` in the sorted array `known`, and which of them are there."""
+    at = np.minimum(np.searchsorted(known, values), len(known) - 1)
+    return at, known[at] == values
 
 
 def _features(table: pa.Table, cfg: DataConfig, files: list[Path]) -> np.ndarray:

@@ -19,7 +19,6 @@ fixed margins replace a layout pass (half of the drawing time).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,6 +30,7 @@ import polars as pl
 from fedsim.config import read_toml
 from fedsim.errors import FedsimError
 from fedsim.files import atomic_write, plain_name
+from fedsim.results.status import read_manifest
 
 DPI = 100
 COUNTS = ("online", "invited", "arrived", "dropped", "late")
@@ -72,15 +72,14 @@ def load_run(run_dir: Path) -> RunData:
         rounds = rounds.with_columns(duration=pl.col("t_end") - pl.col("t_start"))
     devices_path = run_dir / "devices.parquet"
     devices = _table(devices_path) if devices_path.exists() else None
-    manifest_path = run_dir / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest = read_manifest(run_dir)
     initial = manifest.get("initial")
     origin = (manifest.get("trace") or {}).get("origin")
     if origin is not None:
         try:
             origin = datetime.fromisoformat(origin)
         except (TypeError, ValueError):
-            raise FedsimError(f"{manifest_path}: trace.origin = {origin!r} is not an ISO 8601 "
+            raise FedsimError(f"{run_dir / 'manifest.json'}: trace.origin = {origin!r} is not an ISO 8601 "
                               f"date-time; write one such as '2024-01-01T00:00:00+00:00', or null") from None
     start = (initial or {}).get("t")
     if start is None:
@@ -423,8 +422,7 @@ def plot_run_dir(run_dir: Path) -> list[Path]:
     the run named them (by algorithm)."""
     run_dir = Path(run_dir)
     if (run_dir / "rounds.parquet").exists():
-        manifest = run_dir / "manifest.json"
-        name = json.loads(manifest.read_text()).get("algorithm") if manifest.exists() else None
+        name = read_manifest(run_dir).get("algorithm")
         runs = {name or run_dir.name: run_dir}
     else:
         runs = {p.parent.name: p.parent for p in sorted(run_dir.glob("*/rounds.parquet"))}
@@ -460,8 +458,7 @@ def _initial_rows(folder: Path, frame: pl.DataFrame) -> pl.DataFrame | None:
     the point's axis values."""
     rows = []
     for point in frame.group_by("point", maintain_order=True).first().iter_rows(named=True):
-        manifest = folder / point["point"] / "manifest.json"
-        initial = json.loads(manifest.read_text()).get("initial") if manifest.exists() else None
+        initial = read_manifest(folder / point["point"]).get("initial")
         if initial:
             rows.append({**point, "round": -1, "t_end": initial.get("t") or 0.0,
                          "test_acc": initial.get("test_acc"), "test_loss": initial.get("test_loss")})

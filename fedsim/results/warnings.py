@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedsim.files import human_duration
+
 COVERAGE_BELOW = 0.05
 NEVER_ARRIVED_ABOVE = 0.2
 INVITED_AT_LEAST = 5
@@ -49,7 +51,7 @@ def coverage_warning(sim_time: float, horizon: float) -> list[str]:
     share = sim_time / horizon if horizon > 0 else 1.0
     if share >= COVERAGE_BELOW:
         return []
-    return [f"short clock: the run covered {span(sim_time)} of the trace's {span(horizon)} "
+    return [f"short clock: the run covered {human_duration(sim_time)} of the trace's {human_duration(horizon)} "
             f"({100 * share:.2g} %), so its availability pattern did not play out; run longer "
             "(run.rounds, run.max_time) or start where it matters ([trace] offset); docs/timing.md"]
 
@@ -63,18 +65,10 @@ def never_arrived_warning(counters: dict, typical_task_s: np.ndarray, deadline: 
     late, dropped = int(counters["late"][never].sum()), int(counters["drops"][never].sum())
     if late >= dropped:
         cause = (f"mostly late: too slow for the deadline (their median task takes "
-                 f"{span(float(np.median(typical_task_s[never])))}, the deadline is {span(deadline)}); "
+                 f"{human_duration(float(np.median(typical_task_s[never])))}, the deadline is {human_duration(deadline)}); "
                  "raise [server] deadline or see [devices] in docs/timing.md")
     else:
         cause = ("mostly dropped: offline before finishing (availability: their online sessions are "
                  "shorter than their tasks)")
     return [f"never arrived: {int(never.sum())} of {int(invited.sum())} devices invited at least "
             f"{INVITED_AT_LEAST} times never arrived ({late} late, {dropped} dropped); {cause}"]
-
-
-def span(seconds: float) -> str:
-    """A duration in the largest unit it reaches, 3 significant digits."""
-    for size, unit in ((86400.0, "d"), (3600.0, "h"), (60.0, "min"), (1.0, "s")):
-        if abs(seconds) >= size:
-            return f"{seconds / size:.3g} {unit}"
-    return f"{seconds:.3g} s"

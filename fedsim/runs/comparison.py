@@ -6,7 +6,6 @@ comparison plots.
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -21,6 +20,7 @@ from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import write_text
 from fedsim.sim.engine import finish_round_on_stop_signal
+from fedsim.results.status import read_manifest
 
 
 def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
@@ -118,7 +118,7 @@ def _members(config, run_dir, progress, plotter, callbacks, first=None, force=Fa
 
 def finished_result(run_dir: Path, algorithm: str) -> RunResult:
     """The RunResult of a member that already ended, read from its directory."""
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest = read_manifest(run_dir)
     return RunResult(run_dir, algorithm, manifest["status"], manifest["reason"],
                      pl.read_parquet(run_dir / "rounds.parquet"))
 
@@ -157,7 +157,7 @@ def summarize(results: list[RunResult]) -> pl.DataFrame:
     """One row per algorithm: status, rounds, simulated time, final and best test metrics."""
     rows = []
     for r in results:
-        manifest = json.loads((r.run_dir / "manifest.json").read_text())
+        manifest = read_manifest(r.run_dir)
         accs = r.rounds["test_acc"].drop_nulls()
         rows.append({
             "algorithm": r.algorithm, "status": r.status, "rounds": manifest["rounds"],

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from fedsim.config import RESUME_KEYS, Config
+from fedsim.results.status import read_manifest
 
 
 def resume_overrides(config: Config) -> list[str]:
@@ -24,7 +25,7 @@ def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, 
     from fedsim.runs.experiment import Experiment, resume
 
     if state == "done":
-        return json.loads((run_dir / "manifest.json").read_text())["status"]
+        return read_manifest(run_dir)["status"]
     if state == "resume":
         return resume(run_dir, resume_overrides(config), progress, plotter).status
     shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed

@@ -21,6 +21,7 @@ import numpy as np
 
 from fedsim.config.catalog import CONVERTERS, GENERATORS
 from fedsim.errors import FedsimError
+from fedsim.files import human_duration
 from fedsim.traces.converters import TIME_UNITS, convert
 from fedsim.traces.generators import generate
 from fedsim.traces.schema import Trace
@@ -260,19 +261,7 @@ def parse_value(text: str):
 def _one_line(trace: Trace) -> str:
     kind = trace.generator.get("kind", "trace")
     return (f"{kind}, {trace.n_devices} devices, {trace.n_intervals} intervals, horizon "
-            f"{_duration(trace.horizon)}, mean availability {trace.availability().mean():.3f}")
-
-
-_UNITS = ((86400.0, "d"), (3600.0, "h"), (60.0, "min"), (1.0, "s"))
-
-
-def _duration(seconds: float) -> str:
-    """3 significant digits in the largest unit the value reaches (ms below a second), so that
-    3 ms sessions do not print as 0.0 s."""
-    if seconds == 0:
-        return "0 s"
-    size, unit = next(((size, unit) for size, unit in _UNITS if abs(seconds) >= size), (1e-3, "ms"))
-    return f"{seconds / size:.3g} {unit}"
+            f"{human_duration(trace.horizon)}, mean availability {trace.availability().mean():.3f}")
 
 
 def format_summary(name, s: dict) -> str:
@@ -283,13 +272,13 @@ def format_summary(name, s: dict) -> str:
         f"generator  {s['generator'] or '-'}",
         f"devices    {s['devices']}  ({s['never_online']} never online)",
         f"intervals  {s['intervals']}",
-        f"horizon    {_duration(s['horizon_s'])}  ({s['horizon_s']:g} s), wrap {s['wrap']}",
+        f"horizon    {human_duration(s['horizon_s'])}  ({s['horizon_s']:g} s), wrap {s['wrap']}",
         f"origin     {s['origin'] or '-'}",
         "",
         f"{'':16}{'mean':>10}{'min':>10}{'q10':>10}{'median':>10}{'q90':>10}{'max':>10}",
         _row("availability", a, "{:.3f}".format) + f"   std {_num(a['std'], '{:.3f}')}",
-        _row("session", sess, _duration),
-        _row("gap", gap, _duration),
+        _row("session", sess, human_duration),
+        _row("gap", gap, human_duration),
         "",
         "hourly profile (fraction online by hour of day"
         + (", UTC)" if s["origin"] else ", t mod 24 h)"),

@@ -137,7 +137,9 @@ class ClassificationTask(Task):
     def device_columns(self) -> dict[str, np.ndarray]:
         columns = super().device_columns()
         if self.data.users is not None:
-            columns |= {"user": self.data.users.astype(str), "n_test_samples": self.data.test_sizes_np}
+            owner = self.data.owner_test
+            columns |= {"user": self.data.users.astype(str),
+                        "n_test_samples": torch.bincount(owner[owner >= 0], minlength=self.n_clients).cpu().numpy()}
         return columns
 
     def evaluate(self, params: Tensor) -> tuple[float, float]:

@@ -211,6 +211,10 @@ CASES = [
     case("batch-beyond-memory", "run quickstart --set model.name=mlp --set model.hidden=10000000 --set "
          "client.batch_size=1000000 --set client.trainer=loop --set server.clients_per_round=1 --quiet",
          r"layer outputs of 1,000,000 samples in one call: 80 TB; .* lower \[client\] batch_size$"),
+    case("users-on-a-dataset-without-users", RUN, r"\[data\] users does not apply to \[data\] dataset = 'quadratic' "
+         r"\(only a dataset with its own clients reads it\); remove it", **{"c.toml": config(data={"users": "most-samples"})}),
+    case("parquet-key-on-leaf", RUN, r"\[data\] client_column does not apply to \[data\] dataset = 'femnist' "
+         r"\(only dataset = 'parquet' reads it\)", **{"c.toml": config(data={"dataset": "femnist", "client_column": "u"})}),
     case("dim-beyond-any-run", RUN, r"\[data\] dim = 1000000000 is more than any run needs \(at most 10,000,000\)",
          **{"c.toml": config(data={"dataset": "quadratic", "dim": 10**9})}),
     case("samples-beyond-any-run", RUN, r"\[data\] samples = 10000000000 is more than any run needs",

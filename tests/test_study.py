@@ -385,3 +385,15 @@ def test_a_finished_study_grows_to_more_rounds_by_set(tmp_path, capsys):
         assert rounds(tmp_path / "runs" / "grow" / f"seed-{seed}")["round"].to_list() == list(range(14))
     sweep(path, "--set", "client.lr=0.1", expect=2)  # another study, not a grown one
     assert "holds a different study" in capsys.readouterr().err
+
+
+def test_a_study_that_stopped_before_any_run_is_run_again_with_a_fixed_set(tmp_path, capsys):
+    """Missing data stops the sweep before its first point: the same study with --set
+    data.root (or another fix) runs, not refused as another study; once a point ran, it is."""
+    path = write_study(tmp_path, {"run.seed": [0, 1]}, name="nodata",
+                       data={"dataset": "mnist", "root": str(tmp_path / "nowhere")})
+    sweep(path, expect=2)
+    assert "files not found" in capsys.readouterr().err
+    sweep(path, "--set", "data.dataset=digits")
+    sweep(path, "--set", "data.dataset=digits", "--set", "client.lr=0.05", expect=2)
+    assert "holds a different study" in capsys.readouterr().err

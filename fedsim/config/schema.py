@@ -570,6 +570,23 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str, origi
     return cls(**kwargs)
 
 
+NATURAL_DATASETS = ("femnist", "shakespeare", "sent140", "parquet")  # with their own clients
+# keys that only datasets with their own clients read, and those that only parquet reads
+NATURAL_ONLY = ("users",)
+PARQUET_ONLY = ("client_column", "label_column", "feature_column", "tokens")
+
+
+def _check_federated_keys(data: DataConfig, origin: str) -> None:
+    """A key set for a dataset that does not read it is a mistake, not a no-op."""
+    given = [k for k in (*NATURAL_ONLY, *PARQUET_ONLY) if getattr(data, k) != getattr(DataConfig, k)]
+    wrong = [k for k in given if (k in PARQUET_ONLY and data.dataset != "parquet")
+             or (k in NATURAL_ONLY and data.dataset not in NATURAL_DATASETS)]
+    if wrong:
+        readers = "dataset = 'parquet'" if wrong[0] in PARQUET_ONLY else "a dataset with its own clients"
+        raise FedsimError(f"{origin}: [data] {wrong[0]} does not apply to [data] dataset = {data.dataset!r} "
+                          f"(only {readers} reads it); remove it")
+
+
 def config_from_dict(raw: dict, origin: str = "<config>", origins: dict | None = None,
                      where: str | None = None) -> Config:
     """Validate a nested dict (as parsed from TOML) into a Config; `origins` names where each
@@ -621,6 +638,7 @@ def _check_consistency(config: Config, origin: str) -> None:
     if config.data.dataset == "quadratic" and config.data.partition != DataConfig.partition:
         raise FedsimError(f"{origin}: [data] partition = {config.data.partition!r} does not apply to the "
                           "quadratic task (its clients are their targets); remove it")
+    _check_federated_keys(config.data, origin)
     if config.server.mode == "async" and config.server.timing == "ideal":
         raise FedsimError(f"{origin}: [server] mode = 'async' needs timing = 'model' (ideal timing "
                           "is the papers' synchronous round model)")

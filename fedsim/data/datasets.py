@@ -285,7 +285,6 @@ LOADERS = {
     "parquet": _parquet,
     "logistic": _logistic,
 }
-NATURAL = frozenset({"femnist", "shakespeare", "sent140", "parquet"})  # datasets with their own clients
 DATASETS = (*LOADERS, "quadratic")
 
 

@@ -386,13 +386,21 @@ def _unique_names(points: list[Point], path: Path) -> None:
 # -- running ----------------------------------------------------------------------------------
 
 def check_same_study(study: Study) -> None:
-    """A study folder holds one study: running another into it is refused."""
+    """A study folder holds one study: running another into it is refused, unless none of its
+    runs ever started (a sweep that stopped before its first point, e.g. for missing data, is
+    then run again with a fixed --set, not refused as another study)."""
     recorded = study.folder / "study.toml"
     if recorded.exists():
         before = json.loads(json.dumps(read_recorded(recorded)))
-        if _what_runs(before) != _what_runs(study.resolved):
+        if _what_runs(before) != _what_runs(study.resolved) and _has_runs(study.folder):
             raise FedsimError(f"{study.folder}: holds a different study (its study.toml differs from "
                               f"{study.source}); give this one another [run] name, or delete the folder")
+
+
+def _has_runs(folder: Path) -> bool:
+    """Whether a study folder holds anything of its runs (any file but its lock and study.toml)."""
+    return any(f.is_file() and f.relative_to(folder).as_posix() not in (".lock", "study.toml")
+               for f in folder.rglob("*"))
 
 
 def read_recorded(recorded: Path) -> dict:

@@ -31,6 +31,8 @@ class Callback:
         return {}
 
     def on_round(self, run: Experiment, outcome: RoundOutcome, metrics: Metrics) -> tuple[bool | str, Metrics]:
+        """After each round: `(stop, metrics)`; the metrics join the round's row, a true
+        `stop` (or a string saying why) ends the run after this round."""
         return False, {}
 
     def on_end(self, run: Experiment, result: EngineResult, metrics: Metrics) -> Metrics:

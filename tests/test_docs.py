@@ -9,8 +9,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,42 @@ def test_every_registered_algorithm_generator_and_converter_is_documented():
     missing = [name for name in ALGORITHMS if f"### `{name}`" not in algorithms]
     missing += [name for name in [*GENERATORS, *CONVERTERS] if f"### `{name}`" not in traces]
     assert not missing, f"no section in docs/ for {missing}"
+
+
+FAST = {"run": ["--quiet", "--set", "run.rounds=3", "--set", "run.plots=false"],  # a short clock
+        "sweep": ["--quiet", "--set", "run.rounds=3", "--set", "run.plots=false",
+                  "--set", "sweep.run.seed=[0]"]}
+
+
+def example_commands(page: str) -> tuple[list[list[str]], str]:
+    """The `fedsim ...` lines of a page's bash blocks after the quick start (comments
+    dropped), and its first TOML block (the study)."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)[1:]
+    commands = [shlex.split(line.split(" #")[0]) for block in blocks for line in block.splitlines()
+                if line.startswith("fedsim ")]
+    return commands, re.search(r"```toml\n(.*?)```", text, re.S).group(1)
+
+
+def test_the_readme_examples_are_those_of_the_quick_start_page():
+    readme, quickstart = example_commands("README.md"), example_commands("docs/quickstart.md")
+    assert all(command in quickstart[0] for command in readme[0])
+    assert tomllib.loads(readme[1]) == tomllib.loads(quickstart[1])
+
+
+def test_the_quick_start_examples_run_as_printed(tmp_path, monkeypatch, capsys):
+    """Each example command of the quick start page (the README's among them), in an empty
+    folder: the trace replay, the report's wall-clock answers, the study and its summary."""
+    from fedsim.cli import main
+
+    commands, study = example_commands("docs/quickstart.md")
+    assert [c[1] for c in commands] == ["trace", "trace", "run", "report", "sweep", "report"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.toml").write_text(study)
+    outputs = []
+    for command in commands:
+        capsys.readouterr()
+        assert main(command[1:] + FAST.get(command[1], [])) == 0, command
+        outputs.append(capsys.readouterr().out)
+    assert "time to target" in outputs[3] and "80% time" in outputs[3]
+    assert "seeds" in outputs[5] and (tmp_path / "runs" / "seeds" / "summary.parquet").exists()

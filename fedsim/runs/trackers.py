@@ -137,6 +137,8 @@ class _RowTracker(Callback):
                 return action(*args)
         except Exception as err:  # whatever the library raises, the run goes on
             self.broken = True
+            with contextlib.suppress(Exception):
+                self.close()  # what was logged before it, as far as it can be kept
             self.warn(f"{self.label} stopped logging ({_reason(err)}); the run goes on, its own "
                       "files (rounds.parquet) are complete")
             return None
@@ -235,14 +237,9 @@ def tracking_uri(out: str | Path) -> str:
     return (Path(out).resolve() / "mlruns").as_uri()
 
 
-_opened: set[str] = set()  # stores checked by this process
-
-
 def check_mlflow_store(uri: str) -> None:
     """FedsimError (one line, within seconds) unless MLflow can log to `uri`."""
     client = _mlflow_client()
-    if uri in _opened:
-        return
     where = f"MLFLOW_TRACKING_URI={uri}" if os.environ.get("MLFLOW_TRACKING_URI") else f"the MLflow store {uri}"
     parts = urlparse(uri)
     scheme = parts.scheme.split("+")[0]  # postgresql+psycopg2://
@@ -268,7 +265,6 @@ def check_mlflow_store(uri: str) -> None:
                               f"set that, or give sqlite:///PATH/mlflow.db (MLflow's local store), {FIX}") from None
         raise FedsimError(f"{where}: MLflow cannot log there ({_reason(err)}); correct MLFLOW_TRACKING_URI, "
                           f"{FIX}") from None
-    _opened.add(uri)
 
 
 def _experiment(client, name: str, uri: str) -> str:

@@ -333,3 +333,18 @@ def test_kill_9_after_a_checkpoint_loses_no_tensorboard_step(tmp_path):
     assert sorted(tensorboard_values(run_dir, "train_loss")) == [0, 1, 2, 3]
     assert main(["run", "--resume", str(run_dir), "--quiet"]) == 0
     assert_tracked(run_dir, complete(run_dir, 6), mlflow=False)
+
+
+def test_a_study_checks_the_store_before_any_point(tmp_path, capsys, monkeypatch):
+    from fedsim.config import dump_toml
+
+    study = tracked(rounds=2, trackers=["mlflow"])
+    study["run"].update(name="st", out=str(tmp_path / "runs"), progress=False, plots=False)
+    study["sweep"] = {"run.seed": [0, 1]}
+    (tmp_path / "st.toml").write_text(dump_toml(study))
+    uri = f"http://127.0.0.1:{free_loopback_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert main(["sweep", str(tmp_path / "st.toml"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: MLFLOW_TRACKING_URI={uri}: no server answers at ")
+    assert not any(p.is_dir() for p in (tmp_path / "runs" / "st").iterdir())  # no point began

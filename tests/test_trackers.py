@@ -348,3 +348,70 @@ def test_a_study_checks_the_store_before_any_point(tmp_path, capsys, monkeypatch
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: MLFLOW_TRACKING_URI={uri}: no server answers at ")
     assert not any(p.is_dir() for p in (tmp_path / "runs" / "st").iterdir())  # no point began
+
+
+class VanishingMlflowServer:
+    """Just enough of MLflow's REST API on a loopback port for a run to start logging; after
+    `answers` metric batches it goes away (drops the connection, stops listening)."""
+
+    def __init__(self, answers: int):
+        import http.server
+        import threading
+
+        self.answers, self.paths = answers, []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.do_POST()
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                endpoint = self.path.split("?")[0].rsplit("/mlflow/", 1)[-1]
+                server.paths.append(endpoint)
+                if endpoint == "runs/log-batch" and server.paths.count(endpoint) > server.answers:
+                    self.server.socket.close()  # gone: this request unanswered, no new connection
+                    self.close_connection = True
+                    return
+                info = {"run_id": "r1", "run_uuid": "r1", "experiment_id": "1", "status": "RUNNING",
+                        "lifecycle_stage": "active", "artifact_uri": "file:///nowhere"}
+                code, body = {
+                    "experiments/get-by-name": (404, {"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "no"}),
+                    "experiments/create": (200, {"experiment_id": "1"}),
+                    "runs/create": (200, {"run": {"info": info, "data": {}}}),
+                }.get(endpoint, (200, {}))
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.uri = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.httpd.shutdown()
+
+
+def test_a_real_mlflow_client_whose_server_goes_away_costs_seconds_and_one_warning(cli_run, monkeypatch):
+    import time
+
+    server = VanishingMlflowServer(answers=3)  # the params, rounds 0 and 1
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    try:
+        started = time.monotonic()
+        run_dir = cli_run(tracked(rounds=6))
+        elapsed = time.monotonic() - started
+    finally:
+        server.stop()
+    assert server.paths.count("runs/log-batch") == 4  # no request after the failure
+    [line] = warnings_of(cli_run.last_output.err)
+    assert line.startswith(f"warning: {run_dir}: MLflow stopped logging (MlflowException: API request to "
+                           f"{server.uri}/api/2.0/mlflow/runs/log-batch failed with exception")
+    assert elapsed < 40  # MLflow's own retries would take about 4 minutes
+    assert_tracked(run_dir, complete(run_dir, 6), mlflow=False)

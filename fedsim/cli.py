@@ -361,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="inprocess", metavar="{inprocess,ray}",
                    help="inprocess (default): the points in this process, up to 64 stepped together in "
                         "lockstep (their training shares batched calls); ray: points as Ray tasks "
-                        "(pip install -e '.[ray]')")
+                        "(pip install 'fedsim-avail[ray]')")
     p.add_argument("--address", help="Ray: the cluster to join (default: RAY_ADDRESS, else a local Ray)")
     p.set_defaults(func=cmd_sweep)
 

@@ -50,6 +50,7 @@ def write_manifest(run, result, host_s: float) -> None:
         "initial": run.recorder.initial,
         "warnings": run_warnings(run, result.status, result.sim_time),
         "trace": {"n_devices": trace.n_devices, "horizon": trace.horizon, "wrap": trace.wrap,
-                  "generator": trace.generator, "origin": trace.origin, "file": run.trace_file},
+                  "generator": trace.generator, "origin": trace.origin, "file": run.trace_file,
+                  "fingerprint": run.trace_fingerprint},
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })

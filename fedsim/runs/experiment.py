@@ -22,8 +22,7 @@ import torch
 from fedsim.algorithms import Context, Strategy, make_strategy
 from fedsim.algorithms.server_optimizer import ServerOptimizerConfig
 from fedsim.runs.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, RecordRounds
-from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml,
-                           read_toml)
+from fedsim.config import RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml
 from fedsim.config.catalog import GENERATORS
 from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock, file_fingerprint, remove_stale_temporaries
@@ -32,6 +31,7 @@ from fedsim.results.manifest import write_manifest
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import Recorder, save_torch, write_text
+from fedsim.results.run_format import RUN_FORMAT, run_config, upgrade
 from fedsim.results.status import read_manifest
 from fedsim.sim.buffered import BufferedServer
 from fedsim.sim.engine import Engine, EngineResult, finish_round_on_stop_signal, new_environment
@@ -322,17 +322,18 @@ class Experiment:
         save_torch(self.run_dir / "checkpoint.pt", {
             "round": rounds_done, "sim_time": sim_time, "strategy": self.strategy.state_dict(),
             "recorder": self.recorder.state_dict(), "host_s": self._host_s(),
-            "config": self.config.to_dict(),
+            "config": self.config.to_dict(), "run_format": RUN_FORMAT,
         })
         write_manifest(self, EngineResult("running", "", rounds_done, sim_time), self._host_s())
 
 
 def check_unchanged(started: dict, now: dict, where: Path) -> None:
     """FedsimError naming the first key of a resumed run's config.toml (edited by hand, say)
-    that differs from the config its checkpoint was written with, RESUME_KEYS aside."""
+    that differs from the config its checkpoint was written with (read as today's run format;
+    keys that its release did not have are not compared), RESUME_KEYS aside."""
     started, now = json.loads(json.dumps(started)), json.loads(json.dumps(now))  # tuples -> lists
-    for section in sorted(set(started) | set(now)):
-        for key in sorted(set(started.get(section, {})) | set(now.get(section, {}))):
+    for section in sorted(started):
+        for key in sorted(started[section]):
             old, new = started.get(section, {}).get(key), now.get(section, {}).get(key)
             if old != new and f"{section}.{key}" not in RESUME_KEYS:
                 raise FedsimError(
@@ -378,7 +379,7 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
     if not (run_dir / "config.toml").exists():
         raise FedsimError(f"{run_dir / 'config.toml'}: missing, so the run's settings are unknown; "
                           "restore it (a copy is in checkpoint.pt's 'config') or start the run again")
-    raw = read_toml(run_dir / "config.toml")
+    raw = run_config(run_dir)
     for text in overrides:
         section, key, value = parse_override(text)
         raw.setdefault(section, {})[key] = value
@@ -398,7 +399,8 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
         raise FedsimError(f"{checkpoint}: not a fedsim checkpoint (no {', '.join(missing) or 'table'}); "
                           "the run cannot be resumed from it, start it again")
     if "config" in state:  # (checkpoints of fedsim before 0.1 kept no config)
-        check_unchanged(state["config"], config.to_dict(), run_dir / "config.toml")
+        started, _ = upgrade(state["config"], state.get("run_format", 0), str(checkpoint))
+        check_unchanged(started, config.to_dict(), run_dir / "config.toml")
     if config.trace.source == "file":
         check_trace_file(Path(config.trace.path), (ended.get("trace") or {}).get("file"))
     if config.run.rounds < state["round"]:

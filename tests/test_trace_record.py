@@ -80,10 +80,31 @@ def test_a_moved_or_changed_trace_file_is_one_error_line_naming_path_and_fingerp
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"error: {path}: the run's trace file is gone (moved or deleted; it had {recorded['bytes']} bytes, "
-        f"sha256 {recorded['sha256'][:12]}...); put it back at that path to resume the run")
+        f"sha256 {recorded['sha256'][:12]}...); put it back at that path (the run reads it there)")
     write_trace(generate("always", 4, seed=0, rounds=60, round_duration=60.0), path)
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 2
     assert "the trace file changed since the run started" in capsys.readouterr().err
     (tmp_path / "moved.parquet").replace(path)
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 0
     assert len(rounds(run_dir)) == 8
+
+
+def test_trace_info_and_plot_of_a_run_directory_show_the_trace_it_replays(cli_run, capsys, tmp_path):
+    """What `fedsim trace info runs/X/trace.parquet` showed before: the generated trace, made
+    again from the run's record (a comparison: its first algorithm's)."""
+    config = bernoulli_run(12)
+    config["run"]["algorithms"] = ["fedavg", "mifa"]
+    run_dir = cli_run(config)
+    assert main(["trace", "info", str(run_dir), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    write_trace(generate("bernoulli", 4, seed=0, rounds=12, round_duration=1.0, p=[0.9, 0.7, 0.5, 0.3]),
+                tmp_path / "same.parquet")
+    assert main(["trace", "info", str(tmp_path / "same.parquet"), "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert (shown["wrap"], same["wrap"]) == ("loop", "none")  # a run's generated trace repeats
+    assert {**shown, "wrap": "none"} == same
+    assert main(["trace", "plot", str(run_dir / "mifa"), "--out", str(tmp_path / "t.png")]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 't.png'}: 4 of 4 devices"
+    assert main(["trace", "info", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {tmp_path}: no manifest.json; give a run directory "
+                                               "that `fedsim run` made")

@@ -41,12 +41,16 @@ STEPS: dict[int, list[Change]] = {
 }
 
 
+def runs_in(run_dir: Path) -> list[Path]:
+    """The run directories of a run or a comparison (one per algorithm), by their manifests."""
+    if (run_dir / "manifest.json").exists():
+        return [run_dir]
+    return [d for d in sorted(run_dir.iterdir()) if (d / "manifest.json").exists()]
+
+
 def format_of(run_dir: Path) -> int:
     """The run format of a run directory (a comparison's: the oldest of its algorithms')."""
-    manifests = [run_dir] if (run_dir / "manifest.json").exists() else \
-        [d for d in sorted(run_dir.iterdir()) if (d / "manifest.json").exists()]
-    formats = [read_manifest(d, strict=False).get("run_format", 0) for d in manifests]
-    return min(formats, default=0)
+    return min((read_manifest(d, strict=False).get("run_format", 0) for d in runs_in(run_dir)), default=0)
 
 
 def upgrade(raw: dict, version: int, where: str) -> tuple[dict, list[str]]:

@@ -18,9 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from fedsim.config.catalog import GENERATORS, TRACE_SELECTIONS
-from fedsim.config import Config
+from fedsim.config import Config, config_from_dict
 from fedsim.errors import FedsimError
 from fedsim.files import file_fingerprint, resolved
+from fedsim.results.run_format import run_config, runs_in
+from fedsim.results.status import read_manifest
 from fedsim.traces import Trace, generate, read_trace
 
 
@@ -67,6 +69,28 @@ def recorded_trace(run_dir: Path, manifest: dict) -> TraceRecord | None:
     return TraceRecord(trace["fingerprint"], float(trace["horizon"]), trace.get("generator") or {})
 
 
+def run_trace(run_dir: Path) -> Trace:
+    """The trace a run replays (a comparison's: its first algorithm's), as the run sees it: a
+    file checked by its fingerprint, or a generated trace made again from its record; for
+    `fedsim trace info` and `plot` of a run directory."""
+    import torch
+
+    from fedsim.training import build_task
+
+    members = runs_in(run_dir)
+    if not members:
+        raise FedsimError(f"{run_dir}: no manifest.json; give a run directory that `fedsim run` made")
+    run_dir, manifest = members[0], read_manifest(members[0])
+    config = config_from_dict(run_config(run_dir), origin=str(run_dir / "config.toml"))
+    task = build_task(config.data, config.model, seed=config.run.seed, device=torch.device("cpu"))
+    record = None
+    if config.trace.source == "file":
+        check_trace_file(Path(config.trace.path), (manifest.get("trace") or {}).get("file"))
+    else:
+        record = recorded_trace(run_dir, manifest)
+    return load_trace(config, task.n_clients, task.label_distribution(), record)[0]
+
+
 def check_trace_file(path: Path, recorded: dict | None) -> None:
     """FedsimError when the trace file a run started with (`recorded`: its manifest's size and
     SHA-256) is gone from its path or is another file now."""
@@ -75,7 +99,7 @@ def check_trace_file(path: Path, recorded: dict | None) -> None:
     was = f"it had {recorded['bytes']} bytes, sha256 {recorded['sha256'][:12]}..."
     if not path.is_file():
         raise FedsimError(f"{path}: the run's trace file is gone (moved or deleted; {was}); put it back "
-                          "at that path to resume the run")
+                          "at that path (the run reads it there)")
     if file_fingerprint(path) != recorded:
         raise FedsimError(f"{path}: the trace file changed since the run started ({was}); put the "
                           "original back, or start a new run with this trace")

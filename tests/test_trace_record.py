@@ -106,5 +106,6 @@ def test_trace_info_and_plot_of_a_run_directory_show_the_trace_it_replays(cli_ru
     assert main(["trace", "plot", str(run_dir / "mifa"), "--out", str(tmp_path / "t.png")]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 't.png'}: 4 of 4 devices"
     assert main(["trace", "info", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.strip() == (f"error: {tmp_path}: no manifest.json; give a run directory "
-                                               "that `fedsim run` made")
+    assert capsys.readouterr().err.strip() == (
+        f"error: {tmp_path}: is a directory; give the path of a .parquet file, or a run directory that "
+        "`fedsim run` made (this one has no manifest.json)")

@@ -79,7 +79,8 @@ def run_trace(run_dir: Path) -> Trace:
 
     members = runs_in(run_dir)
     if not members:
-        raise FedsimError(f"{run_dir}: no manifest.json; give a run directory that `fedsim run` made")
+        raise FedsimError(f"{run_dir}: is a directory; give the path of a .parquet file, or a run directory "
+                          "that `fedsim run` made (this one has no manifest.json)")
     run_dir, manifest = members[0], read_manifest(members[0])
     config = config_from_dict(run_config(run_dir), origin=str(run_dir / "config.toml"))
     task = build_task(config.data, config.model, seed=config.run.seed, device=torch.device("cpu"))

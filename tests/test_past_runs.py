@@ -110,3 +110,14 @@ def test_the_format_steps_drop_only_what_an_earlier_format_wrote():
     assert upgrade(digits, 0, "c.toml") == (digits, [])
     assert upgrade({"data": {"dataset": "quadratic", "partition": ""}}, 0, "c.toml") == (
         {"data": {"dataset": "quadratic"}}, [])  # the default dropped: nothing to note
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_past_run_whose_config_was_edited_is_still_refused(release, tmp_path, capsys):
+    """Reading an older format maps what fedsim wrote; a change of the user's is still one."""
+    run_dir = copy_of(release, tmp_path) / "single"
+    config = run_dir / "config.toml"
+    config.write_text(config.read_text().replace("lr = 0.1\n", "lr = 0.2\n"))
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"error: {config}: [client] lr = 0.2, but the run started with 0.1; a resumed run keeps its config")

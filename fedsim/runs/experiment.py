@@ -329,12 +329,14 @@ class Experiment:
 
 def check_unchanged(started: dict, now: dict, where: Path) -> None:
     """FedsimError naming the first key of a resumed run's config.toml (edited by hand, say)
-    that differs from the config its checkpoint was written with (read as today's run format;
-    keys that its release did not have are not compared), RESUME_KEYS aside."""
+    that differs from the config its checkpoint was written with (read as today's run format; a
+    key that its release did not have had today's default), RESUME_KEYS aside."""
     started, now = json.loads(json.dumps(started)), json.loads(json.dumps(now))  # tuples -> lists
-    for section in sorted(started):
-        for key in sorted(started[section]):
-            old, new = started.get(section, {}).get(key), now.get(section, {}).get(key)
+    defaults = json.loads(json.dumps(Config().to_dict()))
+    for section in sorted(set(started) | set(now)):
+        for key in sorted(set(started.get(section, {})) | set(now.get(section, {}))):
+            default = defaults.get(section, {}).get(key)
+            old, new = started.get(section, {}).get(key, default), now.get(section, {}).get(key)
             if old != new and f"{section}.{key}" not in RESUME_KEYS:
                 raise FedsimError(
                     f"{where}: [{section}] {key} = {new!r}, but the run started with {old!r}; a "

@@ -26,7 +26,8 @@ from fedsim.config import RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, co
 from fedsim.config.catalog import GENERATORS
 from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock, file_fingerprint, remove_stale_temporaries
-from fedsim.runs.replay import TraceRecord, check_trace_file, load_trace, recorded_trace, resolve_trace_path, trace_fingerprint
+from fedsim.runs.replay import (TraceRecord, check_trace_file, load_trace, recorded_trace, resolve_trace_path,
+                                trace_fingerprint)
 from fedsim.results.manifest import write_manifest
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots

@@ -402,8 +402,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     from fedsim.traces.commands import add_trace_commands
 
-    add_trace_commands(sub)
+    add_trace_commands(sub, run_trace=run_trace)
     return parser
+
+
+def run_trace(run_dir: Path):
+    """The trace a run directory replays (for `fedsim trace info/plot RUN_DIR`)."""
+    from fedsim.runs.replay import run_trace
+
+    return run_trace(run_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from conftest import quadratic_config  # noqa: E402
 from fedsim.cli import main  # noqa: E402
 from fedsim.config import dump_toml  # noqa: E402
 
-# A run of 8 rounds checkpointing every 3 renames, in order: config.toml, trace.parquet; at the
+# A run of 8 rounds checkpointing every 3 renames, in order: config.toml; at the
 # checkpoints before round 1 and after rounds 3, 6 and 8 rounds.parquet, devices.parquet (from
 # round 3 an events part), checkpoint.pt, manifest.json; at the end events.parquet, model.pt
 # and manifest.json (its 5th).

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from fedsim.results.recorder import write_json
+from fedsim.results.run_format import RUN_FORMAT
 from fedsim.results.warnings import run_warnings
 
 
@@ -37,7 +38,7 @@ def write_manifest(run, result, host_s: float) -> None:
 
     config, trace = run.config, run.trace
     write_json(run.run_dir / "manifest.json", {
-        "fedsim": fedsim.__version__, "torch": torch.__version__,
+        "run_format": RUN_FORMAT, "fedsim": fedsim.__version__, "torch": torch.__version__,
         "python": platform.python_version(), "seed": config.run.seed,
         "device": str(run.device), "threads": run.threads.summary(), "git_sha": _git_sha(),
         "status": result.status, "reason": result.reason, "rounds": result.rounds,
@@ -50,6 +51,7 @@ def write_manifest(run, result, host_s: float) -> None:
         "initial": run.recorder.initial,
         "warnings": run_warnings(run, result.status, result.sim_time),
         "trace": {"n_devices": trace.n_devices, "horizon": trace.horizon, "wrap": trace.wrap,
-                  "generator": trace.generator, "origin": trace.origin, "file": run.trace_file},
+                  "generator": trace.generator, "origin": trace.origin, "file": run.trace_file,
+                  "fingerprint": run.trace_fingerprint},
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })

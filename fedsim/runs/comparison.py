@@ -19,6 +19,7 @@ from fedsim.files import DirectoryLock, atomic_write, claim_directory, plain_nam
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import write_text
+from fedsim.results.run_format import run_config
 from fedsim.sim.engine import finish_round_on_stop_signal
 from fedsim.results.status import read_manifest
 
@@ -137,7 +138,9 @@ def resume_comparison(run_dir: Path, overrides: list[str] = (), progress: bool =
     summary and plots written as an uninterrupted comparison writes them."""
     from fedsim.config import parse_override, read_toml
 
-    raw = read_toml(run_dir / "config.toml")
+    raw = run_config(run_dir)
+    if raw != read_toml(run_dir / "config.toml"):  # an earlier run format's, as this one reads it
+        write_text(run_dir / "config.toml", dump_toml(raw))
     for text in overrides:
         section, key, value = parse_override(text)
         raw.setdefault(section, {})[key] = value

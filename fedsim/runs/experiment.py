@@ -22,23 +22,24 @@ import torch
 from fedsim.algorithms import Context, Strategy, make_strategy
 from fedsim.algorithms.server_optimizer import ServerOptimizerConfig
 from fedsim.runs.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, RecordRounds
-from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml,
-                           read_toml)
+from fedsim.config import RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml
 from fedsim.config.catalog import GENERATORS
 from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock, file_fingerprint, remove_stale_temporaries
-from fedsim.runs.replay import agrees_with, load_trace, resolve_trace_path
+from fedsim.runs.replay import (TraceRecord, check_trace_file, load_trace, recorded_trace, resolve_trace_path,
+                                trace_fingerprint)
 from fedsim.results.manifest import write_manifest
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import Recorder, save_torch, write_text
+from fedsim.results.run_format import RUN_FORMAT, run_config, upgrade
 from fedsim.results.status import read_manifest
 from fedsim.sim.buffered import BufferedServer
 from fedsim.sim.engine import Engine, EngineResult, finish_round_on_stop_signal, new_environment
 from fedsim.sim.round_timing import invite_budget
 from fedsim.sim.server import Server
 from fedsim.sim.timing import SPEED_COLUMNS, DeviceTiming, device_rows
-from fedsim.traces import AvailabilityIndex, Trace, read_trace, write_trace
+from fedsim.traces import AvailabilityIndex
 from fedsim.traces.generators import known_probability_at
 from fedsim.traces.io import read_device_table
 from fedsim.traces.stats import device_online_fraction
@@ -100,11 +101,11 @@ class Experiment:
     `evaluate()`, `start_round`, `start_time`, `resumed`."""
 
     def __init__(self, config: Config, run_dir: Path, progress: bool = True,
-                 saved_trace: Trace | None = None, plotter: PlotWorker | None = None,
+                 trace_record: TraceRecord | None = None, plotter: PlotWorker | None = None,
                  callbacks: Sequence[Callback] = (), resuming: bool = False):
-        """`saved_trace`: the generated trace of the run being resumed. A resume generates the
-        trace again for its (maybe longer) extent and keeps that when it agrees with the saved
-        one; otherwise it replays the saved trace, repeating it. `callbacks`: the user's own,
+        """`trace_record`: the generated trace of the run being resumed. A resume generates the
+        trace again for its (maybe longer) extent and keeps that when it agrees with the
+        recorded one; otherwise it replays the recorded trace, repeating it. `callbacks`: the user's own,
         called after the evaluation and before the recorder. `resuming`: the checkpoint holds
         the model, so a warm start's `[model] init_from` is not read again (it may be gone)."""
         check_trackers(config)  # before anything is read or written: a tracker that cannot log stops here
@@ -120,12 +121,13 @@ class Experiment:
         self.task = build_task(cfg.data, cfg.model, seed=cfg.run.seed, device=self.device)
         check_cohort_size(cfg.server, self.task.n_clients)
         self.trace, self.trace_device = load_trace(cfg, self.task.n_clients,
-                                                   self.task.label_distribution())
-        if saved_trace is not None and not agrees_with(self.trace, saved_trace):
-            self.trace = saved_trace
+                                                   self.task.label_distribution(), trace_record)
         self.index = AvailabilityIndex(self.trace)
-        # the trace file as it was read: a resume checks that it is still that file
-        self.trace_file = file_fingerprint(Path(cfg.trace.path)) if cfg.trace.source == "file" else None
+        # a resume checks that the trace is still this one: a file by its bytes, a generated
+        # trace (recorded by its generator's call, in the manifest) by its intervals
+        generated = cfg.trace.source != "file"
+        self.trace_file = None if generated else file_fingerprint(Path(cfg.trace.path))
+        self.trace_fingerprint = trace_fingerprint(self.trace) if generated else None
         self.threads = ThreadPolicy(cfg.run.threads, self.device)
         self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads)
         check_memory(cfg, self.task, self.trainer)  # before the model's parameters are allocated
@@ -208,8 +210,6 @@ class Experiment:
                 last.update(test_loss=None, test_acc=None)  # the stop's final evaluation
         remove_stale_temporaries(self.run_dir)
         write_text(self.run_dir / "config.toml", dump_toml(cfg.to_dict()))
-        if cfg.trace.source != "file":  # keep the generated availability with its results
-            write_trace(self.trace, self.run_dir / "trace.parquet")
         env = new_environment(self.start_time)
         server_class = BufferedServer if cfg.server.mode == "async" else Server
         self.server = server_class(
@@ -330,18 +330,21 @@ class Experiment:
         save_torch(self.run_dir / "checkpoint.pt", {
             "round": rounds_done, "sim_time": sim_time, "strategy": self.strategy.state_dict(),
             "recorder": self.recorder.state_dict(), "host_s": self._host_s(),
-            "config": self.config.to_dict(),
+            "config": self.config.to_dict(), "run_format": RUN_FORMAT,
         })
         write_manifest(self, EngineResult("running", "", rounds_done, sim_time), self._host_s())
 
 
 def check_unchanged(started: dict, now: dict, where: Path) -> None:
     """FedsimError naming the first key of a resumed run's config.toml (edited by hand, say)
-    that differs from the config its checkpoint was written with, RESUME_KEYS aside."""
+    that differs from the config its checkpoint was written with (read as today's run format; a
+    key that its release did not have had today's default), RESUME_KEYS aside."""
     started, now = json.loads(json.dumps(started)), json.loads(json.dumps(now))  # tuples -> lists
+    defaults = json.loads(json.dumps(Config().to_dict()))
     for section in sorted(set(started) | set(now)):
         for key in sorted(set(started.get(section, {})) | set(now.get(section, {}))):
-            old, new = started.get(section, {}).get(key), now.get(section, {}).get(key)
+            default = defaults.get(section, {}).get(key)
+            old, new = started.get(section, {}).get(key, default), now.get(section, {}).get(key)
             if old != new and f"{section}.{key}" not in RESUME_KEYS:
                 raise FedsimError(
                     f"{where}: [{section}] {key} = {new!r}, but the run started with {old!r}; a "
@@ -386,7 +389,7 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
     if not (run_dir / "config.toml").exists():
         raise FedsimError(f"{run_dir / 'config.toml'}: missing, so the run's settings are unknown; "
                           "restore it (a copy is in checkpoint.pt's 'config') or start the run again")
-    raw = read_toml(run_dir / "config.toml")
+    raw = run_config(run_dir)
     for text in overrides:
         section, key, value = parse_override(text)
         raw.setdefault(section, {})[key] = value
@@ -394,8 +397,7 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
     if not checkpoint.exists():  # stopped before its first checkpoint, before round 1: start over
         return Experiment(config, run_dir, progress, plotter=plotter, callbacks=callbacks), None
     refuse_resume(config)
-    saved = run_dir / "trace.parquet"  # the availability a generated-trace run started with
-    saved_trace = read_trace(saved) if config.trace.source != "file" and saved.exists() else None
+    record = recorded_trace(run_dir, ended) if config.trace.source != "file" else None
     try:
         state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # the Strategy moves it
     except Exception as err:  # torch raises many kinds for a damaged file
@@ -407,16 +409,14 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
         raise FedsimError(f"{checkpoint}: not a fedsim checkpoint (no {', '.join(missing) or 'table'}); "
                           "the run cannot be resumed from it, start it again")
     if "config" in state:  # (checkpoints of fedsim before 0.1 kept no config)
-        check_unchanged(state["config"], config.to_dict(), run_dir / "config.toml")
-    recorded = (ended.get("trace") or {}).get("file")
-    if recorded and config.trace.source == "file" and recorded != file_fingerprint(Path(config.trace.path)):
-        raise FedsimError(f"{config.trace.path}: the trace file changed since the run started (it had "
-                          f"{recorded['bytes']} bytes, sha256 {recorded['sha256'][:12]}...); put the "
-                          "original back, or start a new run with this trace")
+        started, _ = upgrade(state["config"], state.get("run_format", 0), str(checkpoint))
+        check_unchanged(started, config.to_dict(), run_dir / "config.toml")
+    if config.trace.source == "file":
+        check_trace_file(Path(config.trace.path), (ended.get("trace") or {}).get("file"))
     if config.run.rounds < state["round"]:
         raise FedsimError(f"--set run.rounds={config.run.rounds}: the run already has "
                           f"{state['round']} rounds; resume can only add rounds")
-    return Experiment(config, run_dir, progress, saved_trace, plotter, callbacks, resuming=True), state
+    return Experiment(config, run_dir, progress, record, plotter, callbacks, resuming=True), state
 
 
 

@@ -1,22 +1,28 @@
 """The trace a run replays: a Parquet file or a generator with the run's sizes and seed, how
 long it is, whether it loops (a generated trace repeats, a recorded one ends), which of its
 devices the run's clients replay (`[trace] select`) and where in it the run starts
-(`[trace] offset`).
+(`[trace] offset`); and how a run records a generated trace: by what recreates it (the
+generator's call in manifest.json) and a fingerprint that a resume checks (TraceRecord), not
+by its intervals, which can be hundreds of MB.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 
 from fedsim.config.catalog import GENERATORS, TRACE_SELECTIONS
-from fedsim.config import Config
+from fedsim.config import Config, config_from_dict
 from fedsim.errors import FedsimError
-from fedsim.files import resolved
+from fedsim.files import file_fingerprint, resolved
+from fedsim.results.run_format import run_config, runs_in
+from fedsim.results.status import read_manifest
 from fedsim.traces import Trace, generate, read_trace
 
 
@@ -34,9 +40,113 @@ def resolve_trace_path(config: Config) -> Config:
     return dataclasses.replace(config, trace=trace)
 
 
-def load_trace(config: Config, n_devices: int, label_dist: np.ndarray | None) -> tuple[Trace, np.ndarray]:
-    """The run's availability and the trace device each of its devices replays."""
-    trace = source_trace(config, n_devices, label_dist)
+@dataclass(frozen=True)
+class TraceRecord:
+    """The generated trace a run started with, as its manifest records it: the generator's
+    metadata (kind, version, seed, rounds or days, options), its horizon and the fingerprint of
+    its intervals. Runs of earlier releases kept the trace itself (trace.parquet): `saved`."""
+
+    fingerprint: str
+    horizon: float
+    generator: dict
+    saved: Trace | None = None
+
+    @classmethod
+    def of(cls, trace: Trace) -> "TraceRecord":
+        return cls(trace_fingerprint(trace), trace.horizon, trace.generator)
+
+
+def recorded_trace(run_dir: Path, manifest: dict) -> TraceRecord | None:
+    """The TraceRecord of a generated-trace run: from its manifest, or from the trace.parquet
+    that runs of earlier releases wrote; None for a file trace (kept by path and fingerprint)."""
+    saved = run_dir / "trace.parquet"
+    if saved.exists():
+        trace = read_trace(saved)
+        return dataclasses.replace(TraceRecord.of(trace), saved=trace)
+    trace = manifest.get("trace") or {}
+    if not trace.get("fingerprint"):
+        return None
+    return TraceRecord(trace["fingerprint"], float(trace["horizon"]), trace.get("generator") or {})
+
+
+def run_trace(run_dir: Path) -> Trace:
+    """The trace a run replays (a comparison's: its first algorithm's), as the run sees it: a
+    file checked by its fingerprint, or a generated trace made again from its record; for
+    `fedsim trace info` and `plot` of a run directory."""
+    import torch
+
+    from fedsim.training import build_task
+
+    members = runs_in(run_dir)
+    if not members:
+        raise FedsimError(f"{run_dir}: is a directory; give the path of a .parquet file, or a run directory "
+                          "that `fedsim run` made (this one has no manifest.json)")
+    run_dir, manifest = members[0], read_manifest(members[0])
+    config = config_from_dict(run_config(run_dir), origin=str(run_dir / "config.toml"))
+    task = build_task(config.data, config.model, seed=config.run.seed, device=torch.device("cpu"))
+    record = None
+    if config.trace.source == "file":
+        check_trace_file(Path(config.trace.path), (manifest.get("trace") or {}).get("file"))
+    else:
+        record = recorded_trace(run_dir, manifest)
+    return load_trace(config, task.n_clients, task.label_distribution(), record)[0]
+
+
+def check_trace_file(path: Path, recorded: dict | None) -> None:
+    """FedsimError when the trace file a run started with (`recorded`: its manifest's size and
+    SHA-256) is gone from its path or is another file now."""
+    if not recorded:
+        return
+    was = f"it had {recorded['bytes']} bytes, sha256 {recorded['sha256'][:12]}..."
+    if not path.is_file():
+        raise FedsimError(f"{path}: the run's trace file is gone (moved or deleted; {was}); put it back "
+                          "at that path (the run reads it there)")
+    if file_fingerprint(path) != recorded:
+        raise FedsimError(f"{path}: the trace file changed since the run started ({was}); put the "
+                          "original back, or start a new run with this trace")
+
+
+def trace_fingerprint(trace: Trace, horizon: float | None = None) -> str:
+    """SHA-256 of the devices and intervals of `trace` over [0, horizon) (default: its own)."""
+    horizon = trace.horizon if horizon is None else horizon
+    keep = trace.start < horizon
+    digest = hashlib.sha256(np.array([trace.n_devices, horizon]).tobytes())
+    for column in (trace.device_id[keep], trace.start[keep], np.minimum(trace.end[keep], horizon)):
+        digest.update(np.ascontiguousarray(column).tobytes())
+    return digest.hexdigest()
+
+
+def continues(trace: Trace, record: TraceRecord) -> bool:
+    """Whether `trace` has exactly the recorded trace's intervals over its horizon (a longer
+    generation of the same trace: round-indexed generators draw round by round, so they are
+    prefix-stable)."""
+    return trace.horizon >= record.horizon and trace_fingerprint(trace, record.horizon) == record.fingerprint
+
+
+def load_trace(config: Config, n_devices: int, label_dist: np.ndarray | None,
+               record: TraceRecord | None = None) -> tuple[Trace, np.ndarray]:
+    """The run's availability and the trace device each of its devices replays. A resumed
+    generated-trace run (`record`) continues its trace when a generation for its new extent
+    agrees with it; otherwise it replays the trace it started with, generated again from the
+    record (or read from an earlier release's trace.parquet) and checked by its fingerprint."""
+    trace, chosen = placed(config, source_trace(config, n_devices, label_dist), n_devices)
+    if record is None or continues(trace, record):
+        return trace, chosen
+    if record.saved is not None:
+        return record.saved, chosen
+    extent = {key: record.generator.get(key) for key in ("rounds", "days")}
+    again, chosen = placed(config, source_trace(config, n_devices, label_dist, extent), n_devices)
+    if continues(again, record):
+        return again, chosen
+    version = f" version {record.generator['version']}" if "version" in record.generator else ""
+    raise FedsimError(
+        f"{config.source}: [trace] source = {config.trace.source!r} now generates another trace than the "
+        f"run started with (generator{version}, fingerprint sha256 {record.fingerprint[:12]}...); resume "
+        "it with the release that started it (its manifest.json names it), or start a new run")
+
+
+def placed(config: Config, trace: Trace, n_devices: int) -> tuple[Trace, np.ndarray]:
+    """`trace` cut to the run's devices (`[trace] select`) and moved to its `[trace] offset`."""
     chosen = np.arange(n_devices)
     if trace.n_devices != n_devices:
         chosen = choose_devices(config, trace, n_devices)
@@ -130,8 +240,10 @@ def shift(trace: Trace, offset: float) -> Trace:
                                 origin=origin, generator={**trace.generator, "offset_s": offset})
 
 
-def source_trace(config: Config, n_devices: int, label_dist: np.ndarray | None) -> Trace:
-    """A Parquet file, or a generator with the run's sizes and seed."""
+def source_trace(config: Config, n_devices: int, label_dist: np.ndarray | None,
+                 extent: dict | None = None) -> Trace:
+    """A Parquet file, or a generator with the run's sizes and seed (over `extent`, rounds and
+    days, when given: a resume's recorded one)."""
     tc = config.trace
     if tc.source == "file":
         return read_trace(Path(tc.path))
@@ -139,8 +251,11 @@ def source_trace(config: Config, n_devices: int, label_dist: np.ndarray | None) 
     days = tc.days or None
     if days is None and not spec.round_indexed:  # wall-clock models: cover max_time, or a week
         days = config.run.max_time / 86400 if config.run.max_time else 7.0
+    rounds = trace_rounds(config)
+    if extent is not None:
+        rounds, days = extent["rounds"], extent["days"]
     trace = generate(
-        tc.source, n_devices, seed=config.run.seed, rounds=trace_rounds(config),
+        tc.source, n_devices, seed=config.run.seed, rounds=rounds,
         round_duration=config.server.round_duration, days=days,
         label_dist=label_dist if spec.needs_labels else None, **tc.options,
     )
@@ -159,14 +274,3 @@ def trace_rounds(config: Config) -> int:
     if run.max_time:
         seconds = min(seconds, run.max_time)
     return max(1, math.ceil(seconds / server.round_duration - 1e-9))
-
-
-def agrees_with(new: Trace, old: Trace) -> bool:
-    """Whether `new` has exactly `old`'s intervals over old's horizon (a longer generation of
-    the same trace: round-indexed generators draw round by round, so they are prefix-stable)."""
-    if new.n_devices != old.n_devices or new.horizon < old.horizon:
-        return False
-    keep = new.start < old.horizon
-    return (np.array_equal(new.device_id[keep], old.device_id)
-            and np.array_equal(new.start[keep], old.start)
-            and np.array_equal(np.minimum(new.end[keep], old.horizon), old.end))

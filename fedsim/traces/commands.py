@@ -16,6 +16,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -31,7 +32,9 @@ from fedsim.traces.zones import beside, by_zone, trace_zones
 REPETITION = ("repeat", "recorded_online_s", "online_s", "short_records")
 
 
-def add_trace_commands(subparsers) -> None:
+def add_trace_commands(subparsers, run_trace: Callable[[Path], Trace] | None = None) -> None:
+    """`run_trace(run_dir)`: the trace a run directory replays (the CLI gives it, from a layer
+    above this one), for `trace info` and `trace plot` of a run directory."""
     trace = subparsers.add_parser(
         "trace", help="make, inspect, plot and convert availability traces",
         description="Availability traces: Parquet files of online intervals per device.")
@@ -42,17 +45,17 @@ def add_trace_commands(subparsers) -> None:
     devices_help = ("device table with the devices' tz_offset or group (default: the table beside "
                     "the trace that `trace convert` writes, else the trace's own metadata)")
     info = sub.add_parser("info", help="statistics of a trace file, by time zone where known")
-    info.add_argument("file", help="trace .parquet")
+    info.add_argument("file", help="trace .parquet, or a run directory (the trace the run replays)")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.add_argument("--devices", metavar="TABLE", help=devices_help)
-    info.set_defaults(func=info_command)
+    info.set_defaults(func=info_command, run_trace=run_trace)
 
     plot = sub.add_parser("plot", help="device x time raster (by time zone) and fraction online, as PNG")
-    plot.add_argument("file", help="trace .parquet")
+    plot.add_argument("file", help="trace .parquet, or a run directory (the trace the run replays)")
     plot.add_argument("--out", required=True, help="PNG to write")
     plot.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     plot.add_argument("--devices", metavar="TABLE", help=devices_help)
-    plot.set_defaults(func=plot_command)
+    plot.set_defaults(func=plot_command, run_trace=run_trace)
 
     conv = sub.add_parser("convert", help="convert a third-party trace dump to Parquet")
     conv.add_argument("--from", dest="fmt", required=True, metavar="FORMAT",
@@ -147,10 +150,17 @@ def generate_command(args) -> int:
     return 0
 
 
-def info_command(args) -> int:
+def read_given(args) -> Trace:
+    """The trace file, or the trace of a run directory (generated again from its record)."""
     from fedsim.traces.io import read_trace
 
-    trace = read_trace(args.file)
+    if Path(args.file).is_dir() and args.run_trace is not None:
+        return args.run_trace(Path(args.file))
+    return read_trace(args.file)
+
+
+def info_command(args) -> int:
+    trace = read_given(args)
     summary = summarize(trace)
     zones = trace_zones(trace, args.file, args.devices)
     summary["by_zone"] = None if zones is None else {"column": zones.column, "source": zones.source,
@@ -164,11 +174,10 @@ def info_command(args) -> int:
 
 
 def plot_command(args) -> int:
-    from fedsim.traces.io import read_trace
     from fedsim.traces.plot import plot_trace
 
     refuse_overwrite(args.out, args.force, inputs=[args.file, args.devices])
-    trace = read_trace(args.file)
+    trace = read_given(args)
     shown = plot_trace(trace, args.out, zones=trace_zones(trace, args.file, args.devices))
     print(f"wrote {args.out}: {shown} of {trace.n_devices} devices")
     return 0

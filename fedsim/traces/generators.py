@@ -39,7 +39,9 @@ class GeneratorSpec:
 
     ``needs_labels``: the generator uses the devices' label distributions when the experiment
     passes them (bernoulli's label-derived p, grid and periodic groups); ``probability``
-    (round-indexed only) recomputes p_i^t ``[R, N]`` from the recorded metadata.
+    (round-indexed only) recomputes p_i^t ``[R, N]`` from the recorded metadata. ``version``,
+    recorded with the trace, changes whenever the generator draws other traces for the same
+    call (a run records its generated trace by that call and a fingerprint, not its intervals).
     """
 
     name: str
@@ -49,6 +51,7 @@ class GeneratorSpec:
     doc: str
     fn: Callable[[Request], Generated]
     probability: Callable[[dict, np.ndarray], np.ndarray] | None = None
+    version: int = 1
 
 
 def is_generator(obj: Any) -> bool:
@@ -106,7 +109,7 @@ def generate(kind: str, n_devices: int, *, seed: int, rounds: int | None = None,
     request = Request(n_devices, np.random.default_rng(seed), horizon, rounds,
                       round_duration, label_dist, options, where)
     out = spec.fn(request)
-    generator = {"kind": kind, "seed": seed, "rounds": rounds,
+    generator = {"kind": kind, "version": spec.version, "seed": seed, "rounds": rounds,
                  "round_duration": round_duration, "days": days or None, "options": options,
                  **out.meta}
     return Trace.from_intervals(out.device_id, out.start, out.end, n_devices=n_devices,

@@ -1,0 +1,111 @@
+"""How a run records its trace: a generated trace by its generator's call and a fingerprint
+(no trace.parquet, which was 146 MB for 5,000 devices x 30,000 rounds), checked on resume; a
+file trace by its path and fingerprint, a moved or changed file one error line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import quadratic_config, rounds
+from fedsim.cli import main
+from fedsim.traces import generate, write_trace
+
+
+def manifest(run_dir: Path) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+def targets(n: int) -> list[list[float]]:
+    return [[float(i), 1.0] for i in range(n)]
+
+
+def bernoulli_run(rounds_: int) -> dict:
+    config = quadratic_config(targets(4), rounds=rounds_, algorithm="mifa")
+    config["trace"] = {"source": "bernoulli", "p": [0.9, 0.7, 0.5, 0.3]}
+    return config
+
+
+def test_a_generated_trace_is_recorded_by_its_call_and_fingerprint_not_its_intervals(cli_run):
+    run_dir = cli_run(bernoulli_run(12))
+    assert not (run_dir / "trace.parquet").exists()
+    trace = manifest(run_dir)["trace"]
+    assert trace["generator"]["kind"] == "bernoulli" and trace["generator"]["version"] == 1
+    assert trace["generator"]["rounds"] == 12 and trace["generator"]["seed"] == 0
+    assert len(trace["fingerprint"]) == 64 and trace["file"] is None
+    # the same call makes the same trace: the fingerprint is that of the generator's output
+    from fedsim.runs.replay import trace_fingerprint
+
+    again = generate("bernoulli", 4, seed=0, rounds=12, round_duration=1.0, p=[0.9, 0.7, 0.5, 0.3])
+    assert trace_fingerprint(again) == trace["fingerprint"]
+
+
+def test_a_wall_clock_trace_that_a_longer_max_time_redraws_is_replayed_as_recorded(cli_run, capsys):
+    """markov covers max_time: a resume with a larger one would draw another trace, so the
+    run goes on with the one it started with, generated again from its record."""
+    config = quadratic_config(targets(4), rounds=6, server={"timing": "model", "deadline": 100.0})
+    config["run"]["max_time"] = 86400.0
+    config["trace"] = {"source": "markov"}
+    run_dir = cli_run(config)
+    before = manifest(run_dir)["trace"]
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=12", "--set", "run.max_time=172800",
+                 "--quiet"]) == 0
+    after = manifest(run_dir)["trace"]
+    assert (after["fingerprint"], after["horizon"]) == (before["fingerprint"], before["horizon"]) == \
+        (before["fingerprint"], 86400.0)
+    assert len(rounds(run_dir)) == 12
+
+
+def test_a_generator_that_now_draws_another_trace_is_one_error_line(cli_run, capsys):
+    run_dir = cli_run(bernoulli_run(6))
+    recorded = manifest(run_dir)
+    recorded["trace"]["fingerprint"] = "0" * 64  # as if a later release drew other traces
+    (run_dir / "manifest.json").write_text(json.dumps(recorded))
+    kept = (run_dir / "rounds.parquet").read_bytes()
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=9", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: {run_dir / 'config.toml'}: [trace] source = 'bernoulli' now generates another "
+                   "trace than the run started with (generator version 1, fingerprint sha256 000000000000...); "
+                   "resume it with the release that started it (its manifest.json names it), or start a new run")
+    assert (run_dir / "rounds.parquet").read_bytes() == kept
+
+
+def test_a_moved_or_changed_trace_file_is_one_error_line_naming_path_and_fingerprint(cli_run, capsys, tmp_path):
+    trace = generate("always", 4, seed=0, rounds=50, round_duration=60.0)
+    run_dir = cli_run(quadratic_config(targets(4), rounds=5), trace=trace)
+    path = tmp_path / "t.parquet"
+    recorded = manifest(run_dir)["trace"]["file"]
+    assert recorded["bytes"] == path.stat().st_size and manifest(run_dir)["trace"]["fingerprint"] is None
+    path.rename(tmp_path / "moved.parquet")
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {path}: the run's trace file is gone (moved or deleted; it had {recorded['bytes']} bytes, "
+        f"sha256 {recorded['sha256'][:12]}...); put it back at that path (the run reads it there)")
+    write_trace(generate("always", 4, seed=0, rounds=60, round_duration=60.0), path)
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 2
+    assert "the trace file changed since the run started" in capsys.readouterr().err
+    (tmp_path / "moved.parquet").replace(path)
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 0
+    assert len(rounds(run_dir)) == 8
+
+
+def test_trace_info_and_plot_of_a_run_directory_show_the_trace_it_replays(cli_run, capsys, tmp_path):
+    """What `fedsim trace info runs/X/trace.parquet` showed before: the generated trace, made
+    again from the run's record (a comparison: its first algorithm's)."""
+    config = bernoulli_run(12)
+    config["run"]["algorithms"] = ["fedavg", "mifa"]
+    run_dir = cli_run(config)
+    assert main(["trace", "info", str(run_dir), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    write_trace(generate("bernoulli", 4, seed=0, rounds=12, round_duration=1.0, p=[0.9, 0.7, 0.5, 0.3]),
+                tmp_path / "same.parquet")
+    assert main(["trace", "info", str(tmp_path / "same.parquet"), "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert (shown["wrap"], same["wrap"]) == ("loop", "none")  # a run's generated trace repeats
+    assert {**shown, "wrap": "none"} == same
+    assert main(["trace", "plot", str(run_dir / "mifa"), "--out", str(tmp_path / "t.png")]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 't.png'}: 4 of 4 devices"
+    assert main(["trace", "info", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {tmp_path}: is a directory; give the path of a .parquet file, or a run directory that "
+        "`fedsim run` made (this one has no manifest.json)")

@@ -21,6 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import quadratic_config  # noqa: E402
+from leaf_files import write_leaf  # noqa: E402
 
 from fedsim.cli import main  # noqa: E402
 from fedsim.config import dump_toml  # noqa: E402
@@ -85,7 +86,24 @@ def idx_files(folder: Path) -> None:
         (folder / f"{stem}.gz").write_bytes(gzip.compress(b"\x00\x00\x08\x03\x00\x00"))
 
 
+def leaf(change):
+    """FEMNIST in LEAF's files (users u0 and u1), then `change(train, test)` on their JSON."""
+    def write(path, run):
+        write_leaf(path, "femnist", [[3, 2]])
+        files = [path / "train" / "all_data_0_train.json", path / "test" / "all_data_0_test.json"]
+        data = [json.loads(f.read_text()) for f in files]
+        change(*data)
+        for file, body in zip(files, data):
+            file.write_text(json.dumps(body))
+    return write
+
+
+def no_users(data: dict) -> None:
+    data.update(users=[], num_samples=[], user_data={})
+
+
 RUN = "run {tmp}/c.toml --quiet"
+LEAF = config(data={"dataset": "femnist", "root": "{tmp}/leaf", "clients": 2, "targets": []}, model={"name": "logreg"})
 CONVERT = "trace convert --from csv {tmp}/in.csv --out {tmp}/out.parquet"
 
 CASES = [
@@ -372,6 +390,17 @@ CASES = [
          **{"c.toml": config(data={"dataset": "cifar10", "root": "{tmp}/data", "targets": []})}),
     case("svhn-missing-files", RUN, r"\[data\] dataset = 'svhn': files not found",
          **{"c.toml": config(data={"dataset": "svhn", "root": "{tmp}/data", "targets": []})}),
+    case("leaf-train-without-users", RUN, r"train/all_data_0_train\.json: no users \(`\"users\": \[\]`\), so no training "
+         r"samples; regenerate the dataset with LEAF's preprocess\.sh",
+         **{"c.toml": LEAF, "leaf": leaf(lambda train, test: no_users(train))}),
+    case("leaf-test-without-users", RUN, r"test/all_data_0_test\.json: no users .*, so no test samples; regenerate",
+         **{"c.toml": LEAF, "leaf": leaf(lambda train, test: no_users(test))}),
+    case("leaf-user-id-a-list", RUN, r"all_data_0_train\.json: user 1 of `users` is \['u1'\], not a string \(the key "
+         r"of its samples in `user_data`\); regenerate it", **{"c.toml": LEAF, "leaf": leaf(
+             lambda train, test: train["users"].__setitem__(1, ["u1"]))}),
+    case("leaf-nan-pixel", RUN, r"all_data_0_train\.json, user 'u1': sample 1 has a pixel nan, not a finite number; "
+         r"fix or drop the sample", **{"c.toml": LEAF, "leaf": leaf(
+             lambda train, test: train["user_data"]["u1"]["x"][1].__setitem__(5, float("nan")))}),
     # --- outputs -----------------------------------------------------------------------------
     case("run-out-under-a-file", RUN, r"cannot create the folder (\S+)/blocker/runs: \1/blocker is a file; choose another \[run\] out", blocker="",
          **{"c.toml": config(run={"out": "{tmp}/blocker/runs"})}),
@@ -381,6 +410,10 @@ CASES = [
     case("devices-out-a-folder", CONVERT + " --devices-out {tmp}", r"^error: --devices-out \S+: is a folder; give the path", **{"in.csv": "device_id,start,end\n0,0,10\n"}),
     case("plot-into-a-file", "plot {tmp}/r", r"cannot create the folder (\S+)/r/plots: \1/r/plots is a file", r=run_dir(lambda path: (path / "plots").write_text(""))),
 ]
+
+
+# a study records what it is (study.toml) before its points are checked, so that it can be resumed
+ALLOWED_NEW = {"sweep-point-beyond-memory": {"runs/s/study.toml"}}
 
 
 @pytest.fixture(scope="module")
@@ -406,7 +439,7 @@ def test_the_catalogue_is_large_enough():
 
 
 @pytest.mark.parametrize("argv, says, files", CASES)
-def test_a_bad_input_is_one_line(argv, says, files, tmp_path, monkeypatch, capsys, finished_run):
+def test_a_bad_input_is_one_line(argv, says, files, tmp_path, monkeypatch, capsys, finished_run, request):
     monkeypatch.chdir(tmp_path)
     for name, content in files.items():
         path = tmp_path / name
@@ -430,6 +463,7 @@ def test_a_bad_input_is_one_line(argv, says, files, tmp_path, monkeypatch, capsy
     assert re.search(says, err), err
     after = snapshot(tmp_path)
     assert {name: after.get(name) for name in before} == before, "a file that was there changed"
+    assert set(after) - set(before) <= ALLOWED_NEW.get(request.node.callspec.id, set()), "a file was written"
 
 
 @pytest.mark.parametrize("damage", ["{", "[1]"])

@@ -102,7 +102,49 @@ def no_users(data: dict) -> None:
     data.update(users=[], num_samples=[], user_data={})
 
 
+def parquet_data(train: dict, test: dict | None = None):
+    """A Parquet federated dataset: pq/train.parquet (and pq/test.parquet) with these columns."""
+    def write(path, run):
+        path.mkdir()
+        for name, columns in (("train", train), ("test", test)):
+            if columns is not None:
+                pq.write_table(pa.table(columns), path / f"{name}.parquet")
+    return write
+
+
+def samples(x, **columns) -> dict:
+    """The columns of four rows (users a, a, b, b; labels 0, 1, 0, 1) with features x."""
+    return {"user": ["a", "a", "b", "b"], "label": [0, 1, 0, 1], "x": x, **columns}
+
+
+def png() -> bytes:
+    """A 4 x 4 grey PNG."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("L", (4, 4)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that says it is that large (what a reader sees before it decodes) and holds one
+    row of pixels: a few bytes, however large it says it is."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    pixels = zlib.compress(bytes(width + 1))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+
+
 RUN = "run {tmp}/c.toml --quiet"
+PARQUET = config(data={"dataset": "parquet", "root": "{tmp}/pq", "clients": 2, "client_column": "user",
+                       "label_column": "label", "feature_column": "x", "targets": []}, model={"name": "logreg"})
 LEAF = config(data={"dataset": "femnist", "root": "{tmp}/leaf", "clients": 2, "targets": []}, model={"name": "logreg"})
 CONVERT = "trace convert --from csv {tmp}/in.csv --out {tmp}/out.parquet"
 
@@ -401,6 +443,26 @@ CASES = [
     case("leaf-nan-pixel", RUN, r"all_data_0_train\.json, user 'u1': sample 1 has a pixel nan, not a finite number; "
          r"fix or drop the sample", **{"c.toml": LEAF, "leaf": leaf(
              lambda train, test: train["user_data"]["u1"]["x"][1].__setitem__(5, float("nan")))}),
+    case("parquet-empty-train", RUN, r"pq/train\.parquet: no rows, so no training samples; give the dataset "
+         r"training rows", **{"c.toml": PARQUET, "pq": parquet_data(
+             {"user": pa.array([], pa.string()), "label": pa.array([], pa.int64()),
+              "x": pa.array([], pa.list_(pa.float64()))})}),
+    case("parquet-image-bomb", RUN, r"pq/train\.parquet, row 2: the image is larger than fedsim reads \(20000 x 20000 "
+         r"pixels; at most 4096 x 4096\); resize the images", **{"c.toml": PARQUET, "pq": parquet_data(
+             samples([png(), png(), png_header(20000, 20000), png()]))}),
+    case("parquet-label-2-64", RUN, r"pq/train\.parquet, row 3: label 18446744073709551615 is beyond the 1,000,000 "
+         r"classes fedsim trains; number the classes 0, 1, \.\.\.", **{"c.toml": PARQUET, "pq": parquet_data(
+             samples([[1.0]] * 4, label=pa.array([0, 1, 0, 2**64 - 1], pa.uint64())))}),
+    case("parquet-client-types-differ", RUN, r"pq/train\.parquet: column 'user' is of type int64 where \S+test\.parquet "
+         r"has string; give the column one type in every file", **{"c.toml": PARQUET, "pq": parquet_data(
+             samples([[1.0]] * 4, user=[1, 1, 2, 2]), samples([[1.0]] * 4))}),
+    case("parquet-empty-features", RUN, r"pq/train\.parquet, row 0: the feature is an empty list; every sample needs at "
+         r"least one number", **{"c.toml": PARQUET, "pq": parquet_data(samples(pa.array([[]] * 4, pa.list_(pa.float64()))))}),
+    case("parquet-nested-lists", RUN, r"pq/train\.parquet: column 'x' is of type list<\w+: list<\w+: double>>; a "
+         r"feature must be an image, a list of numbers \(one list per row, not lists of lists\)", **{"c.toml": PARQUET, "pq": parquet_data(
+             samples([[[1.0, 2.0]]] * 4))}),
+    case("parquet-nan-feature", RUN, r"pq/train\.parquet, row 1: the feature holds nan, not a finite number; fix or "
+         r"drop the row", **{"c.toml": PARQUET, "pq": parquet_data(samples([[1.0, 2.0], [3.0, float("nan")]] * 2))}),
     # --- outputs -----------------------------------------------------------------------------
     case("run-out-under-a-file", RUN, r"cannot create the folder (\S+)/blocker/runs: \1/blocker is a file; choose another \[run\] out", blocker="",
          **{"c.toml": config(run={"out": "{tmp}/blocker/runs"})}),

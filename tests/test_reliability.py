@@ -86,6 +86,13 @@ def idx_files(folder: Path) -> None:
         (folder / f"{stem}.gz").write_bytes(gzip.compress(b"\x00\x00\x08\x03\x00\x00"))
 
 
+def extends_chain(path: Path, run) -> None:
+    """c.toml extends e1.toml, which extends e2.toml, ... e1199.toml: 1,200 files."""
+    for k in range(1199):
+        (path.parent / f"e{k}.toml").write_text(f'extends = "e{k + 1}.toml"\n' if k < 1198 else "[run]\nrounds = 1\n")
+    path.write_text('extends = "e0.toml"\n')
+
+
 def leaf(change):
     """FEMNIST in LEAF's files (users u0 and u1), then `change(train, test)` on their JSON."""
     def write(path, run):
@@ -319,6 +326,9 @@ CASES = [
     case("sweep-every-point-invalid", "sweep {tmp}/s.toml --set server.timing=ideal --set server.mode=async",
          r"^error: \S+s\.toml: every point: \[server\] mode = 'async' needs timing = 'model'",
          **{"s.toml": 'base = "quickstart"\n[sweep]\n"run.seed" = [0, 1]\n'}),
+    case("extends-1200-files-deep", RUN, r"c\.toml: extends goes deeper than 64 files \(c\.toml -> e0\.toml -> \.\.\. -> "
+         r"e62\.toml -> e63\.toml -> \.\.\.\); fedsim follows at most 64: merge some of the files into one",
+         **{"c.toml": extends_chain}),
     case("config-show-bad-key", "config show quickstart --set run.roundz=3", r"did you mean 'rounds'"),
     # --- traces ------------------------------------------------------------------------------
     case("trace-unsorted", "trace info {tmp}/t.parquet", r"row 2 \(device 1\): rows are not sorted",

@@ -150,6 +150,7 @@ def png_header(width: int, height: int) -> bytes:
 
 
 RUN = "run {tmp}/c.toml --quiet"
+ISO_CSV = "device_id,start,end\n0,2024-01-01T00:00:00,2024-01-01T01:00:00\n1,2024-01-01T00:10:00,2024-01-01T02:00:00\n"
 PARQUET = config(data={"dataset": "parquet", "root": "{tmp}/pq", "clients": 2, "client_column": "user",
                        "label_column": "label", "feature_column": "x", "targets": []}, model={"name": "logreg"})
 LEAF = config(data={"dataset": "femnist", "root": "{tmp}/leaf", "clients": 2, "targets": []}, model={"name": "logreg"})
@@ -427,6 +428,18 @@ CASES = [
     case("csv-bad-tz", CONVERT + " --tz Mars", r"--tz 'Mars' is not a UTC offset", **{"in.csv": "device_id,start,end\n0,0,10\n"}),
     case("csv-too-many-devices", CONVERT, r"n_devices = 100,000,000,000 is above fedsim's limit",
          **{"in.csv": "device_id,start,end\n0,0,10\n99999999999,0,10\n"}),
+    case("csv-tz-beyond-14-hours", CONVERT + " --tz +14:30", r"--tz '\+14:30' is beyond -14:00\.\.\+14:00, the range "
+         r"of UTC offsets; give the offset of the times' zone", **{"in.csv": ISO_CSV}),
+    case("csv-tz-beyond-minus-14-hours", CONVERT + " --tz=-14:59", r"--tz '-14:59' is beyond -14:00\.\.\+14:00",
+         **{"in.csv": ISO_CSV}),
+    case("csv-iso-offset-beyond-14-hours", CONVERT, r"line 3: end '2024-01-01T02:00:00\+14:45' has the UTC offset "
+         r"\+14:45, beyond -14:00\.\.\+14:00; give the offset of the times' zone",
+         **{"in.csv": ISO_CSV.replace("02:00:00\n", "02:00:00+14:45\n")}),
+    case("csv-iso-offset-beyond-minus-14-hours", CONVERT, r"line 2: start '2024-01-01T00:00:00-14:59' has the UTC "
+         r"offset -14:59, beyond", **{"in.csv": ISO_CSV.replace("00:00:00,", "00:00:00-14:59,")}),
+    case("csv-column-that-a-run-writes", CONVERT, r"device table \S+out\.devices\.parquet: column 'arrivals' is one that "
+         r"a run writes into devices\.parquet itself; rename it",
+         **{"in.csv": "device_id,start,end,arrivals\n0,0,10,1\n1,0,20,2\n"}),
     case("fedscale-not-pickle", "trace convert --from fedscale {tmp}/in.pkl --out {tmp}/out.parquet",
          r"not a FedScale client_behave_trace pickle", **{"in.pkl": b"not a pickle"}),
     case("flash-not-json", "trace convert --from flash {tmp}/in.json --out {tmp}/out.parquet",

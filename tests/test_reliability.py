@@ -567,3 +567,90 @@ def test_a_learning_rate_beyond_float32_diverges_instead_of_crashing(tmp_path, c
     assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 3
     manifest = json.loads(next((tmp_path / "runs").glob("*/manifest.json")).read_text())
     assert manifest["status"] == "diverged" and "non-finite" in manifest["reason"]
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """A set of file names: every write of a file of such a name fails as on a full disk: its
+    temporary file is /dev/full, so the real writers (pyarrow, polars, torch, matplotlib, text)
+    meet a real ENOSPC, while counting what the file needs still works."""
+    import os
+    import tempfile
+    from types import SimpleNamespace
+
+    import fedsim.files
+
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full (Linux)")
+    full: set[str] = set()
+
+    def mkstemp(dir, prefix, suffix):
+        fd, tmp = tempfile.mkstemp(dir=dir, prefix=prefix, suffix=suffix)
+        if prefix.removeprefix(".").removesuffix(".") in full:
+            os.unlink(tmp)
+            os.symlink("/dev/full", tmp)
+        return fd, tmp
+
+    monkeypatch.setattr(fedsim.files, "tempfile", SimpleNamespace(mkstemp=mkstemp))
+    return full
+
+
+def disk_full_line(err: str, path: Path) -> None:
+    """ONE line naming the file, what it needs and what to do."""
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert re.fullmatch(rf"error: {re.escape(str(path))}: no space left on device \(the file needs [0-9.]+ (bytes|kB|MB)"
+                        r"[^)]*\); free some space, then run the command again.*\n", err), err
+
+
+RUN_FILES = ["config.toml", "manifest.json", "checkpoint.pt", "rounds.parquet", "devices.parquet",
+             "events.parquet", "model.pt"]
+
+
+@pytest.mark.parametrize("name", RUN_FILES)
+def test_a_full_disk_names_the_run_file_and_what_it_needs(name, tmp_path, capsys, full_disk, finished_run):
+    (tmp_path / "c.toml").write_text(config(str(finished_run.parent.parent / "t.parquet")).replace("{tmp}", str(tmp_path)))
+    full_disk.add(name)
+    assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 2
+    disk_full_line(capsys.readouterr().err, tmp_path / "runs" / "t" / name)
+    assert not list((tmp_path / "runs").rglob(f".{name}.*")), "a temporary file was left behind"
+
+
+def test_a_full_disk_keeps_the_checkpoint_a_resume_goes_on_from(tmp_path, capsys, full_disk, finished_run):
+    run = tmp_path / "r"
+    shutil.copytree(finished_run, run)
+    kept = {name: (run / name).read_bytes() for name in ("checkpoint.pt", "rounds.parquet")}
+    full_disk.add("rounds.parquet")
+    assert main(["run", "--resume", str(run), "--set", "run.rounds=4", "--quiet"]) == 2
+    disk_full_line(capsys.readouterr().err, run / "rounds.parquet")
+    assert (run / "rounds.parquet").read_bytes() == kept["rounds.parquet"]
+    full_disk.clear()  # space again
+    assert main(["run", "--resume", str(run), "--set", "run.rounds=4", "--quiet"]) == 0
+    assert json.loads((run / "manifest.json").read_text())["rounds"] == 4
+
+
+@pytest.mark.parametrize("argv, name", [
+    ("trace generate always --devices 3 --days 1 --out {tmp}/g.parquet", "g.parquet"),
+    ("trace convert --from csv {tmp}/in.csv --out {tmp}/out.parquet", "out.parquet"),
+    ("trace convert --from csv {tmp}/in.csv --out {tmp}/out.parquet", "out.devices.parquet"),
+    ("trace plot {tmp}/t.parquet --out {tmp}/p.png", "p.png"),
+], ids=["generate", "convert", "convert-device-table", "trace-plot"])
+def test_a_full_disk_names_the_trace_file_and_what_it_needs(argv, name, tmp_path, capsys, full_disk):
+    trace()(tmp_path / "t.parquet", None)
+    (tmp_path / "in.csv").write_text(ISO_CSV.replace(":00,", ":00+01:00,").replace(":00\n", ":00+01:00\n"))
+    full_disk.add(name)
+    assert main(argv.replace("{tmp}", str(tmp_path)).split()) == 2
+    disk_full_line(capsys.readouterr().err, tmp_path / name)
+
+
+def test_a_full_disk_stops_a_folder_with_the_fix_for_space(tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+
+    def mkdir(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    (tmp_path / "c.toml").write_text(config().replace("{tmp}", str(tmp_path)))
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"error: cannot create the folder {tmp_path / 'runs'}: No space left on device; "
+                                       "free some space, then run the command again\n")

@@ -179,6 +179,12 @@ CASES = [
     case("infinite-deadline", "run quickstart --set server.deadline=inf", r"\[server\] deadline = inf must be a finite number"),
     case("seed-beyond-64-bits", "run quickstart --set run.seed=99999999999999999999", r"is too large \(it must fit in 64 bits\)"),
     case("name-with-slash", "run quickstart --set run.name='a/b'", r"\[run\] name = 'a/b'.*folder name"),
+    case("name-with-line-break", RUN, r"\[run\] name = 'a\\nb' is not a folder name; give a plain name without '/', "
+         r"'\\' or line breaks", **{"c.toml": config(run={"name": "a\nb"})}),
+    case("name-with-tab-by-set", r'run quickstart --set run.name="a\tb"', r"\[run\] name = 'a\\tb' is not a folder name"),
+    case("study-name-with-line-break", "sweep {tmp}/s.toml", r"\[run\] name = 'a\\nb' is not a plain folder name; give a "
+         r"name without '/', '\\' or line breaks", **{"s.toml": 'base = "quickstart"\n[run]\nname = "a\\nb"\n'
+                                                               '[sweep]\n"run.seed" = [0, 1]\n'}),
     case("unknown-algorithm", "run quickstart --set algorithm.name='fedavgg'",
          r"\[algorithm\] name = 'fedavgg' is unknown; did you mean 'fedavg'"),
     case("unknown-model", "run quickstart --set model.name='resnet'", r"\[model\] name = 'resnet' is unknown"),

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.config import (AlgorithmConfig, Config, algorithm_options, config_from_dict, is_study,
-                           parse_override, read_toml, scenario_names, scenario_path)
+                           parse_override, plain_folder_name, read_toml, scenario_names, scenario_path)
 from fedsim.config.layers import SET, layered_config
 from fedsim.errors import FedsimError
 
@@ -126,7 +126,7 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
         raise FedsimError(f"{path}: the sweep has {len(grid):,} points (over {MAX_POINTS:,}); pass --yes "
                           "to run them all, or shorten its axes")
     name = base.get("run", {}).get("name") or path.stem
-    if not isinstance(name, str) or name in (".", "..") or any(c in name for c in "/\\\n\r\t") or not name.strip():
+    if not plain_folder_name(name):
         raise FedsimError(f"{path}: [run] name = {name!r} is not a plain folder name; give a name without "
                           "'/', '\\' or line breaks (the study folder is [run] out / name)")
     folder = Path(base.get("run", {}).get("out", "runs")) / name

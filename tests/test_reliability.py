@@ -86,6 +86,25 @@ def idx_files(folder: Path) -> None:
         (folder / f"{stem}.gz").write_bytes(gzip.compress(b"\x00\x00\x08\x03\x00\x00"))
 
 
+ACCURACY_CLAIM = ('[[claims]]\nclaim = "mifa beats fedavg"\nmetric = "final_acc"\nbetter = {"algorithm.name" = "mifa"}\n'
+                  'than = {"algorithm.name" = "fedavg"}\n')
+
+
+def quadratic_study(claims: str = "") -> str:
+    """A study of the quadratic task: fedavg and mifa, seeds 0 and 1 (and `claims`)."""
+    return config() + '[sweep]\n"algorithm.name" = ["fedavg", "mifa"]\n"run.seed" = [0, 1]\n' + claims
+
+
+def swept_then_claimed(path: Path, run) -> None:
+    """runs/ holding a quadratic study swept without claims, then given an accuracy claim in its
+    study.toml (as a release that did not check the metric recorded it)."""
+    tmp = path.parent
+    (tmp / "s.toml").write_text(quadratic_study().replace("{tmp}", str(tmp)))
+    assert main(["sweep", str(tmp / "s.toml"), "--quiet"]) == 0
+    recorded = path / "t" / "study.toml"
+    recorded.write_text(recorded.read_text() + "\n" + ACCURACY_CLAIM)
+
+
 def extends_chain(path: Path, run) -> None:
     """c.toml extends e1.toml, which extends e2.toml, ... e1199.toml: 1,200 files."""
     for k in range(1199):
@@ -336,6 +355,13 @@ CASES = [
     case("extends-1200-files-deep", RUN, r"c\.toml: extends goes deeper than 64 files \(c\.toml -> e0\.toml -> \.\.\. -> "
          r"e62\.toml -> e63\.toml -> \.\.\.\); fedsim follows at most 64: merge some of the files into one",
          **{"c.toml": extends_chain}),
+    case("claim-accuracy-on-quadratic", "sweep {tmp}/s.toml", r"s\.toml: claim 1 \('mifa beats fedavg'\): metric "
+         r"'final_acc' \(test accuracy at the last evaluation\) does not exist for the quadratic task, which has no "
+         r"classes and so no accuracy; use a loss metric: final_loss, tail_loss, loss_swing$",
+         **{"s.toml": quadratic_study(ACCURACY_CLAIM)}),
+    case("report-accuracy-claim-on-quadratic", "report {tmp}/runs/t --claims", r"runs/t/study\.toml: claim 1 \('mifa "
+         r"beats fedavg'\): metric 'final_acc' \(test accuracy at the last evaluation\) does not exist for the "
+         r"quadratic task", runs=swept_then_claimed),
     case("config-show-bad-key", "config show quickstart --set run.roundz=3", r"did you mean 'rounds'"),
     # --- traces ------------------------------------------------------------------------------
     case("trace-unsorted", "trace info {tmp}/t.parquet", r"row 2 \(device 1\): rows are not sorted",

@@ -578,6 +578,7 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str, origi
 
 
 NATURAL_DATASETS = ("femnist", "shakespeare", "sent140", "parquet")  # with their own clients
+NO_ACCURACY_DATASETS = ("quadratic",)  # tasks without classes: a test loss, no test accuracy
 # keys that only datasets with their own clients read, and those that only parquet reads
 NATURAL_ONLY = ("users",)
 PARQUET_ONLY = ("client_column", "label_column", "feature_column", "tokens")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it (dynamic version)
+DISTRIBUTION = "fedsim-avail"  # the name on the package index; `fedsim` there is another project
 
 __all__ = ["load_config", "run", "RunResult", "read_trace", "write_trace", "FedsimError",
            "__version__"]

@@ -72,7 +72,7 @@ def early_stops(result) -> list[str]:
     return lines
 
 
-# README, "Exit codes": 0 completed, 1 a bug (a traceback), 2 a usage or config error, 3 a
+# docs/running.md, "Exit codes": 0 completed, 1 a bug (a traceback), 2 a usage or config error, 3 a
 # diverged run, 130 / 143 a run stopped by SIGINT (Ctrl-C) / SIGTERM, its state saved
 EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM = 3, 130, 143
 
@@ -319,11 +319,20 @@ class ListingParser(OneLineParser):
         return super().format_help()
 
 
+def version_line() -> str:
+    """`fedsim 0.1.0 (fedsim-avail)`: the version, and the distribution that pip knows it by
+    (`pip install fedsim` is another project)."""
+    from fedsim import DISTRIBUTION, __version__
+
+    return f"fedsim {__version__} ({DISTRIBUTION})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="fedsim",
         description="Federated learning under intermittent device availability, simulated.",
     )
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ListingParser)
 
     p = sub.add_parser("run", help="run a simulation (default: the built-in quickstart)", listing=True)
@@ -353,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="inprocess", metavar="{inprocess,ray}",
                    help="inprocess (default): the points in this process, up to 64 stepped together in "
                         "lockstep (their training shares batched calls); ray: points as Ray tasks "
-                        "(pip install -e '.[ray]')")
+                        "(pip install 'fedsim-avail[ray]')")
     p.add_argument("--address", help="Ray: the cluster to join (default: RAY_ADDRESS, else a local Ray)")
     p.set_defaults(func=cmd_sweep)
 

@@ -115,7 +115,7 @@ def test_without_ray_the_backend_is_one_error_line(tmp_path, monkeypatch, capsys
     monkeypatch.setitem(sys.modules, "ray", None)
     study = write_study(tmp_path / "s.toml", "runs")
     assert main(["sweep", str(study), "--backend", "ray"]) == 2
-    assert capsys.readouterr().err == "error: the Ray backend needs ray: pip install -e '.[ray]'\n"
+    assert capsys.readouterr().err == "error: the Ray backend needs ray: pip install 'fedsim-avail[ray]'\n"
 
 
 def test_worker_outcomes_come_back_as_plain_data(tmp_path, monkeypatch):

@@ -87,7 +87,7 @@ def test_a_missing_tracker_library_is_one_line(cli_run, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow.tracking", None)  # as if not installed
     cli_run(tracked(trackers=["mlflow"]), expect=2)
     assert cli_run.last_output.err == ("error: [run] trackers lists 'mlflow', which needs MLflow: pip install "
-                                       "'fedsim[mlflow]' (or remove it from [run] trackers)\n")
+                                       "'fedsim-avail[mlflow]' (or remove it from [run] trackers)\n")
 
 
 def test_an_unknown_tracker_is_one_line(cli_run):
@@ -114,3 +114,304 @@ def test_a_study_is_one_experiment_with_a_run_per_point_under_a_parent(tmp_path,
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(r.info.run_name for r in children) == ["seed-0", "seed-1"]
     assert "MLFLOW_TRACKING_URI" not in os.environ
+
+
+# --- trackers never break a run ----------------------------------------------------------------
+
+def warnings_of(err: str) -> list[str]:
+    assert "Traceback" not in err
+    return [line for line in err.splitlines() if line.startswith("warning:")]
+
+
+def complete(run_dir, rounds: int) -> pl.DataFrame:
+    """The run's own files: every round in rounds.parquet, a finished manifest."""
+    table = pl.read_parquet(run_dir / "rounds.parquet")
+    assert table["round"].to_list() == list(range(rounds))
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "completed"
+    return table
+
+
+def assert_tracked(run_dir, table: pl.DataFrame, tensorboard=True, mlflow=True) -> None:
+    """TensorBoard and/or MLflow hold exactly the rows of rounds.parquet, each step once."""
+    for column in ("train_loss", "t_end"):
+        expected = dict(zip(table["round"].to_list(), table[column].to_list()))
+        if tensorboard:
+            assert tensorboard_values(run_dir, column) == as_float32(expected)
+        if mlflow:
+            assert mlflow_values(run_dir, column) == sorted(expected.items())
+
+
+@pytest.fixture(scope="module")
+def sqlite_template(tmp_path_factory):
+    """An empty MLflow SQLite store (made once: MLflow's migrations take a while)."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("store") / "mlflow.db"
+    MlflowClient(f"sqlite:///{db}").search_experiments()
+    return db
+
+
+def test_mlflow_sqlite_store_as_its_docs_recommend(cli_run, tmp_path, monkeypatch, sqlite_template):
+    import shutil
+
+    db = tmp_path / "store" / "mlflow.db"
+    db.parent.mkdir()
+    shutil.copy(sqlite_template, db)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    run_dir = cli_run(tracked(rounds=4, trackers=["mlflow"]))
+    assert_tracked(run_dir, complete(run_dir, 4), tensorboard=False)
+    assert json.loads((run_dir / "mlflow.json").read_text())["tracking_uri"] == f"sqlite:///{db}"
+    from mlflow.tracking import MlflowClient
+
+    run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
+    artifacts = {a.path for a in MlflowClient(f"sqlite:///{db}").list_artifacts(run_id)}
+    assert {"rounds.parquet", "model.pt"} <= artifacts
+    assert list(elsewhere.iterdir()) == []  # beside the database, not ./mlruns of the working folder
+    assert (db.parent / "mlartifacts" / "t").is_dir()
+
+
+def free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("uri, says", [
+    ("http://127.0.0.1:{port}", "no server answers at 127.0.0.1:{port} (Connection refused); start the MLflow server"),
+    ("bogus://somewhere", "MLflow has no store for bogus:// (it takes a path or a URI of: file, http, https"),
+    ("file://{tmp}/mlruns", "MLflow opens its file store only with MLFLOW_ALLOW_FILE_STORE=true; set that, or give "
+                            "sqlite:///PATH/mlflow.db"),
+])
+def test_a_store_that_cannot_log_is_one_line_before_anything_is_written(cli_run, tmp_path, monkeypatch, uri, says):
+    import time
+
+    port = free_loopback_port()
+    uri = uri.format(port=port, tmp=tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # (a default store opted in before)
+    started = time.monotonic()
+    cli_run(tracked(trackers=["tensorboard", "mlflow"]), expect=2)
+    assert time.monotonic() - started < 60
+    err = cli_run.last_output.err
+    assert err.count("\n") == 1 and err.startswith(f"error: MLFLOW_TRACKING_URI={uri}: ")
+    assert says.format(port=port) in err and err.endswith("or remove 'mlflow' from [run] trackers\n")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlruns").exists()
+
+
+def test_a_resume_checks_the_store_first_too(cli_run, tmp_path, monkeypatch):
+    run_dir = cli_run(tracked(rounds=2, trackers=["mlflow"]))
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_loopback_port()}")
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=4", "--quiet"]) == 2
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
+
+
+def failing_after(calls: int, error: Exception):
+    """A stand-in for a library call that works `calls` times, then raises `error` (and
+    records the MLflow HTTP settings it was called under)."""
+    seen = {"calls": 0, "retries": []}
+
+    def wrap(original):
+        def call(*args, **kwargs):
+            seen["calls"] += 1
+            seen["retries"].append(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES"))
+            if seen["calls"] > calls:
+                raise error
+            return original(*args, **kwargs)
+        return call
+    return wrap, seen
+
+
+def test_a_full_disk_under_tensorboard_mid_run_is_one_warning(cli_run, monkeypatch):
+    import errno
+
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    wrap, seen = failing_after(3, OSError(errno.ENOSPC, "No space left on device"))  # the header, rounds 0-1
+    monkeypatch.setattr(RecordWriter, "write", wrap(RecordWriter.write))
+    run_dir = cli_run(tracked(rounds=6))
+    table = complete(run_dir, 6)
+    assert warnings_of(cli_run.last_output.err) == [
+        f"warning: {run_dir}: TensorBoard stopped logging (OSError: [Errno 28] No space left on device); the run "
+        "goes on, its own files (rounds.parquet) are complete"]
+    assert seen["calls"] == 4  # and no more after the failure
+    assert_tracked(run_dir, table, tensorboard=False)  # MLflow got everything
+    assert sorted(tensorboard_values(run_dir, "train_loss")) == [0, 1]
+
+
+def test_an_mlflow_server_gone_mid_run_is_one_warning_within_bounded_retries(cli_run, monkeypatch):
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    gone = MlflowException("API request to http://127.0.0.1:5000/api/2.0/mlflow/runs/log-batch failed with "
+                           "exception HTTPConnectionPool(host='127.0.0.1', port=5000): Max retries exceeded\nmore")
+    wrap, seen = failing_after(3, gone)  # the params, rounds 0 and 1
+    monkeypatch.setattr(MlflowClient, "log_batch", wrap(MlflowClient.log_batch))
+    run_dir = cli_run(tracked(rounds=6))
+    table = complete(run_dir, 6)
+    [line] = warnings_of(cli_run.last_output.err)
+    assert line.startswith(f"warning: {run_dir}: MLflow stopped logging (MlflowException: API request to "
+                           "http://127.0.0.1:5000/api/2.0/mlflow/runs/log-batch failed")
+    assert seen["retries"] == ["2"] * 4 and "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
+    assert_tracked(run_dir, table, mlflow=False)  # TensorBoard got everything
+    assert [step for step, _ in mlflow_values(run_dir, "train_loss")] == [0, 1]
+
+
+def test_a_tensorboard_folder_that_is_a_file_on_resume_is_one_warning(cli_run):
+    run_dir = cli_run(tracked(rounds=3))
+    import shutil
+
+    shutil.rmtree(run_dir / "tensorboard")
+    (run_dir / "tensorboard").write_text("not a folder")
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=6", "--quiet"]) == 0
+    out = cli_run.capsys.readouterr()
+    [line] = warnings_of(out.err)
+    assert line.startswith(f"warning: {run_dir}: TensorBoard stopped logging (FileExistsError: ")
+    assert_tracked(run_dir, complete(run_dir, 6), tensorboard=False)
+
+
+def fedsim_process(argv: list[str], cwd, code: int = 0, **env):
+    """`fedsim ARGV` as typed, in a process of its own, from `cwd`."""
+    import subprocess
+    import sys
+
+    from test_kill_resume import environment
+
+    proc = subprocess.run([sys.executable, "-m", "fedsim", *argv], env=environment(**env), cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == code, proc.stderr
+    return proc
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("empty", "mlflow.json is unreadable (JSONDecodeError: Expecting value: line 1 column 1 (char 0)): a new "
+              "MLflow run gets the rounds so far"),
+    ("store deleted", "mlflow.json: the MLflow run {run_id} is no longer in {uri} (gone): a new MLflow run gets "
+                      "the rounds so far"),
+])
+def test_a_resume_whose_mlflow_run_is_lost_makes_a_new_one_with_every_round(cli_run, tmp_path, damage, says):
+    import shutil
+
+    run_dir = cli_run(tracked(rounds=3))
+    kept = json.loads((run_dir / "mlflow.json").read_text())
+    if damage == "empty":
+        (run_dir / "mlflow.json").write_text("")
+        assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=6", "--quiet"]) == 0
+        err = cli_run.capsys.readouterr().err
+    else:  # (a new process: MLflow keeps the store it opened for the process)
+        shutil.rmtree(run_dir.parent / "mlruns")
+        err = fedsim_process(["run", "--resume", str(run_dir), "--set", "run.rounds=6", "--quiet"], tmp_path).stderr
+    assert warnings_of(err) == [f"warning: {run_dir}: " + says.format(run_id=kept["run_id"],
+                                                                          uri=kept["tracking_uri"])]
+    assert json.loads((run_dir / "mlflow.json").read_text())["run_id"] != kept["run_id"]
+    assert_tracked(run_dir, complete(run_dir, 6))
+
+
+def test_tensorboard_added_on_resume_gets_the_rounds_before_too(cli_run):
+    run_dir = cli_run(tracked(rounds=3, trackers=[]))
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=5", "--set", 'run.trackers=["tensorboard"]',
+                 "--quiet"]) == 0
+    assert_tracked(run_dir, complete(run_dir, 5), mlflow=False)
+
+
+def test_kill_9_after_a_checkpoint_loses_no_tensorboard_step(tmp_path):
+    """Killed right after the checkpoint of round 4 (FEDSIM_TEST_KILL_AT), the run resumes
+    from it: TensorBoard holds every step once, none lost (flushed before the checkpoint)."""
+    from fedsim.config import dump_toml
+
+    config = tracked(rounds=6, trackers=["tensorboard"])
+    config["run"].update(checkpoint_every=2, name="k", out=str(tmp_path / "runs"), progress=False, plots=False)
+    (tmp_path / "k.toml").write_text(dump_toml(config))
+    proc = fedsim_process(["run", str(tmp_path / "k.toml"), "--quiet"], tmp_path, code=-9,
+                          FEDSIM_TEST_KILL_AT="after:checkpoint.pt:3")
+    run_dir = tmp_path / "runs" / "k"
+    assert sorted(tensorboard_values(run_dir, "train_loss")) == [0, 1, 2, 3]
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 0
+    assert_tracked(run_dir, complete(run_dir, 6), mlflow=False)
+
+
+def test_a_study_checks_the_store_before_any_point(tmp_path, capsys, monkeypatch):
+    from fedsim.config import dump_toml
+
+    study = tracked(rounds=2, trackers=["mlflow"])
+    study["run"].update(name="st", out=str(tmp_path / "runs"), progress=False, plots=False)
+    study["sweep"] = {"run.seed": [0, 1]}
+    (tmp_path / "st.toml").write_text(dump_toml(study))
+    uri = f"http://127.0.0.1:{free_loopback_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert main(["sweep", str(tmp_path / "st.toml"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: MLFLOW_TRACKING_URI={uri}: no server answers at ")
+    assert not any(p.is_dir() for p in (tmp_path / "runs" / "st").iterdir())  # no point began
+
+
+class VanishingMlflowServer:
+    """Just enough of MLflow's REST API on a loopback port for a run to start logging; after
+    `answers` metric batches it goes away (drops the connection, stops listening)."""
+
+    def __init__(self, answers: int):
+        import http.server
+        import threading
+
+        self.answers, self.paths = answers, []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.do_POST()
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                endpoint = self.path.split("?")[0].rsplit("/mlflow/", 1)[-1]
+                server.paths.append(endpoint)
+                if endpoint == "runs/log-batch" and server.paths.count(endpoint) > server.answers:
+                    self.server.socket.close()  # gone: this request unanswered, no new connection
+                    self.close_connection = True
+                    return
+                info = {"run_id": "r1", "run_uuid": "r1", "experiment_id": "1", "status": "RUNNING",
+                        "lifecycle_stage": "active", "artifact_uri": "file:///nowhere"}
+                code, body = {
+                    "experiments/get-by-name": (404, {"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "no"}),
+                    "experiments/create": (200, {"experiment_id": "1"}),
+                    "runs/create": (200, {"run": {"info": info, "data": {}}}),
+                }.get(endpoint, (200, {}))
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.uri = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.httpd.shutdown()
+
+
+def test_a_real_mlflow_client_whose_server_goes_away_costs_seconds_and_one_warning(cli_run, monkeypatch):
+    import time
+
+    server = VanishingMlflowServer(answers=3)  # the params, rounds 0 and 1
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    try:
+        started = time.monotonic()
+        run_dir = cli_run(tracked(rounds=6))
+        elapsed = time.monotonic() - started
+    finally:
+        server.stop()
+    assert server.paths.count("runs/log-batch") == 4  # no request after the failure
+    [line] = warnings_of(cli_run.last_output.err)
+    assert line.startswith(f"warning: {run_dir}: MLflow stopped logging (MlflowException: API request to "
+                           f"{server.uri}/api/2.0/mlflow/runs/log-batch failed with exception")
+    assert elapsed < 40  # MLflow's own retries would take about 4 minutes
+    assert_tracked(run_dir, complete(run_dir, 6), mlflow=False)

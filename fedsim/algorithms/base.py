@@ -94,6 +94,8 @@ class Strategy:
     local_objective: LocalObjective = PLAIN  # terms added to the devices' local loss
 
     def setup(self, n_devices: int, params: Tensor, ctx: Context) -> None:
+        """Called once by the engine: options, selection policy, server optimizer, then
+        `init_state`; a subclass overrides `validate` and `init_state`, not this."""
         self.n = n_devices
         self.ctx = ctx
         self.opt = {**self.options, **ctx.options}
@@ -128,6 +130,7 @@ class Strategy:
         return self.selector(rnd, online, rng)
 
     def start_params(self, ids: np.ndarray) -> Tensor:
+        """The parameters [k, d] each invited device starts from (default: the global model)."""
         return self.params.unsqueeze(0).expand(len(ids), -1)
 
     def message_bytes(self) -> tuple[int, int]:
@@ -138,9 +141,11 @@ class Strategy:
         return size, size
 
     def client_lr(self, rnd: int) -> float:
+        """The devices' learning rate in round `rnd` (0-based): the schedule's value at rnd + 1."""
         return self.ctx.lr(rnd + 1)
 
     def local_steps(self, rnd: int, ids: np.ndarray) -> np.ndarray:
+        """Local steps (int64 [k]) of each invited device: `[client] local_steps` by default."""
         return np.full(len(ids), self.ctx.local_steps, dtype=np.int64)
 
     # --- what the engine hands back -----------------------------------------------------------
@@ -151,6 +156,8 @@ class Strategy:
         self.aggregate(rnd, arrivals)
 
     def aggregate(self, rnd: int, arrivals: Arrivals) -> None:
+        """The algorithm's rule, every round (also when nothing arrived): compute the
+        aggregated update and hand it to `apply_update`. Every algorithm implements it."""
         raise NotImplementedError
 
     def server_step(self, delta: Tensor) -> Tensor:
@@ -173,12 +180,14 @@ class Strategy:
         return list(dict.fromkeys(self.state if derived else ("params", *self.state)))
 
     def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the state, the selection policy's and the optimizer's."""
         sd = {name: _save(getattr(self, name)) for name in self.state_names()}
         sd["selector"] = self.selector.state_dict()
         sd["server_optimizer"] = {k: _save(v) for k, v in self.server_optimizer.state_dict().items()}
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Restore what `state_dict` kept (on resume), on this run's device."""
         for name in self.state_names():
             current, value = getattr(self, name), sd[name]
             if hasattr(current, "load_state_dict"):

@@ -1,6 +1,6 @@
 """Collects per-round and per-device results and writes the run directory atomically.
 
-Files (README, "The run directory"): rounds.parquet, devices.parquet, events.parquet,
+Files (docs/running.md, "The run directory"): rounds.parquet, devices.parquet, events.parquet,
 manifest.json, config.toml, model.pt, checkpoint.pt. Every write goes to a temporary file that is renamed
 into place, so an interrupted run never leaves a half-written file behind.
 """

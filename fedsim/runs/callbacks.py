@@ -5,7 +5,7 @@ A callback gets the Experiment (``run``: its config, run_dir, task, strategy and
 ``evaluate()``) and the metrics gathered so far for the round; it returns ``(stop, metrics)``:
 new metrics join the round's row of rounds.parquet, and a true ``stop`` (or a string saying
 why) ends the run after this round, with status "completed". The run calls them in order:
-evaluation, the user's callbacks, the recorder, the progress bar, checkpoints.
+evaluation, the user's callbacks, the recorder, the progress bar, the trackers, checkpoints.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ class Callback:
         return {}
 
     def on_round(self, run: Experiment, outcome: RoundOutcome, metrics: Metrics) -> tuple[bool | str, Metrics]:
+        """After each round: `(stop, metrics)`; the metrics join the round's row, a true
+        `stop` (or a string saying why) ends the run after this round."""
         return False, {}
 
     def on_end(self, run: Experiment, result: EngineResult, metrics: Metrics) -> Metrics:
@@ -110,8 +112,7 @@ class Checkpoints(Callback):
     """A checkpoint every `[run] checkpoint_every` rounds and at the end."""
 
     def on_round(self, run, outcome, metrics):
-        every = run.config.run.checkpoint_every
-        if every and (outcome.round + 1) % every == 0:
+        if run.checkpoint_due(outcome.round):
             run.checkpoint(outcome.round + 1, outcome.t_end)
         return False, {}
 

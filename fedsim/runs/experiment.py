@@ -45,7 +45,7 @@ from fedsim.traces.stats import device_online_fraction
 from fedsim.training import ThreadPolicy, build_task, build_trainer
 from fedsim.training.memory import check_memory
 from fedsim.training.schedules import learning_rate
-from fedsim.runs.trackers import tracker_callbacks
+from fedsim.runs.trackers import check_trackers, tracker_callbacks
 from fedsim.training.warm_start import initial_params
 
 
@@ -107,6 +107,7 @@ class Experiment:
         one; otherwise it replays the saved trace, repeating it. `callbacks`: the user's own,
         called after the evaluation and before the recorder. `resuming`: the checkpoint holds
         the model, so a warm start's `[model] init_from` is not read again (it may be gone)."""
+        check_trackers(config)  # before anything is read or written: a tracker that cannot log stops here
         self.resuming = resuming
         self.lock = DirectoryLock(run_dir)
         self.config = config = resolve_trace_path(config)
@@ -170,7 +171,8 @@ class Experiment:
     def callbacks(self) -> list[Callback]:
         progress = [ProgressBar()] if self.progress else []
         trackers = tracker_callbacks(self.config.run.trackers)
-        return [Evaluation(), *self.user_callbacks, RecordRounds(), *progress, Checkpoints(), *trackers]
+        # trackers before the checkpoint, so that what they flush there is kept by a resume
+        return [Evaluation(), *self.user_callbacks, RecordRounds(), *progress, *trackers, Checkpoints()]
 
     def run(self, resume: dict | None = None) -> RunResult:
         """The whole simulation (from the checkpoint state `resume`, if given)."""
@@ -315,6 +317,11 @@ class Experiment:
 
     def evaluation_due(self, rnd: int) -> bool:
         return (rnd + 1) % self.config.run.eval_every == 0 or rnd + 1 == self.config.run.rounds
+
+    def checkpoint_due(self, rnd: int) -> bool:
+        """Whether a checkpoint follows round `rnd` (every `[run] checkpoint_every` rounds)."""
+        every = self.config.run.checkpoint_every
+        return bool(every) and (rnd + 1) % every == 0
 
     def checkpoint(self, rounds_done: int, sim_time: float) -> None:
         """Tables, checkpoint.pt, then the manifest saying `running` at this round."""

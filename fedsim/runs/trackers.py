@@ -1,29 +1,93 @@
 """Experiment trackers as callbacks (`[run] trackers`): every round's row of rounds.parquet to
 TensorBoard (RUN/tensorboard/) and/or MLflow, step = round.
 
-The libraries are optional extras (`pip install 'fedsim[tensorboard]'`, `'fedsim[mlflow]'`),
+A tracker never breaks a run. Before anything is written, `check_trackers` makes sure each
+one can log (its library is installed, MLflow's store opens or its server answers), else one
+`error:` line. Once the run goes, a tracker that fails (disk full, server gone) says so in one
+warning line and stops logging; the run goes on and its own files stay the source of truth.
+
+The libraries are optional extras (`pip install 'fedsim-avail[tensorboard]'`, `'fedsim-avail[mlflow]'`),
 imported only when a run asks for them. A resumed run continues the same TensorBoard log
-(steps from the checkpoint on replace those written after it) and the same MLflow run (its id
-is kept in RUN/mlflow.json). The points of a study are runs of one MLflow experiment, nested
-under a parent run of the study (`FEDSIM_MLFLOW_PARENT`, set by `fedsim sweep`).
+(steps from the checkpoint on replace those written after it; the log is flushed before each
+checkpoint, so nothing before it is lost to a kill) and the same MLflow run (its id is kept in
+RUN/mlflow.json); where that log or run is gone, a new one gets the rounds so far first. The
+points of a study are runs of one MLflow experiment, nested under a parent run of the study
+(`FEDSIM_MLFLOW_PARENT`, set by `fedsim sweep`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import socket
+import sys
+import time
+from importlib.util import find_spec
 from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import getproxies, proxy_bypass
 
-from fedsim.runs.callbacks import Callback
+from tqdm import tqdm
+
 from fedsim.errors import FedsimError
+from fedsim.results.recorder import write_json
+from fedsim.runs.callbacks import Callback
 
 PARENT = "FEDSIM_MLFLOW_PARENT"  # "experiment_id:run_id" of a study's parent run
 SKIPPED = ("round",)  # the step itself
+DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's SQLAlchemy stores
+SCHEMES = ("file", "http", "https", "databricks", "databricks-uc", "uc", *DATABASES)
+# MLflow retries a failed request 7 times over about 4 minutes by default: a run asks less
+# (the user's own MLFLOW_HTTP_REQUEST_* settings win), the check before it asks once
+RUN_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+CHECK_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+FIX = "or remove 'mlflow' from [run] trackers"
 
 
 def tracker_callbacks(names: list[str]) -> list[Callback]:
     return [{"tensorboard": TensorBoardTracker, "mlflow": MlflowTracker}[name]() for name in names]
+
+
+def check_trackers(config) -> None:
+    """FedsimError (one line) for a tracker of `[run] trackers` that cannot log."""
+    for name in config.run.trackers:
+        if name == "tensorboard":
+            _tensorboard_records()
+        else:
+            check_mlflow_store(tracking_uri(config.run.out))
+
+
+def _missing(extra: str, library: str) -> FedsimError:
+    return FedsimError(f"[run] trackers lists {extra!r}, which needs {library}: pip install 'fedsim-avail[{extra}]' "
+                       f"(or remove it from [run] trackers)")
+
+
+def _reason(err: BaseException) -> str:
+    """An exception in a line: its type and the first line of its message."""
+    lines = str(err).strip().splitlines()
+    text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def warn(text: str) -> None:
+    tqdm.write(f"warning: {text}", file=sys.stderr)  # (above a progress bar, if one is drawn)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str], override: bool):
+    """`values` in os.environ for the block (where unset, unless `override`), then as before."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update({k: v for k, v in values.items() if override or before[k] is None})
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _numbers(row: dict) -> dict[str, float]:
@@ -32,97 +96,243 @@ def _numbers(row: dict) -> dict[str, float]:
             if k not in SKIPPED and isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None}
 
 
-def _missing(extra: str, library: str) -> FedsimError:
-    return FedsimError(f"[run] trackers lists {extra!r}, which needs {library}: pip install 'fedsim[{extra}]' "
-                       f"(or remove it from [run] trackers)")
-
-
 class _RowTracker(Callback):
-    """Logs each round's row once it is recorded, and at the end what the end added to the
-    last row (the evaluation of a run stopped between two)."""
+    """Logs each round's row once it is recorded (flushed before a checkpoint is written), and
+    at the end what the end added to the last row (the evaluation of a run stopped between
+    two). Every call into the library goes through `guard`: the first failure is one warning
+    and the tracker logs no more in this process."""
+
+    label = ""
 
     def on_start(self, run, metrics):
         self.last: dict = {}
-        self.open(run)
+        self.run_dir, self.broken = run.run_dir, False
+        if self.guard(self.open, run):  # a new log of a resumed run: the rounds so far first
+            self.guard(self.log_rows, run.recorder.rows)
         return {}
 
     def on_round(self, run, outcome, metrics):
         row = run.recorder.rows[-1]
-        self.log(row["round"], _numbers(row))
+        self.guard(self.log_rows, [row])
+        if run.checkpoint_due(outcome.round):
+            self.guard(self.flush)
         self.last = dict(row)
         return False, {}
 
     def on_end(self, run, result, metrics):
         if run.recorder.rows:
             row = run.recorder.rows[-1]
-            added = {k: v for k, v in _numbers(row).items() if self.last.get(k) is None and row.get(k) is not None}
+            added = {k: v for k, v in row.items() if self.last.get(k) is None and v is not None}
             if added and self.last.get("round") == row["round"]:
-                self.log(row["round"], added)
+                self.guard(self.log_rows, [{"round": row["round"], **added}])
+        self.guard(self.close)
         return {}
 
-    def open(self, run) -> None:
+    def guard(self, action, *args):
+        """`action(*args)`, or None once it or an earlier call failed."""
+        if self.broken:
+            return None
+        try:
+            with self.limits():
+                return action(*args)
+        except Exception as err:  # whatever the library raises, the run goes on
+            self.broken = True
+            with contextlib.suppress(Exception):
+                self.close()  # what was logged before it, as far as it can be kept
+            self.warn(f"{self.label} stopped logging ({_reason(err)}); the run goes on, its own "
+                      "files (rounds.parquet) are complete")
+            return None
+
+    def warn(self, text: str) -> None:
+        warn(f"{self.run_dir}: {text}")
+
+    def limits(self):
+        return contextlib.nullcontext()
+
+    def open(self, run) -> bool:
+        """Start logging; whether the log lacks the rounds before the checkpoint."""
         raise NotImplementedError
 
-    def log(self, step: int, values: dict[str, float]) -> None:
+    def log_rows(self, rows: list[dict]) -> None:
         raise NotImplementedError
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _tensorboard_records():
+    """TensorBoard's event protos and record framing."""
+    try:
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.record_writer import RecordWriter
+    except ImportError:
+        raise _missing("tensorboard", "TensorBoard") from None
+    return Event, SessionLog, Summary, RecordWriter
+
+
+EVENTS = "events.out.tfevents."
 
 
 class TensorBoardTracker(_RowTracker):
     """Scalars under RUN/tensorboard/, one tag per column (train_loss, test_acc, arrived, ...),
     as float32 scalars: TensorBoard's data server (what `tensorboard --logdir` shows by default)
-    drops double-precision ones."""
+    drops double-precision ones. One event file per process, written here and now (not by a
+    thread of its own), so that a failure reaches `guard`; TensorBoard reads the files in name
+    order, so a new one is named after those already there."""
 
-    def open(self, run) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise _missing("tensorboard", "TensorBoard") from None
+    label = "TensorBoard"
+
+    def open(self, run) -> bool:
+        Event, SessionLog, self.Summary, RecordWriter = _tensorboard_records()
+        self.Event = Event
+        folder = run.run_dir / "tensorboard"
+        stamps = [int(p.name.split(".")[3]) for p in folder.glob(EVENTS + "*") if p.name.split(".")[3].isdigit()]
+        stamp = max([int(time.time()), *(s + 1 for s in stamps)])
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{EVENTS}{stamp:010d}.{socket.gethostname()}.{os.getpid()}.fedsim"
+        self.records = RecordWriter(open(path, "wb"))
         # a resumed run starts over from its checkpoint: steps logged after it are purged
-        self.writer = SummaryWriter(str(run.run_dir / "tensorboard"),
-                                    purge_step=run.start_round if run.resumed else None)
+        purge = run.start_round if run.resumed and stamps else None
+        self.write(Event(wall_time=time.time(), step=purge or 0, file_version="brain.Event:2"))
+        if purge is not None:
+            self.write(Event(wall_time=time.time(), step=purge, session_log=SessionLog(status=SessionLog.START)))
+        self.flush()
+        return run.resumed and not stamps
 
-    def log(self, step, values):
-        for tag, value in values.items():
-            self.writer.add_scalar(tag, value, step)
+    def write(self, event) -> None:
+        self.records.write(event.SerializeToString())
 
-    def on_end(self, run, result, metrics):
-        super().on_end(run, result, metrics)
-        self.writer.close()
-        return {}
+    def log_rows(self, rows):
+        for row in rows:
+            values = [self.Summary.Value(tag=tag, simple_value=value) for tag, value in _numbers(row).items()]
+            if values:
+                self.write(self.Event(wall_time=time.time(), step=row["round"], summary=self.Summary(value=values)))
+
+    def flush(self):
+        self.records.flush()
+
+    def close(self):
+        self.records.close()
+
+
+def _mlflow_client():
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        raise _missing("mlflow", "MLflow") from None
+    return MlflowClient
+
+
+def tracking_uri(out: str | Path) -> str:
+    """MLFLOW_TRACKING_URI, else a local store beside the runs (MLflow's file store, which it
+    keeps for those who opt in: fedsim opts in for this one)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return (Path(out).resolve() / "mlruns").as_uri()
+
+
+def check_mlflow_store(uri: str) -> None:
+    """FedsimError (one line, within seconds) unless MLflow can log to `uri`."""
+    client = _mlflow_client()
+    where = f"MLFLOW_TRACKING_URI={uri}" if os.environ.get("MLFLOW_TRACKING_URI") else f"the MLflow store {uri}"
+    parts = urlparse(uri)
+    scheme = parts.scheme.split("+")[0]  # postgresql+psycopg2://
+    if len(scheme) > 1 and scheme not in SCHEMES:  # (one letter: a Windows drive)
+        raise FedsimError(f"{where}: MLflow has no store for {scheme}:// (it takes a path or a URI of: "
+                          f"{', '.join(SCHEMES)}); for a local store give sqlite:///PATH/mlflow.db, {FIX}")
+    if scheme in DATABASES and not (find_spec("sqlalchemy") and find_spec("alembic")):
+        raise FedsimError(f"{where}: MLflow's database stores need SQLAlchemy and Alembic: pip install "
+                          f"'fedsim-avail[mlflow]', {FIX}")
+    if scheme in ("http", "https") and not (getproxies().get(scheme) and not proxy_bypass(parts.hostname or "")):
+        port = parts.port or (443 if scheme == "https" else 80)
+        try:
+            socket.create_connection((parts.hostname, port), timeout=10).close()
+        except OSError as err:
+            raise FedsimError(f"{where}: no server answers at {parts.hostname}:{port} ({err.strerror or err}); "
+                              f"start the MLflow server, correct MLFLOW_TRACKING_URI, {FIX}") from None
+    try:
+        with _environment(CHECK_HTTP, override=True):
+            client(tracking_uri=uri).search_experiments(max_results=1)
+    except Exception as err:  # whatever the store raises: one line
+        if "MLFLOW_ALLOW_FILE_STORE" in str(err):
+            raise FedsimError(f"{where}: MLflow opens its file store only with MLFLOW_ALLOW_FILE_STORE=true; "
+                              f"set that, or give sqlite:///PATH/mlflow.db (MLflow's local store), {FIX}") from None
+        raise FedsimError(f"{where}: MLflow cannot log there ({_reason(err)}); correct MLFLOW_TRACKING_URI, "
+                          f"{FIX}") from None
+
+
+def _experiment(client, name: str, uri: str) -> str:
+    """The id of the experiment `name`, made if new; on a SQLite store its artifacts go beside
+    the database (MLflow's default is ./mlruns of whatever folder the run was started in)."""
+    found = client.get_experiment_by_name(name)
+    if found:
+        return found.experiment_id
+    location = None
+    if uri.startswith("sqlite:///") and ":memory:" not in uri:
+        location = (Path(uri[len("sqlite:///"):]).resolve().parent / "mlartifacts" / name).as_uri()
+    return client.create_experiment(name, artifact_location=location)
 
 
 class MlflowTracker(_RowTracker):
     """An MLflow run: the resolved config as params, every column as a metric with step =
     round, the run directory's files as artifacts at the end."""
 
-    def open(self, run) -> None:
-        try:
-            from mlflow.tracking import MlflowClient
-        except ImportError:
-            raise _missing("mlflow", "MLflow") from None
-        uri = os.environ.get("MLFLOW_TRACKING_URI")
-        if not uri:  # a local store beside the runs; MLflow keeps its file store for this opt-in
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            uri = (Path(run.config.run.out).resolve() / "mlruns").as_uri()
-        self.client = MlflowClient(tracking_uri=uri)
-        self.run_dir = run.run_dir
-        kept = run.run_dir / "mlflow.json"
-        if run.resumed and kept.exists():
-            self.run_id = json.loads(kept.read_text())["run_id"]
+    label = "MLflow"
+
+    def limits(self):
+        return _environment(RUN_HTTP, override=False)
+
+    def open(self, run) -> bool:
+        uri = tracking_uri(run.config.run.out)
+        self.client = _mlflow_client()(tracking_uri=uri)
+        self.run_id = self.kept_run(run, uri)
+        if self.run_id:
             self.client.update_run(self.run_id, status="RUNNING")
-            return
+            return False
         parent = os.environ.get(PARENT, "")
-        experiment_id, parent_id = parent.split(":") if parent else (self.experiment(run.config.run.name), None)
+        experiment_id, parent_id = parent.split(":") if parent else (_experiment(self.client, run.config.run.name, uri), None)
         tags = {"mlflow.parentRunId": parent_id} if parent_id else {}
         self.run_id = self.client.create_run(experiment_id, run_name=run.run_dir.name, tags=tags).info.run_id
-        kept.write_text(json.dumps({"run_id": self.run_id, "tracking_uri": uri}))
+        write_json(run.run_dir / "mlflow.json", {"run_id": self.run_id, "tracking_uri": uri})
         params = {f"{section}.{key}": str(value)[:500] for section, body in run.config.to_dict().items()
                   for key, value in body.items()}
         self.log_params(params)
+        return run.resumed
 
-    def experiment(self, name: str) -> str:
-        found = self.client.get_experiment_by_name(name)
-        return found.experiment_id if found else self.client.create_experiment(name)
+    def kept_run(self, run, uri: str) -> str | None:
+        """The MLflow run that a resumed run goes on logging to (RUN/mlflow.json), or None
+        (with a warning where it cannot: a new one is made)."""
+        kept = run.run_dir / "mlflow.json"
+        if not run.resumed or not kept.exists():
+            return None
+        fresh = "a new MLflow run gets the rounds so far"
+        try:
+            record = json.loads(kept.read_text())
+            run_id, was = str(record["run_id"]), record.get("tracking_uri", uri)
+        except (OSError, ValueError, TypeError, KeyError) as err:
+            self.warn(f"{kept.name} is unreadable ({_reason(err)}): {fresh}")
+            return None
+        if was != uri:
+            self.warn(f"{kept.name}: the run's MLflow run {run_id} is in {was}, this resume logs to {uri}: {fresh}")
+            return None
+        from mlflow.exceptions import MlflowException
+
+        try:
+            stage = self.client.get_run(run_id).info.lifecycle_stage
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            stage = "gone"
+        if stage != "active":
+            self.warn(f"{kept.name}: the MLflow run {run_id} is no longer in {uri} ({stage}): {fresh}")
+            return None
+        return run_id
 
     def log_params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param
@@ -131,15 +341,19 @@ class MlflowTracker(_RowTracker):
         for lo in range(0, len(items), 100):  # MLflow takes at most 100 params a batch
             self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in items[lo:lo + 100]])
 
-    def log(self, step, values):
+    def log_rows(self, rows):
         from mlflow.entities import Metric
 
         now = 0  # timestamps are the host's; fedsim's time is the `t_end` metric
-        metrics = [Metric(k, v, now, step) for k, v in values.items() if math.isfinite(v)]
-        if metrics:
-            self.client.log_batch(self.run_id, metrics=metrics)
+        metrics = [Metric(k, v, now, row["round"]) for row in rows for k, v in _numbers(row).items()
+                   if math.isfinite(v)]
+        for lo in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics a batch
+            self.client.log_batch(self.run_id, metrics=metrics[lo:lo + 1000])
 
     def on_saved(self, run, result):
+        self.guard(self.save, run, result)
+
+    def save(self, run, result) -> None:
         for name in ("config.toml", "manifest.json", "rounds.parquet", "devices.parquet", "events.parquet",
                      "model.pt"):
             if (run.run_dir / name).is_file():
@@ -150,19 +364,19 @@ class MlflowTracker(_RowTracker):
 
 def study_parent(study_name: str, out: Path):
     """A parent MLflow run for a study's points (in-process and local Ray workers inherit it
-    through the environment); returns a function that ends it."""
+    through the environment); returns a function that ends it. A store that fails once the
+    check passed is a warning: the points are then runs of their own."""
+    uri = tracking_uri(out)
+    check_mlflow_store(uri)
     try:
-        from mlflow.tracking import MlflowClient
-    except ImportError:
-        raise _missing("mlflow", "MLflow") from None
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if not uri:
-        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        uri = (Path(out).resolve() / "mlruns").as_uri()
-    client = MlflowClient(tracking_uri=uri)
-    found = client.get_experiment_by_name(study_name)
-    experiment_id = found.experiment_id if found else client.create_experiment(study_name)
-    parent = client.create_run(experiment_id, run_name=study_name).info.run_id
+        with _environment(RUN_HTTP, override=False):
+            client = _mlflow_client()(tracking_uri=uri)
+            experiment_id = _experiment(client, study_name, uri)
+            parent = client.create_run(experiment_id, run_name=study_name).info.run_id
+    except Exception as err:
+        warn(f"study {study_name}: MLflow failed to make the study's parent run ({_reason(err)}); the points "
+             "log without one")
+        return lambda status="FINISHED": None
     before = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ.update({PARENT: f"{experiment_id}:{parent}", "MLFLOW_TRACKING_URI": uri})  # the points' store
 
@@ -170,5 +384,9 @@ def study_parent(study_name: str, out: Path):
         os.environ.pop(PARENT, None)
         if before is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
-        client.set_terminated(parent, status=status)
+        try:
+            with _environment(RUN_HTTP, override=False):
+                client.set_terminated(parent, status=status)
+        except Exception as err:
+            warn(f"study {study_name}: MLflow failed to end the study's parent run ({_reason(err)})")
     return end

@@ -1,4 +1,4 @@
-"""The server process: one synchronous round after another (README, "How a round is simulated").
+"""The server process: one synchronous round after another (docs/running.md, "How a round is simulated").
 
 Each round: ask the index who is online, let the Strategy choose, decide each invited
 device's fate from the trace and the timing model (known in advance), train the devices that

@@ -62,7 +62,7 @@ def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None 
     try:
         import ray
     except ImportError:
-        raise FedsimError("the Ray backend needs ray: pip install -e '.[ray]'") from None
+        raise FedsimError("the Ray backend needs ray: pip install 'fedsim-avail[ray]'") from None
     statuses = [run_point(p.config, study.folder / p.name, "done") if state == "done" else None
                 for p, state in todo]
     pending = [i for i, (_, state) in enumerate(todo) if state != "done"]

@@ -42,13 +42,18 @@ class Param:
 
 
 class Layer:
+    """One layer of a model, on one device (`__call__`) and on a cohort (`cohort`)."""
+
     params: tuple[Param, ...] = ()
     dropout: int = 0  # dropout uniforms this layer consumes per sample
 
     def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of one sample's output for an input of `shape`."""
         return shape
 
     def __call__(self, p: dict[str, Tensor], x: Tensor, u: Tensor | None) -> Tensor:
+        """The layer on one device: its parameters `p` by name, a batch `x`, and the dropout
+        uniforms `u` it consumes (None without dropout)."""
         raise NotImplementedError
 
     def cohort(self, p: dict[str, Tensor], x: Tensor, u: Tensor | None) -> Tensor:
@@ -61,6 +66,8 @@ class Layer:
 
 
 class Dense(Layer):
+    """Fully connected: `name.weight` [n_out, n_in] (Kaiming init) and `name.bias`."""
+
     def __init__(self, name: str, n_in: int, n_out: int):
         self.w, self.b = f"{name}.weight", f"{name}.bias"
         self.params = (Param(self.w, (n_out, n_in), "kaiming"), Param(self.b, (n_out,), "zeros"))
@@ -79,6 +86,9 @@ class Dense(Layer):
 
 
 class Conv(Layer):
+    """2-d convolution, square `kernel`, stride 1, `padding` on each side; `name.weight`
+    [c_out, c_in, kernel, kernel] and `name.bias`."""
+
     def __init__(self, name: str, c_in: int, c_out: int, kernel: int, padding: int):
         self.w, self.b, self.k, self.pad = f"{name}.weight", f"{name}.bias", kernel, padding
         self.params = (Param(self.w, (c_out, c_in, kernel, kernel), "kaiming"),
@@ -102,11 +112,15 @@ class Conv(Layer):
 
 
 class ReLU(Layer):
+    """max(x, 0)."""
+
     def __call__(self, p, x, u):
         return torch.relu(x)
 
 
 class MaxPool(Layer):
+    """2x2 max pooling, stride 2: [c, h, w] -> [c, h // 2, w // 2]."""
+
     def out_shape(self, shape):
         c, h, w = shape
         return (c, h // 2, w // 2)
@@ -119,6 +133,8 @@ class MaxPool(Layer):
 
 
 class Flatten(Layer):
+    """One sample's features as one vector."""
+
     def out_shape(self, shape):
         return (math.prod(shape),)
 

@@ -59,10 +59,10 @@ def _parse(name: str, train: list[Path], test: list[Path]) -> Arrays:
                 # a test user without training samples (LEAF's user split, -t user) is no device:
                 # its samples only join the global test set (device -1)
                 parts[split].append((device.get(user, -1), *SAMPLES[name](x, y, where)))
-    for split, files in (("train", train), ("test", test)):
+    for split, files, samples in (("train", train, "training"), ("test", test, "test")):
         if not parts[split]:
             where = files[0] if len(files) == 1 else f"{files[0].parent} (its {len(files)} *.json files)"
-            raise FedsimError(f"{where}: no users (`\"users\": []`), so no {'training' if split == 'train' else 'test'} samples; regenerate the "
+            raise FedsimError(f"{where}: no users (`\"users\": []`), so no {samples} samples; regenerate the "
                               "dataset with LEAF's preprocess.sh (see docs/datasets.md)")
     arrays = {"users": np.asarray(users, dtype=str)}
     for split in ("train", "test"):

@@ -238,8 +238,9 @@ def report_claims(study, as_json: bool) -> int:
     import json
 
     from fedsim.results.claims import claims_table, judge_study, write_claims
+    from fedsim.studies.study import study_datasets
 
-    verdicts = judge_study(study.folder, study.axes, study.claims, study.resolved.get("zip", []))
+    verdicts = judge_study(study.folder, study.axes, study.claims, study.resolved.get("zip", []), study_datasets(study))
     written = write_claims(study.folder, study.name, verdicts)
     if as_json:
         print(json.dumps([{"claim": v.claim["claim"], "verdict": v.verdict, "note": v.decisive.note or None,

@@ -60,6 +60,8 @@ def make_folder(folder: Path, fix: str) -> None:
     except OSError as err:
         blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
         why = f"{blocker} is a file" if blocker else err.strerror
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            fix = "free some space, then run the command again"
         raise FedsimError(f"cannot create the folder {folder}: {why}; {fix}") from None
 
 
@@ -95,8 +97,10 @@ def _no_space(path: Path, write: Callable, written: int) -> str:
         needed = f"needs {human_size(counter.count)}"
     except Exception:  # a writer that takes paths only: what it wrote is a lower bound
         needed = f"needs more than {human_size(written)}"
-    free = human_size(shutil.disk_usage(path.parent).free)
-    return (f"{path}: no space left on device (the file {needed}, {free} free); free some space, "
+    free = shutil.disk_usage(path.parent).free
+    # room for the file twice over, yet no space: not the bytes but a quota or the count of files ran out
+    limit = ": a quota or the limit on the number of files is reached" if free > 2 * counter.count + (1 << 16) else ""
+    return (f"{path}: no space left on device (the file {needed}, {human_size(free)} free{limit}); free some space, "
             "then run the command again, or `fedsim run --resume` a run (the earlier file, if "
             "any, is intact)")
 

@@ -302,3 +302,18 @@ def test_fedsim_report_claims_prints_the_verdicts_of_a_tiny_study(tmp_path, caps
     doc = json.loads(capsys.readouterr().out)
     assert [(c["verdict"], c["note"]) for c in doc] == [
         (UNSURE, "about 14 more seeds"), (UNSURE, "about 1 more seed"), (FAILS, None), (HOLDS, None)]
+
+
+def test_a_metric_no_point_recorded_is_named_not_blamed_on_missing_points():
+    nan = float("nan")
+    with pytest.raises(FedsimError, match=r"^claim 'a beats b': metric 'final_acc' has no value in any point of the "
+                                          r"study \(no run recorded a finite test accuracy at the last evaluation\)"):
+        judge(A_BEATS_B, two_algorithms([nan] * 3, [nan] * 3), AXES)
+
+
+def test_an_accuracy_claim_on_the_quadratic_task_is_refused_for_its_metric():
+    with pytest.raises(FedsimError, match=r"does not exist for the quadratic task, .* use a loss metric: final_loss, "
+                                          "tail_loss, loss_swing$"):
+        check_claims([A_BEATS_B], AXES, "s.toml", {"quadratic"})
+    assert check_claims([A_BEATS_B], AXES, "s.toml", {"quadratic", "digits"})  # some points have an accuracy
+    assert check_claims([{**A_BEATS_B, "metric": "final_loss"}], AXES, "s.toml", {"quadratic"})

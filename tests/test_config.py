@@ -326,14 +326,15 @@ def test_a_bad_choice_lists_the_valid_ones_once(capsys):
     assert "is not valid; did you mean 'inverse'? (one of: constant," in err
 
 
-def test_a_run_name_with_a_newline_round_trips_through_config_toml(tmp_path, capsys, tiny):
+def test_a_run_folder_with_a_newline_round_trips_through_config_toml(tmp_path, capsys, tiny):
     """The run's config.toml is written by tomli-w: any string value reads back as written, and
-    the run resumes from it."""
+    the run resumes from it. (A run's name is one plain folder name: no line breaks.)"""
     import tomllib
 
     from fedsim.cli import main
 
-    assert main(["run", tiny, "--quiet", "--set", 'run.name="two\\nlines"', "--set", "run.rounds=2"]) == 0
-    run_dir = next((tmp_path / "runs").iterdir())
-    assert tomllib.loads((run_dir / "config.toml").read_text())["run"]["name"] == "two\nlines"
+    out = tmp_path / "two\nlines"
+    assert main(["run", tiny, "--quiet", "--set", f"run.out={json.dumps(str(out))}", "--set", "run.rounds=2"]) == 0
+    run_dir = out / "tiny"
+    assert tomllib.loads((run_dir / "config.toml").read_text())["run"]["out"] == str(out)
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=3", "--quiet"]) == 0

@@ -79,3 +79,19 @@ def test_a_study_extends_a_chain_of_bases(tmp_path):
                                        '[sweep]\n"run.seed" = [0, 1]\n')
     points = load_study(str(study)).points
     assert [p.config.run.rounds for p in points] == [4, 4] and points[0].config.data.classes_per_client == 2
+
+
+def test_a_chain_of_64_files_is_followed_and_one_more_is_refused(tmp_path, capsys):
+    """MAX_EXTENDS files in one chain (the config and 63 bases, the last of which extends the
+    quickstart scenario, which counts too): every value reaches the config."""
+    for k in range(63):
+        base = f"e{k + 1}.toml" if k < 62 else "quickstart"
+        write(tmp_path / f"e{k}.toml", f'extends = "{base}"\n[run]\nrounds = {k + 2}\n')
+    write(tmp_path / "c.toml", 'extends = "e0.toml"\n')
+    with pytest.raises(FedsimError, match="extends goes deeper than 64 files"):
+        load_config(str(tmp_path / "c.toml"))
+    write(tmp_path / "e62.toml", "[run]\nrounds = 64\n")  # the 64th file: the end of the chain
+    config = load_config(str(tmp_path / "c.toml"))
+    assert config.run.rounds == 2 and config.origins[("run", "rounds")] == str(tmp_path / "e0.toml")
+    assert main(["config", "show", str(tmp_path / "c.toml")]) == 0
+    assert "rounds = 2" in capsys.readouterr().out

@@ -358,3 +358,20 @@ def test_each_device_is_scored_on_its_own_test_data_and_they_add_up_to_the_globa
     assert main(["report", str(folder), "--json"]) == 0
     spread = json.loads(capsys.readouterr().out)["runs"][0]["device_accuracy"]
     assert spread["devices"] == 5 and spread["median"] == pytest.approx(float(np.median(devices["test_acc"])))
+
+
+def test_parquet_files_may_store_a_column_in_types_of_one_kind(tmp_path):
+    """int32 in one file and int64 in another (columns in another order too) are one kind:
+    read as one; a string in one and a number in another is refused (test_reliability)."""
+    root = tmp_path / "pq"
+    root.mkdir()
+    pq.write_table(pa.table({"x": [[1.0]] * 4, "u": pa.array([1, 1, 2, 2], pa.int32()), "y": [0, 1, 0, 1]}),
+                   root / "a.parquet")
+    pq.write_table(pa.table({"u": [3, 3], "y": [0, 1], "x": pa.array([[1], [2]], pa.list_(pa.int64()))}),
+                   root / "b.parquet")
+    pq.write_table(pa.table({"u": [1, 2], "y": [0, 1], "x": [[1.0], [2.0]]}), root / "test.parquet")
+    data = load_dataset(DataConfig(dataset="parquet", root=str(root), clients=3, client_column="u",
+                                   label_column="y", feature_column="x"), seed=0)
+    assert data.users.tolist() == ["1", "2", "3"]
+    assert data.owner_train.tolist() == [0, 0, 1, 1, 2, 2] and data.owner_test.tolist() == [0, 1]
+    assert data.x_train[:, 0].tolist() == [1.0, 1.0, 1.0, 1.0, 1.0, 2.0]

@@ -21,6 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import quadratic_config  # noqa: E402
+from leaf_files import write_leaf  # noqa: E402
 
 from fedsim.cli import main  # noqa: E402
 from fedsim.config import dump_toml  # noqa: E402
@@ -85,7 +86,93 @@ def idx_files(folder: Path) -> None:
         (folder / f"{stem}.gz").write_bytes(gzip.compress(b"\x00\x00\x08\x03\x00\x00"))
 
 
+ACCURACY_CLAIM = ('[[claims]]\nclaim = "mifa beats fedavg"\nmetric = "final_acc"\nbetter = {"algorithm.name" = "mifa"}\n'
+                  'than = {"algorithm.name" = "fedavg"}\n')
+
+
+def quadratic_study(claims: str = "") -> str:
+    """A study of the quadratic task: fedavg and mifa, seeds 0 and 1 (and `claims`)."""
+    return config() + '[sweep]\n"algorithm.name" = ["fedavg", "mifa"]\n"run.seed" = [0, 1]\n' + claims
+
+
+def swept_then_claimed(path: Path, run) -> None:
+    """runs/ holding a quadratic study swept without claims, then given an accuracy claim in its
+    study.toml (as a release that did not check the metric recorded it)."""
+    tmp = path.parent
+    (tmp / "s.toml").write_text(quadratic_study().replace("{tmp}", str(tmp)))
+    assert main(["sweep", str(tmp / "s.toml"), "--quiet"]) == 0
+    recorded = path / "t" / "study.toml"
+    recorded.write_text(recorded.read_text() + "\n" + ACCURACY_CLAIM)
+
+
+def extends_chain(path: Path, run) -> None:
+    """c.toml extends e1.toml, which extends e2.toml, ... e1199.toml: 1,200 files."""
+    for k in range(1199):
+        (path.parent / f"e{k}.toml").write_text(f'extends = "e{k + 1}.toml"\n' if k < 1198 else "[run]\nrounds = 1\n")
+    path.write_text('extends = "e0.toml"\n')
+
+
+def leaf(change):
+    """FEMNIST in LEAF's files (users u0 and u1), then `change(train, test)` on their JSON."""
+    def write(path, run):
+        write_leaf(path, "femnist", [[3, 2]])
+        files = [path / "train" / "all_data_0_train.json", path / "test" / "all_data_0_test.json"]
+        data = [json.loads(f.read_text()) for f in files]
+        change(*data)
+        for file, body in zip(files, data):
+            file.write_text(json.dumps(body))
+    return write
+
+
+def no_users(data: dict) -> None:
+    data.update(users=[], num_samples=[], user_data={})
+
+
+def parquet_data(train: dict, test: dict | None = None):
+    """A Parquet federated dataset: pq/train.parquet (and pq/test.parquet) with these columns."""
+    def write(path, run):
+        path.mkdir()
+        for name, columns in (("train", train), ("test", test)):
+            if columns is not None:
+                pq.write_table(pa.table(columns), path / f"{name}.parquet")
+    return write
+
+
+def samples(x, **columns) -> dict:
+    """The columns of four rows (users a, a, b, b; labels 0, 1, 0, 1) with features x."""
+    return {"user": ["a", "a", "b", "b"], "label": [0, 1, 0, 1], "x": x, **columns}
+
+
+def png() -> bytes:
+    """A 4 x 4 grey PNG."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("L", (4, 4)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that says it is that large (what a reader sees before it decodes) and holds one
+    row of pixels: a few bytes, however large it says it is."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    pixels = zlib.compress(bytes(width + 1))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+
+
 RUN = "run {tmp}/c.toml --quiet"
+ISO_CSV = "device_id,start,end\n0,2024-01-01T00:00:00,2024-01-01T01:00:00\n1,2024-01-01T00:10:00,2024-01-01T02:00:00\n"
+PARQUET = config(data={"dataset": "parquet", "root": "{tmp}/pq", "clients": 2, "client_column": "user",
+                       "label_column": "label", "feature_column": "x", "targets": []}, model={"name": "logreg"})
+LEAF = config(data={"dataset": "femnist", "root": "{tmp}/leaf", "clients": 2, "targets": []}, model={"name": "logreg"})
 CONVERT = "trace convert --from csv {tmp}/in.csv --out {tmp}/out.parquet"
 
 CASES = [
@@ -111,6 +198,12 @@ CASES = [
     case("infinite-deadline", "run quickstart --set server.deadline=inf", r"\[server\] deadline = inf must be a finite number"),
     case("seed-beyond-64-bits", "run quickstart --set run.seed=99999999999999999999", r"is too large \(it must fit in 64 bits\)"),
     case("name-with-slash", "run quickstart --set run.name='a/b'", r"\[run\] name = 'a/b'.*folder name"),
+    case("name-with-line-break", RUN, r"\[run\] name = 'a\\nb' is not a folder name; give a plain name without '/', "
+         r"'\\' or line breaks", **{"c.toml": config(run={"name": "a\nb"})}),
+    case("name-with-tab-by-set", r'run quickstart --set run.name="a\tb"', r"\[run\] name = 'a\\tb' is not a folder name"),
+    case("study-name-with-line-break", "sweep {tmp}/s.toml", r"\[run\] name = 'a\\nb' is not a plain folder name; give a "
+         r"name without '/', '\\' or line breaks", **{"s.toml": 'base = "quickstart"\n[run]\nname = "a\\nb"\n'
+                                                               '[sweep]\n"run.seed" = [0, 1]\n'}),
     case("unknown-algorithm", "run quickstart --set algorithm.name='fedavgg'",
          r"\[algorithm\] name = 'fedavgg' is unknown; did you mean 'fedavg'"),
     case("unknown-model", "run quickstart --set model.name='resnet'", r"\[model\] name = 'resnet' is unknown"),
@@ -259,6 +352,16 @@ CASES = [
     case("sweep-every-point-invalid", "sweep {tmp}/s.toml --set server.timing=ideal --set server.mode=async",
          r"^error: \S+s\.toml: every point: \[server\] mode = 'async' needs timing = 'model'",
          **{"s.toml": 'base = "quickstart"\n[sweep]\n"run.seed" = [0, 1]\n'}),
+    case("extends-1200-files-deep", RUN, r"c\.toml: extends goes deeper than 64 files \(c\.toml -> e0\.toml -> \.\.\. -> "
+         r"e62\.toml -> e63\.toml -> \.\.\.\); fedsim follows at most 64: merge some of the files into one",
+         **{"c.toml": extends_chain}),
+    case("claim-accuracy-on-quadratic", "sweep {tmp}/s.toml", r"s\.toml: claim 1 \('mifa beats fedavg'\): metric "
+         r"'final_acc' \(test accuracy at the last evaluation\) does not exist for the quadratic task, which has no "
+         r"classes and so no accuracy; use a loss metric: final_loss, tail_loss, loss_swing$",
+         **{"s.toml": quadratic_study(ACCURACY_CLAIM)}),
+    case("report-accuracy-claim-on-quadratic", "report {tmp}/runs/t --claims", r"runs/t/study\.toml: claim 1 \('mifa "
+         r"beats fedavg'\): metric 'final_acc' \(test accuracy at the last evaluation\) does not exist for the "
+         r"quadratic task", runs=swept_then_claimed),
     case("config-show-bad-key", "config show quickstart --set run.roundz=3", r"did you mean 'rounds'"),
     # --- traces ------------------------------------------------------------------------------
     case("trace-unsorted", "trace info {tmp}/t.parquet", r"row 2 \(device 1\): rows are not sorted",
@@ -357,6 +460,18 @@ CASES = [
     case("csv-bad-tz", CONVERT + " --tz Mars", r"--tz 'Mars' is not a UTC offset", **{"in.csv": "device_id,start,end\n0,0,10\n"}),
     case("csv-too-many-devices", CONVERT, r"n_devices = 100,000,000,000 is above fedsim's limit",
          **{"in.csv": "device_id,start,end\n0,0,10\n99999999999,0,10\n"}),
+    case("csv-tz-beyond-14-hours", CONVERT + " --tz +14:30", r"--tz '\+14:30' is beyond -14:00\.\.\+14:00, the range "
+         r"of UTC offsets; give the offset of the times' zone", **{"in.csv": ISO_CSV}),
+    case("csv-tz-beyond-minus-14-hours", CONVERT + " --tz=-14:59", r"--tz '-14:59' is beyond -14:00\.\.\+14:00",
+         **{"in.csv": ISO_CSV}),
+    case("csv-iso-offset-beyond-14-hours", CONVERT, r"line 3: end '2024-01-01T02:00:00\+14:45' has the UTC offset "
+         r"\+14:45, beyond -14:00\.\.\+14:00; give the offset of the times' zone",
+         **{"in.csv": ISO_CSV.replace("02:00:00\n", "02:00:00+14:45\n")}),
+    case("csv-iso-offset-beyond-minus-14-hours", CONVERT, r"line 2: start '2024-01-01T00:00:00-14:59' has the UTC "
+         r"offset -14:59, beyond", **{"in.csv": ISO_CSV.replace("00:00:00,", "00:00:00-14:59,")}),
+    case("csv-column-that-a-run-writes", CONVERT, r"device table \S+out\.devices\.parquet: column 'arrivals' is one that "
+         r"a run writes into devices\.parquet itself; rename it",
+         **{"in.csv": "device_id,start,end,arrivals\n0,0,10,1\n1,0,20,2\n"}),
     case("fedscale-not-pickle", "trace convert --from fedscale {tmp}/in.pkl --out {tmp}/out.parquet",
          r"not a FedScale client_behave_trace pickle", **{"in.pkl": b"not a pickle"}),
     case("flash-not-json", "trace convert --from flash {tmp}/in.json --out {tmp}/out.parquet",
@@ -372,6 +487,37 @@ CASES = [
          **{"c.toml": config(data={"dataset": "cifar10", "root": "{tmp}/data", "targets": []})}),
     case("svhn-missing-files", RUN, r"\[data\] dataset = 'svhn': files not found",
          **{"c.toml": config(data={"dataset": "svhn", "root": "{tmp}/data", "targets": []})}),
+    case("leaf-train-without-users", RUN, r"train/all_data_0_train\.json: no users \(`\"users\": \[\]`\), so no training "
+         r"samples; regenerate the dataset with LEAF's preprocess\.sh",
+         **{"c.toml": LEAF, "leaf": leaf(lambda train, test: no_users(train))}),
+    case("leaf-test-without-users", RUN, r"test/all_data_0_test\.json: no users .*, so no test samples; regenerate",
+         **{"c.toml": LEAF, "leaf": leaf(lambda train, test: no_users(test))}),
+    case("leaf-user-id-a-list", RUN, r"all_data_0_train\.json: user 1 of `users` is \['u1'\], not a string \(the key "
+         r"of its samples in `user_data`\); regenerate it", **{"c.toml": LEAF, "leaf": leaf(
+             lambda train, test: train["users"].__setitem__(1, ["u1"]))}),
+    case("leaf-nan-pixel", RUN, r"all_data_0_train\.json, user 'u1': sample 1 has a pixel nan, not a finite number; "
+         r"fix or drop the sample", **{"c.toml": LEAF, "leaf": leaf(
+             lambda train, test: train["user_data"]["u1"]["x"][1].__setitem__(5, float("nan")))}),
+    case("parquet-empty-train", RUN, r"pq/train\.parquet: no rows, so no training samples; give the dataset "
+         r"training rows", **{"c.toml": PARQUET, "pq": parquet_data(
+             {"user": pa.array([], pa.string()), "label": pa.array([], pa.int64()),
+              "x": pa.array([], pa.list_(pa.float64()))})}),
+    case("parquet-image-bomb", RUN, r"pq/train\.parquet, row 2: the image is larger than fedsim reads \(20000 x 20000 "
+         r"pixels; at most 4096 x 4096\); resize the images", **{"c.toml": PARQUET, "pq": parquet_data(
+             samples([png(), png(), png_header(20000, 20000), png()]))}),
+    case("parquet-label-2-64", RUN, r"pq/train\.parquet, row 3: label 18446744073709551615 is beyond the 1,000,000 "
+         r"classes fedsim trains; number the classes 0, 1, \.\.\.", **{"c.toml": PARQUET, "pq": parquet_data(
+             samples([[1.0]] * 4, label=pa.array([0, 1, 0, 2**64 - 1], pa.uint64())))}),
+    case("parquet-client-types-differ", RUN, r"pq/train\.parquet: column 'user' is of type int64 where \S+test\.parquet "
+         r"has string; give the column one type in every file", **{"c.toml": PARQUET, "pq": parquet_data(
+             samples([[1.0]] * 4, user=[1, 1, 2, 2]), samples([[1.0]] * 4))}),
+    case("parquet-empty-features", RUN, r"pq/train\.parquet, row 0: the feature is an empty list; every sample needs at "
+         r"least one number", **{"c.toml": PARQUET, "pq": parquet_data(samples(pa.array([[]] * 4, pa.list_(pa.float64()))))}),
+    case("parquet-nested-lists", RUN, r"pq/train\.parquet: column 'x' is of type list<\w+: list<\w+: double>>; a "
+         r"feature must be an image, a list of numbers \(one list per row, not lists of lists\)", **{"c.toml": PARQUET, "pq": parquet_data(
+             samples([[[1.0, 2.0]]] * 4))}),
+    case("parquet-nan-feature", RUN, r"pq/train\.parquet, row 1: the feature holds nan, not a finite number; fix or "
+         r"drop the row", **{"c.toml": PARQUET, "pq": parquet_data(samples([[1.0, 2.0], [3.0, float("nan")]] * 2))}),
     # --- outputs -----------------------------------------------------------------------------
     case("run-out-under-a-file", RUN, r"cannot create the folder (\S+)/blocker/runs: \1/blocker is a file; choose another \[run\] out", blocker="",
          **{"c.toml": config(run={"out": "{tmp}/blocker/runs"})}),
@@ -381,6 +527,10 @@ CASES = [
     case("devices-out-a-folder", CONVERT + " --devices-out {tmp}", r"^error: --devices-out \S+: is a folder; give the path", **{"in.csv": "device_id,start,end\n0,0,10\n"}),
     case("plot-into-a-file", "plot {tmp}/r", r"cannot create the folder (\S+)/r/plots: \1/r/plots is a file", r=run_dir(lambda path: (path / "plots").write_text(""))),
 ]
+
+
+# a study records what it is (study.toml) before its points are checked, so that it can be resumed
+ALLOWED_NEW = {"sweep-point-beyond-memory": {"runs/s/study.toml"}}
 
 
 @pytest.fixture(scope="module")
@@ -406,7 +556,7 @@ def test_the_catalogue_is_large_enough():
 
 
 @pytest.mark.parametrize("argv, says, files", CASES)
-def test_a_bad_input_is_one_line(argv, says, files, tmp_path, monkeypatch, capsys, finished_run):
+def test_a_bad_input_is_one_line(argv, says, files, tmp_path, monkeypatch, capsys, finished_run, request):
     monkeypatch.chdir(tmp_path)
     for name, content in files.items():
         path = tmp_path / name
@@ -430,6 +580,7 @@ def test_a_bad_input_is_one_line(argv, says, files, tmp_path, monkeypatch, capsy
     assert re.search(says, err), err
     after = snapshot(tmp_path)
     assert {name: after.get(name) for name in before} == before, "a file that was there changed"
+    assert set(after) - set(before) <= ALLOWED_NEW.get(request.node.callspec.id, set()), "a file was written"
 
 
 @pytest.mark.parametrize("damage", ["{", "[1]"])
@@ -448,3 +599,90 @@ def test_a_learning_rate_beyond_float32_diverges_instead_of_crashing(tmp_path, c
     assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 3
     manifest = json.loads(next((tmp_path / "runs").glob("*/manifest.json")).read_text())
     assert manifest["status"] == "diverged" and "non-finite" in manifest["reason"]
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """A set of file names: every write of a file of such a name fails as on a full disk: its
+    temporary file is /dev/full, so the real writers (pyarrow, polars, torch, matplotlib, text)
+    meet a real ENOSPC, while counting what the file needs still works."""
+    import os
+    import tempfile
+    from types import SimpleNamespace
+
+    import fedsim.files
+
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full (Linux)")
+    full: set[str] = set()
+
+    def mkstemp(dir, prefix, suffix):
+        fd, tmp = tempfile.mkstemp(dir=dir, prefix=prefix, suffix=suffix)
+        if prefix.removeprefix(".").removesuffix(".") in full:
+            os.unlink(tmp)
+            os.symlink("/dev/full", tmp)
+        return fd, tmp
+
+    monkeypatch.setattr(fedsim.files, "tempfile", SimpleNamespace(mkstemp=mkstemp))
+    return full
+
+
+def disk_full_line(err: str, path: Path) -> None:
+    """ONE line naming the file, what it needs and what to do."""
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert re.fullmatch(rf"error: {re.escape(str(path))}: no space left on device \(the file needs [0-9.]+ (bytes|kB|MB)"
+                        r"[^)]*\); free some space, then run the command again.*\n", err), err
+
+
+RUN_FILES = ["config.toml", "manifest.json", "checkpoint.pt", "rounds.parquet", "devices.parquet",
+             "events.parquet", "model.pt"]
+
+
+@pytest.mark.parametrize("name", RUN_FILES)
+def test_a_full_disk_names_the_run_file_and_what_it_needs(name, tmp_path, capsys, full_disk, finished_run):
+    (tmp_path / "c.toml").write_text(config(str(finished_run.parent.parent / "t.parquet")).replace("{tmp}", str(tmp_path)))
+    full_disk.add(name)
+    assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 2
+    disk_full_line(capsys.readouterr().err, tmp_path / "runs" / "t" / name)
+    assert not list((tmp_path / "runs").rglob(f".{name}.*")), "a temporary file was left behind"
+
+
+def test_a_full_disk_keeps_the_checkpoint_a_resume_goes_on_from(tmp_path, capsys, full_disk, finished_run):
+    run = tmp_path / "r"
+    shutil.copytree(finished_run, run)
+    kept = {name: (run / name).read_bytes() for name in ("checkpoint.pt", "rounds.parquet")}
+    full_disk.add("rounds.parquet")
+    assert main(["run", "--resume", str(run), "--set", "run.rounds=4", "--quiet"]) == 2
+    disk_full_line(capsys.readouterr().err, run / "rounds.parquet")
+    assert (run / "rounds.parquet").read_bytes() == kept["rounds.parquet"]
+    full_disk.clear()  # space again
+    assert main(["run", "--resume", str(run), "--set", "run.rounds=4", "--quiet"]) == 0
+    assert json.loads((run / "manifest.json").read_text())["rounds"] == 4
+
+
+@pytest.mark.parametrize("argv, name", [
+    ("trace generate always --devices 3 --days 1 --out {tmp}/g.parquet", "g.parquet"),
+    ("trace convert --from csv {tmp}/in.csv --out {tmp}/out.parquet", "out.parquet"),
+    ("trace convert --from csv {tmp}/in.csv --out {tmp}/out.parquet", "out.devices.parquet"),
+    ("trace plot {tmp}/t.parquet --out {tmp}/p.png", "p.png"),
+], ids=["generate", "convert", "convert-device-table", "trace-plot"])
+def test_a_full_disk_names_the_trace_file_and_what_it_needs(argv, name, tmp_path, capsys, full_disk):
+    trace()(tmp_path / "t.parquet", None)
+    (tmp_path / "in.csv").write_text(ISO_CSV.replace(":00,", ":00+01:00,").replace(":00\n", ":00+01:00\n"))
+    full_disk.add(name)
+    assert main(argv.replace("{tmp}", str(tmp_path)).split()) == 2
+    disk_full_line(capsys.readouterr().err, tmp_path / name)
+
+
+def test_a_full_disk_stops_a_folder_with_the_fix_for_space(tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+
+    def mkdir(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    (tmp_path / "c.toml").write_text(config().replace("{tmp}", str(tmp_path)))
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"error: cannot create the folder {tmp_path / 'runs'}: No space left on device; "
+                                       "free some space, then run the command again\n")

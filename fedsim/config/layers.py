@@ -18,6 +18,7 @@ from fedsim.config.schema import (AlgorithmConfig, Config, TraceConfig, _declare
 from fedsim.errors import FedsimError
 
 SET = "--set"
+MAX_EXTENDS = 64  # files in one `extends` chain: far more than any layering needs, far below Python's recursion
 
 
 @dataclass
@@ -43,12 +44,17 @@ def layered_config(path: Path, overrides: list[str] = (), *, file_is_base: bool 
 
 def read_layers(path: Path, *, file_is_base: bool = False, chain: tuple[Path, ...] = ()) -> list[tuple[str, dict, bool]]:
     """(label, sections, is a base) from the deepest base to `path`: `extends` names a scenario
-    or a file (beside the one that names it first, then from the working directory)."""
+    or a file (beside the one that names it first, then from the working directory); a chain
+    holds at most MAX_EXTENDS files below `path`."""
 
     resolved = path.resolve()
     if resolved in chain:
         names = " -> ".join(p.name for p in (*chain, resolved))
         raise FedsimError(f"{chain[0]}: extends goes round in a circle ({names}); remove one of the extends")
+    if len(chain) == MAX_EXTENDS:
+        raise FedsimError(f"{chain[0]}: extends goes deeper than {MAX_EXTENDS} files ({chain[0].name} -> "
+                          f"{chain[1].name} -> ... -> {chain[-1].name} -> {path.name} -> ...); fedsim follows at most "
+                          f"{MAX_EXTENDS}: merge some of the files into one")
     raw = read_toml(path)
     base = raw.pop("extends", None)
     builtin = path.resolve().parent == scenario_path("quickstart").resolve().parent

@@ -94,10 +94,17 @@ def _empty(default: Any) -> str:
     return {str: '""', list: "[]"}.get(type(default), "0")
 
 
+def plain_folder_name(name: Any) -> bool:
+    """Whether `name` names one folder: not empty, not . or .., no '/' or '\\', no line
+    breaks, tabs or other characters that do not print (a run's and a study's name alike)."""
+    return (isinstance(name, str) and bool(name.strip()) and name not in (".", "..") and "/" not in name
+            and "\\" not in name and name.isprintable())
+
+
 def _folder_name(where: str, value: str) -> str:
-    if not value.strip() or value in (".", "..") or "/" in value or "\\" in value:
+    if not plain_folder_name(value):
         raise FedsimError(
-            f"{where} = {value!r} is not a folder name; give a plain name without '/' or '\\' "
+            f"{where} = {value!r} is not a folder name; give a plain name without '/', '\\' or line breaks "
             "(the run directory is [run] out / name; put the parent folders in [run] out)"
         )
     return value
@@ -571,6 +578,7 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str, origi
 
 
 NATURAL_DATASETS = ("femnist", "shakespeare", "sent140", "parquet")  # with their own clients
+NO_ACCURACY_DATASETS = ("quadratic",)  # tasks without classes: a test loss, no test accuracy
 # keys that only datasets with their own clients read, and those that only parquet reads
 NATURAL_ONLY = ("users",)
 PARQUET_ONLY = ("client_column", "label_column", "feature_column", "tokens")

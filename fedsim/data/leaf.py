@@ -19,7 +19,7 @@ from fedsim.data import text
 from fedsim.data.cache import Arrays, cached_arrays
 from fedsim.errors import FedsimError
 
-VERSION = 2  # of the parsed arrays: a new version re-parses every cached dataset
+VERSION = 3  # of the parsed arrays: a new version re-parses every cached dataset (3: pixels checked finite)
 CLASSES = {"femnist": 62, "shakespeare": len(text.LEAF_LETTERS), "sent140": 2}
 
 
@@ -59,6 +59,11 @@ def _parse(name: str, train: list[Path], test: list[Path]) -> Arrays:
                 # a test user without training samples (LEAF's user split, -t user) is no device:
                 # its samples only join the global test set (device -1)
                 parts[split].append((device.get(user, -1), *SAMPLES[name](x, y, where)))
+    for split, files, samples in (("train", train, "training"), ("test", test, "test")):
+        if not parts[split]:
+            where = files[0] if len(files) == 1 else f"{files[0].parent} (its {len(files)} *.json files)"
+            raise FedsimError(f"{where}: no users (`\"users\": []`), so no {samples} samples; regenerate the "
+                              "dataset with LEAF's preprocess.sh (see docs/datasets.md)")
     arrays = {"users": np.asarray(users, dtype=str)}
     for split in ("train", "test"):
         owners, xs, ys = zip(*parts[split])
@@ -80,6 +85,9 @@ def _user_samples(path: Path) -> Iterator[tuple[str, list, list]]:
                           f"`user_data`); {fix}")
     counts = data.get("num_samples")
     for k, user in enumerate(data["users"]):
+        if not isinstance(user, str):
+            raise FedsimError(f"{path}: user {k} of `users` is {_shown(user)}, not a string (the key of its "
+                              f"samples in `user_data`); {fix}")
         where = f"{path}, user {user!r}"
         entry = data["user_data"].get(user)
         if not isinstance(entry, dict) or not isinstance(entry.get("x"), list) or not isinstance(entry.get("y"), list):
@@ -92,7 +100,7 @@ def _user_samples(path: Path) -> Iterator[tuple[str, list, list]]:
                               "options drop users with few samples)")
         if isinstance(counts, list) and k < len(counts) and counts[k] != len(y):
             raise FedsimError(f"{where}: num_samples says {counts[k]} but x and y hold {len(y)}; {fix}")
-        yield str(user), x, y
+        yield user, x, y
 
 
 def _labels(y: list, n_classes: int, where: str) -> np.ndarray:
@@ -118,6 +126,12 @@ def _femnist(x: list, y: list, where: str) -> tuple[np.ndarray, np.ndarray]:
     if pixels.ndim != 2 or pixels.shape[1] != 784:
         raise FedsimError(f"{where}: x has samples of shape {pixels.shape[1:]}, expected 784 numbers "
                           "(28 x 28 pixels)")
+    finite = np.isfinite(pixels).all(axis=1)
+    if not finite.all():
+        k = int(np.argmin(finite))
+        value = pixels[k][~np.isfinite(pixels[k])][0]
+        raise FedsimError(f"{where}: sample {k} has a pixel {value}, not a finite number; fix or drop the "
+                          "sample (pixels are numbers in [0, 1])")
     levels = np.rint(pixels * 255)
     if np.abs(levels / 255 - pixels).max() < 1e-6 and levels.min() >= 0 and levels.max() <= 255:
         pixels = levels.astype(np.uint8)

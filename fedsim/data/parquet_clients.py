@@ -24,7 +24,9 @@ from fedsim.data import text
 from fedsim.data.cache import Arrays, cached_arrays
 from fedsim.errors import FedsimError
 
-VERSION = 1
+VERSION = 2  # of the parsed arrays: a new version re-parses every cached dataset (2: labels, features checked)
+MAX_CLASSES = 1_000_000  # a label beyond it is a damaged or misread one (an output layer that wide is not trained)
+MAX_SIDE = 4096  # pixels of an image's side: federated datasets' images are small; a larger one is a mistake
 
 
 def read_parquet_clients(cfg: DataConfig, root: Path) -> Arrays:
@@ -53,8 +55,10 @@ def _parse(cfg: DataConfig, root: Path, files: list[Path]) -> Arrays:
         raise FedsimError(f"[data] dataset = 'parquet': every Parquet file under {root} has 'test' in its "
                           "path, so there is no training data; name the training files without 'test'")
     columns = (cfg.client_column, cfg.label_column, cfg.feature_column)
-    train, test = (pa.concat_tables([_read(f, columns) for f in part]) if part else None
-                   for part in (train_files, test_files))
+    tables = {f: _read(f, columns) for f in files}
+    _check_types(tables)
+    train, test = (_concat([tables[f] for f in part], part, split) if part else None
+                   for part, split in ((train_files, "training"), (test_files, "test")))
     clients, owner_train = np.unique(_column(train, cfg.client_column, train_files), return_inverse=True)
     first_seen = np.argsort(np.unique(owner_train, return_index=True)[1])  # clients by first row
     device_of = np.empty(len(clients), dtype=np.int64)
@@ -88,6 +92,30 @@ def _read(path: Path, columns: tuple[str, ...]) -> pa.Table:
         raise FedsimError(f"{path}: no column {absent[0]!r} (it has {', '.join(schema.names)}); set [data] "
                           "client_column, label_column and feature_column to its columns")
     return pq.read_table(path, columns=list(columns))
+
+
+def _check_types(tables: dict[Path, pa.Table]) -> None:
+    """Every file gives each column a type of the first file's kind (int32 and int64 are one
+    kind; a client id that is a string in one file and a number in another is no one client)."""
+    (first, table), *others = tables.items()
+    for path, other in others:
+        for ours, theirs in ((table.schema.field(n), other.schema.field(n)) for n in table.column_names):
+            try:
+                pa.unify_schemas([pa.schema([ours]), pa.schema([theirs])], promote_options="permissive")
+            except (pa.ArrowTypeError, pa.ArrowInvalid):
+                raise FedsimError(f"{path}: column {ours.name!r} is of type {theirs.type} where {first} has "
+                                  f"{ours.type}; give the column one type in every file") from None
+
+
+def _concat(tables: list[pa.Table], files: list[Path], split: str) -> pa.Table:
+    """The rows of one split's files; none is an error (nothing to train on or to test)."""
+    table = pa.concat_tables(tables, promote_options="permissive")
+    if not table.num_rows:
+        fix = ("give the dataset training rows" if split == "training" else "give its test files rows, or remove "
+               "them to hold out [data] test_fraction of each client's rows")
+        where = files[0] if len(files) == 1 else f"{files[0].parent} (its {len(files)} {split} files)"
+        raise FedsimError(f"{where}: no rows, so no {split} samples; {fix}")
+    return table
 
 
 def _column(table: pa.Table, name: str, files: list[Path]) -> np.ndarray:
@@ -125,6 +153,11 @@ def _labels(train, test, cfg, train_files, test_files) -> tuple[list[np.ndarray]
             raise FedsimError(f"{_file_of(files, table, row)}: label {values[row].item()!r} is not a class number "
                               f"0, 1, ...; [data] label_column = {cfg.label_column!r} must hold integers "
                               "from 0 or strings")
+        elif values.max(initial=0) >= MAX_CLASSES:
+            row = int(np.argmax(values >= MAX_CLASSES))
+            raise FedsimError(f"{_file_of(files, table, row)}: label {values[row].item()!r} is beyond the "
+                              f"{MAX_CLASSES:,} classes fedsim trains; number the classes 0, 1, ... (or give "
+                              "them as strings)")
         numbers.append(values.astype(np.int64))
     return numbers + [np.zeros(0, np.int64)] * (2 - len(numbers)), names
 
@@ -146,17 +179,39 @@ def _features(table: pa.Table, cfg: DataConfig, files: list[Path]) -> np.ndarray
         return _images(column.to_pylist(), table, files)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return np.asarray(column.to_pylist(), dtype=object)  # tokenised with the vocabulary (_text_extras)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+    if _is_list(kind) and _is_number(kind.value_type):
         lengths = column.value_lengths().to_numpy(zero_copy_only=False)
         if len(lengths) and (lengths != lengths[0]).any():
             row = int(np.argmax(lengths != lengths[0]))
             raise FedsimError(f"{_file_of(files, table, row)}: feature of {lengths[row]} numbers where the "
                               f"first row has {lengths[0]}; every sample needs the same length")
-        return column.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(column), -1)
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
-        return column.to_numpy(zero_copy_only=False).astype(np.float32)[:, None]
+        if len(lengths) and not lengths[0]:
+            raise FedsimError(f"{_file_of(files, table, 0)}: the feature is an empty list; every sample needs at "
+                              "least one number")
+        return _finite(column.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(column), -1),
+                       table, files)
+    if _is_number(kind):
+        return _finite(column.to_numpy(zero_copy_only=False).astype(np.float32)[:, None], table, files)
     raise FedsimError(f"{files[0]}: column {cfg.feature_column!r} is of type {kind}; a feature must be an "
-                      "image, a list of numbers, a number or a text")
+                      "image, a list of numbers (one list per row, not lists of lists), a number or a text")
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+
+def _is_number(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind)
+
+
+def _finite(x: np.ndarray, table: pa.Table, files: list[Path]) -> np.ndarray:
+    """The features, if all of them are numbers a model can train on (not nan, not infinite)."""
+    finite = np.isfinite(x).all(axis=1)
+    if not finite.all():
+        row = int(np.argmin(finite))
+        raise FedsimError(f"{_file_of(files, table, row)}: the feature holds {x[row][~np.isfinite(x[row])][0]}, not a "
+                          "finite number; fix or drop the row")
+    return x
 
 
 def _images(encoded: list, table: pa.Table, files: list[Path]) -> np.ndarray:
@@ -164,15 +219,24 @@ def _images(encoded: list, table: pa.Table, files: list[Path]) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     pictures = []
-    for row, data in enumerate(encoded):  # load time only: the decoded array is cached
-        try:
-            picture = np.asarray(Image.open(io.BytesIO(data)))
-        except (UnidentifiedImageError, OSError, TypeError):
-            raise FedsimError(f"{_file_of(files, table, row)}: the feature is not a readable image") from None
-        if pictures and picture.shape != pictures[0].shape:
-            raise FedsimError(f"{_file_of(files, table, row)}: image of shape {picture.shape} where the first "
-                              f"is {pictures[0].shape}; every image needs the same size")
-        pictures.append(picture)
+    bomb_limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # MAX_SIDE, lower, is checked instead
+    try:
+        for row, data in enumerate(encoded):  # load time only: the decoded array is cached
+            try:
+                image = Image.open(io.BytesIO(data))
+                if max(image.size) > MAX_SIDE:  # read from the header: nothing decoded yet
+                    raise FedsimError(f"{_file_of(files, table, row)}: the image is larger than fedsim reads "
+                                      f"({image.width} x {image.height} pixels; at most {MAX_SIDE} x {MAX_SIDE}); "
+                                      "resize the images")
+                picture = np.asarray(image)
+            except (UnidentifiedImageError, OSError, TypeError):
+                raise FedsimError(f"{_file_of(files, table, row)}: the feature is not a readable image") from None
+            if pictures and picture.shape != pictures[0].shape:
+                raise FedsimError(f"{_file_of(files, table, row)}: image of shape {picture.shape} where the first "
+                                  f"is {pictures[0].shape}; every image needs the same size")
+            pictures.append(picture)
+    finally:
+        Image.MAX_IMAGE_PIXELS = bomb_limit
     images = np.stack(pictures)
     return images[:, None] if images.ndim == 3 else images.transpose(0, 3, 1, 2).copy()
 

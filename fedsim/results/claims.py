@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from fedsim.config import NO_ACCURACY_DATASETS
 from fedsim.errors import FedsimError, choice_error, did_you_mean
 from fedsim.results.report import ci95, finite, table_text
 
@@ -51,6 +52,7 @@ METRICS = {
     "loss_swing": ("max - min test loss over the last `window` rounds (oscillation)", False),
 }
 WINDOWED = ("tail_acc", "tail_loss", "loss_swing")
+ACCURACY_METRICS = ("final_acc", "best_acc", "tail_acc")
 KEYS = ("claim", "metric", "better", "than", "where", "grows_as", "at_least", "within", "best_over", "window")
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
 MORE_SEEDS_CAP = 1000  # the most extra seeds an inconclusive verdict looks ahead
@@ -58,12 +60,26 @@ MORE_SEEDS_CAP = 1000  # the most extra seeds an inconclusive verdict looks ahea
 
 # -- checking the tables ----------------------------------------------------------------------
 
-def check_claims(claims, axes: dict[str, list], where: str) -> list[dict]:
-    """The [[claims]] tables, each checked against the study's axes (one error line for the
-    first problem)."""
+def check_claims(claims, axes: dict[str, list], where: str, datasets: set[str] = frozenset()) -> list[dict]:
+    """The [[claims]] tables, each checked against the study's axes and the datasets its
+    points train on (one error line for the first problem)."""
     if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
         raise FedsimError(f"{where}: claims must be [[claims]] tables (an array of tables)")
-    return [_check(claim, axes, f"{where}: claim {k + 1}") for k, claim in enumerate(claims)]
+    checked = [_check(claim, axes, f"{where}: claim {k + 1}") for k, claim in enumerate(claims)]
+    for k, claim in enumerate(checked):
+        metric_exists(claim, datasets, f"{where}: claim {k + 1} ({claim['claim']!r})")
+    return checked
+
+
+def metric_exists(claim: dict, datasets: set[str], where: str) -> None:
+    """An accuracy claim on a study whose every point is a task without accuracy (the quadratic
+    one) is refused for its metric, not left to find no points."""
+    metric = claim["metric"]
+    if metric in ACCURACY_METRICS and datasets and set(datasets) <= set(NO_ACCURACY_DATASETS):
+        usable = ", ".join(m for m in METRICS if m not in ACCURACY_METRICS)
+        raise FedsimError(f"{where}: metric {metric!r} ({METRICS[metric][0]}) does not exist for the "
+                          f"{' and '.join(sorted(datasets))} task, which has no classes and so no accuracy; use a "
+                          f"loss metric: {usable}")
 
 
 def _check(claim: dict, axes: dict[str, list], where: str) -> dict:
@@ -182,6 +198,10 @@ def judge(claim: dict, study: pl.DataFrame, axes: dict[str, list], zips: list[li
     zipped with one the claim names (a learning rate per algorithm) goes with it."""
     higher = METRICS[claim["metric"]][1]
     metric = point_metric(study, claim["metric"], claim.get("window"))
+    if metric["value"].is_null().all():
+        raise FedsimError(f"claim {claim['claim']!r}: metric {claim['metric']!r} has no value in any point of the "
+                          f"study (no run recorded a finite {METRICS[claim['metric']][0]}); see why with "
+                          "`fedsim report` on the study")
     points = (study.select("point", *axes).unique("point", maintain_order=True)
               .join(metric, on="point").drop_nulls("value"))
     points = _select(points, claim.get("where", {}))
@@ -329,10 +349,13 @@ def measured(verdict: Verdict, group: Group | None = None) -> str:
     return text + unit
 
 
-def judge_study(folder: Path, axes: dict[str, list], claims: list[dict], zips: list[list[str]] = ()) -> list[Verdict]:
+def judge_study(folder: Path, axes: dict[str, list], claims: list[dict], zips: list[list[str]] = (),
+                datasets: set[str] = frozenset()) -> list[Verdict]:
     if not claims:
         raise FedsimError(f"{folder}: the study has no claims; add [[claims]] tables to its study file "
                           "(see docs/reproductions.md) and run `fedsim sweep` on it again")
+    for k, claim in enumerate(claims):  # a study recorded before this check was made at its sweep
+        metric_exists(claim, datasets, f"{folder / 'study.toml'}: claim {k + 1} ({claim['claim']!r})")
     study = pl.read_parquet(folder / "study.parquet")
     return [judge(claim, study, axes, zips) for claim in claims]
 

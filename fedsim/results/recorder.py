@@ -36,7 +36,17 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def save_torch(path: Path, obj: Any) -> None:
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    atomic_write(path, lambda tmp: _torch_save(obj, tmp))
+
+
+def _torch_save(obj: Any, target) -> None:
+    """torch.save through a Python file: a full disk is then an OSError (ENOSPC) that names
+    itself, where torch's own writer says only "unexpected pos"."""
+    if not isinstance(target, Path):  # atomic_write's byte counter
+        torch.save(obj, target)
+        return
+    with open(target, "wb") as file:
+        torch.save(obj, file)
 
 
 class Recorder:

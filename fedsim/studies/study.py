@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedsim.config import (AlgorithmConfig, Config, algorithm_options, config_from_dict, is_study,
-                           parse_override, read_toml, scenario_names, scenario_path)
+from fedsim.config import (AlgorithmConfig, Config, DataConfig, algorithm_options, config_from_dict, is_study,
+                           parse_override, plain_folder_name, read_toml, scenario_names, scenario_path)
 from fedsim.config.layers import SET, layered_config
 from fedsim.errors import FedsimError
 
@@ -126,7 +126,7 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
         raise FedsimError(f"{path}: the sweep has {len(grid):,} points (over {MAX_POINTS:,}); pass --yes "
                           "to run them all, or shorten its axes")
     name = base.get("run", {}).get("name") or path.stem
-    if not isinstance(name, str) or name in (".", "..") or any(c in name for c in "/\\\n\r\t") or not name.strip():
+    if not plain_folder_name(name):
         raise FedsimError(f"{path}: [run] name = {name!r} is not a plain folder name; give a name without "
                           "'/', '\\' or line breaks (the study folder is [run] out / name)")
     folder = Path(base.get("run", {}).get("out", "runs")) / name
@@ -152,7 +152,7 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
     if claims:
         from fedsim.results.claims import check_claims
 
-        resolved["claims"] = check_claims(claims, axes, str(path))
+        resolved["claims"] = check_claims(claims, axes, str(path), {p.config.data.dataset for p in points})
     return Study(name, str(path), axes, points, folder, resolved, float(gpus), warm_points)
 
 
@@ -427,6 +427,14 @@ def _what_runs(resolved: dict) -> dict:
     base = dict(resolved.get("base", {}))
     base["run"] = {k: v for k, v in base.get("run", {}).items() if k not in growing}
     return {key: value for key, value in {**resolved, "base": base}.items() if key != "claims"}
+
+
+def study_datasets(study: Study) -> set[str]:
+    """The datasets a study's points train on: its axis of them, else its base config's."""
+    if "data.dataset" in study.axes:
+        return set(study.axes["data.dataset"])
+    data = study.resolved.get("base", {}).get("data")
+    return {data.get("dataset", DataConfig.dataset) if isinstance(data, dict) else DataConfig.dataset}
 
 
 def open_study(folder: Path) -> Study:

@@ -186,7 +186,7 @@ def plot_command(args) -> int:
 def convert_command(args) -> int:
     import dataclasses
 
-    from fedsim.traces.io import write_trace
+    from fedsim.traces.io import checked_device_table, write_device_table, write_trace
 
     for out, flag in ((args.out, "--out"), (str(beside(args.out)), "--out's device table"),
                       (args.devices_out, "--devices-out")):
@@ -197,23 +197,21 @@ def convert_command(args) -> int:
     generator = dict(trace.generator)
     columns, warnings = generator.pop("device_columns", {}), generator.pop("warnings", [])
     trace = dataclasses.replace(trace, generator=generator)  # the trace's metadata stays small
+    table = device_table(trace, columns)
+    next_to = str(beside(args.out))
+    same = args.devices_out and Path(args.devices_out).resolve() == Path(next_to).resolve()
+    # beside the trace when there is more than the ids to say; at --devices-out as asked
+    paths = ([next_to] if len(table) > 1 or same else []) + ([args.devices_out] if args.devices_out and not same else [])
+    tables = {path: checked_device_table(table, path) for path in paths}  # a bad one stops before any write
     write_trace(trace, args.out)
     print(f"wrote {args.out}: {_one_line(trace)}")
     if "merged" in trace.generator:
         print(f"merged {trace.generator['merged']} overlapping or touching sessions")
     for line in [*warnings, *_repetition_warning(trace)]:
         print(f"warning: {line}", file=sys.stderr)
-    table = device_table(trace, columns)
-    next_to = str(beside(args.out))
-    same = args.devices_out and Path(args.devices_out).resolve() == Path(next_to).resolve()
-    # beside the trace when there is more than the ids to say; at --devices-out as asked
-    paths = ([next_to] if len(table) > 1 or same else []) + ([args.devices_out] if args.devices_out and not same else [])
-    if paths:
-        from fedsim.traces.io import write_device_table
-
-        for path in paths:
-            write_device_table(table, path)
-            print(f"wrote {path}: the device table ({', '.join(table)}) of the {trace.n_devices} devices")
+    for path, checked in tables.items():
+        write_device_table(checked, path)
+        print(f"wrote {path}: the device table ({', '.join(table)}) of the {trace.n_devices} devices")
     return 0
 
 

@@ -581,6 +581,8 @@ _ISO = (r"^[0-9]{4}-[0-9]{2}-[0-9]{2}(?:[Tt ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:[.,
         r"\s*(?:[Zz]|[+-][0-9]{2}(?::?[0-9]{2})?)?)?$")  # a zone only after a clock
 _TZ = re.compile(r"(?:UTC|GMT|Z)?(?:([+-])([0-9]{1,2})(?::?([0-9]{2}))?)?", re.IGNORECASE)
 _ISO_EXAMPLE = "2024-03-01T08:00:00+02:00"
+MAX_TZ_S = 14 * 3600  # UTC offsets run from -12:00 to +14:00; fedsim takes either sign up to 14 h
+_TZ_RANGE = "-14:00..+14:00"
 
 
 def _time_options(time_unit, tz, where: str) -> tuple[str | None, int | None]:
@@ -590,11 +592,15 @@ def _time_options(time_unit, tz, where: str) -> tuple[str | None, int | None]:
     if tz is None:
         return time_unit, None
     match = _TZ.fullmatch(str(tz).strip())
-    if not str(tz).strip() or not match or int(match[2] or 0) > 14 or int(match[3] or 0) > 59:
+    if not str(tz).strip() or not match or int(match[3] or 0) > 59:
         raise FedsimError(f"{where}: --tz {tz!r} is not a UTC offset; give one like +02:00, "
                           f"-05:30 or UTC (zone names such as Europe/Paris are not supported)")
     sign = -1 if match[1] == "-" else 1
-    return time_unit, sign * (int(match[2] or 0) * 3600 + int(match[3] or 0) * 60)
+    tz_s = sign * (int(match[2] or 0) * 3600 + int(match[3] or 0) * 60)
+    if abs(tz_s) > MAX_TZ_S:
+        raise FedsimError(f"{where}: --tz {tz!r} is beyond {_TZ_RANGE}, the range of UTC offsets; give the "
+                          "offset of the times' zone")
+    return time_unit, tz_s
 
 
 def _time_kind(unit: str | None, first: str | None, tz_s: int | None, where: str) -> str:
@@ -622,7 +628,7 @@ def _parse_times(text, kind: str, tz_s: int | None):
     us = (pl.col("date").cast(pl.Int64) * 86_400_000_000 + pl.col("us")
           + (hour * 3600 + minute * 60 + second - offset) * 1_000_000)
     valid = (pl.col("ok") & pl.col("date").is_not_null() & (pl.col("date").dt.year() >= 1)
-             & (hour < 24) & (minute < 60) & (second < 60) & (zone_h <= 14) & (zone_m < 60)
+             & (hour < 24) & (minute < 60) & (second < 60) & (zone_h * 3600 + zone_m * 60 <= MAX_TZ_S) & (zone_m < 60)
              & us.is_between(YEARS_S[0] * 1_000_000, YEARS_S[1] * 1_000_000 + 999_999))
     return parts.select(pl.when(valid).then(us)).to_series()
 
@@ -684,6 +690,9 @@ def _time_problem(value: str, kind: str, unit: str | None) -> str:
     """Why ``value`` is not a time of ``kind``: the end of an error line."""
     other = "iso" if kind == "number" else "number"
     what = {"iso": "an ISO 8601 time", "number": "a number"}
+    zone = _zone_beyond_range(value)
+    if zone:
+        return f"has the UTC offset {zone}, beyond {_TZ_RANGE}; give the offset of the times' zone"
     if _is_kind(value, other):
         if unit:
             fix = "--time-unit iso" if other == "iso" else "--time-unit s or ms"
@@ -694,6 +703,17 @@ def _time_problem(value: str, kind: str, unit: str | None) -> str:
         return f"is not a time; expected a number or an ISO 8601 time like {_ISO_EXAMPLE}"
     expected = f"an ISO 8601 time like {_ISO_EXAMPLE}" if kind == "iso" else "a number"
     return f"is not a time; expected {expected} (--time-unit {unit})"
+
+
+def _zone_beyond_range(value: str) -> str | None:
+    """The UTC offset of an ISO time, as written, if it is beyond +-14 h (else None)."""
+    import polars as pl
+
+    if _parse_times(pl.Series([value], dtype=pl.String), "iso", 0)[0] is not None:
+        return None
+    parts, offset = _iso_parts(pl.Series([value], dtype=pl.String), 0)
+    zone = parts.select(pl.when(pl.col("ok") & ~pl.col("naive") & (pl.col("zone_m") < 60)).then(offset)).item()
+    return None if zone is None or abs(zone) <= MAX_TZ_S else re.search(r"[+-][0-9:]+\s*$", value)[0].strip()
 
 
 def _utc(microseconds: int) -> str:

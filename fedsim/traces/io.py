@@ -62,14 +62,20 @@ def read_trace(path) -> Trace:
     return Trace(device_id, start, end, n_devices, horizon, wrap, origin, generator)
 
 
-def write_device_table(table: dict, path) -> None:
-    """Write a device table (one row per trace device) atomically: the known columns with
-    their types, any other column as given (checked as `read_device_table` checks it)."""
+def checked_device_table(table: dict, path) -> pa.Table:
+    """A device table (one row per trace device) as it is written to `path`: the known columns
+    with their types, any other column as given, checked as `read_device_table` checks it (a
+    command checks it so before it writes anything)."""
     where = f"device table {path}"
     frame = _device_frame({k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in table.items()}, where)
-    arrays = {name: pa.array(values.tolist() if values.dtype == object else values)
-              for name, values in frame.items()}
-    atomic_write(path, lambda tmp: pq.write_table(pa.table(arrays), tmp))
+    return pa.table({name: pa.array(values.tolist() if values.dtype == object else values)
+                     for name, values in frame.items()})
+
+
+def write_device_table(table: dict | pa.Table, path) -> None:
+    """Write a device table atomically (a dict is checked first: checked_device_table)."""
+    checked = table if isinstance(table, pa.Table) else checked_device_table(table, path)
+    atomic_write(path, lambda tmp: pq.write_table(checked, tmp))
 
 
 def read_device_table(path) -> dict[str, np.ndarray]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -24,10 +23,9 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedsim.errors import FedsimError
+from fedsim.errors import STOP_SIGNALS, FedsimError, Stopped, on_stop_signals
 from fedsim.files import atomic_write
 from fedsim.results.status import read_manifest
-from fedsim.sim.engine import STOP_SIGNALS
 from fedsim.studies.point import run_point
 from fedsim.studies.study import Point, Study
 
@@ -149,23 +147,16 @@ def stop_signals():
     """The first Ctrl-C or SIGTERM (`kill`, `timeout`, a batch scheduler's time limit) stops
     the study, as it stops an in-process one, instead of killing the driver with its tasks:
     it is noted in the dict this yields ({"name": "SIGTERM"}) and `gather` cancels the tasks;
-    a second one aborts (KeyboardInterrupt)."""
+    a second one aborts (Stopped)."""
     stopped = {"name": ""}
-    if threading.current_thread() is not threading.main_thread():
-        yield stopped
-        return
 
     def handler(signum, frame):
         if stopped["name"]:
-            raise KeyboardInterrupt
+            raise Stopped(STOP_SIGNALS[signum])
         stopped["name"] = STOP_SIGNALS[signum]
 
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    try:
+    with on_stop_signals(handler):
         yield stopped
-    finally:
-        for sig, old_handler in previous.items():
-            signal.signal(sig, old_handler)
 
 
 class MainThreadStream:
@@ -212,7 +203,7 @@ def gather(ray, refs: dict, todo: list, study: Study, statuses: list, shown,
                 ray.cancel(ref)
         try:
             ready, left = ray.wait(left, num_returns=1, timeout=WAIT_S)
-        except KeyboardInterrupt:
+        except Stopped:
             for ref in left:
                 ray.cancel(ref, force=True)
             raise

@@ -226,7 +226,8 @@ def test_sigterm_stops_a_ray_sweep_with_143_keeping_what_it_finished(tmp_path):
     sweep.send_signal(signal.SIGTERM)
     out, err = sweep.communicate(timeout=60)
     assert sweep.returncode == 143, err
-    assert "Traceback" not in err and "fedsim sweep --resume runs/long" in out
+    assert "Traceback" not in err and f"fedsim sweep --resume {tmp_path / 'runs/long'}" in out
+    assert err == "stopping: the running points finish their round (SIGTERM again to abort)\n"
     assert manifest(done)["status"] == "completed"
     assert manifest(running)["status"] == "interrupted" and (running / "checkpoint.pt").exists()
     assert "SIGTERM" in manifest(running)["reason"] and "Ctrl-C" not in manifest(running)["reason"]

@@ -11,7 +11,6 @@ Asynchronous runs train on their own (their server has no gate).
 
 from __future__ import annotations
 
-import shutil
 from typing import TYPE_CHECKING, Sequence
 
 import simpy
@@ -20,7 +19,7 @@ from fedsim.errors import FedsimError
 from fedsim.runs.experiment import Experiment, RunResult, prepare_resume, resume_overrides
 from fedsim.sim.engine import finish_round_on_stop_signal
 from fedsim.sim.server import Server
-from fedsim.studies.point import run_point
+from fedsim.studies.point import clear_for_new_run, run_point
 from fedsim.studies.progress import StudyProgress
 from fedsim.training.cohort import train_together
 
@@ -113,5 +112,5 @@ def _prepare(point: Point, state: str, run_dir, plotter, callbacks) -> tuple[Exp
     """A point's experiment, fresh or resumed from its checkpoint (and that checkpoint)."""
     if state == "resume":
         return prepare_resume(run_dir, resume_overrides(point.config), False, plotter, callbacks)
-    shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
+    clear_for_new_run(run_dir)
     return Experiment(point.config, run_dir, False, plotter=plotter, callbacks=callbacks), None

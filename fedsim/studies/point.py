@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from fedsim.config import Config
+from fedsim.files import DirectoryLock
 from fedsim.results.status import read_manifest
 
 
@@ -20,5 +21,12 @@ def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, 
         return read_manifest(run_dir)["status"]
     if state == "resume":
         return resume(run_dir, resume_overrides(config), progress, plotter).status
-    shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
+    clear_for_new_run(run_dir)
     return Experiment(config, run_dir, progress, plotter=plotter).run().status
+
+
+def clear_for_new_run(run_dir: Path) -> None:
+    """A point that starts afresh: what a start that never checkpointed left goes, unless another
+    process holds the folder (then one line says which, and nothing there changes)."""
+    DirectoryLock(run_dir).refuse_if_held()
+    shutil.rmtree(run_dir, ignore_errors=True)

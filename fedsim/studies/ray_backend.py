@@ -68,11 +68,12 @@ def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None 
         return statuses, ""
     where = f"--address {address}" if address else f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}"
     with main_thread_output():
-        started = start_ray(ray, address or os.environ.get("RAY_ADDRESS"), where)
+        with keeping_our_sigterm_handler(ray):
+            started = start_ray(ray, address or os.environ.get("RAY_ADDRESS"), where)
         try:
             check_gpus(ray, study.gpus_per_task)
             task = ray.remote(run_task).options(num_cpus=1, num_gpus=study.gpus_per_task, max_retries=0)
-            with stop_signals() as stopped:  # after ray.init, which sets its own SIGTERM handler
+            with stop_signals() as stopped:
                 cwd = os.getcwd()
                 refs = {}
                 for i in pending:
@@ -92,6 +93,27 @@ def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None 
         more = f" ({len(failures) - 1} more points failed)" if len(failures) > 1 else ""
         raise FedsimError(min(failures)[1] + more)
     return statuses, stopped["name"]
+
+
+@contextmanager
+def keeping_our_sigterm_handler(ray):
+    """Within (ray.init): Ray does not replace fedsim's SIGTERM handler with its own, which
+    exits with status 15 (or 1) and no word, during its start or at any later moment of the
+    sweep; a SIGTERM stops the sweep with 143 and one line, as it stops an in-process one."""
+    import signal
+
+    ours = signal.getsignal(signal.SIGTERM)
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    replace = getattr(utils, "set_sigterm_handler", None)
+    if replace is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        if replace is not None:
+            utils.set_sigterm_handler = replace
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, ours)  # whatever another Ray version set all the same
 
 
 def start_ray(ray, address: str | None, where: str) -> bool:
@@ -197,8 +219,9 @@ def gather(ray, refs: dict, todo: list, study: Study, statuses: list, shown,
     while left:
         if stopped["name"] and not cancelled:
             cancelled = True
-            print(f"\nstopping: the running points finish their round ({stopped['name']} again to abort)",
-                  file=sys.stderr, flush=True)
+            fresh_line = "\n" if sys.stderr.isatty() else ""  # off the progress bar
+            print(f"{fresh_line}stopping: the running points finish their round ({stopped['name']} again to "
+                  "abort)", file=sys.stderr, flush=True)
             for ref in left:
                 ray.cancel(ref)
         try:

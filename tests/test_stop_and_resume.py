@@ -292,3 +292,16 @@ def test_a_sweep_refuses_a_point_folder_that_another_process_holds(tmp_path, cap
     finally:
         holder.release()
     assert main(["sweep", str(tmp_path / "s.toml"), "--quiet", "--set", f"run.out={tmp_path}"]) == 0
+
+
+def test_a_signal_while_the_run_writes_its_first_files_stops_it_before_its_first_round(tmp_path):
+    (tmp_path / "r.toml").write_text(dump_toml(RUN))
+    proc = signalled(["run", "r.toml"], tmp_path, "fedsim.runs.experiment.write_trace", signal.SIGTERM, after=0.5)
+    assert proc.returncode == 143, proc.stderr
+    run_dir = tmp_path / "runs" / "r"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert (manifest["status"], manifest["rounds"], manifest["reason"]) == \
+        ("interrupted", 0, "interrupted by SIGTERM before round 0")
+    done = as_printed(hint(proc.stdout, "run"), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((run_dir / "manifest.json").read_text())["rounds"] == 6

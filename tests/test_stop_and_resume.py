@@ -296,7 +296,8 @@ def test_a_sweep_refuses_a_point_folder_that_another_process_holds(tmp_path, cap
 
 def test_a_signal_while_the_run_writes_its_first_files_stops_it_before_its_first_round(tmp_path):
     (tmp_path / "r.toml").write_text(dump_toml(RUN))
-    proc = signalled(["run", "r.toml"], tmp_path, "fedsim.runs.experiment.write_trace", signal.SIGTERM, after=0.5)
+    proc = signalled(["run", "r.toml"], tmp_path, "fedsim.runs.experiment.remove_stale_temporaries", signal.SIGTERM,
+                      after=0.5)
     assert proc.returncode == 143, proc.stderr
     run_dir = tmp_path / "runs" / "r"
     manifest = json.loads((run_dir / "manifest.json").read_text())

@@ -9,11 +9,12 @@ import argparse
 import atexit
 import errno
 import os
+import shlex
 import sys
 from pathlib import Path
 
 from fedsim.config import RESUME_KEYS
-from fedsim.errors import FedsimError
+from fedsim.errors import EXIT_CODES, STOP_SIGNALS, FedsimError, Stopped, stop_at_once
 from fedsim.results.status import read_manifest
 
 
@@ -72,9 +73,14 @@ def early_stops(result) -> list[str]:
     return lines
 
 
-# docs/running.md, "Exit codes": 0 completed, 1 a bug (a traceback), 2 a usage or config error, 3 a
-# diverged run, 130 / 143 a run stopped by SIGINT (Ctrl-C) / SIGTERM, its state saved
-EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM = 3, 130, 143
+# docs/running.md, "Exit codes": 0 completed, 1 a bug (a traceback), 2 a usage or config error,
+# 3 a diverged run, 130 / 143 stopped by SIGINT (Ctrl-C) / SIGTERM (errors.EXIT_CODES)
+EXIT_DIVERGED = 3
+
+
+def stop_code(reason: str) -> int:
+    """The exit status of work that the stop signal named in `reason` interrupted."""
+    return EXIT_CODES["SIGTERM" if "SIGTERM" in reason else "Ctrl-C"]
 
 
 def exit_code(runs) -> int:
@@ -82,8 +88,14 @@ def exit_code(runs) -> int:
     unfinished), then divergence, else 0."""
     for r in runs:
         if r.status == "interrupted":
-            return EXIT_SIGTERM if "SIGTERM" in r.reason else EXIT_SIGINT
+            return stop_code(r.reason)
     return EXIT_DIVERGED if any(r.status == "diverged" for r in runs) else 0
+
+
+def resume_command(command: str, folder: Path) -> str:
+    """`fedsim run --resume /abs/folder`: what finishes the work in `folder`, typed from any
+    directory (an absolute path, quoted for the shell where it needs it)."""
+    return f"fedsim {command} --resume {shlex.quote(str(Path(folder).absolute()))}"
 
 
 def manifest_warnings(result) -> list[str]:
@@ -108,6 +120,32 @@ def cmd_run(args) -> int:
     from fedsim.results.plot_worker import shared_worker
 
     plotter = shared_worker()  # before torch's import, so that matplotlib's overlaps it
+    ready: list[Path] = [Path(args.resume)] if args.resume else []
+    try:
+        return _cmd_run(args, plotter, ready)
+    except (Stopped, KeyboardInterrupt) as err:
+        stop = as_stopped(err)
+        stop.hint = stop.hint or run_stop_hint(ready[-1] if ready else None, fresh=not args.resume)
+        raise stop from None
+
+
+def as_stopped(err: BaseException) -> Stopped:
+    """A KeyboardInterrupt (raised by code that is not fedsim's) as the Stopped of a Ctrl-C."""
+    return err if isinstance(err, Stopped) else Stopped("Ctrl-C")
+
+
+def run_stop_hint(run_dir: Path | None, fresh: bool) -> str:
+    """What a run that a stop signal ended at once left: a directory to resume, or nothing (a
+    fresh run's directory that was only just made goes again)."""
+    if run_dir is not None and ((run_dir / "checkpoint.pt").exists() or (run_dir / "config.toml").exists()):
+        return f"; {run_dir} keeps its last checkpoint: run `{resume_command('run', run_dir)}` to finish it"
+    if fresh and run_dir is not None and {p.name for p in run_dir.iterdir()} <= {".lock"}:
+        (run_dir / ".lock").unlink(missing_ok=True)
+        run_dir.rmdir()
+    return " before the run started; nothing was written"
+
+
+def _cmd_run(args, plotter, ready: list[Path]) -> int:
     from fedsim.config import load_config
     from fedsim.runs.comparison import is_comparison, resume_comparison, run
     from fedsim.runs.experiment import resume
@@ -128,8 +166,12 @@ def cmd_run(args) -> int:
             result = resume(run_dir, args.set, progress=not args.quiet, plotter=plotter, force=args.force)
     else:
         config = load_config(args.config, args.set)
-        result = run(config, progress=not args.quiet, plotter=plotter,
-                     on_ready=lambda run_dir: print(f"run directory: {run_dir}", flush=True))
+
+        def on_ready(run_dir: Path) -> None:
+            ready.append(run_dir)
+            print(f"run directory: {run_dir}", flush=True)
+
+        result = run(config, progress=not args.quiet, plotter=plotter, on_ready=on_ready)
     print(_summary_table(result))
     for r in result.runs or [result]:
         if r.status != "completed":
@@ -139,7 +181,7 @@ def cmd_run(args) -> int:
     for line in manifest_warnings(result):
         print(line)
     if any(r.status == "interrupted" for r in [*result.runs, result]):
-        print(f"interrupted: run `fedsim run --resume {result.run_dir}` to finish it")
+        print(f"interrupted: run `{resume_command('run', result.run_dir)}` to finish it")
     print(f"results: {result.run_dir}")
     return exit_code([*result.runs, result])  # a member says which signal; the whole, between members
 
@@ -164,6 +206,20 @@ def cmd_sweep(args) -> int:
     from fedsim.results.plot_worker import shared_worker
 
     plotter = shared_worker()
+    loaded = []
+    try:
+        return _cmd_sweep(args, plotter, loaded)
+    except (Stopped, KeyboardInterrupt) as err:
+        stop = as_stopped(err)
+        folder = loaded[0].folder if loaded else None
+        if folder is not None and (folder / "study.toml").exists():
+            stop.hint = f"; the runs finished are kept: run `{resume_command('sweep', folder)}` to finish the study"
+        else:
+            stop.hint = " before the study started; nothing was written"
+        raise stop from None
+
+
+def _cmd_sweep(args, plotter, loaded: list) -> int:
     from fedsim.studies.study import load_study
     from fedsim.studies.sweep import run_study
     from fedsim.studies.tables import format_summary
@@ -171,7 +227,15 @@ def cmd_sweep(args) -> int:
     if (args.study is None) == (args.resume is None):
         raise FedsimError("fedsim sweep: give a study file (or scenario), or --resume STUDY_FOLDER to finish "
                           "one that was interrupted, not both")
+    if args.resume is not None:
+        check_resume_overrides(args.set)
+        if not Path(args.resume).is_dir():
+            what = "a file" if Path(args.resume).exists() else "no such folder"
+            raise FedsimError(f"--resume {args.resume}: {what}; --resume takes the folder of a study (the one "
+                              "`fedsim sweep` printed after 'results:'), while a study file runs as `fedsim "
+                              "sweep STUDY.toml` again (its finished points are skipped)")
     study = load_study(args.study or args.resume, args.set, yes=args.yes)
+    loaded.append(study)
     warm = f" after {len(study.warm)} warm-start runs" if study.warm else ""
     print(f"study {study.name}: {len(study.points)} points{warm} in {study.folder}", flush=True)
 
@@ -185,9 +249,11 @@ def cmd_sweep(args) -> int:
         plotter.finish()
     stopped = [r for r in records if r["status"] == "interrupted"]
     if stopped:
-        print(f"study interrupted at {stopped[0]['point']}; run `fedsim sweep --resume {study.folder}` "
-              "to finish it")
-        return EXIT_SIGTERM if "SIGTERM" in stopped[0]["stopped_by"] else EXIT_SIGINT
+        finished = sum(r["status"] in ("completed", "diverged") for r in records)
+        signal = "SIGTERM" if "SIGTERM" in stopped[0]["stopped_by"] else "Ctrl-C"
+        print(f"study interrupted by {signal} ({finished} of {len(study.warm) + len(study.points)} runs "
+              f"finished); run `{resume_command('sweep', study.folder)}` to finish it")
+        return stop_code(stopped[0]["stopped_by"])
     print(format_summary(study))
     print(f"results: {study.folder}")
     return EXIT_DIVERGED if any(r["status"] == "diverged" for r in records) else 0
@@ -415,16 +481,17 @@ def run_trace(run_dir: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        with stop_at_once():  # at any moment; a run's rounds finish the round in progress first
+            args = build_parser().parse_args(argv)
+            return args.func(args)
+    except (Stopped, KeyboardInterrupt) as err:  # one line, whenever it came (docs/running.md, "Ctrl-C")
+        stop = as_stopped(err)
+        print(f"stopped by {stop.name}{stop.hint}", file=sys.stderr)
+        return stop.exit_code
     except FedsimError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM; the first one finishes the round
-        print("error: aborted; the run directory keeps its last checkpoint", file=sys.stderr)
-        return 130
     except MemoryError:  # a size no check caught up front
         print("error: out of memory; lower the sizes in the config or command (data.clients, "
               "data.samples, batch_size, trace devices or days) or use a bigger machine", file=sys.stderr)
@@ -455,7 +522,16 @@ def entry() -> None:
 def exit_now(code: int) -> None:
     """Exit without the interpreter's teardown, which takes ~0.4 s once torch is loaded and
     does nothing a finished command needs: every output file is closed, the exit handlers
-    (the plot worker's) run here first, and the streams are flushed."""
+    (the plot worker's) run here first, and the streams are flushed. A stop signal meanwhile
+    lets them finish, and sets the exit status."""
+    import signal
+
+    def note(signum, frame):
+        nonlocal code
+        code = EXIT_CODES[STOP_SIGNALS[signum]]
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, note)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -1,7 +1,11 @@
-"""The one exception type that reaches the user as a single line (no traceback), and the one
-"did you mean" helper of its messages."""
+"""The exceptions that reach the user as a single line (no traceback): FedsimError, a user
+mistake (exit 2), and Stopped, a stop signal (exit 130 / 143); the "did you mean" helper of
+their messages."""
 
 import difflib
+import signal
+import threading
+from contextlib import contextmanager
 
 
 class FedsimError(Exception):
@@ -23,3 +27,49 @@ def choice_error(where: str, value, valid, problem: str = "is unknown") -> Fedsi
     hint = did_you_mean(value, valid)
     return FedsimError(f"{where} = {value!r} {problem}{'; ' + hint if hint else ''} "
                        f"(one of: {', '.join(valid)})")
+
+
+STOP_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+EXIT_CODES = {"Ctrl-C": 130, "SIGTERM": 143}  # 128 + the signal's number, as a shell reports it
+
+
+class Stopped(BaseException):
+    """A stop signal that ends the command at once: while it sets up (imports, data, the
+    trace), where there is nothing to finish or save, or a second signal during a run's rounds
+    (fedsim/sim/engine.py). A BaseException, as KeyboardInterrupt is, so that no `except
+    Exception` takes it for a failure. `hint` ends the line the CLI prints (`stopped by
+    Ctrl-C` + hint): what the command left, and how to go on."""
+
+    def __init__(self, name: str, hint: str = ""):
+        super().__init__(name)
+        self.name, self.hint = name, hint
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.name]
+
+
+def raise_stopped(signum, frame):
+    raise Stopped(STOP_SIGNALS[signum])
+
+
+@contextmanager
+def on_stop_signals(handler):
+    """Within: `handler(signum, frame)` handles Ctrl-C and SIGTERM, whatever the process
+    inherited (a job that a script starts with `&` ignores SIGINT, and Python then never raises
+    KeyboardInterrupt); yields the handlers it replaced, {} outside the main thread, where
+    signals cannot be handled and nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield {}
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield previous
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def stop_at_once():
+    """Within: Ctrl-C and SIGTERM raise Stopped (outside a run's rounds: nothing to finish)."""
+    return on_stop_signals(raise_stopped)

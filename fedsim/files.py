@@ -220,14 +220,23 @@ class DirectoryLock:
             return -1, holder
         return fd, None
 
-    def held(self) -> bool:
-        """Whether some process holds it now (a look that writes nothing)."""
+    def holder(self) -> str | None:
+        """Who holds it now, None if nobody (a look that writes nothing)."""
         if not (self.folder / ".lock").exists():
-            return False
+            return None
         fd, holder = self._try()
         if fd >= 0:
             os.close(fd)
-        return holder is not None
+        return holder
+
+    def held(self) -> bool:
+        return self.holder() is not None
+
+    def refuse_if_held(self) -> None:
+        """FedsimError naming the process that holds it, if one does."""
+        holder = self.holder()
+        if holder is not None:
+            raise self._in_use(holder)
 
     def acquire(self, what: str) -> None:
         import socket
@@ -235,12 +244,14 @@ class DirectoryLock:
         self.folder.mkdir(parents=True, exist_ok=True)
         fd, holder = self._try()
         if holder is not None:
-            raise FedsimError(f"{self.folder}: in use by {holder}; wait until it ends (or stop it), "
-                              "then try again")
+            raise self._in_use(holder)
         with contextlib.suppress(OSError):  # a full disk: locked all the same, the next write says so
             os.ftruncate(fd, 0)
             os.write(fd, f"process {os.getpid()} on {socket.gethostname()} ({what})".encode())
         self.fd = fd
+
+    def _in_use(self, holder: str) -> FedsimError:
+        return FedsimError(f"{self.folder}: in use by {holder}; wait until it ends (or stop it), then try again")
 
     def release(self) -> None:
         if self.fd is not None:

@@ -198,7 +198,7 @@ def test_out_of_gpu_memory_is_one_line(tmp_path, capsys, monkeypatch):
 
     from fedsim.runs.experiment import Experiment
 
-    def oom(self):
+    def oom(self, resume=None):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
 
     monkeypatch.setattr(Experiment, "run", oom)

@@ -104,8 +104,6 @@ def test_reports_and_plots_read_the_runs_of_a_past_release(release, kind, tmp_pa
     assert drawn and all(path.suffix == ".png" and path.is_file() for path in drawn)
 
 
-@pytest.mark.xfail(reason="`fedsim sweep --resume FOLDER` is issue 29 §1 (branch i29-resume); "
-                          "remove this mark once it is merged", strict=False)
 @pytest.mark.parametrize("release", RELEASES)
 def test_a_study_of_a_past_release_resumes_by_its_folder(release, tmp_path, capsys, monkeypatch):
     study = copy_of(release, tmp_path) / "study"

@@ -94,8 +94,9 @@ def test_a_study_resumes_after_sigterm_and_ends_like_an_uninterrupted_one(grid, 
 
     monkeypatch.setattr(Recorder, "add_round", term_in_round_4)
     sweep(path, expect=143)
-    assert "study interrupted at algorithm-fedavg_seed-0" in capsys.readouterr().out
     folder = tmp_path / "runs" / "s"
+    assert (f"study interrupted by SIGTERM (0 of 9 runs finished); run `fedsim sweep --resume {folder}` to "
+            "finish it") in capsys.readouterr().out
     assert not (folder / "summary.parquet").exists()
     manifests = [json.loads((p / "manifest.json").read_text()) for p in folder.glob("algorithm-*")]
     assert len(manifests) == 9 and {m["status"] for m in manifests} == {"interrupted"}

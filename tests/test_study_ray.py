@@ -226,7 +226,8 @@ def test_sigterm_stops_a_ray_sweep_with_143_keeping_what_it_finished(tmp_path):
     sweep.send_signal(signal.SIGTERM)
     out, err = sweep.communicate(timeout=60)
     assert sweep.returncode == 143, err
-    assert "Traceback" not in err and "fedsim sweep --resume runs/long" in out
+    assert "Traceback" not in err and f"fedsim sweep --resume {tmp_path / 'runs/long'}" in out
+    assert err == "stopping: the running points finish their round (SIGTERM again to abort)\n"
     assert manifest(done)["status"] == "completed"
     assert manifest(running)["status"] == "interrupted" and (running / "checkpoint.pt").exists()
     assert "SIGTERM" in manifest(running)["reason"] and "Ctrl-C" not in manifest(running)["reason"]
@@ -245,3 +246,16 @@ def test_a_killed_ray_worker_is_one_error_line_naming_its_point(tmp_path):
     assert err.startswith("error: point seed-1_rounds-100000: its Ray worker died while it ran") and \
         err.count("\n") == 1, err
     assert "raylet" not in out + err and "seed-0_rounds-2: completed" in out
+
+
+def test_sigterm_once_ray_started_is_143_and_one_line_as_in_process(tmp_path):
+    """ray.init puts in a SIGTERM handler of its own (exit 15, no word): fedsim keeps its own."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_stop_and_resume import signalled
+
+    (tmp_path / "s.toml").write_text(LONG)
+    proc = signalled(["sweep", "s.toml", "--backend", "ray"], tmp_path,
+                     "fedsim.studies.ray_backend.check_gpus", signal.SIGTERM, after=0.5)
+    assert proc.returncode == 143, proc.stderr
+    assert proc.stderr == (f"stopped by SIGTERM; the runs finished are kept: run `fedsim sweep --resume "
+                           f"{tmp_path / 'runs/long'}` to finish the study\n")

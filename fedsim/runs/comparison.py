@@ -13,7 +13,7 @@ import polars as pl
 
 from fedsim.runs.callbacks import Callback
 from fedsim.config import Config, config_from_dict, dump_toml
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, Stopped, stop_at_once
 from fedsim.runs.experiment import Experiment, RunResult
 from fedsim.files import DirectoryLock, atomic_write, claim_directory, plain_name, remove_stale_temporaries
 from fedsim.results.plot_worker import PlotWorker
@@ -83,26 +83,32 @@ def _members(config, run_dir, progress, plotter, callbacks, first=None, force=Fa
     """Each algorithm of a comparison in turn: run it, resume it from its checkpoint, or (done)
     read its result; then the summary and the comparison plots. A stop signal, also between
     two algorithms, stops the comparison (status interrupted; `--resume` finishes it)."""
-    from fedsim.runs.experiment import resume, run_state
+    from fedsim.runs.experiment import prepare_resume, resume_overrides, run_state
 
     results = []
     stop_signal = {"name": None}
     with finish_round_on_stop_signal(stop_signal):
         for name in config.run.algorithms:
-            sub = run_dir / plain_name(name)
-            state = run_state(sub, config.with_algorithm(name))
             if stop_signal["name"]:
                 break
+            sub, member = run_dir / plain_name(name), config.with_algorithm(name)
+            state = run_state(sub, member)
             if state == "done":
                 results.append(finished_result(sub, name))
-            elif state == "resume":
-                results.append(resume(sub, [f"run.rounds={config.run.rounds}"], progress, plotter,
-                                      callbacks, force))
-            else:
-                experiment = first or Experiment(config.with_algorithm(name), sub, progress,
-                                                 plotter=plotter, callbacks=callbacks)
-                results.append(experiment.run())
+                continue
+            try:
+                with stop_at_once():  # setting up an algorithm: no round there to finish
+                    if state == "resume":  # with the comparison's values of the keys a resume may change
+                        experiment, resume_state = prepare_resume(sub, resume_overrides(member), progress,
+                                                                  plotter, callbacks, force)
+                    else:
+                        experiment, resume_state = first or Experiment(member, sub, progress, plotter=plotter,
+                                                                       callbacks=callbacks), None
+            except Stopped as stop:
+                stop_signal["name"] = stop.name
+                break
             first = None
+            results.append(experiment.run(resume_state))
             if results[-1].status == "interrupted":  # Ctrl-C stops the comparison, not one member
                 break
     summary = summarize(results)
@@ -147,6 +153,7 @@ def resume_comparison(run_dir: Path, overrides: list[str] = (), progress: bool =
     config = config_from_dict(raw, origin=str(run_dir / "config.toml"))
     try:
         with comparison_lock(run_dir, "fedsim resume, a comparison"):
+            write_text(run_dir / "config.toml", dump_toml(config.to_dict()))  # with the keys it resumed with
             return _members(config, run_dir, progress, plotter, (), force=force)
     finally:
         if plotter is not None:

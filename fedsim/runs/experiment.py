@@ -181,10 +181,10 @@ class Experiment:
         stop_signal = {"name": None}
         try:
             with self.threads.scope():
-                with finish_round_on_stop_signal(stop_signal):
+                with finish_round_on_stop_signal(stop_signal):  # its outputs too are written whole
                     engine = self.start(resume, stop_signal)
                     engine.env.run(until=engine.process)
-                return self.end()
+                    return self.end()
         finally:
             self.lock.release()
 
@@ -253,8 +253,10 @@ class Experiment:
             return f"training loss {loss:.4g} above [run] diverge_loss {limit:.4g}"
         return None
 
-    def end(self) -> RunResult:
-        """Everything after the last round: final evaluation and checkpoint, the outputs."""
+    def end(self, plot_interrupted: bool = True) -> RunResult:
+        """Everything after the last round: final evaluation and checkpoint, the outputs; the
+        plots unless the run was interrupted and not `plot_interrupted` (a study's point: it is
+        drawn once resumed, and a study stopped by Ctrl-C should not wait for its drawing)."""
         cfg, result = self.config, self.engine.result()
         metrics: dict = {}
         if result.status != "interrupted" and self.task.own_test_data:  # score each device on its own tests
@@ -267,7 +269,7 @@ class Experiment:
         write_manifest(self, result, self._host_s())
         for callback in self.chain:
             callback.on_saved(self, result)
-        if cfg.run.plots:
+        if cfg.run.plots and (plot_interrupted or result.status != "interrupted"):
             draw_plots(self.plotter, {cfg.algorithm.name: self.run_dir}, self.run_dir / "plots", cfg.run.name)
         self.lock.release()
         return RunResult(self.run_dir, cfg.algorithm.name, result.status, result.reason,
@@ -418,6 +420,14 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
                           f"{state['round']} rounds; resume can only add rounds")
     return Experiment(config, run_dir, progress, record, plotter, callbacks, resuming=True), state
 
+
+
+def resume_overrides(config: Config) -> list[str]:
+    """`--set` lines of `config`'s values of the keys a resume may change (more rounds, a time
+    limit, another evaluation interval, plots, trackers): what a comparison's algorithm or a
+    study's point resumes with, so that a key given to the whole reaches every run of it."""
+    values = config.to_dict()
+    return [f"{key}={json.dumps(values[key.split('.')[0]][key.split('.')[1]])}" for key in RESUME_KEYS]
 
 
 def run_state(run_dir: Path, config: Config) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
@@ -12,6 +11,7 @@ from typing import Callable
 import simpy
 import torch
 
+from fedsim.errors import STOP_SIGNALS, Stopped, on_stop_signals
 from fedsim.sim.round_timing import Stop
 from fedsim.sim.server import RoundOutcome, Server
 
@@ -50,6 +50,10 @@ class Engine:
             if max_time and env.now >= max_time:
                 self.reason = f"max_time {max_time:g} s reached"
                 return
+            if self.stop_signal["name"]:  # it came while the run started: no round to finish
+                self.status = "interrupted"
+                self.reason = f"interrupted by {self.stop_signal['name']} before round {rnd}"
+                return
             outcome = yield env.process(server.round(rnd, max_time))
             if isinstance(outcome, Stop):
                 self.reason = outcome.reason
@@ -87,32 +91,27 @@ def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int
     return engine.result()
 
 
-STOP_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-
-
 @contextmanager
-def finish_round_on_stop_signal(stop_signal: dict):
+def finish_round_on_stop_signal(stop_signal: dict, notice: str = "stopping after this round"):
     """The first Ctrl-C or SIGTERM (`kill`, `timeout`, a batch scheduler's time limit) lets the
     round in progress finish, so that the run stops at a round boundary with its results and a
-    consistent checkpoint to resume from; a second one aborts at once (KeyboardInterrupt),
-    leaving the last periodic checkpoint in place."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
+    consistent checkpoint to resume from (`notice`, on stderr, says what it waits for); a
+    second one aborts at once (Stopped), leaving the last periodic checkpoint in place. Nested
+    (a comparison's algorithm, a study's group of points), the signal reaches the enclosing
+    one too: it stops the comparison or study after this run."""
     def handler(signum, frame):
         if stop_signal["name"]:
-            raise KeyboardInterrupt
+            raise Stopped(STOP_SIGNALS[signum])
         stop_signal["name"] = STOP_SIGNALS[signum]
-        print(f"\nstopping after this round ({stop_signal['name']} again to abort)",
-              file=sys.stderr, flush=True)
+        fresh_line = "\n" if sys.stderr.isatty() else ""  # off the progress bar
+        print(f"{fresh_line}{notice} ({stop_signal['name']} again to abort)", file=sys.stderr, flush=True)
 
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    try:
+    handler.stop_signal = stop_signal
+    with on_stop_signals(handler) as previous:
         yield
-    finally:
-        for sig, old_handler in previous.items():
-            signal.signal(sig, old_handler)
+    outer = getattr(previous.get(signal.SIGINT), "stop_signal", None)
+    if outer is not None and stop_signal["name"] and not outer["name"]:
+        outer["name"] = stop_signal["name"]
 
 
 def new_environment(start_time: float = 0.0) -> simpy.Environment:

@@ -11,16 +11,15 @@ Asynchronous runs train on their own (their server has no gate).
 
 from __future__ import annotations
 
-import shutil
 from typing import TYPE_CHECKING, Sequence
 
 import simpy
 
 from fedsim.errors import FedsimError
-from fedsim.runs.experiment import Experiment, RunResult, prepare_resume
+from fedsim.runs.experiment import Experiment, RunResult, prepare_resume, resume_overrides
 from fedsim.sim.engine import finish_round_on_stop_signal
 from fedsim.sim.server import Server
-from fedsim.studies.point import resume_overrides, run_point
+from fedsim.studies.point import clear_for_new_run, run_point
 from fedsim.studies.progress import StudyProgress
 from fedsim.training.cohort import train_together
 
@@ -51,8 +50,10 @@ def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | Non
     their results, in order. Ctrl-C or SIGTERM stops every run after its round in progress."""
     resumes = list(resumes) or [None] * len(experiments)
     stop_signal = {"name": None}
+    runs = f"the {len(experiments)} running points finish" if len(experiments) > 1 else "the running point finishes"
+    notice = f"stopping: {runs} their round, then save their results and checkpoint"
     with experiments[0].threads.scope():
-        with finish_round_on_stop_signal(stop_signal):
+        with finish_round_on_stop_signal(stop_signal, notice):
             engines = [e.start(r, stop_signal) for e, r in zip(experiments, resumes)]
             for engine in engines:
                 if type(engine.server) is Server:
@@ -67,7 +68,7 @@ def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | Non
                 for gate, result in zip(waiting, train_together([g.pending for g in waiting])):
                     gate.resolve(result)
                 live = [e for e in live if not e.process.triggered]
-        return [e.end() for e in experiments]
+            return [e.end(plot_interrupted=False) for e in experiments]
 
 
 TOGETHER = 64  # points stepped in lockstep at once by the in-process backend
@@ -111,5 +112,5 @@ def _prepare(point: Point, state: str, run_dir, plotter, callbacks) -> tuple[Exp
     """A point's experiment, fresh or resumed from its checkpoint (and that checkpoint)."""
     if state == "resume":
         return prepare_resume(run_dir, resume_overrides(point.config), False, plotter, callbacks)
-    shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
+    clear_for_new_run(run_dir)
     return Experiment(point.config, run_dir, False, plotter=plotter, callbacks=callbacks), None

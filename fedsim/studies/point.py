@@ -4,29 +4,29 @@ change, or skipped when done."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
-from fedsim.config import RESUME_KEYS, Config
+from fedsim.config import Config
+from fedsim.files import DirectoryLock
 from fedsim.results.status import read_manifest
-
-
-def resume_overrides(config: Config) -> list[str]:
-    """What a point resumes with: the study's values of the keys a resume may change (more
-    rounds, another evaluation interval, plots, trackers)."""
-    values = config.to_dict()
-    return [f"{key}={json.dumps(values[key.split('.')[0]][key.split('.')[1]])}" for key in RESUME_KEYS]
 
 
 def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, plotter=None) -> str:
     """Run, resume or (done) skip one point; its status. Every backend runs a point this way,
     so a point equals the standalone `fedsim run` of its config."""
-    from fedsim.runs.experiment import Experiment, resume
+    from fedsim.runs.experiment import Experiment, resume, resume_overrides
 
     if state == "done":
         return read_manifest(run_dir)["status"]
     if state == "resume":
         return resume(run_dir, resume_overrides(config), progress, plotter).status
-    shutil.rmtree(run_dir, ignore_errors=True)  # a start that never checkpointed
+    clear_for_new_run(run_dir)
     return Experiment(config, run_dir, progress, plotter=plotter).run().status
+
+
+def clear_for_new_run(run_dir: Path) -> None:
+    """A point that starts afresh: what a start that never checkpointed left goes, unless another
+    process holds the folder (then one line says which, and nothing there changes)."""
+    DirectoryLock(run_dir).refuse_if_held()
+    shutil.rmtree(run_dir, ignore_errors=True)

@@ -1,6 +1,7 @@
 """What a sweep shows while its points run: on a terminal one bar over the rounds still to
 run (points done of all, elapsed and remaining time, by tqdm); elsewhere (a log file, a batch
-job) a line per finished point; nothing with --quiet."""
+job) a line per point that ended (`seed-0: completed (1/6, 11 s)`: points done of all, host
+seconds); nothing with --quiet."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ class StudyProgress:
             self.bar.update(n)
 
     def point_finished(self, name: str, status: str) -> None:
-        self.done += 1
+        """A point ended: it counts as done if it completed or diverged (not if it was
+        interrupted or failed: it runs again)."""
+        self.done += status in ("completed", "diverged")
         self._postfix()
         if self.lines:
             print(f"  {name}: {status} ({self.done}/{self.total}, {time.perf_counter() - self.started:.0f} s)",

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -24,10 +23,9 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedsim.errors import FedsimError
+from fedsim.errors import STOP_SIGNALS, FedsimError, Stopped, on_stop_signals
 from fedsim.files import atomic_write
 from fedsim.results.status import read_manifest
-from fedsim.sim.engine import STOP_SIGNALS
 from fedsim.studies.point import run_point
 from fedsim.studies.study import Point, Study
 
@@ -70,11 +68,12 @@ def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None 
         return statuses, ""
     where = f"--address {address}" if address else f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}"
     with main_thread_output():
-        started = start_ray(ray, address or os.environ.get("RAY_ADDRESS"), where)
+        with keeping_our_sigterm_handler(ray):
+            started = start_ray(ray, address or os.environ.get("RAY_ADDRESS"), where)
         try:
             check_gpus(ray, study.gpus_per_task)
             task = ray.remote(run_task).options(num_cpus=1, num_gpus=study.gpus_per_task, max_retries=0)
-            with stop_signals() as stopped:  # after ray.init, which sets its own SIGTERM handler
+            with stop_signals() as stopped:
                 cwd = os.getcwd()
                 refs = {}
                 for i in pending:
@@ -94,6 +93,27 @@ def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None 
         more = f" ({len(failures) - 1} more points failed)" if len(failures) > 1 else ""
         raise FedsimError(min(failures)[1] + more)
     return statuses, stopped["name"]
+
+
+@contextmanager
+def keeping_our_sigterm_handler(ray):
+    """Within (ray.init): Ray does not replace fedsim's SIGTERM handler with its own, which
+    exits with status 15 (or 1) and no word, during its start or at any later moment of the
+    sweep; a SIGTERM stops the sweep with 143 and one line, as it stops an in-process one."""
+    import signal
+
+    ours = signal.getsignal(signal.SIGTERM)
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    replace = getattr(utils, "set_sigterm_handler", None)
+    if replace is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        if replace is not None:
+            utils.set_sigterm_handler = replace
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, ours)  # whatever another Ray version set all the same
 
 
 def start_ray(ray, address: str | None, where: str) -> bool:
@@ -149,23 +169,16 @@ def stop_signals():
     """The first Ctrl-C or SIGTERM (`kill`, `timeout`, a batch scheduler's time limit) stops
     the study, as it stops an in-process one, instead of killing the driver with its tasks:
     it is noted in the dict this yields ({"name": "SIGTERM"}) and `gather` cancels the tasks;
-    a second one aborts (KeyboardInterrupt)."""
+    a second one aborts (Stopped)."""
     stopped = {"name": ""}
-    if threading.current_thread() is not threading.main_thread():
-        yield stopped
-        return
 
     def handler(signum, frame):
         if stopped["name"]:
-            raise KeyboardInterrupt
+            raise Stopped(STOP_SIGNALS[signum])
         stopped["name"] = STOP_SIGNALS[signum]
 
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    try:
+    with on_stop_signals(handler):
         yield stopped
-    finally:
-        for sig, old_handler in previous.items():
-            signal.signal(sig, old_handler)
 
 
 class MainThreadStream:
@@ -206,13 +219,14 @@ def gather(ray, refs: dict, todo: list, study: Study, statuses: list, shown,
     while left:
         if stopped["name"] and not cancelled:
             cancelled = True
-            print(f"\nstopping: the running points finish their round ({stopped['name']} again to abort)",
-                  file=sys.stderr, flush=True)
+            fresh_line = "\n" if sys.stderr.isatty() else ""  # off the progress bar
+            print(f"{fresh_line}stopping: the running points finish their round ({stopped['name']} again to "
+                  "abort)", file=sys.stderr, flush=True)
             for ref in left:
                 ray.cancel(ref)
         try:
             ready, left = ray.wait(left, num_returns=1, timeout=WAIT_S)
-        except KeyboardInterrupt:
+        except Stopped:
             for ref in left:
                 ray.cancel(ref, force=True)
             raise

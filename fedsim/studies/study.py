@@ -81,8 +81,9 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
     of its base config, `sweep.section.key=[...]` of an axis, `warm_start.section.key=v` of its
     first phase; every point's config is checked before anything runs."""
     path = study_path(source)
-    raw = recorded_study(path) if path.is_dir() else read_toml(path)
-    if path.is_dir():
+    given = path if path.is_dir() else None  # a study folder: the study runs there, wherever it was made
+    raw = recorded_study(path) if given else read_toml(path)
+    if given:
         path = path / "study.toml"
     sweep = raw.pop("sweep", None)
     if not isinstance(sweep, dict):
@@ -125,11 +126,11 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
     if len(grid) > MAX_POINTS and not yes:
         raise FedsimError(f"{path}: the sweep has {len(grid):,} points (over {MAX_POINTS:,}); pass --yes "
                           "to run them all, or shorten its axes")
-    name = base.get("run", {}).get("name") or path.stem
+    name = given.absolute().name if given else base.get("run", {}).get("name") or path.stem
     if not plain_folder_name(name):
         raise FedsimError(f"{path}: [run] name = {name!r} is not a plain folder name; give a name without "
                           "'/', '\\' or line breaks (the study folder is [run] out / name)")
-    folder = Path(base.get("run", {}).get("out", "runs")) / name
+    folder = given or Path(base.get("run", {}).get("out", "runs")) / name
     algorithms = _study_algorithms(base, axes, warm)
     raws = []
     for values in grid:
@@ -158,15 +159,14 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
 
 def recorded_study(folder: Path) -> dict:
     """A study folder's study.toml as a study file: its base config (with every --set it was
-    run with), axes, zips, warm start and claims; run where the folder is, whatever the
-    current directory (`fedsim sweep --resume FOLDER`)."""
+    run with) as recorded, axes, zips, warm start and claims (`fedsim sweep --resume FOLDER`;
+    the study runs in FOLDER, whatever its base's [run] out and name say: it may have moved)."""
     recorded = Path(folder) / "study.toml"
     if not recorded.is_file():
         raise FedsimError(f"{folder}: not a study folder (no study.toml); pass the folder that `fedsim sweep` "
                           "printed after 'results:'")
     resolved = read_recorded(recorded)
     raw = {section: dict(body) for section, body in resolved["base"].items()}
-    raw.setdefault("run", {}).update(name=Path(folder).name, out=str(Path(folder).parent))
     raw["sweep"] = {**resolved["axes"], "zip": resolved.get("zip", []),
                     "gpus_per_task": resolved.get("gpus_per_task", 0.0)}
     if WARM in resolved:
@@ -391,10 +391,28 @@ def check_same_study(study: Study) -> None:
     then run again with a fixed --set, not refused as another study)."""
     recorded = study.folder / "study.toml"
     if recorded.exists():
-        before = json.loads(json.dumps(read_recorded(recorded)))
-        if _what_runs(before) != _what_runs(study.resolved) and _has_runs(study.folder):
-            raise FedsimError(f"{study.folder}: holds a different study (its study.toml differs from "
+        before = _flat(_what_runs(json.loads(json.dumps(read_recorded(recorded)))))
+        now = _flat(_what_runs(study.resolved))
+        differs = next((key for key in {**before, **now} if before.get(key) != now.get(key)), None)
+        if differs is not None and _has_runs(study.folder):
+            raise FedsimError(f"{study.folder}: holds a different study ({differs} is "
+                              f"{_shown(before, differs)} in its study.toml, {_shown(now, differs)} in "
                               f"{study.source}); give this one another [run] name, or delete the folder")
+
+
+def _flat(table: dict, prefix: str = "") -> dict[str, Any]:
+    """`{"base": {"client": {"lr": 0.1}}}` as `{"base.client.lr": 0.1}`."""
+    flat = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _shown(flat: dict, key: str) -> str:
+    return repr(flat[key]) if key in flat else "unset"
 
 
 def _has_runs(folder: Path) -> bool:

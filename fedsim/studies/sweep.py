@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fedsim.config import dump_toml
 from fedsim.errors import FedsimError
+from fedsim.files import DirectoryLock
 from fedsim.results.recorder import write_text
 from fedsim.runs.comparison import comparison_lock
 from fedsim.runs.experiment import run_state
@@ -28,6 +29,8 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
         raise FedsimError(f"--backend {backend!r} is not one of: {', '.join(BACKENDS)}")
     with comparison_lock(study.folder, "fedsim sweep"):  # one sweep of a study at a time
         check_same_study(study)
+        for point in [*study.warm, *study.points]:  # a run of it that another process writes to
+            DirectoryLock(study.folder / point.name).refuse_if_held()
         write_text(study.folder / "study.toml", dump_toml(study.resolved))
         return _run_study_locked(study, progress, plotter, on_point, backend, address)
 

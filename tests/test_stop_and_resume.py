@@ -1,0 +1,308 @@
+"""Ctrl-C and SIGTERM at any moment of a run or a study, and the resume command that fedsim
+prints, run as printed (in a process of its own, from the same directory and from another, for
+an interrupted and a finished study, and for a study folder that moved)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from fedsim.cli import main
+from fedsim.config import dump_toml, read_toml
+from fedsim.files import DirectoryLock
+
+ROOT = Path(__file__).parents[1]
+
+# The command, started as `python -m fedsim` is, after a prologue that may mark (a file) the
+# moment the process reaches a phase and hold it there a while, so that a test can send its
+# signal from outside into that phase: "start" (before fedsim is imported), "module.function"
+# (on entering it), "round" (the server's round 1).
+PROLOGUE = """
+import pathlib, runpy, sys, time
+marker, phase = pathlib.Path(sys.argv.pop(1)), sys.argv.pop(1)
+
+def marking(fn, hold):
+    def marked(*args, **kwargs):
+        marker.touch()
+        time.sleep(hold)
+        return fn(*args, **kwargs)
+    return marked
+
+if phase == "round":
+    from fedsim.sim.server import Server
+    original = Server.round
+    def round(self, rnd, max_time=0.0):
+        if rnd == 1:
+            marker.touch()
+            time.sleep(1.0)
+        return (yield from original(self, rnd, max_time))
+    Server.round = round
+elif phase == "start":
+    marker.touch()
+else:
+    import importlib
+    module, name = phase.rsplit(".", 1)
+    marked = marking(getattr(importlib.import_module(module), name), 3.0)
+    for home in {module, module.rsplit(".", 1)[0]}:  # the function, and its package's export
+        if hasattr(importlib.import_module(home), name):
+            setattr(importlib.import_module(home), name, marked)
+sys.argv[0] = "fedsim"
+runpy.run_module("fedsim", run_name="__main__", alter_sys=True)
+"""
+
+
+def environment() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def fedsim(argv: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`fedsim ARGV` in a process of its own, as a user types it."""
+    return subprocess.run([sys.executable, "-m", "fedsim", *argv], cwd=cwd, env=environment(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def as_printed(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A command line that fedsim printed (`fedsim sweep --resume /...`), run as printed."""
+    argv = shlex.split(command)
+    assert argv[0] == "fedsim", command
+    return fedsim(argv[1:], cwd)
+
+
+def hint(out: str, command: str) -> str:
+    """The resume command in fedsim's `... run `fedsim COMMAND --resume DIR` to finish it` line."""
+    found = re.findall(rf"run `(fedsim {command} --resume [^`]+)` to finish it", out)
+    assert len(found) == 1, out
+    return found[0]
+
+
+def signalled(argv: list[str], cwd: Path, phase: str, sig: int, after: float = 0.0,
+              ignore_sigint: bool = False) -> subprocess.CompletedProcess:
+    """`fedsim ARGV`, sent `sig` once it reached `phase` (and `after` seconds more)."""
+    marker = cwd / f".reached-{phase}"
+    marker.unlink(missing_ok=True)
+    def inherit_ignored_sigint():  # as a job that a script starts with `&`
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    proc = subprocess.Popen([sys.executable, "-c", PROLOGUE, str(marker), phase, *argv], cwd=cwd,
+                            env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=inherit_ignored_sigint if ignore_sigint else None)
+    deadline = time.monotonic() + 180
+    while not marker.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"never reached {phase}: {proc.communicate()}")
+        time.sleep(0.02)
+    time.sleep(after)
+    proc.send_signal(sig)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"{phase}: still running 120 s after the signal: {proc.communicate()}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+RUN = {"run": {"name": "r", "rounds": 6, "eval_every": 2, "progress": False, "plots": False},
+       "data": {"dataset": "quadratic", "clients": 4},
+       "trace": {"source": "bernoulli", "p": 0.5},
+       "server": {"timing": "ideal", "clients_per_round": 2}}
+
+
+@pytest.mark.parametrize("phase, sig, after", [
+    ("start", signal.SIGINT, 0.5),  # importing fedsim, torch, ...
+    ("start", signal.SIGTERM, 0.5),
+    ("fedsim.traces.generators.generate", signal.SIGTERM, 0.5),  # generating the trace
+    ("fedsim.training.build_task", signal.SIGINT, 0.5),  # loading the data
+])
+def test_a_signal_while_a_run_sets_up_stops_it_at_once_writing_nothing(tmp_path, phase, sig, after):
+    (tmp_path / "r.toml").write_text(dump_toml(RUN))
+    started = time.monotonic()
+    proc = signalled(["run", "r.toml"], tmp_path, phase, sig, after)
+    name = "Ctrl-C" if sig == signal.SIGINT else "SIGTERM"
+    assert proc.returncode == (130 if sig == signal.SIGINT else 143), proc.stderr
+    assert proc.stderr.startswith(f"stopped by {name}") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "runs" / "r").exists()  # nothing written
+    assert time.monotonic() - started < 150
+
+
+def test_a_signal_in_the_first_round_finishes_it_and_the_printed_resume_finishes_the_run(tmp_path):
+    """Also where SIGINT came ignored (a job started with `&` by a script): it stops the run."""
+    (tmp_path / "r.toml").write_text(dump_toml(RUN))
+    proc = signalled(["run", "r.toml"], tmp_path, "round", signal.SIGINT, ignore_sigint=True)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "stopping after this round (Ctrl-C again to abort)\n"
+    run_dir = tmp_path / "runs" / "r"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert (manifest["status"], manifest["rounds"]) == ("interrupted", 2)  # round 1 finished
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = as_printed(hint(proc.stdout, "run"), elsewhere)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert (manifest["status"], manifest["rounds"]) == ("completed", 6)
+
+
+STUDY = {"run": {"rounds": 4, "eval_every": 2, "progress": False, "plots": False},
+         "data": {"dataset": "quadratic", "clients": 4},
+         "server": {"timing": "ideal", "clients_per_round": 2},
+         "sweep": {"run.seed": [0, 1], "algorithm.name": ["fedavg", "mifa"]}}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> pl.DataFrame:
+    """The study's summary, uninterrupted."""
+    folder = tmp_path_factory.mktemp("reference")
+    (folder / "s.toml").write_text(dump_toml(STUDY))
+    assert main(["sweep", str(folder / "s.toml"), "--quiet", "--set", f"run.out={folder}"]) == 0
+    return pl.read_parquet(folder / "s" / "summary.parquet")
+
+
+def interrupted_study(tmp_path: Path) -> tuple[str, Path]:
+    """`fedsim sweep s.toml --set run.name=mine`, Ctrl-C in round 1: its printed resume command
+    and its folder."""
+    (tmp_path / "s.toml").write_text(dump_toml(STUDY))
+    proc = signalled(["sweep", "s.toml", "--set", "run.name=mine"], tmp_path, "round", signal.SIGINT)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == ("stopping: the 4 running points finish their round, then save their results "
+                           "and checkpoint (Ctrl-C again to abort)\n")
+    lines = [line.strip() for line in proc.stdout.splitlines()]
+    assert [line for line in lines if line.endswith(" s)")] and \
+        all(re.fullmatch(r".*: interrupted \(0/4, \d+ s\)", line) for line in lines if line.endswith(" s)"))
+    assert "study interrupted by Ctrl-C (0 of 4 runs finished); run `" in proc.stdout
+    return hint(proc.stdout, "sweep"), tmp_path / "runs" / "mine"
+
+
+def test_an_interrupted_study_finishes_by_its_printed_command_from_another_directory(tmp_path, reference):
+    command, folder = interrupted_study(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = as_printed(command, elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("resuming") == 4
+    assert pl.read_parquet(folder / "summary.parquet").equals(reference)
+    again = as_printed(command, tmp_path)  # finished: from the directory it was made in
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("done, skipped") == 4 and "results:" in again.stdout
+
+
+def test_a_moved_study_folder_resumes_where_it_is_now(tmp_path, reference):
+    command, folder = interrupted_study(tmp_path)
+    moved = tmp_path / "archive" / "moved"
+    moved.parent.mkdir()
+    shutil.move(folder, moved)
+    done = fedsim(["sweep", "--resume", str(moved.relative_to(tmp_path))], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("study moved: 4 points in archive/moved")
+    assert pl.read_parquet(moved / "summary.parquet").equals(reference)
+    assert not folder.exists()
+    for point in moved.glob("*_algorithm-*"):
+        assert json.loads((point / "manifest.json").read_text())["status"] == "completed"
+
+
+def test_resume_takes_a_study_folder_not_a_file(tmp_path, capsys):
+    (tmp_path / "s.toml").write_text(dump_toml(STUDY))
+    assert main(["sweep", "--resume", str(tmp_path / "s.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --resume {tmp_path / 's.toml'}: a file; --resume takes the folder of a "
+                          "study") and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
+    assert main(["sweep", "--resume", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere: no such folder; --resume takes the folder" in capsys.readouterr().err
+
+
+def test_a_study_resumed_with_another_setting_is_one_line_naming_the_key(tmp_path, capsys):
+    (tmp_path / "s.toml").write_text(dump_toml(STUDY))
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet", "--set", f"run.out={tmp_path}"]) == 0
+    assert main(["sweep", "--resume", str(tmp_path / "s"), "--set", "client.lr=0.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --set 'client.lr=0.5': client.lr cannot be changed when resuming")
+    study = read_toml(tmp_path / "s.toml")
+    study["client"] = {"lr": 0.5}
+    (tmp_path / "s.toml").write_text(dump_toml(study))
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet", "--set", f"run.out={tmp_path}"]) == 2
+    assert "holds a different study (base.client.lr is unset in its study.toml, 0.5 in" in capsys.readouterr().err
+
+
+def test_resume_keys_reach_every_point_of_a_study_and_are_recorded(tmp_path, capsys):
+    (tmp_path / "s.toml").write_text(dump_toml(STUDY))
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet", "--set", f"run.out={tmp_path}"]) == 0
+    assert main(["sweep", "--resume", str(tmp_path / "s"), "--quiet", "--set", "run.rounds=20",
+                 "--set", "run.max_time=600"]) == 0
+    for point in (tmp_path / "s").glob("seed-*"):
+        assert read_toml(point / "config.toml")["run"]["max_time"] == 600.0
+        manifest = json.loads((point / "manifest.json").read_text())
+        assert manifest["rounds"] == 10 and manifest["reason"].startswith("max_time 600 s reached")
+
+
+def test_resume_keys_reach_every_algorithm_of_a_comparison_and_are_recorded(tmp_path, monkeypatch, capsys):
+    """Interrupted in its first algorithm, a comparison resumed with a time limit applies it to
+    both: the one that was interrupted too, and each config.toml records it."""
+    from fedsim.results.recorder import Recorder
+
+    config = {**RUN, "run": {**RUN["run"], "rounds": 30, "algorithms": ["fedavg", "mifa"],
+                             "out": str(tmp_path / "runs")}}
+    (tmp_path / "c.toml").write_text(dump_toml(config))
+    add_round = Recorder.add_round
+
+    def sigint_in_round_15(self, outcome, *args):
+        if outcome.round == 15:
+            signal.raise_signal(signal.SIGINT)
+        return add_round(self, outcome, *args)
+
+    monkeypatch.setattr(Recorder, "add_round", sigint_in_round_15)
+    assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 130
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    cut = tmp_path / "runs" / "r"
+    assert json.loads((cut / "fedavg" / "manifest.json").read_text())["rounds"] == 16
+    assert main(["run", "--resume", str(cut), "--quiet", "--set", "run.max_time=1200"]) == 0
+    assert read_toml(cut / "config.toml")["run"]["max_time"] == 1200.0
+    for algorithm in ("fedavg", "mifa"):
+        assert read_toml(cut / algorithm / "config.toml")["run"]["max_time"] == 1200.0
+        manifest = json.loads((cut / algorithm / "manifest.json").read_text())
+        assert manifest["sim_time_s"] <= 1200.0 + 60.0, algorithm  # fedavg had reached 16 x 60 s
+        assert manifest["reason"].startswith("max_time 1200 s reached"), manifest["reason"]
+
+
+def test_a_sweep_refuses_a_point_folder_that_another_process_holds(tmp_path, capsys):
+    (tmp_path / "s.toml").write_text(dump_toml(STUDY))
+    point = tmp_path / "s" / "seed-0_algorithm-fedavg"
+    point.mkdir(parents=True)
+    (point / "config.toml").write_text("# the other process's\n")
+    holder = DirectoryLock(point)
+    holder.acquire("fedsim run")
+    try:
+        assert main(["sweep", str(tmp_path / "s.toml"), "--quiet", "--set", f"run.out={tmp_path}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {point}: in use by process {os.getpid()}") and err.count("\n") == 1
+        assert sorted(p.name for p in point.iterdir()) == [".lock", "config.toml"]
+        assert (point / "config.toml").read_text() == "# the other process's\n"
+        assert not [p for p in (tmp_path / "s").iterdir() if p.is_dir() and p != point]
+    finally:
+        holder.release()
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet", "--set", f"run.out={tmp_path}"]) == 0
+
+
+def test_a_signal_while_the_run_writes_its_first_files_stops_it_before_its_first_round(tmp_path):
+    (tmp_path / "r.toml").write_text(dump_toml(RUN))
+    proc = signalled(["run", "r.toml"], tmp_path, "fedsim.runs.experiment.remove_stale_temporaries", signal.SIGTERM,
+                      after=0.5)
+    assert proc.returncode == 143, proc.stderr
+    run_dir = tmp_path / "runs" / "r"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert (manifest["status"], manifest["rounds"], manifest["reason"]) == \
+        ("interrupted", 0, "interrupted by SIGTERM before round 0")
+    done = as_printed(hint(proc.stdout, "run"), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((run_dir / "manifest.json").read_text())["rounds"] == 6

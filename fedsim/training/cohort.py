@@ -100,8 +100,8 @@ def cohort_key(trainer: Trainer, ids: np.ndarray, objective) -> tuple | None:
         return None
     task, client = path.task, path.client
     model = getattr(task, "model", None)
-    shape = (model.name, tuple(type(layer).__name__ for layer in model.layers), model.dropout_features) \
-        if model is not None else (getattr(task, "noise", None),)
+    shape = (model.name, tuple(type(layer).__name__ for layer in model.layers), model.dropout_features,
+             model.shared_key()) if model is not None else (getattr(task, "noise", None),)
     return (type(task), task.dim, shape, str(task.device), path.batch_size, client.clip,
             client.weight_decay, objective)
 

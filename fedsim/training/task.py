@@ -23,6 +23,7 @@ from fedsim.data.partition import partition
 from fedsim.training import rng
 from fedsim.training.evaluate import CHUNK as EVAL_CHUNK, evaluate_classifier, evaluate_per_device
 from fedsim.training.models import Model, build_model, input_shape
+from fedsim.training.modules import ModuleModel
 
 # (parameter tensors of one device, *its inputs) -> (their gradients, loss [])
 StepFn = Callable[..., tuple[tuple[Tensor, ...], Tensor]]
@@ -70,6 +71,10 @@ class Task:
         """model.pt's tensors, on the CPU so that the file loads on any machine."""
         raise NotImplementedError
 
+    def load_state_dict(self, saved: dict[str, Tensor]) -> Tensor:
+        """The flat parameters of a state_dict with `state_dict`'s names and shapes."""
+        return torch.cat([t.reshape(-1).float() for t in saved.values()])
+
     def split(self, flat: Tensor) -> tuple[Tensor, ...]:
         """Views of parameters [..., d] as the model's tensors [..., *shape]."""
         return (flat,)
@@ -112,10 +117,11 @@ class Task:
 
 
 class ClassificationTask(Task):
-    """Cross-entropy on a partitioned labelled dataset, model = a flat-parameter `Model`."""
+    """Cross-entropy on a partitioned labelled dataset, model = a flat-parameter `Model` or
+    an nn.Module's `ModuleModel`."""
 
-    def __init__(self, data: ClientData, model: Model, seed: int):
-        self.data, self.model, self.seed = data, model, seed
+    def __init__(self, data: ClientData, model: Model | ModuleModel, seed: int):
+        self.data, self.model, self.seed = data, model.to(data.device), seed
         self.n_clients, self.n_classes = data.n_clients, data.n_classes
         self.dim, self.device = model.dim, data.device
         self.has_conv, self.activations = model.has_conv, model.activations
@@ -146,14 +152,17 @@ class ClassificationTask(Task):
         return evaluate_classifier(self.model, params, self.data)
 
     def state_dict(self, params: Tensor) -> dict[str, Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in self.model.unflatten(params).items()}
+        return self.model.state_dict(params)
+
+    def load_state_dict(self, saved: dict[str, Tensor]) -> Tensor:
+        return self.model.load_state_dict(saved)
 
     def split(self, flat: Tensor) -> tuple[Tensor, ...]:
         return self.model.split(flat)
 
     def inputs(self, ids, rnd, steps, batch_size, seed, width=None):
-        data, n_drop = self.data, self.model.dropout_features
-        if batch_size > 0 and (n_drop or not width or width >= batch_size):
+        data, model = self.data, self.model
+        if batch_size > 0 and (not self.distinct_rows() or not width or width >= batch_size):
             rows = data.minibatch_rows(ids, rng.uniform(seed, rng.BATCH, rnd, ids, range(steps), batch_size))
             weight = torch.full((1, 1, 1), 1.0 / batch_size, device=self.device).expand(*rows.shape)
 
@@ -170,22 +179,19 @@ class ClassificationTask(Task):
 
             def samples(step: int, which: slice | Tensor) -> tuple[Tensor, Tensor]:
                 return x[which], y[which]
-        no_dropout = weight.new_zeros(*weight.shape[1:], 0)  # an empty tensor keeps the signature fixed
 
         def at(step: int, which: slice | Tensor) -> tuple[Tensor, ...]:
             x, y = samples(step, which)
-            m, b = y.shape
-            u = (rng.uniform(seed, rng.DROPOUT, rnd, ids[which], step, b * n_drop).view(m, b, n_drop)
-                 if n_drop else no_dropout[which])
-            return x, y, weight[step, which], u
+            return x, y, weight[step, which], model.randomness(seed, rnd, ids[which], step, y.shape[1])
 
         return at
 
     def distinct_rows(self) -> bool:
         """Whether a minibatch may be computed as the client's distinct samples weighted by
         their draws (`inputs` with a width under the batch size): the same loss and gradient
-        when no dropout mask differs between two draws of one sample."""
-        return not self.model.dropout_features
+        when no dropout mask differs between two draws of one sample. Not for an nn.Module: its
+        layers may mix the samples of a batch (BatchNorm)."""
+        return isinstance(self.model, Model) and not self.model.dropout_features
 
     def step_flops(self, batch: int) -> float:
         return 3.0 * self.model.flops * batch  # the backward pass costs about twice the forward
@@ -198,9 +204,13 @@ class ClassificationTask(Task):
 
     def step_fn(self) -> StepFn:
         model = self.model
+        if isinstance(model, ModuleModel):
+            return model.step_fn(weighted_cross_entropy, batched=False)
         return autograd_step(lambda ps, x, u: model.forward(ps, x, u if u.shape[-1] else None))
 
     def cohort_step_fn(self) -> StepFn:
+        if isinstance(self.model, ModuleModel):
+            return self.model.step_fn(weighted_cross_entropy, batched=True)
         if self.model.is_linear:
             return linear_cohort_step
         return autograd_step(self.model.cohort_forward)
@@ -250,5 +260,5 @@ def classification_task(dataset: Dataset, data: DataConfig, model: ModelConfig, 
     """Partition `dataset` as `[data]` says (a dataset with its own clients: as they are) and
     put it on `device` with the `[model]` network."""
     owner = dataset.owner_train if dataset.owner_train is not None else partition(dataset.y_train, data, seed)
-    net = build_model(model, input_shape(dataset, model), dataset.n_classes, dataset.name)
+    net = build_model(model, input_shape(dataset, model), dataset.n_classes, dataset.name, seed)
     return ClassificationTask(ClientData(dataset, owner, data.clients, device), net, seed)

@@ -25,7 +25,7 @@ def initial_params(task: Task, config: Config) -> Tensor:
     saved = read_state_dict(model_file(config, where), where)
     expected = task.state_dict(init)
     check_matches(saved, expected, where, shaping_keys(config))
-    flat = torch.cat([saved[name].reshape(-1) for name in expected])
+    flat = task.load_state_dict({name: saved[name] for name in expected})
     return flat.to(device=init.device, dtype=init.dtype)
 
 

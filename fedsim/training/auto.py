@@ -26,11 +26,14 @@ class AutoTrainer(Trainer):
 
     def __init__(self, task, client, *, seed, threads=None):
         super().__init__(task, client, seed=seed, threads=threads)
-        self.batched = BatchedTrainer(task, client, seed=seed, threads=self.threads)
+        # batched where the rule prefers it and the model can (a module may not run under vmap)
+        wanted = prefers_batched(task.has_conv, 2, task.device.type)
+        self.batched = BatchedTrainer(task, client, seed=seed, threads=self.threads) \
+            if wanted and not task.batch_problem() else None
         self.loop = LoopTrainer(task, client, seed=seed, threads=self.threads)
 
     def path_for(self, ids) -> Trainer:
-        batched = prefers_batched(self.task.has_conv, len(ids), self.task.device.type)
+        batched = self.batched and prefers_batched(self.task.has_conv, len(ids), self.task.device.type)
         return self.batched if batched else self.loop
 
     def devices_per_call(self, ids):

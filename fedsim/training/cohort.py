@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedsim.errors import FedsimError
 from fedsim.training.trainer import Trainer, TrainResult, sgd_update_
 
 ACTIVATION_BUDGET = 2**27  # floats of layer outputs per batched call on a CPU (512 MiB)
@@ -32,6 +33,9 @@ class BatchedTrainer(Trainer):
 
     def __init__(self, task, client, *, seed, threads=None):
         super().__init__(task, client, seed=seed, threads=threads)
+        if task.batch_problem():
+            raise FedsimError(f"[client] trainer = 'batched': the model cannot train batched under torch.func.vmap "
+                              f"({task.batch_problem()}); set trainer = 'loop' (or 'auto')")
         self.step_fn = task.cohort_step_fn()
 
     def devices_per_call(self, ids):

@@ -30,7 +30,7 @@ from fedsim.config import ModelConfig
 from fedsim.errors import FedsimError
 from fedsim.training import rng
 from fedsim.config.catalog import MODELS
-from fedsim.training.modules import ModuleModel, module_model
+from fedsim.training.modules import ModuleModel
 
 
 @dataclass
@@ -449,7 +449,7 @@ def input_shape(dataset, cfg: ModelConfig) -> tuple[int, ...]:
 
 
 ARCHITECTURES = MODELS
-IMAGE_ONLY = frozenset({"lenet5", "cnn-svhn", "cnn-cifar", "cnn-cinic", "cnn-fmnist", "cnn-cifar-wj", "cnn-femnist"})
+IMAGE_ONLY = frozenset({"resnet18-gn", "lenet5", "cnn-svhn", "cnn-cifar", "cnn-cinic", "cnn-fmnist", "cnn-cifar-wj", "cnn-femnist"})
 TEXT_MODELS = ("lstm", "char-lstm")  # the built-ins that read token ids (through an embedding)
 
 
@@ -482,11 +482,8 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
             f"has ({'x'.join(map(str, in_shape[1:]))}); use a smaller model (logreg, mlp, cnn-svhn)"
         ) from None
     if isinstance(built, torch.nn.Module):
-        model = module_model(cfg.name, built, in_shape, n_classes, cfg, where)
+        model = ModuleModel(cfg.name, built, in_shape, n_classes, where)
     elif isinstance(built, (list, tuple)) and built and all(isinstance(layer, Layer) for layer in built):
-        if cfg.local_buffers:
-            raise FedsimError(f"{where}: [model] local_buffers = true, but a model of fedsim layers has no "
-                              "buffers; set local_buffers = false")
         model = Model(cfg.name, list(built), in_shape)
     else:
         raise FedsimError(f"{where}: the factory returned {_describe(built)}, not a torch.nn.Module or a "

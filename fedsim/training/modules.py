@@ -89,38 +89,46 @@ _HEAVY = re.compile(r"mm|matmul|conv|linear|lstm|gru|rnn|attention|transformer|e
 
 
 class _Outputs(TorchDispatchMode):
-    """Records every aten op of a forward pass and the floats it outputs."""
+    """Records every aten op of a forward pass, the floats it outputs and the random ops."""
 
     def __init__(self):
         super().__init__()
         self.ops: set = set()
+        self.random: set = set()
         self.floats = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.ops.add(func._overloadpacket)
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.random.add(str(func._overloadpacket))
         self.floats += sum(t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])
                            if isinstance(t, Tensor) and t.is_floating_point())
         return out
 
 
-def count_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, where: str) -> tuple[float, int]:
-    """(multiply-adds, floats of outputs) per sample of `module`'s training-mode forward pass
-    (with `state`, which it leaves as it was) on `samples`, counted by torch's FlopCounterMode
-    (FLOPs / 2). Training mode, since that is the cost the clock times (and eval mode may take
-    fused fast paths the counter does not know). A warning names any op that does arithmetic
-    the counter cannot count (`[model] train_flops_per_sample` then sets the cost)."""
+def probe_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, where: str):
+    """(logits, multiply-adds per sample, floats of outputs per sample, random ops) of
+    `module`'s training-mode forward pass (with `state`, left as it was) on `samples`. The
+    multiply-adds are counted by torch's FlopCounterMode (FLOPs / 2), in training mode: the
+    cost the clock times (eval mode may take fused fast paths the counter does not know). A
+    warning names any op that does arithmetic the counter cannot count (`[model]
+    train_flops_per_sample` then sets the cost). Random ops are torch's own draws (keyed
+    dropout draws none)."""
     outputs, counter = _Outputs(), FlopCounterMode(display=False)
     state = {n: t.clone() for n, t in state.items()}
-    with torch.no_grad(), keyed_randomness(torch.zeros((), dtype=torch.int64)), counter, outputs:
-        functional_call(module.train(), state, (samples,))
-    module.eval()
+    try:
+        with torch.no_grad(), keyed_randomness(torch.zeros((), dtype=torch.int64)), counter, outputs:
+            logits = functional_call(module.train(), state, (samples,))
+    finally:
+        module.eval()
     unknown = sorted(str(op) for op in outputs.ops if op not in flop_registry and _HEAVY.search(str(op)))
     if unknown:
         warnings.warn(f"{where}: FLOPs of {', '.join(unknown)} are not counted (torch's FlopCounterMode "
                       "has no formula); the device clock under-counts this model: set [model] "
                       "train_flops_per_sample", stacklevel=2)
-    return counter.get_total_flops() / 2 / len(samples), outputs.floats // len(samples)
+    n = len(samples)
+    return logits, counter.get_total_flops() / 2 / n, outputs.floats // n, sorted(outputs.random)
 
 
 # --- the model -------------------------------------------------------------------------------
@@ -153,11 +161,9 @@ class ModuleModel:
         self.has_buffers = bool(buffers)
         self.has_conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in module.modules())
         self._init = torch.cat([t.detach().reshape(-1).float() for _, t in trainable + buffers])
-        self._check_forward(n_classes)
-        self.flops, self.activations = count_forward(module, dict(zip(self.names, self.split(self._init))),
-                                                     self._sample(2), where)
+        self.flops, self.activations = self._probe(n_classes)
         self._one = grad_and_value(self._loss, has_aux=True)
-        self.batch_problem = self._check_batched(n_classes)
+        self._batch_problem: str | None = None
 
     # -- the flat layout ------------------------------------------------------------------------
     def shared_key(self) -> tuple:
@@ -230,12 +236,14 @@ class ModuleModel:
         dtype = torch.int64 if getattr(self.in_shape, "vocab_size", None) else torch.float32
         return torch.zeros(n, *self.in_shape, dtype=dtype)
 
-    def _check_forward(self, n_classes: int) -> None:
-        """The module reads the dataset's inputs and gives [B, n_classes] logits."""
+    def _probe(self, n_classes: int) -> tuple[float, int]:
+        """(multiply-adds, floats of outputs) per sample of a forward pass on 2 inputs of the
+        dataset's shape, after checking that it runs, gives [B, n_classes] logits and draws no
+        random numbers of its own (they would make runs depend on the order of the cohort)."""
         x = self._sample(2)
         try:
-            with torch.no_grad():
-                out = self.module.eval()(x)
+            out, flops, floats, random = probe_forward(self.module, dict(zip(self.names, self.split(self._init))),
+                                                       x, self.where)
         except Exception as err:
             raise FedsimError(f"{self.where}: the module's forward fails on a batch of the dataset's inputs "
                               f"{list(x.shape)} ({type(err).__name__}: {_first_line(err)}); make it read "
@@ -244,36 +252,31 @@ class ModuleModel:
             got = list(out.shape) if isinstance(out, Tensor) else type(out).__name__
             raise FedsimError(f"{self.where}: the module returns {got} for a batch of 2 inputs; it must return "
                               f"logits [batch, {n_classes}] (one per class of the dataset)")
+        if random:
+            raise FedsimError(f"{self.where}: the module draws random numbers other than dropout "
+                              f"({', '.join(random)}); fedsim keys only F.dropout and attention dropout "
+                              "by (seed, round, device, step): use nn.Dropout")
+        return flops, floats
 
-    def _check_batched(self, n_classes: int) -> str:
-        """Why the module cannot train under vmap ('' if it can). Randomness fedsim cannot key
-        is refused outright: it would make runs depend on the order of the cohort."""
-        m, b = 2, 2
-        x = self._sample(m * b).view(m, b, *self.in_shape)
-        y = torch.zeros(m, b, dtype=torch.int64)
-        ws = self.split(self._init.expand(m, -1).clone())
-        try:
-            self.step_fn(lambda logits, y, w: F.cross_entropy(logits, y), batched=True)(
-                ws, x, y, torch.ones(m, b), torch.arange(m))
-        except Exception as err:
-            if "random" in str(err):
-                raise FedsimError(f"{self.where}: the module draws random numbers other than dropout "
-                                  f"({_first_line(err)}); fedsim keys only F.dropout and attention "
-                                  "dropout by (seed, round, device, step): use nn.Dropout") from None
-            return f"{type(err).__name__}: {_first_line(err)}"
-        finally:
-            self.module.eval()
-        return ""
+    def batch_problem(self) -> str:
+        """Why the module cannot train under vmap ('' if it can): one batched step of 2
+        devices tells (once; the batched trainer asks before training)."""
+        if self._batch_problem is None:
+            m, b = 2, 2
+            device = next(self.module.parameters()).device
+            x = self._sample(m * b).view(m, b, *self.in_shape).to(device)
+            ws = self.split(self._init.to(device).expand(m, -1).clone())
+            try:
+                self.step_fn(lambda logits, y, w: F.cross_entropy(logits, y), batched=True)(
+                    ws, x, torch.zeros(m, b, dtype=torch.int64, device=device), torch.ones(m, b, device=device),
+                    torch.arange(m, device=device))
+                self._batch_problem = ""
+            except Exception as err:
+                self._batch_problem = f"{type(err).__name__}: {_first_line(err)}"
+            finally:
+                self.module.eval()
+        return self._batch_problem
 
 
 def _first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [""])[0]
-
-
-def module_model(name: str, module: nn.Module, in_shape, n_classes: int, cfg, where: str) -> ModuleModel:
-    """A module as a fedsim model; `[model] local_buffers` needs buffers to keep."""
-    model = ModuleModel(name, module, in_shape, n_classes, where)
-    if getattr(cfg, "local_buffers", False) and not model.has_buffers:
-        raise FedsimError(f"{where}: [model] local_buffers = true, but the module has no buffers (running "
-                          "statistics) to keep on the devices; set local_buffers = false")
-    return model

@@ -91,6 +91,10 @@ class Task:
     def distinct_rows(self) -> bool:
         return False
 
+    def batch_problem(self) -> str:
+        """Why the model cannot train batched ('': it can)."""
+        return ""
+
     def step_fn(self) -> StepFn:
         raise NotImplementedError
 
@@ -125,6 +129,7 @@ class ClassificationTask(Task):
         self.n_clients, self.n_classes = data.n_clients, data.n_classes
         self.dim, self.device = model.dim, data.device
         self.has_conv, self.activations = model.has_conv, model.activations
+
         self.sizes, self.pooled = data.sizes, data.pooled
 
     def init_params(self) -> Tensor:
@@ -185,6 +190,9 @@ class ClassificationTask(Task):
             return x, y, weight[step, which], model.randomness(seed, rnd, ids[which], step, y.shape[1])
 
         return at
+
+    def batch_problem(self) -> str:
+        return self.model.batch_problem() if isinstance(self.model, ModuleModel) else ""
 
     def distinct_rows(self) -> bool:
         """Whether a minibatch may be computed as the client's distinct samples weighted by

@@ -176,6 +176,7 @@ def test_frozen_parameters_stay_fixed(cli_run, user_models):
     ("not_a_model", {}, "the factory returned int 42, not a torch.nn.Module or a list of fedsim layers"),
     ("flat_input", {}, "the module's forward fails on a batch of the dataset's inputs [2, 1, 8, 8]"),
     ("no_parameters", {}, "the module has no trainable parameters"),
+    ("resnet", {"local_buffers": True}, "local_buffers = true, but the module has no buffers"),
     ("noisy", {}, "draws random numbers other than dropout (aten.randn_like)"),
 ])
 def test_bad_modules_are_one_line_before_training(cli_run, user_models, tmp_path, name, model, says):
@@ -266,3 +267,29 @@ def test_an_op_the_counter_does_not_know_is_named_in_a_warning():
 
     with pytest.warns(UserWarning, match=r"FLOPs of aten\._fft_r2c are not counted.*train_flops_per_sample"):
         ModuleModel("spectral", Spectral(), (8,), 3, "[model] name = 'x:spectral'")
+
+
+def test_local_buffers_stay_on_the_devices_and_resume_exactly(cli_run, user_models):
+    """FedBN: the weights train exactly as with averaged buffers (running statistics do not
+    enter a train-mode loss), the saved statistics are the devices' mean instead of the
+    average of their deltas, batched == loop, and a resumed run equals an uninterrupted one."""
+    from fedsim.cli import main
+
+    averaged = torch.load(run(cli_run, "resnet_bn") / "model.pt")
+    local = cli_run({**BASE, "model": {"name": "user_nets:resnet_bn", "local_buffers": True},
+                     "client": {**BASE["client"], "trainer": "batched"}}, name="local")
+    loop = cli_run({**BASE, "model": {"name": "user_nets:resnet_bn", "local_buffers": True},
+                    "client": {**BASE["client"], "trainer": "loop"}}, name="local-loop")
+    kept, kept_loop = torch.load(local / "model.pt"), torch.load(loop / "model.pt")
+    for key in averaged:
+        if key.startswith("bn.running") or key.endswith("num_batches_tracked"):
+            continue
+        assert torch.equal(kept[key], averaged[key]), key
+    assert not torch.allclose(kept["bn.running_mean"], averaged["bn.running_mean"])
+    assert all(torch.allclose(kept[k].double(), kept_loop[k].double(), rtol=1e-4, atol=1e-6) for k in kept)
+    half = cli_run({**BASE, "run": {**BASE["run"], "rounds": 2, "checkpoint_every": 1},
+                    "model": {"name": "user_nets:resnet_bn", "local_buffers": True},
+                    "client": {**BASE["client"], "trainer": "batched"}}, name="half")
+    assert main(["run", "--resume", str(half), "--set", "run.rounds=3", "--quiet"]) == 0
+    resumed = torch.load(half / "model.pt")
+    assert all(torch.equal(resumed[k], kept[k]) for k in kept)

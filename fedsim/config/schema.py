@@ -289,6 +289,8 @@ class ModelConfig:
     init_from: str = key("", "start from a run's saved model.pt, or the run directory holding it "
                          "(looked up in the working directory, then beside the config)",
                          zero="the task's own seeded initialisation")
+    local_buffers: bool = key(False, "an nn.Module's buffers (BatchNorm's running statistics) stay on each "
+                              "device (FedBN) instead of being averaged with the weights")
     train_flops_per_sample: float = key(0.0, "the model's training FLOPs per sample (3 x forward) that the "
                                         "device clock uses", non_negative=True,
                                         zero="counted on one forward pass at build time")

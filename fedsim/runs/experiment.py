@@ -200,6 +200,8 @@ class Experiment:
         if resume is not None:
             self.strategy.load_state_dict(resume["strategy"])
             self.recorder.load_state_dict(resume["recorder"])
+            if self.task.device_buffers is not None:  # [model] local_buffers: the devices' own
+                self.task.device_buffers.load_state_dict(resume["device_buffers"])
             self.start_round, self.start_time = resume["round"], resume["sim_time"]
             last = self.recorder.rows[-1] if self.recorder.rows else None
             if last is not None and not self.evaluation_due(last["round"]):
@@ -324,6 +326,7 @@ class Experiment:
             "round": rounds_done, "sim_time": sim_time, "strategy": self.strategy.state_dict(),
             "recorder": self.recorder.state_dict(), "host_s": self._host_s(),
             "config": self.config.to_dict(),
+            **({"device_buffers": self.task.device_buffers.state_dict()} if self.task.device_buffers else {}),
         })
         write_manifest(self, EngineResult("running", "", rounds_done, sim_time), self._host_s())
 

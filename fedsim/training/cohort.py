@@ -100,8 +100,8 @@ def cohort_key(trainer: Trainer, ids: np.ndarray, objective) -> tuple | None:
     batched path, the same model (architecture and size) and loss on the same device, the same
     batch size and local-update settings. None: this cohort trains on its own."""
     path = trainer.path_for(ids) if hasattr(trainer, "path_for") else trainer
-    if not isinstance(path, BatchedTrainer) or not len(ids):
-        return None
+    if not isinstance(path, BatchedTrainer) or not len(ids) or path.task.device_buffers is not None:
+        return None  # (buffers kept per device: each run's own `train` keeps them)
     task, client = path.task, path.client
     model = getattr(task, "model", None)
     shape = (model.name, tuple(type(layer).__name__ for layer in model.layers), model.dropout_features,

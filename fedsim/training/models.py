@@ -483,7 +483,14 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
         ) from None
     if isinstance(built, torch.nn.Module):
         model = ModuleModel(cfg.name, built, in_shape, n_classes, where)
+        if cfg.local_buffers and not model.has_buffers:
+            raise FedsimError(f"{where}: [model] local_buffers = true, but the module has no buffers (running "
+                              "statistics) to keep on the devices; set local_buffers = false")
+        model.local_buffers = cfg.local_buffers
     elif isinstance(built, (list, tuple)) and built and all(isinstance(layer, Layer) for layer in built):
+        if cfg.local_buffers:
+            raise FedsimError(f"{where}: [model] local_buffers = true, but a model of fedsim layers has no "
+                              "buffers; set local_buffers = false")
         model = Model(cfg.name, list(built), in_shape)
     else:
         raise FedsimError(f"{where}: the factory returned {_describe(built)}, not a torch.nn.Module or a "

@@ -22,6 +22,7 @@ from fedsim.data.dataset import Dataset
 from fedsim.data.partition import partition
 from fedsim.training import rng
 from fedsim.training.evaluate import CHUNK as EVAL_CHUNK, evaluate_classifier, evaluate_per_device
+from fedsim.training.local_buffers import DeviceBuffers
 from fedsim.training.models import Model, build_model, input_shape
 from fedsim.training.modules import ModuleModel
 
@@ -40,6 +41,7 @@ class Task:
     activations: int = 0  # floats of layer outputs per sample (0: no need to chunk a cohort)
     sizes: Tensor  # int64 [N + 1] samples per client; the last entry is the pooled client
     pooled: int  # id of the virtual client holding all data (= n_clients)
+    device_buffers: DeviceBuffers | None = None  # [model] local_buffers: buffers kept per device
 
     def init_params(self) -> Tensor:
         raise NotImplementedError
@@ -131,6 +133,8 @@ class ClassificationTask(Task):
         self.has_conv, self.activations = model.has_conv, model.activations
 
         self.sizes, self.pooled = data.sizes, data.pooled
+        if getattr(model, "local_buffers", False):
+            self.device_buffers = DeviceBuffers(slice(model.param_dim, model.dim), self.n_clients + 1, self.device)
 
     def init_params(self) -> Tensor:
         return self.model.init(self.seed).to(self.device)
@@ -142,8 +146,12 @@ class ClassificationTask(Task):
     def own_test_data(self) -> bool:
         return self.data.owner_test is not None
 
+    def served(self, params: Tensor) -> Tensor:
+        """The server's parameters as evaluated and saved (local buffers: the devices' mean)."""
+        return params if self.device_buffers is None else self.device_buffers.served(params)
+
     def device_metrics(self, params: Tensor) -> dict[str, np.ndarray]:
-        return evaluate_per_device(self.model, params, self.data) if self.own_test_data else {}
+        return evaluate_per_device(self.model, self.served(params), self.data) if self.own_test_data else {}
 
     def device_columns(self) -> dict[str, np.ndarray]:
         columns = super().device_columns()
@@ -154,10 +162,10 @@ class ClassificationTask(Task):
         return columns
 
     def evaluate(self, params: Tensor) -> tuple[float, float]:
-        return evaluate_classifier(self.model, params, self.data)
+        return evaluate_classifier(self.model, self.served(params), self.data)
 
     def state_dict(self, params: Tensor) -> dict[str, Tensor]:
-        return self.model.state_dict(params)
+        return self.model.state_dict(self.served(params))
 
     def load_state_dict(self, saved: dict[str, Tensor]) -> Tensor:
         return self.model.load_state_dict(saved)

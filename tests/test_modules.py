@@ -293,3 +293,18 @@ def test_local_buffers_stay_on_the_devices_and_resume_exactly(cli_run, user_mode
     assert main(["run", "--resume", str(half), "--set", "run.rounds=3", "--quiet"]) == 0
     resumed = torch.load(half / "model.pt")
     assert all(torch.equal(resumed[k], kept[k]) for k in kept)
+
+
+def test_a_resume_whose_model_code_changed_is_one_line(cli_run, user_models, tmp_path):
+    from fedsim.cli import main
+
+    half = cli_run({**BASE, "run": {**BASE["run"], "rounds": 2, "checkpoint_every": 1},
+                    "model": {"name": "user_nets:resnet"}}, name="half")
+    before = {p.name: p.read_bytes() for p in half.iterdir() if p.is_file()}
+    (tmp_path / "user_nets.py").write_text(USER_MODELS.replace("nn.Linear(4, n_classes)", "nn.Linear(4, n_classes, bias=False)"))
+    sys.modules.pop("user_nets", None)
+    assert main(["run", "--resume", str(half), "--set", "run.rounds=3", "--quiet"]) == 2
+    err = cli_run.capsys.readouterr().err
+    assert err.count("\n") == 1 and "checkpoint.pt: the file has a parameter 'fc.bias', which this run's model lacks" in err
+    assert "put back the model code" in err
+    assert {p.name: p.read_bytes() for p in half.iterdir() if p.is_file()} == before  # nothing lost

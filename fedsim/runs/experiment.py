@@ -46,7 +46,7 @@ from fedsim.training import ThreadPolicy, build_task, build_trainer
 from fedsim.training.memory import check_memory
 from fedsim.training.schedules import learning_rate
 from fedsim.runs.trackers import tracker_callbacks
-from fedsim.training.warm_start import initial_params
+from fedsim.training.warm_start import check_resumable, initial_params, model_layout
 
 
 @dataclass
@@ -189,6 +189,9 @@ class Experiment:
         alone by `run`, or with other runs' engines by fedsim/studies/lockstep.py). The run directory is
         this process's until `end` (or the process ends)."""
         cfg = self.config
+        self.model_layout = model_layout(self.task)  # what checkpoints record of the model
+        if resume is not None:
+            check_resumable(self.task, resume.get("model"), str(self.run_dir / "checkpoint.pt"))
         self.lock = DirectoryLock(self.run_dir)
         self.lock.acquire("fedsim resume" if resume else "fedsim run")
         started = time.perf_counter()
@@ -326,6 +329,7 @@ class Experiment:
             "round": rounds_done, "sim_time": sim_time, "strategy": self.strategy.state_dict(),
             "recorder": self.recorder.state_dict(), "host_s": self._host_s(),
             "config": self.config.to_dict(),
+            "model": self.model_layout,
             **({"device_buffers": self.task.device_buffers.state_dict()} if self.task.device_buffers else {}),
         })
         write_manifest(self, EngineResult("running", "", rounds_done, sim_time), self._host_s())

@@ -308,3 +308,24 @@ def test_a_resume_whose_model_code_changed_is_one_line(cli_run, user_models, tmp
     assert err.count("\n") == 1 and "checkpoint.pt: the file has a parameter 'fc.bias', which this run's model lacks" in err
     assert "put back the model code" in err
     assert {p.name: p.read_bytes() for p in half.iterdir() if p.is_file()} == before  # nothing lost
+
+
+def test_an_nn_module_mlp_trains_exactly_as_the_builtin_mlp(user_models):
+    """The same flat layout (weight, bias, weight, bias) from the same start: the module path
+    computes the built-in's steps (loop: bit for bit; batched: to float rounding)."""
+    from torch import nn
+
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.training import build_task, build_trainer
+
+    import user_nets
+    user_nets.mlp32 = lambda s, n, cfg: nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, n))
+    cpu = torch.device("cpu")
+    tasks = [build_task(DataConfig(dataset="digits", clients=10), ModelConfig(name=name, hidden=32), seed=0, device=cpu)
+             for name in ("mlp", "user_nets:mlp32")]
+    start = tasks[0].init_params()[None].expand(3, -1).clone()
+    results = {(t.model.name, path): build_trainer(t, ClientConfig(batch_size=8, trainer=path), seed=1).train(
+        2, np.arange(3), start, np.array([3, 1, 2]), 0.1) for t in tasks for path in ("loop", "batched")}
+    assert torch.equal(results["mlp", "loop"].deltas, results["user_nets:mlp32", "loop"].deltas)
+    assert torch.allclose(results["mlp", "batched"].deltas, results["user_nets:mlp32", "batched"].deltas, atol=1e-6)
+    assert tasks[0].evaluate(start[0]) == tasks[1].evaluate(start[0])

@@ -329,3 +329,17 @@ def test_an_nn_module_mlp_trains_exactly_as_the_builtin_mlp(user_models):
     assert torch.equal(results["mlp", "loop"].deltas, results["user_nets:mlp32", "loop"].deltas)
     assert torch.allclose(results["mlp", "batched"].deltas, results["user_nets:mlp32", "batched"].deltas, atol=1e-6)
     assert tasks[0].evaluate(start[0]) == tasks[1].evaluate(start[0])
+
+
+def test_auto_batches_modules_on_a_cpu_and_keeps_the_loop_for_builtin_cnns(user_models):
+    """Measured (benchmarks/RESULTS.md): a module's convolutions under vmap beat its loop on a
+    CPU, the hand-batched grouped convolution does not."""
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.training import build_task, build_trainer
+
+    def path(model):
+        task = build_task(DataConfig(dataset="digits", clients=10), ModelConfig(name=model), seed=0,
+                          device=torch.device("cpu"))
+        return build_trainer(task, ClientConfig(trainer="auto"), seed=0).path_for(np.arange(5)).path
+
+    assert path("user_nets:resnet") == "batched" and path("cnn-svhn") == "loop"

@@ -14,8 +14,9 @@ from fedsim.training.trainer import Trainer
 
 def prefers_batched(has_conv: bool, cohort: int, device_type: str) -> bool:
     """A single device: the loop (there is nothing to stack). On a GPU: batched. On a CPU:
-    batched, except for convolutional models, whose cohort convolution (one grouped
-    convolution over the cohort) is slower there than a loop of ordinary ones."""
+    batched, except for the built-in convolutional models, whose cohort convolution (one
+    grouped convolution over the cohort) is slower there than a loop of ordinary ones (an
+    nn.Module's `has_conv` is False: under vmap it is faster batched than on its loop)."""
     if cohort <= 1:
         return False
     return device_type != "cpu" or not has_conv

@@ -4,8 +4,12 @@ A model is a stack of layers; each layer names its parameters (for model.pt), kn
 initialise them and applies itself two ways: `__call__` to one device's batch (evaluation,
 the loop trainer) and `cohort` to the batches of m devices with stacked parameters [m, ...]
 (the batched trainer). The cohort form is written by hand (batched matmuls, one grouped
-convolution) rather than with `torch.func.vmap`: vmap's per-call overhead was most of a small
-round, and its first call imports torch's compiler stack (about 1 s). Dropout randomness comes
+convolution) rather than with `torch.func.vmap`, which any nn.Module gets instead
+(fedsim/training/modules.py). The built-ins stay hand-batched because that is faster where
+it matters: on a 2-core CPU (benchmarks/RESULTS.md, "nn.Module twins") LeNet-5 as an
+nn.Module trains its cohort of 100 at 0.69x the hand-batched speed, and every module's loop
+path (one `grad` call per device and step) is 1.4-2.4x slower than these layers' loop; softmax
+regression and the MLP are on par either way. Dropout randomness comes
 from keyed uniforms instead of torch's global generator. Parameters live in one flat vector
 per device; `split` gives views of it, so training updates it in place. No BatchNorm (its
 running statistics are not a function of the parameters).

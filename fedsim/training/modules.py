@@ -142,6 +142,9 @@ class ModuleModel:
     layers = ()
     dropout_features = 0
     is_linear = False
+    # what `auto` avoids batching on a CPU is the hand-batched grouped convolution; a module's
+    # convolutions under vmap beat its own loop there (benchmarks/RESULTS.md: LeNet-5 2.5x)
+    has_conv = False
 
     def __init__(self, name: str, module: nn.Module, in_shape: tuple[int, ...], n_classes: int, where: str):
         self.name, self.in_shape, self.where = name, in_shape, where
@@ -159,7 +162,6 @@ class ModuleModel:
         self.dim = sum(self.numels)
         self.param_dim = sum(self.numels[:self.n_trainable])
         self.has_buffers = bool(buffers)
-        self.has_conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in module.modules())
         self._init = torch.cat([t.detach().reshape(-1).float() for _, t in trainable + buffers])
         self.flops, self.activations = self._probe(n_classes)
         self._one = grad_and_value(self._loss, has_aux=True)

@@ -343,3 +343,28 @@ def test_auto_batches_modules_on_a_cpu_and_keeps_the_loop_for_builtin_cnns(user_
         return build_trainer(task, ClientConfig(trainer="auto"), seed=0).path_for(np.arange(5)).path
 
     assert path("user_nets:resnet") == "batched" and path("cnn-svhn") == "loop"
+
+
+def test_runs_of_one_module_train_together_as_apart(user_models):
+    """A study's lockstep: two runs (seeds) of one module share a batched call and get what
+    their own calls give; runs whose modules hold frozen constants of their own do not share."""
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.training import build_task, build_trainer
+    from fedsim.training.cohort import cohort_key, train_together
+    from fedsim.training.objective import PLAIN
+
+    def trainer(model, seed):
+        task = build_task(DataConfig(dataset="digits", clients=6), ModelConfig(name=model), seed=seed,
+                          device=torch.device("cpu"))
+        return build_trainer(task, ClientConfig(batch_size=4, trainer="batched"), seed=seed)
+
+    ids, steps = np.arange(3), np.array([2, 1, 2])
+    calls = [(t, 1, ids, t.task.init_params()[None].expand(3, -1).clone(), steps, 0.1, PLAIN)
+             for t in (trainer("user_nets:resnet_dropout", 0), trainer("user_nets:resnet_dropout", 1))]
+    assert cohort_key(calls[0][0], ids, PLAIN) == cohort_key(calls[1][0], ids, PLAIN)
+    together = train_together(calls)
+    for call, result in zip(calls, together):
+        alone = call[0].train(*call[1:])
+        assert torch.allclose(result.deltas, alone.deltas, atol=1e-6)
+    frozen = [trainer("user_nets:frozen_stem", seed) for seed in (0, 1)]
+    assert cohort_key(frozen[0], ids, PLAIN) != cohort_key(frozen[1], ids, PLAIN)

@@ -189,9 +189,15 @@ class ModuleModel:
 
     def state_dict(self, flat: Tensor) -> dict[str, Tensor]:
         """The module's own state_dict (its names, order and dtypes) with the state `flat`."""
-        state = dict(zip(self.names, self.split(flat)))
-        return {n: state[n].detach().to("cpu", self.dtypes[self.names.index(n)]).clone() if n in state
-                else t.detach().cpu().clone() for n, t in self.module.state_dict().items()}
+        state = {n: (t, dtype) for n, t, dtype in zip(self.names, self.split(flat.detach().cpu()), self.dtypes)}
+
+        def saved(name: str, own: Tensor) -> Tensor:
+            if name not in state:  # a frozen parameter
+                return own.detach().cpu().clone()
+            t, dtype = state[name]  # an integer buffer (num_batches_tracked) averaged as a float
+            return (t if dtype.is_floating_point else t.round()).to(dtype).clone()
+
+        return {n: saved(n, t) for n, t in self.module.state_dict().items()}
 
     def load_state_dict(self, saved: dict[str, Tensor]) -> Tensor:
         """The flat state of a state_dict (checked by the caller); its frozen parameters become

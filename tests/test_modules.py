@@ -368,3 +368,15 @@ def test_runs_of_one_module_train_together_as_apart(user_models):
         assert torch.allclose(result.deltas, alone.deltas, atol=1e-6)
     frozen = [trainer("user_nets:frozen_stem", seed) for seed in (0, 1)]
     assert cohort_key(frozen[0], ids, PLAIN) != cohort_key(frozen[1], ids, PLAIN)
+
+
+def test_an_installed_module_factory_runs_by_its_entry_point_name(cli_run, user_models, tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "fedsim_nets-0.1.dist-info").mkdir(parents=True)
+    (site / "fedsim_nets-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: fedsim-nets\nVersion: 0.1\n")
+    (site / "fedsim_nets-0.1.dist-info" / "entry_points.txt").write_text("[fedsim.models]\ntiny-resnet = user_nets:resnet\n")
+    monkeypatch.syspath_prepend(str(site))
+    by_name = cli_run({**BASE, "model": {"name": "tiny-resnet"}}, name="ep")
+    by_path = run(cli_run, "resnet", "auto")
+    a, b = torch.load(by_name / "model.pt"), torch.load(by_path / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -324,7 +324,14 @@ def cmd_config_show(args) -> int:
     from fedsim.config import load_config
     from fedsim.config.show import show_config
 
-    print(show_config(load_config(args.config, args.set)), end="")
+    config = load_config(args.config, args.set)
+    print(show_config(config), end="")
+    from fedsim.training import model_summary
+
+    try:
+        print(f"\n# the model: {model_summary(config.data, config.model, seed=config.run.seed)}")
+    except FedsimError as err:
+        print(f"\n# the model is not built here: {err}")
     return 0
 
 

@@ -170,6 +170,7 @@ def test_images_and_labels_must_pair_up(tmp_path):
     ("fashion-mnist", "train-images-idx3-ubyte"),
     ("mnist", "t10k-labels-idx1-ubyte"),
     ("cifar10", "cifar-10-batches-py/data_batch_1..5"),
+    ("cifar100", "cifar-100-python/train, test and meta"),
     ("svhn", "train_32x32.mat"),
 ])
 def test_missing_folder_is_one_line_naming_the_files(tmp_path, name, files):
@@ -205,13 +206,16 @@ def test_real_fashion_mnist_default_root():
     assert np.array_equal(np.bincount(ds.y_train), np.full(10, 6000))
 
 
-def test_corrupt_cifar_files_are_one_line(tmp_path):
-    folder = tmp_path / "cifar-10-batches-py"
-    folder.mkdir()
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        (folder / name).write_bytes(b"not a pickle")
+@pytest.mark.parametrize("dataset, folder, files", [
+    ("cifar10", "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]),
+    ("cifar100", "cifar-100-python", ["train", "test", "meta"]),
+])
+def test_corrupt_cifar_files_are_one_line(tmp_path, dataset, folder, files):
+    (tmp_path / folder).mkdir()
+    for name in files:
+        (tmp_path / folder / name).write_bytes(b"not a pickle")
     with pytest.raises(FedsimError) as err:
-        load_dataset(DataConfig(dataset="cifar10", root=str(tmp_path)), seed=0)
+        load_dataset(DataConfig(dataset=dataset, root=str(tmp_path)), seed=0)
     assert "\n" not in str(err.value) and "torchvision could not load it" in str(err.value)
 
 

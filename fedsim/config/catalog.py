@@ -28,13 +28,14 @@ ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", "fedsim.algori
     "sequential-sgd": "fedsim.algorithms.sequential:SequentialSgd",
 }, group="fedsim.algorithms")
 
-# a model is a function (in_shape, n_classes, [model] config) -> list of fedsim layers
-MODELS = Registry("a function (in_shape, n_classes, model_config) -> list of fedsim layers", callable,
+# a model is a function (in_shape, n_classes, [model] config) -> a torch.nn.Module (or a list of
+# fedsim layers: the hand-batched built-ins)
+MODELS = Registry("a function (in_shape, n_classes, model_config) -> torch.nn.Module", callable,
                   _paths("fedsim.training.models", {
                       "logreg": "logreg", "mlp": "mlp", "lenet5": "lenet5", "cnn-svhn": "cnn_svhn",
                       "cnn-cifar": "cnn_cifar", "cnn-cinic": "cnn_cinic", "cnn-fmnist": "cnn_fmnist",
                       "cnn-cifar-wj": "cnn_cifar_wj", "cnn-femnist": "cnn_femnist", "lstm": "lstm",
-                      "char-lstm": "char_lstm"}),
+                      "char-lstm": "char_lstm"}) | {"resnet18-gn": "fedsim.training.resnet:resnet18_gn"},
                   group="fedsim.models")
 
 GENERATORS = Registry("a fedsim.traces.generators.GeneratorSpec", "fedsim.traces.generators:is_generator",

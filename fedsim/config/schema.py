@@ -244,10 +244,10 @@ class RunConfig:
 class DataConfig:
     """The dataset and how it is split among the clients (one client per device)."""
 
-    dataset: str = key("digits", "dataset to train on (digits, fashion-mnist, mnist, cifar10, svhn, "
+    dataset: str = key("digits", "dataset to train on (digits, fashion-mnist, mnist, cifar10, cifar100, svhn, "
                        "femnist, shakespeare, sent140, parquet, quadratic or logistic)")
     root: str = key("", "folder of the dataset's files", zero="the dataset's default location")
-    download: bool = key(False, "download a missing mnist, cifar10 or svhn into root")
+    download: bool = key(False, "download a missing mnist, cifar10, cifar100 or svhn into root")
     clients: int = key(100, "number of clients, one per device", positive=True)
     partition: str = key("", "how the data is split among clients", choices=PARTITIONS,
                          zero="natural (one device per user) for femnist, shakespeare, sent140 and "
@@ -296,6 +296,11 @@ class ModelConfig:
     init_from: str = key("", "start from a run's saved model.pt, or the run directory holding it "
                          "(looked up in the working directory, then beside the config)",
                          zero="the task's own seeded initialisation")
+    local_buffers: bool = key(False, "an nn.Module's buffers (BatchNorm's running statistics) stay on each "
+                              "device (FedBN) instead of being averaged with the weights")
+    train_flops_per_sample: float = key(0.0, "the model's training FLOPs per sample (3 x forward) that the "
+                                        "device clock uses", non_negative=True,
+                                        zero="counted on one forward pass at build time")
 
 
 @dataclass

@@ -192,18 +192,26 @@ def _mnist(cfg: DataConfig, seed: int) -> Dataset:
 
 # --- torchvision datasets (CIFAR-10, SVHN) ---------------------------------------------------
 
-def _cifar10(cfg: DataConfig, seed: int) -> Dataset:
-    root = _root(cfg, "cifar10")
-    folder = root / "cifar-10-batches-py"
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    if not cfg.download and not all((folder / n).is_file() for n in names):
-        raise _missing("cifar10", root, "cifar-10-batches-py/data_batch_1..5, cifar-10-batches-py/test_batch")
-    from torchvision.datasets import CIFAR10
+def _cifar(name: str, folder: str, files: list[str], expected: str, torchvision_class: str, classes: int):
+    """CIFAR-10 or CIFAR-100 (its 100 fine labels) through torchvision's reader."""
+    def load(cfg: DataConfig, seed: int) -> Dataset:
+        root = _root(cfg, name)
+        if not cfg.download and not all((root / folder / f).is_file() for f in files):
+            raise _missing(name, root, expected)
+        import torchvision.datasets
 
-    parts = [_torchvision("cifar10", root, CIFAR10, train=train, download=cfg.download) for train in (True, False)]
-    x_tr, x_te = (p.data.transpose(0, 3, 1, 2).copy() for p in parts)  # NHWC -> NCHW
-    y_tr, y_te = (np.asarray(p.targets, dtype=np.int64) for p in parts)
-    return Dataset("cifar10", x_tr, y_tr, x_te, y_te, 10, scale=1 / 255)
+        cls = getattr(torchvision.datasets, torchvision_class)
+        parts = [_torchvision(name, root, cls, train=train, download=cfg.download) for train in (True, False)]
+        x_tr, x_te = (p.data.transpose(0, 3, 1, 2).copy() for p in parts)  # NHWC -> NCHW
+        y_tr, y_te = (np.asarray(p.targets, dtype=np.int64) for p in parts)
+        return Dataset(name, x_tr, y_tr, x_te, y_te, classes, scale=1 / 255)
+    return load
+
+
+_cifar10 = _cifar("cifar10", "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"],
+                  "cifar-10-batches-py/data_batch_1..5, cifar-10-batches-py/test_batch", "CIFAR10", 10)
+_cifar100 = _cifar("cifar100", "cifar-100-python", ["train", "test", "meta"],
+                   "cifar-100-python/train, test and meta", "CIFAR100", 100)
 
 
 def _svhn(cfg: DataConfig, seed: int) -> Dataset:
@@ -255,6 +263,7 @@ DEFAULT_ROOTS = {
     "fashion-mnist": "/usr/share/datasets/fashion-mnist",  # Debian's dataset-fashion-mnist
     "mnist": "data/mnist",
     "cifar10": "data/cifar10",
+    "cifar100": "data/cifar100",
     "svhn": "data/svhn",
     "femnist": "data/femnist/data",  # LEAF's layout: data/<name>/data/{train,test}/*.json
     "shakespeare": "data/shakespeare/data",
@@ -278,6 +287,7 @@ LOADERS = {
     "fashion-mnist": _fashion_mnist,
     "mnist": _mnist,
     "cifar10": _cifar10,
+    "cifar100": _cifar100,
     "svhn": _svhn,
     "femnist": _leaf("femnist"),
     "shakespeare": _leaf("shakespeare"),

@@ -48,6 +48,7 @@ def write_manifest(run, result, host_s: float) -> None:
         "server_memory_bytes": run.strategy.memory_bytes(),
         "device_memory_bytes": run.strategy.device_memory_bytes(),
         "n_devices": run.task.n_clients, "model_dim": run.task.dim,
+        "train_flops_per_sample": run.task.train_flops_per_sample(),
         "initial": run.recorder.initial,
         "warnings": run_warnings(run, result.status, result.sim_time),
         "trace": {"n_devices": trace.n_devices, "horizon": trace.horizon, "wrap": trace.wrap,

@@ -47,7 +47,7 @@ from fedsim.training import ThreadPolicy, build_task, build_trainer
 from fedsim.training.memory import check_memory
 from fedsim.training.schedules import learning_rate
 from fedsim.runs.trackers import check_trackers, tracker_callbacks
-from fedsim.training.warm_start import initial_params
+from fedsim.training.warm_start import check_resumable, initial_params, model_layout
 
 
 @dataclass
@@ -193,6 +193,9 @@ class Experiment:
         alone by `run`, or with other runs' engines by fedsim/studies/lockstep.py). The run directory is
         this process's until `end` (or the process ends)."""
         cfg = self.config
+        self.model_layout = model_layout(self.task)  # what checkpoints record of the model
+        if resume is not None:
+            check_resumable(self.task, resume.get("model"), str(self.run_dir / "checkpoint.pt"))
         self.lock = DirectoryLock(self.run_dir)
         self.lock.acquire("fedsim resume" if resume else "fedsim run")
         started = time.perf_counter()
@@ -204,6 +207,8 @@ class Experiment:
         if resume is not None:
             self.strategy.load_state_dict(resume["strategy"])
             self.recorder.load_state_dict(resume["recorder"])
+            if self.task.device_buffers is not None:  # [model] local_buffers: the devices' own
+                self.task.device_buffers.load_state_dict(resume["device_buffers"])
             self.start_round, self.start_time = resume["round"], resume["sim_time"]
             last = self.recorder.rows[-1] if self.recorder.rows else None
             if last is not None and not self.evaluation_due(last["round"]):
@@ -333,6 +338,8 @@ class Experiment:
             "round": rounds_done, "sim_time": sim_time, "strategy": self.strategy.state_dict(),
             "recorder": self.recorder.state_dict(), "host_s": self._host_s(),
             "config": self.config.to_dict(), "run_format": RUN_FORMAT,
+            "model": self.model_layout,
+            **({"device_buffers": self.task.device_buffers.state_dict()} if self.task.device_buffers else {}),
         })
         write_manifest(self, EngineResult("running", "", rounds_done, sim_time), self._host_s())
 

@@ -21,6 +21,14 @@ def build_task(data: DataConfig, model: ModelConfig, *, seed: int, device: torch
     return classification_task(load_dataset(data, seed), data, model, seed=seed, device=device)
 
 
+def model_summary(data: DataConfig, model: ModelConfig, *, seed: int) -> str:
+    """The model's size and the training cost the device clock uses (`fedsim config show`)."""
+    task = build_task(data, model, seed=seed, device=torch.device("cpu"))
+    given = " (as [model] train_flops_per_sample says)" if model.train_flops_per_sample else ""
+    return (f"{task.dim:,} parameters sent and averaged, {task.train_flops_per_sample():,.0f} training "
+            f"FLOPs per sample{given}")
+
+
 def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: ThreadPolicy | None = None) -> Trainer:
     """The trainer path named by `[client] trainer` (auto | batched | loop)."""
     trainer_class = TRAINERS.lookup(client.trainer, "[client] trainer")
@@ -37,4 +45,4 @@ def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: Threa
     return trainer_class(task, client, seed=seed, threads=threads)
 
 
-__all__ = ["build_task", "build_trainer", "Task", "ThreadPolicy", "TrainResult", "Trainer"]
+__all__ = ["build_task", "build_trainer", "model_summary", "Task", "ThreadPolicy", "TrainResult", "Trainer"]

@@ -14,8 +14,9 @@ from fedsim.training.trainer import Trainer
 
 def prefers_batched(has_conv: bool, cohort: int, device_type: str) -> bool:
     """A single device: the loop (there is nothing to stack). On a GPU: batched. On a CPU:
-    batched, except for convolutional models, whose cohort convolution (one grouped
-    convolution over the cohort) is slower there than a loop of ordinary ones."""
+    batched, except for the built-in convolutional models, whose cohort convolution (one
+    grouped convolution over the cohort) is slower there than a loop of ordinary ones (an
+    nn.Module's `has_conv` is False: under vmap it is faster batched than on its loop)."""
     if cohort <= 1:
         return False
     return device_type != "cpu" or not has_conv
@@ -26,11 +27,14 @@ class AutoTrainer(Trainer):
 
     def __init__(self, task, client, *, seed, threads=None):
         super().__init__(task, client, seed=seed, threads=threads)
-        self.batched = BatchedTrainer(task, client, seed=seed, threads=self.threads)
+        # batched where the rule prefers it and the model can (a module may not run under vmap)
+        wanted = prefers_batched(task.has_conv, 2, task.device.type)
+        self.batched = BatchedTrainer(task, client, seed=seed, threads=self.threads) \
+            if wanted and not task.batch_problem() else None
         self.loop = LoopTrainer(task, client, seed=seed, threads=self.threads)
 
     def path_for(self, ids) -> Trainer:
-        batched = prefers_batched(self.task.has_conv, len(ids), self.task.device.type)
+        batched = self.batched and prefers_batched(self.task.has_conv, len(ids), self.task.device.type)
         return self.batched if batched else self.loop
 
     def devices_per_call(self, ids):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedsim.errors import FedsimError
 from fedsim.training.trainer import Trainer, TrainResult, sgd_update_
 
 ACTIVATION_BUDGET = 2**27  # floats of layer outputs per batched call on a CPU (512 MiB)
@@ -32,6 +33,9 @@ class BatchedTrainer(Trainer):
 
     def __init__(self, task, client, *, seed, threads=None):
         super().__init__(task, client, seed=seed, threads=threads)
+        if task.batch_problem():
+            raise FedsimError(f"[client] trainer = 'batched': the model cannot train batched under torch.func.vmap "
+                              f"({task.batch_problem()}); set trainer = 'loop' (or 'auto')")
         self.step_fn = task.cohort_step_fn()
 
     def devices_per_call(self, ids):
@@ -96,12 +100,12 @@ def cohort_key(trainer: Trainer, ids: np.ndarray, objective) -> tuple | None:
     batched path, the same model (architecture and size) and loss on the same device, the same
     batch size and local-update settings. None: this cohort trains on its own."""
     path = trainer.path_for(ids) if hasattr(trainer, "path_for") else trainer
-    if not isinstance(path, BatchedTrainer) or not len(ids):
-        return None
+    if not isinstance(path, BatchedTrainer) or not len(ids) or path.task.device_buffers is not None:
+        return None  # (buffers kept per device: each run's own `train` keeps them)
     task, client = path.task, path.client
     model = getattr(task, "model", None)
-    shape = (model.name, tuple(type(layer).__name__ for layer in model.layers), model.dropout_features) \
-        if model is not None else (getattr(task, "noise", None),)
+    shape = (model.name, tuple(type(layer).__name__ for layer in model.layers), model.dropout_features,
+             model.shared_key()) if model is not None else (getattr(task, "noise", None),)
     return (type(task), task.dim, shape, str(task.device), path.batch_size, client.clip,
             client.weight_decay, objective)
 

@@ -4,8 +4,12 @@ A model is a stack of layers; each layer names its parameters (for model.pt), kn
 initialise them and applies itself two ways: `__call__` to one device's batch (evaluation,
 the loop trainer) and `cohort` to the batches of m devices with stacked parameters [m, ...]
 (the batched trainer). The cohort form is written by hand (batched matmuls, one grouped
-convolution) rather than with `torch.func.vmap`: vmap's per-call overhead was most of a small
-round, and its first call imports torch's compiler stack (about 1 s). Dropout randomness comes
+convolution) rather than with `torch.func.vmap`, which any nn.Module gets instead
+(fedsim/training/modules.py). The built-ins stay hand-batched because that is faster where
+it matters: on a 2-core CPU (benchmarks/RESULTS.md, "nn.Module twins") LeNet-5 as an
+nn.Module trains its cohort of 100 at 0.69x the hand-batched speed, and every module's loop
+path (one `grad` call per device and step) is 1.4-2.4x slower than these layers' loop; softmax
+regression and the MLP are on par either way. Dropout randomness comes
 from keyed uniforms instead of torch's global generator. Parameters live in one flat vector
 per device; `split` gives views of it, so training updates it in place. No BatchNorm (its
 running statistics are not a function of the parameters).
@@ -18,6 +22,8 @@ convolution over the cohort is one grouped convolution with m groups on the view
 from __future__ import annotations
 
 import math
+import inspect
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +32,9 @@ from torch import Tensor
 
 from fedsim.config import ModelConfig
 from fedsim.errors import FedsimError
+from fedsim.training import rng
 from fedsim.config.catalog import MODELS
+from fedsim.training.modules import ModuleModel
 
 
 @dataclass
@@ -288,6 +296,26 @@ class Model:
             used += layer.dropout
         return x
 
+    def shared_key(self) -> tuple:
+        """What runs with this architecture must share to train in one call (nothing more)."""
+        return ()
+
+    def to(self, device: torch.device) -> Model:
+        return self  # the parameters live in the flat vectors; fixed word vectors move on use
+
+    def state_dict(self, flat: Tensor) -> dict[str, Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.unflatten(flat).items()}
+
+    def load_state_dict(self, saved: dict[str, Tensor]) -> Tensor:
+        return torch.cat([saved[q.name].reshape(-1).float() for q in self.params])
+
+    def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int) -> Tensor:
+        """A local step's dropout uniforms [m, batch, dropout_features] (empty without dropout)."""
+        if not self.dropout_features:
+            return torch.empty(len(ids), batch, 0, device=ids.device)
+        return rng.uniform(seed, rng.DROPOUT, rnd, ids, step, batch * self.dropout_features).view(
+            len(ids), batch, self.dropout_features)
+
     def init(self, seed: int) -> Tensor:
         """Kaiming-normal weights (ReLU gain), zero biases; LSTM: torch's U(+-1/sqrt(H)). CPU, seeded."""
         gen = torch.Generator().manual_seed(int(seed))
@@ -441,12 +469,14 @@ def input_shape(dataset, cfg: ModelConfig) -> tuple[int, ...]:
 
 
 ARCHITECTURES = MODELS
-IMAGE_ONLY = frozenset({"lenet5", "cnn-svhn", "cnn-cifar", "cnn-cinic", "cnn-fmnist", "cnn-cifar-wj", "cnn-femnist"})
+IMAGE_ONLY = frozenset({"resnet18-gn", "lenet5", "cnn-svhn", "cnn-cifar", "cnn-cinic", "cnn-fmnist", "cnn-cifar-wj", "cnn-femnist"})
 TEXT_MODELS = ("lstm", "char-lstm")  # the built-ins that read token ids (through an embedding)
 
 
-def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dataset: str) -> Model:
-    architecture = MODELS.lookup(cfg.name, "[model] name")
+def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dataset: str,
+                seed: int = 0) -> Model | ModuleModel:
+    """The `[model]` network: a built-in or plugin factory's layer list, or its nn.Module."""
+    factory = MODELS.lookup(cfg.name, "[model] name")
     if not 0 <= cfg.dropout < 1:
         raise FedsimError(f"[model] dropout = {cfg.dropout} must be in [0, 1)")
     if cfg.name == "logreg" and cfg.dropout:
@@ -463,10 +493,70 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
             f"[model] name = {cfg.name!r} needs images; [data] dataset = {dataset!r} has "
             f"vectors of {in_shape}: use logreg, mlp or lstm"
         )
+    where = f"[model] name = {cfg.name!r}"
     try:
-        return Model(cfg.name, architecture(in_shape, n_classes, cfg), in_shape)
+        built = _call_factory(factory, in_shape, n_classes, cfg, seed, where)
     except ValueError:
         raise FedsimError(
             f"[model] name = {cfg.name!r} needs larger images than [data] dataset = {dataset!r} "
             f"has ({'x'.join(map(str, in_shape[1:]))}); use a smaller model (logreg, mlp, cnn-svhn)"
         ) from None
+    if isinstance(built, torch.nn.Module):
+        model = ModuleModel(cfg.name, built, in_shape, n_classes, where)
+        if cfg.local_buffers and not model.has_buffers:
+            raise FedsimError(f"{where}: [model] local_buffers = true, but the module has no buffers (running "
+                              "statistics) to keep on the devices; set local_buffers = false")
+        model.local_buffers = cfg.local_buffers
+    elif isinstance(built, (list, tuple)) and built and all(isinstance(layer, Layer) for layer in built):
+        if cfg.local_buffers:
+            raise FedsimError(f"{where}: [model] local_buffers = true, but a model of fedsim layers has no "
+                              "buffers; set local_buffers = false")
+        model = Model(cfg.name, list(built), in_shape)
+    else:
+        raise FedsimError(f"{where}: the factory returned {_describe(built)}, not a torch.nn.Module or a "
+                          "list of fedsim layers; return the model it builds")
+    if cfg.train_flops_per_sample:
+        model.flops = cfg.train_flops_per_sample / 6  # multiply-adds of a forward pass (3 x forward, 2 per MAC)
+    return model
+
+
+def _call_factory(factory, in_shape, n_classes: int, cfg: ModelConfig, seed: int, where: str):
+    """factory(in_shape, n_classes, cfg), its random initialisation seeded by the run's seed."""
+    is_class = inspect.isclass(factory)
+    fix = ("give a factory `def make(in_shape, n_classes, cfg)` that returns the module" if is_class
+           else "fix the factory (it is called with (in_shape, n_classes, model_config))")
+    try:
+        inspect.signature(factory).bind(in_shape, n_classes, cfg)
+    except TypeError as err:
+        kind = "a class whose constructor" if is_class else "a function that"
+        raise FedsimError(f"{where} is {kind} does not take fedsim's arguments (in_shape, n_classes, "
+                          f"model_config): {err}; {fix}") from None
+    except ValueError:  # no signature to read (a builtin): let the call decide
+        pass
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        try:
+            return factory(in_shape, n_classes, cfg)
+        except FedsimError:
+            raise
+        except ValueError:
+            if not is_class and cfg.name in MODELS:
+                raise  # a built-in's images too small: the caller says so
+            raise _failed(where, is_class, fix) from None
+        except Exception:
+            raise _failed(where, is_class, fix) from None
+
+
+def _failed(where: str, is_class: bool, fix: str) -> FedsimError:
+    err = sys.exc_info()[1]
+    line = (str(err).strip().splitlines() or [""])[0]
+    what = (" is a class whose constructor does not take fedsim's arguments (in_shape, n_classes, model_config): "
+            "calling it" if is_class else ": building the model")
+    return FedsimError(f"{where}{what} failed ({type(err).__name__}: {line}); {fix}")
+
+
+def _describe(obj) -> str:
+    if isinstance(obj, (list, tuple)):
+        bad = next((x for x in obj if not isinstance(x, Layer)), None)
+        return f"a list holding {type(bad).__name__}" if bad is not None else "an empty list"
+    return f"{type(obj).__name__} {obj!r}"[:120]

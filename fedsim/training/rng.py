@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 # streams: independent families of numbers per (round, device, step)
-BATCH, DROPOUT, NOISE = 1, 2, 3
+BATCH, DROPOUT, NOISE, MODULE = 1, 2, 3, 4
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -52,21 +52,37 @@ def _base(seed: int, stream: int, rnd: int, step: int) -> int:
     return _mix_int(h ^ (int(step) + 0x632BE59BD9B4E019))
 
 
-def _bits(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range, n: int) -> Tensor:
-    """[m, n] int64 random bits for devices `ids` (int64 [m], on the target device) at local
-    step `step`; [S, m, n] for a range of S steps (the same bits, drawn in one call)."""
+def keys(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range) -> Tensor:
+    """int64 [m] keys of devices `ids` at local step `step` ([S, m] for a range of steps):
+    what `from_keys` draws a device's numbers of that step from."""
     steps = step if isinstance(step, range) else [step]
     base = torch.tensor([_signed(_base(seed, stream, rnd, s)) for s in steps], dtype=torch.int64,
                         device=ids.device)
     h = _mix(ids.to(torch.int64) * _signed(_GOLDEN) ^ base[:, None])
-    counter = torch.arange(n, device=ids.device, dtype=torch.int64) * _signed(_GOLDEN)
-    bits = _mix(h[:, :, None] + counter)
-    return bits if isinstance(step, range) else bits[0]
+    return h if isinstance(step, range) else h[0]
+
+
+def from_keys(key: Tensor, n: int, offset: int = 0) -> Tensor:
+    """[..., n] int64 random bits number offset..offset+n-1 of each key [...]. Elementwise, so
+    it also runs inside `torch.func.vmap` on one device's key (fedsim/training/modules.py)."""
+    counter = (torch.arange(n, device=key.device, dtype=torch.int64) + offset) * _signed(_GOLDEN)
+    return _mix(key[..., None] + counter)
+
+
+def to_uniform(bits: Tensor) -> Tensor:
+    """float32 uniforms in [0, 1), 24 random bits each."""
+    return _srl(bits, 40).to(torch.float32) * 2.0**-24
+
+
+def _bits(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range, n: int) -> Tensor:
+    """[m, n] int64 random bits for devices `ids` (int64 [m], on the target device) at local
+    step `step`; [S, m, n] for a range of S steps (the same bits, drawn in one call)."""
+    return from_keys(keys(seed, stream, rnd, ids, step), n)
 
 
 def uniform(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range, n: int) -> Tensor:
     """[m, n] float32 uniforms in [0, 1), 24 random bits each ([S, m, n] for a range of steps)."""
-    return _srl(_bits(seed, stream, rnd, ids, step, n), 40).to(torch.float32) * 2.0**-24
+    return to_uniform(_bits(seed, stream, rnd, ids, step, n))
 
 
 def normal(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range, n: int) -> Tensor:

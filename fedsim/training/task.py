@@ -22,7 +22,9 @@ from fedsim.data.dataset import Dataset
 from fedsim.data.partition import partition
 from fedsim.training import rng
 from fedsim.training.evaluate import CHUNK as EVAL_CHUNK, evaluate_classifier, evaluate_per_device
+from fedsim.training.local_buffers import DeviceBuffers
 from fedsim.training.models import Model, build_model, input_shape
+from fedsim.training.modules import ModuleModel
 
 # (parameter tensors of one device, *its inputs) -> (their gradients, loss [])
 StepFn = Callable[..., tuple[tuple[Tensor, ...], Tensor]]
@@ -39,6 +41,7 @@ class Task:
     activations: int = 0  # floats of layer outputs per sample (0: no need to chunk a cohort)
     sizes: Tensor  # int64 [N + 1] samples per client; the last entry is the pooled client
     pooled: int  # id of the virtual client holding all data (= n_clients)
+    device_buffers: DeviceBuffers | None = None  # [model] local_buffers: buffers kept per device
 
     def init_params(self) -> Tensor:
         raise NotImplementedError
@@ -70,6 +73,10 @@ class Task:
         """model.pt's tensors, on the CPU so that the file loads on any machine."""
         raise NotImplementedError
 
+    def load_state_dict(self, saved: dict[str, Tensor]) -> Tensor:
+        """The flat parameters of a state_dict with `state_dict`'s names and shapes."""
+        return torch.cat([t.reshape(-1).float() for t in saved.values()])
+
     def split(self, flat: Tensor) -> tuple[Tensor, ...]:
         """Views of parameters [..., d] as the model's tensors [..., *shape]."""
         return (flat,)
@@ -85,6 +92,10 @@ class Task:
 
     def distinct_rows(self) -> bool:
         return False
+
+    def batch_problem(self) -> str:
+        """Why the model cannot train batched ('': it can)."""
+        return ""
 
     def step_fn(self) -> StepFn:
         raise NotImplementedError
@@ -112,14 +123,18 @@ class Task:
 
 
 class ClassificationTask(Task):
-    """Cross-entropy on a partitioned labelled dataset, model = a flat-parameter `Model`."""
+    """Cross-entropy on a partitioned labelled dataset, model = a flat-parameter `Model` or
+    an nn.Module's `ModuleModel`."""
 
-    def __init__(self, data: ClientData, model: Model, seed: int):
-        self.data, self.model, self.seed = data, model, seed
+    def __init__(self, data: ClientData, model: Model | ModuleModel, seed: int):
+        self.data, self.model, self.seed = data, model.to(data.device), seed
         self.n_clients, self.n_classes = data.n_clients, data.n_classes
         self.dim, self.device = model.dim, data.device
         self.has_conv, self.activations = model.has_conv, model.activations
+
         self.sizes, self.pooled = data.sizes, data.pooled
+        if getattr(model, "local_buffers", False):
+            self.device_buffers = DeviceBuffers(slice(model.param_dim, model.dim), self.n_clients + 1, self.device)
 
     def init_params(self) -> Tensor:
         return self.model.init(self.seed).to(self.device)
@@ -131,8 +146,12 @@ class ClassificationTask(Task):
     def own_test_data(self) -> bool:
         return self.data.owner_test is not None
 
+    def served(self, params: Tensor) -> Tensor:
+        """The server's parameters as evaluated and saved (local buffers: the devices' mean)."""
+        return params if self.device_buffers is None else self.device_buffers.served(params)
+
     def device_metrics(self, params: Tensor) -> dict[str, np.ndarray]:
-        return evaluate_per_device(self.model, params, self.data) if self.own_test_data else {}
+        return evaluate_per_device(self.model, self.served(params), self.data) if self.own_test_data else {}
 
     def device_columns(self) -> dict[str, np.ndarray]:
         columns = super().device_columns()
@@ -143,17 +162,20 @@ class ClassificationTask(Task):
         return columns
 
     def evaluate(self, params: Tensor) -> tuple[float, float]:
-        return evaluate_classifier(self.model, params, self.data)
+        return evaluate_classifier(self.model, self.served(params), self.data)
 
     def state_dict(self, params: Tensor) -> dict[str, Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in self.model.unflatten(params).items()}
+        return self.model.state_dict(self.served(params))
+
+    def load_state_dict(self, saved: dict[str, Tensor]) -> Tensor:
+        return self.model.load_state_dict(saved)
 
     def split(self, flat: Tensor) -> tuple[Tensor, ...]:
         return self.model.split(flat)
 
     def inputs(self, ids, rnd, steps, batch_size, seed, width=None):
-        data, n_drop = self.data, self.model.dropout_features
-        if batch_size > 0 and (n_drop or not width or width >= batch_size):
+        data, model = self.data, self.model
+        if batch_size > 0 and (not self.distinct_rows() or not width or width >= batch_size):
             rows = data.minibatch_rows(ids, rng.uniform(seed, rng.BATCH, rnd, ids, range(steps), batch_size))
             weight = torch.full((1, 1, 1), 1.0 / batch_size, device=self.device).expand(*rows.shape)
 
@@ -170,22 +192,22 @@ class ClassificationTask(Task):
 
             def samples(step: int, which: slice | Tensor) -> tuple[Tensor, Tensor]:
                 return x[which], y[which]
-        no_dropout = weight.new_zeros(*weight.shape[1:], 0)  # an empty tensor keeps the signature fixed
 
         def at(step: int, which: slice | Tensor) -> tuple[Tensor, ...]:
             x, y = samples(step, which)
-            m, b = y.shape
-            u = (rng.uniform(seed, rng.DROPOUT, rnd, ids[which], step, b * n_drop).view(m, b, n_drop)
-                 if n_drop else no_dropout[which])
-            return x, y, weight[step, which], u
+            return x, y, weight[step, which], model.randomness(seed, rnd, ids[which], step, y.shape[1])
 
         return at
+
+    def batch_problem(self) -> str:
+        return self.model.batch_problem() if isinstance(self.model, ModuleModel) else ""
 
     def distinct_rows(self) -> bool:
         """Whether a minibatch may be computed as the client's distinct samples weighted by
         their draws (`inputs` with a width under the batch size): the same loss and gradient
-        when no dropout mask differs between two draws of one sample."""
-        return not self.model.dropout_features
+        when no dropout mask differs between two draws of one sample. Not for an nn.Module: its
+        layers may mix the samples of a batch (BatchNorm)."""
+        return isinstance(self.model, Model) and not self.model.dropout_features
 
     def step_flops(self, batch: int) -> float:
         return 3.0 * self.model.flops * batch  # the backward pass costs about twice the forward
@@ -198,9 +220,13 @@ class ClassificationTask(Task):
 
     def step_fn(self) -> StepFn:
         model = self.model
+        if isinstance(model, ModuleModel):
+            return model.step_fn(weighted_cross_entropy, batched=False)
         return autograd_step(lambda ps, x, u: model.forward(ps, x, u if u.shape[-1] else None))
 
     def cohort_step_fn(self) -> StepFn:
+        if isinstance(self.model, ModuleModel):
+            return self.model.step_fn(weighted_cross_entropy, batched=True)
         if self.model.is_linear:
             return linear_cohort_step
         return autograd_step(self.model.cohort_forward)
@@ -250,5 +276,5 @@ def classification_task(dataset: Dataset, data: DataConfig, model: ModelConfig, 
     """Partition `dataset` as `[data]` says (a dataset with its own clients: as they are) and
     put it on `device` with the `[model]` network."""
     owner = dataset.owner_train if dataset.owner_train is not None else partition(dataset.y_train, data, seed)
-    net = build_model(model, input_shape(dataset, model), dataset.n_classes, dataset.name)
+    net = build_model(model, input_shape(dataset, model), dataset.n_classes, dataset.name, seed)
     return ClassificationTask(ClientData(dataset, owner, data.clients, device), net, seed)

@@ -83,9 +83,16 @@ class Trainer:
         start = start.to(task.device, torch.float32)
         if k == 0:
             return TrainResult(torch.zeros_like(start), lr_t.clone(), torch.zeros(0, dtype=torch.int64, device=task.device))
+        kept = task.device_buffers
+        if kept is not None:
+            ids_t = torch.as_tensor(ids, device=task.device)
+            start = kept.start(ids_t, start)
         with self.threads.work(self.call_flops(ids) if self.threads.active else 0.0):
             end, loss_sum = self._run(rnd, ids, start, steps, lr_t, objective)
-        return self.result(ids, start, end, loss_sum, steps)
+        result = self.result(ids, start, end, loss_sum, steps)
+        if kept is not None:
+            kept.keep(ids_t, end, result.deltas)
+        return result
 
     def result(self, ids: np.ndarray, start: Tensor, end: Tensor, loss_sum: Tensor,
                steps: np.ndarray) -> TrainResult:

@@ -25,8 +25,21 @@ def initial_params(task: Task, config: Config) -> Tensor:
     saved = read_state_dict(model_file(config, where), where)
     expected = task.state_dict(init)
     check_matches(saved, expected, where, shaping_keys(config))
-    flat = torch.cat([saved[name].reshape(-1) for name in expected])
+    flat = task.load_state_dict({name: saved[name] for name in expected})
     return flat.to(device=init.device, dtype=init.dtype)
+
+
+def model_layout(task: Task) -> dict[str, Tensor]:
+    """The names and shapes of the task's model.pt (as shape-only tensors): what a checkpoint
+    records so that a resume can tell whether the model still fits it."""
+    return {name: torch.empty(t.shape, device="meta") for name, t in task.state_dict(task.init_params()).items()}
+
+
+def check_resumable(task: Task, layout: dict[str, Tensor] | None, where: str) -> None:
+    """FedsimError when the model now built differs from the checkpoint's (its code changed)."""
+    if layout is not None:
+        check_matches(layout, model_layout(task), where, fix="put back the model code the run started "
+                      "with, or start a new run")
 
 
 def model_file(config: Config, where: str) -> Path:
@@ -66,9 +79,10 @@ def read_state_dict(path: Path, where: str) -> dict[str, Tensor]:
     return saved
 
 
-def check_matches(saved: dict[str, Tensor], expected: dict[str, Tensor], where: str, keys: str) -> None:
+def check_matches(saved: dict[str, Tensor], expected: dict[str, Tensor], where: str, keys: str = "",
+                  fix: str = "") -> None:
     """FedsimError on the first parameter missing, extra or of another shape."""
-    fix = f"set {keys} as in the run that saved it"
+    fix = fix or f"set {keys} as in the run that saved it"
     missing = [name for name in expected if name not in saved]
     if missing:
         raise FedsimError(f"{where}: the file has no parameter {missing[0]!r}, which this run's "

@@ -1,0 +1,290 @@
+"""Models that are `torch.nn.Module`s (docs/extending.md "A model"), kept as flat vectors.
+
+The algorithms see a model as one flat float32 vector per device: here a module's state is
+laid out by name, its trainable parameters first (in `named_parameters` order), then its
+buffers (BatchNorm's running statistics, as floats). Frozen parameters (requires_grad=False)
+are constants of the module: never trained, sent or averaged, but saved in model.pt.
+
+Training is `torch.func`: `grad_and_value` of `functional_call` on one device (the loop
+trainer), the same under `vmap` over the cohort's stacked states (the batched trainer).
+Buffers are updated by the forward as in torch (train mode in local steps, eval mode for
+evaluation). Randomness must not come from torch's generator, whose draws would depend on the
+cohort's order: dropout (`F.dropout`, attention dropout) draws keyed uniforms of
+(seed, round, device, step) instead (fedsim/training/rng.py); any other random op is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from contextlib import contextmanager
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+from fedsim.errors import FedsimError
+from fedsim.training import rng
+
+# --- keyed dropout ---------------------------------------------------------------------------
+
+_DROPOUT, _SDPA = F.dropout, F.scaled_dot_product_attention
+
+
+class _Draws:
+    """The key of the forward pass running now and the random numbers it has used."""
+    key: Tensor | None = None
+    used = 0
+
+
+def _keyed_dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    if not training or p == 0:
+        return input
+    if _Draws.key is None:
+        return _DROPOUT(input, p, training, inplace)
+    u = rng.to_uniform(rng.from_keys(_Draws.key, input.numel(), _Draws.used)).view(input.shape)
+    _Draws.used += input.numel()
+    return input * (u >= p).to(input.dtype) / (1.0 - p) if p < 1 else input * 0.0
+
+
+def _keyed_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                     enable_gqa=False):
+    """scaled_dot_product_attention written out when it drops attention weights (keyed)."""
+    if dropout_p == 0 or _Draws.key is None:
+        return _SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                     scale=scale, enable_gqa=enable_gqa)
+    scores = query @ key.transpose(-2, -1) * (scale or 1.0 / math.sqrt(query.size(-1)))
+    if is_causal:
+        causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    return _keyed_dropout(torch.softmax(scores, dim=-1), dropout_p) @ value
+
+
+@contextmanager
+def keyed_randomness(key: Tensor):
+    """Dropout inside draws from `key` (one device's int64 key; batched under vmap). torch's
+    dropout functions are swapped for the keyed ones while the forward runs: modules call
+    them through `torch.nn.functional`, whatever module they sit in (nn.Dropout, attention)."""
+    _Draws.key, _Draws.used = key, 0
+    F.dropout, F.scaled_dot_product_attention = _keyed_dropout, _keyed_attention
+    try:
+        yield
+    finally:
+        F.dropout, F.scaled_dot_product_attention = _DROPOUT, _SDPA
+        _Draws.key = None
+
+
+# --- counting FLOPs --------------------------------------------------------------------------
+
+# aten ops that do a model's arithmetic (matrix products, convolutions, recurrences, attention):
+# one the counter has no formula for is named in a warning
+_HEAVY = re.compile(r"mm|matmul|conv|linear|lstm|gru|rnn|attention|transformer|einsum|tensordot|fft|bilinear")
+
+
+class _Outputs(TorchDispatchMode):
+    """Records every aten op of a forward pass, the floats it outputs and the random ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: set = set()
+        self.random: set = set()
+        self.floats = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.add(func._overloadpacket)
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.random.add(str(func._overloadpacket))
+        self.floats += sum(t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])
+                           if isinstance(t, Tensor) and t.is_floating_point())
+        return out
+
+
+def probe_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, where: str):
+    """(logits, multiply-adds per sample, floats of outputs per sample, random ops) of
+    `module`'s training-mode forward pass (with `state`, left as it was) on `samples`. The
+    multiply-adds are counted by torch's FlopCounterMode (FLOPs / 2), in training mode: the
+    cost the clock times (eval mode may take fused fast paths the counter does not know). A
+    warning names any op that does arithmetic the counter cannot count (`[model]
+    train_flops_per_sample` then sets the cost). Random ops are torch's own draws (keyed
+    dropout draws none)."""
+    outputs, counter = _Outputs(), FlopCounterMode(display=False)
+    state = {n: t.clone() for n, t in state.items()}
+    try:
+        with torch.no_grad(), keyed_randomness(torch.zeros((), dtype=torch.int64)), counter, outputs:
+            logits = functional_call(module.train(), state, (samples,))
+    finally:
+        module.eval()
+    unknown = sorted(str(op) for op in outputs.ops if op not in flop_registry and _HEAVY.search(str(op)))
+    if unknown:
+        warnings.warn(f"{where}: FLOPs of {', '.join(unknown)} are not counted (torch's FlopCounterMode "
+                      "has no formula); the device clock under-counts this model: set [model] "
+                      "train_flops_per_sample", stacklevel=2)
+    n = len(samples)
+    return logits, counter.get_total_flops() / 2 / n, outputs.floats // n, sorted(outputs.random)
+
+
+# --- the model -------------------------------------------------------------------------------
+
+StepLoss = Callable[[Tensor, Tensor, Tensor], Tensor]  # (logits [B, C], y [B], weight [B]) -> loss []
+
+
+class ModuleModel:
+    """An nn.Module behind the flat-vector interface of fedsim/training/models.py's Model."""
+
+    layers = ()
+    dropout_features = 0
+    is_linear = False
+    # what `auto` avoids batching on a CPU is the hand-batched grouped convolution; a module's
+    # convolutions under vmap beat its own loop there (benchmarks/RESULTS.md: LeNet-5 2.5x)
+    has_conv = False
+
+    def __init__(self, name: str, module: nn.Module, in_shape: tuple[int, ...], n_classes: int, where: str):
+        self.name, self.in_shape, self.where = name, in_shape, where
+        self.module = module.float()
+        trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not trainable:
+            raise FedsimError(f"{where}: the module has no trainable parameters (none with requires_grad=True); "
+                              "give a module with parameters to train")
+        buffers = [(n, b) for n, b in module.named_buffers()]
+        self.n_trainable = len(trainable)
+        self.names = [n for n, _ in trainable] + [n for n, _ in buffers]
+        self.shapes = [tuple(t.shape) for _, t in trainable + buffers]
+        self.dtypes = [t.dtype for _, t in trainable + buffers]
+        self.numels = [t.numel() for _, t in trainable + buffers]
+        self.dim = sum(self.numels)
+        self.param_dim = sum(self.numels[:self.n_trainable])
+        self.has_buffers = bool(buffers)
+        self._init = torch.cat([t.detach().reshape(-1).float() for _, t in trainable + buffers])
+        self.flops, self.activations = self._probe(n_classes)
+        self._one = grad_and_value(self._loss, has_aux=True)
+        self._batch_problem: str | None = None
+
+    # -- the flat layout ------------------------------------------------------------------------
+    def shared_key(self) -> tuple:
+        """Runs may train in one batched call (with one run's module) when their states have the
+        same layout and their modules no constants of their own (frozen parameters)."""
+        frozen = len(self.module.state_dict()) > len(self.names)
+        return (tuple(zip(self.names, self.shapes)), id(self.module) if frozen else None)
+
+    def to(self, device: torch.device) -> ModuleModel:
+        self.module.to(device)
+        return self
+
+    def init(self, seed: int) -> Tensor:
+        """The state the factory built (seeded by the run's seed at build time)."""
+        return self._init.clone()
+
+    def split(self, flat: Tensor) -> tuple[Tensor, ...]:
+        """Views of flat states [..., d]: the trainable tensors, then the buffers."""
+        lead = flat.shape[:-1]
+        return tuple(c.view((*lead, *s)) for c, s in zip(flat.split(self.numels, dim=-1), self.shapes))
+
+    def state_dict(self, flat: Tensor) -> dict[str, Tensor]:
+        """The module's own state_dict (its names, order and dtypes) with the state `flat`."""
+        state = {n: (t, dtype) for n, t, dtype in zip(self.names, self.split(flat.detach().cpu()), self.dtypes)}
+
+        def saved(name: str, own: Tensor) -> Tensor:
+            if name not in state:  # a frozen parameter
+                return own.detach().cpu().clone()
+            t, dtype = state[name]  # an integer buffer (num_batches_tracked) averaged as a float
+            return (t if dtype.is_floating_point else t.round()).to(dtype).clone()
+
+        return {n: saved(n, t) for n, t in self.module.state_dict().items()}
+
+    def load_state_dict(self, saved: dict[str, Tensor]) -> Tensor:
+        """The flat state of a state_dict (checked by the caller); its frozen parameters become
+        the module's."""
+        frozen = {n: saved[n] for n in self.module.state_dict() if n not in self.names}
+        self.module.load_state_dict(frozen, strict=False)
+        return torch.cat([saved[n].reshape(-1).float() for n in self.names])
+
+    # -- forward and steps ------------------------------------------------------------------------
+    def forward(self, params: tuple[Tensor, ...], x: Tensor, u: Tensor | None = None) -> Tensor:
+        """Logits of x [B, *in_shape] in eval mode (evaluation)."""
+        return functional_call(self.module.eval(), dict(zip(self.names, params)), (x,))
+
+    def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int) -> Tensor:
+        """The keys [m] that a local step's dropout draws from."""
+        return rng.keys(seed, rng.MODULE, rnd, ids, step)
+
+    def _loss(self, params: dict, buffers: dict, key: Tensor, x: Tensor, y: Tensor, weight: Tensor,
+              loss: StepLoss):
+        buffers = {n: b.clone() for n, b in buffers.items()}  # the forward updates them
+        with keyed_randomness(key):
+            logits = functional_call(self.module, {**params, **buffers}, (x,))
+        return loss(logits, y, weight), buffers
+
+    def step_fn(self, loss: StepLoss, batched: bool):
+        """(tensors as `split` gives them, x, y, weight, key) -> (gradients of the trainable
+        tensors, loss); the buffers are updated in place. `batched`: every input has a leading
+        device dimension."""
+        fn = vmap(self._one, in_dims=(0, 0, 0, 0, 0, 0, None), randomness="error") if batched else self._one
+        k = self.n_trainable
+
+        def step(ws, x, y, weight, key):
+            self.module.train()
+            grads, (losses, buffers) = fn(dict(zip(self.names[:k], ws[:k])), dict(zip(self.names[k:], ws[k:])),
+                                          key, x, y, weight, loss)
+            for b, new in zip(ws[k:], buffers.values()):
+                b.copy_(new)
+            return tuple(grads.values()), losses.detach()
+
+        return step
+
+    # -- build-time checks ------------------------------------------------------------------------
+    def _sample(self, n: int) -> Tensor:
+        dtype = torch.int64 if getattr(self.in_shape, "vocab_size", None) else torch.float32
+        return torch.zeros(n, *self.in_shape, dtype=dtype)
+
+    def _probe(self, n_classes: int) -> tuple[float, int]:
+        """(multiply-adds, floats of outputs) per sample of a forward pass on 2 inputs of the
+        dataset's shape, after checking that it runs, gives [B, n_classes] logits and draws no
+        random numbers of its own (they would make runs depend on the order of the cohort)."""
+        x = self._sample(2)
+        try:
+            out, flops, floats, random = probe_forward(self.module, dict(zip(self.names, self.split(self._init))),
+                                                       x, self.where)
+        except Exception as err:
+            raise FedsimError(f"{self.where}: the module's forward fails on a batch of the dataset's inputs "
+                              f"{list(x.shape)} ({type(err).__name__}: {_first_line(err)}); make it read "
+                              f"inputs [batch, {', '.join(map(str, self.in_shape))}]") from None
+        if not isinstance(out, Tensor) or tuple(out.shape) != (2, n_classes):
+            got = list(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise FedsimError(f"{self.where}: the module returns {got} for a batch of 2 inputs; it must return "
+                              f"logits [batch, {n_classes}] (one per class of the dataset)")
+        if random:
+            raise FedsimError(f"{self.where}: the module draws random numbers other than dropout "
+                              f"({', '.join(random)}); fedsim keys only F.dropout and attention dropout "
+                              "by (seed, round, device, step): use nn.Dropout")
+        return flops, floats
+
+    def batch_problem(self) -> str:
+        """Why the module cannot train under vmap ('' if it can): one batched step of 2
+        devices tells (once; the batched trainer asks before training)."""
+        if self._batch_problem is None:
+            m, b = 2, 2
+            device = next(self.module.parameters()).device
+            x = self._sample(m * b).view(m, b, *self.in_shape).to(device)
+            ws = self.split(self._init.to(device).expand(m, -1).clone())
+            try:
+                self.step_fn(lambda logits, y, w: F.cross_entropy(logits, y), batched=True)(
+                    ws, x, torch.zeros(m, b, dtype=torch.int64, device=device), torch.ones(m, b, device=device),
+                    torch.arange(m, device=device))
+                self._batch_problem = ""
+            except Exception as err:
+                self._batch_problem = f"{type(err).__name__}: {_first_line(err)}"
+            finally:
+                self.module.eval()
+        return self._batch_problem
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [""])[0]

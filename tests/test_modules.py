@@ -1,0 +1,382 @@
+"""Models that are torch.nn.Modules: batched == loop through the engine, model.pt is the
+module's state_dict, frozen parameters stay, buffers, FLOPs counted, bad input one line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_plugins import plugin_module, rounds_of  # noqa: E402
+
+USER_MODELS = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.norm = nn.GroupNorm(2, c)
+
+    def forward(self, x):
+        return torch.relu(x + self.norm(self.conv(x)))
+
+
+class TinyResNet(nn.Module):
+    def __init__(self, channels, n_classes, norm="gn", dropout=0.0):
+        super().__init__()
+        self.stem = nn.Conv2d(channels, 4, 3, padding=1)
+        self.block = Block(4)
+        self.bn = nn.BatchNorm2d(4) if norm == "bn" else nn.Identity()
+        self.drop = nn.Dropout(dropout)
+        self.fc = nn.Linear(4, n_classes)
+
+    def forward(self, x):
+        x = self.bn(self.block(self.stem(x)))
+        return self.fc(self.drop(x.mean(dim=(2, 3))))
+
+
+class PixelTransformer(nn.Module):
+    """Digits' rows as 8 tokens: pixel intensities (0..16) through an embedding, summed per row."""
+
+    def __init__(self, n_classes, dim=8):
+        super().__init__()
+        self.emb = nn.Embedding(17, dim)
+        self.layer = nn.TransformerEncoderLayer(dim, 2, 16, dropout=0.2, batch_first=True)
+        self.fc = nn.Linear(dim, n_classes)
+
+    def forward(self, x):
+        tokens = self.emb((x[:, 0] * 16).round().long()).sum(dim=2)  # [B, 8 rows, dim]
+        return self.fc(self.layer(tokens).mean(dim=1))
+
+
+def resnet(in_shape, n_classes, cfg):
+    return TinyResNet(in_shape[0], n_classes)
+
+
+def resnet_bn(in_shape, n_classes, cfg):
+    return TinyResNet(in_shape[0], n_classes, "bn")
+
+
+def resnet_dropout(in_shape, n_classes, cfg):
+    return TinyResNet(in_shape[0], n_classes, dropout=0.5)
+
+
+def transformer(in_shape, n_classes, cfg):
+    return PixelTransformer(n_classes)
+
+
+def frozen_stem(in_shape, n_classes, cfg):
+    model = TinyResNet(in_shape[0], n_classes)
+    model.stem.requires_grad_(False)
+    return model
+
+
+def not_a_model(in_shape, n_classes, cfg):
+    return 42
+
+
+def flat_input(in_shape, n_classes, cfg):
+    return nn.Linear(10, n_classes)  # digits are [1, 8, 8], not 10 numbers
+
+
+def no_parameters(in_shape, n_classes, cfg):
+    return nn.Flatten()
+
+
+def branchy(in_shape, n_classes, cfg):
+    class Branchy(nn.Module):  # Python control flow on a value: fine on one device, not under vmap
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, n_classes)
+
+        def forward(self, x):
+            return self.fc(x.flatten(1)) * (2.0 if float(x.sum()) > 1e9 else 1.0)
+    return Branchy()
+
+
+def noisy(in_shape, n_classes, cfg):
+    class Noisy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, n_classes)
+
+        def forward(self, x):
+            return self.fc(x.flatten(1) + torch.randn_like(x.flatten(1)))
+    return Noisy()
+'''
+
+BASE = {"run": {"rounds": 3, "eval_every": 3, "seed": 4}, "data": {"dataset": "digits", "clients": 6},
+        "server": {"timing": "ideal", "clients_per_round": 4},
+        "client": {"local_steps": 3, "batch_size": 8, "lr": 0.1}}
+
+
+@pytest.fixture
+def user_models(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plugin_module(tmp_path, "user_nets", USER_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield __import__("user_nets")
+    sys.modules.pop("user_nets", None)
+
+
+def run(cli_run, name, trainer="batched", expect=0, **model):
+    return cli_run({**BASE, "client": {**BASE["client"], "trainer": trainer},
+                    "model": {"name": f"user_nets:{name}", **model}}, name=f"{name}-{trainer}", expect=expect)
+
+
+@pytest.mark.parametrize("name", ["resnet", "resnet_bn", "resnet_dropout", "transformer"])
+def test_batched_equals_loop_through_the_engine(cli_run, user_models, name):
+    """Residual + GroupNorm, BatchNorm (its running statistics averaged), dropout and an
+    embedding + transformer layer (dropout keyed per device): the same model.pt after 3
+    rounds to float rounding, loadable into the user's module with plain torch."""
+    batched, loop = run(cli_run, name), run(cli_run, name, "loop")
+    a, b = torch.load(batched / "model.pt"), torch.load(loop / "model.pt")
+    module = getattr(user_models, name)((1, 8, 8), 10, None)
+    assert list(a) == list(module.state_dict())
+    module.load_state_dict(a)
+    for key in a:
+        assert a[key].dtype == b[key].dtype
+        assert torch.allclose(a[key].double(), b[key].double(), rtol=1e-4, atol=1e-5), key
+    np.testing.assert_allclose(rounds_of(batched, "test_loss"), rounds_of(loop, "test_loss"), rtol=1e-4)
+    start = getattr(user_models, name)((1, 8, 8), 10, None).state_dict()
+    assert not torch.equal(a["fc.weight"], start["fc.weight"])  # it trained
+    if name == "resnet_bn":
+        assert int(a["bn.num_batches_tracked"]) == 9  # 3 rounds x 3 local steps, averaged
+        assert not torch.equal(a["bn.running_mean"], torch.zeros(4))
+
+
+def test_a_run_is_deterministic_with_dropout(cli_run, user_models):
+    first, again = run(cli_run, "resnet_dropout"), cli_run(
+        {**BASE, "model": {"name": "user_nets:resnet_dropout"}, "client": {**BASE["client"], "trainer": "batched"}},
+        name="again")
+    a, b = torch.load(first / "model.pt"), torch.load(again / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_frozen_parameters_stay_fixed(cli_run, user_models):
+    from fedsim.config import ModelConfig
+    from fedsim.training.models import build_model
+
+    saved = torch.load(run(cli_run, "frozen_stem") / "model.pt")
+    built = build_model(ModelConfig(name="user_nets:frozen_stem"), (1, 8, 8), 10, "digits", seed=4)
+    assert torch.equal(saved["stem.weight"], built.module.stem.weight.detach())
+    assert built.dim == sum(p.numel() for p in built.module.parameters() if p.requires_grad)
+    assert not torch.equal(saved["fc.weight"], built.module.fc.weight.detach())
+
+
+@pytest.mark.parametrize("name, model, says", [
+    ("TinyResNet", {}, "is a class whose constructor does not take fedsim's arguments"),
+    ("not_a_model", {}, "the factory returned int 42, not a torch.nn.Module or a list of fedsim layers"),
+    ("flat_input", {}, "the module's forward fails on a batch of the dataset's inputs [2, 1, 8, 8]"),
+    ("no_parameters", {}, "the module has no trainable parameters"),
+    ("resnet", {"local_buffers": True}, "local_buffers = true, but the module has no buffers"),
+    ("noisy", {}, "draws random numbers other than dropout (aten.randn_like)"),
+])
+def test_bad_modules_are_one_line_before_training(cli_run, user_models, tmp_path, name, model, says):
+    run(cli_run, name, expect=2, **model)
+    err = cli_run.last_output.err
+    assert err.count("\n") == 1 and err.startswith("error:") and says in err, err
+    assert f"user_nets:{name}" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_module_that_cannot_run_under_vmap_trains_on_the_loop(cli_run, user_models):
+    """auto takes the loop for it; batched named outright is one line."""
+    auto, loop = run(cli_run, "branchy", "auto"), run(cli_run, "branchy", "loop")
+    a, b = torch.load(auto / "model.pt"), torch.load(loop / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    run(cli_run, "branchy", "batched", expect=2)
+    err = cli_run.last_output.err
+    assert err.count("\n") == 1 and "cannot train batched under torch.func.vmap" in err and "trainer = 'loop'" in err
+
+
+def test_init_from_a_state_dict_that_does_not_fit(cli_run, user_models, tmp_path):
+    done = run(cli_run, "resnet")
+    warm = run(cli_run, "resnet_dropout", init_from=str(done))  # the same parameters: it fits
+    assert rounds_of(warm, "test_loss")[0] < rounds_of(done, "test_loss")[0] + 1.0
+    run(cli_run, "transformer", expect=2, init_from=str(done))
+    err = cli_run.last_output.err
+    assert err.count("\n") == 1 and "[model] init_from" in err and "has no parameter 'emb.weight'" in err
+
+
+@pytest.mark.parametrize("name, shape", [("logreg", (1, 8, 8)), ("mlp", (1, 8, 8)), ("lenet5", (1, 28, 28)),
+                                         ("cnn-fmnist", (1, 28, 28)), ("cnn-cifar", (3, 32, 32)), ("lstm", (1, 28, 28))])
+def test_counted_flops_of_the_builtin_layers_equal_their_hand_figures(name, shape):
+    """torch's FlopCounterMode on the hand-batched built-ins agrees with their own formulas
+    (docs/timing.md's table; the LSTM's formula also counts its biases: within 5 %)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fedsim.config import ModelConfig
+    from fedsim.training.models import build_model
+
+    model = build_model(ModelConfig(name=name), shape, 10, "x")
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model.forward(model.split(model.init(0)), torch.zeros(1, *shape))
+    assert counter.get_total_flops() / 2 == pytest.approx(model.flops, rel=0.05 if name == "lstm" else 1e-9)
+
+
+def test_resnet18_gn_is_torchvisions_resnet18_with_the_cifar_stem_and_groupnorm():
+    from torch import nn
+
+    from fedsim.config import ModelConfig
+    from fedsim.training.models import build_model
+
+    model = build_model(ModelConfig(name="resnet18-gn"), (3, 32, 32), 10, "cifar10")
+    assert model.dim == 11_173_962 and not model.has_buffers
+    norms = [m for m in model.module.modules() if isinstance(m, nn.GroupNorm)]
+    assert len(norms) == 20 and {m.num_groups for m in norms} == {2}
+    assert model.module.conv1.kernel_size == (3, 3) and model.module.conv1.stride == (1, 1)
+    assert model.flops == pytest.approx(555_422_720)  # convolutions and the dense layer, per sample
+
+
+def test_flops_in_the_manifest_config_show_and_the_override(cli_run, user_models, capsys):
+    from fedsim.cli import main
+
+    import json
+
+    counted = run(cli_run, "resnet")
+    flops = json.loads((counted / "manifest.json").read_text())["train_flops_per_sample"]
+    per_sample = 2 * (4 * 9 * 64 + 4 * 4 * 9 * 64 + 40)  # stem and block convolutions on 8x8, the dense layer
+    assert flops == 6 * per_sample / 2
+    given = run(cli_run, "resnet_dropout", train_flops_per_sample=1e6)
+    assert json.loads((given / "manifest.json").read_text())["train_flops_per_sample"] == 1e6
+    assert main(["config", "show", str(counted / "config.toml")]) == 0
+    assert f"# the model: 242 parameters sent and averaged, {flops:,.0f} training FLOPs per sample" in capsys.readouterr().out
+
+
+def test_an_op_the_counter_does_not_know_is_named_in_a_warning():
+    from torch import nn
+
+    from fedsim.training.modules import ModuleModel
+
+    class Spectral(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(5 * 2, 3)
+
+        def forward(self, x):
+            return self.fc(torch.view_as_real(torch.fft.rfft(x.flatten(1))).flatten(1))
+
+    with pytest.warns(UserWarning, match=r"FLOPs of aten\._fft_r2c are not counted.*train_flops_per_sample"):
+        ModuleModel("spectral", Spectral(), (8,), 3, "[model] name = 'x:spectral'")
+
+
+def test_local_buffers_stay_on_the_devices_and_resume_exactly(cli_run, user_models):
+    """FedBN: the weights train exactly as with averaged buffers (running statistics do not
+    enter a train-mode loss), the saved statistics are the devices' mean instead of the
+    average of their deltas, batched == loop, and a resumed run equals an uninterrupted one."""
+    from fedsim.cli import main
+
+    averaged = torch.load(run(cli_run, "resnet_bn") / "model.pt")
+    local = cli_run({**BASE, "model": {"name": "user_nets:resnet_bn", "local_buffers": True},
+                     "client": {**BASE["client"], "trainer": "batched"}}, name="local")
+    loop = cli_run({**BASE, "model": {"name": "user_nets:resnet_bn", "local_buffers": True},
+                    "client": {**BASE["client"], "trainer": "loop"}}, name="local-loop")
+    kept, kept_loop = torch.load(local / "model.pt"), torch.load(loop / "model.pt")
+    for key in averaged:
+        if key.startswith("bn.running") or key.endswith("num_batches_tracked"):
+            continue
+        assert torch.equal(kept[key], averaged[key]), key
+    assert not torch.allclose(kept["bn.running_mean"], averaged["bn.running_mean"])
+    assert all(torch.allclose(kept[k].double(), kept_loop[k].double(), rtol=1e-4, atol=1e-6) for k in kept)
+    half = cli_run({**BASE, "run": {**BASE["run"], "rounds": 2, "checkpoint_every": 1},
+                    "model": {"name": "user_nets:resnet_bn", "local_buffers": True},
+                    "client": {**BASE["client"], "trainer": "batched"}}, name="half")
+    assert main(["run", "--resume", str(half), "--set", "run.rounds=3", "--quiet"]) == 0
+    resumed = torch.load(half / "model.pt")
+    assert all(torch.equal(resumed[k], kept[k]) for k in kept)
+
+
+def test_a_resume_whose_model_code_changed_is_one_line(cli_run, user_models, tmp_path):
+    from fedsim.cli import main
+
+    half = cli_run({**BASE, "run": {**BASE["run"], "rounds": 2, "checkpoint_every": 1},
+                    "model": {"name": "user_nets:resnet"}}, name="half")
+    before = {p.name: p.read_bytes() for p in half.iterdir() if p.is_file()}
+    (tmp_path / "user_nets.py").write_text(USER_MODELS.replace("nn.Linear(4, n_classes)", "nn.Linear(4, n_classes, bias=False)"))
+    sys.modules.pop("user_nets", None)
+    assert main(["run", "--resume", str(half), "--set", "run.rounds=3", "--quiet"]) == 2
+    err = cli_run.capsys.readouterr().err
+    assert err.count("\n") == 1 and "checkpoint.pt: the file has a parameter 'fc.bias', which this run's model lacks" in err
+    assert "put back the model code" in err
+    assert {p.name: p.read_bytes() for p in half.iterdir() if p.is_file()} == before  # nothing lost
+
+
+def test_an_nn_module_mlp_trains_exactly_as_the_builtin_mlp(user_models):
+    """The same flat layout (weight, bias, weight, bias) from the same start: the module path
+    computes the built-in's steps (loop: bit for bit; batched: to float rounding)."""
+    from torch import nn
+
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.training import build_task, build_trainer
+
+    import user_nets
+    user_nets.mlp32 = lambda s, n, cfg: nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, n))
+    cpu = torch.device("cpu")
+    tasks = [build_task(DataConfig(dataset="digits", clients=10), ModelConfig(name=name, hidden=32), seed=0, device=cpu)
+             for name in ("mlp", "user_nets:mlp32")]
+    start = tasks[0].init_params()[None].expand(3, -1).clone()
+    results = {(t.model.name, path): build_trainer(t, ClientConfig(batch_size=8, trainer=path), seed=1).train(
+        2, np.arange(3), start, np.array([3, 1, 2]), 0.1) for t in tasks for path in ("loop", "batched")}
+    assert torch.equal(results["mlp", "loop"].deltas, results["user_nets:mlp32", "loop"].deltas)
+    assert torch.allclose(results["mlp", "batched"].deltas, results["user_nets:mlp32", "batched"].deltas, atol=1e-6)
+    assert tasks[0].evaluate(start[0]) == tasks[1].evaluate(start[0])
+
+
+def test_auto_batches_modules_on_a_cpu_and_keeps_the_loop_for_builtin_cnns(user_models):
+    """Measured (benchmarks/RESULTS.md): a module's convolutions under vmap beat its loop on a
+    CPU, the hand-batched grouped convolution does not."""
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.training import build_task, build_trainer
+
+    def path(model):
+        task = build_task(DataConfig(dataset="digits", clients=10), ModelConfig(name=model), seed=0,
+                          device=torch.device("cpu"))
+        return build_trainer(task, ClientConfig(trainer="auto"), seed=0).path_for(np.arange(5)).path
+
+    assert path("user_nets:resnet") == "batched" and path("cnn-svhn") == "loop"
+
+
+def test_runs_of_one_module_train_together_as_apart(user_models):
+    """A study's lockstep: two runs (seeds) of one module share a batched call and get what
+    their own calls give; runs whose modules hold frozen constants of their own do not share."""
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.training import build_task, build_trainer
+    from fedsim.training.cohort import cohort_key, train_together
+    from fedsim.training.objective import PLAIN
+
+    def trainer(model, seed):
+        task = build_task(DataConfig(dataset="digits", clients=6), ModelConfig(name=model), seed=seed,
+                          device=torch.device("cpu"))
+        return build_trainer(task, ClientConfig(batch_size=4, trainer="batched"), seed=seed)
+
+    ids, steps = np.arange(3), np.array([2, 1, 2])
+    calls = [(t, 1, ids, t.task.init_params()[None].expand(3, -1).clone(), steps, 0.1, PLAIN)
+             for t in (trainer("user_nets:resnet_dropout", 0), trainer("user_nets:resnet_dropout", 1))]
+    assert cohort_key(calls[0][0], ids, PLAIN) == cohort_key(calls[1][0], ids, PLAIN)
+    together = train_together(calls)
+    for call, result in zip(calls, together):
+        alone = call[0].train(*call[1:])
+        assert torch.allclose(result.deltas, alone.deltas, atol=1e-6)
+    frozen = [trainer("user_nets:frozen_stem", seed) for seed in (0, 1)]
+    assert cohort_key(frozen[0], ids, PLAIN) != cohort_key(frozen[1], ids, PLAIN)
+
+
+def test_an_installed_module_factory_runs_by_its_entry_point_name(cli_run, user_models, tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "fedsim_nets-0.1.dist-info").mkdir(parents=True)
+    (site / "fedsim_nets-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: fedsim-nets\nVersion: 0.1\n")
+    (site / "fedsim_nets-0.1.dist-info" / "entry_points.txt").write_text("[fedsim.models]\ntiny-resnet = user_nets:resnet\n")
+    monkeypatch.syspath_prepend(str(site))
+    by_name = cli_run({**BASE, "model": {"name": "tiny-resnet"}}, name="ep")
+    by_path = run(cli_run, "resnet", "auto")
+    a, b = torch.load(by_name / "model.pt"), torch.load(by_path / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)

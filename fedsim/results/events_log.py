@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fedsim.files import atomic_write
-from fedsim.sim.events import OUTCOMES, event_columns
+from fedsim.sim.events import OUTCOMES, PHASES, event_columns
 
 ROWS_PER_PART = 1 << 17
 SCHEMA = pa.schema([
@@ -25,18 +25,20 @@ SCHEMA = pa.schema([
     ("started", pa.float64()), ("finished", pa.float64()), ("outcome", pa.string()),
     ("download_s", pa.float64()), ("compute_s", pa.float64()), ("upload_s", pa.float64()),
     ("staleness", pa.int64()), ("steps", pa.int64()), ("samples", pa.int64()),
+    ("phase", pa.string()), ("work_s", pa.float64()),
 ])
+NAMED = {"outcome": OUTCOMES, "phase": PHASES}  # columns written as names, kept as codes
 
 
 def _table(batches: list[dict]) -> pa.Table:
     """One Arrow table of several rounds' invitations; NaN times and staleness -1 become null,
-    outcome codes their names."""
+    outcome and phase codes their names."""
     columns = event_columns(batches)
     arrays = []
     for field in SCHEMA:
         values = columns[field.name]
-        if field.name == "outcome":  # codes -> their names, in Arrow
-            codes = pa.DictionaryArray.from_arrays(pa.array(values, pa.int8()), pa.array(OUTCOMES))
+        if field.name in NAMED:  # codes -> their names, in Arrow
+            codes = pa.DictionaryArray.from_arrays(pa.array(values, pa.int8()), pa.array(NAMED[field.name]))
             arrays.append(codes.cast(pa.string()))
         elif field.name == "staleness":
             arrays.append(pa.array(values, pa.int64(), mask=values < 0))

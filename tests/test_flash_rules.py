@@ -196,3 +196,24 @@ def test_the_index_says_when_enough_devices_are_online_as_a_scan_would(wrap):
             # the count changes on whole seconds, which the grid holds
             expect = t if index.online(t).sum() >= need else float(later[0]) if len(later) else np.inf
             assert index.next_online_count(need, t) == expect, (need, t)
+
+
+def test_resuming_a_run_whose_events_log_predates_the_work_columns_keeps_its_rows(tmp_path):
+    """An events log of an earlier fedsim (no phase, work_s): a resume keeps its rows, the
+    new columns null there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fedsim.results.events_log import SCHEMA, EventLog
+
+    old = pa.schema([f for f in SCHEMA if f.name not in ("phase", "work_s")])
+    rows = {f.name: pa.array([1, 2], f.type) if pa.types.is_integer(f.type) else
+            pa.array([0.5, 1.5], f.type) if pa.types.is_floating(f.type) else pa.array(["arrived"] * 2)
+            for f in old}
+    pq.write_table(pa.table(rows, schema=old), tmp_path / "events.parquet")
+    log = EventLog(tmp_path)
+    log.resume(2)
+    log.finish()
+    table = pq.read_table(tmp_path / "events.parquet")
+    assert table.schema == SCHEMA and table.num_rows == 2
+    assert table["work_s"].null_count == 2 and table["round"].to_pylist() == [1, 2]

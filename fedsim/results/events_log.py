@@ -49,6 +49,15 @@ def _table(batches: list[dict]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
 
 
+def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of a log written by an earlier fedsim, with the columns it lacks as nulls."""
+    if batch.schema.names == SCHEMA.names:
+        return batch
+    columns = [batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
+               for f in SCHEMA]
+    return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+
+
 class EventLog:
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / "events.parquet"
@@ -112,7 +121,7 @@ class EventLog:
                 for source in sources:
                     for batch in pq.ParquetFile(source).iter_batches():
                         if left > 0:
-                            writer.write_batch(batch.slice(0, left))
+                            writer.write_batch(_conform(batch.slice(0, left)))
                             left -= min(left, batch.num_rows)
 
         atomic_write(kept, write)  # a full disk named by its file, as every other write

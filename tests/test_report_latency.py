@@ -54,7 +54,8 @@ def test_latency_close_reasons_and_stragglers_match_the_runs_files(slow_run, cap
     assert sorted(set(ran["compute_s"].round(6).to_list())) <= [3.0, 90.0]
     counts = dict(rounds.group_by("close_reason").len().iter_rows())
     assert doc["close_reasons"] == {"all-arrived": counts.get("all-arrived", 0), "quota": 0,
-                                    "deadline": counts.get("deadline", 0), "nobody-invited": 0, "max-time": 0}
+                                    "deadline": counts.get("deadline", 0), "nobody-invited": 0, "max-time": 0,
+                                    "quorum": 0}
     assert sum(doc["close_reasons"].values()) == rounds.height == 8
     expected = (devices.filter((pl.col("invitations") >= 5) & (pl.col("arrivals") < 0.1 * pl.col("invitations")))
                 .sort(["invitations", "device_id"], descending=[True, False]))

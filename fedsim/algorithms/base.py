@@ -46,6 +46,13 @@ class Arrivals:
     def __len__(self) -> int:
         return len(self.ids)
 
+    @staticmethod
+    def none(dim: int, device: torch.device) -> "Arrivals":
+        """A round in which nothing arrived."""
+        empty, ids = torch.empty(0, device=device), np.empty(0, dtype=np.int64)
+        return Arrivals(ids=ids, deltas=torch.empty(0, dim, device=device), steps=empty, samples=empty,
+                        loss=empty, version=ids, lr=empty, invited_at=np.empty(0))
+
 
 @dataclass
 class Context:
@@ -159,6 +166,13 @@ class Strategy:
         """The algorithm's rule, every round (also when nothing arrived): compute the
         aggregated update and hand it to `apply_update`. Every algorithm implements it."""
         raise NotImplementedError
+
+    def refuse(self, rnd: int) -> None:
+        """A round the server failed for its quorum (`[server] update_frac`): its updates are
+        discarded and the model must not move. By default the algorithm sees a round in which
+        nothing arrived (absences count, round indices move on); an algorithm that steps even
+        then (MIFA, FedLaAvg) overrides this (docs/algorithms.md, "Rounds without an update")."""
+        self.receive(rnd, Arrivals.none(self.params.shape[0], self.ctx.device))
 
     def server_step(self, delta: Tensor) -> Tensor:
         """The change the server optimizer makes for the aggregated update `delta` [d]."""

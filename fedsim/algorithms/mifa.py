@@ -67,6 +67,12 @@ class Mifa(Strategy):
         lr = self.ctx.lr(self.updates)
         self.apply_update(-lr * self.table.mean())
 
+    def refuse(self, rnd):
+        """A failed round does not step with the table (which would move the model) nor store
+        the refused gradients; lr_t counts update rounds, so it does not advance either."""
+        self.selector.arrived(rnd, np.empty(0, dtype=np.int64))
+        self.last_round = rnd
+
     def metrics(self):
         return self.table.metrics(self.last_round)
 

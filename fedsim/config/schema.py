@@ -341,6 +341,15 @@ class ServerConfig:
                       "round model", choices=("model", "ideal"))
     round_duration: float = key(60.0, "ideal timing: round r spans [r*D, (r+1)*D); also the slot "
                                 "of round-indexed generators", positive=True)
+    deadline_sigma: float = key(0.0, "the round's deadline is drawn each round from N(deadline, "
+                                "deadline_sigma), clipped at 0 (FLASH)", non_negative=True,
+                                zero="the same deadline every round")
+    min_selected: int = key(0, "a round starts only when at least this many devices are online "
+                            "(FLASH); the wait is part of the round", non_negative=True,
+                            zero="as soon as anyone is online")
+    update_frac: float = key(0.0, "quorum: a round with fewer arrivals than ceil(update_frac x "
+                             "invited) is failed and the model is not updated (FLASH)",
+                             within=(0.0, 1.0, True, True), zero="no quorum")
     buffer: int = key(10, "async: aggregate every `buffer` arrivals", positive=True)
     concurrency: int = key(20, "async: devices kept training", positive=True)
 
@@ -655,6 +664,7 @@ def _check_consistency(config: Config, origin: str) -> None:
     if config.server.mode == "async" and config.server.timing == "ideal":
         raise FedsimError(f"{origin}: [server] mode = 'async' needs timing = 'model' (ideal timing "
                           "is the papers' synchronous round model)")
+    _check_round_rules(config, origin)
     if config.server.mode == "async":
         # they need synchronous rounds: sequential-sgd trains on the pooled data, not through
         # device tasks; fedavg-wait and MIFA's warm-up hold the model fixed while they wait for
@@ -675,6 +685,27 @@ def _check_consistency(config: Config, origin: str) -> None:
                 f"{origin}: [data] targets has {len(config.data.targets)} entries but "
                 f"[data] clients = {config.data.clients}; give one target per client"
             )
+
+
+ROUND_RULES = ("deadline_sigma", "min_selected", "update_frac")  # FLASH's, for synchronous model timing
+
+
+def _check_round_rules(config: Config, origin: str) -> None:
+    """FLASH's round rules need rounds with a deadline and devices that can miss it."""
+    server = config.server
+    for name in ROUND_RULES:
+        if getattr(server, name) == getattr(ServerConfig, name):
+            continue
+        if server.timing == "ideal":
+            raise FedsimError(f"{origin}: [server] {name} means nothing under timing = 'ideal' (every "
+                              "invited device arrives at the round's end); remove it or set timing = 'model'")
+        if server.mode == "async":
+            raise FedsimError(f"{origin}: [server] {name} is a rule of synchronous rounds, not of "
+                              "mode = 'async'; remove it or set mode = 'sync'")
+    if server.min_selected > config.data.clients:
+        raise FedsimError(f"{origin}: [server] min_selected = {server.min_selected} is more than the "
+                          f"{config.data.clients} devices ([data] clients): no round could ever start; "
+                          "lower it")
 
 
 def _check_devices(devices: DevicesConfig, origin: str) -> None:

@@ -50,9 +50,12 @@ METRICS = {
     "tail_acc": ("mean test accuracy over the last `window` rounds", True),
     "tail_loss": ("mean test loss over the last `window` rounds", False),
     "loss_swing": ("max - min test loss over the last `window` rounds (oscillation)", False),
+    "round_s": ("mean simulated duration of a round, seconds", False),
+    "sim_time": ("simulated time at the end of the last round, seconds", False),
 }
 WINDOWED = ("tail_acc", "tail_loss", "loss_swing")
 ACCURACY_METRICS = ("final_acc", "best_acc", "tail_acc")
+TIMES = ("round_s", "sim_time")  # simulated seconds: lower is better
 KEYS = ("claim", "metric", "better", "than", "where", "grows_as", "at_least", "within", "best_over", "window")
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
 MORE_SEEDS_CAP = 1000  # the most extra seeds an inconclusive verdict looks ahead
@@ -155,7 +158,8 @@ def point_metric(study: pl.DataFrame, metric: str, window: int | None = None) ->
         frame = frame.filter((last.over("point") == last) & (pl.col("round") > last - window))
     acc, loss = finite("test_acc"), finite("test_loss")
     value = {"final_acc": acc.drop_nulls().last(), "best_acc": acc.max(), "final_loss": loss.drop_nulls().last(),
-             "tail_acc": acc.mean(), "tail_loss": loss.mean(), "loss_swing": loss.max() - loss.min()}[metric]
+             "tail_acc": acc.mean(), "tail_loss": loss.mean(), "loss_swing": loss.max() - loss.min(),
+             "round_s": pl.col("duration").mean(), "sim_time": pl.col("t_end").last()}[metric]
     return frame.group_by("point", maintain_order=True).agg(value.alias("value"))
 
 
@@ -339,14 +343,15 @@ def _more_seeds_note(mean: float, sd: float | None, n: int, within: float | None
 # -- the report ---------------------------------------------------------------------------------
 
 def measured(verdict: Verdict, group: Group | None = None) -> str:
-    """`+3.20 ± 1.10 pp` (accuracies in points) or `-0.0123 ± 0.004` (losses)."""
+    """`+3.20 ± 1.10 pp` (accuracies in points), `-0.0123 ± 0.004` (losses) or `+12.5 ± 3.1 s`
+    (times)."""
     group = group or verdict.decisive
     accuracy = verdict.claim["metric"].endswith("acc")
     scale, spec, unit = (100, "+.2f", " pp") if accuracy else (1, "+.4g", "")
     ci = group.ci
     text = f"{group.mean * scale:{spec}}" + (f" ± {ci * scale:.2f}" if ci is not None and accuracy
                                                else f" ± {ci:.2g}" if ci is not None else "")
-    return text + unit
+    return text + (" s" if verdict.claim["metric"] in TIMES else unit)
 
 
 def judge_study(folder: Path, axes: dict[str, list], claims: list[dict], zips: list[list[str]] = (),

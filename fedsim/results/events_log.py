@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fedsim.files import atomic_write
-from fedsim.sim.events import OUTCOMES, event_columns
+from fedsim.sim.events import OUTCOMES, PHASES, event_columns
 
 ROWS_PER_PART = 1 << 17
 SCHEMA = pa.schema([
@@ -25,18 +25,20 @@ SCHEMA = pa.schema([
     ("started", pa.float64()), ("finished", pa.float64()), ("outcome", pa.string()),
     ("download_s", pa.float64()), ("compute_s", pa.float64()), ("upload_s", pa.float64()),
     ("staleness", pa.int64()), ("steps", pa.int64()), ("samples", pa.int64()),
+    ("phase", pa.string()), ("work_s", pa.float64()),
 ])
+NAMED = {"outcome": OUTCOMES, "phase": PHASES}  # columns written as names, kept as codes
 
 
 def _table(batches: list[dict]) -> pa.Table:
     """One Arrow table of several rounds' invitations; NaN times and staleness -1 become null,
-    outcome codes their names."""
+    outcome and phase codes their names."""
     columns = event_columns(batches)
     arrays = []
     for field in SCHEMA:
         values = columns[field.name]
-        if field.name == "outcome":  # codes -> their names, in Arrow
-            codes = pa.DictionaryArray.from_arrays(pa.array(values, pa.int8()), pa.array(OUTCOMES))
+        if field.name in NAMED:  # codes -> their names, in Arrow
+            codes = pa.DictionaryArray.from_arrays(pa.array(values, pa.int8()), pa.array(NAMED[field.name]))
             arrays.append(codes.cast(pa.string()))
         elif field.name == "staleness":
             arrays.append(pa.array(values, pa.int64(), mask=values < 0))
@@ -45,6 +47,15 @@ def _table(batches: list[dict]) -> pa.Table:
         else:
             arrays.append(pa.array(values, field.type))
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of a log written by an earlier fedsim, with the columns it lacks as nulls."""
+    if batch.schema.names == SCHEMA.names:
+        return batch
+    columns = [batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
+               for f in SCHEMA]
+    return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
 
 class EventLog:
@@ -110,7 +121,7 @@ class EventLog:
                 for source in sources:
                     for batch in pq.ParquetFile(source).iter_batches():
                         if left > 0:
-                            writer.write_batch(batch.slice(0, left))
+                            writer.write_batch(_conform(batch.slice(0, left)))
                             left -= min(left, batch.num_rows)
 
         atomic_write(kept, write)  # a full disk named by its file, as every other write

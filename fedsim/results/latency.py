@@ -15,7 +15,7 @@ from fedsim.errors import FedsimError
 
 PHASES = ("download_s", "compute_s", "upload_s")
 RAN_TO_END = ("arrived", "late", "surplus")  # outcomes whose task ran all of its phases
-CLOSE_REASONS = ("all-arrived", "quota", "deadline", "nobody-invited", "max-time")
+CLOSE_REASONS = ("all-arrived", "quota", "deadline", "nobody-invited", "max-time", "quorum")
 STRAGGLER_INVITED = 5  # invited at least this often,
 STRAGGLER_ARRIVED_BELOW = 0.1  # and arrived in fewer than this share of the invitations
 ZONE_COLUMNS = ("tz_offset", "group")
@@ -62,6 +62,30 @@ def close_reasons(rounds: pl.DataFrame) -> dict | None:
     counts = dict(rounds.group_by("close_reason").len().iter_rows())
     return {**{reason: int(counts.pop(reason, 0)) for reason in CLOSE_REASONS},
             **{str(k): int(v) for k, v in sorted(counts.items(), key=lambda kv: str(kv[0]))}}
+
+
+def wasted_work(run_dir: Path, rounds: pl.DataFrame, devices: pl.DataFrame) -> dict | None:
+    """Device-seconds of work whose update the model never received (dropped, late, surplus,
+    and the arrivals of rounds failed for their quorum; sim/events.py `work_s`): in all, per
+    round, as a share of all the work done, and per device class where devices have one. None
+    for a run directory written before the events log recorded the work."""
+    events = _events(run_dir)
+    if events is None or "work_s" not in events.collect_schema().names():
+        return None
+    refused = rounds.filter(pl.col("close_reason") == "quorum")["round"] if "close_reason" in rounds.columns else []
+    wasted = (pl.col("outcome").cast(pl.String) != "arrived") | pl.col("round").is_in(list(refused))
+    sums = (pl.col("work_s").sum().alias("work_s"),
+            pl.col("work_s").filter(wasted).sum().alias("wasted_s"))
+    total = collect(events.select(*sums), run_dir).row(0, named=True)
+    share = lambda part, whole: part / whole if whole else None  # noqa: E731
+    doc = {"wasted_s": total["wasted_s"], "per_round": total["wasted_s"] / max(len(rounds), 1),
+           "share": share(total["wasted_s"], total["work_s"]), "rows": []}
+    if "class" in devices.columns:
+        by_class = (events.join(devices.lazy().select("device_id", "class"), on="device_id", how="left")
+                    .group_by("class").agg(*sums).sort("class"))
+        doc["rows"] = [{"class": r["class"], "wasted_s": r["wasted_s"], "share": share(r["wasted_s"], r["work_s"])}
+                       for r in collect(by_class, run_dir).to_dicts()]
+    return doc
 
 
 def stragglers(run_dir: Path, devices: pl.DataFrame) -> list[dict]:

@@ -20,7 +20,7 @@ import polars as pl
 from fedsim.config import read_toml
 from fedsim.errors import FedsimError
 from fedsim.results.latency import (PHASES, STRAGGLER_ARRIVED_BELOW, STRAGGLER_INVITED, close_reasons, latency,
-                                     participation_by, stragglers)
+                                     participation_by, stragglers, wasted_work)
 from fedsim.results.status import read_manifest, run_status
 
 
@@ -307,6 +307,7 @@ def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
         "participation": participation(run.rounds, run.devices),
         "latency": latency(run.path),
         "close_reasons": close_reasons(run.rounds),
+        "wasted": wasted_work(run.path, run.rounds, run.devices),
         "stragglers": stragglers(run.path, run.devices),
         "participation_by": participation_by(run.devices),
         "samples": sample_spread(run.devices),
@@ -418,6 +419,7 @@ def latency_blocks(runs: list[dict]) -> list[str]:
         blocks.append(table_text(["rounds closed by", *reasons],
                                  [[r["name"], *[str(r["close_reasons"].get(k, 0)) for k in reasons]]
                                   for r in closed]))
+    blocks += _wasted_blocks(runs)
     for r in runs:
         if r.get("stragglers"):
             blocks.append(_straggler_block(r["name"], r["stragglers"]))
@@ -449,6 +451,22 @@ def latency_blocks(runs: list[dict]) -> list[str]:
                 [f"{r['name']} by {label}", "devices", "invited", "arrived", "arrivals per device"],
                 [[_zone(z["zone"], by["column"]), str(z["devices"]), str(z["invitations"]),
                   percent(z["arrival_rate"]), _number(z["mean_arrivals"], ".1f")] for z in by["rows"]]))
+    return blocks
+
+
+def _wasted_blocks(runs: list[dict]) -> list[str]:
+    """Work whose update was never used (FLASH's and Oort's cost of drops, deadlines, over-commit)."""
+    shown = [r for r in runs if r.get("wasted") and r["wasted"]["wasted_s"]]
+    if not shown:
+        return []
+    blocks = [table_text(["wasted work (device-seconds not aggregated)", "total", "per round", "share of work"],
+                         [[r["name"], _short_s(w["wasted_s"]), _short_s(w["per_round"]), percent(w["share"])]
+                          for r in shown for w in [r["wasted"]]])]
+    for r in shown:
+        if len(r["wasted"]["rows"]) > 1:
+            blocks.append(table_text([f"{r['name']} wasted by class", "device-seconds", "share of its work"],
+                                     [[str(c["class"]), _short_s(c["wasted_s"]), percent(c["share"])]
+                                      for c in r["wasted"]["rows"]]))
     return blocks
 
 

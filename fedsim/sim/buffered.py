@@ -41,7 +41,7 @@ import torch
 from fedsim.algorithms.base import Arrivals
 from fedsim.errors import FedsimError
 from fedsim.sim.device import start_device_tasks
-from fedsim.sim.events import ARRIVED, OUTCOMES, task_events
+from fedsim.sim.events import ARRIVED, OUTCOMES, task_events, wasted_seconds
 from fedsim.sim.round_timing import Stop, Tasks, wait_for_someone
 from fedsim.sim.server import RoundOutcome, Server
 
@@ -117,22 +117,22 @@ class BufferedServer(Server):
         self.strategy.receive(rnd, arrivals)
         self.ran_this_version[:] = False
         outcome = np.array([o for _, _, o in resolved], dtype=object)  # the tasks' reports
+        events = self._events(rnd, taken, resolved)
         return RoundOutcome(
             round=rnd, t_start=t0, t_end=self.env.now,
             online=int(self.index.online(self.env.now).sum()),
             invited=np.concatenate(invited), arrived=arrivals.ids,
             dropped=self._ids(resolved)[outcome == "dropped"], late=self._ids(resolved)[outcome == "late"],
             train_loss=float(arrivals.loss.mean()), wall_s=time.perf_counter() - wall0,
-            close_reason="quota", events=self._events(rnd, taken, resolved),
-            extra={"staleness": float(np.mean(rnd - arrivals.version))},
+            close_reason="quota", events=events,
+            extra={"staleness": float(np.mean(rnd - arrivals.version)), "wasted_s": wasted_seconds(events)},
         )
 
     @staticmethod
     def _ids(resolved: list) -> np.ndarray:
         return np.array([d.ids[pos] for d, pos, *_ in resolved], dtype=np.int64)
 
-    @staticmethod
-    def _events(rnd: int, taken: list, resolved: list) -> dict[str, np.ndarray]:
+    def _events(self, rnd: int, taken: list, resolved: list) -> dict[str, np.ndarray]:
         """The events of the invitations this aggregation resolved: the buffered arrivals, then
         the dropped and late (a buffer holds a few devices: gathered entry by entry)."""
         entries = [(d, pos, "arrived") for d, pos in taken] + resolved
@@ -143,7 +143,8 @@ class BufferedServer(Server):
                       pick(lambda d: d.tasks.ends_at))
         outcome = np.array([OUTCOMES.index(o) for *_, o in entries], dtype=np.int8)
         staleness = np.where(outcome == ARRIVED, rnd - pick(lambda d: np.full(len(d.ids), d.version)), -1)
-        return task_events(rnd, pick(lambda d: d.ids), tasks, outcome, pick(lambda d: d.steps), staleness)
+        return task_events(rnd, pick(lambda d: d.ids), tasks, outcome, pick(lambda d: d.steps), staleness,
+                           stop_at=tasks.invited_at + self.cfg.deadline)
 
     def _stop(self, rnd: int, reason: str) -> Stop:
         """End the run in the middle of an aggregation."""

@@ -6,6 +6,12 @@ columns in a few vectorised operations. Times are simulated seconds; NaN (null i
 where the task never got there: `started` when the device went offline during the download,
 `finished` when it went offline before the upload completed. `staleness` is the async
 server's (aggregation round - model version); -1 (null) for synchronous rounds.
+
+`work_s` is the seconds of work a device did for its invitation: until its task ended (done,
+or offline) or the server stopped waiting for it (the deadline), whichever came first; `phase`
+is where that work stopped (download, compute, upload), "done" when the task completed. Work
+whose update the model never received (dropped, late, surplus, a round failed for its quorum)
+is the round's `wasted_s` in rounds.parquet.
 """
 
 from __future__ import annotations
@@ -16,15 +22,36 @@ from fedsim.sim.round_timing import Tasks
 
 OUTCOMES = ("arrived", "dropped", "late", "surplus")  # the codes 0..3 of the outcome column
 ARRIVED, DROPPED, LATE, SURPLUS = range(4)
+PHASES = ("download", "compute", "upload", "done")  # the codes 0..3 of the phase column
 COLUMNS = ("round", "device_id", "invited_at", "started", "finished", "outcome", "download_s",
-           "compute_s", "upload_s", "staleness", "steps", "samples")
+           "compute_s", "upload_s", "staleness", "steps", "samples", "phase", "work_s")
 
 
 def task_events(rnd: int, ids: np.ndarray, tasks: Tasks, outcome: np.ndarray, steps: np.ndarray,
-                staleness: np.ndarray | None = None) -> dict:
-    """One round's invitations (outcome: the codes above)."""
+                staleness: np.ndarray | None = None, *, stop_at, wasted: bool = False) -> dict:
+    """One round's invitations (outcome: the codes above); `stop_at`: when the server stopped
+    waiting for each (its deadline); `wasted`: the round's arrivals were refused too (quorum)."""
     return {"n": len(ids), "round": rnd, "device_id": ids, "tasks": tasks, "outcome": outcome,
-            "steps": steps, "staleness": staleness}
+            "steps": steps, "staleness": staleness, "stop_at": stop_at, "wasted": wasted}
+
+
+def work(tasks: Tasks, stop_at) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of work each task did by the time it ended or was no longer waited for, and the
+    phase it stopped in (codes of PHASES)."""
+    ended = np.minimum(tasks.ends_at, stop_at)
+    work_s = ended - tasks.invited_at
+    done = ~tasks.dropped & (tasks.ends_at <= stop_at)
+    phase = np.where(work_s < tasks.download_s, 0, np.where(work_s < tasks.download_s + tasks.compute_s, 1, 2))
+    return work_s, np.where(done, 3, phase).astype(np.int8)
+
+
+def wasted_seconds(events: dict) -> float:
+    """Device-seconds of a round's invitations whose update the model did not receive."""
+    if not events.get("n"):
+        return 0.0
+    work_s, _ = work(events["tasks"], events["stop_at"])
+    unused = np.ones(events["n"], dtype=bool) if events["wasted"] else events["outcome"] != ARRIVED
+    return float(work_s[unused].sum())
 
 
 def event_columns(batches: list[dict]) -> dict[str, np.ndarray]:
@@ -41,6 +68,7 @@ def event_columns(batches: list[dict]) -> dict[str, np.ndarray]:
     ends_at, dropped = task("ends_at"), joined(lambda b: b["tasks"].dropped).astype(bool)
     started = invited_at + download
     started[dropped & (ends_at < started)] = np.nan
+    worked = [work(b["tasks"], b["stop_at"]) for b in batches]
     return {
         "round": np.repeat(np.array([b["round"] for b in batches], dtype=np.int64), counts),
         "device_id": joined(lambda b: b["device_id"]).astype(np.int64),
@@ -52,4 +80,6 @@ def event_columns(batches: list[dict]) -> dict[str, np.ndarray]:
                             else b["staleness"]).astype(np.int64),
         "steps": joined(lambda b: b["steps"]).astype(np.int64),
         "samples": joined(lambda b: b["tasks"].samples).astype(np.int64),
+        "phase": np.concatenate([p for _, p in worked]) if batches else np.empty(0, np.int8),
+        "work_s": np.concatenate([w for w, _ in worked]).astype(np.float64) if batches else np.empty(0),
     }

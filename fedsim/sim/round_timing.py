@@ -49,6 +49,20 @@ def wait_for_someone(env: simpy.Environment, index, max_time: float = 0.0):
     return None
 
 
+def wait_for_count(env: simpy.Environment, index, count: int, max_time: float = 0.0):
+    """Sleep until at least `count` devices are online at once (FLASH's min_selected; the index
+    answers when, nothing spins). Returns None, or why that never happens (before max_time)."""
+    t_next = index.next_online_count(count, env.now)
+    if math.isinf(t_next):
+        return (f"the trace never has min_selected = {count} devices online at once after "
+                f"{env.now:g} s (it ends at {index.horizon:g} s)")
+    if max_time and t_next >= max_time:
+        return f"max_time {max_time:g} s reached waiting for min_selected = {count} devices online"
+    if t_next > env.now:
+        yield env.timeout(t_next - env.now)
+    return None
+
+
 def invite_budget(cfg: ServerConfig) -> int:
     """How many devices to invite per round: K, or ceil(K (1 + overcommit)) under model timing
     (0 = every online device). Ideal timing has no stragglers to overcommit against."""
@@ -85,21 +99,42 @@ class IdealRounds:
     def target(self, invited: int) -> int:
         return invited
 
+    def quorum(self, invited: int) -> int:
+        return 0
+
+    def deadline(self, rnd: int) -> float | None:
+        return None
+
 
 class ModelRounds:
     """Devices with speeds and links (`[devices]`): a round starts when someone is online, a task
     is download + compute + upload unless the trace takes the device away first, and the round
     closes at the deadline, at K arrivals when the server overcommitted, or when every invited
-    device has reported."""
+    device has reported. FLASH's rules: a deadline drawn per round, a minimum of devices online
+    to start, a quorum of arrivals for the round to count (docs/timing.md)."""
 
-    def __init__(self, cfg: ServerConfig, index, timing: DeviceTiming, message_bytes: tuple[int, int]):
+    def __init__(self, cfg: ServerConfig, index, timing: DeviceTiming, message_bytes: tuple[int, int],
+                 seed: int = 0):
         """`message_bytes`: what the server sends a device and what it sends back."""
-        self.cfg, self.index, self.timing = cfg, index, timing
+        self.cfg, self.index, self.timing, self.seed = cfg, index, timing, seed
         self.download_bytes, self.upload_bytes = message_bytes
 
     def start(self, env: simpy.Environment, rnd: int, max_time: float):
-        reason = yield env.process(wait_for_someone(env, self.index, max_time))
+        """Wait for someone online, or for `min_selected` devices online at once."""
+        if self.cfg.min_selected:
+            reason = yield env.process(wait_for_count(env, self.index, self.cfg.min_selected, max_time))
+        else:
+            reason = yield env.process(wait_for_someone(env, self.index, max_time))
         return Stop(reason) if reason else env.now
+
+    def deadline(self, rnd: int) -> float:
+        """The round's deadline: fixed, or drawn from N(deadline, deadline_sigma) keyed by
+        (seed, round) and clipped at 0 (FLASH's round_ddl), so a round draws the same deadline
+        however the run goes."""
+        if not self.cfg.deadline_sigma:
+            return self.cfg.deadline
+        draw = np.random.default_rng([self.seed, rnd, 0xDD1]).normal(self.cfg.deadline, self.cfg.deadline_sigma)
+        return max(float(draw), 0.0)
 
     def tasks(self, rnd: int, ids: np.ndarray, samples: np.ndarray, steps: np.ndarray, t0: float) -> Tasks:
         download = self.timing.download_s(ids, self.download_bytes)
@@ -112,7 +147,7 @@ class ModelRounds:
                      np.where(dropped, offline_at, finish))
 
     def close_at(self, rnd: int, t0: float, invited: int, max_time: float) -> float:
-        close = t0 + (self.cfg.deadline if invited else self.cfg.round_duration)
+        close = t0 + (self.deadline(rnd) if invited else self.cfg.round_duration)
         return min(close, max_time) if max_time and invited else close
 
     def target(self, invited: int) -> int:
@@ -123,6 +158,10 @@ class ModelRounds:
         if self.cfg.overcommit > 0 and 0 < k < invited <= invite_budget(self.cfg):
             return k
         return invited
+
+    def quorum(self, invited: int) -> int:
+        """Arrivals a round needs to update the model: ceil(update_frac x invited) (0: none)."""
+        return math.ceil(self.cfg.update_frac * invited - 1e-9) if self.cfg.update_frac else 0
 
 
 def round_timing(cfg: ServerConfig, **model_parts) -> IdealRounds | ModelRounds:

@@ -18,7 +18,7 @@ import torch
 from fedsim.algorithms.base import Arrivals, Strategy
 from fedsim.config import ServerConfig
 from fedsim.sim.device import RoundBoard, deadline, start_device_tasks
-from fedsim.sim.events import ARRIVED, DROPPED, LATE, SURPLUS, task_events
+from fedsim.sim.events import ARRIVED, DROPPED, LATE, SURPLUS, task_events, wasted_seconds
 from fedsim.sim.round_timing import Stop, Tasks, round_timing
 from fedsim.sim.timing import DeviceTiming
 
@@ -39,7 +39,7 @@ class RoundOutcome:
     wall_s: float
     # ids that finished in time after the round had closed at K arrivals (overcommit)
     surplus: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    close_reason: str = ""  # all-arrived | quota | deadline | nobody-invited | max-time
+    close_reason: str = ""  # all-arrived | quota | deadline | nobody-invited | max-time | quorum
     events: dict = field(default_factory=dict)  # one entry per invitation (sim/events.py)
     extra: dict = field(default_factory=dict)  # server-side metrics (async: staleness)
 
@@ -57,7 +57,8 @@ class Server:
         self.client_sizes = client_sizes
         self.seed = seed
         self.device = device
-        self.rounds = round_timing(cfg, index=index, timing=timing, message_bytes=strategy.message_bytes())
+        self.rounds = round_timing(cfg, index=index, timing=timing, message_bytes=strategy.message_bytes(),
+                                   seed=seed)
         self.gate = None  # set when runs train together (fedsim/studies/lockstep.py)
 
     def train(self, rnd: int, ids: np.ndarray, start: torch.Tensor, steps: np.ndarray, lr: float):
@@ -70,11 +71,15 @@ class Server:
     def round(self, rnd: int, max_time: float = 0.0):
         """One synchronous round (a SimPy sub-process): wait until the round can start, invite,
         train the devices that will arrive in one batched call, let every task run until the
-        round closes, aggregate what arrived. Returns its RoundOutcome, or a Stop."""
+        round closes, aggregate what arrived (or refuse it, short of the quorum). Returns its
+        RoundOutcome, or a Stop."""
         env, strategy = self.env, self.strategy
+        begun = env.now
         t0 = yield env.process(self.rounds.start(env, rnd, max_time))
         if isinstance(t0, Stop):
             return t0
+        # waiting for min_selected devices is part of the round (FLASH); for anyone, it is not
+        t_start = begun if self.cfg.min_selected else t0
         wall0 = time.perf_counter()
         online = np.flatnonzero(self.index.online(t0))
         rng = np.random.default_rng([self.seed, rnd, 0x5E1])
@@ -83,14 +88,18 @@ class Server:
         lr = strategy.client_lr(rnd)
         tasks = self.rounds.tasks(rnd, ids, self.samples(ids, steps), steps, t0)
         close_at = self.rounds.close_at(rnd, t0, len(ids), max_time)
+        target = self.rounds.target(len(ids))
 
-        trained = np.flatnonzero(~tasks.dropped & (tasks.ends_at <= close_at))
+        in_time = ~tasks.dropped & (tasks.ends_at <= close_at)
+        # the arrivals are known now (min(target, in time)): a round short of its quorum trains nobody
+        failed = min(target, int(in_time.sum())) < self.rounds.quorum(len(ids))
+        trained = np.flatnonzero(in_time & ~failed)
         result = None
         if len(trained):
             start = strategy.start_params(ids)[torch.as_tensor(trained, device=self.device)]
             result = yield from self.train(rnd, ids[trained], start, steps[trained], lr)
 
-        board = RoundBoard(env, invited=len(ids), target=self.rounds.target(len(ids)))
+        board = RoundBoard(env, invited=len(ids), target=target)
         # ties in end time report in a random order, so that equal speeds do not always favour
         # the lowest ids at the K-th arrival
         reports = np.where(tasks.dropped, "dropped", "arrived").astype(object)
@@ -102,14 +111,22 @@ class Server:
 
         outcome = self.outcomes(board, tasks, close_at)
         arrived_pos = np.asarray(board.arrived, dtype=np.int64)
-        arrivals = self._arrivals(rnd, t0, ids, arrived_pos, trained, result, steps, lr)
-        strategy.receive(rnd, arrivals)
-        loss = float(arrivals.loss.mean()) if len(arrivals) else None
+        if failed:
+            strategy.refuse(rnd)
+            loss = None
+        else:
+            arrivals = self._arrivals(rnd, t0, ids, arrived_pos, trained, result, steps, lr)
+            strategy.receive(rnd, arrivals)
+            loss = float(arrivals.loss.mean()) if len(arrivals) else None
+        events = task_events(rnd, ids, tasks, outcome, steps, stop_at=close_at, wasted=failed)
+        extra = {"wasted_s": wasted_seconds(events)}
+        if self.rounds.deadline(rnd) is not None:
+            extra.update(deadline=self.rounds.deadline(rnd), wait_s=t0 - t_start)
         return RoundOutcome(
-            round=rnd, t_start=t0, t_end=env.now, online=len(online), invited=ids,
+            round=rnd, t_start=t_start, t_end=env.now, online=len(online), invited=ids,
             arrived=ids[arrived_pos], dropped=ids[outcome == DROPPED], late=ids[outcome == LATE],
-            surplus=ids[outcome == SURPLUS], close_reason=board.reason, train_loss=loss,
-            wall_s=time.perf_counter() - wall0, events=task_events(rnd, ids, tasks, outcome, steps),
+            surplus=ids[outcome == SURPLUS], close_reason="quorum" if failed else board.reason,
+            train_loss=loss, wall_s=time.perf_counter() - wall0, events=events, extra=extra,
         )
 
     def samples(self, ids: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -135,11 +152,7 @@ class Server:
         row_of[trained] = np.arange(len(trained))
         rows = torch.as_tensor(row_of[arrived_pos], device=self.device)
         if result is None:
-            d = self.strategy.params.shape[0]
-            empty = torch.empty(0, device=self.device)
-            return Arrivals(ids=ids[:0], deltas=torch.empty(0, d, device=self.device), steps=empty,
-                            samples=empty, loss=empty, version=ids[:0], lr=empty,
-                            invited_at=np.empty(0))
+            return Arrivals.none(self.strategy.params.shape[0], self.device)
         return Arrivals(
             ids=ids[arrived_pos],
             deltas=result.deltas[rows],

@@ -95,6 +95,33 @@ class AvailabilityIndex:
             return float(base + us[k + 1])
         return float(base + self.horizon + us[0]) if self._loop else math.inf
 
+    def next_online_count(self, count: int, t: float) -> float:
+        """Earliest t' >= t at which at least `count` devices are online at once; math.inf if
+        never again. One binary search in the times where the count of online devices reaches
+        `count` (built once per count)."""
+        if int(self.online(t).sum()) >= count:
+            return float(t)
+        tau = self._phase(t)
+        if tau is None and (self._loop or t >= 0):
+            return math.inf
+        tau = float(t) if tau is None else tau
+        reached = self._count_reached(count)
+        k = int(np.searchsorted(reached, tau, side="right"))
+        if k < len(reached):
+            return float((t - tau) + reached[k])
+        return float((t - tau) + self.horizon + reached[0]) if self._loop and len(reached) else math.inf
+
+    def _count_reached(self, count: int) -> np.ndarray:
+        """Sorted times at which at least `count` devices are online (the count only changes
+        where an interval starts or ends: count(x) = #starts <= x - #ends <= x)."""
+        cache = self.__dict__.setdefault("_reached", {})
+        if count not in cache:
+            starts, ends = np.sort(self._start), np.sort(self._end)
+            times = np.unique(np.concatenate([starts, ends]))
+            online = np.searchsorted(starts, times, side="right") - np.searchsorted(ends, times, side="right")
+            cache[count] = times[online >= count]
+        return cache[count]
+
     def online_during(self, ids, t0: float, t1: float) -> np.ndarray:
         """bool [k]: online for the whole of [t0, t1); a device that drops out and comes back
         inside the window is False. An empty window (t1 <= t0) asks for online at t0."""

@@ -46,7 +46,7 @@ def test_every_scenario_reads_back_as_the_same_config(name):
 def test_overrides_and_awkward_values_read_back(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(dump_toml({
-        "run": {"name": 'we"ird\nname', "algorithms": ["fedavg", "fedprox", "amplified"],
+        "run": {"name": 'we"ird name', "out": 'ru\nns', "algorithms": ["fedavg", "fedprox", "amplified"],
                 "targets": [0.5, 1]},
         "data": {"dataset": "quadratic", "clients": 2, "targets": [[1.0, 0.0], [0.0, 1.0]]},
         "trace": {"source": "bernoulli", "p": {}, "phi_max": [0.25] * 10},
@@ -57,7 +57,8 @@ def test_overrides_and_awkward_values_read_back(tmp_path):
     lines = key_lines(show_config(config))
     assert lines[("trace", "p")] == (False, "{}", "option of generator 'bernoulli' (default unset)")
     assert lines[("run", "targets")][:2] == (False, "[0.5, 1.0]")
-    assert lines[("run", "name")][1] == '"we\\"ird\\nname"'
+    assert lines[("run", "name")][1] == '"we\\"ird name"'
+    assert lines[("run", "out")][1] == '"ru\\nns"'
     assert lines[("data", "targets")][1] == "[[1.0, 0.0], [0.0, 1.0]]"
     reads_back(load_config(path, ["trace.p={ a = 1, 'b c' = [2] }"]))
 

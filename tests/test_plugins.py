@@ -120,19 +120,21 @@ def rounds_of(run_dir, column):
     return pl.read_parquet(run_dir / "rounds.parquet")[column].drop_nulls().to_numpy()
 
 
-def doc_blocks(language: str) -> list[str]:
-    """The fenced code blocks of docs/extending.md in `language`, in order."""
+def doc_blocks(*files: str) -> list[str]:
+    """The Python blocks of docs/extending.md that are the files named (their first line: `# NAME`)."""
     import re
 
     text = (Path(__file__).parent.parent / "docs" / "extending.md").read_text()
-    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+    blocks = {block.split("\n", 1)[0].removeprefix("# "): block
+              for block in re.findall(r"```python\n(.*?)```", text, flags=re.S)}
+    return [blocks[name] for name in files]
 
 
 def test_the_extending_guide_examples_run_as_written(cli_run, tmp_path, monkeypatch):
     """docs/extending.md: its FedAvgM is fedavg + server momentum, resumes exactly, and its
     model trains on digits."""
     monkeypatch.chdir(tmp_path)
-    algorithm, model = doc_blocks("python")[:2]
+    algorithm, model = doc_blocks("my_fedavgm.py", "my_models.py")
     plugin_module(tmp_path, "my_fedavgm", algorithm)
     plugin_module(tmp_path, "my_models", model)
     guide = cli_run(config("my_fedavgm:FedAvgM", beta=0.8), name="guide")
@@ -153,7 +155,7 @@ def test_the_extending_guide_examples_run_as_written(cli_run, tmp_path, monkeypa
 
 def trace_plugins(folder: Path) -> None:
     """docs/extending.md's generator and converter, as files in `folder`."""
-    generator, converter = doc_blocks("python")[2:4]
+    generator, converter = doc_blocks("my_traces.py", "my_converters.py")
     plugin_module(folder, "my_traces", generator)
     plugin_module(folder, "my_converters", converter)
 

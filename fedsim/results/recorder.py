@@ -83,7 +83,10 @@ class Recorder:
         return row
 
     def rounds_frame(self) -> pl.DataFrame:
-        extra = [k for k in (self.rows[0] if self.rows else {}) if k not in ROUND_COLUMNS]
+        # The last row's columns in its order, then the first row's: a run resumed from an earlier
+        # release records the columns of today's (null in the rows that release wrote).
+        ends = (self.rows[-1], self.rows[0]) if self.rows else ()
+        extra = [k for k in dict.fromkeys(k for row in ends for k in row) if k not in ROUND_COLUMNS]
         schema = {**ROUND_COLUMNS, **{k: pl.Float64 for k in extra}}
         return pl.DataFrame(self.rows, schema=schema)
 

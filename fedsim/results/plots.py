@@ -174,6 +174,33 @@ def _plain_log(**options):
     return PlainLog(**options)
 
 
+# Clock tick steps in hours, fine to coarse: 1 s up to 12 h; whole days beyond
+CLOCK_STEPS = tuple(s / 3600 for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800,
+                                        3600, 7200, 10800, 21600, 43200))
+MAX_CLOCK_TICKS = 8  # of five characters (12:30); five of eight or nine (12:30:15, Mon 12:30)
+
+
+def clock_step(span_h: float, ticks: int = MAX_CLOCK_TICKS) -> float:
+    """The clock tick step (hours) for an axis `span_h` hours long: the finest of CLOCK_STEPS
+    (or whole days) with at most `ticks` ticks; consecutive steps differ by at most 2.5x, so
+    at least two ticks fall on any span of a few seconds or more."""
+    return next((s for s in CLOCK_STEPS if span_h / s <= ticks), 24.0 * math.ceil(span_h / 24 / ticks))
+
+
+def clock_format(span_h: float, step_h: float) -> str:
+    """strftime of the clock labels: the weekday beyond a day, the seconds below a minute's step."""
+    return ("%a " if span_h > 24 else "") + ("%H:%M:%S" if step_h < 1 / 60 else "%H:%M")
+
+
+def clock_ticks(span_h: float) -> tuple[float, str]:
+    """The step (hours) and strftime of the clock ticks of an axis `span_h` hours long, as
+    many as their labels leave room for."""
+    step = clock_step(span_h)
+    if len(clock_format(span_h, step)) > len("%H:%M"):
+        step = clock_step(span_h, 5)
+    return step, clock_format(span_h, step)
+
+
 def _clock_axis(ax, clock: tuple[datetime, float, str], start: float) -> None:
     """Clock time on top of `ax`, whose x is hours since the start (trace time `start`)."""
     from matplotlib.ticker import FuncFormatter, MultipleLocator
@@ -181,14 +208,43 @@ def _clock_axis(ax, clock: tuple[datetime, float, str], start: float) -> None:
     midnight, at_zero, zone = clock
     shift = at_zero + start / 3600.0  # the clock hours at x = 0
     top = ax.secondary_xaxis("top", functions=(lambda h: h + shift, lambda c: c - shift))
-    span = max(ax.get_xlim()[1], 1e-9)
-    step = next((s for s in (1 / 12, 1 / 6, 1 / 4, 1 / 2, 1, 2, 3, 6, 12) if span / s <= 8),
-                24.0 * math.ceil(span / 24 / 8))
-    form = "%a %H:%M" if span > 24 else "%H:%M"
+    span = max(ax.get_xlim()[1] - ax.get_xlim()[0], 1e-9)
+    step, form = clock_ticks(span)
     top.xaxis.set_major_locator(MultipleLocator(step))
     top.xaxis.set_major_formatter(FuncFormatter(
-        lambda c, _: (midnight + timedelta(minutes=round(c * 60))).strftime(form)))
+        lambda c, _: (midnight + timedelta(seconds=round(c * 3600))).strftime(form)))
     top.set_xlabel(f"clock time ({zone})")
+
+
+SI_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def si_number(x: float) -> str:
+    """A tick label: 3 significant digits with an SI prefix from a thousand up (`20G`, `1.5k`)."""
+    scale, prefix = next(((v, p) for v, p in SI_PREFIXES if abs(x) >= v), (1.0, ""))
+    return f"{x / scale:.3g}{prefix}"
+
+
+def log_subs(decades: float) -> tuple[float, ...] | None:
+    """Which multiples of each power of ten a log axis spanning `decades` labels: more of them
+    on a short axis, powers of ten only on a long one; None under a third of a decade, where
+    evenly spaced ticks read better. matplotlib's default labels minor ticks in scientific
+    notation, whose labels ran into each other on an axis of one to two decades."""
+    if decades < 1 / 3:
+        return None
+    return (1.0, 2.0, 3.0, 5.0) if decades < 0.8 else (1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)
+
+
+def _log_ticks(axis) -> None:
+    """Labelled ticks of a log `axis` (its limits set) that cannot overlap, as plain numbers:
+    the labelled multiples of `log_subs`, unlabelled minor ticks between."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
+    low, high = sorted(axis.get_view_interval())
+    subs = log_subs(math.log10(high / low) if low > 0 else math.inf)
+    axis.set_major_locator(MaxNLocator(5, steps=[1, 2, 5, 10]) if subs is None else LogLocator(subs=subs, numticks=9))
+    axis.set_major_formatter(FuncFormatter(lambda x, _: si_number(x)))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _duration_figure(runs: dict[str, RunData], title: str):
@@ -278,6 +334,7 @@ def _device_figure(runs: dict[str, RunData], title: str):
             ax.scatter(run.devices["n_samples"].to_numpy(), run.devices["arrivals"].to_numpy(), s=12,
                        alpha=0.6, marker=MARKERS[k % len(MARKERS)], label=name)
         ax.set_xscale("log")
+        _log_ticks(ax.xaxis)
         ax.set_xlabel("training samples on the device")
         ax.set_ylabel("arrivals")
         ax.legend(loc="best")
@@ -338,6 +395,7 @@ def _speed_figure(runs: dict[str, RunData], title: str):
         ax.set_ylim(-5, 105)
         ax.set_title(name, fontsize="medium")
         ax.set_xlabel("training FLOP/s" if by_flops else "samples per second (1 / seconds_per_sample)")
+    _log_ticks(axes[0].xaxis)  # the panels share it
     axes[0].set_ylabel("arrivals (% of invitations)")
     axes[-1].legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     return fig

@@ -215,7 +215,7 @@ def report_study(args) -> int:
 
     from fedsim.results.report import parse_targets
     from fedsim.studies.study import open_study
-    from fedsim.studies.tables import best_by, format_summary, study_tables
+    from fedsim.studies.tables import best_by, format_summary, study_report, study_tables
 
     if len(args.runs) > 1:
         raise FedsimError("fedsim report: give one study folder at a time")
@@ -223,12 +223,14 @@ def report_study(args) -> int:
         raise FedsimError("--best-by METRIC and --over AXIS go together, e.g. --best-by final_acc "
                           "--over client.lr")
     study = open_study(Path(args.runs[0]))
-    _, summary = study_tables(study, parse_targets(args.target))  # read only: nothing written
+    tables = study_tables(study, parse_targets(args.target))  # read only: nothing written
     if args.claims:
         return report_claims(study, args.json)
+    summary = tables.summary
     if args.best_by:
         summary = best_by(summary, args.best_by, args.over, study.group_axes)
-    print(json.dumps(summary.to_dicts(), indent=2) if args.json else format_summary(study, summary))
+    print(json.dumps(study_report(study, tables, summary), indent=2, allow_nan=False) if args.json
+          else format_summary(study, summary))
     return 0
 
 

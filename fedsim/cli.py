@@ -267,13 +267,15 @@ def cmd_scenarios(args) -> int:
     """The built-in scenarios with the first line of their comment; a study says so."""
     from fedsim.config import is_study, read_toml, scenario_names, scenario_path
 
-    for name in scenario_names():
+    names = scenario_names()
+    width = max(map(len, names), default=0)
+    for name in names:
         path = scenario_path(name)
         text = path.read_text().splitlines()
         about = next((line.lstrip("# ").strip() for line in text if line.startswith("#")), "")
         if is_study(read_toml(path)):
             about = f"study (fedsim sweep {name}): {about}"
-        print(f"{name:<20} {about}")
+        print(f"{name:<{width}}  {about}")
     return 0
 
 

@@ -419,7 +419,7 @@ def latency_blocks(runs: list[dict]) -> list[str]:
                                  [[r["name"], *[str(r["close_reasons"].get(k, 0)) for k in reasons]]
                                   for r in closed]))
     for r in runs:
-        if r.get("stragglers"):
+        if r.get("stragglers") is not None:  # none is said too: a missing block reads as "not looked"
             blocks.append(_straggler_block(r["name"], r["stragglers"]))
     spread = [r for r in runs if r.get("samples")]
     if spread:
@@ -457,6 +457,8 @@ def _straggler_block(name: str, rows: list[dict]) -> str:
     more = f"; {len(rows) - len(shown)} more in --json" if len(rows) > len(shown) else ""
     head = (f"{name}: {len(rows)} straggler{'s' * (len(rows) != 1)} (invited >= {STRAGGLER_INVITED} times, "
             f"arrived < {100 * STRAGGLER_ARRIVED_BELOW:g} %){more}")
+    if not rows:
+        return head
     table = table_text(
         ["device", "class", "UTC offset", "invited", "arrived", "late", "dropped", "median compute", "median task",
          "likely cause"],

@@ -315,3 +315,20 @@ def test_the_clock_axis_has_ticks_on_a_short_run_and_a_long_one(tmp_path, rounds
     if rounds * seconds < 60:  # ticks seconds apart read in seconds
         assert all(len(text) == 8 for text in texts)
     assert len(set(texts)) == len(texts)
+
+
+def test_ideal_timing_draws_only_the_plots_it_gives_meaning_to(cli_run):
+    config = {"run": {"rounds": 4, "eval_every": 2, "algorithms": ["fedavg", "mifa"], "plots": True},
+              "data": {"dataset": "digits", "clients": 10}, "client": {"local_steps": 1, "batch_size": 8},
+              "trace": {"source": "bernoulli", "p": 0.7}}
+    ideal = cli_run({**config, "server": {"timing": "ideal", "round_duration": 60.0}}, name="ideal")
+    for name in ("fedavg", "mifa"):  # no latency, rounds of one length: nothing to draw by time or speed
+        assert sorted(p.name for p in (ideal / name / "plots").iterdir()) == [
+            "accuracy_vs_rounds.png", f"participation_{name}.png", "participation_per_device.png"]
+        assert (ideal / name / "events.parquet").exists()
+    assert sorted(p.name for p in (ideal / "plots").iterdir()) == [
+        "accuracy_vs_rounds.png", "participation_fedavg.png", "participation_mifa.png",
+        "participation_per_device.png"]
+    model = cli_run({**config, "server": {"timing": "model", "deadline": 60.0}}, name="model")
+    assert {"accuracy_vs_time.png", "round_duration_vs_time_of_day.png", "latency_fedavg.png",
+            "arrival_rate_vs_speed.png"} <= {p.name for p in (model / "fedavg" / "plots").iterdir()}

@@ -10,7 +10,12 @@
 * ``participation_per_device.png``: devices by number of arrivals; arrivals against a device's
   training samples where they differ; mean arrivals per device
   by time zone or group when devices.parquet has one.
+* ``latency_<run>.png``: the median download, compute and upload of a task over simulated time.
+* ``arrival_rate_vs_speed.png``: each device's arrivals per invitation against its speed.
 
+Under ideal timing (the papers' round model) a task takes no time and every round lasts
+`round_duration`: simulated time is the round number scaled, so the plots by time, of round
+durations, of latency and of speed would say nothing and are not drawn.
 A plot whose columns a run directory lacks (written by an older fedsim) is skipped; the others
 are drawn. matplotlib is imported when a plot is drawn (it costs a few tenths of a second), and
 as a bare ``Figure``, which draws with Agg without pyplot's global state or backend switch;
@@ -49,6 +54,7 @@ class RunData:
     start: float  # simulated seconds at the run's start
     path: Path | None = None  # the run directory (events.parquet is read only by the plots of it)
     deadline: float | None = None  # [server] deadline under model timing
+    timing: str = "model"  # [server] timing: "ideal" has no latency and rounds of one length
 
 
 def _table(path: Path) -> pl.DataFrame:
@@ -85,8 +91,9 @@ def load_run(run_dir: Path) -> RunData:
     if start is None:
         start = rounds["t_start"][0] if "t_start" in rounds.columns and rounds.height else 0.0
     server = (read_toml(run_dir / "config.toml") if (run_dir / "config.toml").exists() else {}).get("server", {})
-    deadline = server.get("deadline") if server.get("timing", "model") == "model" else None
-    return RunData(rounds, devices, initial, origin, float(start), run_dir, deadline)
+    timing = server.get("timing", "model")
+    deadline = server.get("deadline") if timing == "model" else None
+    return RunData(rounds, devices, initial, origin, float(start), run_dir, deadline, timing)
 
 
 def _figure(width: float = 6.4, height: float = 4.0, rows: int = 1, cols: int = 1, *, top: float = 0.9,
@@ -433,12 +440,14 @@ def _has(runs: dict[str, RunData], *columns: str) -> bool:
 def build_figures(runs: dict[str, RunData], title: str = "") -> dict[str, object]:
     """The figures of `runs` (name -> RunData), by file name without ``.png``; not saved.
 
-    A figure whose columns some run lacks is left out."""
+    A figure whose columns some run lacks is left out, and so are those that ideal timing
+    leaves without meaning."""
     head = f"{title}: " if title else ""
+    timed = any(run.timing != "ideal" for run in runs.values())
     figures = {"accuracy_vs_rounds": _metric_figure(runs, f"{head}test metrics by round", "rounds")}
-    if _has(runs, "t_end"):
+    if timed and _has(runs, "t_end"):
         figures["accuracy_vs_time"] = _metric_figure(runs, f"{head}test metrics by simulated time", "hours")
-    if _has(runs, "t_start", "duration"):
+    if timed and _has(runs, "t_start", "duration"):
         figures["round_duration_vs_time_of_day"] = _duration_figure(
             runs, f"{head}round duration by time of day")
     if _has(runs, "t_start", "t_end", *COUNTS, *STACKED):
@@ -447,9 +456,9 @@ def build_figures(runs: dict[str, RunData], title: str = "") -> dict[str, object
     if all(run.devices is not None for run in runs.values()):
         figures["participation_per_device"] = _device_figure(runs, f"{head}participation per device")
     for name, run in runs.items():
-        if run.path is not None and (run.path / "events.parquet").is_file():
+        if run.timing != "ideal" and run.path is not None and (run.path / "events.parquet").is_file():
             figures[f"latency_{name}"] = _latency_figure(run, f"{head}where a task's time goes ({name})")
-    if all(run.devices is not None and {"invitations", "arrivals"} <= set(run.devices.columns)
+    if timed and all(run.devices is not None and {"invitations", "arrivals"} <= set(run.devices.columns)
            and ({"flops"} <= set(run.devices.columns) or "seconds_per_sample" in run.devices.columns)
            for run in runs.values()):
         figures["arrival_rate_vs_speed"] = _speed_figure(runs, f"{head}arrivals by device speed")

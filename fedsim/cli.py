@@ -109,8 +109,8 @@ def cmd_run(args) -> int:
 
     plotter = shared_worker()  # before torch's import, so that matplotlib's overlaps it
     from fedsim.config import load_config
-    from fedsim.runs.comparison import is_comparison, resume_comparison, run
-    from fedsim.runs.experiment import resume
+    from fedsim.runs.comparison import resume_comparison, run
+    from fedsim.runs.experiment import is_comparison, resume
 
     if args.resume:
         if args.config is not None:

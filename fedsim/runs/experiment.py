@@ -26,7 +26,7 @@ from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, c
                            read_toml)
 from fedsim.config.catalog import GENERATORS
 from fedsim.errors import FedsimError
-from fedsim.files import DirectoryLock, file_fingerprint, remove_stale_temporaries
+from fedsim.files import DirectoryLock, file_fingerprint, plain_name, remove_stale_temporaries
 from fedsim.runs.replay import agrees_with, load_trace, resolve_trace_path
 from fedsim.results.manifest import write_manifest
 from fedsim.results.plot_worker import PlotWorker
@@ -265,7 +265,8 @@ class Experiment:
         write_manifest(self, result, self._host_s())
         for callback in self.chain:
             callback.on_saved(self, result)
-        if cfg.run.plots:
+        member = self.run_dir.name == plain_name(cfg.algorithm.name) and is_comparison(self.run_dir.parent)
+        if cfg.run.plots and not member:  # a comparison's plots show each of its members
             draw_plots(self.plotter, {cfg.algorithm.name: self.run_dir}, self.run_dir / "plots", cfg.run.name)
         self.lock.release()
         return RunResult(self.run_dir, cfg.algorithm.name, result.status, result.reason,
@@ -353,6 +354,12 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,
     finally:
         if plotter is not None:
             plotter.finish()  # the plots are drawn when this returns
+
+
+def is_comparison(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a comparison (its config.toml names several algorithms)."""
+    config = run_dir / "config.toml"
+    return config.exists() and bool(read_toml(config).get("run", {}).get("algorithms"))
 
 
 def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,

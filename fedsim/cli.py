@@ -105,9 +105,12 @@ def crash_note(run_dir: Path) -> str:
 
 
 def cmd_run(args) -> int:
+    from fedsim.config.layers import draws_plots
     from fedsim.results.plot_worker import shared_worker
 
-    plotter = shared_worker()  # before torch's import, so that matplotlib's overlaps it
+    config_file = Path(args.resume) / "config.toml" if args.resume else args.config
+    # before torch's import, so that matplotlib's overlaps it; none for a run without plots
+    plotter = shared_worker() if draws_plots(config_file, args.set) else None
     from fedsim.config import load_config
     from fedsim.runs.comparison import resume_comparison, run
     from fedsim.runs.experiment import is_comparison, resume

@@ -590,8 +590,6 @@ def _unknown_keys(raw: dict, algorithms: list, origin: str, origins: dict) -> li
             unknown.append((origins.get((section, first), origin), f"section [{section}]",
                             suggest(section, _SECTION_CLASSES)))
             continue
-        if not isinstance(body, dict):
-            raise FedsimError(f"{origin}: '{section}' must be a [{section}] table, got {body!r}")
         owner_key = (section, "source" if section == "trace" else "name")  # declares the options
         extra = _declared_options(section, body, algorithms, origins.get(owner_key, origin))
         valid = [*_field_names(_SECTION_CLASSES[section]), *(extra or {})]

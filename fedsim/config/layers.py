@@ -121,7 +121,8 @@ def draws_plots(source: str | Path | None = None, overrides: list[str] = ()) -> 
         _, layered = _layers_of(source, overrides)
     except FedsimError:
         return False
-    return layered.raw.get("run", {}).get("plots", True) is not False
+    run = layered.raw.get("run")
+    return not isinstance(run, dict) or run.get("plots", True) is not False
 
 
 def _layers_of(source, overrides) -> tuple[Path, Layered]:

@@ -117,9 +117,12 @@ def crash_note(run_dir: Path) -> str:
 
 
 def cmd_run(args) -> int:
+    from fedsim.config.layers import draws_plots
     from fedsim.results.plot_worker import shared_worker
 
-    plotter = shared_worker()  # before torch's import, so that matplotlib's overlaps it
+    config_file = Path(args.resume) / "config.toml" if args.resume else args.config
+    # before torch's import, so that matplotlib's overlaps it; none for a run without plots
+    plotter = shared_worker() if draws_plots(config_file, args.set) else None
     ready: list[Path] = [Path(args.resume)] if args.resume else []
     try:
         return _cmd_run(args, plotter, ready)
@@ -147,8 +150,8 @@ def run_stop_hint(run_dir: Path | None, fresh: bool) -> str:
 
 def _cmd_run(args, plotter, ready: list[Path]) -> int:
     from fedsim.config import load_config
-    from fedsim.runs.comparison import is_comparison, resume_comparison, run
-    from fedsim.runs.experiment import resume
+    from fedsim.runs.comparison import resume_comparison, run
+    from fedsim.runs.experiment import is_comparison, resume
 
     if args.resume:
         if args.config is not None:
@@ -281,7 +284,7 @@ def report_study(args) -> int:
 
     from fedsim.results.report import parse_targets
     from fedsim.studies.study import open_study
-    from fedsim.studies.tables import best_by, format_summary, study_tables
+    from fedsim.studies.tables import best_by, format_summary, study_report, study_tables
 
     if len(args.runs) > 1:
         raise FedsimError("fedsim report: give one study folder at a time")
@@ -289,12 +292,14 @@ def report_study(args) -> int:
         raise FedsimError("--best-by METRIC and --over AXIS go together, e.g. --best-by final_acc "
                           "--over client.lr")
     study = open_study(Path(args.runs[0]))
-    _, summary = study_tables(study, parse_targets(args.target))  # read only: nothing written
+    tables = study_tables(study, parse_targets(args.target))  # read only: nothing written
     if args.claims:
         return report_claims(study, args.json)
+    summary = tables.summary
     if args.best_by:
         summary = best_by(summary, args.best_by, args.over, study.group_axes)
-    print(json.dumps(summary.to_dicts(), indent=2) if args.json else format_summary(study, summary))
+    print(json.dumps(study_report(study, tables, summary), indent=2, allow_nan=False) if args.json
+          else format_summary(study, summary))
     return 0
 
 
@@ -339,13 +344,15 @@ def cmd_scenarios(args) -> int:
     """The built-in scenarios with the first line of their comment; a study says so."""
     from fedsim.config import is_study, read_toml, scenario_names, scenario_path
 
-    for name in scenario_names():
+    names = scenario_names()
+    width = max(map(len, names), default=0)
+    for name in names:
         path = scenario_path(name)
         text = path.read_text().splitlines()
         about = next((line.lstrip("# ").strip() for line in text if line.startswith("#")), "")
         if is_study(read_toml(path)):
             about = f"study (fedsim sweep {name}): {about}"
-        print(f"{name:<20} {about}")
+        print(f"{name:<{width}}  {about}")
     return 0
 
 

@@ -30,6 +30,22 @@ def test_unknown_key_suggests_the_nearest(tmp_path, capsys):
     assert str(tmp_path / "c.toml") in err
 
 
+def test_every_unknown_key_is_in_the_one_line_with_its_nearest_valid_key(tmp_path, capsys):
+    config = write(tmp_path, "[run]\nroudns = 5\n[client]\nlrr = 0.1\nlocal_steps = 2\n[server]\nzzqqx = 1\n")
+    err = fails(capsys, ["run", config, "--set", "client.batch_szie=3"])
+    head, parts = err.split(": 4 unknown keys: ")
+    assert head == f"error: {config}"
+    assert parts.split("; ") == [
+        "[run] roudns (did you mean 'rounds'?)", "[client] lrr (did you mean 'lr'?)",
+        "--set client.batch_szie=3: [client] batch_szie (did you mean 'batch_size'?)",
+        "[server] zzqqx (valid keys: buffer, clients_per_round, concurrency, deadline, mode, overcommit, "
+        "round_duration, timing)"]
+    assert not (tmp_path / "runs").exists()
+    err = fails(capsys, ["run", "quickstart", "--set", "clients.lr=1", "--set", "server.dedline=5"])
+    assert err == ("error: --set server.dedline=5: 2 unknown keys and sections: [server] dedline (did you mean "
+                   "'deadline'?); --set clients.lr=1: section [clients] (did you mean 'client'?)")
+
+
 def test_unknown_section_and_override(tmp_path, capsys):
     err = fails(capsys, ["run", write(tmp_path, "[clients]\nlr = 0.1\n")])
     assert "unknown section [clients]" in err and "'client'" in err

@@ -187,7 +187,7 @@ def test_a_diurnal_comparison_reports_each_algorithms_time_to_80_percent(cli_run
     report = json.loads(capsys.readouterr().out)
     for entry in report["runs"]:
         sub = run_dir / entry["name"]
-        assert (sub / "events.parquet").exists() and (sub / "plots").is_dir()
+        assert (sub / "events.parquet").exists() and (run_dir / "plots" / f"latency_{entry['name']}.png").exists()
         hit = expected_hit(sub, 0.8)
         assert hit is not None, rounds(sub)["test_acc"].drop_nulls().to_list()
         (target,) = entry["targets"]

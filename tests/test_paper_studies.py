@@ -121,3 +121,23 @@ def test_the_papers_scale_commands_of_the_docs_load(tmp_path):
         words = shlex.split(command.split("#")[0])
         sets = [words[k + 1].replace("DIR", str(tmp_path)) for k, w in enumerate(words) if w == "--set"]
         assert load_study(words[0], sets).points, command
+
+
+def test_the_scenarios_table_keeps_its_column_past_a_long_name(tmp_path, monkeypatch, capsys):
+    import fedsim.config
+
+    long = "a-scenario-with-a-name-longer-than-the-usual-twenty"
+    (tmp_path / f"{long}.toml").write_text("# Mine.\n[run]\nrounds = 1\n")
+    names = [*fedsim.config.scenario_names(), long]
+    monkeypatch.setattr(fedsim.config, "scenario_names", lambda: names)
+    monkeypatch.setattr(fedsim.config, "scenario_path",
+                        lambda name: tmp_path / f"{name}.toml" if name == long else scenario_path(name))
+    capsys.readouterr()
+    assert main(["scenarios"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == names
+    columns = {len(line) - len(line[len(name):].lstrip()) for line, name in zip(lines, names)}
+    assert columns == {len(long) + 2}
+    assert lines[-1] == f"{long}  Mine."
+    assert next(line for line in lines if line.startswith("quickstart ")).endswith(" Digits on 100 devices whose "
+        "availability depends on their labels (MIFA paper): FedAvg vs MIFA.")

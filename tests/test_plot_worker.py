@@ -61,3 +61,21 @@ def test_a_request_the_worker_could_not_draw_is_drawn_by_the_run(tmp_path):
         assert sorted(p.name for p in (tmp_path / "later").iterdir())  # drawn by the run
     finally:
         worker.close()
+
+
+def test_a_run_without_plots_starts_no_worker_and_one_with_plots_does(tmp_path, monkeypatch):
+    import fedsim.results.plot_worker as plot_worker
+    from fedsim.cli import main
+
+    started = []
+    monkeypatch.setattr(plot_worker, "shared_worker", lambda: started.append(1))  # None: drawn in-process
+    config = tmp_path / "c.toml"
+    config.write_text('[run]\nname = "r"\nrounds = 2\nplots = false\n[data]\ndataset = "digits"\nclients = 10\n'
+                      '[client]\nlocal_steps = 1\nbatch_size = 8\n')
+    out = f"run.out={tmp_path / 'runs'}"
+    assert main(["run", str(config), "--quiet", "--set", out]) == 0 and started == []
+    assert main(["run", "--resume", str(tmp_path / "runs" / "r"), "--quiet", "--set", "run.rounds=3"]) == 0
+    assert started == [] and not (tmp_path / "runs" / "r" / "plots").exists()
+    assert main(["run", "--resume", str(tmp_path / "runs" / "r"), "--quiet", "--set", "run.rounds=4",
+                 "--set", "run.plots=true"]) == 0
+    assert started == [1] and (tmp_path / "runs" / "r" / "plots" / "accuracy_vs_rounds.png").exists()

@@ -244,9 +244,8 @@ def test_a_real_comparison_run_writes_every_plot_from_its_tables(cli_run):
                        "trace": {"source": "bernoulli", "p": 0.7}})
     common = {"accuracy_vs_rounds.png", "accuracy_vs_time.png", "round_duration_vs_time_of_day.png",
               "participation_per_device.png", "arrival_rate_vs_speed.png"}
-    for name in ("fedavg", "mifa"):
-        drawn = {p.name for p in (run_dir / name / "plots").iterdir()}
-        assert drawn == common | {f"participation_{name}.png", f"latency_{name}.png"}
+    for name in ("fedavg", "mifa"):  # the comparison's plots show each member's; fedsim plot draws one's own
+        assert not (run_dir / name / "plots").exists()
     assert {p.name for p in (run_dir / "plots").iterdir()} == common | {
         "participation_fedavg.png", "participation_mifa.png", "latency_fedavg.png", "latency_mifa.png"}
     run = load_run(run_dir / "fedavg")
@@ -264,3 +263,73 @@ def test_plots_false_draws_none_and_fedsim_plot_draws_them_later(cli_run, capsys
     assert not (run_dir / "plots").exists()
     assert main(["plot", str(run_dir)]) == 0
     assert "accuracy_vs_rounds.png" in {p.name for p in (run_dir / "plots").iterdir()}
+
+
+def shown_labels(fig, axis):
+    """The non-empty tick labels of `axis` within its limits, with their extents on the drawn figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    low, high = sorted(axis.get_view_interval())
+    shown = [t.label1 if t.label1.get_visible() else t.label2 for t in axis.get_major_ticks()
+             if low <= t.get_loc() <= high]  # label2: a clock axis on top
+    return [(label.get_text(), label.get_window_extent(renderer)) for label in shown if label.get_text()]
+
+
+def assert_apart(labels):
+    boxes = sorted((box for _, box in labels), key=lambda b: b.x0)
+    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), [text for text, _ in labels]
+
+
+@pytest.mark.parametrize("speed, column, expected", [
+    (1.0 / np.geomspace(2.6, 90.0, 40), "seconds_per_sample", ["5", "10", "20", "50", "100"]),  # the trial's axis
+    (np.geomspace(1e9, 3e12, 40), "flops", ["1G", "10G", "100G", "1T"]),
+    (1.0 / np.linspace(5.0, 9.0, 40), "seconds_per_sample", ["5", "6", "7", "8", "9"]),
+])
+def test_speed_ticks_are_plain_numbers_that_do_not_overlap(tmp_path, speed, column, expected):
+    run = load_run(write_run(tmp_path / "run"))
+    n = len(speed)
+    run.devices = pl.DataFrame({"device_id": np.arange(n), "invitations": [10] * n,
+                                "arrivals": np.arange(n) % 11, column: speed})
+    fig = build_figures({"fedavg": run, "mifa": run})["arrival_rate_vs_speed"]
+    for ax in fig.axes:
+        labels = shown_labels(fig, ax.xaxis)
+        assert [text for text, _ in labels] == expected
+        assert_apart(labels)
+
+
+@pytest.mark.parametrize("rounds, seconds", [(3, 60.0), (5, 2.0), (12, 7200.0), (40, 7200.0)])
+def test_the_clock_axis_has_ticks_on_a_short_run_and_a_long_one(tmp_path, rounds, seconds):
+    run = load_run(write_run(tmp_path / "run"))
+    t = 3600.0 + seconds * np.arange(rounds)
+    run.rounds = pl.DataFrame({"round": np.arange(rounds), "t_start": t, "t_end": t + seconds,
+                               "test_loss": np.linspace(2.0, 1.0, rounds), "test_acc": np.linspace(0.1, 0.5, rounds)})
+    fig = build_figures({"fedavg": run})["accuracy_vs_time"]
+    (clock,) = fig.axes[0].child_axes
+    labels = shown_labels(fig, clock.xaxis)
+    assert 2 <= len(labels) <= 8, [text for text, _ in labels]
+    assert_apart(labels)
+    texts = [text for text, _ in labels]
+    if rounds * seconds < 60:  # ticks seconds apart read in seconds
+        assert all(len(text) == 8 for text in texts)
+    assert len(set(texts)) == len(texts)
+
+
+def test_ideal_timing_draws_only_the_plots_it_gives_meaning_to(cli_run):
+    from fedsim.cli import main
+
+    config = {"run": {"rounds": 4, "eval_every": 2, "algorithms": ["fedavg", "mifa"], "plots": True},
+              "data": {"dataset": "digits", "clients": 10}, "client": {"local_steps": 1, "batch_size": 8},
+              "trace": {"source": "bernoulli", "p": 0.7}}
+    ideal = cli_run({**config, "server": {"timing": "ideal", "round_duration": 60.0}}, name="ideal")
+    # no latency, rounds of one length: nothing to draw by time or speed
+    assert sorted(p.name for p in (ideal / "plots").iterdir()) == [
+        "accuracy_vs_rounds.png", "participation_fedavg.png", "participation_mifa.png",
+        "participation_per_device.png"]
+    assert main(["plot", str(ideal / "fedavg")]) == 0  # a member's own, on demand
+    assert sorted(p.name for p in (ideal / "fedavg" / "plots").iterdir()) == [
+        "accuracy_vs_rounds.png", "participation_fedavg.png", "participation_per_device.png"]
+    model = cli_run({**config, "server": {"timing": "model", "deadline": 60.0}}, name="model")
+    assert {"accuracy_vs_time.png", "round_duration_vs_time_of_day.png", "latency_fedavg.png",
+            "arrival_rate_vs_speed.png"} <= {p.name for p in (model / "plots").iterdir()}

@@ -109,3 +109,17 @@ def test_the_latency_and_speed_plots_are_drawn_and_skipped_without_their_files(s
     assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["phone-high", "phone-low"]
     (slow_run / "events.parquet").unlink()
     assert "latency_fedavg" not in build_figures({"fedavg": load_run(slow_run)})
+
+
+def test_a_run_without_stragglers_says_so(cli_run, capsys):
+    n = 4
+    trace = Trace.from_intervals(np.arange(n), np.zeros(n), np.full(n, 300.0), n_devices=n, horizon=300.0,
+                                 wrap="loop")
+    run_dir = cli_run(quadratic_config([[float(i), 0.0] for i in range(n)], rounds=6, steps=1,
+                                       server={"timing": "model", "deadline": 1000.0}), trace)
+    assert report_json(run_dir, capsys)["stragglers"] == []
+    assert main(["report", str(run_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (head,) = [line for line in lines if "straggler" in line]
+    assert head == "fedavg: 0 stragglers (invited >= 5 times, arrived < 10 %)"
+    assert "likely cause" not in "\n".join(lines)  # no empty table under it

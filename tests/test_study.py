@@ -121,12 +121,13 @@ def test_report_prints_mean_and_ci_and_picks_the_best_learning_rate(tmp_path, ca
     text = capsys.readouterr().out
     assert "algorithm.name" in text and "client.lr" in text and "±" in text and "h to 50%" in text
     assert main(["report", str(folder), "--best-by", "final_acc", "--over", "client.lr", "--json"]) == 0
-    best = json.loads(capsys.readouterr().out)
+    best = json.loads(capsys.readouterr().out)["groups"]
     summary = pl.read_parquet(folder / "summary.parquet")
     for entry in best:
-        rows = summary.filter(pl.col("algorithm.name") == entry["algorithm.name"])
-        assert entry["client.lr"] == rows.sort("final_acc_mean")["client.lr"][-1]
-    assert [e["algorithm.name"] for e in best] == ["fedavg", "mifa"]
+        rows = summary.filter(pl.col("algorithm.name") == entry["values"]["algorithm.name"])
+        assert entry["values"]["client.lr"] == rows.sort("final_acc_mean")["client.lr"][-1]
+        assert entry["final_acc"]["mean"] == rows.sort("final_acc_mean")["final_acc_mean"][-1]
+    assert [e["values"]["algorithm.name"] for e in best] == ["fedavg", "mifa"]
     assert main(["report", str(folder), "--best-by", "final_acc", "--over", "client.momentum"]) == 2
     assert "not an axis of the study" in capsys.readouterr().err
 
@@ -398,3 +399,29 @@ def test_a_study_that_stopped_before_any_run_is_run_again_with_a_fixed_set(tmp_p
     sweep(path, "--set", "data.dataset=digits")
     sweep(path, "--set", "data.dataset=digits", "--set", "client.lr=0.05", expect=2)
     assert "holds a different study" in capsys.readouterr().err
+
+
+def test_a_studys_json_report_has_the_keys_of_a_runs(grid, capsys):
+    capsys.readouterr()
+    assert main(["report", str(grid), "--json", "--target", "0.3"]) == 0
+    study = json.loads(capsys.readouterr().out)
+    assert main(["report", str(grid / "algorithm-fedavg_seed-0"), "--json", "--target", "0.3"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert set(run) <= set(study) and study["targets"] == run["targets"] == [0.3]
+    assert study["axes"] == ["algorithm.name"] and len(study["runs"]) == 9
+    point = next(r for r in study["runs"] if r["name"] == "algorithm-fedavg_seed-0")
+    assert set(point) == set(run["runs"][0]) | {"values"}
+    assert point["values"] == {"algorithm.name": "fedavg", "run.seed": 0}
+    assert {k: point[k] for k in ("final_acc", "best_loss", "targets")} == \
+        {k: run["runs"][0][k] for k in ("final_acc", "best_loss", "targets")}
+    fedavg = study["groups"][0]
+    assert fedavg["values"] == {"algorithm.name": "fedavg"} and fedavg["seeds"] == 3
+    assert fedavg["points"] == [f"algorithm-fedavg_seed-{s}" for s in range(3)]
+    finals = [r["final_acc"] for r in study["runs"] if r["name"] in fedavg["points"]]
+    assert fedavg["final_acc"]["mean"] == pytest.approx(np.mean(finals))
+    assert fedavg["final_acc"]["std"] == pytest.approx(np.std(finals, ddof=1))
+    assert set(fedavg) - {"values", "seeds", "points"} == {"final_acc", "best_acc", "final_loss", "best_loss",
+                                                          "targets"} <= set(run["runs"][0])
+    (target,) = fedavg["targets"]
+    assert set(target) == {"target", "rounds", "time_s"} <= set(run["runs"][0]["targets"][0])
+    assert set(target["time_s"]) == {"mean", "std", "ci95"}

@@ -10,7 +10,7 @@ import pytest
 
 from fedsim.cli import main
 from fedsim.errors import FedsimError
-from fedsim.traces import Trace, write_trace
+from fedsim.traces import Trace, read_trace, write_trace
 from fedsim.traces.io import write_device_table
 from fedsim.traces.plot import trace_figure
 from fedsim.traces.zones import Zones, by_zone, plot_order, trace_zones
@@ -49,7 +49,7 @@ def test_the_time_axis_reads_utc_clock_time_and_weekday():
     axis = fig.axes[1]
     labels = [t.get_text() for t in axis.get_xticklabels()]
     assert labels[:3] == ["Mon 00:00", "Mon 06:00", "Mon 12:00"] and labels[-1] == "Wed 00:00"
-    assert axis.get_xlabel() == "UTC clock time"
+    assert axis.get_xlabel() == "clock time (UTC)"
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert legend == ["UTC-5", "UTC+0", "UTC+8"]
     plain, _ = trace_figure(zoned_trace(origin=None))
@@ -90,3 +90,24 @@ def test_a_device_table_gives_the_zones_and_must_fit_the_trace(tmp_path, capsys)
                                  f"6 devices; it needs one row per device_id 0..5\n")
     with pytest.raises(FedsimError, match="file not found"):
         trace_zones(trace, None, tmp_path / "missing.parquet")
+
+
+def test_a_flash_trace_without_a_time_zone_reads_its_own_clock_not_utc(tmp_path, capsys):
+    messages = "".join(f"2020-01-02 {clock}\t{state}\n" for clock, state in (
+        ("06:00:00", "screen_lock"), ("06:10:00", "wifi"), ("06:20:00", "battery_charged_on"),
+        ("09:00:00", "screen_unlock"), ("12:00:00", "screen_on")))
+    (tmp_path / "flash.json").write_text(json.dumps({"u1": {"guid": "u1", "messages": messages}}))
+    out = tmp_path / "t.parquet"
+    assert main(["trace", "convert", "--from", "flash", str(tmp_path / "flash.json"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["trace", "info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "hourly profile (fraction online by hour of day, the trace's clock, no time zone)" in text
+    assert "UTC" not in text
+    profile = text[text.index("hourly profile"):].splitlines()
+    assert profile[7].startswith("  06h") and "#" in profile[7] and "#" not in profile[6]  # 06:20 on its clock
+    assert main(["trace", "info", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["hourly_clock"] == "the trace's clock, no time zone"
+    fig, _ = trace_figure(read_trace(out))
+    assert fig.axes[1].get_xlabel() == "clock time (the trace's clock, no time zone)"
+    assert [t.get_text() for t in fig.axes[1].get_xticklabels()][:2] == ["Thu 06:00", "Thu 12:00"]

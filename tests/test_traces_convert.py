@@ -468,3 +468,36 @@ def test_devices_out_may_name_the_table_beside_the_trace(tmp_path, capsys):
                  "--devices-out", str(tmp_path / "t.devices.parquet")]) == 0
     assert capsys.readouterr().out.count("the device table") == 1  # one table, written once
     assert pl.read_parquet(tmp_path / "t.devices.parquet")["name"].to_list() == ["a"]
+
+
+# -- the wrong --from ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("wrong, content, right", [
+    ("sessions", "device_id,start,end\n0,0,10\n1,5,20\n", "csv"),
+    ("flash", "device_id,start,end\n0,0,10\n", "csv"),
+    ("csv", "user1 1 1600000000000 2 1000 2000\nuser2 0 1600000000000 -5 500 700\n", "sessions"),
+    ("csv", json.dumps({"u1": {"messages": "2020-01-02 00:00:00\twifi\n2020-01-02 01:00:00\t4g\n"}}), "flash"),
+    ("sessions", pickle.dumps({0: {"active": [0], "inactive": [5], "finish_time": 10}}), "fedscale"),
+])
+def test_a_file_read_with_the_wrong_from_names_the_one_it_looks_like(tmp_path, capsys, wrong, content, right):
+    from fedsim.cli import main
+
+    path = tmp_path / "input"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    out = tmp_path / "out.parquet"
+    assert main(["trace", "convert", "--from", wrong, str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {wrong} trace {path}: ") and err.count("\n") == 1
+    assert err.endswith(f"; the file looks like {right}: try --from {right}\n")
+    assert not out.exists()
+    assert main(["trace", "convert", "--from", right, str(path), "--out", str(out)]) == 0  # and it is
+
+
+def test_an_unknown_from_suggests_the_nearest_format(tmp_path, capsys):
+    from fedsim.cli import main
+
+    (tmp_path / "a.csv").write_text("device_id,start,end\n0,0,10\n")
+    assert main(["trace", "convert", "--from", "sesions", str(tmp_path / "a.csv"), "--out",
+                 str(tmp_path / "o.parquet")]) == 2
+    assert capsys.readouterr().err == ("error: --from (trace format) = 'sesions' is unknown; did you mean "
+                                       "'sessions'? (one of: fedscale, flash, sessions, csv)\n")

@@ -115,6 +115,24 @@ def drop_unselected(layered: Layered) -> dict:
 
 def load_config(source: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Load a config file (or a built-in scenario by name; None = quickstart) plus overrides."""
+    path, layered = _layers_of(source, overrides)
+    return config_from_dict(drop_unselected(layered), origin=str(path), origins=layered.origins)
+
+
+def draws_plots(source: str | Path | None = None, overrides: list[str] = ()) -> bool:
+    """Whether the config's `[run] plots` is on, read without validating the config (which
+    imports torch), so that the CLI starts its plot worker only for a run that draws; a config
+    that cannot be read draws none (load_config says why)."""
+    try:
+        _, layered = _layers_of(source, overrides)
+    except FedsimError:
+        return False
+    run = layered.raw.get("run")
+    return not isinstance(run, dict) or run.get("plots", True) is not False
+
+
+def _layers_of(source, overrides) -> tuple[Path, Layered]:
+    """The file of `source` (a path or a built-in scenario's name) and its layers with `overrides`."""
     if source is None:
         source = "quickstart"
     if not isinstance(source, (str, Path)):
@@ -130,5 +148,4 @@ def load_config(source: str | Path | None = None, overrides: list[str] = ()) -> 
     if is_study(raw):
         raise FedsimError(f"{path}: is a study (it has a [sweep] table of axes); run it with "
                           f"`fedsim sweep {source}`")
-    layered = layered_config(path, list(overrides), file_is_base=builtin)
-    return config_from_dict(drop_unselected(layered), origin=str(path), origins=layered.origins)
+    return path, layered_config(path, list(overrides), file_is_base=builtin)

@@ -579,13 +579,6 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str, origi
         elif extra is not None and key in extra:
             default = extra[key]
             options[key] = value if default is None else _check_type(where, value, default)
-        else:
-            owner = raw.get("source") if section == "trace" else raw.get("name")
-            scope = f" for {owner!r}" if extra is not None and owner else ""
-            raise FedsimError(
-                f"{origins.get((section, key), origin)}: unknown key [{section}] {key}{scope}; "
-                f"{suggest(key, [*fields, *(extra or {})])}"
-            )
     if extra is not None:
         kwargs["options"] = options
     return cls(**kwargs)
@@ -609,6 +602,38 @@ def _check_federated_keys(data: DataConfig, origin: str) -> None:
                           f"(only {readers} reads it); remove it")
 
 
+def _unknown_keys(raw: dict, algorithms: list, origin: str, origins: dict) -> list[tuple[str, str, str]]:
+    """(where it was set, `[section] key` or `section [name]`, the closest valid name or all
+    of them) of every unknown key and section of `raw`."""
+    unknown = []
+    for section, body in raw.items():
+        if section not in _SECTION_CLASSES:
+            first = next(iter(body), None) if isinstance(body, dict) else None
+            unknown.append((origins.get((section, first), origin), f"section [{section}]",
+                            suggest(section, _SECTION_CLASSES)))
+            continue
+        owner_key = (section, "source" if section == "trace" else "name")  # declares the options
+        extra = _declared_options(section, body, algorithms, origins.get(owner_key, origin))
+        valid = [*_field_names(_SECTION_CLASSES[section]), *(extra or {})]
+        owner = body.get(owner_key[1])
+        scope = f" for {owner!r}" if extra is not None and owner else ""
+        unknown += [(origins.get((section, key), origin), f"[{section}] {key}{scope}", suggest(key, valid))
+                    for key in body if key not in valid]
+    return unknown
+
+
+def _unknown_error(unknown: list[tuple[str, str, str]]) -> FedsimError:
+    """One line for every unknown key: `FILE: unknown key [s] k; did you mean 'x'?`, and for
+    several, each with its own suggestion (and file, where they differ)."""
+    if len(unknown) == 1:
+        ((where, what, hint),) = unknown
+        return FedsimError(f"{where}: unknown {what if what.startswith('section') else 'key ' + what}; {hint}")
+    first = unknown[0][0]
+    parts = [("" if where == first else f"{where}: ") + f"{what} ({hint})" for where, what, hint in unknown]
+    sections = any(what.startswith("section") for _, what, _ in unknown)
+    return FedsimError(f"{first}: {len(unknown)} unknown keys{' and sections' * sections}: " + "; ".join(parts))
+
+
 def config_from_dict(raw: dict, origin: str = "<config>", origins: dict | None = None,
                      where: str | None = None) -> Config:
     """Validate a nested dict (as parsed from TOML) into a Config; `origins` names where each
@@ -617,18 +642,15 @@ def config_from_dict(raw: dict, origin: str = "<config>", origins: dict | None =
     study's point breaks as a combination of its values."""
     origins = origins or {}
     for section, body in raw.items():
-        if section not in _SECTION_CLASSES:
-            first = next(iter(body), None) if isinstance(body, dict) else None
-            raise FedsimError(
-                f"{origins.get((section, first), origin)}: unknown section [{section}]; "
-                f"{suggest(section, _SECTION_CLASSES)}"
-            )
-        if not isinstance(body, dict):
+        if section in _SECTION_CLASSES and not isinstance(body, dict):
             raise FedsimError(f"{origin}: '{section}' must be a [{section}] table, got {body!r}")
-    raw = _with_model_defaults(raw)
     algorithms = raw.get("run", {}).get("algorithms", [])
-    if not isinstance(algorithms, list):
-        raise FedsimError(f"{origin}: [run] algorithms must be a list of names, got {algorithms!r}")
+    if not isinstance(algorithms, list) or not all(isinstance(a, str) for a in algorithms):
+        raise FedsimError(f"{origin}: [run] algorithms must be a list of names (strings), got {algorithms!r}")
+    unknown = _unknown_keys(raw, algorithms, origin, origins)
+    if unknown:
+        raise _unknown_error(unknown)
+    raw = _with_model_defaults(raw)
     built = {
         section: _build_section(section, raw.get(section, {}), algorithms, origin, origins)
         for section in _SECTION_CLASSES

@@ -10,7 +10,12 @@
 * ``participation_per_device.png``: devices by number of arrivals; arrivals against a device's
   training samples where they differ; mean arrivals per device
   by time zone or group when devices.parquet has one.
+* ``latency_<run>.png``: the median download, compute and upload of a task over simulated time.
+* ``arrival_rate_vs_speed.png``: each device's arrivals per invitation against its speed.
 
+Under ideal timing (the papers' round model) a task takes no time and every round lasts
+`round_duration`: simulated time is the round number scaled, so the plots by time, of round
+durations, of latency and of speed would say nothing and are not drawn.
 A plot whose columns a run directory lacks (written by an older fedsim) is skipped; the others
 are drawn. matplotlib is imported when a plot is drawn (it costs a few tenths of a second), and
 as a bare ``Figure``, which draws with Agg without pyplot's global state or backend switch;
@@ -49,6 +54,7 @@ class RunData:
     start: float  # simulated seconds at the run's start
     path: Path | None = None  # the run directory (events.parquet is read only by the plots of it)
     deadline: float | None = None  # [server] deadline under model timing
+    timing: str = "model"  # [server] timing: "ideal" has no latency and rounds of one length
 
 
 def _table(path: Path) -> pl.DataFrame:
@@ -85,8 +91,9 @@ def load_run(run_dir: Path) -> RunData:
     if start is None:
         start = rounds["t_start"][0] if "t_start" in rounds.columns and rounds.height else 0.0
     server = (read_toml(run_dir / "config.toml") if (run_dir / "config.toml").exists() else {}).get("server", {})
-    deadline = server.get("deadline") if server.get("timing", "model") == "model" else None
-    return RunData(rounds, devices, initial, origin, float(start), run_dir, deadline)
+    timing = server.get("timing", "model")
+    deadline = server.get("deadline") if timing == "model" else None
+    return RunData(rounds, devices, initial, origin, float(start), run_dir, deadline, timing)
 
 
 def _figure(width: float = 6.4, height: float = 4.0, rows: int = 1, cols: int = 1, *, top: float = 0.9,
@@ -174,6 +181,33 @@ def _plain_log(**options):
     return PlainLog(**options)
 
 
+# Clock tick steps in hours, fine to coarse: 1 s up to 12 h; whole days beyond
+CLOCK_STEPS = tuple(s / 3600 for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800,
+                                        3600, 7200, 10800, 21600, 43200))
+MAX_CLOCK_TICKS = 8  # of five characters (12:30); five of eight or nine (12:30:15, Mon 12:30)
+
+
+def clock_step(span_h: float, ticks: int = MAX_CLOCK_TICKS) -> float:
+    """The clock tick step (hours) for an axis `span_h` hours long: the finest of CLOCK_STEPS
+    (or whole days) with at most `ticks` ticks; consecutive steps differ by at most 2.5x, so
+    at least two ticks fall on any span of a few seconds or more."""
+    return next((s for s in CLOCK_STEPS if span_h / s <= ticks), 24.0 * math.ceil(span_h / 24 / ticks))
+
+
+def clock_format(span_h: float, step_h: float) -> str:
+    """strftime of the clock labels: the weekday beyond a day, the seconds below a minute's step."""
+    return ("%a " if span_h > 24 else "") + ("%H:%M:%S" if step_h < 1 / 60 else "%H:%M")
+
+
+def clock_ticks(span_h: float) -> tuple[float, str]:
+    """The step (hours) and strftime of the clock ticks of an axis `span_h` hours long, as
+    many as their labels leave room for."""
+    step = clock_step(span_h)
+    if len(clock_format(span_h, step)) > len("%H:%M"):
+        step = clock_step(span_h, 5)
+    return step, clock_format(span_h, step)
+
+
 def _clock_axis(ax, clock: tuple[datetime, float, str], start: float) -> None:
     """Clock time on top of `ax`, whose x is hours since the start (trace time `start`)."""
     from matplotlib.ticker import FuncFormatter, MultipleLocator
@@ -181,14 +215,43 @@ def _clock_axis(ax, clock: tuple[datetime, float, str], start: float) -> None:
     midnight, at_zero, zone = clock
     shift = at_zero + start / 3600.0  # the clock hours at x = 0
     top = ax.secondary_xaxis("top", functions=(lambda h: h + shift, lambda c: c - shift))
-    span = max(ax.get_xlim()[1], 1e-9)
-    step = next((s for s in (1 / 12, 1 / 6, 1 / 4, 1 / 2, 1, 2, 3, 6, 12) if span / s <= 8),
-                24.0 * math.ceil(span / 24 / 8))
-    form = "%a %H:%M" if span > 24 else "%H:%M"
+    span = max(ax.get_xlim()[1] - ax.get_xlim()[0], 1e-9)
+    step, form = clock_ticks(span)
     top.xaxis.set_major_locator(MultipleLocator(step))
     top.xaxis.set_major_formatter(FuncFormatter(
-        lambda c, _: (midnight + timedelta(minutes=round(c * 60))).strftime(form)))
+        lambda c, _: (midnight + timedelta(seconds=round(c * 3600))).strftime(form)))
     top.set_xlabel(f"clock time ({zone})")
+
+
+SI_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def si_number(x: float) -> str:
+    """A tick label: 3 significant digits with an SI prefix from a thousand up (`20G`, `1.5k`)."""
+    scale, prefix = next(((v, p) for v, p in SI_PREFIXES if abs(x) >= v), (1.0, ""))
+    return f"{x / scale:.3g}{prefix}"
+
+
+def log_subs(decades: float) -> tuple[float, ...] | None:
+    """Which multiples of each power of ten a log axis spanning `decades` labels: more of them
+    on a short axis, powers of ten only on a long one; None under a third of a decade, where
+    evenly spaced ticks read better. matplotlib's default labels minor ticks in scientific
+    notation, whose labels ran into each other on an axis of one to two decades."""
+    if decades < 1 / 3:
+        return None
+    return (1.0, 2.0, 3.0, 5.0) if decades < 0.8 else (1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)
+
+
+def _log_ticks(axis) -> None:
+    """Labelled ticks of a log `axis` (its limits set) that cannot overlap, as plain numbers:
+    the labelled multiples of `log_subs`, unlabelled minor ticks between."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
+    low, high = sorted(axis.get_view_interval())
+    subs = log_subs(math.log10(high / low) if low > 0 else math.inf)
+    axis.set_major_locator(MaxNLocator(5, steps=[1, 2, 5, 10]) if subs is None else LogLocator(subs=subs, numticks=9))
+    axis.set_major_formatter(FuncFormatter(lambda x, _: si_number(x)))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _duration_figure(runs: dict[str, RunData], title: str):
@@ -278,6 +341,7 @@ def _device_figure(runs: dict[str, RunData], title: str):
             ax.scatter(run.devices["n_samples"].to_numpy(), run.devices["arrivals"].to_numpy(), s=12,
                        alpha=0.6, marker=MARKERS[k % len(MARKERS)], label=name)
         ax.set_xscale("log")
+        _log_ticks(ax.xaxis)
         ax.set_xlabel("training samples on the device")
         ax.set_ylabel("arrivals")
         ax.legend(loc="best")
@@ -338,6 +402,7 @@ def _speed_figure(runs: dict[str, RunData], title: str):
         ax.set_ylim(-5, 105)
         ax.set_title(name, fontsize="medium")
         ax.set_xlabel("training FLOP/s" if by_flops else "samples per second (1 / seconds_per_sample)")
+    _log_ticks(axes[0].xaxis)  # the panels share it
     axes[0].set_ylabel("arrivals (% of invitations)")
     axes[-1].legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     return fig
@@ -375,12 +440,14 @@ def _has(runs: dict[str, RunData], *columns: str) -> bool:
 def build_figures(runs: dict[str, RunData], title: str = "") -> dict[str, object]:
     """The figures of `runs` (name -> RunData), by file name without ``.png``; not saved.
 
-    A figure whose columns some run lacks is left out."""
+    A figure whose columns some run lacks is left out, and so are those that ideal timing
+    leaves without meaning."""
     head = f"{title}: " if title else ""
+    timed = any(run.timing != "ideal" for run in runs.values())
     figures = {"accuracy_vs_rounds": _metric_figure(runs, f"{head}test metrics by round", "rounds")}
-    if _has(runs, "t_end"):
+    if timed and _has(runs, "t_end"):
         figures["accuracy_vs_time"] = _metric_figure(runs, f"{head}test metrics by simulated time", "hours")
-    if _has(runs, "t_start", "duration"):
+    if timed and _has(runs, "t_start", "duration"):
         figures["round_duration_vs_time_of_day"] = _duration_figure(
             runs, f"{head}round duration by time of day")
     if _has(runs, "t_start", "t_end", *COUNTS, *STACKED):
@@ -389,9 +456,9 @@ def build_figures(runs: dict[str, RunData], title: str = "") -> dict[str, object
     if all(run.devices is not None for run in runs.values()):
         figures["participation_per_device"] = _device_figure(runs, f"{head}participation per device")
     for name, run in runs.items():
-        if run.path is not None and (run.path / "events.parquet").is_file():
+        if run.timing != "ideal" and run.path is not None and (run.path / "events.parquet").is_file():
             figures[f"latency_{name}"] = _latency_figure(run, f"{head}where a task's time goes ({name})")
-    if all(run.devices is not None and {"invitations", "arrivals"} <= set(run.devices.columns)
+    if timed and all(run.devices is not None and {"invitations", "arrivals"} <= set(run.devices.columns)
            and ({"flops"} <= set(run.devices.columns) or "seconds_per_sample" in run.devices.columns)
            for run in runs.values()):
         figures["arrival_rate_vs_speed"] = _speed_figure(runs, f"{head}arrivals by device speed")

@@ -421,7 +421,7 @@ def latency_blocks(runs: list[dict]) -> list[str]:
                                   for r in closed]))
     blocks += _wasted_blocks(runs)
     for r in runs:
-        if r.get("stragglers"):
+        if r.get("stragglers") is not None:  # none is said too: a missing block reads as "not looked"
             blocks.append(_straggler_block(r["name"], r["stragglers"]))
     spread = [r for r in runs if r.get("samples")]
     if spread:
@@ -475,6 +475,8 @@ def _straggler_block(name: str, rows: list[dict]) -> str:
     more = f"; {len(rows) - len(shown)} more in --json" if len(rows) > len(shown) else ""
     head = (f"{name}: {len(rows)} straggler{'s' * (len(rows) != 1)} (invited >= {STRAGGLER_INVITED} times, "
             f"arrived < {100 * STRAGGLER_ARRIVED_BELOW:g} %){more}")
+    if not rows:
+        return head
     table = table_text(
         ["device", "class", "UTC offset", "invited", "arrived", "late", "dropped", "median compute", "median task",
          "likely cause"],

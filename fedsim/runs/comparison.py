@@ -130,14 +130,6 @@ def finished_result(run_dir: Path, algorithm: str) -> RunResult:
                      pl.read_parquet(run_dir / "rounds.parquet"))
 
 
-def is_comparison(run_dir: Path) -> bool:
-    """Whether `run_dir` holds a comparison (its config.toml names several algorithms)."""
-    from fedsim.config import read_toml
-
-    config = run_dir / "config.toml"
-    return config.exists() and bool(read_toml(config).get("run", {}).get("algorithms"))
-
-
 def resume_comparison(run_dir: Path, overrides: list[str] = (), progress: bool = True, plotter=None,
                       force: bool = False) -> RunResult:
     """Finish a comparison: its interrupted algorithm resumed, the ones not started run, the

@@ -25,7 +25,7 @@ from fedsim.runs.callbacks import Callback, Checkpoints, Evaluation, ProgressBar
 from fedsim.config import RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml
 from fedsim.config.catalog import GENERATORS
 from fedsim.errors import FedsimError
-from fedsim.files import DirectoryLock, file_fingerprint, remove_stale_temporaries
+from fedsim.files import DirectoryLock, file_fingerprint, plain_name, remove_stale_temporaries
 from fedsim.runs.replay import (TraceRecord, check_trace_file, load_trace, recorded_trace, resolve_trace_path,
                                 trace_fingerprint)
 from fedsim.results.manifest import write_manifest
@@ -274,7 +274,9 @@ class Experiment:
         write_manifest(self, result, self._host_s())
         for callback in self.chain:
             callback.on_saved(self, result)
-        if cfg.run.plots and (plot_interrupted or result.status != "interrupted"):
+        member = self.run_dir.name == plain_name(cfg.algorithm.name) and is_comparison(self.run_dir.parent)
+        # a comparison's plots show each of its members
+        if cfg.run.plots and not member and (plot_interrupted or result.status != "interrupted"):
             draw_plots(self.plotter, {cfg.algorithm.name: self.run_dir}, self.run_dir / "plots", cfg.run.name)
         self.lock.release()
         return RunResult(self.run_dir, cfg.algorithm.name, result.status, result.reason,
@@ -372,6 +374,12 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,
     finally:
         if plotter is not None:
             plotter.finish()  # the plots are drawn when this returns
+
+
+def is_comparison(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a comparison (its config.toml names several algorithms)."""
+    config = run_dir / "config.toml"
+    return config.exists() and bool(read_toml(config).get("run", {}).get("algorithms"))
 
 
 def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,

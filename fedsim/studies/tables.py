@@ -5,6 +5,7 @@ the final and best accuracy, final loss and time to each target), and the text s
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
@@ -15,31 +16,44 @@ from fedsim.results.report import ci95, config_targets, read_run, summarize_run
 from fedsim.studies.study import Study
 
 
-METRICS = ("final_acc", "best_acc", "final_loss")
+METRICS = ("final_acc", "best_acc", "final_loss", "best_loss")
 
 
 def _axis_columns(values: dict[str, Any]) -> dict[str, Any]:
     return {axis: (json.dumps(v) if isinstance(v, (list, dict)) else v) for axis, v in values.items()}
 
 
+@dataclass
+class StudyTables:
+    """Every point's rounds with its axis values (study.parquet), the summary over seeds
+    (summary.parquet), each point's run report (results/report.py, with its axis `values`)
+    and the targets they were made for."""
+
+    frame: pl.DataFrame
+    summary: pl.DataFrame
+    runs: list[dict]
+    targets: list[float]
+
+
 def write_tables(study: Study, targets: list[float] | None = None) -> pl.DataFrame:
     """study.parquet and summary.parquet of a finished study; returns the summary."""
-    frame, summary = study_tables(study, targets)
-    atomic_write(study.folder / "study.parquet", frame.write_parquet)
-    atomic_write(study.folder / "summary.parquet", summary.write_parquet)
-    return summary
+    tables = study_tables(study, targets)
+    atomic_write(study.folder / "study.parquet", tables.frame.write_parquet)
+    atomic_write(study.folder / "summary.parquet", tables.summary.write_parquet)
+    return tables.summary
 
 
-def study_tables(study: Study, targets: list[float] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Every point's rounds with its axis values, and the summary over seeds (what `fedsim
-    report` shows, without writing into the study it reads)."""
+def study_tables(study: Study, targets: list[float] | None = None) -> StudyTables:
+    """The study's tables and its points' reports (what `fedsim report` shows, without
+    writing into the study it reads)."""
     runs = [read_run(study.folder / p.name, study.folder) for p in study.points]
     targets = config_targets(runs) if targets is None else targets
     frames = [r.rounds.with_columns(point=pl.lit(p.name), **{a: pl.lit(v) for a, v in _axis_columns(p.values).items()})
               for r, p in zip(runs, study.points)]
-    rows = []
+    reports, rows = [], []
     for run, point in zip(runs, study.points):
         s = summarize_run(run, point.name, targets)
+        reports.append({**s, "values": point.values})
         row = {"point": point.name, **_axis_columns(point.values), "status": s["status"],
                **{m: s[m] for m in METRICS}}
         for t in s["targets"]:
@@ -47,7 +61,31 @@ def study_tables(study: Study, targets: list[float] | None = None) -> tuple[pl.D
             row[f"rounds_to_{t['target']:g}"] = t["rounds"]
         rows.append(row)
     points = pl.DataFrame(rows, infer_schema_length=None)
-    return pl.concat(frames, how="diagonal_relaxed"), summarize_points(points, study.group_axes)
+    return StudyTables(pl.concat(frames, how="diagonal_relaxed"), summarize_points(points, study.group_axes),
+                       reports, targets)
+
+
+def study_report(study: Study, tables: StudyTables, summary: pl.DataFrame | None = None) -> dict:
+    """`fedsim report STUDY --json`: a run report's shape (`targets`, and `runs`: each point's
+    run report with its axis `values`) and `groups`: per row of `summary` (default: the
+    study's), the group's axis `values`, `seeds`, `points`, and under the run report's keys
+    (`final_acc`, ..., `targets`' `rounds` and `time_s`) their `{mean, std, ci95}` over the seeds."""
+    summary = tables.summary if summary is None else summary
+
+    def stats(row: dict, column: str) -> dict:
+        return {k: row.get(f"{column}_{k}") for k in ("mean", "std", "ci95")}
+
+    groups = []
+    for row in summary.iter_rows(named=True):
+        mine = [r for r in tables.runs
+                if all(_axis_columns(r["values"])[a] == row[a] for a in study.group_axes)]
+        groups.append({"values": {a: mine[0]["values"][a] for a in study.group_axes},
+                       "seeds": row["seeds"], "points": [r["name"] for r in mine],
+                       **{m: stats(row, m) for m in METRICS},
+                       "targets": [{"target": t, "rounds": stats(row, f"rounds_to_{t:g}"),
+                                    "time_s": stats(row, f"time_to_{t:g}_s")} for t in tables.targets]})
+    return {"study": study.name, "folder": str(study.folder), "axes": study.group_axes,
+            "targets": tables.targets, "groups": groups, "runs": tables.runs}
 
 
 def summarize_points(points: pl.DataFrame, group_axes: list[str]) -> pl.DataFrame:

@@ -287,8 +287,7 @@ def format_summary(name, s: dict) -> str:
         _row("session", sess, human_duration),
         _row("gap", gap, human_duration),
         "",
-        "hourly profile (fraction online by hour of day"
-        + (", UTC)" if s["origin"] else ", t mod 24 h)"),
+        f"hourly profile (fraction online by hour of day, {s['hourly_clock']})",
     ]
     profile = s["hourly_profile"]
     peak = max((v for v in profile if v is not None), default=0.0) or 1.0
@@ -303,7 +302,7 @@ def format_summary(name, s: dict) -> str:
                       "half of the horizon)"]
     if s.get("by_zone"):
         zone = s["by_zone"]
-        clock = "UTC hour" if s["origin"] else "hour (t mod 24 h)"
+        clock = f"hour ({s['hourly_clock']})"
         lines += ["", f"availability by {'time zone' if zone['column'] == 'tz_offset' else 'group'} "
                       f"(from {zone['source']})",
                   f"{'':16}{'devices':>8}{'mean':>10}{'q10':>10}{'median':>10}{'q90':>10}   most online at"]

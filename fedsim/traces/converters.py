@@ -76,7 +76,31 @@ def convert(fmt: str, in_path, *, horizon: float | None = None, **options) -> Tr
         raise FedsimError(f"{where}: file not found; check the path")
     if horizon is not None:
         horizon = positive_seconds(horizon, "horizon", where)
-    return converter(path, where, horizon, **given)
+    try:
+        return converter(path, where, horizon, **given)
+    except FedsimError as err:
+        guess = sniff_format(path)
+        if guess is None or guess == fmt:
+            raise
+        raise FedsimError(f"{err}; the file looks like {guess}: try --from {guess}") from None
+
+
+def sniff_format(path: Path) -> str | None:
+    """The built-in format that the start of a file looks like, to name when another one
+    failed to read it: a pickle (fedscale), a JSON object (flash), lines with commas (csv),
+    lines of five or more fields whose second is 0 or 1 (sessions); None if none fits."""
+    with open(path, "rb") as file:
+        head = file.read(4096)
+    if head[:1] == b"\x80":  # the pickle protocol opcode
+        return "fedscale"
+    text = head.decode("utf-8", errors="replace").lstrip()
+    lines = [line for line in text.splitlines()[:4] if line.strip()]
+    if text.startswith("{"):
+        return "flash"
+    if lines and all("," in line for line in lines):
+        return "csv"
+    fields = lines[0].split() if lines else []
+    return "sessions" if len(fields) >= 5 and fields[1] in ("0", "1") else None
 
 
 def _check_options(converter, fmt: str, given: dict, where: str) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from fedsim.files import atomic_write
 from fedsim.traces.schema import Trace
-from fedsim.traces.stats import online_fraction
+from fedsim.traces.stats import clock_name, online_fraction
 from fedsim.traces.zones import Zones, plot_order
 
 MAX_ROWS = 200
@@ -82,12 +82,11 @@ def trace_figure(trace: Trace, *, zones: Zones | None = None, seed: int = 0, tit
 
 
 def _clock_ticks(ax, trace: Trace, scale: float) -> None:
-    """Ticks at UTC midnights (or every 6 hours for a trace of under 3 days), labelled with
-    weekday and clock time."""
+    """Ticks at midnights (or every 6 hours for a trace of under 3 days), labelled with weekday
+    and clock time: UTC for an origin with an offset, the trace's own clock for one without."""
     origin = datetime.fromisoformat(trace.origin)
-    if origin.tzinfo is None:
-        origin = origin.replace(tzinfo=timezone.utc)
-    origin = origin.astimezone(timezone.utc)
+    if origin.tzinfo is not None:
+        origin = origin.astimezone(timezone.utc)
     step = 86400.0 if trace.horizon >= 3 * 86400 else 6 * 3600.0
     if trace.horizon / step > 16:  # a long trace: at most 16 labels
         step *= np.ceil(trace.horizon / step / 16)
@@ -95,7 +94,7 @@ def _clock_ticks(ax, trace: Trace, scale: float) -> None:
     first = (day - origin).total_seconds()
     ticks = first + step * np.arange(np.ceil(-first / step), np.floor((trace.horizon - first) / step) + 1)
     ax.set_xticks(ticks / scale, [(origin + timedelta(seconds=float(t))).strftime("%a %H:%M") for t in ticks])
-    ax.set_xlabel("UTC clock time")
+    ax.set_xlabel(f"clock time ({clock_name(trace.origin)})")
 
 
 def _time_unit(horizon: float) -> tuple[float, str]:

@@ -33,8 +33,18 @@ def online_fraction(trace: Trace, edges: np.ndarray) -> np.ndarray:
     return online_area(trace, edges) / (np.diff(edges) * max(trace.n_devices, 1))
 
 
+def clock_name(origin: str | None) -> str:
+    """The clock that hours of day read: UTC for an origin with a UTC offset; the trace's own
+    clock for one without (FLASH writes local times with no zone: calling them UTC would be a
+    guess); t mod 24 h without an origin."""
+    if not origin:
+        return "t mod 24 h"
+    return "UTC" if datetime.fromisoformat(origin).utcoffset() is not None else "the trace's clock, no time zone"
+
+
 def origin_offset_s(trace: Trace) -> float:
-    """Seconds after midnight (UTC when the origin has an offset) of t = 0."""
+    """Seconds after midnight (UTC when the origin has an offset, else on the trace's own clock)
+    of t = 0."""
     if not trace.origin:
         return 0.0
     origin = datetime.fromisoformat(trace.origin)
@@ -43,7 +53,7 @@ def origin_offset_s(trace: Trace) -> float:
 
 
 def hourly_profile(trace: Trace) -> list[float | None]:
-    """Mean fraction online per hour of day (UTC of the origin, or t mod 86400 without one);
+    """Mean fraction online per hour of day (on `clock_name`'s clock);
     None for hours the trace does not cover."""
     offset = origin_offset_s(trace)
     # Bin edges on whole clock hours, clipped to the trace.
@@ -76,6 +86,7 @@ def summarize(trace: Trace) -> dict:
         "availability": {"mean": _mean(availability), "std": _f(availability.std()),
                          **_quantiles(availability)},
         "hourly_profile": hourly_profile(trace),
+        "hourly_clock": clock_name(trace.origin),
         "session_s": {"mean": _mean(lengths), **_quantiles(lengths)},
         "gap_s": {"mean": _mean(gaps), **_quantiles(gaps)},
     }

@@ -380,3 +380,18 @@ def test_an_installed_module_factory_runs_by_its_entry_point_name(cli_run, user_
     by_path = run(cli_run, "resnet", "auto")
     a, b = torch.load(by_name / "model.pt"), torch.load(by_path / "model.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_batchnorm_on_unequal_full_local_data_trains_on_the_loop(cli_run, user_models):
+    """batch_size = 0 pads the cohort's full local data to the largest device; BatchNorm's
+    batch statistics would take the padding in, so `auto` trains such a module on the loop
+    (the same model as `loop`) and `batched` is refused in one line."""
+    full = {**BASE, "client": {**BASE["client"], "batch_size": 0}, "model": {"name": "user_nets:resnet_bn"}}
+    auto = cli_run({**full, "client": {**full["client"], "trainer": "auto"}}, name="auto")
+    loop = cli_run({**full, "client": {**full["client"], "trainer": "loop"}}, name="loop")
+    a, b = torch.load(auto / "model.pt"), torch.load(loop / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    cli_run({**full, "client": {**full["client"], "trainer": "batched"}}, name="batched", expect=2)
+    err = cli_run.last_output.err
+    assert err.count("\n") == 1 and err.startswith("error: [client] trainer = 'batched'")
+    assert "BatchNorm would count the padding" in err and "set trainer = 'loop' (or 'auto')" in err

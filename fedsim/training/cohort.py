@@ -33,9 +33,10 @@ class BatchedTrainer(Trainer):
 
     def __init__(self, task, client, *, seed, threads=None):
         super().__init__(task, client, seed=seed, threads=threads)
-        if task.batch_problem():
+        problem = task.batch_problem(client.batch_size)
+        if problem:
             raise FedsimError(f"[client] trainer = 'batched': the model cannot train batched under torch.func.vmap "
-                              f"({task.batch_problem()}); set trainer = 'loop' (or 'auto')")
+                              f"({problem}); set trainer = 'loop' (or 'auto')")
         self.step_fn = task.cohort_step_fn()
 
     def devices_per_call(self, ids):

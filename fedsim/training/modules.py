@@ -162,6 +162,9 @@ class ModuleModel:
         self.dim = sum(self.numels)
         self.param_dim = sum(self.numels[:self.n_trainable])
         self.has_buffers = bool(buffers)
+        # layers whose training output depends on the other samples of the batch (not only on
+        # their own): padding a batch would change what they compute
+        self.batch_statistics = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
         self._init = torch.cat([t.detach().reshape(-1).float() for _, t in trainable + buffers])
         self.flops, self.activations = self._probe(n_classes)
         self._one = grad_and_value(self._loss, has_aux=True)

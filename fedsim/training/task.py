@@ -93,8 +93,9 @@ class Task:
     def distinct_rows(self) -> bool:
         return False
 
-    def batch_problem(self) -> str:
-        """Why the model cannot train batched ('': it can)."""
+    def batch_problem(self, batch_size: int = 1) -> str:
+        """Why the model cannot train batched on minibatches of `batch_size` (0: the full local
+        data) ('': it can)."""
         return ""
 
     def step_fn(self) -> StepFn:
@@ -199,8 +200,16 @@ class ClassificationTask(Task):
 
         return at
 
-    def batch_problem(self) -> str:
-        return self.model.batch_problem() if isinstance(self.model, ModuleModel) else ""
+    def batch_problem(self, batch_size: int = 1) -> str:
+        if not isinstance(self.model, ModuleModel):
+            return ""
+        sizes = self.data.sizes_np
+        if batch_size == 0 and self.model.batch_statistics and sizes.min() != sizes.max():
+            # the cohort's full local data are padded to the largest, and BatchNorm's batch
+            # statistics would take in the padding (the loop trains each device on its own rows)
+            return ("its BatchNorm would count the padding of the devices' unequal full local data "
+                    "(batch_size = 0) in its batch statistics")
+        return self.model.batch_problem()
 
     def distinct_rows(self) -> bool:
         """Whether a minibatch may be computed as the client's distinct samples weighted by

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import final_x, quadratic_config, rounds  # noqa: E402
+from conftest import final_x, rounds  # noqa: E402
 from test_server_rules import always, targets, timed  # noqa: E402
 
 from fedsim.cli import main  # noqa: E402

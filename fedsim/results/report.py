@@ -8,7 +8,6 @@ checked on hand-made frames; `find_runs` reads the run directories and `report` 
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass

@@ -22,7 +22,8 @@ import torch
 from fedsim.algorithms import Context, Strategy, make_strategy
 from fedsim.algorithms.server_optimizer import ServerOptimizerConfig
 from fedsim.runs.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, RecordRounds
-from fedsim.config import RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml
+from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml,
+                           read_toml)
 from fedsim.config.catalog import GENERATORS
 from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock, file_fingerprint, plain_name, remove_stale_temporaries

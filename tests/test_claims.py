@@ -312,8 +312,8 @@ def test_a_metric_no_point_recorded_is_named_not_blamed_on_missing_points():
 
 
 def test_an_accuracy_claim_on_the_quadratic_task_is_refused_for_its_metric():
-    with pytest.raises(FedsimError, match=r"does not exist for the quadratic task, .* use a loss metric: final_loss, "
-                                          "tail_loss, loss_swing$"):
+    with pytest.raises(FedsimError, match=r"does not exist for the quadratic task, .* use one it has: final_loss, "
+                                          "tail_loss, loss_swing, round_s, sim_time$"):
         check_claims([A_BEATS_B], AXES, "s.toml", {"quadratic"})
     assert check_claims([A_BEATS_B], AXES, "s.toml", {"quadratic", "digits"})  # some points have an accuracy
     assert check_claims([{**A_BEATS_B, "metric": "final_loss"}], AXES, "s.toml", {"quadratic"})

@@ -38,8 +38,8 @@ def test_every_unknown_key_is_in_the_one_line_with_its_nearest_valid_key(tmp_pat
     assert parts.split("; ") == [
         "[run] roudns (did you mean 'rounds'?)", "[client] lrr (did you mean 'lr'?)",
         "--set client.batch_szie=3: [client] batch_szie (did you mean 'batch_size'?)",
-        "[server] zzqqx (valid keys: buffer, clients_per_round, concurrency, deadline, mode, overcommit, "
-        "round_duration, timing)"]
+        "[server] zzqqx (valid keys: buffer, clients_per_round, concurrency, deadline, deadline_sigma, "
+        "min_selected, mode, overcommit, round_duration, timing, update_frac)"]
     assert not (tmp_path / "runs").exists()
     err = fails(capsys, ["run", "quickstart", "--set", "clients.lr=1", "--set", "server.dedline=5"])
     assert err == ("error: --set server.dedline=5: 2 unknown keys and sections: [server] dedline (did you mean "

@@ -357,7 +357,7 @@ CASES = [
          **{"c.toml": extends_chain}),
     case("claim-accuracy-on-quadratic", "sweep {tmp}/s.toml", r"s\.toml: claim 1 \('mifa beats fedavg'\): metric "
          r"'final_acc' \(test accuracy at the last evaluation\) does not exist for the quadratic task, which has no "
-         r"classes and so no accuracy; use a loss metric: final_loss, tail_loss, loss_swing$",
+         r"classes and so no accuracy; use one it has: final_loss, tail_loss, loss_swing, round_s, sim_time$",
          **{"s.toml": quadratic_study(ACCURACY_CLAIM)}),
     case("report-accuracy-claim-on-quadratic", "report {tmp}/runs/t --claims", r"runs/t/study\.toml: claim 1 \('mifa "
          r"beats fedavg'\): metric 'final_acc' \(test accuracy at the last evaluation\) does not exist for the "

@@ -81,8 +81,8 @@ def metric_exists(claim: dict, datasets: set[str], where: str) -> None:
     if metric in ACCURACY_METRICS and datasets and set(datasets) <= set(NO_ACCURACY_DATASETS):
         usable = ", ".join(m for m in METRICS if m not in ACCURACY_METRICS)
         raise FedsimError(f"{where}: metric {metric!r} ({METRICS[metric][0]}) does not exist for the "
-                          f"{' and '.join(sorted(datasets))} task, which has no classes and so no accuracy; use a "
-                          f"loss metric: {usable}")
+                          f"{' and '.join(sorted(datasets))} task, which has no classes and so no accuracy; use "
+                          f"one it has: {usable}")
 
 
 def _check(claim: dict, axes: dict[str, list], where: str) -> dict:

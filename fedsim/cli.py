@@ -9,12 +9,12 @@ import argparse
 import atexit
 import errno
 import os
-import shlex
 import sys
 from pathlib import Path
 
 from fedsim.config import RESUME_KEYS
 from fedsim.errors import EXIT_CODES, STOP_SIGNALS, FedsimError, Stopped, stop_at_once
+from fedsim.files import resume_command
 from fedsim.results.status import read_manifest
 
 
@@ -90,12 +90,6 @@ def exit_code(runs) -> int:
         if r.status == "interrupted":
             return stop_code(r.reason)
     return EXIT_DIVERGED if any(r.status == "diverged" for r in runs) else 0
-
-
-def resume_command(command: str, folder: Path) -> str:
-    """`fedsim run --resume /abs/folder`: what finishes the work in `folder`, typed from any
-    directory (an absolute path, quoted for the shell where it needs it)."""
-    return f"fedsim {command} --resume {shlex.quote(str(Path(folder).absolute()))}"
 
 
 def manifest_warnings(result) -> list[str]:

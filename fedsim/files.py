@@ -6,6 +6,7 @@ import contextlib
 import errno
 import io
 import os
+import shlex
 import shutil
 import signal
 import tempfile
@@ -275,3 +276,9 @@ def file_fingerprint(path: Path) -> dict:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return {"bytes": Path(path).stat().st_size, "sha256": digest.hexdigest()}
+
+
+def resume_command(command: str, folder: Path) -> str:
+    """`fedsim run --resume /abs/folder`: what finishes the work in `folder`, typed from any
+    directory (an absolute path, quoted for the shell where it needs it)."""
+    return f"fedsim {command} --resume {shlex.quote(str(Path(folder).absolute()))}"

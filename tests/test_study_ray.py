@@ -245,6 +245,8 @@ def test_a_killed_ray_worker_is_one_error_line_naming_its_point(tmp_path):
     assert sweep.returncode == 2, err
     assert err.startswith("error: point seed-1_rounds-100000: its Ray worker died while it ran") and \
         err.count("\n") == 1, err
+    # the command it prints is the one a stopped sweep prints (run as printed in test_stop_and_resume.py)
+    assert f"run `fedsim sweep --resume {(tmp_path / 'runs/long').absolute()}` to run it again" in err, err
     assert "raylet" not in out + err and "seed-0_rounds-2: completed" in out
 
 

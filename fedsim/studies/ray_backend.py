@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedsim.errors import STOP_SIGNALS, FedsimError, Stopped, on_stop_signals
-from fedsim.files import atomic_write
+from fedsim.files import atomic_write, resume_command
 from fedsim.results.status import read_manifest
 from fedsim.studies.point import run_point
 from fedsim.studies.study import Point, Study
@@ -263,7 +263,7 @@ def outcome(ray, ref, point: Point, study: Study) -> tuple[str | None, str | Non
         return "interrupted", None
     except WorkerCrashedError:  # its process was killed (by hand, by the kernel for memory, ...)
         return None, (f"point {point.name}: its Ray worker died while it ran (killed, or out of memory); "
-                      f"run `fedsim sweep --resume {study.folder}` to run it again from its last checkpoint")
+                      f"run `{resume_command('sweep', study.folder)}` to run it again from its last checkpoint")
     except RayError as err:  # its node lost, Ray's own memory monitor, ...
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return None, f"point {point.name}: its Ray task failed: {first}"

@@ -134,11 +134,9 @@ def resume_comparison(run_dir: Path, overrides: list[str] = (), progress: bool =
                       force: bool = False) -> RunResult:
     """Finish a comparison: its interrupted algorithm resumed, the ones not started run, the
     summary and plots written as an uninterrupted comparison writes them."""
-    from fedsim.config import parse_override, read_toml
+    from fedsim.config import parse_override
 
-    raw = run_config(run_dir)
-    if raw != read_toml(run_dir / "config.toml"):  # an earlier run format's, as this one reads it
-        write_text(run_dir / "config.toml", dump_toml(raw))
+    raw = run_config(run_dir)  # an earlier run format's as this one reads it (written back below)
     for text in overrides:
         section, key, value = parse_override(text)
         raw.setdefault(section, {})[key] = value

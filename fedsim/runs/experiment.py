@@ -196,7 +196,7 @@ class Experiment:
         cfg = self.config
         self.model_layout = model_layout(self.task)  # what checkpoints record of the model
         if resume is not None:
-            check_resumable(self.task, resume.get("model"), str(self.run_dir / "checkpoint.pt"))
+            check_resumable(resume.get("model"), self.model_layout, str(self.run_dir / "checkpoint.pt"))
         self.lock = DirectoryLock(self.run_dir)
         self.lock.acquire("fedsim resume" if resume else "fedsim run")
         started = time.perf_counter()

@@ -120,8 +120,9 @@ class Server:
             loss = float(arrivals.loss.mean()) if len(arrivals) else None
         events = task_events(rnd, ids, tasks, outcome, steps, stop_at=close_at, wasted=failed)
         extra = {"wasted_s": wasted_seconds(events)}
-        if self.rounds.deadline(rnd) is not None:
-            extra.update(deadline=self.rounds.deadline(rnd), wait_s=t0 - t_start)
+        round_deadline = self.rounds.deadline(rnd)
+        if round_deadline is not None:
+            extra.update(deadline=round_deadline, wait_s=t0 - t_start)
         return RoundOutcome(
             round=rnd, t_start=t_start, t_end=env.now, online=len(online), invited=ids,
             arrived=ids[arrived_pos], dropped=ids[outcome == DROPPED], late=ids[outcome == LATE],

@@ -169,13 +169,14 @@ class ModuleModel:
         self.flops, self.activations = self._probe(n_classes)
         self._one = grad_and_value(self._loss, has_aux=True)
         self._batch_problem: str | None = None
+        frozen = len(module.state_dict()) > len(self.names)  # constants of this module's own
+        self._shared_key = (tuple(zip(self.names, self.shapes)), id(module) if frozen else None)
 
     # -- the flat layout ------------------------------------------------------------------------
     def shared_key(self) -> tuple:
         """Runs may train in one batched call (with one run's module) when their states have the
         same layout and their modules no constants of their own (frozen parameters)."""
-        frozen = len(self.module.state_dict()) > len(self.names)
-        return (tuple(zip(self.names, self.shapes)), id(self.module) if frozen else None)
+        return self._shared_key
 
     def to(self, device: torch.device) -> ModuleModel:
         self.module.to(device)

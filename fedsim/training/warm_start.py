@@ -35,11 +35,11 @@ def model_layout(task: Task) -> dict[str, Tensor]:
     return {name: torch.empty(t.shape, device="meta") for name, t in task.state_dict(task.init_params()).items()}
 
 
-def check_resumable(task: Task, layout: dict[str, Tensor] | None, where: str) -> None:
-    """FedsimError when the model now built differs from the checkpoint's (its code changed)."""
-    if layout is not None:
-        check_matches(layout, model_layout(task), where, fix="put back the model code the run started "
-                      "with, or start a new run")
+def check_resumable(saved: dict[str, Tensor] | None, built: dict[str, Tensor], where: str) -> None:
+    """FedsimError when the model now built (its `model_layout`) differs from the checkpoint's
+    (its code changed)."""
+    if saved is not None:
+        check_matches(saved, built, where, fix="put back the model code the run started with, or start a new run")
 
 
 def model_file(config: Config, where: str) -> Path:

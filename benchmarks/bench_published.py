@@ -267,6 +267,22 @@ def measure(key: str, setting: Setting, rounds: int, device: str, sets: list[str
     }
 
 
+def rounds_to_time(text: str) -> dict[str, int]:
+    """--rounds: "" (the published counts), "N" (every setting) or "SETTING=N,..." -> {key: N}
+    ("" for every setting)."""
+    if not text:
+        return {}
+    parts = [p.partition("=") for p in text.split(",")]
+    pairs = {key if sep else "": value if sep else key for key, sep, value in parts}
+    unknown = [key for key in pairs if key and key not in SETTINGS]
+    if unknown:
+        raise ValueError(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
+    rounds = {key: int(value) if value.strip().isdigit() else 0 for key, value in pairs.items()}
+    if not all(rounds.values()):
+        raise ValueError("give a positive whole number of rounds, e.g. 300 or femnist-cnn=300,cifar10-blazefl=10")
+    return rounds
+
+
 # --- the report ------------------------------------------------------------------------------
 
 def machine(device: str) -> dict:
@@ -305,8 +321,9 @@ HEADER = (f"{'setting':<18} {'timed':>6} {'rounds s':>9} {'loop s':>9} {'ms/roun
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated: " + ", ".join(SETTINGS))
-    parser.add_argument("--rounds", type=int, default=0,
-                        help="rounds to time in each (default: the published count); the full time is extrapolated")
+    parser.add_argument("--rounds", default="", metavar="N | SETTING=N,...",
+                        help="rounds to time: in every setting, or per setting (default: the published count); "
+                             "the published count's time is extrapolated from them")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="passed to every `fedsim run` (e.g. an A/B of a trainer option)")
@@ -318,6 +335,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     unknown = [k for k in keys if k not in SETTINGS]
     if unknown:
         parser.error(f"--settings: unknown {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
+    try:
+        timed = rounds_to_time(args.rounds)
+    except ValueError as err:
+        parser.error(f"--rounds {args.rounds!r}: {err}")
     rate, rate_note = fp32_rate(args.device)
     print(f"machine: {json.dumps(machine(args.device))}")
     print(f"bound rate: {rate_note}")
@@ -332,7 +353,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             setting = SETTINGS[key]
             if args.quick:
                 setting = setting.scaled(**setting.quick)
-            rounds = min(args.rounds or setting.rounds, setting.rounds)
+            rounds = min(timed.get(key, timed.get("", setting.rounds)), setting.rounds)
             record = measure(key, setting, rounds, args.device, args.set, data_root, out, rate)
             if args.quick:  # the targets are for the published settings
                 record["meets_target"] = None

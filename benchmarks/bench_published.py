@@ -207,6 +207,10 @@ def fp32_rate(device: str) -> tuple[float, str]:
     return rate, f"{device}: fp32 matmul {n}x{n} measured at {rate / 1e12:.3f} TFLOP/s"
 
 
+class RunFailed(Exception):
+    """A setting's `fedsim run` ended with an error (its last line): the others still run."""
+
+
 # --- one run -----------------------------------------------------------------------------------
 
 def config(setting: Setting, name: str, data: dict, rounds: int, device: str, out: Path) -> dict:
@@ -238,12 +242,11 @@ def time_run(setting: Setting, name: str, data: dict, rounds: int, device: str, 
     process_s = time.perf_counter() - start
     if done.returncode:
         lines = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()
-        raise SystemExit(f"{name}: fedsim run failed: {lines[-1]}")
+        raise RunFailed(f"{name}: fedsim run failed: {lines[-1]}")
     run = out / name
     wall_s = pl.read_parquet(run / "rounds.parquet")["wall_s"].to_list()
     manifest = json.loads((run / "manifest.json").read_text())
-    return {"wall_s": wall_s, "host_s": manifest["host_s"], "process_s": process_s,
-            "device_name": manifest.get("device", device)}
+    return {"wall_s": wall_s, "host_s": manifest["host_s"], "process_s": process_s}
 
 
 def measure(key: str, setting: Setting, rounds: int, device: str, sets: list[str], data_root: Path,
@@ -302,20 +305,40 @@ def minutes(s: float) -> str:
         f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
 
 
-def print_row(r: dict) -> None:
-    verdict = "n/a (--quick)" if r["meets_target"] is None else "met" if r["meets_target"] else "NOT met"
-    extrapolated = "measured" if r["rounds_timed"] == r["rounds_full"] else "extrapolated"
-    print(f"{r['setting']:<18} {r['rounds_timed']:>6} {r['timed_rounds_s']:>9.2f} {r['timed_loop_s']:>9.2f} "
-          f"{1000 * r['steady_s_per_round']:>9.1f} {r['rounds_full']:>6} {minutes(r['rounds_s']):>12} "
-          f"{minutes(r['loop_s']):>12} {extrapolated:<12} {r['startup_s']:>8.1f} {r['data_gen_s']:>7.1f} "
-          f"{minutes(r['lower_bound_s']):>10} {100 * r['fraction_of_bound']:>6.1f}%  "
-          + ", ".join(f"{who} {minutes(s)}" for who, s in r["published_s"].items())
-          + f"; target {minutes(r['target_s'])}: {verdict}", flush=True)
+def report(r: dict) -> str:
+    """One setting's block: what was timed, the published count's time, the bound, the peers."""
+    cohort = f"{r['per_round']} a round" if r["per_round"] else "all every round"
+    full = "measured" if r["rounds_timed"] == r["rounds_full"] else "EXTRAPOLATED"
+    ratio = ", ".join(f"{who} {minutes(s)} ({s / r['loop_s']:.1f}x fedsim's)" for who, s in r["published_s"].items())
+    return "\n".join([
+        f"{r['setting']}: {r['model']}, {r['clients']:,} clients, {cohort}, {r['local_steps']} steps of "
+        f"{r['batch']}, {r['rounds_full']:,} rounds{'  [--quick]' if r['quick'] else ''}",
+        f"  timed {r['rounds_timed']:,} rounds: rounds {r['timed_rounds_s']:.2f} s "
+        f"({1000 * r['steady_s_per_round']:.1f} ms a round after the first), loop {r['timed_loop_s']:.2f} s; "
+        f"apart: startup {r['startup_s']:.1f} s, data generation {r['data_gen_s']:.1f} s",
+        f"  {r['rounds_full']:,} rounds, {full}: rounds {minutes(r['rounds_s'])}, loop {minutes(r['loop_s'])} "
+        f"({r['rounds_per_min']:.1f} rounds/min)",
+        f"  lower bound {minutes(r['lower_bound_s'])} ({r['train_flops_per_sample'] / 1e6:,.1f} MFLOP a sample x "
+        f"{r['samples_per_round'] * r['rounds_full']:,} samples / {r['bound_rate'] / 1e12:.3g} TFLOP/s): "
+        f"fedsim's loop at {100 * r['fraction_of_bound']:.1f} % of it",
+        f"  published: {ratio}; target {minutes(r['target_s'])}: {verdict(r)}",
+    ])
 
 
-HEADER = (f"{'setting':<18} {'timed':>6} {'rounds s':>9} {'loop s':>9} {'ms/round':>9} {'full':>6} "
-          f"{'full rounds':>12} {'full loop':>12} {'':<12} {'startup':>8} {'data s':>7} {'bound':>10} "
-          f"{'of bound':>7}  published (same rounds); target")
+def verdict(r: dict) -> str:
+    return "n/a (--quick)" if r["meets_target"] is None else "met" if r["meets_target"] else "NOT met"
+
+
+def table(records: list[dict]) -> str:
+    """The summary: one line a setting."""
+    lines = [f"{'setting':<18} {'timed':>6} {'rounds':>7} {'full loop':>14} {'bound':>10} {'of bound':>8} "
+             f"{'published':>14} {'target':>10} {'':>8}"]
+    for r in records:
+        who, published = next(iter(r["published_s"].items()))
+        lines.append(f"{r['setting']:<18} {r['rounds_timed']:>6} {r['rounds_full']:>7} {minutes(r['loop_s']):>14} "
+                     f"{minutes(r['lower_bound_s']):>10} {100 * r['fraction_of_bound']:>7.1f}% "
+                     f"{who + ' ' + minutes(published):>14} {minutes(r['target_s']):>10} {verdict(r):>8}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -343,8 +366,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"machine: {json.dumps(machine(args.device))}")
     print(f"bound rate: {rate_note}")
     print("data: GENERATED, same shape as the published datasets (not the real data: accuracy means nothing)")
-    print(HEADER)
-    records = []
+    records, failed = [], []
     with tempfile.TemporaryDirectory() as folder:
         data_root = args.data or Path(folder) / "data"
         out = Path(folder) / "runs"
@@ -354,14 +376,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if args.quick:
                 setting = setting.scaled(**setting.quick)
             rounds = min(timed.get(key, timed.get("", setting.rounds)), setting.rounds)
-            record = measure(key, setting, rounds, args.device, args.set, data_root, out, rate)
-            if args.quick:  # the targets are for the published settings
-                record["meets_target"] = None
-            record.update(quick=args.quick, machine=machine(args.device), bound_rate=rate, bound_note=rate_note)
-            records.append(record)
-            print_row(record)
-    if args.json:
-        args.json.write_text(json.dumps(records, indent=1) + "\n")
+            try:
+                record = measure(key, setting, rounds, args.device, args.set, data_root, out, rate)
+                if args.quick:  # the targets are for the published settings
+                    record["meets_target"] = None
+                record.update(quick=args.quick, machine=machine(args.device), bound_rate=rate, bound_note=rate_note)
+                records.append(record)
+                print(report(record), flush=True)
+            except RunFailed as err:
+                print(f"error: {err}", flush=True)
+                failed.append({"setting": key, "error": str(err), "sets": args.set, "device": args.device})
+            if args.json:  # after every setting: a run cut short keeps what it measured
+                args.json.write_text(json.dumps(records + failed, indent=1) + "\n")
+    print(table(records))
+    if failed:
+        raise SystemExit(1)
     return records
 
 

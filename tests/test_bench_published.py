@@ -67,7 +67,7 @@ def test_generated_clients_have_the_published_mean_size():
 def test_records_and_table_from_a_timed_run(tmp_path, monkeypatch, capsys):
     """A canned run of 4 timed rounds: what the record and the printed row make of it."""
     monkeypatch.setattr(bench, "fp32_rate", lambda device: (1e9, "test rate"))
-    canned = {"wall_s": [2.0, 0.5, 0.7, 0.6], "host_s": 4.3, "process_s": 10.3, "device_name": "cpu"}
+    canned = {"wall_s": [2.0, 0.5, 0.7, 0.6], "host_s": 4.3, "process_s": 10.3}
     seen = []
     monkeypatch.setattr(bench, "time_run", lambda setting, name, data, rounds, device, sets, out:
                         seen.append((rounds, sets, data)) or canned)
@@ -97,3 +97,23 @@ def test_bad_rounds_is_one_error_line(value, problem, capsys):
         bench.main(["--rounds", value])
     assert exit.value.code == 2
     assert problem in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_a_failed_setting_is_one_error_line_and_the_others_still_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "fp32_rate", lambda device: (1e9, "test rate"))
+
+    def time_run(setting, name, data, rounds, device, sets, out):
+        if name == "femnist-cnn":
+            raise bench.RunFailed("femnist-cnn: fedsim run failed: error: [client] cuda_graphs: no such key")
+        return {"wall_s": [1.0, 0.5], "host_s": 1.6, "process_s": 3.0}
+
+    monkeypatch.setattr(bench, "time_run", time_run)
+    with pytest.raises(SystemExit) as exit:
+        bench.main(["--settings", "cifar10-blazefl,femnist-cnn", "--quick", "--data", str(tmp_path / "d"),
+                    "--json", str(tmp_path / "out.json")])
+    assert exit.value.code == 1
+    written = json.loads((tmp_path / "out.json").read_text())
+    assert [r["setting"] for r in written] == ["cifar10-blazefl", "femnist-cnn"]
+    assert "no such key" in written[1]["error"]
+    out = capsys.readouterr().out
+    assert "error: femnist-cnn: fedsim run failed" in out and "cifar10-blazefl" in out.splitlines()[-1]

@@ -12,9 +12,10 @@ aggregation); `loop` = the run's host_s (the rounds plus evaluations every eval_
 recording and the final writes). Printed apart: generating the data, and `startup` (the
 process: imports, reading the data, building the model, CUDA's start). A run of fewer rounds
 than the published count is extrapolated: round 0 (one-time costs) + the mean of the others
-x the remaining rounds; the loop's other costs scale with the rounds. The lower bound is the
-training arithmetic alone: fedsim's training FLOPs per sample (3 x forward) x the samples
-trained / the device's fp32 rate (a table for known GPUs, else a large matmul measured once).
+x the remaining rounds; the loop's other costs (evaluations) in proportion to the evaluations.
+The lower bound is the training arithmetic alone: fedsim's training FLOPs per sample (3 x
+forward) x the samples trained / the device's fp32 rate (a table for known GPUs, else a large
+matmul measured once).
 
     python benchmarks/bench_published.py --quick                       # all four, tiny, any CPU
     python benchmarks/bench_published.py --device cuda --rounds 300 --settings femnist-cnn
@@ -171,15 +172,22 @@ def lower_bound_s(flops_per_sample: float, samples: float, rate: float) -> float
     return flops_per_sample * samples / rate
 
 
-def extrapolate(wall_s: list[float], loop_s: float, rounds: int) -> dict:
+def evaluations(rounds: int, eval_every: int) -> int:
+    """Evaluations of a run: before round 1, every eval_every rounds and after the last, and the
+    final scoring of every device on its own tests (these datasets have their own clients)."""
+    return 2 + math.ceil(rounds / min(eval_every, rounds))
+
+
+def extrapolate(wall_s: list[float], loop_s: float, rounds: int, eval_every: int) -> dict:
     """Times of `rounds` rounds from the timed ones: round 0 (one-time costs: kernel choice,
     allocation, capture) plus the mean of the later rounds for each remaining round; the loop's
-    other costs (evaluations, recording) in proportion to the rounds. Exact when all were timed."""
+    other costs (mostly evaluations) in proportion to the evaluations. Exact when all were timed."""
     timed = len(wall_s)
     steady = float(np.mean(wall_s[1:])) if timed > 1 else float(wall_s[0])
     rounds_s = float(wall_s[0]) + (rounds - 1) * steady
     other = max(loop_s - float(np.sum(wall_s)), 0.0)
-    return {"steady_s_per_round": steady, "rounds_s": rounds_s, "loop_s": rounds_s + other * rounds / timed}
+    scale = evaluations(rounds, eval_every) / evaluations(timed, eval_every)
+    return {"steady_s_per_round": steady, "rounds_s": rounds_s, "loop_s": rounds_s + other * scale}
 
 
 def fp32_rate(device: str) -> tuple[float, str]:
@@ -253,7 +261,7 @@ def measure(key: str, setting: Setting, rounds: int, device: str, sets: list[str
             out: Path, rate: float) -> dict:
     data, gen_s = generate(setting, data_root / f"{key}-{setting.clients}x{setting.samples:g}")
     run = time_run(setting, key, data, rounds, device, sets, out)
-    full = extrapolate(run["wall_s"], run["host_s"], setting.rounds)
+    full = extrapolate(run["wall_s"], run["host_s"], setting.rounds, setting.eval_every)
     flops = train_flops_per_sample(setting)
     bound = lower_bound_s(flops, samples_per_round(setting) * setting.rounds, rate)
     published = {who: s * setting.rounds / setting.published_rounds for who, s in setting.published.items()}

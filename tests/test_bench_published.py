@@ -32,11 +32,13 @@ def test_the_lower_bound_is_fedsims_training_flops_times_the_samples_over_the_ra
 
 def test_extrapolation_is_round_zero_plus_the_later_rounds_mean_and_exact_when_all_were_timed():
     wall = [2.0, 0.5, 0.7, 0.6]
-    full = bench.extrapolate(wall, loop_s=4.3, rounds=100)  # 0.5 s of evaluations etc. over 4 rounds
+    # 0.5 s besides the rounds: 3 evaluations (before round 1, after round 4, each device's own tests)
+    assert bench.evaluations(4, 50) == 3 and bench.evaluations(100, 50) == 4 and bench.evaluations(101, 50) == 5
+    full = bench.extrapolate(wall, loop_s=4.3, rounds=100, eval_every=50)
     assert full["steady_s_per_round"] == pytest.approx(0.6)
     assert full["rounds_s"] == pytest.approx(2.0 + 99 * 0.6)
-    assert full["loop_s"] == pytest.approx(61.4 + 0.5 * 100 / 4)
-    same = bench.extrapolate(wall, loop_s=4.3, rounds=4)
+    assert full["loop_s"] == pytest.approx(61.4 + 0.5 * 4 / 3)
+    same = bench.extrapolate(wall, loop_s=4.3, rounds=4, eval_every=50)
     assert (same["rounds_s"], same["loop_s"]) == (pytest.approx(3.8), pytest.approx(4.3))
 
 

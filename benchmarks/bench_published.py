@@ -310,8 +310,11 @@ def machine(device: str) -> dict:
 
 
 def minutes(s: float) -> str:
-    return f"{s:.1f} s" if s < 120 else f"{int(s // 60)} min {s % 60:02.0f} s" if s < 3600 else \
-        f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+    if s < 1:
+        return f"{1000 * s:.0f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    return f"{int(s // 60)} min {s % 60:02.0f} s" if s < 3600 else f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
 
 
 def report(r: dict) -> str:
@@ -322,8 +325,8 @@ def report(r: dict) -> str:
     if r["published_rounds"] != r["rounds_full"]:
         ratio += f" (published for {r['published_rounds']:,} rounds, scaled to {r['rounds_full']:,})"
     return "\n".join([
-        f"{r['setting']}: {r['model']}, {r['clients']:,} clients, {cohort}, {r['local_steps']} steps of "
-        f"{r['batch']}, {r['rounds_full']:,} rounds{'  [--quick]' if r['quick'] else ''}",
+        f"{r['setting']}: {r['model']}, {r['clients']:,} clients, {cohort}, local steps x batch "
+        f"{r['local_steps']} x {r['batch']}, {r['rounds_full']:,} rounds{'  [--quick]' if r['quick'] else ''}",
         f"  timed {r['rounds_timed']:,} rounds: rounds {r['timed_rounds_s']:.2f} s "
         f"({1000 * r['steady_s_per_round']:.1f} ms a round after the first), loop {r['timed_loop_s']:.2f} s; "
         f"apart: startup {r['startup_s']:.1f} s, data generation {r['data_gen_s']:.1f} s",

@@ -274,8 +274,9 @@ def measure(key: str, setting: Setting, rounds: int, device: str, sets: list[str
         **full, "train_flops_per_sample": flops, "samples_per_round": samples_per_round(setting),
         "lower_bound_s": bound, "fraction_of_bound": bound / full["loop_s"],
         "rounds_per_min": 60 * setting.rounds / full["loop_s"],
-        "published_s": published, "published_rounds": setting.published_rounds, "target_s": setting.target_s, "meets_target": full["loop_s"] <= setting.target_s,
-        "source": setting.source, "sets": sets, "device": device,
+        "published_s": published, "published_rounds": setting.published_rounds, "source": setting.source,
+        "target_s": setting.target_s, "meets_target": full["loop_s"] <= setting.target_s,
+        "sets": sets, "device": device,
     }
 
 
@@ -370,7 +371,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="passed to every `fedsim run` (e.g. an A/B of a trainer option)")
-    parser.add_argument("--quick", action="store_true", help="tiny clients and rounds: all four in a minute or two on a CPU")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny clients and rounds: all four in a few minutes on a CPU")
     parser.add_argument("--data", type=Path, help="keep the generated data here for the next invocation")
     parser.add_argument("--json", type=Path, help="write the records here")
     args = parser.parse_args(argv)

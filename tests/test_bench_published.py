@@ -93,7 +93,8 @@ def test_records_and_table_from_a_timed_run(tmp_path, monkeypatch, capsys):
     assert "GENERATED" in out and "n/a (--quick)" in out and "BlazeFL 15.0 s" in out
 
 
-@pytest.mark.parametrize("value, problem", [("0", "positive whole number"), ("femnist=300", "unknown setting 'femnist'"),
+@pytest.mark.parametrize("value, problem", [("0", "positive whole number"),
+                                            ("femnist=300", "unknown setting 'femnist'"),
                                             ("femnist-cnn=ten", "positive whole number")])
 def test_bad_rounds_is_one_error_line(value, problem, capsys):
     with pytest.raises(SystemExit) as exit:

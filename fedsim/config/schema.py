@@ -373,6 +373,8 @@ class ClientConfig:
     clip: float = key(0.0, "max gradient L2 norm per step", non_negative=True, zero="off")
     trainer: str = key("auto", "batched: the whole cohort in one computation; loop: one device "
                        "at a time; auto: the faster for the model and device", choices=TRAINERS)
+    cuda_graphs: bool = key(True, "on a GPU, replay each local step of the batched path from a CUDA graph "
+                            "captured once per cohort shape (false: launch every kernel eagerly)")
 
 
 @dataclass

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from fedsim.errors import FedsimError
+from fedsim.training.cuda_graphs import CudaGraphSteps
 from fedsim.training.trainer import Trainer, TrainResult, sgd_update_
 
 ACTIVATION_BUDGET = 2**27  # floats of layer outputs per batched call on a CPU (512 MiB)
@@ -38,6 +39,7 @@ class BatchedTrainer(Trainer):
             raise FedsimError(f"[client] trainer = 'batched': the model cannot train batched under torch.func.vmap "
                               f"({problem}); set trainer = 'loop' (or 'auto')")
         self.step_fn = task.cohort_step_fn()
+        self.graphs = CudaGraphSteps(self) if client.cuda_graphs and task.device.type == "cuda" else None
 
     def devices_per_call(self, ids):
         return min(len(ids), self.chunk_size(ids))
@@ -69,6 +71,10 @@ def local_sgd(trainer: BatchedTrainer, start, steps: np.ndarray, lr, objective, 
     of one run, or the cohorts of several runs), one gradient call per local step. Block b's
     step inputs come from `inputs[b](step, which)` with `which` its own rows. Devices with fewer
     steps drop out of the later steps (known on the host from `steps`: no device sync)."""
+    if trainer.graphs is not None:
+        replayed = trainer.graphs.local_sgd(start, steps, lr, objective, inputs, sizes)
+        if replayed is not None:
+            return replayed
     device = start.device
     offsets = np.cumsum([0, *sizes])
     end = start.clone()

@@ -144,3 +144,65 @@ def test_a_module_with_a_host_sync_trains_eagerly_with_one_warning(user_models, 
     assert err.count("warning: [client] cuda_graphs") == 1 and "training eagerly" in err
     assert trainer.graphs.off
     assert torch.equal(replayed.deltas, eager.deltas)
+
+
+# --- out of GPU memory ------------------------------------------------------------------------
+
+def test_a_group_that_does_not_fit_is_split_down_to_runs(monkeypatch):
+    from fedsim.training import cohort
+
+    real = cohort._train_group
+    sizes = []
+
+    def fits_one_run(calls):
+        sizes.append(len(calls))
+        if len(calls) > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(calls)
+
+    tasks = [image_task("mlp", clients=6, seed=s) for s in range(3)]
+    calls = [(build_trainer(t, ClientConfig(batch_size=4, trainer="batched"), seed=s), 2, np.arange(5),
+              t.init_params()[None].repeat(5, 1), np.array([2, 1, 0, 2, 2]), 0.1, LocalObjective())
+             for s, t in enumerate(tasks)]
+    alone = [c[0].train(*c[1:]) for c in calls]
+    monkeypatch.setattr(cohort, "_train_group", fits_one_run)
+    for a, b in zip(train_together(calls), alone):
+        assert torch.equal(a.deltas, b.deltas)
+    assert sizes == [3, 2]  # the group, then its half of two; single runs train on their own
+
+
+def test_a_cohort_that_does_not_fit_is_one_line_naming_the_keys(cli_run, monkeypatch):
+    from fedsim.training.cohort import BatchedTrainer
+
+    def no_memory(self, rnd, *args):
+        if rnd >= 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return real(self, rnd, *args)
+
+    real = BatchedTrainer._run_chunks
+    monkeypatch.setattr(BatchedTrainer, "_run_chunks", no_memory)
+    config = {"run": {"rounds": 4, "eval_every": 4}, "data": {"dataset": "digits", "clients": 20},
+              "server": {"timing": "ideal", "clients_per_round": 8}, "client": {"trainer": "batched"}}
+    cli_run(config, expect=2)
+    err = cli_run.last_output.err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    assert "out of GPU memory training 8 devices" in err and "lower [server] clients_per_round" in err
+
+
+def test_graphs_out_of_memory_train_eagerly_with_one_warning(monkeypatch, capsys):
+    task = image_task("mlp", clients=11)
+    _, eager, _ = trained(task, ClientConfig(batch_size=5), STEPS, graphs=False)
+    trainer = build_trainer(task, ClientConfig(batch_size=5, trainer="batched"), seed=7)
+    trainer.graphs = CudaGraphSteps(trainer)
+
+    def no_memory(*args):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(trainer.graphs, "_capture", no_memory)
+    gen = torch.Generator().manual_seed(5)
+    start = task.init_params()[None] + 0.01 * torch.randn(len(STEPS), task.dim, generator=gen)
+    for _ in range(2):
+        result = trainer.train(3, np.arange(len(STEPS)), start, np.asarray(STEPS), 0.1)
+        assert torch.equal(result.deltas, eager.deltas)
+    assert capsys.readouterr().err.count("warning: [client] cuda_graphs: out of GPU memory") == 1
+    assert trainer.graphs.summary() == {"captured": [], "off": "out of GPU memory with the graphs' own memory"}

@@ -52,6 +52,24 @@ class BatchedTrainer(Trainer):
         return max(1, activation_budget(self.task.device) // (per_sample * self.batch_width(ids)))
 
     def _run(self, rnd, ids, start, steps, lr, objective):
+        try:
+            return self._run_chunks(rnd, ids, start, steps, lr, objective)
+        except torch.cuda.OutOfMemoryError:
+            if self.graphs is None or self.graphs.off:
+                raise self.out_of_memory(ids) from None
+        self.graphs.release("out of GPU memory with the graphs' own memory")  # then eagerly, once
+        try:
+            return self._run_chunks(rnd, ids, start, steps, lr, objective)
+        except torch.cuda.OutOfMemoryError:
+            raise self.out_of_memory(ids) from None
+
+    def out_of_memory(self, ids: np.ndarray) -> FedsimError:
+        torch.cuda.empty_cache()
+        return FedsimError(f"out of GPU memory training {len(ids):,} devices of {self.task.dim:,} parameters on "
+                           f"{self.batch_width(ids)} samples each in one call: lower [server] clients_per_round "
+                           f"or [client] batch_size")
+
+    def _run_chunks(self, rnd, ids, start, steps, lr, objective):
         end = torch.empty_like(start)
         loss_sum = torch.zeros(len(ids), device=self.task.device)
         ids_t = torch.as_tensor(ids, device=self.task.device)
@@ -141,9 +159,22 @@ def train_together(calls: list[tuple]) -> list[TrainResult]:
             if len(members) == 1:
                 results[members[0]] = calls[members[0]][0].train(*calls[members[0]][1:])
             else:
-                for i, result in zip(members, _train_group([calls[i] for i in members])):
+                for i, result in zip(members, _train_group_or_split([calls[i] for i in members])):
                     results[i] = result
     return results
+
+
+def _train_group_or_split(calls: list[tuple]) -> list[TrainResult]:
+    """`_train_group`, or where the group does not fit on the GPU its halves, down to each run
+    on its own (whose own call names the key to lower if even that does not fit)."""
+    if len(calls) == 1:
+        return [calls[0][0].train(*calls[0][1:])]
+    try:
+        return _train_group(calls)
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+    half = len(calls) // 2
+    return _train_group_or_split(calls[:half]) + _train_group_or_split(calls[half:])
 
 
 def _train_group(calls: list[tuple]) -> list[TrainResult]:

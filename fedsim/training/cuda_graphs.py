@@ -87,14 +87,23 @@ class CudaGraphSteps:
         if graph is None:
             try:
                 graph = self._capture(key, first, objective)
+            except torch.cuda.OutOfMemoryError:
+                raise
             except Exception as err:  # noqa: BLE001 - any failure to capture means: train eagerly
-                reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                self.off = reason
-                print(f"warning: [client] cuda_graphs: the model cannot be captured in a CUDA graph ({reason}); "
-                      f"training eagerly (set cuda_graphs = false to silence this)", file=sys.stderr)
+                text = str(err).strip()
+                self.release(f"the model cannot be captured in a CUDA graph: {text.splitlines()[0] if text else type(err).__name__}")
                 return None
             self.graphs[key] = graph
         return self._replay(graph, start, steps, lr, objective, inputs, sizes, first)
+
+    def release(self, reason: str) -> None:
+        """Turn graphs off for the rest of the run, free their memory, and say why (once)."""
+        self.off = reason
+        self.graphs.clear()
+        if self.capture:
+            torch.cuda.empty_cache()
+        print(f"warning: [client] cuda_graphs: {reason}; training eagerly (set cuda_graphs = false to silence "
+              f"this)", file=sys.stderr)
 
     def summary(self) -> dict:
         """For the manifest: the graphs captured (cohort rows, batch width), or why they are off."""

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedsim.errors import first_line
 from fedsim.training.trainer import sgd_update_
 
 
@@ -90,8 +91,7 @@ class CudaGraphSteps:
             except torch.cuda.OutOfMemoryError:
                 raise
             except Exception as err:  # noqa: BLE001 - any failure to capture means: train eagerly
-                text = str(err).strip()
-                self.release(f"the model cannot be captured in a CUDA graph: {text.splitlines()[0] if text else type(err).__name__}")
+                self.release(f"the model cannot be captured in a CUDA graph: {first_line(err)}")
                 return None
             self.graphs[key] = graph
         return self._replay(graph, start, steps, lr, objective, inputs, sizes, first)

@@ -360,6 +360,11 @@ class ClientConfig:
 
     local_steps: int = key(5, "local SGD steps per round (at most 100,000: no run needs more, and each "
                            "step's randomness is drawn up front)", positive=True, check=_at_most(100_000))
+    local_epochs: float = key(0.0, "passes over each device's own data per round instead: its samples "
+                              "shuffled once per epoch and cut into minibatches of batch_size (the last "
+                              "smaller): local_epochs x ceil(n_i / batch_size) steps, rounded up, for a "
+                              "device of n_i samples", non_negative=True, zero="local_steps steps of minibatches drawn "
+                              "with replacement")
     batch_size: int = key(32, "minibatch size (at most 1,000,000)", non_negative=True, zero="the full local data",
                           check=_at_most(1_000_000))
     lr: float = key(0.05, "client learning rate", positive=True)

@@ -77,7 +77,8 @@ class BatchedTrainer(Trainer):
         for lo in range(0, len(ids), size):
             part = slice(lo, lo + size)
             most = int(steps[part].max(initial=0))
-            inputs = self.task.inputs(ids_t[part], rnd, most, self.batch_size, self.seed, width)
+            inputs = self.task.inputs(ids_t[part], rnd, most, self.batch_size, self.seed, width,
+                                      self.client.local_epochs)
             end[part], loss_sum[part] = local_sgd(self, start[part], steps[part], lr[part], objective,
                                                   [inputs], [len(ids_t[part])])
         return end, loss_sum
@@ -189,7 +190,7 @@ def _train_group(calls: list[tuple]) -> list[TrainResult]:
     lr = torch.cat([torch.as_tensor(c[5], dtype=torch.float32, device=device).expand(k) for c, k in zip(calls, ks)])
     ids_t = [torch.as_tensor(np.asarray(c[2], dtype=np.int64), device=device) for c in calls]
     width = max(t.batch_width(np.asarray(c[2])) for t, c in zip(trainers, calls))  # one width to stack
-    inputs = [t.task.inputs(i, c[1], int(np.max(c[4], initial=0)), t.batch_size, t.seed, width)
+    inputs = [t.task.inputs(i, c[1], int(np.max(c[4], initial=0)), t.batch_size, t.seed, width, t.client.local_epochs)
               for t, i, c in zip(trainers, ids_t, calls)]
     with first.threads.work(first.task.step_flops(width) * len(steps)):
         end, loss_sum = local_sgd(first, start, steps, lr, calls[0][6], inputs, ks)

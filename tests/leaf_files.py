@@ -3,6 +3,7 @@ Parquet federated layout, for the tests: never downloaded."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -47,3 +48,30 @@ def write_json(path: Path, users: list[str], data: dict[str, tuple[list, list]])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"users": users, "num_samples": [len(data[u][1]) for u in users],
                                 "user_data": {u: {"x": x, "y": y} for u, (x, y) in data.items()}}))
+
+
+def write_image_parquet(path: Path, sizes, shape: tuple[int, ...], classes: int, seed: int = 0,
+                        distinct: int = 256) -> Path:
+    """One Parquet file of random PNG images in the federated layout (columns client, label,
+    image as Hugging Face's {bytes, path}): client i has sizes[i] rows. What training costs does
+    not depend on the pixels, so `distinct` images are encoded and repeated (the file stays
+    small: Parquet stores each once)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pictures = rng.integers(0, 256, size=(distinct, *shape), dtype=np.uint8)
+    pool = []
+    for picture in pictures:  # (h, w) grey or (channels, h, w) colour
+        out = io.BytesIO()
+        Image.fromarray(picture if picture.ndim == 2 else picture.transpose(1, 2, 0)).save(out, format="PNG")
+        pool.append(out.getvalue())
+    n = int(np.sum(sizes))
+    images = pa.DictionaryArray.from_arrays(pa.array(rng.integers(0, distinct, n), pa.int32()), pa.array(pool, pa.binary()))
+    table = pa.table({"client": np.repeat(np.arange(len(sizes)), sizes), "label": rng.integers(0, classes, n),
+                      "image": pa.StructArray.from_arrays([images.cast(pa.binary()), pa.nulls(n, pa.string())],
+                                                          ["bytes", "path"])})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path

@@ -121,7 +121,7 @@ def test_captured_graphs_equal_eager_and_repeat_bit_for_bit(model):
 @CUDA
 def test_a_run_on_cuda_records_its_graphs_and_equals_the_eager_run(cli_run):
     base = {"run": {"rounds": 4, "eval_every": 4, "seed": 3, "device": "cuda"},
-            "data": {"dataset": "digits", "clients": 20}, "model": {"name": "lenet5"},
+            "data": {"dataset": "digits", "clients": 20}, "model": {"name": "mlp", "dropout": 0.2},
             "server": {"timing": "ideal", "clients_per_round": 11}, "client": {"local_steps": 3, "batch_size": 8}}
     runs = {}
     for graphs in (True, False):
@@ -206,3 +206,14 @@ def test_graphs_out_of_memory_train_eagerly_with_one_warning(monkeypatch, capsys
         assert torch.equal(result.deltas, eager.deltas)
     assert capsys.readouterr().err.count("warning: [client] cuda_graphs: out of GPU memory") == 1
     assert trainer.graphs.summary() == {"captured": [], "off": "out of GPU memory with the graphs' own memory"}
+
+
+@CUDA
+def test_the_run_keys_choose_the_gpu_kernels():
+    task = image_task("mlp", clients=4, device=torch.device("cuda"))
+    build_trainer(task, ClientConfig(), seed=0, deterministic=False, tf32=True)
+    assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
+    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    build_trainer(task, ClientConfig(), seed=0)
+    assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32

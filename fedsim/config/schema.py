@@ -224,6 +224,10 @@ class RunConfig:
                       choices=("auto", "cpu", "cuda"))
     threads: str | int = key("auto", "torch intra-op threads of each call",
                              word=("auto", "chosen by each call's work"))
+    deterministic: bool = key(True, "on a GPU, cuDNN's deterministic kernels: a seed gives the same run bit "
+                              "for bit (false: its fastest, benchmarked; runs then differ by float rounding)")
+    tf32: bool = key(False, "on a GPU, matmuls and convolutions in TF32 on tensor cores (10-bit mantissa, "
+                     "PyTorch's default for convolutions): faster, less exact")
     algorithms: list = key([], "algorithms run side by side on the same trace, data and seed",
                            zero="only [algorithm] name", check=_distinct_names)
     checkpoint_every: int = key(0, "rounds between checkpoints", non_negative=True,

@@ -130,7 +130,8 @@ class Experiment:
         self.trace_file = None if generated else file_fingerprint(Path(cfg.trace.path))
         self.trace_fingerprint = trace_fingerprint(self.trace) if generated else None
         self.threads = ThreadPolicy(cfg.run.threads, self.device)
-        self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads)
+        self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads,
+                                     deterministic=cfg.run.deterministic, tf32=cfg.run.tf32)
         check_memory(cfg, self.task, self.trainer)  # before the model's parameters are allocated
         self.device_table = self.read_device_table(cfg)
         self.timing = DeviceTiming.build(cfg.devices, self.task.n_clients, cfg.run.seed,

@@ -42,21 +42,22 @@ def check_epochs(task: Task, client: ClientConfig) -> None:
                           f"minibatch in its batch statistics; set local_steps instead")
 
 
-def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: ThreadPolicy | None = None) -> Trainer:
-    """The trainer path named by `[client] trainer` (auto | batched | loop)."""
+def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: ThreadPolicy | None = None,
+                  deterministic: bool = True, tf32: bool = False) -> Trainer:
+    """The trainer path named by `[client] trainer` (auto | batched | loop); on a GPU with the
+    kernels `[run] deterministic` and `tf32` ask for (process-wide torch settings)."""
     trainer_class = TRAINERS.lookup(client.trainer, "[client] trainer")
     if client.batch_size < 0:
         raise FedsimError(f"[client] batch_size = {client.batch_size} must be >= 0 (0 = full local data)")
     if client.local_epochs:
         check_epochs(task, client)
     if task.device.type == "cuda":
-        # float32 means float32 (as on the CPU and in the loop path; TF32 convolutions are
-        # also the slower ones for a cohort's grouped convolutions), and a seed gives
-        # the same run bit for bit (cuDNN's default backward kernels sum in a racy order)
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
+        # by default float32 means float32 (as on the CPU and in the loop path), and a seed
+        # gives the same run bit for bit (cuDNN's fastest backward kernels sum in a racy order)
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.deterministic = deterministic
+        torch.backends.cudnn.benchmark = not deterministic
     return trainer_class(task, client, seed=seed, threads=threads)
 
 

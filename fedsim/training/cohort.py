@@ -59,9 +59,11 @@ class BatchedTrainer(Trainer):
                 raise self.out_of_memory(ids) from None
         self.graphs.release("out of GPU memory with the graphs' own memory")  # then eagerly, once
         try:
-            return self._run_chunks(rnd, ids, start, steps, lr, objective)
+            result = self._run_chunks(rnd, ids, start, steps, lr, objective)
         except torch.cuda.OutOfMemoryError:
             raise self.out_of_memory(ids) from None
+        self.graphs.warn()  # (only once the eager call fits: else the error alone says it)
+        return result
 
     def out_of_memory(self, ids: np.ndarray) -> FedsimError:
         torch.cuda.empty_cache()

@@ -92,17 +92,21 @@ class CudaGraphSteps:
                 raise
             except Exception as err:  # noqa: BLE001 - any failure to capture means: train eagerly
                 self.release(f"the model cannot be captured in a CUDA graph: {first_line(err)}")
+                self.warn()
                 return None
             self.graphs[key] = graph
         return self._replay(graph, start, steps, lr, objective, inputs, sizes, first)
 
     def release(self, reason: str) -> None:
-        """Turn graphs off for the rest of the run, free their memory, and say why (once)."""
+        """Turn graphs off for the rest of the run and free their memory."""
         self.off = reason
         self.graphs.clear()
         if self.capture:
             torch.cuda.empty_cache()
-        print(f"warning: [client] cuda_graphs: {reason}; training eagerly (set cuda_graphs = false to silence "
+
+    def warn(self) -> None:
+        """Say once why the run trains eagerly."""
+        print(f"warning: [client] cuda_graphs: {self.off}; training eagerly (set cuda_graphs = false to silence "
               f"this)", file=sys.stderr)
 
     def summary(self) -> dict:

@@ -58,7 +58,7 @@ def test_padded_masked_steps_equal_the_eager_path(model):
     _, eager, _ = trained(task, client, STEPS, graphs=False, objective=prox)
     _, replayed, trainer = trained(task, client, STEPS, graphs=True, objective=prox)
     assert_close(replayed, eager)
-    assert [key[0] for key in trainer.graphs.graphs] == [12]
+    assert [key[0] for key in trainer.graphs.shapes] == [12]
 
 
 def test_full_batches_share_a_width_bucket():
@@ -67,7 +67,7 @@ def test_full_batches_share_a_width_bucket():
     _, eager, _ = trained(task, ClientConfig(batch_size=0), STEPS, graphs=False)
     _, replayed, trainer = trained(task, ClientConfig(batch_size=0), STEPS, graphs=True)
     assert_close(replayed, eager)
-    (key,) = trainer.graphs.graphs
+    (key,) = trainer.graphs.shapes
     assert key[1] == bucket(int(task.sizes[:11].max()))
 
 
@@ -112,7 +112,8 @@ def test_captured_graphs_equal_eager_and_repeat_bit_for_bit(model):
     ends = []
     for _ in range(2):
         _, replayed, trainer = trained(task, client, STEPS, graphs=True)
-        assert trainer.graphs.graphs and all(g.graph is not None for g in trainer.graphs.graphs.values())
+        (shape,) = trainer.graphs.shapes.values()  # a graph per bucket of devices still training
+        assert sorted(shape.graphs) == sorted({bucket(int((np.array(STEPS) > s).sum())) for s in range(3)})
         assert_close(replayed, eager, tol=1e-4)  # a padded cohort may take other cuDNN kernels
         ends.append(replayed.deltas)
     assert torch.equal(ends[0], ends[1])
@@ -198,7 +199,7 @@ def test_graphs_out_of_memory_train_eagerly_with_one_warning(monkeypatch, capsys
     def no_memory(*args):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(trainer.graphs, "_capture", no_memory)
+    monkeypatch.setattr(trainer.graphs, "_step", no_memory)
     gen = torch.Generator().manual_seed(5)
     start = task.init_params()[None] + 0.01 * torch.randn(len(STEPS), task.dim, generator=gen)
     for _ in range(2):
@@ -217,3 +218,16 @@ def test_the_run_keys_choose_the_gpu_kernels():
     build_trainer(task, ClientConfig(), seed=0)
     assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
     assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+
+
+def test_devices_that_finish_stop_costing_work(monkeypatch):
+    """Rows sorted by steps: each step trains only the devices still training, padded to a bucket."""
+    task = image_task("mlp", clients=11)
+    trainer = build_trainer(task, ClientConfig(batch_size=5, trainer="batched"), seed=7)
+    trainer.graphs = CudaGraphSteps(trainer)
+    trained_rows = []
+    body = trainer.graphs._body
+    monkeypatch.setattr(trainer.graphs, "_body", lambda g, rows, objective: trained_rows.append(rows) or
+                        body(g, rows, objective))
+    trainer.train(3, np.arange(11), task.init_params()[None].repeat(11, 1), np.asarray(STEPS), 0.1)
+    assert trained_rows == [10, 7, 3]  # 10 devices take a step, 7 a second, 3 a third

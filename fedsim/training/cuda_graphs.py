@@ -6,12 +6,14 @@ local step of the whole cohort (forward, backward, the SGD update) is captured o
 shape into a CUDA graph and replayed: a step then costs one launch plus the copies of its
 inputs into the graph's static buffers.
 
-Static shapes: the cohort is padded to a bucket (a quarter of an octave: 10 stays 10, 11 -> 12,
-100 -> 112), so a run varying its cohort size captures a handful of graphs; the padding rows
-train on nothing (weight 0) at learning rate 0. Step counts are masked: a device whose local
-steps are done keeps its parameters exactly (its step's learning rate is 0) and its buffers
-(BatchNorm statistics are restored). So each device's arithmetic is the eager path's, and the
-results equal it to float rounding (the kernels may block a padded batch differently).
+Static shapes: the cohort's rows are sorted by their step counts, longest first, so that the
+devices still training at a step are a prefix of the rows; a step trains that prefix padded to a
+bucket (a quarter of an octave: 10 stays 10, 11 -> 12, 100 -> 112), so devices that take fewer
+steps (local epochs over unequal data) stop costing work as they finish, and a run captures a
+handful of graphs. A padding row trains on nothing (weight 0) at learning rate 0; a device
+whose steps are done keeps its parameters exactly and its buffers (BatchNorm statistics are
+restored). So each device's arithmetic is the eager path's, and the results equal it to float
+rounding (the kernels may block a padded batch differently).
 
 A model that cannot be captured (a host sync such as `.item()`, a shape that depends on the
 data) is trained eagerly with one warning naming the reason.
@@ -38,8 +40,9 @@ def bucket(n: int) -> int:
     return -(-n // step) * step
 
 
-class _Graph:
-    """One captured step: static inputs, the cohort's parameters and the graph that updates them."""
+class _Buffers:
+    """The static tensors of one cohort shape: every row's inputs, parameters and step state,
+    and the graphs captured on their leading rows (one per bucket of devices still training)."""
 
     def __init__(self, like: tuple[Tensor, ...], rows: int, width: int, dim: int, device, uses_start: bool):
         def static(t: Tensor) -> Tensor:
@@ -52,7 +55,7 @@ class _Graph:
         self.lr = torch.zeros(rows, device=device)  # this step's: 0 where a device's steps are done
         self.active = torch.zeros(rows, device=device)
         self.loss_sum = torch.zeros(rows, device=device)
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graphs: dict[int, torch.cuda.CUDAGraph | None] = {}  # leading rows -> its graph
 
 
 class CudaGraphSteps:
@@ -66,7 +69,7 @@ class CudaGraphSteps:
         # fedsim's own layers treat samples independently: a padded batch (weight 0) changes
         # nothing, so widths share buckets; an nn.Module may mix a batch's samples (BatchNorm)
         self.pad_width = not hasattr(getattr(task, "model", None), "module")
-        self.graphs: dict[tuple, _Graph] = {}
+        self.shapes: dict[tuple, _Buffers] = {}
         self.capture = task.device.type == "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.off = ""  # why graphs are off for this run ('' while they are on)
@@ -75,32 +78,30 @@ class CudaGraphSteps:
                   sizes: list[int]) -> tuple[Tensor, Tensor] | None:
         """(end parameters, summed step losses) as `cohort.local_sgd` gives them, or None when
         this cohort cannot be captured (the caller trains it eagerly)."""
-        if self.off:
-            return None
-        k, most = len(steps), int(steps.max(initial=0))
-        if most == 0:
+        if self.off or int(steps.max(initial=0)) == 0:
             return None
         first = [at(0, slice(None)) for at in inputs]
         width = max(p[0].shape[1] for p in first)
-        key = (bucket(k), bucket(width) if self.pad_width else width,
+        key = (bucket(len(steps)), bucket(width) if self.pad_width else width,
                tuple((t.dtype, tuple(t.shape[2:])) for t in first[0]), objective)
-        graph = self.graphs.get(key)
-        if graph is None:
-            try:
-                graph = self._capture(key, first, objective)
-            except torch.cuda.OutOfMemoryError:
+        if key not in self.shapes:
+            task = self.trainer.task
+            self.shapes[key] = _Buffers(first[0], key[0], key[1], task.dim, task.device, objective.uses_start)
+        try:
+            return self._replay(self.shapes[key], start, steps, lr, objective, inputs, sizes)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any failure to capture means: train eagerly
+            if not self.capture:
                 raise
-            except Exception as err:  # noqa: BLE001 - any failure to capture means: train eagerly
-                self.release(f"the model cannot be captured in a CUDA graph: {first_line(err)}")
-                self.warn()
-                return None
-            self.graphs[key] = graph
-        return self._replay(graph, start, steps, lr, objective, inputs, sizes, first)
+            self.release(f"the model cannot be captured in a CUDA graph: {first_line(err)}")
+            self.warn()
+            return None
 
     def release(self, reason: str) -> None:
         """Turn graphs off for the rest of the run and free their memory."""
         self.off = reason
-        self.graphs.clear()
+        self.shapes.clear()
         if self.capture:
             torch.cuda.empty_cache()
 
@@ -110,65 +111,113 @@ class CudaGraphSteps:
               f"this)", file=sys.stderr)
 
     def summary(self) -> dict:
-        """For the manifest: the graphs captured (cohort rows, batch width), or why they are off."""
-        return {"captured": [list(key[:2]) for key in self.graphs], "off": self.off or None}
+        """For the manifest: the graphs captured (leading rows, batch width), or why they are off."""
+        captured = sorted([rows, key[1]] for key, g in self.shapes.items() for rows in g.graphs)
+        return {"captured": captured, "off": self.off or None}
 
-    def _body(self, g: _Graph, objective) -> None:
-        """One local step of every row of `g`, in place on its static tensors."""
+    def _body(self, g: _Buffers, rows: int, objective) -> None:
+        """One local step of the leading `rows` rows of `g`, in place on its static tensors."""
         task, trainer = self.trainer.task, self.trainer
-        kept = g.params[:, self.buffers].clone() if self.buffers.stop > self.buffers.start else None
-        ws = task.split(g.params)
-        grads, loss = trainer.step_fn(ws, *g.inputs)
-        starts = task.split(g.start) if objective.uses_start else ()
-        sgd_update_(ws, grads, starts, g.lr, trainer.client, objective)
+        params, active = g.params[:rows], g.active[:rows]
+        kept = params[:, self.buffers].clone() if self.buffers.stop > self.buffers.start else None
+        ws = task.split(params)
+        grads, loss = trainer.step_fn(ws, *(t[:rows] for t in g.inputs))
+        starts = task.split(g.start[:rows]) if objective.uses_start else ()
+        sgd_update_(ws, grads, starts, g.lr[:rows], trainer.client, objective)
         if kept is not None:  # a device whose steps are done keeps its buffers
-            g.params[:, self.buffers] = torch.where(g.active[:, None] > 0, g.params[:, self.buffers], kept)
-        g.loss_sum += loss * g.active
+            params[:, self.buffers] = torch.where(active[:, None] > 0, params[:, self.buffers], kept)
+        g.loss_sum[:rows] += loss * active
 
-    def _capture(self, key, first: list, objective) -> _Graph:
-        rows, width = key[0], key[1]
-        task = self.trainer.task
-        g = _Graph(first[0], rows, width, task.dim, task.device, objective.uses_start)
-        if not self.capture:  # on a CPU (tests): the same padded, masked steps, run eagerly
-            return g
-        self._fill(g, first, [len(p[0]) for p in first])
+    def _step(self, g: _Buffers, rows: int, objective) -> None:
+        """Replay the graph of the leading `rows` rows, captured the first time (on a CPU, for
+        the tests: the same step, run eagerly)."""
+        if not self.capture:
+            return self._body(g, rows, objective)
+        if rows not in g.graphs:
+            g.graphs[rows] = self._captured(g, rows, objective)
+        g.graphs[rows].replay()
+
+    def _captured(self, g: _Buffers, rows: int, objective) -> torch.cuda.CUDAGraph:
+        saved = g.params.clone(), g.loss_sum.clone()  # the warm-up steps must not count
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: autograd and the libraries set up outside the capture
             for _ in range(2):
-                self._body(g, objective)
+                self._body(g, rows, objective)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            self._body(g, objective)
-        g.graph = graph
-        return g
+            self._body(g, rows, objective)
+        g.params.copy_(saved[0])
+        g.loss_sum.copy_(saved[1])
+        return graph
 
-    def _fill(self, g: _Graph, parts: list, sizes: list[int]) -> None:
-        """Copy one step's inputs of the blocks into the static buffers (the padding: weight 0)."""
-        g.inputs[2].zero_()
-        lo = 0
-        for part, k in zip(parts, sizes):
-            for static, t in zip(g.inputs, part):
-                static[lo:lo + k, :t.shape[1]].copy_(t) if t.dim() >= 2 else static[lo:lo + k].copy_(t)
-            lo += k
-
-    def _replay(self, g: _Graph, start, steps, lr, objective, inputs, sizes, first) -> tuple[Tensor, Tensor]:
+    def _replay(self, g: _Buffers, start, steps, lr, objective, inputs, sizes) -> tuple[Tensor, Tensor]:
         k, device = len(steps), start.device
+        order = np.argsort(-steps, kind="stable")  # row r of the buffers holds device order[r]
+        sorted_steps = steps[order]
+        plan = _Fill(order, sizes, sorted_steps, device)
+        order_t = torch.as_tensor(order, device=device)
         g.params.zero_()
-        g.params[:k].copy_(start)
+        g.params[:k] = start[order_t]
         if g.start is not None:
-            g.start[:k].copy_(start)
+            g.start[:k] = g.params[:k]
         g.loss_sum.zero_()
-        active = np.zeros((int(steps.max()), len(g.lr)), dtype=np.float32)
-        active[:, :k] = np.arange(active.shape[0])[:, None] < steps[None, :]
+        active = np.zeros((int(sorted_steps[0]), len(g.lr)), dtype=np.float32)
+        active[:, :k] = np.arange(active.shape[0])[:, None] < sorted_steps[None, :]
         active = torch.as_tensor(active, device=device)
         lr_rows = torch.zeros(len(g.lr), device=device)
-        lr_rows[:k] = lr
+        lr_rows[:k] = lr[order_t]
         lr_steps = active * lr_rows
         for s in range(len(active)):
-            self._fill(g, first if s == 0 else [at(s, slice(None)) for at in inputs], sizes)
+            rows = plan.fill(g, inputs, s)
             g.active.copy_(active[s])
             g.lr.copy_(lr_steps[s])
-            g.graph.replay() if g.graph is not None else self._body(g, objective)
-        return g.params[:k].clone(), g.loss_sum[:k].clone()
+            self._step(g, bucket(rows), objective)
+        end, loss_sum = torch.empty_like(start), torch.empty(k, device=device)
+        end[order_t], loss_sum[order_t] = g.params[:k], g.loss_sum[:k]
+        return end, loss_sum
+
+
+class _Fill:
+    """Where each step's inputs go: the devices still training at step s are the leading rows
+    (sorted by steps); each block's (run's) active devices by their positions in it, and the
+    rows they fill, for all steps in one transfer."""
+
+    def __init__(self, order: np.ndarray, sizes: list[int], sorted_steps: np.ndarray, device):
+        offsets = np.cumsum([0, *sizes])
+        block = np.repeat(np.arange(len(sizes)), sizes)[order]  # of each row
+        local = order - offsets[block]
+        self.identity = len(sizes) == 1 and bool(np.all(order == np.arange(len(order))))
+        self.sizes = sizes
+        self.counts = (sorted_steps[None, :] > np.arange(int(sorted_steps[0]))[:, None]).sum(axis=1)
+        # per (step, block): (positions in the block, rows), cut from one array on the device
+        pieces, self.spans = [], {}
+        at = 0
+        for s, n in enumerate(self.counts):
+            if n == len(order) and self.identity:
+                continue
+            for b in range(len(sizes)):
+                rows = np.flatnonzero(block[:n] == b)
+                pieces += [local[rows], rows]
+                self.spans[s, b] = (at, len(rows))
+                at += 2 * len(rows)
+        self.index = torch.as_tensor(np.concatenate(pieces) if pieces else np.zeros(0, np.int64), device=device)
+
+    def fill(self, g: _Buffers, inputs: list, s: int) -> int:
+        """Copy step s's inputs of the devices still training into the leading rows (the rest
+        of the batch and the rows up to the bucket: weight 0); how many rows train."""
+        n = int(self.counts[s])
+        g.inputs[2].zero_()
+        if n == sum(self.sizes) and self.identity:
+            for static, t in zip(g.inputs, inputs[0](s, slice(None))):
+                (static[:n, :t.shape[1]] if t.dim() >= 2 else static[:n]).copy_(t)
+            return n
+        for b, at in enumerate(inputs):
+            lo, m = self.spans[s, b]
+            if not m:
+                continue
+            which, rows = self.index[lo:lo + m], self.index[lo + m:lo + 2 * m]
+            for static, t in zip(g.inputs, at(s, which)):
+                (static[:, :t.shape[1]] if t.dim() >= 2 else static).index_copy_(0, rows, t)
+        return n

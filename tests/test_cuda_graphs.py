@@ -231,3 +231,35 @@ def test_devices_that_finish_stop_costing_work(monkeypatch):
                         body(g, rows, objective))
     trainer.train(3, np.arange(11), task.init_params()[None].repeat(11, 1), np.asarray(STEPS), 0.1)
     assert trained_rows == [10, 7, 3]  # 10 devices take a step, 7 a second, 3 a third
+
+
+def test_a_cell_that_cannot_be_compiled_runs_unfused_with_one_warning(monkeypatch, capsys):
+    from fedsim.training import models
+
+    def broken_compiler(fn, **options):
+        def compiled(*args):
+            raise RuntimeError("InductorError: no working C compiler (simulated)\nmore lines")
+        return compiled
+
+    monkeypatch.setattr(models, "_FUSED", [])
+    monkeypatch.setattr(torch, "compile", broken_compiler)
+    task = image_task("lstm", clients=4)
+    plain = trained(task, ClientConfig(batch_size=4), [2, 1, 2, 2], graphs=False)[1]
+    for layer in task.model.layers:
+        if hasattr(layer, "fuse"):
+            layer.fuse()
+    for _ in range(2):
+        fused = trained(task, ClientConfig(batch_size=4), [2, 1, 2, 2], graphs=False)[1]
+        assert torch.equal(fused.deltas, plain.deltas)
+    err = capsys.readouterr().err
+    assert err.count("warning: [client] compile: the LSTM cell could not be compiled (InductorError: no working "
+                     "C compiler (simulated)); running it unfused") == 1
+
+
+@CUDA
+def test_the_compiled_cell_equals_the_plain_one():
+    from fedsim.training.models import fused_lstm_cell, lstm_cell
+
+    gates, c = torch.randn(3, 5, 32, device="cuda"), torch.randn(3, 5, 8, device="cuda")
+    for a, b in zip(fused_lstm_cell(gates, c), lstm_cell(gates, c)):
+        assert torch.allclose(a, b, atol=1e-6)

@@ -384,6 +384,8 @@ class ClientConfig:
                        "at a time; auto: the faster for the model and device", choices=TRAINERS)
     cuda_graphs: bool = key(True, "on a GPU, replay each local step of the batched path from a CUDA graph "
                             "captured once per cohort shape (false: launch every kernel eagerly)")
+    compile: bool = key(True, "on a GPU, an LSTM's cell arithmetic compiled (torch.compile) into fused "
+                        "kernels, forward and backward (false: a dozen kernels per time step)")
 
 
 @dataclass

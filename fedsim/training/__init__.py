@@ -58,6 +58,10 @@ def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: Threa
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.deterministic = deterministic
         torch.backends.cudnn.benchmark = not deterministic
+        if client.compile:
+            for layer in getattr(getattr(task, "model", None), "layers", ()):
+                if hasattr(layer, "fuse"):
+                    layer.fuse()
     return trainer_class(task, client, seed=seed, threads=threads)
 
 

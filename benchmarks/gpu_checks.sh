@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in stages, each under its own time limit, for a session that has
-# a GPU machine for a few minutes. Logs and JSON go to $OUT (default: ./gpu-out).
+# a GPU machine for a few minutes. Logs and JSON go to $WORK (default: /tmp/gpu-work), packed
+# after each stage into $OUT/gpu_results.tgz (default OUT: ./gpu-out).
 #
 #   bash benchmarks/gpu_checks.sh tests published cohort paper study
 #
 # Stages: tests (the CUDA tests: graphs, epochs, CUDA vs CPU, clock independence), published
-# (benchmarks/bench_published.py: the four published settings, a few hundred rounds each,
-# extrapolated; FEMNIST also without CUDA graphs), cohort (bench_cohort's GPU rows: resnet18-gn
-# at FLUTE's round, module vs built-in, graphs vs eager), paper (bench_paper_scale on CUDA), study
-# (bench_study: 32 runs in lockstep vs one after another).
+# (benchmarks/bench_published.py: the four published settings, 10-150 rounds each, extrapolated;
+# FEMNIST and ResNet-18 also with cuDNN's fastest kernels and TF32, Shakespeare also unfused),
+# cohort (bench_cohort's GPU rows: resnet18-gn at FLUTE's round, module vs built-in, graphs vs
+# eager), paper (bench_paper_scale on CUDA), study (bench_study: 32 runs in lockstep vs one
+# after another).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
+RESULTS=$(realpath -m "$OUT")
+OUT=${WORK:-/tmp/gpu-work}
+mkdir -p "$OUT" "$RESULTS"
 export PYTHONUNBUFFERED=1
 B=benchmarks
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
@@ -22,18 +26,21 @@ for stage in "$@"; do
   case $stage in
     tests)
       timeout 150 python3 -m pytest -p no:cacheprovider -q tests/test_cuda_graphs.py tests/test_local_epochs.py \
-        tests/test_clock_independence.py tests/test_training_task.py 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+        tests/test_clock_independence.py tests/test_training_task.py 2>&1 | tail -60 | tee "$OUT/tests.log" ;;
     published)
-      timeout 130 python3 $B/bench_published.py --device cuda --max-clients 500 --settings femnist-cnn \
-        --rounds 300 --json "$OUT/published_femnist.json" 2>&1 | tee "$OUT/published.log"
-      timeout 50 python3 $B/bench_published.py --device cuda --max-clients 500 --settings femnist-cnn \
-        --rounds 60 --set client.cuda_graphs=false --json "$OUT/published_femnist_eager.json" 2>&1 | tee -a "$OUT/published.log"
-      timeout 100 python3 $B/bench_published.py --device cuda --settings shakespeare-lstm --rounds 300 \
-        --json "$OUT/published_shakespeare.json" 2>&1 | tee -a "$OUT/published.log"
-      timeout 120 python3 $B/bench_published.py --device cuda --settings resnet18-cifar100 --rounds 60 \
-        --json "$OUT/published_resnet.json" 2>&1 | tee -a "$OUT/published.log"
-      timeout 60 python3 $B/bench_published.py --device cuda --settings cifar10-blazefl --rounds 10 \
-        --json "$OUT/published_blazefl.json" 2>&1 | tee -a "$OUT/published.log" ;;
+      P="timeout 100 python3 $B/bench_published.py --device cuda --max-clients 500"
+      $P --settings femnist-cnn --rounds 150 --json "$OUT/published_femnist.json" 2>&1 | tee "$OUT/published.log"
+      $P --settings femnist-cnn --rounds 150 --set run.deterministic=false --set run.tf32=true \
+        --json "$OUT/published_femnist_fast.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings shakespeare-lstm --rounds 100 --json "$OUT/published_shakespeare.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings shakespeare-lstm --rounds 40 --set client.compile=false \
+        --json "$OUT/published_shakespeare_unfused.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings resnet18-cifar100 --rounds 20 --json "$OUT/published_resnet.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings resnet18-cifar100 --rounds 20 --set run.deterministic=false --set run.tf32=true \
+        --json "$OUT/published_resnet_fast.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings resnet18-cifar100 --rounds 20 --set client.trainer=loop \
+        --json "$OUT/published_resnet_loop.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings cifar10-blazefl --rounds 10 --json "$OUT/published_blazefl.json" 2>&1 | tee -a "$OUT/published.log" ;;
     cohort)
       timeout 60 python3 $B/bench_cohort.py --device cuda --models resnet18-gn --cohorts 10 --batch 50 \
         --trainers batched,eager,loop --budget 2 --json "$OUT/cohort_resnet.json" 2>&1 | tee "$OUT/cohort.log"
@@ -47,5 +54,6 @@ for stage in "$@"; do
         2>&1 | tee "$OUT/study.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
+  tar -czf "$RESULTS/gpu_results.tgz" -C "$OUT" .
 done
 echo "=== done $(date +%T)"

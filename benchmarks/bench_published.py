@@ -96,7 +96,7 @@ SETTINGS = {
         data={"shape": (3, 32, 32), "classes": 100}, samples=100, test_share=1 / 6, spread=0.0,
         published={"FLUTE": 3600 + 42 * 60 + 1, "FedML": 15 * 3600 + 55 * 60 + 36}, published_rounds=4000,
         target_s=600, source="FLUTE's README (experiments/cv_resnet_fedcifar100)",
-        quick={"clients": 6, "rounds": 2, "per_round": 2, "batch": 4, "samples": 8}),
+        quick={"clients": 6, "rounds": 2, "per_round": 2, "batch": 4, "samples": 20}),
     # BlazeFL's README benchmark: CIFAR-10 over 100 clients (500 images each, 80 % trained),
     # all of them every round, 5 epochs of batch 50 (8 steps each); ~25 s for 5 rounds at its best
     "cifar10-blazefl": Setting(
@@ -111,8 +111,9 @@ SETTINGS = {
 # --- the data --------------------------------------------------------------------------------
 
 def client_sizes(setting: Setting, seed: int = 0) -> np.ndarray:
-    """Rows (training + test) of each client: lognormal around the mean (FEMNIST's writers and
-    Shakespeare's roles vary that much), or all equal."""
+    """Rows (training + test) of each client: the published mean, spread lognormally where the
+    clients differ in size (FEMNIST's writers, Shakespeare's roles: the spread is a guess, the
+    mean is not; it is what a round costs), or all equal."""
     mean = setting.samples / (1 - setting.test_share)
     if not setting.spread:
         return np.full(setting.clients, round(mean), dtype=np.int64)
@@ -131,10 +132,9 @@ def generate(setting: Setting, folder: Path) -> tuple[dict, float]:
         if not done.exists():
             from leaf_files import write_leaf
 
-            tests = np.maximum(1, np.round(sizes * setting.test_share)).astype(int)
-            trains = (sizes - tests).tolist()
-            write_leaf(folder, "shakespeare", [trains[k:k + 100] for k in range(0, len(trains), 100)],
-                       test_size=int(np.median(tests)))
+            trains = np.maximum(1, np.round(sizes * (1 - setting.test_share))).astype(int).tolist()
+            test_size = max(1, round(setting.samples * setting.test_share / (1 - setting.test_share)))
+            write_leaf(folder, "shakespeare", [trains[k:k + 100] for k in range(0, len(trains), 100)], test_size)
         keys = {"dataset": "shakespeare", "root": str(folder)}
     else:
         if not done.exists():
@@ -274,8 +274,9 @@ def measure(key: str, setting: Setting, rounds: int, device: str, sets: list[str
         **full, "train_flops_per_sample": flops, "samples_per_round": samples_per_round(setting),
         "lower_bound_s": bound, "fraction_of_bound": bound / full["loop_s"],
         "rounds_per_min": 60 * setting.rounds / full["loop_s"],
-        "published_s": published, "published_rounds": setting.published_rounds, "target_s": setting.target_s, "meets_target": full["loop_s"] <= setting.target_s,
-        "source": setting.source, "sets": sets, "device": device,
+        "published_s": published, "published_rounds": setting.published_rounds, "source": setting.source,
+        "target_s": setting.target_s, "meets_target": full["loop_s"] <= setting.target_s,
+        "sets": sets, "device": device,
     }
 
 
@@ -310,8 +311,11 @@ def machine(device: str) -> dict:
 
 
 def minutes(s: float) -> str:
-    return f"{s:.1f} s" if s < 120 else f"{int(s // 60)} min {s % 60:02.0f} s" if s < 3600 else \
-        f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+    if s < 1:
+        return f"{1000 * s:.0f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    return f"{int(s // 60)} min {s % 60:02.0f} s" if s < 3600 else f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
 
 
 def report(r: dict) -> str:
@@ -352,6 +356,12 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def fail(message: str) -> None:
+    """Bad input: one line, exit status 2, before anything is written."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated: " + ", ".join(SETTINGS))
@@ -361,7 +371,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="passed to every `fedsim run` (e.g. an A/B of a trainer option)")
-    parser.add_argument("--quick", action="store_true", help="tiny clients and rounds: all four in a minute or two on a CPU")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny clients and rounds: all four in a few minutes on a CPU")
     parser.add_argument("--max-clients", type=int, default=0, metavar="N",
                         help="generate at most N clients a setting (less data to write and read; a round's "
                              "work is its cohort's, the same for any population)")
@@ -371,11 +382,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     keys = args.settings.split(",")
     unknown = [k for k in keys if k not in SETTINGS]
     if unknown:
-        parser.error(f"--settings: unknown {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
+        fail(f"--settings: unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
     try:
         timed = rounds_to_time(args.rounds)
     except ValueError as err:
-        parser.error(f"--rounds {args.rounds!r}: {err}")
+        fail(f"--rounds {args.rounds!r}: {err}")
     rate, rate_note = fp32_rate(args.device)
     print(f"machine: {json.dumps(machine(args.device))}")
     print(f"bound rate: {rate_note}")

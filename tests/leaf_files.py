@@ -68,8 +68,10 @@ def write_image_parquet(path: Path, sizes, shape: tuple[int, ...], classes: int,
         Image.fromarray(picture if picture.ndim == 2 else picture.transpose(1, 2, 0)).save(out, format="PNG")
         pool.append(out.getvalue())
     n = int(np.sum(sizes))
-    images = pa.DictionaryArray.from_arrays(pa.array(rng.integers(0, distinct, n), pa.int32()), pa.array(pool, pa.binary()))
-    table = pa.table({"client": np.repeat(np.arange(len(sizes)), sizes), "label": rng.integers(0, classes, n),
+    images = pa.DictionaryArray.from_arrays(pa.array(rng.integers(0, distinct, n), pa.int32()),
+                                            pa.array(pool, pa.binary()))
+    labels = rng.permutation(np.arange(n) % classes)  # every class present once there are enough rows
+    table = pa.table({"client": np.repeat(np.arange(len(sizes)), sizes), "label": labels,
                       "image": pa.StructArray.from_arrays([images.cast(pa.binary()), pa.nulls(n, pa.string())],
                                                           ["bytes", "path"])})
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ smoke, `--quick`, is in benchmarks/RESULTS.md)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -90,7 +91,8 @@ def test_records_and_table_from_a_timed_run(tmp_path, monkeypatch, capsys):
     assert "GENERATED" in out and "n/a (--quick)" in out and "BlazeFL 15.0 s" in out
 
 
-@pytest.mark.parametrize("value, problem", [("0", "positive whole number"), ("femnist=300", "unknown setting 'femnist'"),
+@pytest.mark.parametrize("value, problem", [("0", "positive whole number"),
+                                            ("femnist=300", "unknown setting 'femnist'"),
                                             ("femnist-cnn=ten", "positive whole number")])
 def test_bad_rounds_is_one_error_line(value, problem, capsys):
     with pytest.raises(SystemExit) as exit:
@@ -117,3 +119,29 @@ def test_a_failed_setting_is_one_error_line_and_the_others_still_run(tmp_path, m
     assert "no such key" in written[1]["error"]
     out = capsys.readouterr().out
     assert "error: femnist-cnn: fedsim run failed" in out and "cifar10-blazefl" in out.splitlines()[-1]
+
+
+def test_bad_settings_as_typed_is_one_line_exit_2_from_any_folder(tmp_path):
+    """The script as a user types it, from another folder: one error line, nothing written."""
+    script = Path(bench.__file__).resolve()
+    done = subprocess.run([sys.executable, str(script), "--settings", "femnist-cnn,cifar10",
+                           "--json", "out.json"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and not (tmp_path / "out.json").exists()
+    assert done.stderr.strip().splitlines() == [
+        "error: --settings: unknown setting 'cifar10'; choose from femnist-cnn, shakespeare-lstm, "
+        "resnet18-cifar100, cifar10-blazefl"]
+
+
+@pytest.mark.parametrize("key, shape, classes", [("femnist-cnn", (1, 28, 28), 62), ("shakespeare-lstm", (80,), 80),
+                                                 ("resnet18-cifar100", (3, 32, 32), 100)])
+def test_generated_data_reads_as_the_published_shape(tmp_path, key, shape, classes):
+    from fedsim.config import DataConfig
+    from fedsim.data.datasets import load_dataset
+
+    setting = bench.SETTINGS[key].scaled(**bench.SETTINGS[key].quick)
+    keys, _ = bench.generate(setting, tmp_path)
+    data = load_dataset(DataConfig(**keys), seed=0)
+    assert (data.shape, data.n_classes) == (shape, classes)
+    assert len(data.users) == setting.clients
+    assert len(data.y_train) / setting.clients == pytest.approx(setting.samples, rel=0.15)
+    assert len(data.y_test) / (len(data.y_train) + len(data.y_test)) == pytest.approx(setting.test_share, rel=0.3)

@@ -9,7 +9,8 @@ Besides the built-ins, `logreg-module`, `mlp-module` and `lenet5-module` are the
 written as ordinary nn.Modules (trained through torch.func: fedsim/training/modules.py), to
 weigh the hand-batched layers against the module path; `transformer` is one
 TransformerEncoderLayer (d=64, 4 heads, 28 tokens: the image's rows) with a linear read-in and
-read-out. Each number is the best of a few timed calls after a warm-up call, so
+read-out. On CUDA the batched path replays its steps from CUDA graphs; `--trainers eager`
+times it without them. Each number is the best of a few timed calls after a warm-up call, so
 that other load on the machine disturbs it less. Prints a table; --json FILE writes the records.
 
     python benchmarks/bench_cohort.py [--quick] [--device all|cpu|cuda] [--json FILE]
@@ -87,7 +88,9 @@ def images_task(model: str, clients: int, device: torch.device):
 def measure(model: str, clients: int, trainer_path: str, device: torch.device, budget_s: float,
             batch: int = 32) -> dict:
     task = images_task(model, clients, device)
-    trainer = build_trainer(task, ClientConfig(batch_size=batch, trainer=trainer_path), seed=0)
+    eager = trainer_path == "eager"  # the batched path without CUDA graphs
+    trainer = build_trainer(task, ClientConfig(batch_size=batch, trainer="batched" if eager else trainer_path,
+                                               cuda_graphs=not eager), seed=0)
     steps = np.full(clients, STEPS[model])
     start = task.init_params()[None].repeat(clients, 1)
     ids = np.arange(clients)

@@ -8,7 +8,10 @@ costs the same to train on: MNIST by Fashion-MNIST (28x28, 60 k + 10 k), SVHN by
 (1,473 users of 41-200 tweets, FedLaAvg's selection). Prints a table and writes
 benchmarks/results_paper_scale.json.
 
-    python benchmarks/bench_paper_scale.py [--rounds-scale 1.0] [--only paper-fedawe]
+    python benchmarks/bench_paper_scale.py [--only paper-fedawe] [--device cuda] [--timed 50]
+
+Where Fashion-MNIST is not installed (a GPU machine), random images of its shape in IDX files
+stand in for it (the cost of a step does not depend on the pixels).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-FMNIST = "/usr/share/datasets/fashion-mnist"
+FMNIST = "{fmnist}"
 # study -> (the paper-scale --set lines, rounds of the full study per point, rounds timed here, at least 3)
 CASES = {
     "paper-fedlaavg": (["data.root=" + FMNIST, "trace.half_period=100"], 3000, 200),
@@ -38,11 +41,25 @@ CASES = {
                       "data.label_column=label", "data.feature_column=image", "data.partition=dirichlet",
                       "model.name=cnn-svhn", "client.local_steps=10", "client.batch_size=128",
                       "client.clip=0.5", "algorithm.clip=0.5"], 2000, 3),
-    "paper-wangji": (["model.name=cnn-fmnist", "data.clients=250", "algorithm.S=250",
+    "paper-wangji": (["data.root=" + FMNIST, "model.name=cnn-fmnist", "data.clients=250", "algorithm.S=250",
                       "trace.rounds_per_group=100", "algorithm.period=500", "warm_start.run.rounds=2000",
                       "run.eval_every=500", "sweep.run.seed=[0,1,2,3,4,5,6,7,8,9]"], 300000, 20),
     "paper-fedlaavg-sent140": (["data.root={sent140}", "data.clients=1473"], 240, 24),
 }
+
+
+def fmnist_like(folder: Path) -> Path:
+    """Fashion-MNIST's IDX files (60 k + 10 k 28x28 images), random, uncompressed."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for prefix, n in (("train", 60000), ("t10k", 10000)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        (folder / f"{prefix}-images-idx3-ubyte").write_bytes(
+            (0x803).to_bytes(4, "big") + np.array([n, 28, 28], dtype=">u4").tobytes() + images.tobytes())
+        (folder / f"{prefix}-labels-idx1-ubyte").write_bytes(
+            (0x801).to_bytes(4, "big") + np.array([n], dtype=">u4").tobytes() + labels.tobytes())
+    return folder
 
 
 def svhn_like(folder: Path) -> Path:
@@ -62,6 +79,13 @@ def sent140_like(folder: Path) -> Path:
 
     sizes = np.random.default_rng(0).integers(41, 201, size=1473).tolist()
     return write_leaf(folder, "sent140", [sizes[k:k + 150] for k in range(0, len(sizes), 150)], test_size=12)
+
+
+def machine() -> str:
+    import torch
+
+    gpu = f", {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}" if torch.cuda.is_available() else ""
+    return f"{platform.processor() or platform.machine()}, {platform.node()}{gpu}, torch {torch.__version__}"
 
 
 def points(study: str, sets: list[str]) -> int:
@@ -99,28 +123,34 @@ def time_point(study: str, sets: list[str], rounds: int, out: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=list(CASES))
+    parser.add_argument("--device", default="cpu", help="run.device of the timed point (cpu, cuda)")
+    parser.add_argument("--timed", type=int, default=0, help="rounds timed per point (default: each study's own)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        data = {"svhn": Path(folder) / "svhn", "sent140": Path(folder) / "sent140"}
+        installed = Path("/usr/share/datasets/fashion-mnist")
+        data = {"svhn": Path(folder) / "svhn", "sent140": Path(folder) / "sent140",
+                "fmnist": installed if installed.exists() else fmnist_like(Path(folder) / "fmnist")}
         if "paper-fedawe" in args.only:
             svhn_like(data["svhn"])
         if "paper-fedlaavg-sent140" in args.only:
             sent140_like(data["sent140"])
         for study in args.only:
             template, full_rounds, timed = CASES[study]
-            sets = [s.format(**data) for s in template]
+            timed = args.timed or timed
+            sets = [s.format(**data) for s in template] + [f"run.device={args.device}"]
             n = points(study, sets)
             timing = time_point(study, sets, timed, Path(folder) / "out")
             hours = n * full_rounds * timing["s_per_round"] / 3600
-            rows.append({"study": study, "points": n, "rounds": full_rounds, "timed_rounds": timed, **timing,
+            rows.append({"study": study, "device": args.device, "points": n, "rounds": full_rounds,
+                         "timed_rounds": timed, **timing,
                          "study_hours": hours, "sets": sets,
-                         "machine": f"{platform.processor() or platform.machine()}, {platform.node()}"})
+                         "machine": machine()})
             print(f"{study:24} {n:>4} points x {full_rounds:>6} rounds: {timing['s_per_round']:8.3f} s/round "
                   f"(mean of rounds 1-{timed - 1}) -> {hours:10.1f} h", flush=True)
     path = HERE / "results_paper_scale.json"
     old = json.loads(path.read_text()) if path.exists() else []
-    kept = [r for r in old if r["study"] not in {r["study"] for r in rows}]
+    kept = [r for r in old if (r["study"], r.get("device", "cpu")) not in {(r["study"], args.device) for r in rows}]
     path.write_text(json.dumps(kept + rows, indent=1) + "\n")
 
 

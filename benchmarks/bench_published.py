@@ -53,7 +53,7 @@ class Setting:
     clients: int
     per_round: int  # 0: every client, every round
     batch: int
-    steps: int  # local steps a round: the epochs over the mean client's training share
+    epochs: float  # local epochs a round ([client] local_epochs): ceil(n_i / batch) steps each
     rounds: int
     lr: float
     data: dict  # how to generate: images (shape, classes) or shakespeare
@@ -76,36 +76,36 @@ SETTINGS = {
     # FLUTE's CNN_FEMNIST row (FedML's config: TFF's EMNIST-62, 3,400 writers, 671,585 training
     # samples = 198 a writer; 1 epoch of batch 20, lr 0.1, weight decay 0.001, test every 50)
     "femnist-cnn": Setting(
-        model="cnn-femnist", clients=3400, per_round=10, batch=20, steps=10, rounds=1500, lr=0.1,
+        model="cnn-femnist", clients=3400, per_round=10, batch=20, epochs=1, rounds=1500, lr=0.1,
         data={"shape": (28, 28), "classes": 62}, samples=198, test_share=0.1,
         published={"FLUTE": 8 * 60 + 22, "FedML": 5 * 3600 + 49 * 60 + 52}, published_rounds=800, target_s=30,
         source="FLUTE's README table; its experiments/cv_cnn_femnist config (and FedML's beside it) runs 800 "
                "rounds, so its time is scaled to the issue's 1,500",
-        quick={"clients": 20, "rounds": 2, "per_round": 2, "steps": 1}),
+        quick={"clients": 20, "rounds": 2, "per_round": 2, "samples": 40}),
     # FedML's fed_shakespeare as FLUTE reads it: 715 roles, 16,068 training snippets (lines), each
     # cut into padded sequences of 80 characters: about 3 a snippet (the snippets' lengths are not
     # at hand: an estimate), 67 a role; 1 epoch of batch 4, lr 0.8
     "shakespeare-lstm": Setting(
-        model="char-lstm", clients=715, per_round=10, batch=4, steps=17, rounds=1200, lr=0.8,
+        model="char-lstm", clients=715, per_round=10, batch=4, epochs=1, rounds=1200, lr=0.8,
         data={"leaf": "shakespeare"}, samples=67, test_share=0.13, spread=1.0,
         published={"FLUTE": 21 * 60 + 50, "FedML": 6 * 3600 + 46 * 60 + 21}, published_rounds=1200, target_s=120,
         source="FLUTE's README (experiments/nlp_rnn_fedshakespeare, batch 4, 1 epoch)",
-        quick={"clients": 10, "rounds": 2, "per_round": 1, "steps": 1}),
+        quick={"clients": 10, "rounds": 2, "per_round": 1, "samples": 8}),
     # Fed-CIFAR100 (TFF): 500 clients x 100 training images, 1 epoch of batch 20, lr 0.1
     "resnet18-cifar100": Setting(
-        model="resnet18-gn", clients=500, per_round=10, batch=20, steps=5, rounds=4000, lr=0.1,
+        model="resnet18-gn", clients=500, per_round=10, batch=20, epochs=1, rounds=4000, lr=0.1,
         data={"shape": (3, 32, 32), "classes": 100}, samples=100, test_share=1 / 6, spread=0.0,
         published={"FLUTE": 3600 + 42 * 60 + 1, "FedML": 15 * 3600 + 55 * 60 + 36}, published_rounds=4000,
         target_s=600, source="FLUTE's README (experiments/cv_resnet_fedcifar100)",
-        quick={"clients": 6, "rounds": 2, "per_round": 1, "steps": 1, "batch": 2, "samples": 20}),
+        quick={"clients": 15, "rounds": 2, "per_round": 1, "batch": 4, "samples": 8}),
     # BlazeFL's README benchmark: CIFAR-10 over 100 clients (500 images each, 80 % trained),
-    # all of them every round, 5 epochs of batch 50 = 40 steps; ~25 s for 5 rounds at its best
+    # all of them every round, 5 epochs of batch 50 (8 steps each); ~25 s for 5 rounds at its best
     "cifar10-blazefl": Setting(
-        model="lenet5", clients=100, per_round=0, batch=50, steps=40, rounds=50, lr=0.01,
+        model="lenet5", clients=100, per_round=0, batch=50, epochs=5, rounds=50, lr=0.01,
         data={"shape": (3, 32, 32), "classes": 10}, samples=400, test_share=0.2, spread=0.0,
         published={"BlazeFL": 5 * 60 / 12, "Flower": 5 * 60 / 4.6}, published_rounds=5, target_s=50 * 60 / 40,
         weight_decay=0.0, eval_every=1_000_000, source="BlazeFL's README chart (16 threads, 4 Quadro RTX 6000)",
-        quick={"clients": 4, "rounds": 3, "steps": 2, "batch": 10, "samples": 40}),
+        quick={"clients": 4, "rounds": 3, "epochs": 1, "batch": 10, "samples": 40}),
 }
 
 
@@ -166,7 +166,7 @@ def train_flops_per_sample(setting: Setting) -> float:
 
 def samples_per_round(setting: Setting) -> int:
     cohort = setting.per_round or setting.clients
-    return cohort * setting.steps * setting.batch
+    return round(cohort * setting.epochs * setting.samples)  # the cohort's epochs over its mean share
 
 
 def lower_bound_s(flops_per_sample: float, samples: float, rate: float) -> float:
@@ -231,7 +231,7 @@ def config(setting: Setting, name: str, data: dict, rounds: int, device: str, ou
         "model": {"name": setting.model},
         "trace": {"source": "always"},
         "server": {"timing": "ideal", "round_duration": 1.0, "clients_per_round": setting.per_round},
-        "client": {"local_steps": setting.steps, "batch_size": setting.batch, "lr": setting.lr,
+        "client": {"local_epochs": setting.epochs, "batch_size": setting.batch, "lr": setting.lr,
                    "weight_decay": setting.weight_decay},
         "algorithm": {"name": "fedavg"},
     }
@@ -269,7 +269,7 @@ def measure(key: str, setting: Setting, rounds: int, device: str, sets: list[str
     published = {who: s * setting.rounds / setting.published_rounds for who, s in setting.published.items()}
     return {
         "setting": key, "model": setting.model, "clients": setting.clients, "per_round": setting.per_round,
-        "local_steps": setting.steps, "batch": setting.batch, "rounds_full": setting.rounds,
+        "local_epochs": setting.epochs, "batch": setting.batch, "rounds_full": setting.rounds,
         "rounds_timed": len(run["wall_s"]), "timed_rounds_s": float(np.sum(run["wall_s"])),
         "timed_loop_s": run["host_s"], "startup_s": run["process_s"] - run["host_s"], "data_gen_s": gen_s,
         **full, "train_flops_per_sample": flops, "samples_per_round": samples_per_round(setting),
@@ -327,8 +327,8 @@ def report(r: dict) -> str:
     if r["published_rounds"] != r["rounds_full"]:
         ratio += f" (published for {r['published_rounds']:,} rounds, scaled to {r['rounds_full']:,})"
     return "\n".join([
-        f"{r['setting']}: {r['model']}, {r['clients']:,} clients, {cohort}, local steps x batch "
-        f"{r['local_steps']} x {r['batch']}, {r['rounds_full']:,} rounds{'  [--quick]' if r['quick'] else ''}",
+        f"{r['setting']}: {r['model']}, {r['clients']:,} clients, {cohort}, {r['local_epochs']:g} local "
+        f"epoch{'' if r['local_epochs'] == 1 else 's'} of {r['batch']}, {r['rounds_full']:,} rounds{'  [--quick]' if r['quick'] else ''}",
         f"  timed {r['rounds_timed']:,} rounds: rounds {r['timed_rounds_s']:.2f} s "
         f"({1000 * r['steady_s_per_round']:.1f} ms a round after the first), loop {r['timed_loop_s']:.2f} s; "
         f"apart: startup {r['startup_s']:.1f} s, data generation {r['data_gen_s']:.1f} s",
@@ -374,6 +374,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="passed to every `fedsim run` (e.g. an A/B of a trainer option)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny clients and rounds: all four in a few minutes on a CPU")
+    parser.add_argument("--max-clients", type=int, default=0, metavar="N",
+                        help="generate at most N clients a setting (less data to write and read; a round's "
+                             "work is its cohort's, the same for any population)")
     parser.add_argument("--data", type=Path, help="keep the generated data here for the next invocation")
     parser.add_argument("--json", type=Path, help="write the records here")
     args = parser.parse_args(argv)
@@ -398,6 +401,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             setting = SETTINGS[key]
             if args.quick:
                 setting = setting.scaled(**setting.quick)
+            if args.max_clients and setting.clients > args.max_clients:
+                print(f"{key}: population capped at {args.max_clients:,} of {setting.clients:,} clients (--max-clients)")
+                setting = setting.scaled(clients=args.max_clients)
             rounds = min(timed.get(key, timed.get("", setting.rounds)), setting.rounds)
             try:
                 record = measure(key, setting, rounds, args.device, args.set, data_root, out, rate)

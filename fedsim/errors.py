@@ -16,6 +16,12 @@ class FedsimError(Exception):
     """
 
 
+def first_line(err: BaseException) -> str:
+    """An exception's message as one line of an error (its first line; its type if it has none)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def did_you_mean(word, valid, end: str = "?") -> str:
     """``"did you mean 'x'" + end`` for the valid name closest to `word`; "" if none is close."""
     close = difflib.get_close_matches(str(word), [str(v) for v in valid], n=1, cutoff=0.5)

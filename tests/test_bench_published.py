@@ -24,11 +24,11 @@ def test_the_lower_bound_is_fedsims_training_flops_times_the_samples_over_the_ra
     # LEAF's CNN by hand: conv 5x5 1->32 on 28x28, conv 5x5 32->64 on 14x14, dense 7*7*64 -> 2048 -> 62
     macs = 28 * 28 * 32 * 25 + 14 * 14 * 64 * 32 * 25 + 3136 * 2048 + 2048 * 62
     assert bench.train_flops_per_sample(femnist) == 6 * macs == 103_271_424
-    assert bench.samples_per_round(femnist) == 10 * 10 * 20
-    # 1,500 rounds on an H100's 67 TFLOP/s: 4.62 s, 1.8 % of FLUTE's 502 s
-    assert bench.lower_bound_s(6 * macs, 2000 * 1500, 67e12) == pytest.approx(4.6241, abs=1e-4)
+    assert bench.samples_per_round(femnist) == 10 * 198  # one epoch over 10 writers of 198 samples
+    # 1,500 rounds on an H100's 67 TFLOP/s: 4.58 s, 1.8 % of FLUTE's 502 s
+    assert bench.lower_bound_s(6 * macs, 1980 * 1500, 67e12) == pytest.approx(4.5779, abs=1e-4)
     blazefl = bench.SETTINGS["cifar10-blazefl"]  # every one of 100 clients, 5 epochs of 8 batches of 50
-    assert bench.samples_per_round(blazefl) == 100 * 40 * 50
+    assert bench.samples_per_round(blazefl) == 100 * 5 * 400
 
 
 def test_extrapolation_is_round_zero_plus_the_later_rounds_mean_and_exact_when_all_were_timed():
@@ -53,11 +53,9 @@ def test_each_setting_is_a_valid_fedsim_config_of_its_published_shape(tmp_path, 
     cfg = load_config(path, ["client.trainer=batched"])  # what --set passes on
     assert (cfg.model.name, cfg.data.clients, cfg.server.clients_per_round) == (setting.model, setting.clients,
                                                                                 setting.per_round)
-    assert (cfg.client.local_steps, cfg.client.batch_size, cfg.run.rounds) == (setting.steps, setting.batch, 300)
+    assert (cfg.client.local_epochs, cfg.client.batch_size, cfg.run.rounds) == (setting.epochs, setting.batch, 300)
     assert cfg.server.timing == "ideal" and cfg.client.trainer == "batched"
-    # one local epoch (BlazeFL: five) of the mean client's training share, in whole steps
-    epochs = 5 if key == "cifar10-blazefl" else 1
-    assert setting.steps == round(epochs * setting.samples / setting.batch)
+    assert setting.epochs == (5 if key == "cifar10-blazefl" else 1)  # the published local epochs
 
 
 def test_generated_clients_have_the_published_mean_size():
@@ -84,7 +82,7 @@ def test_records_and_table_from_a_timed_run(tmp_path, monkeypatch, capsys):
     record = json.loads((tmp_path / "out.json").read_text())[0]
     assert record == records[0]
     flops = bench.train_flops_per_sample(quick)
-    assert record["lower_bound_s"] == pytest.approx(flops * 4 * 2 * 10 * 3 / 1e9)
+    assert record["lower_bound_s"] == pytest.approx(flops * 4 * 1 * 40 * 3 / 1e9)  # 4 clients, 1 epoch of 40, 3 rounds
     assert record["rounds_s"] == pytest.approx(2.0 + 2 * 0.6) and record["startup_s"] == pytest.approx(6.0)
     assert record["fraction_of_bound"] == pytest.approx(record["lower_bound_s"] / record["loop_s"])
     assert record["published_s"] == {"BlazeFL": pytest.approx(15.0), "Flower": pytest.approx(3 * 60 / 4.6)}

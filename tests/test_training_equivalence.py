@@ -16,7 +16,7 @@ from fedsim.training.task import classification_task
 CPU = torch.device("cpu")
 
 
-def image_task(model: str, shape=(1, 8, 8), clients=4, dropout=0.0, seed=0):
+def image_task(model: str, shape=(1, 8, 8), clients=4, dropout=0.0, seed=0, device=CPU):
     """A tiny random image dataset (fast enough for the CNNs) split over `clients`."""
     rng = np.random.default_rng(1)
     n = 24 * clients
@@ -24,7 +24,7 @@ def image_task(model: str, shape=(1, 8, 8), clients=4, dropout=0.0, seed=0):
     y = rng.integers(0, 10, size=n)
     ds = Dataset("tiny", x, y, x[:20], y[:20], 10, scale=1 / 255)
     return classification_task(ds, DataConfig(clients=clients, partition="iid"),
-                               ModelConfig(name=model, dropout=dropout, hidden=16), seed=seed, device=CPU)
+                               ModelConfig(name=model, dropout=dropout, hidden=16), seed=seed, device=device)
 
 
 def run_both(task, client: ClientConfig, steps, lr, prox_mu=0.0, rnd=3):
@@ -48,7 +48,7 @@ def assert_same(start, a, b, steps):
     assert torch.all(a.deltas[~moved] == 0) and torch.all(torch.isnan(a.loss[~moved]))
 
 
-def text_task(model: str, clients=4, word_vectors="", dropout=0.0, seed=0):
+def text_task(model: str, clients=4, word_vectors="", dropout=0.0, seed=0, device=CPU):
     """Tiny random token rows (ids 0..11, some left padding) split over `clients`: a text
     model's input, through its embedding (learned, or fixed `word_vectors` of a file)."""
     rng = np.random.default_rng(2)
@@ -59,7 +59,7 @@ def text_task(model: str, clients=4, word_vectors="", dropout=0.0, seed=0):
     ds = Dataset("tiny-text", x, y, x[:20], y[:20], 3, vocab_size=12, vocabulary=tuple("abcdefghij"))
     return classification_task(ds, DataConfig(clients=clients, partition="iid"),
                                ModelConfig(name=model, dropout=dropout, word_vectors=word_vectors),
-                               seed=seed, device=CPU)
+                               seed=seed, device=device)
 
 
 # small images keep the CNN tests fast; the layer structure is the paper's at any size

@@ -78,6 +78,7 @@ class Context:
     train_pooled: Callable[[int, Tensor, int, float], Tensor] | None = None
     # how the aggregated update reaches the model (its lr is server_lr)
     server_optimizer: ServerOptimizerConfig | None = None
+    device_steps: np.ndarray | None = None  # [N] each device's steps under [client] local_epochs (None: local_steps)
 
 
 class Strategy:
@@ -152,7 +153,10 @@ class Strategy:
         return self.ctx.lr(rnd + 1)
 
     def local_steps(self, rnd: int, ids: np.ndarray) -> np.ndarray:
-        """Local steps (int64 [k]) of each invited device: `[client] local_steps` by default."""
+        """Local steps (int64 [k]) of each invited device: `[client] local_steps` by default, or
+        its epochs' steps under `[client] local_epochs`."""
+        if self.ctx.device_steps is not None:
+            return self.ctx.device_steps[ids]
         return np.full(len(ids), self.ctx.local_steps, dtype=np.int64)
 
     # --- what the engine hands back -----------------------------------------------------------

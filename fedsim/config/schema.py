@@ -224,6 +224,10 @@ class RunConfig:
                       choices=("auto", "cpu", "cuda"))
     threads: str | int = key("auto", "torch intra-op threads of each call",
                              word=("auto", "chosen by each call's work"))
+    deterministic: bool = key(True, "on a GPU, cuDNN's deterministic kernels: a seed gives the same run bit "
+                              "for bit (false: its fastest, benchmarked; runs then differ by float rounding)")
+    tf32: bool = key(False, "on a GPU, matmuls and convolutions in TF32 on tensor cores (10-bit mantissa, "
+                     "PyTorch's default for convolutions): faster, less exact")
     algorithms: list = key([], "algorithms run side by side on the same trace, data and seed",
                            zero="only [algorithm] name", check=_distinct_names)
     checkpoint_every: int = key(0, "rounds between checkpoints", non_negative=True,
@@ -360,6 +364,11 @@ class ClientConfig:
 
     local_steps: int = key(5, "local SGD steps per round (at most 100,000: no run needs more, and each "
                            "step's randomness is drawn up front)", positive=True, check=_at_most(100_000))
+    local_epochs: float = key(0.0, "passes over each device's own data per round instead: its samples "
+                              "shuffled once per epoch and cut into minibatches of batch_size (the last "
+                              "smaller): local_epochs x ceil(n_i / batch_size) steps, rounded up, for a "
+                              "device of n_i samples", non_negative=True, zero="local_steps steps of minibatches drawn "
+                              "with replacement")
     batch_size: int = key(32, "minibatch size (at most 1,000,000)", non_negative=True, zero="the full local data",
                           check=_at_most(1_000_000))
     lr: float = key(0.05, "client learning rate", positive=True)
@@ -373,6 +382,10 @@ class ClientConfig:
     clip: float = key(0.0, "max gradient L2 norm per step", non_negative=True, zero="off")
     trainer: str = key("auto", "batched: the whole cohort in one computation; loop: one device "
                        "at a time; auto: the faster for the model and device", choices=TRAINERS)
+    cuda_graphs: bool = key(True, "on a GPU, replay each local step of the batched path from a CUDA graph "
+                            "captured once per cohort shape (false: launch every kernel eagerly)")
+    compile: bool = key(True, "on a GPU, an LSTM's cell arithmetic compiled (torch.compile) into fused "
+                        "kernels, forward and backward (false: a dozen kernels per time step)")
 
 
 @dataclass

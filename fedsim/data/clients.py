@@ -77,6 +77,26 @@ class ClientData:
         counts.scatter_add_(-1, self._positions(ids, u), torch.ones_like(u))
         return rows, counts.div_(u.shape[-1])
 
+    def epoch_batches(self, ids: Tensor, bits: Tensor, steps: int, batch: int, width: int) -> tuple[Tensor, Tensor]:
+        """Local epochs: each client's samples shuffled once per epoch and cut into minibatches
+        of `batch` (the last of an epoch smaller), as a DataLoader with shuffle=True does. `bits`
+        [E, m, n] (random bits of each epoch, n >= the largest client) order the shuffles; the
+        sample ids of steps 0..steps-1 [S, m, width] and their weights (1 / the batch's size;
+        0 on padding). `width` = min(batch, the largest client): no batch is wider."""
+        size = self.sizes[ids]
+        padding = torch.arange(bits.shape[-1], device=self.device) >= size[:, None]
+        shuffled = bits.masked_fill(padding, torch.iinfo(torch.int64).max).argsort(dim=-1, stable=True)
+        per_epoch = ((size + batch - 1) // batch).clamp(min=1)  # [m] steps of an epoch
+        step = torch.arange(steps, device=self.device)[:, None]
+        first = (step % per_epoch) * batch  # [S, m] where each step's batch starts in its epoch
+        at = first[..., None] + torch.arange(width, device=self.device)
+        valid = at < torch.minimum(size, first + batch)[..., None]
+        epoch = (step // per_epoch).clamp(max=bits.shape[0] - 1)
+        picked = shuffled[epoch[..., None], torch.arange(len(ids), device=self.device)[:, None], torch.where(valid, at, 0)]
+        rows = gather(self.indices, self.starts[ids][:, None] + picked)
+        weight = valid / valid.sum(dim=-1, keepdim=True).clamp(min=1)
+        return rows, weight
+
     def _positions(self, ids: Tensor, u: Tensor) -> Tensor:
         """Positions in each client's own samples of uniform draws u [..., m, B]."""
         size = self.sizes[ids, None]

@@ -17,7 +17,7 @@ import numpy as np
 
 from fedsim.config import DataConfig
 from fedsim.data.dataset import Dataset
-from fedsim.errors import FedsimError, choice_error
+from fedsim.errors import FedsimError, choice_error, first_line
 
 
 def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, where: str):
@@ -232,7 +232,7 @@ def _torchvision(name: str, root: Path, cls, **kwargs):
     except (RuntimeError, OSError, ValueError) as err:
         raise FedsimError(
             f"[data] dataset = '{name}': torchvision could not load it from {root} "
-            f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
+            f"({first_line(err)}); "
             f"check the files there, or set [data] download = true"
         ) from None
 

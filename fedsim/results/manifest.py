@@ -32,6 +32,13 @@ def _git_sha() -> str | None:
         return None
 
 
+def cuda_graphs(trainer) -> dict | None:
+    """What the run's CUDA graphs did (None: the run trained without them)."""
+    batched = getattr(trainer, "batched", trainer)  # auto holds its batched path
+    graphs = getattr(batched, "graphs", None)
+    return graphs.summary() if graphs is not None else None
+
+
 def write_manifest(run, result, host_s: float) -> None:
     """`run`: the Experiment; `result`: its EngineResult (status `running` while it goes)."""
     import fedsim
@@ -40,7 +47,7 @@ def write_manifest(run, result, host_s: float) -> None:
     write_json(run.run_dir / "manifest.json", {
         "run_format": RUN_FORMAT, "fedsim": fedsim.__version__, "torch": torch.__version__,
         "python": platform.python_version(), "seed": config.run.seed,
-        "device": str(run.device), "threads": run.threads.summary(), "git_sha": _git_sha(),
+        "device": str(run.device), "threads": run.threads.summary(), "cuda_graphs": cuda_graphs(run.trainer), "git_sha": _git_sha(),
         "status": result.status, "reason": result.reason, "rounds": result.rounds,
         "pid": os.getpid(), "host": socket.gethostname(),
         "sim_time_s": result.sim_time, "host_s": round(host_s, 3),

@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 
 from fedsim.config import read_toml
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, first_line
 from fedsim.results.latency import (PHASES, STRAGGLER_ARRIVED_BELOW, STRAGGLER_INVITED, close_reasons, latency,
                                      participation_by, stragglers, wasted_work)
 from fedsim.results.status import read_manifest, run_status
@@ -188,7 +188,7 @@ def _read_parquet(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
     try:
         frame = pl.read_parquet(path)
     except pl.exceptions.PolarsError as err:
-        raise FedsimError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0]}); "
+        raise FedsimError(f"{path}: not a readable Parquet file ({first_line(err)}); "
                           "the run directory is damaged, run it again") from None
     missing = [c for c in columns if c not in frame.columns]
     if missing:

@@ -130,7 +130,8 @@ class Experiment:
         self.trace_file = None if generated else file_fingerprint(Path(cfg.trace.path))
         self.trace_fingerprint = trace_fingerprint(self.trace) if generated else None
         self.threads = ThreadPolicy(cfg.run.threads, self.device)
-        self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads)
+        self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads,
+                                     deterministic=cfg.run.deterministic, tf32=cfg.run.tf32)
         check_memory(cfg, self.task, self.trainer)  # before the model's parameters are allocated
         self.device_table = self.read_device_table(cfg)
         self.timing = DeviceTiming.build(cfg.devices, self.task.n_clients, cfg.run.seed,
@@ -154,6 +155,7 @@ class Experiment:
         return Context(
             n_devices=self.task.n_clients, dim=self.task.dim, device=self.device,
             seed=cfg.run.seed, server_lr=cfg.algorithm.server_lr, local_steps=cfg.client.local_steps,
+            device_steps=self.trainer.epoch_steps(),
             server_optimizer=server_optimizer_config(cfg.algorithm),
             clients_per_round=cfg.server.clients_per_round, invite=invite_budget(cfg.server),
             options=dict(cfg.algorithm.options),
@@ -220,7 +222,7 @@ class Experiment:
         server_class = BufferedServer if cfg.server.mode == "async" else Server
         self.server = server_class(
             env=env, index=self.index, strategy=self.strategy, trainer=self.trainer,
-            timing=self.timing, cfg=cfg.server, batch_size=cfg.client.batch_size,
+            timing=self.timing, cfg=cfg.server,
             client_sizes=self.task.client_sizes(),
             seed=cfg.run.seed, device=self.device,
         )
@@ -314,10 +316,11 @@ class Experiment:
 
     def typical_task_s(self) -> np.ndarray:
         """Each device's download + compute + upload of a task of `[client] local_steps` steps."""
-        ids, steps = np.arange(self.task.n_clients), self.config.client.local_steps
-        batch = self.config.client.batch_size or self.task.client_sizes()
+        ids = np.arange(self.task.n_clients)
+        steps = self.trainer.epoch_steps()
+        steps = np.full(len(ids), self.config.client.local_steps) if steps is None else steps
         down, up = self.strategy.message_bytes()
-        return (self.timing.download_s(ids, down) + self.timing.compute_s(ids, steps * batch, steps)
+        return (self.timing.download_s(ids, down) + self.timing.compute_s(ids, self.trainer.samples(ids, steps), steps)
                 + self.timing.upload_s(ids, up))
 
     def evaluate(self) -> tuple[float, float | None]:

@@ -46,14 +46,13 @@ class RoundOutcome:
 
 class Server:
     def __init__(self, *, env: simpy.Environment, index, strategy: Strategy, trainer, timing: DeviceTiming,
-                 cfg: ServerConfig, batch_size: int, client_sizes: np.ndarray,
+                 cfg: ServerConfig, client_sizes: np.ndarray,
                  seed: int, device: torch.device):
         self.env = env
         self.index = index
         self.strategy = strategy
         self.trainer = trainer
         self.cfg = cfg
-        self.batch_size = batch_size
         self.client_sizes = client_sizes
         self.seed = seed
         self.device = device
@@ -131,9 +130,8 @@ class Server:
         )
 
     def samples(self, ids: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        """Training samples of each task: steps x batch size (the full local data at 0)."""
-        per_step = self.client_sizes[ids] if self.batch_size == 0 else self.batch_size
-        return (steps * per_step).astype(np.int64)
+        """Training samples of each task (what its compute time is made of)."""
+        return self.trainer.samples(ids, steps)
 
     @staticmethod
     def outcomes(board: RoundBoard, tasks: Tasks, close_at: float) -> np.ndarray:

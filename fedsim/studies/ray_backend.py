@@ -23,7 +23,7 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedsim.errors import STOP_SIGNALS, FedsimError, Stopped, on_stop_signals
+from fedsim.errors import FedsimError, STOP_SIGNALS, Stopped, first_line, on_stop_signals
 from fedsim.files import atomic_write, resume_command
 from fedsim.results.status import read_manifest
 from fedsim.studies.point import run_point
@@ -132,7 +132,7 @@ def start_ray(ray, address: str | None, where: str) -> bool:
             ray.init(num_cpus=os.cpu_count() or 1, **options)
     except (ConnectionError, ValueError, RuntimeError) as err:
         where = where if address else "a local Ray"
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise FedsimError(f"{where}: Ray could not start ({first}); check the address (a cluster "
                           "started with `ray start --head`), or leave out --address and RAY_ADDRESS "
                           "for a local Ray") from None
@@ -265,7 +265,7 @@ def outcome(ray, ref, point: Point, study: Study) -> tuple[str | None, str | Non
         return None, (f"point {point.name}: its Ray worker died while it ran (killed, or out of memory); "
                       f"run `{resume_command('sweep', study.folder)}` to run it again from its last checkpoint")
     except RayError as err:  # its node lost, Ray's own memory monitor, ...
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         return None, f"point {point.name}: its Ray task failed: {first}"
     if result[0] == "ok":
         return result[1], None

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, first_line
 from fedsim.files import atomic_write, resolved
 from fedsim.traces.converters import convert  # noqa: F401  (public API lives here too)
 from fedsim.traces.schema import Trace, check_header, first_problem, merge_sorted, signed_ids
@@ -187,7 +187,7 @@ def _read_table(path, where: str) -> pa.Table:
     try:
         return pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        detail = first_line(exc)
         raise FedsimError(f"{where}: not a readable Parquet file ({detail}); convert other formats "
                           f"with `fedsim trace convert`") from None
 

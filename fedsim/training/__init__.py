@@ -29,19 +29,39 @@ def model_summary(data: DataConfig, model: ModelConfig, *, seed: int) -> str:
             f"FLOPs per sample{given}")
 
 
-def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: ThreadPolicy | None = None) -> Trainer:
-    """The trainer path named by `[client] trainer` (auto | batched | loop)."""
+def check_epochs(task: Task, client: ClientConfig) -> None:
+    """`[client] local_epochs` needs samples to pass over and minibatches to cut them into."""
+    where = f"[client] local_epochs = {client.local_epochs:g}"
+    if client.batch_size == 0:
+        raise FedsimError(f"{where} needs batch_size > 0 to cut each epoch into minibatches (with batch_size = 0 "
+                          f"a step is already one pass over the local data: set local_steps instead)")
+    if not hasattr(task, "data"):
+        raise FedsimError(f"{where}: the quadratic task has no samples to pass over; set local_steps instead")
+    if getattr(task.model, "batch_statistics", False):
+        raise FedsimError(f"{where}: the module's BatchNorm would count the padding of an epoch's last, smaller "
+                          f"minibatch in its batch statistics; set local_steps instead")
+
+
+def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: ThreadPolicy | None = None,
+                  deterministic: bool = True, tf32: bool = False) -> Trainer:
+    """The trainer path named by `[client] trainer` (auto | batched | loop); on a GPU with the
+    kernels `[run] deterministic` and `tf32` ask for (process-wide torch settings)."""
     trainer_class = TRAINERS.lookup(client.trainer, "[client] trainer")
     if client.batch_size < 0:
         raise FedsimError(f"[client] batch_size = {client.batch_size} must be >= 0 (0 = full local data)")
+    if client.local_epochs:
+        check_epochs(task, client)
     if task.device.type == "cuda":
-        # float32 means float32 (as on the CPU and in the loop path; TF32 convolutions are
-        # also the slower ones for a cohort's grouped convolutions), and a seed gives
-        # the same run bit for bit (cuDNN's default backward kernels sum in a racy order)
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
+        # by default float32 means float32 (as on the CPU and in the loop path), and a seed
+        # gives the same run bit for bit (cuDNN's fastest backward kernels sum in a racy order)
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.deterministic = deterministic
+        torch.backends.cudnn.benchmark = not deterministic
+        if client.compile:
+            for layer in getattr(getattr(task, "model", None), "layers", ()):
+                if hasattr(layer, "fuse"):
+                    layer.fuse()
     return trainer_class(task, client, seed=seed, threads=threads)
 
 

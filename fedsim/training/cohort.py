@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from fedsim.errors import FedsimError
+from fedsim.training.cuda_graphs import CudaGraphSteps
 from fedsim.training.trainer import Trainer, TrainResult, sgd_update_
 
 ACTIVATION_BUDGET = 2**27  # floats of layer outputs per batched call on a CPU (512 MiB)
@@ -38,6 +39,7 @@ class BatchedTrainer(Trainer):
             raise FedsimError(f"[client] trainer = 'batched': the model cannot train batched under torch.func.vmap "
                               f"({problem}); set trainer = 'loop' (or 'auto')")
         self.step_fn = task.cohort_step_fn()
+        self.graphs = CudaGraphSteps(self) if client.cuda_graphs and task.device.type == "cuda" else None
 
     def devices_per_call(self, ids):
         return min(len(ids), self.chunk_size(ids))
@@ -50,6 +52,26 @@ class BatchedTrainer(Trainer):
         return max(1, activation_budget(self.task.device) // (per_sample * self.batch_width(ids)))
 
     def _run(self, rnd, ids, start, steps, lr, objective):
+        try:
+            return self._run_chunks(rnd, ids, start, steps, lr, objective)
+        except torch.cuda.OutOfMemoryError:
+            if self.graphs is None or self.graphs.off:
+                raise self.out_of_memory(ids) from None
+        self.graphs.release("out of GPU memory with the graphs' own memory")  # then eagerly, once
+        try:
+            result = self._run_chunks(rnd, ids, start, steps, lr, objective)
+        except torch.cuda.OutOfMemoryError:
+            raise self.out_of_memory(ids) from None
+        self.graphs.warn()  # (only once the eager call fits: else the error alone says it)
+        return result
+
+    def out_of_memory(self, ids: np.ndarray) -> FedsimError:
+        torch.cuda.empty_cache()
+        return FedsimError(f"out of GPU memory training {len(ids):,} devices of {self.task.dim:,} parameters on "
+                           f"{self.batch_width(ids)} samples each in one call: lower [server] clients_per_round "
+                           f"or [client] batch_size")
+
+    def _run_chunks(self, rnd, ids, start, steps, lr, objective):
         end = torch.empty_like(start)
         loss_sum = torch.zeros(len(ids), device=self.task.device)
         ids_t = torch.as_tensor(ids, device=self.task.device)
@@ -57,7 +79,8 @@ class BatchedTrainer(Trainer):
         for lo in range(0, len(ids), size):
             part = slice(lo, lo + size)
             most = int(steps[part].max(initial=0))
-            inputs = self.task.inputs(ids_t[part], rnd, most, self.batch_size, self.seed, width)
+            inputs = self.task.inputs(ids_t[part], rnd, most, self.batch_size, self.seed, width,
+                                      self.client.local_epochs)
             end[part], loss_sum[part] = local_sgd(self, start[part], steps[part], lr[part], objective,
                                                   [inputs], [len(ids_t[part])])
         return end, loss_sum
@@ -69,6 +92,10 @@ def local_sgd(trainer: BatchedTrainer, start, steps: np.ndarray, lr, objective, 
     of one run, or the cohorts of several runs), one gradient call per local step. Block b's
     step inputs come from `inputs[b](step, which)` with `which` its own rows. Devices with fewer
     steps drop out of the later steps (known on the host from `steps`: no device sync)."""
+    if trainer.graphs is not None:
+        replayed = trainer.graphs.local_sgd(start, steps, lr, objective, inputs, sizes)
+        if replayed is not None:
+            return replayed
     device = start.device
     offsets = np.cumsum([0, *sizes])
     end = start.clone()
@@ -135,9 +162,22 @@ def train_together(calls: list[tuple]) -> list[TrainResult]:
             if len(members) == 1:
                 results[members[0]] = calls[members[0]][0].train(*calls[members[0]][1:])
             else:
-                for i, result in zip(members, _train_group([calls[i] for i in members])):
+                for i, result in zip(members, _train_group_or_split([calls[i] for i in members])):
                     results[i] = result
     return results
+
+
+def _train_group_or_split(calls: list[tuple]) -> list[TrainResult]:
+    """`_train_group`, or where the group does not fit on the GPU its halves, down to each run
+    on its own (whose own call names the key to lower if even that does not fit)."""
+    if len(calls) == 1:
+        return [calls[0][0].train(*calls[0][1:])]
+    try:
+        return _train_group(calls)
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+    half = len(calls) // 2
+    return _train_group_or_split(calls[:half]) + _train_group_or_split(calls[half:])
 
 
 def _train_group(calls: list[tuple]) -> list[TrainResult]:
@@ -152,7 +192,7 @@ def _train_group(calls: list[tuple]) -> list[TrainResult]:
     lr = torch.cat([torch.as_tensor(c[5], dtype=torch.float32, device=device).expand(k) for c, k in zip(calls, ks)])
     ids_t = [torch.as_tensor(np.asarray(c[2], dtype=np.int64), device=device) for c in calls]
     width = max(t.batch_width(np.asarray(c[2])) for t, c in zip(trainers, calls))  # one width to stack
-    inputs = [t.task.inputs(i, c[1], int(np.max(c[4], initial=0)), t.batch_size, t.seed, width)
+    inputs = [t.task.inputs(i, c[1], int(np.max(c[4], initial=0)), t.batch_size, t.seed, width, t.client.local_epochs)
               for t, i, c in zip(trainers, ids_t, calls)]
     with first.threads.work(first.task.step_flops(width) * len(steps)):
         end, loss_sum = local_sgd(first, start, steps, lr, calls[0][6], inputs, ks)

@@ -26,7 +26,8 @@ class LoopTrainer(Trainer):
         for j in range(len(ids)):
             one = slice(j, j + 1)
             ws, starts = task.split(end[one]), task.split(start[one])  # views: updated in place
-            inputs = task.inputs(ids_t[one], rnd, int(steps[j]), self.batch_size, self.seed)
+            inputs = task.inputs(ids_t[one], rnd, int(steps[j]), self.batch_size, self.seed,
+                                 epochs=self.client.local_epochs)
             for s in range(int(steps[j])):
                 grads, loss = step_fn(tuple(w[0] for w in ws), *(x[0] for x in inputs(s, slice(None))))
                 sgd_update_(ws, tuple(g[None] for g in grads), starts, lr[one], self.client, objective)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedsim.config import ModelConfig
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, first_line
 from fedsim.training import rng
 from fedsim.config.catalog import MODELS
 from fedsim.training.modules import ModuleModel
@@ -205,6 +205,7 @@ class LSTM(Layer):
 
     def __init__(self, n_in: int, hidden: int, layers: int):
         self.hidden, self.layers, self.n_in = hidden, layers, n_in
+        self.cell = lstm_cell  # `fuse` swaps in the compiled one (a GPU's run)
         self.params = tuple(
             Param(f"lstm.{kind}_l{i}", shape, "uniform", hidden)
             for i in range(layers)
@@ -236,12 +237,39 @@ class LSTM(Layer):
             h = c = gates_in.new_zeros(*gates_in.shape[1:-1], self.hidden)
             outs = []
             for g_in in gates_in:
-                i_g, f_g, c_g, o_g = (g_in + h @ w_hh.mT).chunk(4, dim=-1)
-                c = torch.sigmoid(f_g) * c + torch.sigmoid(i_g) * torch.tanh(c_g)
-                h = torch.sigmoid(o_g) * torch.tanh(c)
+                h, c = self.cell(torch.baddbmm(g_in, h, w_hh.mT) if h.dim() == 3 else g_in + h @ w_hh.mT, c)
                 outs.append(h)
             seq = torch.stack(outs)
         return h
+
+    def fuse(self) -> None:
+        """On a GPU: the cell's pointwise arithmetic as fused kernels (torch.compile), forward
+        and backward, instead of a dozen launches per time step and layer."""
+        self.cell = fused_lstm_cell
+
+
+def lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """(h, c) of one time step from its gate pre-activations [..., 4H] (torch's i, f, g, o order)."""
+    i_g, f_g, c_g, o_g = gates.chunk(4, dim=-1)
+    c = torch.sigmoid(f_g) * c + torch.sigmoid(i_g) * torch.tanh(c_g)
+    return torch.sigmoid(o_g) * torch.tanh(c), c
+
+
+_FUSED: list = []  # the compiled cell, made at its first use (importing the compiler costs seconds)
+
+
+def fused_lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """`lstm_cell` compiled; where the compiler fails (no C compiler, say), the plain cell with
+    one warning."""
+    if not _FUSED:
+        try:
+            _FUSED.append(torch.compile(lstm_cell, dynamic=True))
+            return _FUSED[0](gates, c)
+        except Exception as err:  # noqa: BLE001 - any compiler failure: the plain cell
+            _FUSED[:] = [lstm_cell]
+            print(f"warning: [client] compile: the LSTM cell could not be compiled ({first_line(err)}); "
+                  f"running it unfused", file=sys.stderr)
+    return _FUSED[0](gates, c)
 
 
 class Model:

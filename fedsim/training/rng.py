@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 # streams: independent families of numbers per (round, device, step)
-BATCH, DROPOUT, NOISE, MODULE = 1, 2, 3, 4
+BATCH, DROPOUT, NOISE, MODULE, EPOCH = 1, 2, 3, 4, 5
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -82,12 +84,13 @@ class Task:
         return (flat,)
 
     def inputs(self, ids: Tensor, rnd: int, steps: int, batch_size: int, seed: int,
-               width: int | None = None) -> StepInputs:
+               width: int | None = None, epochs: float = 0.0) -> StepInputs:
         """The inputs of local steps 0..steps-1 of devices `ids` [m] in round `rnd`. What can be
         drawn for all steps at once (minibatch sample ids) is, in one call; the returned
         function gathers one step's inputs for some of the devices. `width`: samples per device
         in a step, padded (`Trainer.batch_width`); None: the batch size, or each device's
-        largest local data set."""
+        largest local data set. `epochs` > 0: minibatches of shuffled epochs (`[client]
+        local_epochs`) instead of draws with replacement."""
         raise NotImplementedError
 
     def distinct_rows(self) -> bool:
@@ -174,9 +177,18 @@ class ClassificationTask(Task):
     def split(self, flat: Tensor) -> tuple[Tensor, ...]:
         return self.model.split(flat)
 
-    def inputs(self, ids, rnd, steps, batch_size, seed, width=None):
+    def inputs(self, ids, rnd, steps, batch_size, seed, width=None, epochs=0.0):
         data, model = self.data, self.model
-        if batch_size > 0 and (not self.distinct_rows() or not width or width >= batch_size):
+        if epochs:
+            # random bits of each (device, epoch); counter-based, so a device's shuffle does
+            # not depend on the cohort it trains in
+            largest = int(data.sizes[ids].max())
+            bits = rng.from_keys(rng.keys(seed, rng.EPOCH, rnd, ids, range(math.ceil(epochs))), largest)
+            rows, weight = data.epoch_batches(ids, bits, steps, batch_size, width or batch_size)
+
+            def samples(step: int, which: slice | Tensor) -> tuple[Tensor, Tensor]:
+                return data.take(rows[step, which])
+        elif batch_size > 0 and (not self.distinct_rows() or not width or width >= batch_size):
             rows = data.minibatch_rows(ids, rng.uniform(seed, rng.BATCH, rnd, ids, range(steps), batch_size))
             weight = torch.full((1, 1, 1), 1.0 / batch_size, device=self.device).expand(*rows.shape)
 

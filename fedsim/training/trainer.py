@@ -98,9 +98,30 @@ class Trainer:
                steps: np.ndarray) -> TrainResult:
         """Deltas, mean step loss and samples used of devices `ids` trained from start to end."""
         device = self.task.device
-        steps_t = torch.as_tensor(steps, device=device)
-        per_step = self.batch_size if self.batch_size > 0 else self.task.sizes[torch.as_tensor(ids, device=device)]
-        return TrainResult(end - start, loss_sum / steps_t, steps_t * per_step)
+        return TrainResult(end - start, loss_sum / torch.as_tensor(steps, device=device),
+                           torch.as_tensor(self.samples(ids, steps), device=device))
+
+    def samples(self, ids: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Training samples of each device's `steps` local steps (int64): steps x batch size, the
+        full local data each step at batch size 0, and under `local_epochs` each sample once an
+        epoch (an epoch's last minibatch is smaller)."""
+        sizes = self.sizes[ids]
+        if self.batch_size == 0:
+            return steps * sizes
+        if not self.client.local_epochs:
+            return steps * self.batch_size
+        per_epoch = np.maximum(-(-sizes // self.batch_size), 1)
+        return steps // per_epoch * sizes + steps % per_epoch * self.batch_size
+
+    def epoch_steps(self) -> np.ndarray | None:
+        """Each device's local steps under `[client] local_epochs`: epochs x its ceil(n_i / batch
+        size) minibatches an epoch, rounded up (None without: every device takes `local_steps`)."""
+        if not self.client.local_epochs:
+            return None
+        per_epoch = -(-self.sizes[:-1] // self.batch_size)
+        # rounded first: 0.1 x 30 is 3.0000000000000004 in floats, three steps, not four
+        steps = np.ceil(np.round(self.client.local_epochs * per_epoch, 9))
+        return np.maximum(steps, 1).astype(np.int64)
 
     def train_pooled(self, rnd: int, params: Tensor, steps: int, lr: float) -> Tensor:
         """`steps` plain SGD steps over the pooled data of all devices from params [d]; the delta [d]."""
@@ -117,6 +138,8 @@ class Trainer:
         """Samples per device in one step: the batch size, or the largest local data set (full
         batches; also minibatches larger than every device's data on a path with
         `distinct_rows`, which weights each sample by its draws instead of repeating it)."""
+        if self.client.local_epochs:  # an epoch's minibatch never holds more than the device's data
+            return min(int(self.sizes[ids].max(initial=1)), self.batch_size)
         if self.batch_size and not (self.distinct_rows and self.task.distinct_rows()):
             return self.batch_size
         largest = int(self.sizes[ids].max(initial=0))

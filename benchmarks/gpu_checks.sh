@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, in stages, each under its own time limit, for a session that has
+# a GPU machine for a few minutes. Logs and JSON go to $WORK (default: /tmp/gpu-work), packed
+# after each stage into $OUT/gpu_results.tgz (default OUT: ./gpu-out).
+#
+#   bash benchmarks/gpu_checks.sh tests published cohort paper study
+#
+# Stages: tests (the CUDA tests: graphs, epochs, CUDA vs CPU, clock independence), published
+# (benchmarks/bench_published.py: the four published settings, 10-150 rounds each, extrapolated;
+# FEMNIST and ResNet-18 also with cuDNN's fastest kernels and TF32, Shakespeare also unfused),
+# cohort (bench_cohort's GPU rows: resnet18-gn at FLUTE's round, module vs built-in, graphs vs
+# eager), paper (bench_paper_scale on CUDA), study (bench_study: 32 runs in lockstep vs one
+# after another).
+set -uo pipefail
+OUT=${OUT:-gpu-out}
+RESULTS=$(realpath -m "$OUT")
+OUT=${WORK:-/tmp/gpu-work}
+mkdir -p "$OUT" "$RESULTS"
+export PYTHONUNBUFFERED=1
+B=benchmarks
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/machine.txt"
+
+for stage in "$@"; do
+  echo "=== $stage $(date +%T)"
+  case $stage in
+    tests)
+      timeout 150 python3 -m pytest -p no:cacheprovider -q tests/test_cuda_graphs.py tests/test_local_epochs.py \
+        tests/test_clock_independence.py tests/test_training_task.py 2>&1 | tail -60 | tee "$OUT/tests.log" ;;
+    published)
+      P="timeout 100 python3 $B/bench_published.py --device cuda --max-clients 500"
+      $P --settings femnist-cnn --rounds 150 --json "$OUT/published_femnist.json" 2>&1 | tee "$OUT/published.log"
+      $P --settings femnist-cnn --rounds 150 --set run.deterministic=false --set run.tf32=true \
+        --json "$OUT/published_femnist_fast.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings shakespeare-lstm --rounds 100 --json "$OUT/published_shakespeare.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings shakespeare-lstm --rounds 40 --set client.compile=false \
+        --json "$OUT/published_shakespeare_unfused.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings resnet18-cifar100 --rounds 20 --json "$OUT/published_resnet.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings resnet18-cifar100 --rounds 20 --set run.deterministic=false --set run.tf32=true \
+        --json "$OUT/published_resnet_fast.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings resnet18-cifar100 --rounds 20 --set client.trainer=loop \
+        --json "$OUT/published_resnet_loop.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings cifar10-blazefl --rounds 10 --json "$OUT/published_blazefl.json" 2>&1 | tee -a "$OUT/published.log" ;;
+    cohort)
+      timeout 60 python3 $B/bench_cohort.py --device cuda --models resnet18-gn --cohorts 10 --batch 50 \
+        --trainers batched,eager,loop --budget 2 --json "$OUT/cohort_resnet.json" 2>&1 | tee "$OUT/cohort.log"
+      timeout 60 python3 $B/bench_cohort.py --device cuda --models transformer,lenet5,lenet5-module \
+        --cohorts 10,100,1000 --trainers batched,eager --budget 1 --json "$OUT/cohort_modules.json" 2>&1 | tee -a "$OUT/cohort.log" ;;
+    paper)
+      timeout 120 python3 $B/bench_paper_scale.py --device cuda --only paper-wangji paper-fedawe --timed 20 \
+        2>&1 | tee "$OUT/paper.log"; cp $B/results_paper_scale.json "$OUT/" ;;
+    study)
+      timeout 90 python3 $B/bench_study.py --device cuda --runs 32 --rounds 100 --json "$OUT/study32.json" \
+        2>&1 | tee "$OUT/study.log" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+  tar -czf "$RESULTS/gpu_results.tgz" -C "$OUT" .
+done
+echo "=== done $(date +%T)"

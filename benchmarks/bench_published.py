@@ -328,7 +328,8 @@ def report(r: dict) -> str:
         ratio += f" (published for {r['published_rounds']:,} rounds, scaled to {r['rounds_full']:,})"
     return "\n".join([
         f"{r['setting']}: {r['model']}, {r['clients']:,} clients, {cohort}, {r['local_epochs']:g} local "
-        f"epoch{'' if r['local_epochs'] == 1 else 's'} of {r['batch']}, {r['rounds_full']:,} rounds{'  [--quick]' if r['quick'] else ''}",
+        f"epoch{'' if r['local_epochs'] == 1 else 's'} of {r['batch']}, {r['rounds_full']:,} rounds"
+        + ("  [--quick]" if r["quick"] else ""),
         f"  timed {r['rounds_timed']:,} rounds: rounds {r['timed_rounds_s']:.2f} s "
         f"({1000 * r['steady_s_per_round']:.1f} ms a round after the first), loop {r['timed_loop_s']:.2f} s; "
         f"apart: startup {r['startup_s']:.1f} s, data generation {r['data_gen_s']:.1f} s",

@@ -32,8 +32,8 @@ for stage in "$@"; do
       $P --settings femnist-cnn --rounds 150 --json "$OUT/published_femnist.json" 2>&1 | tee "$OUT/published.log"
       $P --settings femnist-cnn --rounds 150 --set run.deterministic=false --set run.tf32=true \
         --json "$OUT/published_femnist_fast.json" 2>&1 | tee -a "$OUT/published.log"
-      $P --settings shakespeare-lstm --rounds 100 --json "$OUT/published_shakespeare.json" 2>&1 | tee -a "$OUT/published.log"
-      $P --settings shakespeare-lstm --rounds 40 --set client.compile=false \
+      $P --settings shakespeare-lstm --rounds 40 --json "$OUT/published_shakespeare.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings shakespeare-lstm --rounds 20 --set client.compile=false \
         --json "$OUT/published_shakespeare_unfused.json" 2>&1 | tee -a "$OUT/published.log"
       $P --settings resnet18-cifar100 --rounds 20 --json "$OUT/published_resnet.json" 2>&1 | tee -a "$OUT/published.log"
       $P --settings resnet18-cifar100 --rounds 20 --set run.deterministic=false --set run.tf32=true \

@@ -110,8 +110,9 @@ def test_a_shared_call_of_small_runs_is_cut_into_one_thread_parts(restore_thread
 
 
 def test_a_study_of_small_runs_trains_in_parts_and_equals_each_run_alone(tmp_path, restore_threads):
-    """Six mlp points of 10 devices (4.5 M multiply-adds a call each, 27 M together): the shared
-    call goes in two one-thread parts, and every point is bit for bit its `fedsim run` alone."""
+    """Eight mlp points of 10 devices (4.5 M multiply-adds a call each, 36 M together): the shared
+    call goes in two one-thread parts, and every point (FedAvg, MIFA, FedAU, FedAWE) is bit for
+    bit its `fedsim run` alone."""
     from fedsim.cli import main
     from fedsim.config import dump_toml
 
@@ -121,11 +122,11 @@ def test_a_study_of_small_runs_trains_in_parts_and_equals_each_run_alone(tmp_pat
              "data": {"dataset": "digits", "clients": 30}, "model": {"name": "mlp"},
              "server": {"timing": "ideal", "clients_per_round": 10},
              "client": {"local_steps": 3, "batch_size": 32, "lr": 0.1},
-             "sweep": {"algorithm.name": ["fedavg", "mifa", "fedau"], "run.seed": [0, 1]}}
+             "sweep": {"algorithm.name": ["fedavg", "mifa", "fedau", "fedawe"], "run.seed": [0, 1]}}
     (tmp_path / "s.toml").write_text(dump_toml(study))
     assert main(["sweep", str(tmp_path / "s.toml"), "--quiet"]) == 0
     points = sorted((tmp_path / "runs" / "s").glob("algorithm-*"))
-    assert len(points) == 6
+    assert len(points) == 8
     for point in points:
         threads = json.loads((point / "manifest.json").read_text())["threads"]["calls_by_threads"]
         assert set(threads) == {"1"}, point.name  # no call of the study ran on both threads

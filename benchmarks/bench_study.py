@@ -3,18 +3,30 @@ against the same runs one after another in one process, and with Ray.
 
 16 runs by default (4 algorithms x 4 seeds; digits, mlp, 100 devices, 10 a round, 300
 rounds, ideal timing); `--runs 32` for 8 seeds. Prints a table; --json FILE writes it.
+`--load K` runs K CPU-burning processes beside it (a shared machine); the load averages
+before and after are recorded. `--profile` also runs the lockstep study under cProfile and
+prints where its host time goes (training, SimPy, selection, strategy, callbacks, events).
 
-    python benchmarks/bench_study.py [--runs 16|32] [--rounds 300] [--ray] [--device cpu|cuda] [--json FILE]
+    python benchmarks/bench_study.py [--runs 16|32] [--rounds 300] [--ray] [--device cpu|cuda]
+                                     [--load K] [--profile] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import os
 import platform
+import pstats
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_cohort import machine  # noqa: E402
 
 ALGORITHMS = ["fedavg", "mifa", "fedau", "fedvarp"]
 
@@ -51,6 +63,30 @@ def together(cfgs, out: Path) -> tuple[float, list]:
     return time.perf_counter() - t0, results
 
 
+# Where a lockstep round's host time goes: (label, file suffix, function), cumulative seconds.
+PARTS = [("training (train_together)", "training/cohort.py", "train_together"),
+         ("a round's server work (training is the driver's)", "sim/server.py", "round"),
+         ("  selection", "algorithms/base.py", "select"),
+         ("  strategy (receive: aggregate)", "algorithms/base.py", "receive"),
+         ("  events of the round", "sim/events.py", "task_events"),
+         ("callbacks (evaluation, recorder, checkpoints)", "runs/experiment.py", "_on_round"),
+         ("SimPy steps (server, callbacks, engine)", "simpy/core.py", "step"),
+         ("start (outputs, first checkpoint)", "runs/experiment.py", "start"),
+         ("end (evaluation, tables, model)", "runs/experiment.py", "end")]
+
+
+def profile(cfgs, out: Path) -> list[dict]:
+    """The lockstep study under cProfile: cumulative seconds of PARTS, and their share."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    wall, _ = together(cfgs, out / "profiled")
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, _, tottime, cumtime, _)}
+    cumulative = {label: sum(v[3] for (f, _, name), v in stats.items() if f.endswith(suffix) and name == fn)
+                  for label, suffix, fn in PARTS}
+    return [{"part": label, "s": round(sec, 2), "share": round(sec / wall, 3)} for label, sec in cumulative.items()]
+
+
 def with_ray(runs: int, rounds: int, device: str, out: Path) -> float:
     """The same study through `fedsim sweep --backend ray` (local Ray, a worker per core)."""
     from fedsim.config import dump_toml
@@ -76,8 +112,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--ray", action="store_true", help="also through the Ray backend")
+    parser.add_argument("--load", type=int, default=0, help="CPU-burning processes beside it")
+    parser.add_argument("--profile", action="store_true", help="also profile the lockstep study")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
+    load_before = os.getloadavg()
+    try:
+        record = measure(args)
+    finally:
+        for p in burners:
+            p.kill()
+    record.update(machine=machine(), load=args.load, loadavg_before=[round(x, 2) for x in load_before],
+                  loadavg_after=[round(x, 2) for x in os.getloadavg()])
+    print(f"machine: {machine()}, python {platform.python_version()}")
+    for key, value in record.items():
+        if key != "profile":
+            print(f"{key:<30} {value}")
+    for row in record.get("profile", []):
+        print(f"  {row['part']:<50} {row['s']:>8.2f} s {100 * row['share']:>5.1f} %")
+    if args.json:
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def measure(args) -> dict:
+    """Both ways (and Ray, the profile, if asked): the record of the table."""
     import numpy as np
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -98,11 +157,9 @@ def main() -> None:
                   "max_relative_difference": worst, "max_norm_relative_difference": worst_norm}
         if args.ray:
             record["ray_s"] = round(with_ray(args.runs, args.rounds, args.device, out), 2)
-    print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}")
-    for key, value in record.items():
-        print(f"{key:<30} {value}")
-    if args.json:
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        if args.profile:
+            record["profile"] = profile(cfgs, out)
+    return record
 
 
 if __name__ == "__main__":

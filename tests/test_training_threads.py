@@ -88,3 +88,54 @@ def test_a_bad_thread_setting_is_one_error_line(cli_run, value):
     err = cli_run.last_output.err.strip()
     assert err.count("\n") == 0
     assert "[run] threads" in err and '"auto"' in err and ">= 1" in err
+
+
+def test_a_shared_call_of_small_runs_is_cut_into_one_thread_parts(restore_threads):
+    """Each member alone on one thread but the whole past the crossover: one part per thread;
+    a member that alone gets all threads, a small whole, a pinned count or a GPU: one call."""
+    torch.set_num_threads(2)
+    small = CROSSOVER_FLOPS / 4
+    auto = ThreadPolicy("auto", CPU)
+    assert auto.parts([small] * 6) == 2
+    assert auto.parts([small] * 3) == 1  # 0.75 x the crossover: one thread, as each run alone
+    assert auto.parts([small, CROSSOVER_FLOPS]) == 1  # that member alone takes both threads
+    assert auto.parts([CROSSOVER_FLOPS * 2]) == 1
+    assert ThreadPolicy(2, CPU).parts([small] * 6) == 1
+    assert ThreadPolicy("auto", torch.device("cuda")).parts([small] * 6) == 1
+    torch.set_num_threads(1)
+    assert ThreadPolicy("auto", CPU).parts([small] * 6) == 1
+    torch.set_num_threads(2)
+    ran = auto.run_parts([lambda: torch.get_num_threads(), lambda: torch.get_num_threads()])
+    assert ran == [1, 1] and auto.summary()["calls_by_threads"] == {"1": 2}
+
+
+def test_a_study_of_small_runs_trains_in_parts_and_equals_each_run_alone(tmp_path, restore_threads):
+    """Eight mlp points of 10 devices (4.5 M multiply-adds a call each, 36 M together): the shared
+    call goes in two one-thread parts, and every point (FedAvg, MIFA, FedAU, FedAWE) is bit for
+    bit its `fedsim run` alone."""
+    from fedsim.cli import main
+    from fedsim.config import dump_toml
+
+    torch.set_num_threads(2)
+    study = {"run": {"name": "s", "out": str(tmp_path / "runs"), "rounds": 4, "eval_every": 2,
+                     "progress": False, "plots": False, "device": "cpu"},
+             "data": {"dataset": "digits", "clients": 30}, "model": {"name": "mlp"},
+             "server": {"timing": "ideal", "clients_per_round": 10},
+             "client": {"local_steps": 3, "batch_size": 32, "lr": 0.1},
+             "sweep": {"algorithm.name": ["fedavg", "mifa", "fedau", "fedawe"], "run.seed": [0, 1]}}
+    (tmp_path / "s.toml").write_text(dump_toml(study))
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet"]) == 0
+    points = sorted((tmp_path / "runs" / "s").glob("algorithm-*"))
+    assert len(points) == 8
+    for point in points:
+        threads = json.loads((point / "manifest.json").read_text())["threads"]["calls_by_threads"]
+        assert set(threads) == {"1"}, point.name  # no call of the study ran on both threads
+        raw = (point / "config.toml").read_text().replace(str(tmp_path / "runs" / "s"), str(tmp_path / "alone"))
+        (tmp_path / f"{point.name}.toml").write_text(raw)
+        assert main(["run", str(tmp_path / f"{point.name}.toml"), "--quiet"]) == 0
+        alone = tmp_path / "alone" / point.name
+        columns = ["round", "arrived", "train_loss", "test_loss", "test_acc"]
+        assert pl.read_parquet(alone / "rounds.parquet")[columns].equals(
+            pl.read_parquet(point / "rounds.parquet")[columns]), point.name
+        a, b = torch.load(alone / "model.pt"), torch.load(point / "model.pt")
+        assert all(torch.equal(a[k], b[k]) for k in a), point.name

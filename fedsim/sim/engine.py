@@ -54,7 +54,7 @@ class Engine:
                 self.status = "interrupted"
                 self.reason = f"interrupted by {self.stop_signal['name']} before round {rnd}"
                 return
-            outcome = yield env.process(server.round(rnd, max_time))
+            outcome = yield from server.round(rnd, max_time)
             if isinstance(outcome, Stop):
                 self.reason = outcome.reason
                 return

@@ -76,6 +76,8 @@ class IdealRounds:
     """The papers' round-indexed model: round r spans [r*D, (r+1)*D); it looks at the trace at
     exactly r*D (no float drift over rounds) and every invited device reports by its end."""
 
+    everyone_arrives = True  # so the server needs no SimPy process per task (sim/server.py)
+
     def __init__(self, cfg: ServerConfig, index):
         self.duration = cfg.round_duration
         self.trace_end = index.horizon if index.trace.wrap == "none" else math.inf
@@ -112,6 +114,8 @@ class ModelRounds:
     closes at the deadline, at K arrivals when the server overcommitted, or when every invited
     device has reported. FLASH's rules: a deadline drawn per round, a minimum of devices online
     to start, a quorum of arrivals for the round to count (docs/timing.md)."""
+
+    everyone_arrives = False
 
     def __init__(self, cfg: ServerConfig, index, timing: DeviceTiming, message_bytes: tuple[int, int],
                  seed: int = 0):

@@ -74,7 +74,7 @@ class Server:
         RoundOutcome, or a Stop."""
         env, strategy = self.env, self.strategy
         begun = env.now
-        t0 = yield env.process(self.rounds.start(env, rnd, max_time))
+        t0 = yield from self.rounds.start(env, rnd, max_time)
         if isinstance(t0, Stop):
             return t0
         # waiting for min_selected devices is part of the round (FLASH); for anyone, it is not
@@ -98,18 +98,15 @@ class Server:
             start = strategy.start_params(ids)[torch.as_tensor(trained, device=self.device)]
             result = yield from self.train(rnd, ids[trained], start, steps[trained], lr)
 
-        board = RoundBoard(env, invited=len(ids), target=target)
         # ties in end time report in a random order, so that equal speeds do not always favour
         # the lowest ids at the K-th arrival
-        reports = np.where(tasks.dropped, "dropped", "arrived").astype(object)
-        start_device_tasks(env, board.report, rng.permutation(len(ids)), tasks.ends_at, reports)
-        why = ("nobody-invited" if not len(ids) else
-               "max-time" if max_time and close_at == max_time else "deadline")
-        env.process(deadline(env, board, close_at, why))
-        yield board.closed
-
-        outcome = self.outcomes(board, tasks, close_at)
-        arrived_pos = np.asarray(board.arrived, dtype=np.int64)
+        order = rng.permutation(len(ids))
+        if self.rounds.everyone_arrives:  # ideal timing: the whole cohort reports at the close, in that order
+            yield env.timeout(max(close_at - env.now, 0.0))
+            arrived_pos, reason = order, "all-arrived" if len(ids) else "nobody-invited"
+        else:
+            arrived_pos, reason = yield from self._tasks_until_close(tasks, order, target, close_at, max_time)
+        outcome = self.outcomes(tasks, arrived_pos, close_at)
         if failed:
             strategy.refuse(rnd)
             loss = None
@@ -125,7 +122,7 @@ class Server:
         return RoundOutcome(
             round=rnd, t_start=t_start, t_end=env.now, online=len(online), invited=ids,
             arrived=ids[arrived_pos], dropped=ids[outcome == DROPPED], late=ids[outcome == LATE],
-            surplus=ids[outcome == SURPLUS], close_reason="quorum" if failed else board.reason,
+            surplus=ids[outcome == SURPLUS], close_reason="quorum" if failed else reason,
             train_loss=loss, wall_s=time.perf_counter() - wall0, events=events, extra=extra,
         )
 
@@ -133,8 +130,21 @@ class Server:
         """Training samples of each task (what its compute time is made of)."""
         return self.trainer.samples(ids, steps)
 
+    def _tasks_until_close(self, tasks: Tasks, order: np.ndarray, target: int, close_at: float, max_time: float):
+        """The invited devices' tasks as SimPy processes until the round closes (devices with
+        speeds and links): the positions that arrived, in arrival order, and why it closed."""
+        env, invited = self.env, len(order)
+        board = RoundBoard(env, invited=invited, target=target)
+        reports = np.where(tasks.dropped, "dropped", "arrived").astype(object)
+        start_device_tasks(env, board.report, order, tasks.ends_at, reports)
+        why = ("nobody-invited" if not invited else
+               "max-time" if max_time and close_at == max_time else "deadline")
+        env.process(deadline(env, board, close_at, why))
+        yield board.closed
+        return np.asarray(board.arrived, dtype=np.int64), board.reason
+
     @staticmethod
-    def outcomes(board: RoundBoard, tasks: Tasks, close_at: float) -> np.ndarray:
+    def outcomes(tasks: Tasks, arrived_pos: np.ndarray, close_at: float) -> np.ndarray:
         """What each invitation came to: arrived (counted), dropped (offline before it finished,
         by the deadline), surplus (finished by the deadline, after the round had closed at K
         arrivals), late (neither by the deadline); codes of sim/events.py."""
@@ -142,7 +152,7 @@ class Server:
         in_time = tasks.ends_at <= close_at
         outcome[in_time & tasks.dropped] = DROPPED
         outcome[in_time & ~tasks.dropped] = SURPLUS
-        outcome[np.asarray(board.arrived, dtype=np.int64)] = ARRIVED
+        outcome[arrived_pos] = ARRIVED
         return outcome
 
     def _arrivals(self, rnd, t0, ids, arrived_pos, trained, result, steps, lr) -> Arrivals:

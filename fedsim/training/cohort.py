@@ -182,19 +182,34 @@ def _train_group_or_split(calls: list[tuple]) -> list[TrainResult]:
 
 def _train_group(calls: list[tuple]) -> list[TrainResult]:
     """One batched call for cohorts of the same `cohort_key`: their devices stacked run after
-    run; each run draws its own inputs (its data, seed and round)."""
+    run; each run draws its own inputs (its data, seed and round). Where the thread rule says
+    so (`ThreadPolicy.parts`), the runs are cut into parts trained at once, one thread each."""
     trainers = [c[0].path_for(c[2]) if hasattr(c[0], "path_for") else c[0] for c in calls]
-    first, device = trainers[0], trainers[0].task.device
+    first = trainers[0]
+    width = max(t.batch_width(np.asarray(c[2])) for t, c in zip(trainers, calls))  # one width to stack
+    step_flops = first.task.step_flops(width)
+    n_parts = first.threads.parts([step_flops * len(c[2]) for c in calls])
+    if n_parts == 1:
+        with first.threads.work(step_flops * sum(len(c[2]) for c in calls)):
+            return _train_stacked(calls, trainers, width)
+    ends = np.cumsum([len(c[2]) for c in calls])
+    cuts = [0, *np.searchsorted(ends, ends[-1] * np.arange(1, n_parts) / n_parts, side="right"), len(calls)]
+    parts = [(calls[lo:hi], trainers[lo:hi]) for lo, hi in zip(cuts[:-1], cuts[1:]) if hi > lo]
+    done = first.threads.run_parts([lambda c=c, t=t: _train_stacked(c, t, width) for c, t in parts])
+    return [result for part in done for result in part]
+
+
+def _train_stacked(calls: list[tuple], trainers: list[Trainer], width: int) -> list[TrainResult]:
+    """`calls`' devices stacked in one `local_sgd` at batch width `width`."""
+    device = trainers[0].task.device
     ks = [len(c[2]) for c in calls]
     offsets = np.cumsum([0, *ks])
     start = torch.cat([c[3].to(device, torch.float32) for c in calls])
     steps = np.concatenate([np.asarray(c[4], dtype=np.int64) for c in calls])
     lr = torch.cat([torch.as_tensor(c[5], dtype=torch.float32, device=device).expand(k) for c, k in zip(calls, ks)])
     ids_t = [torch.as_tensor(np.asarray(c[2], dtype=np.int64), device=device) for c in calls]
-    width = max(t.batch_width(np.asarray(c[2])) for t, c in zip(trainers, calls))  # one width to stack
     inputs = [t.task.inputs(i, c[1], int(np.max(c[4], initial=0)), t.batch_size, t.seed, width, t.client.local_epochs)
               for t, i, c in zip(trainers, ids_t, calls)]
-    with first.threads.work(first.task.step_flops(width) * len(steps)):
-        end, loss_sum = local_sgd(first, start, steps, lr, calls[0][6], inputs, ks)
+    end, loss_sum = local_sgd(trainers[0], start, steps, lr, calls[0][6], inputs, ks)
     return [t.result(c[2], start[lo:hi], end[lo:hi], loss_sum[lo:hi], np.asarray(c[4], dtype=np.int64))
             for t, c, lo, hi in zip(trainers, calls, offsets[:-1], offsets[1:])]

@@ -6,12 +6,21 @@ make a 1 ms step take 25 ms. A large call (a big cohort, a CNN on the CPU) keeps
 The choice is a fixed rule of the call's size in multiply-adds, with the crossover measured by
 benchmarks/bench_threads.py, never a timing taken during the run, so a seed still gives the
 same run on the same machine.
+
+A lockstep study's shared call (fedsim/studies/lockstep.py) of many small cohorts is large, but
+all threads on one call need every core at every kernel: beside other jobs a core is often
+taken, and such a call was measured 5x slower than on one thread. So, where each run alone
+would have one thread, the shared call is cut into independent parts, one per thread, each
+on one thread (`parts`): idle they fill the cores, loaded a part waits for a core once per
+call, not once per kernel, and each run's numbers are those of its one-thread call alone.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import Callable, Sequence
 
 import torch
 
@@ -64,7 +73,39 @@ class ThreadPolicy:
             if wanted != before:
                 torch.set_num_threads(before)
 
+    def parts(self, member_flops: Sequence[float]) -> int:
+        """Independent one-thread parts for a shared call of members of these sizes (their own
+        calls alone): all threads' worth when the whole reaches the crossover and no member
+        alone would get more than one thread; 1 otherwise (the call then takes `work`'s rule)."""
+        if not self.active or self.setting != "auto" or self.most < 2 or len(member_flops) < 2:
+            return 1
+        if max(member_flops) >= CROSSOVER_FLOPS or sum(member_flops) < CROSSOVER_FLOPS:
+            return 1
+        return min(self.most, len(member_flops))
+
+    def run_parts(self, jobs: Sequence[Callable[[], object]]) -> list:
+        """`jobs` (the parts of a shared call) at once, each on one thread; their results."""
+        self.calls[1] += len(jobs)
+        if len(jobs) == 1:
+            return [jobs[0]()]
+        return list(_pool(self.most).map(_one_thread, jobs))
+
     def summary(self) -> dict:
         """For the manifest: the setting, the most threads a call may get, calls per thread count."""
         return {"setting": self.setting, "max": self.most if self.active else None,
                 "calls_by_threads": {str(k): v for k, v in sorted(self.calls.items())}}
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    if workers not in _POOLS:
+        _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="fedsim-part")
+    return _POOLS[workers]
+
+
+def _one_thread(job: Callable[[], object]):
+    """A part in a pool thread: torch's thread count is per OS thread for OpenMP, so set it here."""
+    torch.set_num_threads(1)
+    return job()

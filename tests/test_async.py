@@ -65,15 +65,20 @@ def test_async_with_everyone_in_every_buffer_is_synchronous_fedavg(cli_run):
     np.testing.assert_allclose(df["t_end"].to_numpy(), 3.0 * np.arange(1, 21))
 
 
-def test_async_buffers_and_staleness(cli_run, tmp_path):
+def two_speeds_config(tmp_path) -> dict:
+    """Devices 0, 1 take 3 s per task, devices 2, 3 take 9 s: the slow ones arrive stale."""
     from fedsim.traces.io import write_device_table
 
-    # devices 0, 1 take 3 s per task, devices 2, 3 take 9 s: the slow ones arrive stale
     write_device_table({"device_id": [0, 1, 2, 3], "seconds_per_sample": [1.0, 1.0, 3.0, 3.0],
                         "bandwidth_bps": [1e12] * 4}, tmp_path / "devices.parquet")
     config = async_config(12, concurrency=4, buffer=2)
     config["devices"] = {"model": "table", "latency_s": 0.0}
     config["trace"] = {"devices_table": str(tmp_path / "devices.parquet")}
+    return config
+
+
+def test_async_buffers_and_staleness(cli_run, tmp_path):
+    config = two_speeds_config(tmp_path)
     run_dir = cli_run(config, always(4))
     df = rounds(run_dir)
     assert (df["arrived"] == 2).all()
@@ -103,14 +108,7 @@ def replay_fedbuff(events: pl.DataFrame, x0: np.ndarray, lr: float, steps: int, 
 
 
 def test_fedbuff_discounts_stale_updates_by_one_over_sqrt_one_plus_staleness(cli_run, tmp_path):
-    from fedsim.traces.io import write_device_table
-
-    # devices 0, 1 take 3 s per task, devices 2, 3 take 9 s: the slow ones arrive with staleness
-    write_device_table({"device_id": [0, 1, 2, 3], "seconds_per_sample": [1.0, 1.0, 3.0, 3.0],
-                        "bandwidth_bps": [1e12] * 4}, tmp_path / "devices.parquet")
-    config = async_config(12, concurrency=4, buffer=2)
-    config["devices"] = {"model": "table", "latency_s": 0.0}
-    config["trace"] = {"devices_table": str(tmp_path / "devices.parquet")}
+    config = two_speeds_config(tmp_path)
     config["model"] = {"init": [0.5, -0.5]}
     got, events = {}, {}
     for name in ("fedbuff", "fedavg"):

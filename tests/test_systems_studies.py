@@ -53,4 +53,5 @@ def test_a_tiny_version_runs_from_its_name_to_a_claims_report(name, tmp_path, mo
     assert mean_round[fast] < mean_round[slow], mean_round
     timed = next(c["claim"] for c in load_study(name).claims if c["metric"] in ("round_s", "sim_time"))
     line = next(line for line in out.splitlines() if line.startswith(timed))
-    assert re.search(r"  [+-][\d.]+(e[+-]\d+)? ± [\d.e+-]+ s  ", line), line  # simulated seconds, with a CI
+    # simulated seconds and the ratio, with CIs
+    assert re.search(r"  [+-][\d.]+(e[+-]\d+)? ± [\d.e+-]+ s \(x[\d.]+ ± [\d.]+\)  ", line), line

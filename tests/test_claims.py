@@ -182,6 +182,9 @@ def test_a_time_claim_gives_the_seconds_saved_and_the_ratio_with_their_cis():
     assert result.verdict == HOLDS and result.unreached == 1
     assert result.verdict_text == "holds; 1 point never reached the target, left out"
     assert measured(result) == f"+206.7 ± 14 s (x{np.mean(ratios):.2f} ± {half:.2f})"
+    with pytest.raises(FedsimError, match=r"^claim 'a is faster': no point of the study reached test accuracy 0.9 "
+                                          r"\(metric 'time_to_acc'\); lower the claim's target or run the study longer$"):
+        judge({**claim, "target": 0.9}, frame, {**AXES, "run.seed": [0, 1, 2, 3]})
 
 
 @pytest.mark.parametrize("change, says", [

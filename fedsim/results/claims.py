@@ -231,6 +231,9 @@ def judge(claim: dict, study: pl.DataFrame, axes: dict[str, list], zips: list[li
     zipped with one the claim names (a learning rate per algorithm) goes with it."""
     higher = METRICS[claim["metric"]][1]
     metric = point_metric(study, claim["metric"], claim.get("window"), claim.get("target"))
+    if metric["value"].is_null().all() and claim["metric"] == "time_to_acc":
+        raise FedsimError(f"claim {claim['claim']!r}: no point of the study reached test accuracy {claim['target']:g} "
+                          "(metric 'time_to_acc'); lower the claim's target or run the study longer")
     if metric["value"].is_null().all():
         raise FedsimError(f"claim {claim['claim']!r}: metric {claim['metric']!r} has no value in any point of the "
                           f"study (no run recorded a finite {METRICS[claim['metric']][0]}); see why with "

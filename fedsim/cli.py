@@ -310,6 +310,8 @@ def report_claims(study, as_json: bool) -> int:
     if as_json:
         print(json.dumps([{"claim": v.claim["claim"], "verdict": v.verdict, "note": v.decisive.note or None,
                            "mean": v.decisive.mean, "ci95": v.decisive.ci, "group": v.decisive.label,
+                           **({"ratio": v.decisive.ratio[0], "ratio_ci95": v.decisive.ratio[1]}
+                              if v.decisive.ratio else {}), "unreached": v.unreached,
                            "groups": [{"group": g.label, "values": g.values, "verdict": g.verdict,
                                        "note": g.note or None} for g in v.groups]} for v in verdicts], indent=2))
         return 0

@@ -84,6 +84,7 @@ def test_every_algorithm_matches_its_numpy_reference(cli_run, random_case):
         "fedavg": ref.fedavg(U, A, x0, lr, 2, 0.8),
         "fedavg-all": ref.fedavg_all(U, A, x0, lr, 2, 0.8),
         "fedavg-known-p": ref.fedavg_known_p(U, A, x0, lr, 2, P, 0.8),
+        "fedbuff": ref.fedavg(U, A, x0, lr, 2, 0.8),  # synchronous rounds: staleness 0
         "fedsgd": ref.fedavg(U, A, x0, lr, 1, 0.8),
         "fedprox": ref.fedavg(U, A, x0, lr, 2, 0.8, mu=0.5),
         "fedavg-wait": ref.fedavg_wait(U, A, x0, lr, 2, lambda t: range(N), 0.8),
@@ -146,7 +147,7 @@ def test_server_optimizer_state_is_counted_in_server_memory(cli_run):
 
 
 def test_the_reference_tests_cover_every_registered_algorithm():
-    covered = {"fedavg", "fedavg-all", "fedavg-known-p", "fedsgd", "fedprox", "fedavg-wait", "mifa",
+    covered = {"fedavg", "fedavg-all", "fedavg-known-p", "fedbuff", "fedsgd", "fedprox", "fedavg-wait", "mifa",
                "fedawe", "amplified", "fedau", "fedvarp", "sequential-sgd", "fedlaavg"}
     assert set(REGISTRY) == covered
 

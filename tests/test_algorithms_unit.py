@@ -99,6 +99,7 @@ CASES = {
     "fedavg-all": ({}, {}, lambda U, A, P, x0, lr: ref.fedavg_all(U, A, x0, lr, 2, 0.8)),
     "fedavg-known-p": ({}, {"known_p": "P"},
                        lambda U, A, P, x0, lr: ref.fedavg_known_p(U, A, x0, lr, 2, P, 0.8)),
+    "fedbuff": ({}, {}, lambda U, A, P, x0, lr: ref.fedavg(U, A, x0, lr, 2, 0.8)),  # synchronous: staleness 0
     "fedsgd": ({}, {}, lambda U, A, P, x0, lr: ref.fedavg(U, A, x0, lr, 1, 0.8)),
     "fedprox": ({"mu": 0.5}, {}, lambda U, A, P, x0, lr: ref.fedavg(U, A, x0, lr, 2, 0.8, mu=0.5)),
     "fedavg-wait": ({"S": N}, {},

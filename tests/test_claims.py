@@ -147,6 +147,46 @@ def test_windowed_metrics_read_the_last_rounds_of_the_study():
     assert dict(point_metric(evaluated, "tail_acc", 3).iter_rows())["p0"] == 0.4
 
 
+def timed(points: list[tuple[dict, list, list]]) -> pl.DataFrame:
+    """A study.parquet of evaluated rounds: test accuracy (None: not evaluated) and t_end."""
+    return pl.concat([pl.DataFrame({"round": range(len(acc)), "test_acc": acc, "t_end": t_end},
+                                   schema={"round": pl.Int64, "test_acc": pl.Float64, "t_end": pl.Float64})
+                      .with_columns(test_loss=pl.lit(0.0), duration=pl.lit(1.0), point=pl.lit(f"p{k}"),
+                                    **{a: pl.lit(v) for a, v in values.items()})
+                      for k, (values, acc, t_end) in enumerate(points)])
+
+
+def test_time_to_accuracy_is_the_end_of_the_first_round_evaluated_at_the_target():
+    frame = timed([({"algorithm.name": "a", "run.seed": 0}, [None, 0.5, None, 0.72, 0.69, 0.8], [5, 9, 20, 31, 40, 52]),
+                   ({"algorithm.name": "a", "run.seed": 1}, [0.1, float("nan"), 0.7], [3, 6, 9]),
+                   ({"algorithm.name": "b", "run.seed": 0}, [0.3, 0.6, 0.65], [10, 20, 30])])
+    times = dict(point_metric(frame, "time_to_acc", target=0.7).iter_rows())
+    assert times == {"p0": 31.0, "p1": 9.0, "p2": None}  # p2 never reached 0.7
+    assert dict(point_metric(frame, "time_to_acc", target=0.5).iter_rows()) == {"p0": 9.0, "p1": 9.0, "p2": 20.0}
+
+
+def test_a_time_claim_gives_the_seconds_saved_and_the_ratio_with_their_cis():
+    """Async reaches 0.7 at 100, 120, 110 s, sync at 300, 330, 320 s; sync's seed 3 never does."""
+    fast, slow = [100.0, 120.0, 110.0, 90.0], [300.0, 330.0, 320.0, None]
+    frame = timed([({"algorithm.name": name, "run.seed": s}, [0.5, 0.7 if t else 0.6], [t or 50.0, t or 400.0])
+                   for name, ts in (("a", fast), ("b", slow)) for s, t in enumerate(ts)])
+    claim = {"claim": "a is faster", "metric": "time_to_acc", "target": 0.7, "better": {"algorithm.name": "a"},
+             "than": {"algorithm.name": "b"}}
+    check_claims([claim], {**AXES, "run.seed": [0, 1, 2, 3]}, "s.toml")
+    result = judge(claim, frame, {**AXES, "run.seed": [0, 1, 2, 3]})
+    assert result.decisive.values == [200.0, 210.0, 210.0]  # seconds saved, seed 3 left out
+    ratios = [3.0, 2.75, 320 / 110]
+    assert result.decisive.ratios == pytest.approx(ratios)
+    half = 4.302653 * np.std(ratios, ddof=1) / math.sqrt(3)  # Student's t, 2 degrees of freedom
+    assert result.decisive.ratio == pytest.approx((np.mean(ratios), half), rel=1e-3)
+    assert result.verdict == HOLDS and result.unreached == 1
+    assert result.verdict_text == "holds; 1 point never reached the target, left out"
+    assert measured(result) == f"+206.7 ± 14 s (x{np.mean(ratios):.2f} ± {half:.2f})"
+    with pytest.raises(FedsimError, match=r"^claim 'a is faster': no point of the study reached test accuracy 0.9 "
+                                          r"\(metric 'time_to_acc'\); lower the claim's target or run the study longer$"):
+        judge({**claim, "target": 0.9}, frame, {**AXES, "run.seed": [0, 1, 2, 3]})
+
+
 @pytest.mark.parametrize("change, says", [
     ({"metric": "final_accuracy"}, "metric = 'final_accuracy' is unknown; did you mean 'final_acc'?"),
     ({"metric": "tail_acc"}, "metric 'tail_acc' needs window = ROUNDS"),
@@ -158,6 +198,10 @@ def test_windowed_metrics_read_the_last_rounds_of_the_study():
     ({"best_over": "client.lr"}, "best_over = 'client.lr' is not an axis of the study"),
     ({"treshold": 1}, "unknown key 'treshold'"),
     ({"claim": ""}, "claim = '' must be the sentence the report shows"),
+    ({"metric": "time_to_acc"}, "metric 'time_to_acc' needs target = ACCURACY (a number in (0, 1], 0.7 = 70 %), "
+                                "got None"),
+    ({"metric": "time_to_acc", "target": 70}, "needs target = ACCURACY (a number in (0, 1], 0.7 = 70 %), got 70"),
+    ({"target": 0.7}, "target applies to metric 'time_to_acc', not 'final_acc'; remove it"),
 ])
 def test_a_malformed_claim_is_one_line_naming_it(change, says):
     with pytest.raises(FedsimError) as err:

@@ -1,7 +1,7 @@
 """Simulated time does not depend on how the simulation runs: the same config gives the same
 rounds.parquet and events.parquet times with the batched and the loop trainer, and alone or
-as a point of a study whose runs train in lockstep (shared batched calls). On a GPU the same
-holds by construction (time is numpy on the host, never torch); these tests run on the CPU."""
+as a point of a study whose runs train in lockstep (shared batched calls), and on the CPU and
+a CUDA GPU (time is numpy on the host, never torch; that test is skipped without a GPU)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_study import sweep, write_study  # noqa: E402
@@ -41,7 +42,9 @@ def config(**client) -> dict:
 
 
 def times(run_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
-    return (pl.read_parquet(run_dir / "rounds.parquet").select(TIME_COLUMNS),
+    """The time columns of rounds.parquet (those of its mode: async has staleness, no deadline)."""
+    rounds = pl.read_parquet(run_dir / "rounds.parquet")
+    return (rounds.select(c for c in [*TIME_COLUMNS, "staleness"] if c in rounds.columns),
             pl.read_parquet(run_dir / "events.parquet"))
 
 
@@ -76,3 +79,19 @@ def test_a_point_of_a_lockstep_study_has_the_times_of_the_run_alone(tmp_path, ba
     sweep(path)
     point = times(tmp_path / "runs" / "s" / "algorithm-fedavg")
     assert point[0].equals(batched[0]) and point[1].equals(batched[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run this file on a machine with one)")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_cpu_and_cuda_give_the_same_times(cli_run, mode):
+    """The same config on either device, synchronous with every clock rule and asynchronous."""
+    got = []
+    for device in ("cpu", "cuda"):
+        body = config(trainer="batched")
+        body["run"]["device"] = device
+        if mode == "async":
+            body["server"] = {"timing": "model", "mode": "async", "concurrency": 6, "buffer": 3, "deadline": 1.2}
+        got.append(times(cli_run(body, name=f"{mode}-{device}")))
+    cpu, cuda = got
+    assert len(cpu[0]) == 12 and (cpu[1]["outcome"] == "arrived").any()
+    assert cuda[0].equals(cpu[0]) and cuda[1].equals(cpu[1])

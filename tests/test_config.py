@@ -161,7 +161,7 @@ def test_each_numeric_rule_is_checked_from_the_metadata(section, f):
     ({"algorithm": {"selection": "uniformm"}}, "c.toml: [algorithm] selection = 'uniformm' is not "
      "valid; did you mean 'uniform'? (one of: all, uniform, regularized, longest-absent)"),
     ({"devices": {"model": "fixed"}}, "c.toml: [devices] model = 'fixed' is not valid (one of: "
-     "profiles, constant, lognormal, table)"),
+     "profiles, constant, lognormal, halfnormal, table)"),
 ])
 def test_rule_errors_are_the_exact_lines(raw, line):
     with pytest.raises(FedsimError) as err:

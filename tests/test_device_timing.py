@@ -149,6 +149,17 @@ def test_lognormal_and_constant_keep_the_numbers_of_earlier_versions():
     assert "class" not in constant.columns() and "flops" not in constant.columns()
 
 
+def test_halfnormal_is_the_fastest_time_plus_a_half_normal_tail():
+    cfg = config_from_dict({"devices": {"model": "halfnormal", "seconds_per_sample": 0.1, "compute_sigma": 2.0}})
+    sps = DeviceTiming.build(cfg.devices, 20000, 3, train_flops=1.0).seconds_per_sample
+    tail = (sps / 0.1 - 1.0) / 2.0  # |z|: mean sqrt(2/pi), median 0.674 (the half-normal's)
+    assert tail.min() >= 0 and tail.min() < 1e-3
+    assert tail.mean() == pytest.approx(np.sqrt(2 / np.pi), abs=0.01)
+    assert np.median(tail) == pytest.approx(0.6745, abs=0.015)
+    again = DeviceTiming.build(cfg.devices, 20000, 3, train_flops=1.0).seconds_per_sample
+    np.testing.assert_array_equal(sps, again)
+
+
 def test_the_per_step_overhead_adds_to_every_task(cli_run):
     trace = Trace.from_intervals([0, 1], [0.0, 0.0], [1e6, 1e6], n_devices=2, horizon=1e6)
     config = quadratic_config([[1.0, 0.0], [0.0, 1.0]], steps=4, rounds=2,
@@ -204,8 +215,8 @@ def test_two_columns_that_say_one_thing_are_refused(columns, says):
 
 
 @pytest.mark.parametrize("devices, says", [
-    ({"seconds_per_sample": 0.1}, "[devices] seconds_per_sample applies to model = 'constant' or 'lognormal', "
-                                  "not 'profiles'; remove it or set [devices] model; to keep the numbers of a "
+    ({"seconds_per_sample": 0.1}, "[devices] seconds_per_sample applies to model = 'constant' or 'lognormal' "
+                                  "or 'halfnormal', not 'profiles'; remove it or set [devices] model; to keep the numbers of a "
                                   "config written before 'profiles' became the default, set [devices] model = "
                                   "\"lognormal\" (docs/timing.md)"),
     ({"model": "lognormal", "classes": ["phone-low"]}, "[devices] classes applies to model = 'profiles', not "

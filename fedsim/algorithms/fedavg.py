@@ -2,8 +2,9 @@
 
 The members differ only in the weights: the mean over the arrivals (``fedavg``, and its
 ``fedsgd``/``fedprox`` variants), absent devices counted as zero (``fedavg-all``, biased
-towards often-available devices), or inverse true availability (``fedavg-known-p``,
-unbiased when the trace knows p_i^t). Nobody arrived: the model is unchanged.
+towards often-available devices), inverse true availability (``fedavg-known-p``,
+unbiased when the trace knows p_i^t), or FedBuff's staleness discount (``fedbuff``, for
+``[server] mode = "async"``). Nobody arrived: the model is unchanged.
 """
 
 from __future__ import annotations
@@ -75,6 +76,19 @@ class FedAvgKnownP(FedAvg):
                 f"(check [server] timing and round_duration against the trace's round grid)"
             )
         return torch.as_tensor(1.0 / (self.n * p), dtype=torch.float32, device=arrivals.deltas.device)
+
+
+class FedBuff(FedAvg):
+    """FedBuff (Nguyen et al. 2022, Algorithm 1): x <- x + η_g (1/K) Σ s(τ_i) Δ_i with the
+    staleness discount s(τ) = 1/sqrt(1 + τ), τ_i the server updates since device i's model was
+    current. The sum is divided by the K arrivals, not by Σ s(τ_i): stale buffers take shorter
+    steps. In synchronous rounds every τ_i is 0: FedAvg."""
+
+    name = "fedbuff"
+
+    def weights(self, rnd, arrivals):
+        staleness = torch.as_tensor(rnd - arrivals.version, dtype=torch.float32, device=arrivals.deltas.device)
+        return 1.0 / (len(arrivals) * torch.sqrt(1.0 + staleness))
 
 
 class FedSGD(FedAvg):

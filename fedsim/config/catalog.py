@@ -17,8 +17,8 @@ def _paths(module: str, names: dict[str, str]) -> dict[str, str]:
 
 ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", "fedsim.algorithms.base:is_strategy", {
     **_paths("fedsim.algorithms.fedavg", {"fedavg": "FedAvg", "fedavg-all": "FedAvgAll",
-                                          "fedavg-known-p": "FedAvgKnownP", "fedsgd": "FedSGD",
-                                          "fedprox": "FedProx"}),
+                                          "fedavg-known-p": "FedAvgKnownP", "fedbuff": "FedBuff",
+                                          "fedsgd": "FedSGD", "fedprox": "FedProx"}),
     "fedavg-wait": "fedsim.algorithms.waiting:FedAvgWait",
     **_paths("fedsim.algorithms.mifa", {"mifa": "Mifa", "fedlaavg": "FedLaAvg"}),
     "fedvarp": "fedsim.algorithms.fedvarp:FedVarp",

@@ -184,7 +184,7 @@ def _accuracies(where: str, value: list) -> list[float]:
     return [float(entry) for entry in value]
 
 
-DEVICE_MODELS = ("profiles", "constant", "lognormal", "table")
+DEVICE_MODELS = ("profiles", "constant", "lognormal", "halfnormal", "table")
 
 
 def _device_classes(where: str, value: list) -> list:
@@ -413,7 +413,8 @@ class DevicesConfig:
 
     model: str = key("profiles", "profiles: device classes with FLOP/s, links and latency, compute "
                      "from the model's cost; constant: every device at the medians below; "
-                     "lognormal: spread around them; table: [trace] devices_table",
+                     "lognormal: spread around them; halfnormal: compute seconds with a half-normal tail above "
+                     "seconds_per_sample (FLSim's FedBuff setup); table: [trace] devices_table",
                      choices=DEVICE_MODELS)
     classes: list = key([], "profiles: the device classes to draw from", check=_device_classes,
                         zero="every built-in class (docs/timing.md)")
@@ -422,13 +423,13 @@ class DevicesConfig:
     step_overhead_s: float = key(0.0, "seconds a device spends per local step on top of its "
                                  "samples' compute (any model)", non_negative=True)
     seconds_per_sample: float = key(0.002, "constant, lognormal: median compute seconds per "
-                                    "training sample", non_negative=True)
+                                    "training sample; halfnormal: the fastest device's", non_negative=True)
     bandwidth_bps: float = key(1.0e6, "constant, lognormal: median link speed, bits per second, "
                                "both directions", positive=True)
     latency_s: float = key(0.1, "constant, lognormal, table (without its latency_s column): "
                            "seconds of latency per transfer", non_negative=True)
-    compute_sigma: float = key(0.5, "lognormal: spread of seconds_per_sample across devices",
-                               non_negative=True)
+    compute_sigma: float = key(0.5, "lognormal: spread of seconds_per_sample across devices; "
+                               "halfnormal: the tail's scale, in units of seconds_per_sample", non_negative=True)
     bandwidth_sigma: float = key(0.5, "lognormal: spread of bandwidth across devices",
                                  non_negative=True)
 
@@ -436,9 +437,10 @@ class DevicesConfig:
 # the [devices] keys that only some timing models read: set under another model, they would
 # be ignored, so they are refused (an earlier fedsim's default model was lognormal)
 DEVICE_MODEL_KEYS = {"classes": ("profiles",), "class_weights": ("profiles",),
-                     "seconds_per_sample": ("constant", "lognormal"),
-                     "bandwidth_bps": ("constant", "lognormal"), "latency_s": ("constant", "lognormal", "table"),
-                     "compute_sigma": ("lognormal",), "bandwidth_sigma": ("lognormal",)}
+                     "seconds_per_sample": ("constant", "lognormal", "halfnormal"),
+                     "bandwidth_bps": ("constant", "lognormal", "halfnormal"),
+                     "latency_s": ("constant", "lognormal", "halfnormal", "table"),
+                     "compute_sigma": ("lognormal", "halfnormal"), "bandwidth_sigma": ("lognormal",)}
 
 
 @dataclass

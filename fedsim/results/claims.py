@@ -17,6 +17,7 @@ selects with those that `than` selects, paired by seed (same seed, same data, sa
     within = 0.01                           # optional: instead, A matches B within this margin
     best_over = "client.lr"                 # optional: each side at its best value of the axis
     window = 100                            # rounds, for tail_acc, tail_loss, loss_swing
+    target = 0.7                            # accuracy, for time_to_acc
 
 Every axis the claim does not name (but the seed) splits it into groups, and the claim must
 hold in each. Per group the statistic is computed per seed, and the whole 95 % CI of its mean
@@ -25,13 +26,15 @@ for `within`, inside (-margin, margin)), `does not hold` when it lies on the oth
 below `at_least`; for `within`, wholly outside the margin), `inconclusive` when it straddles
 the boundary, or with one seed (no CI). An inconclusive group says about how many more seeds
 would decide it, were the mean and sd to stay as measured. A claim's verdict is that of its
-worst group.
+worst group. A time claim also gives the ratio `than` / `better` per seed (how many times
+faster), with its CI. A point that never reaches a time_to_acc target has no time: it is left
+out, and the verdict says how many were.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,11 +55,15 @@ METRICS = {
     "loss_swing": ("max - min test loss over the last `window` rounds (oscillation)", False),
     "round_s": ("mean simulated duration of a round, seconds", False),
     "sim_time": ("simulated time at the end of the last round, seconds", False),
+    "time_to_acc": ("simulated time at the end of the first round evaluated at `target` test accuracy or "
+                    "more, seconds", False),
 }
 WINDOWED = ("tail_acc", "tail_loss", "loss_swing")
 ACCURACY_METRICS = ("final_acc", "best_acc", "tail_acc")
-TIMES = ("round_s", "sim_time")  # simulated seconds: lower is better
-KEYS = ("claim", "metric", "better", "than", "where", "grows_as", "at_least", "within", "best_over", "window")
+NEEDS_ACCURACY = (*ACCURACY_METRICS, "time_to_acc")
+TIMES = ("round_s", "sim_time", "time_to_acc")  # simulated seconds: lower is better
+KEYS = ("claim", "metric", "better", "than", "where", "grows_as", "at_least", "within", "best_over", "window",
+        "target")
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
 MORE_SEEDS_CAP = 1000  # the most extra seeds an inconclusive verdict looks ahead
 
@@ -78,8 +85,8 @@ def metric_exists(claim: dict, datasets: set[str], where: str) -> None:
     """An accuracy claim on a study whose every point is a task without accuracy (the quadratic
     one) is refused for its metric, not left to find no points."""
     metric = claim["metric"]
-    if metric in ACCURACY_METRICS and datasets and set(datasets) <= set(NO_ACCURACY_DATASETS):
-        usable = ", ".join(m for m in METRICS if m not in ACCURACY_METRICS)
+    if metric in NEEDS_ACCURACY and datasets and set(datasets) <= set(NO_ACCURACY_DATASETS):
+        usable = ", ".join(m for m in METRICS if m not in NEEDS_ACCURACY)
         raise FedsimError(f"{where}: metric {metric!r} ({METRICS[metric][0]}) does not exist for the "
                           f"{' and '.join(sorted(datasets))} task, which has no classes and so no accuracy; use "
                           f"one it has: {usable}")
@@ -101,6 +108,12 @@ def _check(claim: dict, axes: dict[str, list], where: str) -> dict:
     if claim["metric"] in WINDOWED and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise FedsimError(f"{where}: metric {claim['metric']!r} needs window = ROUNDS (an integer >= 1), "
                           f"got {window!r}")
+    target = claim.get("target")
+    if claim["metric"] == "time_to_acc" and (not _number(target) or not 0 < target <= 1):
+        raise FedsimError(f"{where}: metric 'time_to_acc' needs target = ACCURACY (a number in (0, 1], "
+                          f"0.7 = 70 %), got {target!r}")
+    if claim["metric"] != "time_to_acc" and target is not None:
+        raise FedsimError(f"{where}: target applies to metric 'time_to_acc', not {claim['metric']!r}; remove it")
     free = [a for a in axes if a != SEED]
     for key in ("better", "than", "where"):
         _check_selection(claim.get(key, {}), key, axes, where)
@@ -150,8 +163,10 @@ def _check_selection(selection, key: str, axes: dict[str, list], where: str) -> 
 
 # -- measuring ----------------------------------------------------------------------------------
 
-def point_metric(study: pl.DataFrame, metric: str, window: int | None = None) -> pl.DataFrame:
-    """`point` and `value`: the metric of each point, from study.parquet's rounds."""
+def point_metric(study: pl.DataFrame, metric: str, window: int | None = None,
+                 target: float | None = None) -> pl.DataFrame:
+    """`point` and `value`: the metric of each point, from study.parquet's rounds (time_to_acc:
+    null where the point never reached `target`)."""
     frame = study.sort(["point", "round"])
     if metric in WINDOWED:  # the study's last rounds; a point that stopped early (diverged) has none
         last = pl.col("round").max()
@@ -159,7 +174,8 @@ def point_metric(study: pl.DataFrame, metric: str, window: int | None = None) ->
     acc, loss = finite("test_acc"), finite("test_loss")
     value = {"final_acc": acc.drop_nulls().last(), "best_acc": acc.max(), "final_loss": loss.drop_nulls().last(),
              "tail_acc": acc.mean(), "tail_loss": loss.mean(), "loss_swing": loss.max() - loss.min(),
-             "round_s": pl.col("duration").mean(), "sim_time": pl.col("t_end").last()}[metric]
+             "round_s": pl.col("duration").mean(), "sim_time": pl.col("t_end").last(),
+             "time_to_acc": pl.col("t_end").filter(acc >= (target or 0.0)).first()}[metric]
     return frame.group_by("point", maintain_order=True).agg(value.alias("value"))
 
 
@@ -171,6 +187,7 @@ class Group:
     values: list[float]
     verdict: str
     note: str = ""  # an inconclusive group: what would decide it ("about 6 more seeds")
+    ratios: list[float] = field(default_factory=list)  # time metrics: than / better per seed
 
     @property
     def verdict_text(self) -> str:
@@ -182,7 +199,16 @@ class Group:
 
     @property
     def ci(self) -> float | None:
-        return ci95([np.std(self.values, ddof=1) if len(self.values) > 1 else None], [len(self.values)])[0]
+        return _ci(self.values)
+
+    @property
+    def ratio(self) -> tuple[float, float | None] | None:
+        """The mean ratio than / better over the seeds and its CI half-width (time metrics)."""
+        return (float(np.mean(self.ratios)), _ci(self.ratios)) if self.ratios else None
+
+
+def _ci(values: list[float]) -> float | None:
+    return ci95([np.std(values, ddof=1) if len(values) > 1 else None], [len(values)])[0]
 
 
 @dataclass
@@ -191,24 +217,31 @@ class Verdict:
     groups: list[Group]
     verdict: str
     decisive: Group  # the group that decides: the worst one
+    unreached: int = 0  # time_to_acc: points left out because they never reached the target
 
     @property
     def verdict_text(self) -> str:
-        return self.decisive.verdict_text
+        n = self.unreached
+        left_out = f"; {n} point{'s' * (n > 1)} never reached the target, left out" if n else ""
+        return self.decisive.verdict_text + left_out
 
 
 def judge(claim: dict, study: pl.DataFrame, axes: dict[str, list], zips: list[list[str]] = ()) -> Verdict:
     """The claim checked on a study's rounds (study.parquet, axis values as columns); an axis
     zipped with one the claim names (a learning rate per algorithm) goes with it."""
     higher = METRICS[claim["metric"]][1]
-    metric = point_metric(study, claim["metric"], claim.get("window"))
+    metric = point_metric(study, claim["metric"], claim.get("window"), claim.get("target"))
+    if metric["value"].is_null().all() and claim["metric"] == "time_to_acc":
+        raise FedsimError(f"claim {claim['claim']!r}: no point of the study reached test accuracy {claim['target']:g} "
+                          "(metric 'time_to_acc'); lower the claim's target or run the study longer")
     if metric["value"].is_null().all():
         raise FedsimError(f"claim {claim['claim']!r}: metric {claim['metric']!r} has no value in any point of the "
                           f"study (no run recorded a finite {METRICS[claim['metric']][0]}); see why with "
                           "`fedsim report` on the study")
-    points = (study.select("point", *axes).unique("point", maintain_order=True)
-              .join(metric, on="point").drop_nulls("value"))
-    points = _select(points, claim.get("where", {}))
+    points = _select(study.select("point", *axes).unique("point", maintain_order=True).join(metric, on="point"),
+                     claim.get("where", {}))
+    unreached = points["value"].null_count() if claim["metric"] == "time_to_acc" else 0
+    points = points.drop_nulls("value")
     sides = {a for a in axes if a in claim["better"] or a in claim["than"]}
     sides |= {a for group in zips if sides & set(group) for a in group}
     named = [a for a in axes if a in sides]
@@ -229,7 +262,8 @@ def judge(claim: dict, study: pl.DataFrame, axes: dict[str, list], zips: list[li
         raise FedsimError(f"claim {claim['claim']!r}: no points of `better` and `than` share a seed and "
                           "the other axes; the study has not run them")
     sign = 1.0 if higher or "within" in claim else -1.0
-    pairs = pairs.with_columns(stat=sign * (pl.col("a_value") - pl.col("b_value")))
+    pairs = pairs.with_columns(stat=sign * (pl.col("a_value") - pl.col("b_value")),
+                               ratio=pl.col("b_value") / pl.col("a_value"))
     group_on = [a for a in pair_on if a != SEED]
     grows = claim.get("grows_as")
     if grows:
@@ -240,11 +274,13 @@ def judge(claim: dict, study: pl.DataFrame, axes: dict[str, list], zips: list[li
     for key, rows in pairs.group_by(label_on, maintain_order=True):
         label = _group_label(dict(zip(label_on, key)), group_on, grows)
         values = rows["stat"].to_list()
-        groups.append(Group(label, values, *_verdict(values, claim.get("within"), claim.get("at_least", 0.0))))
+        ratios = rows["ratio"].to_list() if claim["metric"] in TIMES and not grows else []
+        groups.append(Group(label, values, *_verdict(values, claim.get("within"), claim.get("at_least", 0.0)),
+                            ratios=ratios))
     order = {FAILS: 0, UNSURE: 1, HOLDS: 2}
     within = claim.get("within")
     decisive = min(groups, key=lambda g: (order[g.verdict], -abs(g.mean) if within else g.mean))
-    return Verdict(claim, groups, decisive.verdict, decisive)
+    return Verdict(claim, groups, decisive.verdict, decisive, unreached)
 
 
 def _select(points: pl.DataFrame, selection: dict) -> pl.DataFrame:
@@ -273,7 +309,7 @@ def _growth(pairs: pl.DataFrame, grows: dict, group_on: list[str]) -> pl.DataFra
     (axis, direction), = grows.items()
     values = sorted(pairs[axis].unique().to_list())
     first, last = (values[0], values[-1]) if direction == "falls" else (values[-1], values[0])
-    keys = [a for a in pairs.columns if a not in (axis, "a_value", "b_value", "a_best", "b_best", "stat")]
+    keys = [a for a in pairs.columns if a not in (axis, "a_value", "b_value", "a_best", "b_best", "stat", "ratio")]
     at = [pairs.filter(pl.col(axis) == v).select(*keys, pl.col("stat").alias(f"stat_{i}"))
           for i, v in enumerate((first, last))]
     return at[0].join(at[1], on=keys).with_columns(stat=pl.col("stat_0") - pl.col("stat_1"))
@@ -343,15 +379,19 @@ def _more_seeds_note(mean: float, sd: float | None, n: int, within: float | None
 # -- the report ---------------------------------------------------------------------------------
 
 def measured(verdict: Verdict, group: Group | None = None) -> str:
-    """`+3.20 ± 1.10 pp` (accuracies in points), `-0.0123 ± 0.004` (losses) or `+12.5 ± 3.1 s`
-    (times)."""
+    """`+3.20 ± 1.10 pp` (accuracies in points), `-0.0123 ± 0.004` (losses) or `+12.5 ± 3.1 s
+    (x1.25 ± 0.08)` (times: seconds saved, and the ratio than / better)."""
     group = group or verdict.decisive
-    accuracy = verdict.claim["metric"].endswith("acc")
+    accuracy = verdict.claim["metric"] in ACCURACY_METRICS
     scale, spec, unit = (100, "+.2f", " pp") if accuracy else (1, "+.4g", "")
     ci = group.ci
     text = f"{group.mean * scale:{spec}}" + (f" ± {ci * scale:.2f}" if ci is not None and accuracy
                                                else f" ± {ci:.2g}" if ci is not None else "")
-    return text + (" s" if verdict.claim["metric"] in TIMES else unit)
+    if verdict.claim["metric"] not in TIMES:
+        return text + unit
+    ratio = group.ratio
+    return text + " s" + (f" (x{ratio[0]:.2f}" + (f" ± {ratio[1]:.2f})" if ratio[1] is not None else ")")
+                          if ratio and np.isfinite(ratio[0]) else "")
 
 
 def judge_study(folder: Path, axes: dict[str, list], claims: list[dict], zips: list[list[str]] = (),
@@ -397,6 +437,8 @@ def claims_markdown(name: str, verdicts: list[Verdict], plots: list[str]) -> str
 
 def _metric_text(claim: dict) -> str:
     text = claim["metric"] + (f" (last {claim['window']} rounds)" if claim["metric"] in WINDOWED else "")
+    if claim.get("target") is not None:
+        text += f" (target {claim['target']:g})"
     if claim.get("within") is not None:
         text += f", within {claim['within']:g}"
     if claim.get("at_least") is not None:
@@ -417,7 +459,7 @@ def write_claims(folder: Path, name: str, verdicts: list[Verdict]) -> list[Path]
     rows = [{"claim": v.claim["claim"], "mean": v.decisive.mean, "ci": v.decisive.ci or 0.0,
              "verdict": v.verdict, "verdict_text": v.verdict_text, "within": v.claim.get("within"),
              "at_least": v.claim.get("at_least", 0.0),
-             "scale": 100.0 if v.claim["metric"].endswith("acc") else 1.0} for v in verdicts]
+             "scale": 100.0 if v.claim["metric"] in ACCURACY_METRICS else 1.0} for v in verdicts]
     plot = plot_claims(rows, folder / "plots" / "claims.png", name)
     pictures = [p for p in ("plots/claims.png", "plots/study_accuracy_vs_rounds.png") if (folder / p).exists()]
     markdown = claims_markdown(name, verdicts, pictures)

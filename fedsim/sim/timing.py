@@ -11,6 +11,9 @@ and uplink bits per second, seconds of latency per transfer.
 * `constant`, `lognormal`: the medians of `seconds_per_sample`, `bandwidth_bps` (both
   directions), `latency_s`, the same for every device or spread lognormally (the numbers of
   earlier fedsim versions, unchanged).
+* `halfnormal`: compute seconds per sample `seconds_per_sample` x (1 + `compute_sigma` |z|),
+  z ~ N(0, 1): a minimum and a half-normal tail of slow devices, as FLSim times FedBuff's
+  clients (there per task; here per device, like every model here); links as `constant`.
 * `table`: the speeds of each device from `[trace] devices_table`.
 """
 
@@ -56,6 +59,9 @@ class DeviceTiming:
                 rng = np.random.default_rng([seed, 0x71AE])
                 sps = sps * rng.lognormal(0.0, cfg.compute_sigma, n_devices)
                 bw = bw * rng.lognormal(0.0, cfg.bandwidth_sigma, n_devices)
+            elif cfg.model == "halfnormal":
+                rng = np.random.default_rng([seed, 0x4A1F])
+                sps = sps * (1.0 + cfg.compute_sigma * np.abs(rng.standard_normal(n_devices)))
             timing = cls(sps, bw, bw, np.full(n_devices, cfg.latency_s))
         timing.step_overhead_s = cfg.step_overhead_s
         return timing

@@ -215,6 +215,13 @@ class ModuleModel:
         """Logits of x [B, *in_shape] in eval mode (evaluation)."""
         return functional_call(self.module.eval(), dict(zip(self.names, params)), (x,))
 
+    def predict(self, params: Tensor, x: Tensor) -> Tensor:
+        """Logits of x for a flat state [d] (evaluation), as Model.predict."""
+        return self.forward(self.split(params), x)
+
+    def predict_together(self, params: Tensor, x: Tensor) -> None:
+        return None  # each module's state is evaluated on its own
+
     def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int) -> Tensor:
         """The keys [m] that a local step's dropout draws from."""
         return rng.keys(seed, rng.MODULE, rnd, ids, step)

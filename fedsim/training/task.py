@@ -23,7 +23,7 @@ from fedsim.data.clients import ClientData
 from fedsim.data.dataset import Dataset
 from fedsim.data.partition import partition
 from fedsim.training import rng
-from fedsim.training.evaluate import CHUNK as EVAL_CHUNK, evaluate_classifier, evaluate_per_device
+from fedsim.training.evaluate import chunk_size, evaluate_classifier, evaluate_per_device
 from fedsim.training.local_buffers import DeviceBuffers
 from fedsim.training.models import Model, build_model, input_shape
 from fedsim.training.modules import ModuleModel
@@ -234,7 +234,7 @@ class ClassificationTask(Task):
         return 3.0 * self.model.flops * batch  # the backward pass costs about twice the forward
 
     def evaluate_flops(self) -> float:
-        return float(self.model.flops * min(len(self.data.y_test), EVAL_CHUNK))
+        return float(self.model.flops * min(len(self.data.y_test), chunk_size(self.model, self.device)))
 
     def data_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.data.x, self.data.x_test))

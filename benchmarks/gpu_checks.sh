@@ -25,22 +25,22 @@ for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
     tests)
-      timeout 150 python3 -m pytest -p no:cacheprovider -q tests/test_cuda_graphs.py tests/test_local_epochs.py \
-        tests/test_clock_independence.py tests/test_training_task.py 2>&1 | tail -60 | tee "$OUT/tests.log" ;;
+      timeout 120 python3 -m pytest -p no:cacheprovider -q tests/test_cuda_graphs.py tests/test_local_epochs.py \
+        tests/test_clock_independence.py tests/test_training_task.py tests/test_algorithms_unit.py 2>&1 | tail -60 | tee "$OUT/tests.log" ;;
     published)
-      P="timeout 100 python3 $B/bench_published.py --device cuda --max-clients 500"
+      P="timeout 80 python3 $B/bench_published.py --device cuda --max-clients 500"
       $P --settings femnist-cnn --rounds 150 --json "$OUT/published_femnist.json" 2>&1 | tee "$OUT/published.log"
       $P --settings femnist-cnn --rounds 150 --set run.deterministic=false --set run.tf32=true \
         --json "$OUT/published_femnist_fast.json" 2>&1 | tee -a "$OUT/published.log"
-      $P --settings shakespeare-lstm --rounds 40 --json "$OUT/published_shakespeare.json" 2>&1 | tee -a "$OUT/published.log"
-      $P --settings shakespeare-lstm --rounds 20 --set client.compile=false \
-        --json "$OUT/published_shakespeare_unfused.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings cifar10-blazefl --rounds 10 --json "$OUT/published_blazefl.json" 2>&1 | tee -a "$OUT/published.log"
       $P --settings resnet18-cifar100 --rounds 20 --json "$OUT/published_resnet.json" 2>&1 | tee -a "$OUT/published.log"
       $P --settings resnet18-cifar100 --rounds 20 --set run.deterministic=false --set run.tf32=true \
         --json "$OUT/published_resnet_fast.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings shakespeare-lstm --rounds 40 --json "$OUT/published_shakespeare.json" 2>&1 | tee -a "$OUT/published.log"
+      $P --settings shakespeare-lstm --rounds 15 --set client.compile=false \
+        --json "$OUT/published_shakespeare_unfused.json" 2>&1 | tee -a "$OUT/published.log"
       $P --settings resnet18-cifar100 --rounds 20 --set client.trainer=loop \
-        --json "$OUT/published_resnet_loop.json" 2>&1 | tee -a "$OUT/published.log"
-      $P --settings cifar10-blazefl --rounds 10 --json "$OUT/published_blazefl.json" 2>&1 | tee -a "$OUT/published.log" ;;
+        --json "$OUT/published_resnet_loop.json" 2>&1 | tee -a "$OUT/published.log" ;;
     cohort)
       timeout 60 python3 $B/bench_cohort.py --device cuda --models resnet18-gn --cohorts 10 --batch 50 \
         --trainers batched,eager,loop --budget 2 --json "$OUT/cohort_resnet.json" 2>&1 | tee "$OUT/cohort.log"

@@ -263,3 +263,16 @@ def test_the_compiled_cell_equals_the_plain_one():
     gates, c = torch.randn(3, 5, 32, device="cuda"), torch.randn(3, 5, 8, device="cuda")
     for a, b in zip(fused_lstm_cell(gates, c), lstm_cell(gates, c)):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+@CUDA
+def test_runs_trained_together_on_a_gpu_equal_each_alone():
+    """Lockstep's shared call on CUDA (graphs on): each run as alone, to float rounding."""
+    cuda = torch.device("cuda")
+    tasks = [image_task("lenet5", (1, 12, 12), clients=6, seed=s, dropout=0.2, device=cuda) for s in range(3)]
+    calls = [(build_trainer(t, ClientConfig(batch_size=4, trainer="batched"), seed=s), 2, np.arange(5),
+              t.init_params()[None].repeat(5, 1), np.array([2, 1, 0, 2, 3]), 0.1, LocalObjective())
+             for s, t in enumerate(tasks)]
+    alone = [c[0].train(*c[1:]) for c in calls]
+    for together, own in zip(train_together(calls), alone):
+        assert_close(together, own, tol=1e-4)

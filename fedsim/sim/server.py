@@ -92,7 +92,7 @@ class Server:
         in_time = ~tasks.dropped & (tasks.ends_at <= close_at)
         # the arrivals are known now (min(target, in time)): a round short of its quorum trains nobody
         failed = min(target, int(in_time.sum())) < self.rounds.quorum(len(ids))
-        trained = np.flatnonzero(in_time & ~failed)
+        trained = np.flatnonzero(in_time & (not failed))
         result = None
         if len(trained):
             start = strategy.start_params(ids)[torch.as_tensor(trained, device=self.device)]

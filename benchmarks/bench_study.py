@@ -126,13 +126,18 @@ def main() -> None:
     record.update(machine=machine(), load=args.load, loadavg_before=[round(x, 2) for x in load_before],
                   loadavg_after=[round(x, 2) for x in os.getloadavg()])
     print(f"machine: {machine()}, python {platform.python_version()}")
+    show(record, args.json, lambda row: f"{row['part']:<50} {row['s']:>8.2f} s {100 * row['share']:>5.1f} %")
+
+
+def show(record: dict, path: Path | None, profile_row) -> None:
+    """Print the record (its profile's rows as `profile_row` words them); JSON to `path`."""
     for key, value in record.items():
         if key != "profile":
             print(f"{key:<30} {value}")
     for row in record.get("profile", []):
-        print(f"  {row['part']:<50} {row['s']:>8.2f} s {100 * row['share']:>5.1f} %")
-    if args.json:
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        print("  " + profile_row(row))
+    if path:
+        path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def measure(args) -> dict:

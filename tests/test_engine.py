@@ -222,6 +222,17 @@ def test_a_diverging_model_stops_the_run_with_status_diverged(cli_run):
     assert "diverged" in cli_run.last_output.out
 
 
+
+def test_the_finite_model_check_answers_for_every_entry_not_for_the_sum():
+    from fedsim.sim.engine import finite
+
+    big = torch.full((4,), 3e38)  # finite entries whose float32 sum overflows to inf
+    assert finite(big) and finite(torch.zeros(3)) and finite(torch.empty(0))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        assert not finite(torch.tensor([1.0, bad, 2.0]))
+    assert not finite(torch.tensor([float("inf"), -float("inf")]))  # a NaN sum, too
+
+
 @pytest.mark.parametrize("columns, says", [
     ({"device_id": [0, 1], "seconds_per_sample": [1.0, 1.0]}, "missing column 'downlink_bps'"),
     ({"device_id": [0, 1], "seconds_per_sample": [1.0, -1.0], "bandwidth_bps": [1e6, 1e6]},

@@ -41,7 +41,7 @@ class DeviceTable:
         return self.rows.shape[0]
 
     def get(self, ids: np.ndarray) -> Tensor:
-        return self.rows[torch.as_tensor(ids, device=self.rows.device)]
+        return self.rows.index_select(0, torch.as_tensor(ids, device=self.rows.device))
 
     def write(self, ids: np.ndarray, values: Tensor, rnd: int) -> None:
         """rows[ids] <- values (one row per id; a repeated id keeps its last value)."""
@@ -49,11 +49,11 @@ class DeviceTable:
         if len(np.unique(ids)) < len(ids):  # async buffers may hold a device twice
             _, first_from_end = np.unique(ids[::-1], return_index=True)
             keep = np.sort(len(ids) - 1 - first_from_end)
-            ids, values = ids[keep], values[torch.as_tensor(keep, device=values.device)]
+            ids, values = ids[keep], values.index_select(0, torch.as_tensor(keep, device=values.device))
         index = torch.as_tensor(ids, device=self.rows.device)
         values = values.to(self.rows.dtype)
-        self.total += (values.double() - self.rows[index].double()).sum(0)
-        self.rows[index] = values
+        self.total += (values.double() - self.rows.index_select(0, index).double()).sum(0)
+        self.rows.index_copy_(0, index, values)  # (ids are unique here)
         self.stamp[ids] = rnd
 
     def mean(self) -> Tensor:

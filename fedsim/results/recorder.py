@@ -77,7 +77,8 @@ class Recorder:
         for name, ids in (("invitations", outcome.invited), ("arrivals", outcome.arrived),
                           ("drops", outcome.dropped), ("late", outcome.late),
                           ("surplus", outcome.surplus)):
-            np.add.at(self.counters[name], ids, 1)
+            if len(ids):  # (most rounds drop nobody)
+                np.add.at(self.counters[name], ids, 1)
         self.last_round[outcome.arrived] = outcome.round
         self.events.add(outcome.events)
         return row

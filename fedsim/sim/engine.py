@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 from contextlib import contextmanager
@@ -60,7 +61,7 @@ class Engine:
                 return
             asked = self.on_round(outcome)
             self.done = rnd = rnd + 1
-            if not bool(torch.isfinite(server.strategy.params).all()):
+            if not finite(server.strategy.params):
                 self.status, self.reason = "diverged", f"non-finite model after round {rnd - 1}"
                 return
             why = self.diverged(outcome)
@@ -77,6 +78,13 @@ class Engine:
 
     def result(self) -> EngineResult:
         return EngineResult(self.status, self.reason, self.done, self.env.now)
+
+
+def finite(params: torch.Tensor) -> bool:
+    """Whether every entry is finite. Any inf or NaN makes the sum non-finite, so a finite sum
+    answers in one reduction (no [d] mask a round); only a non-finite sum (perhaps an
+    overflow of finite entries) looks at the entries."""
+    return math.isfinite(float(params.sum())) or bool(torch.isfinite(params).all())
 
 
 def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int = 0,

@@ -49,8 +49,10 @@ def wasted_seconds(events: dict) -> float:
     """Device-seconds of a round's invitations whose update the model did not receive."""
     if not events.get("n"):
         return 0.0
-    work_s, _ = work(events["tasks"], events["stop_at"])
     unused = np.ones(events["n"], dtype=bool) if events["wasted"] else events["outcome"] != ARRIVED
+    if not unused.any():  # (every update arrived: most rounds)
+        return 0.0
+    work_s, _ = work(events["tasks"], events["stop_at"])
     return float(work_s[unused].sum())
 
 

@@ -95,7 +95,7 @@ class Server:
         trained = np.flatnonzero(in_time & (not failed))
         result = None
         if len(trained):
-            start = strategy.start_params(ids)[torch.as_tensor(trained, device=self.device)]
+            start = strategy.start_params(ids).index_select(0, torch.as_tensor(trained, device=self.device))
             result = yield from self.train(rnd, ids[trained], start, steps[trained], lr)
 
         # ties in end time report in a random order, so that equal speeds do not always favour
@@ -156,18 +156,19 @@ class Server:
         return outcome
 
     def _arrivals(self, rnd, t0, ids, arrived_pos, trained, result, steps, lr) -> Arrivals:
-        """The trained rows of the devices that arrived, in arrival order."""
+        """The trained rows of the devices that arrived, in arrival order (`index_select`: a
+        few times cheaper than `tensor[index]` on a cohort's small rows)."""
+        if result is None:
+            return Arrivals.none(self.strategy.params.shape[0], self.device)
         row_of = np.full(len(ids), -1, dtype=np.int64)
         row_of[trained] = np.arange(len(trained))
         rows = torch.as_tensor(row_of[arrived_pos], device=self.device)
-        if result is None:
-            return Arrivals.none(self.strategy.params.shape[0], self.device)
         return Arrivals(
             ids=ids[arrived_pos],
-            deltas=result.deltas[rows],
+            deltas=result.deltas.index_select(0, rows),
             steps=torch.as_tensor(steps[arrived_pos], device=self.device),
-            samples=result.samples[rows],
-            loss=result.loss[rows],
+            samples=result.samples.index_select(0, rows),
+            loss=result.loss.index_select(0, rows),
             version=np.full(len(arrived_pos), rnd, dtype=np.int64),
             # (through float64: an lr beyond float32's range is inf, and the run diverges, not crashes)
             lr=torch.full((len(arrived_pos),), float(lr), dtype=torch.float64, device=self.device).float(),

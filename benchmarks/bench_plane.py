@@ -1,0 +1,114 @@
+"""The per-run control plane of a lockstep study: host microseconds per run-round.
+
+The runs of bench_study.py (fedavg, mifa, fedau, fedvarp x seeds; digits, mlp, 100 devices,
+10 a round, ideal timing) in lockstep only, twice: with --rounds and with --short rounds; the
+difference over the extra run-rounds is a run-round's cost with startup and the end taken out:
+wall time, and the CPU time of the driving thread (the control plane: servers, strategies,
+recorders; the shared training call runs in pool threads).
+`--profile` runs the long study under cProfile and prints where a run-round's time goes in
+microseconds (cumulative, profiler overhead included). `--code DIR` imports fedsim from DIR
+(another checkout), so that code before and after can be alternated on a shared machine.
+
+    python benchmarks/bench_plane.py [--runs 16] [--rounds 60] [--short 10] [--repeat 3]
+                                     [--profile] [--code DIR] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+# (label, file suffix, function) of the profile: cumulative time per run-round
+PARTS = [("training (train_together)", "training/cohort.py", "train_together"),
+         ("server round (all but training)", "sim/server.py", "round"),
+         ("  online devices", "traces/index.py", "online"),
+         ("  strategy select", "algorithms/base.py", "select"),
+         ("  strategy receive (aggregate)", "algorithms/base.py", "receive"),
+         ("  arrivals (rows, tensors)", "sim/server.py", "_arrivals"),
+         ("  outcomes", "sim/server.py", "outcomes"),
+         ("  wasted seconds (events)", "sim/events.py", "wasted_seconds"),
+         ("callbacks (recorder, checks)", "runs/experiment.py", "_on_round"),
+         ("  recorder row + counters + events", "results/recorder.py", "add_round"),
+         ("  strategy metrics", "algorithms/mifa.py", "metrics"),
+         ("divergence check (loss)", "runs/experiment.py", "_diverged"),
+         ("non-finite model check", "sim/engine.py", "finite"),
+         ("SimPy steps", "simpy/core.py", "step")]
+
+
+def study(runs: int, rounds: int, out: Path) -> tuple[float, float]:
+    """Wall seconds of `runs` runs of `rounds` rounds in lockstep (bench_study.py's configs),
+    and the CPU seconds of the driving thread: the control plane, as the shared training call
+    runs in pool threads (its one-thread parts), and less at the mercy of other jobs than wall time."""
+    from bench_study import configs, together
+
+    cpu = time.thread_time()
+    wall = together(configs(runs, rounds, "cpu", out), out)[0]
+    return wall, time.thread_time() - cpu
+
+
+def profile(runs: int, rounds: int, out: Path) -> list[dict]:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    wall = study(runs, rounds, out)[0]
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    rows = []
+    for label, suffix, fn in PARTS:
+        sec = sum(v[3] for (f, _, name), v in stats.items()
+                  if name == fn and f.endswith(suffix))
+        if label.startswith("server round"):  # a generator: its training is the driver's
+            sec -= sum(v[3] for (f, _, name), v in stats.items() if name == "train" and f.endswith("sim/server.py"))
+        rows.append({"part": label, "us_per_run_round": round(1e6 * sec / (runs * rounds), 1)})
+    rows.append({"part": "whole (profiled)", "us_per_run_round": round(1e6 * wall / (runs * rounds), 1)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--short", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--code", type=Path, help="import fedsim from this checkout")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if args.code:
+        sys.path.insert(0, str(args.code.resolve()))
+    import fedsim
+    from bench_cohort import machine
+    from bench_study import show
+
+    load_before = os.getloadavg()
+    record = {"code": str(Path(fedsim.__file__).parent.parent), "runs": args.runs, "rounds": args.rounds,
+              "short": args.short, "machine": machine()}
+    with tempfile.TemporaryDirectory() as tmp:
+        study(4, 2, Path(tmp) / "warm")
+        per, plane = [], []
+        extra = args.runs * (args.rounds - args.short)
+        for i in range(args.repeat):
+            long = study(args.runs, args.rounds, Path(tmp) / f"long{i}")
+            short = study(args.runs, args.short, Path(tmp) / f"short{i}")
+            per.append(1e6 * (long[0] - short[0]) / extra)
+            plane.append(1e6 * (long[1] - short[1]) / extra)
+        record["us_per_run_round"] = [round(x, 1) for x in per]
+        record["us_per_run_round_best"] = round(min(per), 1)
+        record["driver_cpu_us_per_run_round"] = [round(x, 1) for x in plane]
+        record["driver_cpu_us_per_run_round_best"] = round(min(plane), 1)
+        if args.profile:
+            record["profile"] = profile(args.runs, args.rounds, Path(tmp) / "profiled")
+    record["loadavg_before"] = [round(x, 2) for x in load_before]
+    record["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    show(record, args.json, lambda row: f"{row['part']:<40} {row['us_per_run_round']:>9.1f} us")
+
+
+if __name__ == "__main__":
+    main()

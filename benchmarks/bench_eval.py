@@ -4,7 +4,7 @@ For each model, one process builds the task on Fashion-MNIST (/usr/share/dataset
 random images of its shape, 60,000 + 10,000, where it is absent: the cost does not depend on
 the pixels) over 100 clients and times, alternately, one round's training (10 clients x 5
 local steps x minibatches of 32, the `auto` trainer) and one evaluation of the 10,000 test
-images, each under the thread rule a run uses (`[run] threads = "auto"`); each time is the best
+images, each under the thread rule a run uses (`[run] threads`, `--threads`: auto); each time is the best
 of `--repeats` after a warm-up, the ratio eval / round is what an evaluation costs in rounds.
 `--group M` also times M runs (seeds 0..M-1) evaluated together (`evaluate_together`) against
 one after another.
@@ -12,7 +12,8 @@ one after another.
 `--before REV` measures the code of a git revision too (extracted with `git archive` into a
 temporary folder and imported from there, in its own process), so the table shows both.
 
-    python benchmarks/bench_eval.py [--before REV] [--models a,b] [--group 8] [--device cpu|cuda] [--json FILE]
+    python benchmarks/bench_eval.py [--before REV] [--models a,b] [--group 8] [--threads auto|1]
+        [--device cpu|cuda] [--json FILE]
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _best(call, repeats: int) -> float:
     return min(times)
 
 
-def worker(model: str, group: int, repeats: int, device_name: str) -> dict:
+def worker(model: str, group: int, repeats: int, device_name: str, threads_setting: str) -> dict:
     """The measurement, in the process of the code under test (imports from PYTHONPATH)."""
     import numpy as np
     import torch
@@ -61,7 +62,7 @@ def worker(model: str, group: int, repeats: int, device_name: str) -> dict:
     tasks = [classification_task(dataset, data, ModelConfig(name=model), seed=s, device=device)
              for s in range(max(group, 1))]
     task = tasks[0]
-    threads = ThreadPolicy("auto", device)
+    threads = ThreadPolicy(threads_setting, device)
     trainer = build_trainer(task, ClientConfig(batch_size=32, local_steps=5), seed=0, threads=threads)
     params = task.init_params()
     ids, start, steps = np.arange(10), params[None].repeat(10, 1), np.full(10, 5)
@@ -103,7 +104,7 @@ def measure(code: Path, label: str, args) -> list[dict]:
     out = []
     for model in args.models.split(","):
         cmd = [sys.executable, __file__, "--worker", model, "--group", str(args.group), "--repeats",
-               str(args.repeats), "--device", args.device]
+               str(args.repeats), "--device", args.device, "--threads", args.threads]
         env = {**os.environ, "PYTHONPATH": str(code)}
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=code)
         if done.returncode:
@@ -125,13 +126,15 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8, help="runs evaluated together (0: skip)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", default="auto",
+                        help="[run] threads of the calls (1: steadier beside other jobs than auto's 2)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.group, args.repeats, args.device)))
+        print(json.dumps(worker(args.worker, args.group, args.repeats, args.device, args.threads)))
         return
-    print(f"machine: {machine(args.device)}", flush=True)
+    print(f"machine: {machine(args.device)}, threads {args.threads}", flush=True)
     records = []
     with tempfile.TemporaryDirectory() as old:
         if args.before:
@@ -150,7 +153,8 @@ def main() -> None:
     print(f"machine at the end: {machine(args.device)}; Fashion-MNIST: "
           f"{'real' if all(r['fashion_mnist'] for r in records) else 'same-shape random images'}")
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine(args.device), "records": records}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"machine": machine(args.device), "threads": args.threads, "records": records},
+                                        indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ model in one pass over the test set.
 Evaluation is inference only (torch.inference_mode: no autograd bookkeeping) and runs the
 model's inference form (`Model.predict`: pooling without indices, ReLU after the pool). The
 test set goes through in chunks sized by their layer outputs: on a CPU small enough to stay in
-the cache (4x faster for LeNet-5 than 4,096 samples a chunk), on a GPU wide. Sums stay on the
+the cache (LeNet-5's layers took half the time of chunks of 4,096), on a GPU wide. Sums stay on the
 device (float64 losses, int64 counts) and reach the host once, at the end.
 """
 

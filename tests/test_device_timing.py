@@ -215,7 +215,7 @@ def test_two_columns_that_say_one_thing_are_refused(columns, says):
 
 
 @pytest.mark.parametrize("devices, says", [
-    ({"seconds_per_sample": 0.1}, "[devices] seconds_per_sample applies to model = 'constant' or 'lognormal' "
+    ({"seconds_per_sample": 0.1}, "[devices] seconds_per_sample applies to model = 'constant', 'lognormal' "
                                   "or 'halfnormal', not 'profiles'; remove it or set [devices] model; to keep the numbers of a "
                                   "config written before 'profiles' became the default, set [devices] model = "
                                   "\"lognormal\" (docs/timing.md)"),

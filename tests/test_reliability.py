@@ -420,8 +420,8 @@ CASES = [
                                                               "seconds_per_sample": [0.1] * 3}, meta={}),
             "c.toml": config("{tmp}/t.parquet", trace={"source": "file", "path": "{tmp}/t.parquet",
                                                        "devices_table": "{tmp}/d.parquet"})}),
-    case("devices-key-of-another-model", RUN, r"\[devices\] seconds_per_sample applies to model = 'constant' or "
-         r"'lognormal', not 'profiles'", **{"c.toml": config(devices={"seconds_per_sample": 0.1})}),
+    case("devices-key-of-another-model", RUN, r"\[devices\] seconds_per_sample applies to model = 'constant', "
+         r"'lognormal' or 'halfnormal', not 'profiles'", **{"c.toml": config(devices={"seconds_per_sample": 0.1})}),
     case("devices-unknown-class", RUN, r"\[devices\] classes = 'laptop' is not a device class",
          **{"c.toml": config(devices={"classes": ["laptop"]})}),
     case("devices-weights-per-class", RUN, r"class_weights has 3 shares for 4 classes",

@@ -752,8 +752,9 @@ def _check_devices(devices: DevicesConfig, origin: str) -> None:
         if getattr(devices, name) != getattr(defaults, name) and devices.model not in models:
             keep = (f"; to keep the numbers of a config written before 'profiles' became the default, "
                     f"set [devices] model = \"lognormal\"" if devices.model == "profiles" else "")
-            raise FedsimError(f"{origin}: [devices] {name} applies to model = "
-                              f"{' or '.join(repr(m) for m in models)}, not {devices.model!r}; remove it "
+            named = [repr(m) for m in models]
+            either = f"{', '.join(named[:-1])} or {named[-1]}" if len(named) > 1 else named[0]
+            raise FedsimError(f"{origin}: [devices] {name} applies to model = {either}, not {devices.model!r}; remove it "
                               f"or set [devices] model{keep} (docs/timing.md)")
     from fedsim.sim.profiles import NAMES
 

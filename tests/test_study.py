@@ -425,3 +425,35 @@ def test_a_studys_json_report_has_the_keys_of_a_runs(grid, capsys):
     (target,) = fedavg["targets"]
     assert set(target) == {"target", "rounds", "time_s"} <= set(run["runs"][0]["targets"][0])
     assert set(target["time_s"]) == {"mean", "std", "ci95"}
+
+
+def test_a_group_evaluated_together_equals_its_runs_alone(tmp_path, monkeypatch):
+    """Where lockstep evaluates a group's due evaluations in one call (on a GPU; forced here):
+    every evaluation happens, in one call per round for the runs of one model, and each run's
+    test metrics equal its run alone (to float rounding)."""
+    from fedsim.config import config_from_dict
+    from fedsim.runs.experiment import Experiment
+    from fedsim.studies import lockstep
+
+    calls = []
+    real = lockstep.evaluate_together
+    monkeypatch.setattr(lockstep, "evaluates_together", lambda device: True)
+    monkeypatch.setattr(lockstep, "evaluate_together", lambda runs, threads: calls.append(len(runs)) or real(runs, threads))
+
+    def config(algorithm, seed):
+        return config_from_dict({
+            "run": {"rounds": 6, "eval_every": 2, "seed": seed, "name": f"{algorithm}-{seed}", "out": str(tmp_path),
+                    "progress": False, "plots": False},
+            "data": {"dataset": "digits", "clients": 20}, "model": {"name": "mlp", "hidden": 16},
+            "client": {"local_steps": 2, "batch_size": 8}, "algorithm": {"name": algorithm},
+            "server": {"timing": "ideal", "clients_per_round": 5}})
+
+    configs = [config(a, s) for a in ("fedavg", "mifa") for s in (0, 1)]
+    together = lockstep.run_together([Experiment(c, tmp_path / "together" / c.run.name) for c in configs])
+    assert calls == [4, 4, 4]  # rounds 2, 4 and 6: the four runs in one call each
+    for c, result in zip(configs, together):
+        alone = Experiment(c, tmp_path / "alone" / c.run.name).run()
+        assert result.rounds["test_acc"].equals(alone.rounds["test_acc"])
+        np.testing.assert_allclose(result.rounds["test_loss"].drop_nulls().to_numpy(),
+                                   alone.rounds["test_loss"].drop_nulls().to_numpy(), rtol=1e-6)
+        assert result.rounds["test_loss"].null_count() == alone.rounds["test_loss"].null_count() == 3

@@ -117,6 +117,7 @@ class Experiment:
         self.progress = progress and config.run.progress
         self.plotter = plotter
         self.user_callbacks = list(callbacks)
+        self.evaluated: tuple[float, float | None] | None = None  # this round's, done with other runs
         self.device = resolve_device(config.run.device)
         cfg = config
         self.task = build_task(cfg.data, cfg.model, seed=cfg.run.seed, device=self.device)
@@ -232,7 +233,8 @@ class Experiment:
             gathered.update(callback.on_start(self, gathered))
         self.engine = Engine(self.server, rounds=cfg.run.rounds, max_time=cfg.run.max_time,
                              start_round=self.start_round, on_round=self._on_round,
-                             stop_signal=stop_signal, diverged=self._diverged)
+                             stop_signal=stop_signal, diverged=self._diverged,
+                             before_callbacks=self._evaluate_with_others)
         if resume is None:  # every run directory that exists can be resumed
             self.checkpoint(0, self.start_time)
         else:  # no longer how it ended: a crash from here on leaves it `running`
@@ -324,9 +326,20 @@ class Experiment:
                 + self.timing.upload_s(ids, up))
 
     def evaluate(self) -> tuple[float, float | None]:
-        """Test loss and accuracy of the current global model."""
+        """Test loss and accuracy of the current global model (evaluated with other runs'
+        models in one call, when a lockstep study did so this round)."""
+        if self.evaluated is not None:
+            done, self.evaluated = self.evaluated, None
+            return done
         with self.threads.work(self.task.evaluate_flops()):
             return self.task.evaluate(self.strategy.params)
+
+    def _evaluate_with_others(self, outcome):
+        """Before the round's callbacks: in a lockstep study that evaluates its runs together
+        (on a GPU), a due evaluation waits at the gate for the others' and is done in one call."""
+        gate = self.server.gate
+        if gate is not None and gate.evaluates_together and self.evaluation_due(outcome.round):
+            self.evaluated = yield gate.request_evaluation(self.task, self.strategy.params)
 
     def evaluation_due(self, rnd: int) -> bool:
         return (rnd + 1) % self.config.run.eval_every == 0 or rnd + 1 == self.config.run.rounds

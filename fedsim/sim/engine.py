@@ -7,7 +7,7 @@ import signal
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Generator
 
 import simpy
 import torch
@@ -37,8 +37,10 @@ class Engine:
 
     def __init__(self, server: Server, *, rounds: int, max_time: float, start_round: int = 0,
                  on_round: Callable[[RoundOutcome], bool | str], stop_signal: dict,
-                 diverged: Callable[[RoundOutcome], str | None] = lambda outcome: None):
+                 diverged: Callable[[RoundOutcome], str | None] = lambda outcome: None,
+                 before_callbacks: Callable[[RoundOutcome], Generator] | None = None):
         self.server, self.env = server, server.env
+        self.before_callbacks = before_callbacks  # what the round may wait for first (lockstep's evaluation)
         self.rounds, self.max_time = rounds, max_time
         self.on_round, self.stop_signal, self.diverged = on_round, stop_signal, diverged
         self.status, self.reason = "completed", f"{rounds} rounds"
@@ -59,6 +61,8 @@ class Engine:
             if isinstance(outcome, Stop):
                 self.reason = outcome.reason
                 return
+            if self.before_callbacks is not None:
+                yield from self.before_callbacks(outcome)
             asked = self.on_round(outcome)
             self.done = rnd = rnd + 1
             if not finite(server.strategy.params):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 import simpy
+import torch
 
 from fedsim.errors import FedsimError
 from fedsim.runs.experiment import Experiment, RunResult, prepare_resume, resume_overrides
@@ -22,21 +23,37 @@ from fedsim.sim.server import Server
 from fedsim.studies.point import clear_for_new_run, run_point
 from fedsim.studies.progress import StudyProgress
 from fedsim.training.cohort import train_together
+from fedsim.training.group_eval import evaluate_together
 
 if TYPE_CHECKING:
     from fedsim.studies.study import Point, Study
 
 
-class TrainGate:
-    """Holds a run's training request until the driver trains it with the others'."""
+def evaluates_together(device: torch.device) -> bool:
+    """Whether a group's due evaluations run in one call: on a GPU, where lockstep runs equal
+    the runs alone to float rounding anyway (their training is stacked); on a CPU each run
+    evaluates alone, so that a study's point equals its run alone bit for bit."""
+    return device.type == "cuda"
 
-    def __init__(self, env: simpy.Environment):
+
+class TrainGate:
+    """Holds a run's training (or evaluation) request until the driver does it with the others'."""
+
+    def __init__(self, env: simpy.Environment, evaluate_together: bool = False):
         self.env = env
+        self.evaluates_together = evaluate_together
         self.pending: tuple | None = None
+        self.kind = ""  # what is pending: "train" or "evaluate"
         self.event: simpy.Event | None = None
 
     def request(self, server: Server, rnd, ids, start, steps, lr) -> simpy.Event:
-        self.pending = (server.trainer, rnd, ids, start, steps, lr, server.strategy.local_objective)
+        return self._wait("train", (server.trainer, rnd, ids, start, steps, lr, server.strategy.local_objective))
+
+    def request_evaluation(self, task, params) -> simpy.Event:
+        return self._wait("evaluate", (task, params))
+
+    def _wait(self, kind: str, pending: tuple) -> simpy.Event:
+        self.kind, self.pending = kind, pending
         self.event = self.env.event()
         return self.event
 
@@ -57,7 +74,7 @@ def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | Non
             engines = [e.start(r, stop_signal) for e, r in zip(experiments, resumes)]
             for engine in engines:
                 if type(engine.server) is Server:
-                    engine.server.gate = TrainGate(engine.env)
+                    engine.server.gate = TrainGate(engine.env, evaluates_together(engine.server.device))
             live = engines
             while live:
                 for engine in live:
@@ -65,8 +82,14 @@ def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | Non
                     while not engine.process.triggered and (gate is None or gate.pending is None):
                         engine.env.step()
                 waiting = [e.server.gate for e in live if e.server.gate is not None and e.server.gate.pending]
-                for gate, result in zip(waiting, train_together([g.pending for g in waiting])):
+                training = [g for g in waiting if g.kind == "train"]
+                for gate, result in zip(training, train_together([g.pending for g in training])):
                     gate.resolve(result)
+                evaluating = [g for g in waiting if g.kind == "evaluate"]
+                if evaluating:
+                    done = evaluate_together([g.pending for g in evaluating], experiments[0].threads)
+                    for gate, result in zip(evaluating, done):
+                        gate.resolve(result)
                 live = [e for e in live if not e.process.triggered]
             return [e.end(plot_interrupted=False) for e in experiments]
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import os
-import pstats
 import sys
 import tempfile
 import time
@@ -59,13 +58,14 @@ def profile(runs: int, rounds: int, out: Path) -> list[dict]:
     profiler.enable()
     wall = study(runs, rounds, out)[0]
     profiler.disable()
-    stats = pstats.Stats(profiler).stats
+    from bench_study import part_seconds
+
+    seconds = part_seconds(profiler, [*PARTS, ("server train", "sim/server.py", "train")])
+    training = seconds.pop("server train")
     rows = []
-    for label, suffix, fn in PARTS:
-        sec = sum(v[3] for (f, _, name), v in stats.items()
-                  if name == fn and f.endswith(suffix))
+    for label, sec in seconds.items():
         if label.startswith("server round"):  # a generator: its training is the driver's
-            sec -= sum(v[3] for (f, _, name), v in stats.items() if name == "train" and f.endswith("sim/server.py"))
+            sec -= training
         rows.append({"part": label, "us_per_run_round": round(1e6 * sec / (runs * rounds), 1)})
     rows.append({"part": "whole (profiled)", "us_per_run_round": round(1e6 * wall / (runs * rounds), 1)})
     return rows

@@ -75,15 +75,20 @@ PARTS = [("training (train_together)", "training/cohort.py", "train_together"),
          ("end (evaluation, tables, model)", "runs/experiment.py", "end")]
 
 
+def part_seconds(profiler: cProfile.Profile, parts) -> dict[str, float]:
+    """Cumulative seconds of each (label, file suffix, function) of `parts` in a profile."""
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, _, tottime, cumtime, _)}
+    return {label: sum(v[3] for (f, _, name), v in stats.items() if f.endswith(suffix) and name == fn)
+            for label, suffix, fn in parts}
+
+
 def profile(cfgs, out: Path) -> list[dict]:
     """The lockstep study under cProfile: cumulative seconds of PARTS, and their share."""
     profiler = cProfile.Profile()
     profiler.enable()
     wall, _ = together(cfgs, out / "profiled")
     profiler.disable()
-    stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, _, tottime, cumtime, _)}
-    cumulative = {label: sum(v[3] for (f, _, name), v in stats.items() if f.endswith(suffix) and name == fn)
-                  for label, suffix, fn in PARTS}
+    cumulative = part_seconds(profiler, PARTS)
     return [{"part": label, "s": round(sec, 2), "share": round(sec / wall, 3)} for label, sec in cumulative.items()]
 
 

@@ -173,7 +173,7 @@ class BufferedServer(Server):
             return ids
         now = self.env.now
         steps = np.asarray(self.strategy.local_steps(rnd, ids), dtype=np.int64)
-        tasks = self.rounds.tasks(rnd, ids, self.samples(ids, steps), steps, now)
+        tasks = self.rounds.tasks(rnd, ids, self.trainer.samples(ids, steps), steps, now)
         fate = np.where(tasks.dropped, "dropped", "arrived").astype(object)
         # still running at the deadline: late, also when the device drops (goes offline) after it
         overrun = tasks.ends_at > now + self.cfg.deadline

@@ -85,14 +85,14 @@ class Server:
         ids = np.asarray(strategy.select(rnd, online, rng), dtype=np.int64)
         steps = np.asarray(strategy.local_steps(rnd, ids), dtype=np.int64)
         lr = strategy.client_lr(rnd)
-        tasks = self.rounds.tasks(rnd, ids, self.samples(ids, steps), steps, t0)
+        tasks = self.rounds.tasks(rnd, ids, self.trainer.samples(ids, steps), steps, t0)
         close_at = self.rounds.close_at(rnd, t0, len(ids), max_time)
         target = self.rounds.target(len(ids))
 
         in_time = ~tasks.dropped & (tasks.ends_at <= close_at)
         # the arrivals are known now (min(target, in time)): a round short of its quorum trains nobody
         failed = min(target, int(in_time.sum())) < self.rounds.quorum(len(ids))
-        trained = np.flatnonzero(in_time & (not failed))
+        trained = np.empty(0, dtype=np.int64) if failed else np.flatnonzero(in_time)
         result = None
         if len(trained):
             start = strategy.start_params(ids).index_select(0, torch.as_tensor(trained, device=self.device))
@@ -125,10 +125,6 @@ class Server:
             surplus=ids[outcome == SURPLUS], close_reason="quorum" if failed else reason,
             train_loss=loss, wall_s=time.perf_counter() - wall0, events=events, extra=extra,
         )
-
-    def samples(self, ids: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        """Training samples of each task (what its compute time is made of)."""
-        return self.trainer.samples(ids, steps)
 
     def _tasks_until_close(self, tasks: Tasks, order: np.ndarray, target: int, close_at: float, max_time: float):
         """The invited devices' tasks as SimPy processes until the round closes (devices with

@@ -88,7 +88,7 @@ class CudaGraphSteps:
             task = self.trainer.task
             self.shapes[key] = _Buffers(first[0], key[0], key[1], task.dim, task.device, objective.uses_start)
         try:
-            return self._replay(self.shapes[key], start, steps, lr, objective, inputs, sizes)
+            return self._replay(self.shapes[key], start, steps, lr, objective, inputs, sizes, first)
         except torch.cuda.OutOfMemoryError:
             raise
         except Exception as err:  # noqa: BLE001 - any failure to capture means: train eagerly
@@ -152,7 +152,7 @@ class CudaGraphSteps:
         g.loss_sum.copy_(saved[1])
         return graph
 
-    def _replay(self, g: _Buffers, start, steps, lr, objective, inputs, sizes) -> tuple[Tensor, Tensor]:
+    def _replay(self, g: _Buffers, start, steps, lr, objective, inputs, sizes, first) -> tuple[Tensor, Tensor]:
         k, device = len(steps), start.device
         order = np.argsort(-steps, kind="stable")  # row r of the buffers holds device order[r]
         sorted_steps = steps[order]
@@ -170,7 +170,7 @@ class CudaGraphSteps:
         lr_rows[:k] = lr[order_t]
         lr_steps = active * lr_rows
         for s in range(len(active)):
-            rows = plan.fill(g, inputs, s)
+            rows = plan.fill(g, inputs, s, first if s == 0 else None)
             g.active.copy_(active[s])
             g.lr.copy_(lr_steps[s])
             self._step(g, bucket(rows), objective)
@@ -204,13 +204,14 @@ class _Fill:
                 at += 2 * len(rows)
         self.index = torch.as_tensor(np.concatenate(pieces) if pieces else np.zeros(0, np.int64), device=device)
 
-    def fill(self, g: _Buffers, inputs: list, s: int) -> int:
+    def fill(self, g: _Buffers, inputs: list, s: int, whole: list | None = None) -> int:
         """Copy step s's inputs of the devices still training into the leading rows (the rest
-        of the batch and the rows up to the bucket: weight 0); how many rows train."""
+        of the batch and the rows up to the bucket: weight 0); how many rows train. `whole`:
+        this step's inputs of every device, where already gathered."""
         n = int(self.counts[s])
         g.inputs[2].zero_()
         if n == sum(self.sizes) and self.identity:
-            for static, t in zip(g.inputs, inputs[0](s, slice(None))):
+            for static, t in zip(g.inputs, whole[0] if whole else inputs[0](s, slice(None))):
                 (static[:n, :t.shape[1]] if t.dim() >= 2 else static[:n]).copy_(t)
             return n
         for b, at in enumerate(inputs):

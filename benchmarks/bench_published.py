@@ -389,6 +389,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         timed = rounds_to_time(args.rounds)
     except ValueError as err:
         fail(f"--rounds {args.rounds!r}: {err}")
+    if args.max_clients < 0:
+        fail(f"--max-clients {args.max_clients}: give a positive number of clients, or 0 for the published population")
     rate, rate_note = fp32_rate(args.device)
     print(f"machine: {json.dumps(machine(args.device))}")
     print(f"bound rate: {rate_note}")

@@ -101,6 +101,14 @@ def test_bad_rounds_is_one_error_line(value, problem, capsys):
     assert problem in capsys.readouterr().err.splitlines()[-1]
 
 
+def test_a_negative_population_cap_is_one_error_line(capsys):
+    with pytest.raises(SystemExit) as exit:
+        bench.main(["--max-clients", "-5"])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.strip() == ("error: --max-clients -5: give a positive number of clients, or 0 "
+                                               "for the published population")
+
+
 def test_a_failed_setting_is_one_error_line_and_the_others_still_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench, "fp32_rate", lambda device: (1e9, "test rate"))
 

@@ -78,3 +78,9 @@ def test_a_tiny_version_runs_from_its_name_to_a_claims_report(name, tmp_path, mo
     line = next(line for line in out.splitlines() if line.startswith(timed))
     # simulated seconds and the ratio, with CIs
     assert re.search(r"  [+-][\d.]+(e[+-]\d+)? ± [\d.e+-]+ s \(x[\d.]+ ± [\d.]+\)  ", line), line
+
+
+def test_the_documented_cnn_variant_of_fedscale_async_is_a_valid_study():
+    """docs/reproductions.md runs `fedsim sweep systems-fedscale-async --set model.name=lenet5`."""
+    study = load_study("systems-fedscale-async", ["model.name=lenet5"])
+    assert len(study.points) == 16 and {p.config.model.name for p in study.points} == {"lenet5"}

@@ -12,6 +12,7 @@ from fedsim.config import ClientConfig, DataConfig, ModelConfig
 from fedsim.data.datasets import Dataset
 from fedsim.errors import FedsimError
 from fedsim.training import build_task, build_trainer, rng
+from fedsim.training.objective import PLAIN
 from fedsim.training.task import classification_task
 
 CPU = torch.device("cpu")
@@ -121,6 +122,37 @@ def test_keyed_draws_of_several_steps_at_once_equal_the_draws_step_by_step():
         for step in range(5):
             assert torch.equal(together[step], draw(3, rng.BATCH, 7, ids, step, 6))
     assert rng.uniform(3, rng.BATCH, 7, ids, range(0), 6).shape == (0, 3, 6)
+
+
+def test_stacked_keys_of_several_runs_equal_each_runs_own_keys():
+    """Lockstep draws the minibatches of all runs' devices in one call: each run's columns are
+    its own draws, bit for bit, whatever the other runs' seeds, rounds and cohort sizes."""
+    ids = [torch.tensor([5, 0, 17]), torch.tensor([2]), torch.tensor([5, 9])]
+    seeds, rounds = [3, 4, 3], [7, 7, 8]
+    stacked = rng.stacked_keys(seeds, rng.BATCH, rounds, ids, range(4))
+    assert stacked.shape == (4, 6)
+    own = torch.cat([rng.keys(s, rng.BATCH, r, i, range(4)) for s, r, i in zip(seeds, rounds, ids)], dim=1)
+    assert torch.equal(stacked, own)
+    assert (stacked[:, 0] != stacked[:, 4]).all()  # device 5 of two runs: different keys
+
+
+@pytest.mark.parametrize("batch_size", [8, 64])  # minibatch rows; distinct rows weighted by their draws
+def test_cohorts_of_runs_trained_together_equal_each_run_alone(batch_size):
+    """train_together draws the minibatches of all runs in one call: runs of other seeds and at
+    other rounds (a resumed point) still train bit for bit as alone."""
+    from fedsim.training.cohort import train_together
+
+    runs = []
+    for seed, rnd in ((0, 3), (1, 3), (2, 9)):
+        task = build_task(DataConfig(dataset="digits", clients=20), ModelConfig(name="mlp", hidden=16), seed=seed, device=CPU)
+        trainer = build_trainer(task, ClientConfig(batch_size=batch_size, trainer="batched"), seed=seed)
+        ids = np.array([4, 0, 11]) + seed
+        start = task.init_params().expand(len(ids), -1)
+        runs.append((trainer, rnd, ids, start, np.array([3, 2, 3]), 0.1, PLAIN))
+    together = train_together(runs)
+    for call, shared in zip(runs, together):
+        alone = call[0].train(*call[1:])
+        assert torch.equal(shared.deltas, alone.deltas) and torch.equal(shared.loss, alone.loss)
 
 
 def test_only_softmax_regression_has_the_closed_form_gradient():

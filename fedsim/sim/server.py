@@ -95,7 +95,9 @@ class Server:
         trained = np.empty(0, dtype=np.int64) if failed else np.flatnonzero(in_time)
         result = None
         if len(trained):
-            start = strategy.start_params(ids).index_select(0, torch.as_tensor(trained, device=self.device))
+            start = strategy.start_params(ids)
+            if len(trained) < len(ids):
+                start = start.index_select(0, torch.as_tensor(trained, device=self.device))
             result = yield from self.train(rnd, ids[trained], start, steps[trained], lr)
 
         # ties in end time report in a random order, so that equal speeds do not always favour

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from fedsim.errors import FedsimError
+from fedsim.training import rng
 from fedsim.training.cuda_graphs import CudaGraphSteps
 from fedsim.training.trainer import Trainer, TrainResult, sgd_update_
 
@@ -100,6 +101,7 @@ def local_sgd(trainer: BatchedTrainer, start, steps: np.ndarray, lr, objective, 
     offsets = np.cumsum([0, *sizes])
     end = start.clone()
     loss_sum = torch.zeros(len(steps), device=device)
+    stacked: dict[int, tuple] = {}  # field -> (its blocks' pieces, their cat): reused while they are the same
     for s in range(int(steps.max(initial=0))):
         active = np.flatnonzero(steps > s)
         if len(active) == len(steps):  # every device of every block: views, no copies
@@ -110,7 +112,7 @@ def local_sgd(trainer: BatchedTrainer, start, steps: np.ndarray, lr, objective, 
                 local = active[(active >= offsets[b]) & (active < offsets[b + 1])] - offsets[b]
                 if len(local):
                     parts.append(at(s, slice(None) if len(local) == sizes[b] else torch.as_tensor(local, device=device)))
-        batch = parts[0] if len(parts) == 1 else tuple(torch.cat(pieces) for pieces in zip(*parts))
+        batch = parts[0] if len(parts) == 1 else tuple(_cat(f, pieces, stacked) for f, pieces in enumerate(zip(*parts)))
         rows = slice(None) if len(active) == len(steps) else torch.as_tensor(active, device=device)
         w = end[rows]
         ws = trainer.task.split(w)
@@ -121,6 +123,15 @@ def local_sgd(trainer: BatchedTrainer, start, steps: np.ndarray, lr, objective, 
             end[rows] = w
         loss_sum[rows] += loss
     return end, loss_sum
+
+
+def _cat(field: int, pieces: tuple[torch.Tensor, ...], stacked: dict) -> torch.Tensor:
+    """The blocks' pieces of one input field stacked; catted once while the blocks hand over
+    the same tensors step after step (the samples of full batches and of distinct rows)."""
+    last = stacked.get(field)
+    if last is None or len(last[0]) != len(pieces) or any(a is not b for a, b in zip(last[0], pieces)):
+        last = stacked[field] = (pieces, torch.cat(pieces))
+    return last[1]
 
 
 def cohort_key(trainer: Trainer, ids: np.ndarray, objective) -> tuple | None:
@@ -208,8 +219,23 @@ def _train_stacked(calls: list[tuple], trainers: list[Trainer], width: int) -> l
     steps = np.concatenate([np.asarray(c[4], dtype=np.int64) for c in calls])
     lr = torch.cat([torch.as_tensor(c[5], dtype=torch.float32, device=device).expand(k) for c, k in zip(calls, ks)])
     ids_t = [torch.as_tensor(np.asarray(c[2], dtype=np.int64), device=device) for c in calls]
-    inputs = [t.task.inputs(i, c[1], int(np.max(c[4], initial=0)), t.batch_size, t.seed, width, t.client.local_epochs)
-              for t, i, c in zip(trainers, ids_t, calls)]
+    most = [int(np.max(c[4], initial=0)) for c in calls]
+    draws = _stacked_draws(trainers, calls, ids_t, max(most))
+    inputs = [t.task.inputs(i, c[1], s, t.batch_size, t.seed, width, t.client.local_epochs,
+                            None if draws is None else draws[:s, lo:hi])
+              for t, i, c, s, lo, hi in zip(trainers, ids_t, calls, most, offsets[:-1], offsets[1:])]
     end, loss_sum = local_sgd(trainers[0], start, steps, lr, calls[0][6], inputs, ks)
-    return [t.result(c[2], start[lo:hi], end[lo:hi], loss_sum[lo:hi], np.asarray(c[4], dtype=np.int64))
+    deltas = end - start  # every run's in one subtraction
+    return [t.result(c[2], deltas[lo:hi], loss_sum[lo:hi], np.asarray(c[4], dtype=np.int64))
             for t, c, lo, hi in zip(trainers, calls, offsets[:-1], offsets[1:])]
+
+
+def _stacked_draws(trainers: list[Trainer], calls: list[tuple], ids: list[torch.Tensor], steps: int):
+    """The minibatch uniforms [steps, M, B] of all runs' devices stacked, drawn in one call (each
+    run's columns are its own `rng.uniform(seed, BATCH, round, ids, ...)`: the same numbers as
+    alone), or None where the task draws none (full batches, local epochs, no minibatches)."""
+    first = trainers[0]
+    if not (first.task.draws_minibatches and first.batch_size > 0 and not first.client.local_epochs):
+        return None
+    keys = rng.stacked_keys([t.seed for t in trainers], rng.BATCH, [c[1] for c in calls], ids, range(steps))
+    return rng.to_uniform(rng.from_keys(keys, first.batch_size))

@@ -62,6 +62,16 @@ def keys(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range) -> Te
     return h if isinstance(step, range) else h[0]
 
 
+def stacked_keys(seeds: list[int], stream: int, rnds: list[int], ids: list[Tensor], steps: range) -> Tensor:
+    """int64 [S, M] keys of several runs' devices stacked (M = their devices together): run r's
+    columns are `keys(seeds[r], stream, rnds[r], ids[r], steps)`, mixed in one call."""
+    base = torch.tensor([[_signed(_base(seed, stream, rnd, s)) for s in steps] for seed, rnd in zip(seeds, rnds)],
+                        dtype=torch.int64, device=ids[0].device)
+    counts = torch.tensor([len(i) for i in ids], device=base.device)
+    per_device = base.repeat_interleave(counts, dim=0).T  # [S, M]
+    return _mix(torch.cat(ids).to(torch.int64) * _signed(_GOLDEN) ^ per_device)
+
+
 def from_keys(key: Tensor, n: int, offset: int = 0) -> Tensor:
     """[..., n] int64 random bits number offset..offset+n-1 of each key [...]. Elementwise, so
     it also runs inside `torch.func.vmap` on one device's key (fedsim/training/modules.py)."""

@@ -83,14 +83,18 @@ class Task:
         """Views of parameters [..., d] as the model's tensors [..., *shape]."""
         return (flat,)
 
+    draws_minibatches = False  # whether `inputs` draws minibatches from rng.BATCH uniforms
+
     def inputs(self, ids: Tensor, rnd: int, steps: int, batch_size: int, seed: int,
-               width: int | None = None, epochs: float = 0.0) -> StepInputs:
+               width: int | None = None, epochs: float = 0.0, draws: Tensor | None = None) -> StepInputs:
         """The inputs of local steps 0..steps-1 of devices `ids` [m] in round `rnd`. What can be
         drawn for all steps at once (minibatch sample ids) is, in one call; the returned
         function gathers one step's inputs for some of the devices. `width`: samples per device
         in a step, padded (`Trainer.batch_width`); None: the batch size, or each device's
         largest local data set. `epochs` > 0: minibatches of shuffled epochs (`[client]
-        local_epochs`) instead of draws with replacement."""
+        local_epochs`) instead of draws with replacement. `draws`: the minibatch uniforms
+        `rng.uniform(seed, rng.BATCH, rnd, ids, range(steps), batch_size)` where a caller drew
+        them for several runs at once (fedsim/training/cohort.py)."""
         raise NotImplementedError
 
     def distinct_rows(self) -> bool:
@@ -177,8 +181,12 @@ class ClassificationTask(Task):
     def split(self, flat: Tensor) -> tuple[Tensor, ...]:
         return self.model.split(flat)
 
-    def inputs(self, ids, rnd, steps, batch_size, seed, width=None, epochs=0.0):
+    draws_minibatches = True
+
+    def inputs(self, ids, rnd, steps, batch_size, seed, width=None, epochs=0.0, draws=None):
         data, model = self.data, self.model
+        if draws is None and batch_size > 0 and not epochs:
+            draws = rng.uniform(seed, rng.BATCH, rnd, ids, range(steps), batch_size)
         if epochs:
             # random bits of each (device, epoch); counter-based, so a device's shuffle does
             # not depend on the cohort it trains in
@@ -189,22 +197,22 @@ class ClassificationTask(Task):
             def samples(step: int, which: slice | Tensor) -> tuple[Tensor, Tensor]:
                 return data.take(rows[step, which])
         elif batch_size > 0 and (not self.distinct_rows() or not width or width >= batch_size):
-            rows = data.minibatch_rows(ids, rng.uniform(seed, rng.BATCH, rnd, ids, range(steps), batch_size))
+            rows = data.minibatch_rows(ids, draws)
             weight = torch.full((1, 1, 1), 1.0 / batch_size, device=self.device).expand(*rows.shape)
 
             def samples(step: int, which: slice | Tensor) -> tuple[Tensor, Tensor]:
                 return data.take(rows[step, which])
         else:
             if batch_size > 0:  # fewer samples than a minibatch: each once, weighted by its draws
-                rows, weight = data.minibatch_weights(
-                    ids, rng.uniform(seed, rng.BATCH, rnd, ids, range(steps), batch_size), width)
+                rows, weight = data.minibatch_weights(ids, draws, width)
             else:  # the full local data: the same rows at every step
                 rows, once = data.full_rows(ids, width)
                 weight = once.expand(steps, *once.shape)
             x, y = data.take(rows)  # the same rows at every step: gathered once
 
             def samples(step: int, which: slice | Tensor) -> tuple[Tensor, Tensor]:
-                return x[which], y[which]
+                # every device (a slice): the same tensors each step, so a stacked call cats them once
+                return (x, y) if isinstance(which, slice) else (x[which], y[which])
 
         def at(step: int, which: slice | Tensor) -> tuple[Tensor, ...]:
             x, y = samples(step, which)

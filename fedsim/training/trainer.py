@@ -89,16 +89,15 @@ class Trainer:
             start = kept.start(ids_t, start)
         with self.threads.work(self.call_flops(ids) if self.threads.active else 0.0):
             end, loss_sum = self._run(rnd, ids, start, steps, lr_t, objective)
-        result = self.result(ids, start, end, loss_sum, steps)
+        result = self.result(ids, end - start, loss_sum, steps)
         if kept is not None:
             kept.keep(ids_t, end, result.deltas)
         return result
 
-    def result(self, ids: np.ndarray, start: Tensor, end: Tensor, loss_sum: Tensor,
-               steps: np.ndarray) -> TrainResult:
-        """Deltas, mean step loss and samples used of devices `ids` trained from start to end."""
+    def result(self, ids: np.ndarray, deltas: Tensor, loss_sum: Tensor, steps: np.ndarray) -> TrainResult:
+        """Deltas (end minus start), mean step loss and samples used of devices `ids`."""
         device = self.task.device
-        return TrainResult(end - start, loss_sum / torch.as_tensor(steps, device=device),
+        return TrainResult(deltas, loss_sum / torch.as_tensor(steps, device=device),
                            torch.as_tensor(self.samples(ids, steps), device=device))
 
     def samples(self, ids: np.ndarray, steps: np.ndarray) -> np.ndarray:

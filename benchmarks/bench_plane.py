@@ -5,18 +5,24 @@ The runs of bench_study.py (fedavg, mifa, fedau, fedvarp x seeds; digits, mlp, 1
 difference over the extra run-rounds is a run-round's cost with startup and the end taken out:
 wall time, and the CPU time of the driving thread (the control plane: servers, strategies,
 recorders; the shared training call runs in pool threads).
+`--sequential` also runs the same runs one after another (the same difference): the lockstep
+study's speedup per run-round with startup taken out, the figure of issue 31's part 5.
 `--profile` runs the long study under cProfile and prints where a run-round's time goes in
 microseconds (cumulative, profiler overhead included). `--code DIR` imports fedsim from DIR
-(another checkout), so that code before and after can be alternated on a shared machine.
+(another checkout); `--alternate DIR DIR ...` measures each checkout in turn, `--repeat` times,
+each in its own process, and records the medians: on a shared machine, code before and after
+see the same minutes.
 
     python benchmarks/bench_plane.py [--runs 16] [--rounds 60] [--short 10] [--repeat 3]
-                                     [--profile] [--code DIR] [--json FILE]
+                                     [--sequential] [--profile] [--code DIR]
+                                     [--alternate DIR DIR ...] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import sys
 import tempfile
@@ -42,15 +48,46 @@ PARTS = [("training (train_together)", "training/cohort.py", "train_together"),
          ("SimPy steps", "simpy/core.py", "step")]
 
 
-def study(runs: int, rounds: int, out: Path) -> tuple[float, float]:
-    """Wall seconds of `runs` runs of `rounds` rounds in lockstep (bench_study.py's configs),
-    and the CPU seconds of the driving thread: the control plane, as the shared training call
-    runs in pool threads (its one-thread parts), and less at the mercy of other jobs than wall time."""
-    from bench_study import configs, together
+def study(runs: int, rounds: int, out: Path, how: str = "together") -> tuple[float, float]:
+    """Wall seconds of `runs` runs of `rounds` rounds in lockstep (bench_study.py's configs; or
+    `how` = "sequential": one after another), and the CPU seconds of the driving thread: the
+    control plane, as the shared training call runs in pool threads (its one-thread parts), and
+    less at the mercy of other jobs than wall time."""
+    import bench_study
 
     cpu = time.thread_time()
-    wall = together(configs(runs, rounds, "cpu", out), out)[0]
+    wall = getattr(bench_study, how)(bench_study.configs(runs, rounds, "cpu", out), out)[0]
     return wall, time.thread_time() - cpu
+
+
+def alternate(args) -> dict:
+    """Each checkout of --alternate measured in turn, --repeat times, in its own process."""
+    import statistics
+    import subprocess
+
+    runs: dict[str, list[dict]] = {str(code): [] for code in args.alternate}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeat):
+            for code in args.alternate:
+                out = Path(tmp) / f"{i}-{len(runs[str(code)])}-{code.name}.json"
+                command = [sys.executable, __file__, "--runs", str(args.runs), "--rounds", str(args.rounds),
+                           "--short", str(args.short), "--repeat", "1", "--code", str(code), "--json", str(out)]
+                subprocess.run(command + (["--sequential"] if args.sequential else []), check=True,
+                               stdout=subprocess.DEVNULL)
+                runs[str(code)].append(json.loads(out.read_text()))
+    from bench_cohort import machine
+
+    record = {"runs": args.runs, "rounds": args.rounds, "short": args.short, "repeat": args.repeat,
+              "machine": machine()}
+    for code, done in runs.items():
+        for key in ("us_per_run_round_best", "driver_cpu_us_per_run_round_best", "sequential_us_per_run_round_best"):
+            if key in done[0]:
+                values = [d[key] for d in done]
+                record[f"{code}: {key.replace('_best', '')} median"] = round(statistics.median(values), 1)
+                record[f"{code}: {key.replace('_best', '')} all"] = values
+        if args.sequential:
+            record[f"{code}: speedup per run-round median"] = statistics.median(d["speedup_per_run_round"] for d in done)
+    return record
 
 
 def profile(runs: int, rounds: int, out: Path) -> list[dict]:
@@ -78,14 +115,24 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sequential", action="store_true", help="also the runs one after another")
     parser.add_argument("--code", type=Path, help="import fedsim from this checkout")
+    parser.add_argument("--alternate", type=Path, nargs="+", metavar="DIR", help="checkouts measured in turn")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    from bench_study import show
+
+    if args.alternate:
+        load_before = os.getloadavg()
+        record = alternate(args)
+        record["loadavg_before"] = [round(x, 2) for x in load_before]
+        record["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+        show(record, args.json, str)
+        return
     if args.code:
         sys.path.insert(0, str(args.code.resolve()))
     import fedsim
     from bench_cohort import machine
-    from bench_study import show
 
     load_before = os.getloadavg()
     record = {"code": str(Path(fedsim.__file__).parent.parent), "runs": args.runs, "rounds": args.rounds,
@@ -103,6 +150,11 @@ def main() -> None:
         record["us_per_run_round_best"] = round(min(per), 1)
         record["driver_cpu_us_per_run_round"] = [round(x, 1) for x in plane]
         record["driver_cpu_us_per_run_round_best"] = round(min(plane), 1)
+        if args.sequential:
+            alone = [study(args.runs, rounds, Path(tmp) / f"seq{rounds}", "sequential")[0]
+                     for rounds in (args.rounds, args.short)]
+            record["sequential_us_per_run_round_best"] = round(1e6 * (alone[0] - alone[1]) / extra, 1)
+            record["speedup_per_run_round"] = round(record["sequential_us_per_run_round_best"] / min(per), 2)
         if args.profile:
             record["profile"] = profile(args.runs, args.rounds, Path(tmp) / "profiled")
     record["loadavg_before"] = [round(x, 2) for x in load_before]

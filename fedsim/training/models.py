@@ -304,6 +304,7 @@ class Model:
         self.params = [q for layer in layers for q in layer.params]
         self.dim = sum(q.numel for q in self.params)
         self.dropout_features = sum(layer.dropout for layer in layers)
+        self._no_draws: dict[tuple, Tensor] = {}  # (m, batch, 0, device) -> the empty dropout draw
         self.has_conv = any(isinstance(layer, Conv) for layer in layers)
         # softmax regression (Flatten, Dense): the batched trainer has its gradient in closed form
         self.is_linear = isinstance(layers[-1], Dense) and all(isinstance(l, Flatten) for l in layers[:-1])
@@ -387,9 +388,13 @@ class Model:
         return torch.cat([saved[q.name].reshape(-1).float() for q in self.params])
 
     def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int) -> Tensor:
-        """A local step's dropout uniforms [m, batch, dropout_features] (empty without dropout)."""
+        """A local step's dropout uniforms [m, batch, dropout_features] (empty without dropout:
+        one tensor for every step, so that a shared call stacks it once)."""
         if not self.dropout_features:
-            return torch.empty(len(ids), batch, 0, device=ids.device)
+            shape = (len(ids), batch, 0, ids.device)
+            if shape not in self._no_draws:
+                self._no_draws[shape] = torch.empty(shape[:3], device=ids.device)
+            return self._no_draws[shape]
         return rng.uniform(seed, rng.DROPOUT, rnd, ids, step, batch * self.dropout_features).view(
             len(ids), batch, self.dropout_features)
 

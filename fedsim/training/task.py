@@ -216,6 +216,8 @@ class ClassificationTask(Task):
 
         def at(step: int, which: slice | Tensor) -> tuple[Tensor, ...]:
             x, y = samples(step, which)
+            if isinstance(which, slice):  # every device: no indexing (a shared call asks this each step)
+                return x, y, weight[step], model.randomness(seed, rnd, ids, step, y.shape[1])
             return x, y, weight[step, which], model.randomness(seed, rnd, ids[which], step, y.shape[1])
 
         return at

@@ -3,8 +3,9 @@
 The runs of bench_study.py (fedavg, mifa, fedau, fedvarp x seeds; digits, mlp, 100 devices,
 10 a round, ideal timing) in lockstep only, twice: with --rounds and with --short rounds; the
 difference over the extra run-rounds is a run-round's cost with startup and the end taken out:
-wall time, and the CPU time of the driving thread (the control plane: servers, strategies,
-recorders; the shared training call runs in pool threads).
+wall time, the wall time of the shared training calls, and the CPU time of the driving
+thread (the control plane: servers, strategies, recorders; the shared training call runs in
+pool threads).
 `--sequential` also runs the same runs one after another (the same difference): the lockstep
 study's speedup per run-round with startup taken out, the figure of issue 31's part 5.
 `--profile` runs the long study under cProfile and prints where a run-round's time goes in
@@ -48,16 +49,30 @@ PARTS = [("training (train_together)", "training/cohort.py", "train_together"),
          ("SimPy steps", "simpy/core.py", "step")]
 
 
-def study(runs: int, rounds: int, out: Path, how: str = "together") -> tuple[float, float]:
+def study(runs: int, rounds: int, out: Path, how: str = "together") -> tuple[float, float, float]:
     """Wall seconds of `runs` runs of `rounds` rounds in lockstep (bench_study.py's configs; or
-    `how` = "sequential": one after another), and the CPU seconds of the driving thread: the
+    `how` = "sequential": one after another); the CPU seconds of the driving thread: the
     control plane, as the shared training call runs in pool threads (its one-thread parts), and
-    less at the mercy of other jobs than wall time."""
+    less at the mercy of other jobs than wall time; and the wall seconds of the shared calls."""
     import bench_study
+    from fedsim.studies import lockstep
 
-    cpu = time.thread_time()
-    wall = getattr(bench_study, how)(bench_study.configs(runs, rounds, "cpu", out), out)[0]
-    return wall, time.thread_time() - cpu
+    training, shared_call = [0.0], lockstep.train_together
+
+    def timed(calls):
+        t0 = time.perf_counter()
+        try:
+            return shared_call(calls)
+        finally:
+            training[0] += time.perf_counter() - t0
+
+    lockstep.train_together = timed
+    try:
+        cpu = time.thread_time()
+        wall = getattr(bench_study, how)(bench_study.configs(runs, rounds, "cpu", out), out)[0]
+        return wall, time.thread_time() - cpu, training[0]
+    finally:
+        lockstep.train_together = shared_call
 
 
 def alternate(args) -> dict:
@@ -80,7 +95,8 @@ def alternate(args) -> dict:
     record = {"runs": args.runs, "rounds": args.rounds, "short": args.short, "repeat": args.repeat,
               "machine": machine()}
     for code, done in runs.items():
-        for key in ("us_per_run_round_best", "driver_cpu_us_per_run_round_best", "sequential_us_per_run_round_best"):
+        for key in ("us_per_run_round_best", "training_us_per_run_round_best", "driver_cpu_us_per_run_round_best",
+                    "sequential_us_per_run_round_best"):
             if key in done[0]:
                 values = [d[key] for d in done]
                 record[f"{code}: {key.replace('_best', '')} median"] = round(statistics.median(values), 1)
@@ -139,17 +155,20 @@ def main() -> None:
               "short": args.short, "machine": machine()}
     with tempfile.TemporaryDirectory() as tmp:
         study(4, 2, Path(tmp) / "warm")
-        per, plane = [], []
+        per, plane, trained = [], [], []
         extra = args.runs * (args.rounds - args.short)
         for i in range(args.repeat):
             long = study(args.runs, args.rounds, Path(tmp) / f"long{i}")
             short = study(args.runs, args.short, Path(tmp) / f"short{i}")
             per.append(1e6 * (long[0] - short[0]) / extra)
             plane.append(1e6 * (long[1] - short[1]) / extra)
+            trained.append(1e6 * (long[2] - short[2]) / extra)
         record["us_per_run_round"] = [round(x, 1) for x in per]
         record["us_per_run_round_best"] = round(min(per), 1)
         record["driver_cpu_us_per_run_round"] = [round(x, 1) for x in plane]
         record["driver_cpu_us_per_run_round_best"] = round(min(plane), 1)
+        record["training_us_per_run_round"] = [round(x, 1) for x in trained]
+        record["training_us_per_run_round_best"] = round(min(trained), 1)
         if args.sequential:
             alone = [study(args.runs, rounds, Path(tmp) / f"seq{rounds}", "sequential")[0]
                      for rounds in (args.rounds, args.short)]

@@ -138,8 +138,9 @@ def test_stacked_keys_of_several_runs_equal_each_runs_own_keys():
 
 @pytest.mark.parametrize("batch_size", [8, 64])  # minibatch rows; distinct rows weighted by their draws
 def test_cohorts_of_runs_trained_together_equal_each_run_alone(batch_size):
-    """train_together draws the minibatches of all runs in one call: runs of other seeds and at
-    other rounds (a resumed point) still train bit for bit as alone."""
+    """train_together draws the minibatches of all runs in one call and gathers their inputs
+    from their partitions stacked: runs of other seeds (other partitions) and at other rounds
+    (a resumed point) still train bit for bit as alone."""
     from fedsim.training.cohort import train_together
 
     runs = []
@@ -150,6 +151,7 @@ def test_cohorts_of_runs_trained_together_equal_each_run_alone(batch_size):
         start = task.init_params().expand(len(ids), -1)
         runs.append((trainer, rnd, ids, start, np.array([3, 2, 3]), 0.1, PLAIN))
     together = train_together(runs)
+    assert runs[0][0].stacked_clients[1] is not None  # one dataset: the inputs were one call
     for call, shared in zip(runs, together):
         alone = call[0].train(*call[1:])
         assert torch.equal(shared.deltas, alone.deltas) and torch.equal(shared.loss, alone.loss)

@@ -35,9 +35,9 @@ class ClientData:
         self.labels_np = dataset.y_train
         self.tokens = dataset.vocab_size > 0
         self.x = self._features(dataset.x_train, dataset.scale)
-        self.y = labels_on(dataset.y_train, device)
+        self.y = shared_features(dataset.y_train, None, device)
         self.x_test = self._features(dataset.x_test, dataset.scale)
-        self.y_test = labels_on(dataset.y_test, device)
+        self.y_test = shared_features(dataset.y_test, None, device)
         self.pooled = n_clients
         self.indices = torch.as_tensor(indices, device=device)
         self.starts = torch.as_tensor(np.append(offsets[:-1], 0), device=device)
@@ -118,8 +118,8 @@ _SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def shared_features(x: np.ndarray, scale: float | None, device: torch.device) -> Tensor:
-    """`x * scale` as float32 on `device` (scale None: x as int64), the same tensor for equal
-    arrays while one is alive."""
+    """`x * scale` as float32 on `device` (scale None: x as int64: token ids, labels), the same
+    tensor for equal arrays while one is alive."""
     digest = hashlib.sha1(np.ascontiguousarray(x).view(np.uint8).reshape(-1)).hexdigest()
     key = (digest, x.dtype.str, x.shape, scale, str(device))
     features = _SHARED.get(key)
@@ -132,12 +132,25 @@ def shared_features(x: np.ndarray, scale: float | None, device: torch.device) ->
     return features
 
 
-def labels_on(y: np.ndarray, device: torch.device) -> Tensor:
-    """int64 labels on `device`, copied (the array may be a read-only cached one)."""
-    return torch.as_tensor(np.array(y, dtype=np.int64), device=device)
-
-
 def gather(table: Tensor, rows: Tensor) -> Tensor:
     """table[rows] for an index tensor of any shape; index_select is ~4x faster than indexing
     on the CPU for a minibatch-sized gather."""
     return table.index_select(0, rows.flatten()).view(*rows.shape, *table.shape[1:])
+
+
+def stack_clients(parts: list[ClientData]) -> tuple[ClientData, list[int]] | None:
+    """Several runs' partitions of one training set as one ClientData (their CSR tables
+    concatenated), and where each run's client ids start in it: the inputs of all their
+    cohorts are then one set of gathers (fedsim/training/cohort.py). None unless they share
+    the features and labels (the same dataset: `shared_features` holds one copy)."""
+    first = parts[0]
+    if any(p.x is not first.x or p.y is not first.y for p in parts):
+        return None
+    stacked = object.__new__(ClientData)
+    stacked.x, stacked.y, stacked.device = first.x, first.y, first.device
+    samples = np.cumsum([0, *[len(p.indices) for p in parts]])
+    clients = np.cumsum([0, *[len(p.sizes) for p in parts]])  # each run's N clients and its pooled one
+    stacked.indices = torch.cat([p.indices for p in parts])
+    stacked.starts = torch.cat([p.starts + int(lo) for p, lo in zip(parts, samples)])
+    stacked.sizes = torch.cat([p.sizes for p in parts])
+    return stacked, [int(c) for c in clients[:-1]]

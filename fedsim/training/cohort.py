@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedsim.data.clients import stack_clients
 from fedsim.errors import FedsimError
 from fedsim.training import rng
 from fedsim.training.cuda_graphs import CudaGraphSteps
@@ -221,13 +222,36 @@ def _train_stacked(calls: list[tuple], trainers: list[Trainer], width: int) -> l
     ids_t = [torch.as_tensor(np.asarray(c[2], dtype=np.int64), device=device) for c in calls]
     most = [int(np.max(c[4], initial=0)) for c in calls]
     draws = _stacked_draws(trainers, calls, ids_t, max(most))
-    inputs = [t.task.inputs(i, c[1], s, t.batch_size, t.seed, width, t.client.local_epochs,
-                            None if draws is None else draws[:s, lo:hi])
-              for t, i, c, s, lo, hi in zip(trainers, ids_t, calls, most, offsets[:-1], offsets[1:])]
-    end, loss_sum = local_sgd(trainers[0], start, steps, lr, calls[0][6], inputs, ks)
+    stacked = _stacked_clients(trainers)
+    if stacked is not None:  # one dataset: every cohort's inputs in one call
+        data, first_ids = stacked
+        every = torch.cat([i + first for i, first in zip(ids_t, first_ids)])
+        t = trainers[0]
+        inputs, blocks = [t.task.inputs(every, calls[0][1], max(most), t.batch_size, t.seed, width, 0.0, draws, data)], [len(every)]
+    else:
+        inputs = [t.task.inputs(i, c[1], s, t.batch_size, t.seed, width, t.client.local_epochs,
+                                None if draws is None else draws[:s, lo:hi])
+                  for t, i, c, s, lo, hi in zip(trainers, ids_t, calls, most, offsets[:-1], offsets[1:])]
+        blocks = ks
+    end, loss_sum = local_sgd(trainers[0], start, steps, lr, calls[0][6], inputs, blocks)
     deltas = end - start  # every run's in one subtraction
     return [t.result(c[2], deltas[lo:hi], loss_sum[lo:hi], np.asarray(c[4], dtype=np.int64))
             for t, c, lo, hi in zip(trainers, calls, offsets[:-1], offsets[1:])]
+
+
+def _stacked_clients(trainers: list[Trainer]):
+    """The runs' partitions stacked into one ClientData and each run's first client id in it
+    (`stack_clients`), where their inputs can be one call: one dataset, a task whose inputs
+    depend on the seed only through the draws, no local epochs. Kept on the first trainer
+    while the same runs train together (the partitions never change); None otherwise."""
+    first = trainers[0]
+    if first.client.local_epochs or not all(t.task.inputs_stack() for t in trainers):
+        return None
+    parts = tuple(t.task.data for t in trainers)
+    kept = getattr(first, "stacked_clients", None)
+    if kept is None or len(kept[0]) != len(parts) or any(a is not b for a, b in zip(kept[0], parts)):
+        kept = first.stacked_clients = (parts, stack_clients(list(parts)))
+    return kept[1]
 
 
 def _stacked_draws(trainers: list[Trainer], calls: list[tuple], ids: list[torch.Tensor], steps: int):

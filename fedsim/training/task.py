@@ -85,8 +85,15 @@ class Task:
 
     draws_minibatches = False  # whether `inputs` draws minibatches from rng.BATCH uniforms
 
+    def inputs_stack(self) -> bool:
+        """Whether a round's inputs depend on the seed only through the minibatch draws, so
+        that the cohorts of several runs on one dataset can take theirs in one `inputs` call
+        (`data` = their stacked partitions)."""
+        return False
+
     def inputs(self, ids: Tensor, rnd: int, steps: int, batch_size: int, seed: int,
-               width: int | None = None, epochs: float = 0.0, draws: Tensor | None = None) -> StepInputs:
+               width: int | None = None, epochs: float = 0.0, draws: Tensor | None = None,
+               data=None) -> StepInputs:
         """The inputs of local steps 0..steps-1 of devices `ids` [m] in round `rnd`. What can be
         drawn for all steps at once (minibatch sample ids) is, in one call; the returned
         function gathers one step's inputs for some of the devices. `width`: samples per device
@@ -94,7 +101,8 @@ class Task:
         largest local data set. `epochs` > 0: minibatches of shuffled epochs (`[client]
         local_epochs`) instead of draws with replacement. `draws`: the minibatch uniforms
         `rng.uniform(seed, rng.BATCH, rnd, ids, range(steps), batch_size)` where a caller drew
-        them for several runs at once (fedsim/training/cohort.py)."""
+        them for several runs at once (fedsim/training/cohort.py); `data`: the ClientData to
+        draw from instead of the task's own (several runs' stacked, `inputs_stack`)."""
         raise NotImplementedError
 
     def distinct_rows(self) -> bool:
@@ -183,8 +191,11 @@ class ClassificationTask(Task):
 
     draws_minibatches = True
 
-    def inputs(self, ids, rnd, steps, batch_size, seed, width=None, epochs=0.0, draws=None):
-        data, model = self.data, self.model
+    def inputs_stack(self) -> bool:
+        return isinstance(self.model, Model) and not self.model.dropout_features  # (dropout keys are the seed's)
+
+    def inputs(self, ids, rnd, steps, batch_size, seed, width=None, epochs=0.0, draws=None, data=None):
+        data, model = self.data if data is None else data, self.model
         if draws is None and batch_size > 0 and not epochs:
             draws = rng.uniform(seed, rng.BATCH, rnd, ids, range(steps), batch_size)
         if epochs:

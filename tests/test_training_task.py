@@ -155,6 +155,12 @@ def test_cohorts_of_runs_trained_together_equal_each_run_alone(batch_size):
     for call, shared in zip(runs, together):
         alone = call[0].train(*call[1:])
         assert torch.equal(shared.deltas, alone.deltas) and torch.equal(shared.loss, alone.loss)
+    # a run of local epochs beside them (its own shuffles): each run's inputs on their own
+    task = runs[1][0].task
+    epochs = build_trainer(task, ClientConfig(batch_size=batch_size, local_epochs=1.0, trainer="batched"), seed=1)
+    mixed = [runs[0], (epochs, *runs[1][1:])]
+    for call, shared in zip(mixed, train_together(mixed)):
+        assert torch.equal(shared.deltas, call[0].train(*call[1:]).deltas)
 
 
 def test_only_softmax_regression_has_the_closed_form_gradient():

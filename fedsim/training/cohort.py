@@ -245,7 +245,7 @@ def _stacked_clients(trainers: list[Trainer]):
     depend on the seed only through the draws, no local epochs. Kept on the first trainer
     while the same runs train together (the partitions never change); None otherwise."""
     first = trainers[0]
-    if first.client.local_epochs or not all(t.task.inputs_stack() for t in trainers):
+    if any(t.client.local_epochs for t in trainers) or not all(t.task.inputs_stack() for t in trainers):
         return None
     parts = tuple(t.task.data for t in trainers)
     kept = getattr(first, "stacked_clients", None)

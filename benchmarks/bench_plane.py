@@ -136,6 +136,11 @@ def main() -> None:
     parser.add_argument("--alternate", type=Path, nargs="+", metavar="DIR", help="checkouts measured in turn")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    for code in [*(args.alternate or []), *([args.code] if args.code else [])]:
+        if not (code / "fedsim" / "__init__.py").is_file():  # (before any import of fedsim: --code picks which)
+            print(f"error: {code} is not a fedsim checkout (no fedsim/__init__.py); give a folder made by "
+                  "`git worktree add DIR COMMIT`", file=sys.stderr)
+            raise SystemExit(2)
     from bench_study import show
 
     if args.alternate:

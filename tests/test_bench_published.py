@@ -1,7 +1,8 @@
 """benchmarks/bench_published.py: its arithmetic (the lower bound, the extrapolation), its
 configs (valid fedsim configs of the published settings), its records and table, and its
 --rounds errors. The timed `fedsim run` itself is replaced by a canned one here (its CPU
-smoke, `--quick`, is in benchmarks/RESULTS.md)."""
+smoke, `--quick`, is in benchmarks/RESULTS.md). Also bench_plane.py's one-line error for a
+folder that is not a checkout."""
 
 from __future__ import annotations
 
@@ -153,3 +154,15 @@ def test_generated_data_reads_as_the_published_shape(tmp_path, key, shape, class
     assert len(data.users) == setting.clients
     assert len(data.y_train) / setting.clients == pytest.approx(setting.samples, rel=0.15)
     assert len(data.y_test) / (len(data.y_train) + len(data.y_test)) == pytest.approx(setting.test_share, rel=0.3)
+
+
+def test_bench_plane_given_a_folder_that_is_no_checkout_is_one_line_exit_2(tmp_path):
+    """bench_plane.py --alternate as a user types it, from another folder: one error line that
+    says how to make a checkout, nothing written."""
+    script = Path(bench.__file__).resolve().parent / "bench_plane.py"
+    done = subprocess.run([sys.executable, str(script), "--alternate", "before", str(script.parent.parent),
+                           "--json", "out.json"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and not (tmp_path / "out.json").exists()
+    assert done.stderr.strip().splitlines() == [
+        "error: before is not a fedsim checkout (no fedsim/__init__.py); give a folder made by "
+        "`git worktree add DIR COMMIT`"]

@@ -130,9 +130,14 @@ def _cat(field: int, pieces: tuple[torch.Tensor, ...], stacked: dict) -> torch.T
     """The blocks' pieces of one input field stacked; catted once while the blocks hand over
     the same tensors step after step (the samples of full batches and of distinct rows)."""
     last = stacked.get(field)
-    if last is None or len(last[0]) != len(pieces) or any(a is not b for a, b in zip(last[0], pieces)):
+    if last is None or not _same_objects(last[0], pieces):
         last = stacked[field] = (pieces, torch.cat(pieces))
     return last[1]
+
+
+def _same_objects(a: tuple, b: tuple) -> bool:
+    """Whether two tuples hold the very same objects (what a cached result was made from)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def cohort_key(trainer: Trainer, ids: np.ndarray, objective) -> tuple | None:
@@ -249,7 +254,7 @@ def _stacked_clients(trainers: list[Trainer]):
         return None
     parts = tuple(t.task.data for t in trainers)
     kept = getattr(first, "stacked_clients", None)
-    if kept is None or len(kept[0]) != len(parts) or any(a is not b for a, b in zip(kept[0], parts)):
+    if kept is None or not _same_objects(kept[0], parts):
         kept = first.stacked_clients = (parts, stack_clients(list(parts)))
     return kept[1]
 

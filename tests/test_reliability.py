@@ -526,6 +526,30 @@ CASES = [
          r"cannot create the folder (\S+)/blocker: \1/blocker is a file", blocker=""),
     case("devices-out-a-folder", CONVERT + " --devices-out {tmp}", r"^error: --devices-out \S+: is a folder; give the path", **{"in.csv": "device_id,start,end\n0,0,10\n"}),
     case("plot-into-a-file", "plot {tmp}/r", r"cannot create the folder (\S+)/r/plots: \1/r/plots is a file", r=run_dir(lambda path: (path / "plots").write_text(""))),
+    # --- run directories, checkpoints, files a command must not overwrite, your own module (issue 37) ---
+    #
+    #
+    #
+    # --- asynchronous runs: stop and resume (issue 37) ---
+    #
+    #
+    #
+    # --- unbounded work, memory, config refusals before loading (issue 37) ---
+    #
+    #
+    #
+    # --- trackers, reports, sweeps (issue 37) ---
+    #
+    #
+    #
+    # --- trace scale, events log (issue 37) ---
+    #
+    #
+    #
+    # --- audit of the surfaces since d478d11: modules, local epochs, FLASH, fedbuff, halfnormal, run format, trace info|plot RUN_DIR ---
+    #
+    #
+    #
 ]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from fedsim.config import RESUME_KEYS
 from fedsim.errors import EXIT_CODES, STOP_SIGNALS, FedsimError, Stopped, stop_at_once
 from fedsim.files import resume_command
-from fedsim.results.status import read_manifest
+from fedsim.results.run_format import read_manifest
 
 
 def _summary_table(result) -> str:
@@ -101,7 +101,7 @@ def manifest_warnings(result) -> list[str]:
 def crash_note(run_dir: Path) -> str:
     """`: it crashed (last checkpoint at round R)` for a run whose manifest says it is running
     while nobody holds its directory."""
-    from fedsim.results.status import read_manifest, run_status
+    from fedsim.results.status import run_status
 
     try:
         status = run_status(run_dir, read_manifest(run_dir, strict=False))
@@ -526,7 +526,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
+    shadow = shadowing_folder()
+    if shadow is not None:
+        print(f"error: the folder {shadow} is imported as the package fedsim, in place of fedsim's own "
+              f"({Path(__file__).parent}): its parent {shadow.parent} is on PYTHONPATH (or is the working "
+              f"directory); take {shadow.parent} off PYTHONPATH, or start fedsim from another folder",
+              file=sys.stderr)
+        exit_now(2)
     exit_now(main())
+
+
+def shadowing_folder() -> Path | None:
+    """A folder named fedsim that Python took for the package instead of this one, if any: a
+    clone's root (no __init__.py: a namespace package) whose parent is on PYTHONPATH, where
+    fedsim is installed by a finder that Python asks after the path (`pip install -e`)."""
+    import fedsim
+
+    own = Path(__file__).resolve().parent
+    if getattr(fedsim, "__file__", None):
+        return None if Path(fedsim.__file__).resolve().parent == own else Path(fedsim.__file__).parent
+    return next((Path(p) for p in getattr(fedsim, "__path__", []) if Path(p).is_dir() and Path(p).resolve() != own),
+                None)
 
 
 def exit_now(code: int) -> None:

@@ -131,6 +131,53 @@ class _ByteCounter(io.RawIOBase):
         return self.write(text.encode())
 
 
+# the PNG `Software` text of the pictures `fedsim trace plot` draws: the only files in a run
+# directory that a command other than the run's own may write over (drawing them again)
+TRACE_PICTURE = "fedsim trace plot"
+
+
+def check_out(path: str | Path | None, force: bool, inputs: list = (), flag: str = "--out",
+              redraws: str | None = None) -> None:
+    """Where a command may write its output `path`: never over an input or a folder, nor over
+    a file in the folder of a run, comparison or study (the run's own, or one put there by
+    hand), even with --force, unless it is a picture this command drew there (`redraws`: its
+    PNG's Software text); over any other file that exists only with --force."""
+    if not path:
+        return
+    out = Path(path)
+    for given in inputs:
+        if given and out.resolve() == Path(given).resolve():
+            raise FedsimError(f"{flag} {path}: is the input {given}; give another path (an input is never "
+                              "written over)")
+    if out.is_dir():
+        raise FedsimError(f"{flag} {path}: is a folder; give the path of a file")
+    if not out.exists():
+        return
+    folder = run_folder_of(out)
+    if folder is not None and not (redraws and _drawn_by(out, redraws)):
+        raise FedsimError(f"{flag} {path}: is a file of the run directory {folder}, which no other command "
+                          "writes over (not even with --force); give a path outside it, or a new file name")
+    if not force:
+        raise FedsimError(f"{flag} {path}: the file exists; give another path, or --force to overwrite it")
+
+
+def run_folder_of(path: Path) -> Path | None:
+    """The nearest folder above `path` that fedsim made for a run, a comparison or a study (one
+    holding a study.toml, or a config.toml beside a manifest.json, checkpoint.pt or run lock)."""
+    for folder in Path(path).absolute().parents:
+        if (folder / "study.toml").is_file() or (folder / "config.toml").is_file() and any(
+                (folder / name).exists() for name in ("manifest.json", "checkpoint.pt", ".lock")):
+            return folder
+    return None
+
+
+def _drawn_by(path: Path, software: str) -> bool:
+    """Whether `path` is a PNG whose metadata (a text chunk before its pixels) names `software`."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 12)
+    return head.startswith(b"\x89PNG") and b"Software\x00" + software.encode() in head
+
+
 def resolved(path: str | Path, where: str) -> Path:
     """`path` made absolute, symbolic links followed; a loop of links is one line."""
     try:

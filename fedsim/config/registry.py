@@ -20,7 +20,7 @@ from collections.abc import Mapping, MutableMapping
 from importlib.metadata import entry_points
 from typing import Any, Callable, Iterator
 
-from fedsim.errors import FedsimError, choice_error
+from fedsim.errors import FedsimError, choice_error, first_line
 
 
 class Registry(MutableMapping):
@@ -112,7 +112,10 @@ class Registry(MutableMapping):
             raise FedsimError(f"{where}: {what}: importing {module_name!r} failed: {err}") from None
         except Exception as err:  # the plugin's own code broke while importing
             raise FedsimError(f"{where}: {what}: importing {module_name!r} failed "
-                              f"({type(err).__name__}: {err}); fix the module") from None
+                              f"({type(err).__name__}: {first_line(err)}); fix the module") from None
+        except SystemExit as exit:  # it would end fedsim without a word
+            raise FedsimError(f"{where}: {what}: importing {module_name!r} called sys.exit({exit.code!r}); "
+                              "a module fedsim imports must not exit: raise an exception instead") from None
         obj = module
         for part in attr.split("."):
             if isinstance(obj, Mapping) and part in obj:

@@ -53,10 +53,7 @@ class ClientData:
     def label_distribution(self) -> np.ndarray:
         """[N, C] fraction of each client's samples per label."""
         owner = np.repeat(np.arange(self.n_clients), self.sizes_np)
-        labels = self.labels_np[self.indices.cpu().numpy()]
-        counts = np.zeros((self.n_clients, self.n_classes))
-        np.add.at(counts, (owner, labels), 1)
-        return counts / self.sizes_np[:, None]
+        return label_distribution(owner, self.labels_np[self.indices.cpu().numpy()], self.n_clients, self.n_classes)
 
     def take(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         """Features [..., *shape] and labels [...] of the samples `rows` [...]."""
@@ -154,3 +151,10 @@ def stack_clients(parts: list[ClientData]) -> tuple[ClientData, list[int]] | Non
     stacked.starts = torch.cat([p.starts + int(lo) for p, lo in zip(parts, samples)])
     stacked.sizes = torch.cat([p.sizes for p in parts])
     return stacked, [int(c) for c in clients[:-1]]
+
+
+def label_distribution(owner: np.ndarray, labels: np.ndarray, n_clients: int, n_classes: int) -> np.ndarray:
+    """[N, C] fraction of each client's samples per label (`owner[i]`: the client of sample i)."""
+    counts = np.zeros((n_clients, n_classes))
+    np.add.at(counts, (owner, labels), 1)
+    return counts / np.bincount(owner, minlength=n_clients)[:, None]

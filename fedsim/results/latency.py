@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, first_line
 
 PHASES = ("download_s", "compute_s", "upload_s")
 RAN_TO_END = ("arrived", "late", "surplus")  # outcomes whose task ran all of its phases
@@ -32,8 +32,7 @@ def collect(frame: pl.LazyFrame, run_dir: Path) -> pl.DataFrame:
     try:
         return frame.collect()
     except (pl.exceptions.PolarsError, OSError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise FedsimError(f"{Path(run_dir) / 'events.parquet'}: not the events log of a fedsim run ({first}); "
+        raise FedsimError(f"{Path(run_dir) / 'events.parquet'}: not the events log of a fedsim run ({first_line(err)}); "
                           "the run directory is damaged: resume the run or run it again") from None
 
 

@@ -35,7 +35,7 @@ import polars as pl
 from fedsim.config import read_toml
 from fedsim.errors import FedsimError
 from fedsim.files import atomic_write, plain_name
-from fedsim.results.status import read_manifest
+from fedsim.results.run_format import read_manifest
 
 DPI = 100
 COUNTS = ("online", "invited", "arrived", "dropped", "late")

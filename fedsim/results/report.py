@@ -20,7 +20,8 @@ from fedsim.config import read_toml
 from fedsim.errors import FedsimError, first_line
 from fedsim.results.latency import (PHASES, STRAGGLER_ARRIVED_BELOW, STRAGGLER_INVITED, close_reasons, latency,
                                      participation_by, stragglers, wasted_work)
-from fedsim.results.status import read_manifest, run_status
+from fedsim.results.run_format import read_manifest
+from fedsim.results.status import run_status
 
 
 @dataclass(frozen=True)

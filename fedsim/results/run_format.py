@@ -1,21 +1,91 @@
 """The run-directory format: the version every run records (`run_format` in manifest.json and
 checkpoint.pt; a run without one is format 0, any release before format 1), and how a run
-directory of an earlier format is read. A rule added later must not refuse what an earlier
-release wrote itself: STEPS says, per format, which keys of its config.toml the next format
-drops or maps, and reading one prints a note per key it changed (docs/running.md).
+directory is read. Every reader of a manifest or a checkpoint goes through `read_manifest` and
+`read_checkpoint`, which refuse a format this release does not know (a newer release's run is
+never read, let alone written over in today's format). A rule added later must not refuse what
+an earlier release wrote itself: STEPS says, per format, which keys of its config.toml the next
+format drops or maps, and reading one prints a note per key it changed (docs/running.md).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from fedsim.config import Config, read_toml
-from fedsim.results.status import read_manifest
+from fedsim.errors import FedsimError
 
 RUN_FORMAT = 1
+# what every checkpoint.pt holds (experiment.py writes them, with more that some runs need)
+CHECKPOINT_KEYS = ("round", "sim_time", "strategy", "recorder", "host_s")
+
+
+def checked_format(record: dict, path: Path) -> int:
+    """The run format that a manifest or checkpoint (`record`, read from `path`) records: 0 where
+    it records none (a release before format 1); one line for one this release cannot read."""
+    value = record.get("run_format", 0)
+    if type(value) is not int or value < 0:  # bool is an int to isinstance
+        raise FedsimError(f"{path}: run_format = {value!r} is not a run format (an integer from 0); the file was "
+                          f"edited or damaged: give it back the format the run was written in ({RUN_FORMAT} for "
+                          "this release), or start the run again")
+    if value > RUN_FORMAT:
+        raise FedsimError(f"{path}: run format {value} is newer than this release reads (at most {RUN_FORMAT}); "
+                          "a later release of fedsim wrote it: upgrade fedsim-avail (pip install -U "
+                          "fedsim-avail) to read or resume the run (this one leaves it untouched)")
+    return value
+
+
+def read_manifest(run_dir: Path, *, strict: bool = True) -> dict:
+    """A run directory's manifest.json ({} where there is none), its run format checked. A
+    damaged one (cut, or not a JSON object) is one line when `strict`; otherwise it reads as
+    none: a resume goes on from the checkpoint, which holds the truth, and writes the manifest
+    again."""
+    path = Path(run_dir) / "manifest.json"
+    if not path.exists():
+        return {}
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        manifest = None
+    if isinstance(manifest, dict):
+        checked_format(manifest, path)
+        return manifest
+    if strict:
+        raise FedsimError(f"{path}: damaged (not a JSON object); `fedsim run --resume {Path(run_dir)}` writes it "
+                          "again from the last checkpoint")
+    return {}
+
+
+def read_checkpoint(path: Path, *, lazy: bool = False) -> dict:
+    """A checkpoint.pt's state, checked: readable, a fedsim checkpoint, of a format this release
+    reads. `lazy`: its tensors are mapped from the file, not read (enough to check it)."""
+    import torch
+
+    try:  # not weights_only: the state holds numpy arrays and plain objects of fedsim's own
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=lazy)
+    except Exception as err:  # torch raises many kinds for a damaged file
+        raise FedsimError(f"{path}: not a readable checkpoint ({type(err).__name__}); "
+                          "the run cannot be resumed from it, start it again") from None
+    missing = [k for k in CHECKPOINT_KEYS if k not in state] if isinstance(state, dict) else list(CHECKPOINT_KEYS)
+    if missing:
+        raise FedsimError(f"{path}: not a fedsim checkpoint (no {', '.join(missing)}); "
+                          "the run cannot be resumed from it, start it again")
+    checked_format(state, path)
+    return state
+
+
+def check_readable(run_dir: Path) -> None:
+    """Before a command writes into a run directory (a run's, or each algorithm's of a
+    comparison): one line when one of its manifests or checkpoints has a format this release
+    does not read."""
+    run_dir = Path(run_dir)
+    for member in [run_dir, *sorted(d for d in run_dir.iterdir() if d.is_dir())]:
+        read_manifest(member, strict=False)
+        if (member / "checkpoint.pt").is_file():
+            read_checkpoint(member / "checkpoint.pt", lazy=True)
 
 
 @dataclass(frozen=True)

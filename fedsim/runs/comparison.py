@@ -6,6 +6,7 @@ comparison plots.
 from __future__ import annotations
 
 import contextlib
+import shlex
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -15,13 +16,13 @@ from fedsim.runs.callbacks import Callback
 from fedsim.config import Config, config_from_dict, dump_toml
 from fedsim.errors import FedsimError, Stopped, stop_at_once
 from fedsim.runs.experiment import Experiment, RunResult
-from fedsim.files import DirectoryLock, atomic_write, claim_directory, plain_name, remove_stale_temporaries
+from fedsim.files import (DirectoryLock, atomic_write, claim_directory, plain_name, remove_stale_temporaries,
+                          resume_command)
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import write_text
-from fedsim.results.run_format import run_config
+from fedsim.results.run_format import check_readable, read_manifest, run_config
 from fedsim.sim.engine import finish_round_on_stop_signal
-from fedsim.results.status import read_manifest
 
 
 def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
@@ -38,12 +39,26 @@ def run(config: Config, *, progress: bool = True, run_dir: Path | None = None,
     if not isinstance(config, Config):
         raise FedsimError(f"fedsim.run: expected a Config (from fedsim.load_config), got {config!r}")
     claim = run_dir is None  # a directory of its own, taken once the config proved valid
+    if claim:
+        refuse_study_folder(config)
     run_dir = Path(run_dir) if run_dir else Path(config.run.out) / config.run.name
     try:
         return _run(config, run_dir, claim, progress, on_ready, plotter, callbacks)
     finally:
         if plotter is not None:
             plotter.finish()
+
+
+def refuse_study_folder(config: Config) -> None:
+    """A new run is never made inside the folder of a study, which only `fedsim sweep` writes
+    to: the config.toml of a point, run on its own, names the study's folder as [run] out."""
+    out = Path(config.run.out).absolute()
+    study = next((folder for folder in (out, *out.parents) if (folder / "study.toml").is_file()), None)
+    if study is not None:
+        again = f"fedsim run {shlex.quote(config.source)} --set run.out={shlex.quote(str(study.parent))}"
+        raise FedsimError(f"{config.source}: [run] out = {config.run.out!r} is in the folder of the study {study}, "
+                          f"which only `fedsim sweep` writes to; run it as a new run beside the study with "
+                          f"`{again}`, or finish the study with `{resume_command('sweep', study)}`")
 
 
 def _run(config, run_dir, claim, progress, on_ready, plotter, callbacks) -> RunResult:
@@ -136,6 +151,7 @@ def resume_comparison(run_dir: Path, overrides: list[str] = (), progress: bool =
     summary and plots written as an uninterrupted comparison writes them."""
     from fedsim.config import parse_override
 
+    check_readable(run_dir)  # every algorithm's, before any is written
     raw = run_config(run_dir)  # an earlier run format's as this one reads it (written back below)
     for text in overrides:
         section, key, value = parse_override(text)

@@ -33,8 +33,7 @@ from fedsim.results.manifest import write_manifest
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import Recorder, save_torch, write_text
-from fedsim.results.run_format import RUN_FORMAT, run_config, upgrade
-from fedsim.results.status import read_manifest
+from fedsim.results.run_format import RUN_FORMAT, read_checkpoint, read_manifest, run_config, upgrade
 from fedsim.sim.buffered import BufferedServer
 from fedsim.sim.engine import Engine, EngineResult, finish_round_on_stop_signal, new_environment
 from fedsim.sim.round_timing import invite_budget
@@ -48,7 +47,7 @@ from fedsim.training import ThreadPolicy, build_task, build_trainer
 from fedsim.training.memory import check_memory
 from fedsim.training.schedules import learning_rate
 from fedsim.runs.trackers import check_trackers, tracker_callbacks
-from fedsim.training.warm_start import check_resumable, initial_params, model_layout
+from fedsim.training.warm_start import check_resumable, initial_params, model_file, model_layout
 
 
 @dataclass
@@ -144,6 +143,8 @@ class Experiment:
         """The strategy of `cfg` on this experiment's task and trace; a comparison calls this for
         every algorithm first, so that one that cannot run here fails before any has run."""
         strategy = make_strategy(cfg.algorithm.name, origin=cfg.source)
+        if cfg.model.init_from and not self.resuming:  # the run it starts from: of a format this release reads
+            read_manifest(model_file(cfg).parent, strict=False)
         params = self.task.init_params() if self.resuming else initial_params(self.task, cfg)
         strategy.setup(self.task.n_clients, params, self._context(cfg))
         return strategy
@@ -420,6 +421,7 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
     from fedsim.config import parse_override
     from fedsim.sim.buffered import refuse_resume
 
+    state = read_checkpoint(checkpoint) if checkpoint.exists() else None  # on the CPU: the Strategy moves it
     if not (run_dir / "config.toml").exists():
         raise FedsimError(f"{run_dir / 'config.toml'}: missing, so the run's settings are unknown; "
                           "restore it (a copy is in checkpoint.pt's 'config') or start the run again")
@@ -428,20 +430,10 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
         section, key, value = parse_override(text)
         raw.setdefault(section, {})[key] = value
     config = config_from_dict(raw, origin=str(run_dir / "config.toml"))
-    if not checkpoint.exists():  # stopped before its first checkpoint, before round 1: start over
+    if state is None:  # stopped before its first checkpoint, before round 1: start over
         return Experiment(config, run_dir, progress, plotter=plotter, callbacks=callbacks), None
     refuse_resume(config)
     record = recorded_trace(run_dir, ended) if config.trace.source != "file" else None
-    try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # the Strategy moves it
-    except Exception as err:  # torch raises many kinds for a damaged file
-        raise FedsimError(f"{checkpoint}: not a readable checkpoint ({type(err).__name__}); "
-                          "the run cannot be resumed from it, start it again") from None
-    keys = ("round", "sim_time", "strategy", "recorder", "host_s")
-    missing = [k for k in keys if k not in state] if isinstance(state, dict) else list(keys)
-    if missing:
-        raise FedsimError(f"{checkpoint}: not a fedsim checkpoint (no {', '.join(missing) or 'table'}); "
-                          "the run cannot be resumed from it, start it again")
     if "config" in state:  # (checkpoints of fedsim before 0.1 kept no config)
         started, _ = upgrade(state["config"], state.get("run_format", 0), str(checkpoint))
         check_unchanged(started, config.to_dict(), run_dir / "config.toml")

@@ -21,8 +21,7 @@ from fedsim.config.catalog import GENERATORS, TRACE_SELECTIONS
 from fedsim.config import Config, config_from_dict
 from fedsim.errors import FedsimError
 from fedsim.files import file_fingerprint, resolved
-from fedsim.results.run_format import run_config, runs_in
-from fedsim.results.status import read_manifest
+from fedsim.results.run_format import read_manifest, run_config, runs_in
 from fedsim.traces import Trace, generate, read_trace
 
 
@@ -72,10 +71,9 @@ def recorded_trace(run_dir: Path, manifest: dict) -> TraceRecord | None:
 def run_trace(run_dir: Path) -> Trace:
     """The trace a run replays (a comparison's: its first algorithm's), as the run sees it: a
     file checked by its fingerprint, or a generated trace made again from its record; for
-    `fedsim trace info` and `plot` of a run directory."""
-    import torch
-
-    from fedsim.training import build_task
+    `fedsim trace info` and `plot` of a run directory: its data, never its model (a module of
+    the user's may not be importable where the trace is looked at)."""
+    from fedsim.training import devices_of
 
     members = runs_in(run_dir)
     if not members:
@@ -83,13 +81,13 @@ def run_trace(run_dir: Path) -> Trace:
                           "that `fedsim run` made (this one has no manifest.json)")
     run_dir, manifest = members[0], read_manifest(members[0])
     config = config_from_dict(run_config(run_dir), origin=str(run_dir / "config.toml"))
-    task = build_task(config.data, config.model, seed=config.run.seed, device=torch.device("cpu"))
+    n_devices, label_dist = devices_of(config.data, seed=config.run.seed)
     record = None
     if config.trace.source == "file":
         check_trace_file(Path(config.trace.path), (manifest.get("trace") or {}).get("file"))
     else:
         record = recorded_trace(run_dir, manifest)
-    return load_trace(config, task.n_clients, task.label_distribution(), record)[0]
+    return load_trace(config, n_devices, label_dist, record)[0]
 
 
 def check_trace_file(path: Path, recorded: dict | None) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fedsim.config import Config
 from fedsim.files import DirectoryLock
-from fedsim.results.status import read_manifest
+from fedsim.results.run_format import read_manifest
 
 
 def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, plotter=None) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from fedsim.errors import FedsimError, STOP_SIGNALS, Stopped, first_line, on_stop_signals
 from fedsim.files import atomic_write, resume_command
-from fedsim.results.status import read_manifest
+from fedsim.results.run_format import read_manifest
 from fedsim.studies.point import run_point
 from fedsim.studies.study import Point, Study
 

@@ -8,6 +8,7 @@ from fedsim.config import dump_toml
 from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock
 from fedsim.results.recorder import write_text
+from fedsim.results.run_format import check_readable
 from fedsim.runs.comparison import comparison_lock
 from fedsim.runs.experiment import run_state
 from fedsim.studies.lockstep import run_points_together
@@ -29,8 +30,10 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
         raise FedsimError(f"--backend {backend!r} is not one of: {', '.join(BACKENDS)}")
     with comparison_lock(study.folder, "fedsim sweep"):  # one sweep of a study at a time
         check_same_study(study)
-        for point in [*study.warm, *study.points]:  # a run of it that another process writes to
-            DirectoryLock(study.folder / point.name).refuse_if_held()
+        for point in [*study.warm, *study.points]:  # a run of it that another process writes to, or
+            DirectoryLock(study.folder / point.name).refuse_if_held()  # that a later release wrote
+            if (study.folder / point.name).is_dir():
+                check_readable(study.folder / point.name)
         write_text(study.folder / "study.toml", dump_toml(study.resolved))
         return _run_study_locked(study, progress, plotter, on_point, backend, address)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from fedsim.config.catalog import CONVERTERS, GENERATORS
 from fedsim.errors import FedsimError
-from fedsim.files import human_duration
+from fedsim.files import TRACE_PICTURE, check_out, human_duration
 from fedsim.traces.converters import TIME_UNITS, convert
 from fedsim.traces.generators import generate
 from fedsim.traces.schema import Trace
@@ -134,8 +134,8 @@ def generate_command(args) -> int:
             options[name.removeprefix("option:")] = parse_value(value)
     if args.days is not None and not args.days > 0:
         raise FedsimError(f"--days {args.days}: give a number of days > 0")
-    refuse_overwrite(args.out, args.force)
-    refuse_overwrite(args.devices_out, args.force, flag="--devices-out")
+    check_out(args.out, args.force)
+    check_out(args.devices_out, args.force, flag="--devices-out")
     began = time.perf_counter()
     trace = generate(args.kind, args.devices, seed=args.seed, rounds=args.rounds,
                      round_duration=args.round_duration, days=args.days, **options)
@@ -176,7 +176,7 @@ def info_command(args) -> int:
 def plot_command(args) -> int:
     from fedsim.traces.plot import plot_trace
 
-    refuse_overwrite(args.out, args.force, inputs=[args.file, args.devices])
+    check_out(args.out, args.force, inputs=[args.file, args.devices], redraws=TRACE_PICTURE)
     trace = read_given(args)
     shown = plot_trace(trace, args.out, zones=trace_zones(trace, args.file, args.devices))
     print(f"wrote {args.out}: {shown} of {trace.n_devices} devices")
@@ -190,7 +190,7 @@ def convert_command(args) -> int:
 
     for out, flag in ((args.out, "--out"), (str(beside(args.out)), "--out's device table"),
                       (args.devices_out, "--devices-out")):
-        refuse_overwrite(out, args.force, inputs=[args.input], flag=flag)
+        check_out(out, args.force, inputs=[args.input], flag=flag)
     trace = convert(args.fmt, args.input, horizon=args.horizon, time_unit=args.time_unit,
                     tz=args.tz, device_col=args.device_col, start_col=args.start_col,
                     end_col=args.end_col, repeat=args.repeat)
@@ -241,21 +241,6 @@ def device_table(trace: Trace, columns: dict) -> dict:
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-def refuse_overwrite(path: str | None, force: bool, inputs: list = (), flag: str = "--out") -> None:
-    """An existing output is kept unless the user says --force, and an input is never one."""
-    if not path:
-        return
-    out = Path(path)
-    for given in inputs:
-        if given and out.resolve() == Path(given).resolve():
-            raise FedsimError(f"{flag} {path}: is the input {given}; give another path (an input is never "
-                              "written over)")
-    if out.is_dir():
-        raise FedsimError(f"{flag} {path}: is a folder; give the path of a file")
-    if out.exists() and not force:
-        raise FedsimError(f"{flag} {path}: the file exists; give another path, or --force to overwrite it")
-
 
 def parse_value(text: str):
     """A TOML literal (0.3, 20, [1, 0.5], "sine", true), else the text as a string."""

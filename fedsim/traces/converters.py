@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedsim.config.catalog import CONVERTERS
+from fedsim import errors
 from fedsim.errors import FedsimError, choice_error, did_you_mean
 from fedsim.traces.intervals import clip
 from fedsim.traces.schema import Trace, check_rows, positive_seconds
@@ -543,7 +544,7 @@ def _csv_columns(head: tuple | None, named: tuple, where: str, line: int):
     return [0, 1, 2], ["device", "start", "end"] if head is None else [h or "" for h in head]
 
 
-def _csv_unreadable(body: bytes, first_line: int, where: str, exc: Exception):
+def _csv_unreadable(body: bytes, start_line: int, where: str, exc: Exception):
     """Raise for a file polars cannot parse, naming the first line with too many fields
     (read again with the csv module: only on this error path)."""
     reader = csvlib.reader(io.StringIO(body.decode("utf-8")))
@@ -551,11 +552,10 @@ def _csv_unreadable(body: bytes, first_line: int, where: str, exc: Exception):
     for fields in reader:
         width = width or len(fields)
         if len(fields) > width:
-            raise FedsimError(f"{where}: line {first_line + reader.line_num - 1}: {len(fields)} "
-                              f"fields where line {first_line} has {width}; give every line the "
+            raise FedsimError(f"{where}: line {start_line + reader.line_num - 1}: {len(fields)} "
+                              f"fields where line {start_line} has {width}; give every line the "
                               f"same columns")
-    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    raise FedsimError(f"{where}: not readable as CSV ({detail})")
+    raise FedsimError(f"{where}: not readable as CSV ({errors.first_line(exc)})")
 
 
 def _csv_seconds(frame, kind: str, unit: str | None, labels: list, where: str):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.files import atomic_write
+from fedsim.files import TRACE_PICTURE, atomic_write
 from fedsim.traces.schema import Trace
 from fedsim.traces.stats import clock_name, online_fraction
 from fedsim.traces.zones import Zones, plot_order
@@ -24,7 +24,7 @@ MAX_ROWS = 200
 def plot_trace(trace: Trace, out, *, zones: Zones | None = None, seed: int = 0, title: str | None = None) -> int:
     """Write a PNG; returns how many devices the raster shows (at most 200)."""
     fig, shown = trace_figure(trace, zones=zones, seed=seed, title=title)
-    atomic_write(Path(out), lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    atomic_write(Path(out), lambda tmp: fig.savefig(tmp, dpi=110, format="png", metadata={"Software": TRACE_PICTURE}))
     return len(shown)
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from fedsim.config.catalog import TRAINERS
 from fedsim.config import ClientConfig, DataConfig, ModelConfig
+from fedsim.data.clients import label_distribution
 from fedsim.data.datasets import load_dataset
+from fedsim.data.partition import partition
 from fedsim.errors import FedsimError
 from fedsim.training.quadratic import QuadraticTask
 from fedsim.training.task import Task, classification_task
@@ -19,6 +22,16 @@ def build_task(data: DataConfig, model: ModelConfig, *, seed: int, device: torch
     if data.dataset == "quadratic":
         return QuadraticTask(data, model, seed=seed, device=device)
     return classification_task(load_dataset(data, seed), data, model, seed=seed, device=device)
+
+
+def devices_of(data: DataConfig, *, seed: int) -> tuple[int, np.ndarray | None]:
+    """The devices of `[data]` and their label distributions (None: the quadratic task has no
+    labels), as the task has them, without building its model: what a run's trace needs."""
+    if data.dataset == "quadratic":
+        return data.clients, None
+    dataset = load_dataset(data, seed)
+    owner = dataset.owner_train if dataset.owner_train is not None else partition(dataset.y_train, data, seed)
+    return data.clients, label_distribution(owner, dataset.y_train, data.clients, dataset.n_classes)
 
 
 def model_summary(data: DataConfig, model: ModelConfig, *, seed: int) -> str:
@@ -65,4 +78,4 @@ def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: Threa
     return trainer_class(task, client, seed=seed, threads=threads)
 
 
-__all__ = ["build_task", "build_trainer", "model_summary", "Task", "ThreadPolicy", "TrainResult", "Trainer"]
+__all__ = ["build_task", "build_trainer", "devices_of", "model_summary", "Task", "ThreadPolicy", "TrainResult", "Trainer"]

@@ -637,16 +637,18 @@ def _call_factory(factory, in_shape, n_classes: int, cfg: ModelConfig, seed: int
             if not is_class and cfg.name in MODELS:
                 raise  # a built-in's images too small: the caller says so
             raise _failed(where, is_class, fix) from None
+        except SystemExit as exit:  # the factory would end fedsim without a word
+            raise FedsimError(f"{where}: the factory called sys.exit({exit.code!r}) while building the model; "
+                              "raise an exception that says what is wrong instead (fedsim shows its first line)") from None
         except Exception:
             raise _failed(where, is_class, fix) from None
 
 
 def _failed(where: str, is_class: bool, fix: str) -> FedsimError:
     err = sys.exc_info()[1]
-    line = (str(err).strip().splitlines() or [""])[0]
     what = (" is a class whose constructor does not take fedsim's arguments (in_shape, n_classes, model_config): "
             "calling it" if is_class else ": building the model")
-    return FedsimError(f"{where}{what} failed ({type(err).__name__}: {line}); {fix}")
+    return FedsimError(f"{where}{what} failed ({type(err).__name__}: {first_line(err)}); {fix}")
 
 
 def _describe(obj) -> str:

@@ -28,7 +28,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, first_line
 from fedsim.training import rng
 
 # --- keyed dropout ---------------------------------------------------------------------------
@@ -263,10 +263,8 @@ class ModuleModel:
         try:
             out, flops, floats, random = probe_forward(self.module, dict(zip(self.names, self.split(self._init))),
                                                        x, self.where)
-        except Exception as err:
-            raise FedsimError(f"{self.where}: the module's forward fails on a batch of the dataset's inputs "
-                              f"{list(x.shape)} ({type(err).__name__}: {_first_line(err)}); make it read "
-                              f"inputs [batch, {', '.join(map(str, self.in_shape))}]") from None
+        except (Exception, SystemExit) as err:
+            raise self._forward_failed(err, x) from None
         if not isinstance(out, Tensor) or tuple(out.shape) != (2, n_classes):
             got = list(out.shape) if isinstance(out, Tensor) else type(out).__name__
             raise FedsimError(f"{self.where}: the module returns {got} for a batch of 2 inputs; it must return "
@@ -276,6 +274,24 @@ class ModuleModel:
                               f"({', '.join(random)}); fedsim keys only F.dropout and attention dropout "
                               "by (seed, round, device, step): use nn.Dropout")
         return flops, floats
+
+    def _forward_failed(self, err: BaseException, x: Tensor) -> FedsimError:
+        """The line for a forward that raised: the module's own doing, or (when it runs as built,
+        with its own state) fedsim's float32 copy of an integer or boolean buffer."""
+        raised = f"{type(err).__name__} ({first_line(err)})"
+        try:
+            with torch.no_grad():
+                self.module.eval()(x)  # eval mode: its running statistics stay as they are
+        except (Exception, SystemExit):
+            return FedsimError(f"{self.where}: the module's own forward raised {raised} on a batch of 2 of the "
+                               f"dataset's inputs; fix the forward (hint: its input is [batch, "
+                               f"{', '.join(map(str, self.in_shape))}])")
+        kept = [f"{name!r} ({str(dtype).removeprefix('torch.')})" for name, dtype in
+                zip(self.names[self.n_trainable:], self.dtypes[self.n_trainable:]) if not dtype.is_floating_point]
+        return FedsimError(f"{self.where}: the module's forward runs as built, but raised {raised} with the state "
+                           f"fedsim gives it, where every buffer is float32 (fedsim averages them): buffer "
+                           f"{', '.join(kept) or '(none)'} is a float there; keep indices and masks out of "
+                           "buffers (a Python constant, or a tensor made in forward)")
 
     def batch_problem(self) -> str:
         """Why the module cannot train under vmap ('' if it can): one batched step of 2
@@ -291,11 +307,8 @@ class ModuleModel:
                     torch.arange(m, device=device))
                 self._batch_problem = ""
             except Exception as err:
-                self._batch_problem = f"{type(err).__name__}: {_first_line(err)}"
+                self._batch_problem = f"{type(err).__name__}: {first_line(err)}"
             finally:
                 self.module.eval()
         return self._batch_problem
 
-
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [""])[0]

@@ -21,8 +21,8 @@ def initial_params(task: Task, config: Config) -> Tensor:
     init = task.init_params()
     if not config.model.init_from:
         return init
-    where = f"{config.source}: [model] init_from = {config.model.init_from!r}"
-    saved = read_state_dict(model_file(config, where), where)
+    where = init_from_where(config)
+    saved = read_state_dict(model_file(config), where)
     expected = task.state_dict(init)
     check_matches(saved, expected, where, shaping_keys(config))
     flat = task.load_state_dict({name: saved[name] for name in expected})
@@ -42,10 +42,15 @@ def check_resumable(saved: dict[str, Tensor] | None, built: dict[str, Tensor], w
         check_matches(saved, built, where, fix="put back the model code the run started with, or start a new run")
 
 
-def model_file(config: Config, where: str) -> Path:
+def init_from_where(config: Config) -> str:
+    return f"{config.source}: [model] init_from = {config.model.init_from!r}"
+
+
+def model_file(config: Config) -> Path:
     """The model.pt that init_from names: a relative path is looked up in the working
     directory, then beside the config file (as [trace] path is); a run directory gives its
     model.pt."""
+    where = init_from_where(config)
     path = Path(config.model.init_from)
     beside_config = Path(config.source).parent / path
     if not path.is_absolute() and not path.exists() and beside_config.exists():

@@ -168,6 +168,59 @@ def png_header(width: int, height: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
 
 
+def manifest_says(**fields):
+    """A run_dir change: its manifest.json with these fields."""
+    def change(folder: Path) -> None:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        (folder / "manifest.json").write_text(json.dumps({**manifest, **fields}))
+    return change
+
+
+def checkpoint_says(**fields):
+    """A run_dir change: its checkpoint.pt with these fields."""
+    def change(folder: Path) -> None:
+        import torch
+
+        state = torch.load(folder / "checkpoint.pt", weights_only=False)
+        torch.save({**state, **fields}, folder / "checkpoint.pt")
+    return change
+
+
+def swept(change=None, claims: str = ""):
+    """runs/ holding the quadratic study t (fedavg and mifa, seeds 0 and 1, from s.toml), then
+    `change(study folder)`."""
+    def write(path: Path, run) -> None:
+        (path.parent / "s.toml").write_text(quadratic_study(claims).replace("{tmp}", str(path.parent)))
+        assert main(["sweep", str(path.parent / "s.toml"), "--quiet"]) == 0
+        if change:
+            change(path / "t")
+    return write
+
+
+def compared(change=None):
+    """runs/t: a comparison of fedavg and mifa on the quadratic task, then `change(folder)`."""
+    def write(path: Path, run) -> None:
+        (path.parent / "cmp.toml").write_text(config(run={"algorithms": ["fedavg", "mifa"]}).replace("{tmp}", str(path.parent)))
+        assert main(["run", str(path.parent / "cmp.toml"), "--quiet"]) == 0
+        if change:
+            change(path / "t")
+    return write
+
+
+def trace_picture(path: Path, run) -> None:
+    """A copy of the finished run with trace.png, drawn in it by `fedsim trace plot`."""
+    run_dir()(path, run)
+    assert main(["trace", "plot", str(path), "--out", str(path / "trace.png")]) == 0
+
+
+def user_module(body: str) -> str:
+    """A module file of the user's: torch, nn and sys imported, then `body`."""
+    return "import sys\nimport torch\nfrom torch import nn\n\n" + body
+
+
+DIGITS = config(data={"dataset": "digits", "clients": 3, "targets": []})
+
+
 RUN = "run {tmp}/c.toml --quiet"
 ISO_CSV = "device_id,start,end\n0,2024-01-01T00:00:00,2024-01-01T01:00:00\n1,2024-01-01T00:10:00,2024-01-01T02:00:00\n"
 PARQUET = config(data={"dataset": "parquet", "root": "{tmp}/pq", "clients": 2, "client_column": "user",
@@ -527,8 +580,131 @@ CASES = [
     case("devices-out-a-folder", CONVERT + " --devices-out {tmp}", r"^error: --devices-out \S+: is a folder; give the path", **{"in.csv": "device_id,start,end\n0,0,10\n"}),
     case("plot-into-a-file", "plot {tmp}/r", r"cannot create the folder (\S+)/r/plots: \1/r/plots is a file", r=run_dir(lambda path: (path / "plots").write_text(""))),
     # --- run directories, checkpoints, files a command must not overwrite, your own module (issue 37) ---
-    #
-    #
+    case("resume-newer-manifest", "run --resume {tmp}/r --quiet", r"r/manifest\.json: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail \(pip install -U "
+         r"fedsim-avail\) to read or resume the run \(this one leaves it untouched\)$", r=run_dir(manifest_says(run_format=99))),
+    case("resume-newer-checkpoint", "run --resume {tmp}/r --set run.rounds=4 --quiet", r"r/checkpoint\.pt: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail",
+         r=run_dir(checkpoint_says(run_format=99))),
+    case("resume-format-a-string", "run --resume {tmp}/r --quiet", r"r/manifest\.json: run_format = '1' is not a run "
+         r"format \(an integer from 0\); the file was edited or damaged: give it back the format the run was written "
+         r"in \(1 for this release\), or start the run again$", r=run_dir(manifest_says(run_format="1"))),
+    case("resume-format-a-bool", "run --resume {tmp}/r --quiet", r"manifest\.json: run_format = True is not a run format",
+         r=run_dir(manifest_says(run_format=True))),
+    case("resume-format-a-float", "run --resume {tmp}/r --quiet", r"manifest\.json: run_format = 1\.0 is not a run format",
+         r=run_dir(manifest_says(run_format=1.0))),
+    case("resume-format-a-list", "run --resume {tmp}/r --quiet", r"manifest\.json: run_format = \[1\] is not a run format",
+         r=run_dir(manifest_says(run_format=[1]))),
+    case("resume-format-null", "run --resume {tmp}/r --quiet", r"manifest\.json: run_format = None is not a run format",
+         r=run_dir(manifest_says(run_format=None))),
+    case("resume-format-negative", "run --resume {tmp}/r --quiet", r"manifest\.json: run_format = -1 is not a run format",
+         r=run_dir(manifest_says(run_format=-1))),
+    case("resume-checkpoint-format-a-string", "run --resume {tmp}/r --quiet",
+         r"r/checkpoint\.pt: run_format = '1' is not a run format", r=run_dir(checkpoint_says(run_format="1"))),
+    case("resume-checkpoint-format-a-dict", "run --resume {tmp}/r --quiet",
+         r"r/checkpoint\.pt: run_format = \{'v': 1\} is not a run format", r=run_dir(checkpoint_says(run_format={"v": 1}))),
+    case("report-newer", "report {tmp}/r", r"r/manifest\.json: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail", r=run_dir(manifest_says(run_format=99))),
+    case("report-json-newer", "report {tmp}/r --json", r"r/manifest\.json: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail", r=run_dir(manifest_says(run_format=99))),
+    case("report-format-a-string", "report {tmp}/r", r"r/manifest\.json: run_format = '2' is not a run format",
+         r=run_dir(manifest_says(run_format="2"))),
+    case("plot-newer", "plot {tmp}/r", r"r/manifest\.json: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail", r=run_dir(manifest_says(run_format=99))),
+    case("trace-info-newer", "trace info {tmp}/r", r"r/manifest\.json: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail", r=run_dir(manifest_says(run_format=99))),
+    case("trace-plot-newer", "trace plot {tmp}/r --out {tmp}/p.png", r"r/manifest\.json: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail",
+         r=run_dir(manifest_says(run_format=99))),
+    case("trace-info-format-a-list", "trace info {tmp}/r --json", r"r/manifest\.json: run_format = \[\] is not a run format",
+         r=run_dir(manifest_says(run_format=[]))),
+    case("init-from-newer", RUN, r"r/manifest\.json: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail", r=run_dir(manifest_says(run_format=99)),
+         **{"c.toml": config(model={"init_from": "{tmp}/r"})}),
+    case("init-from-model-pt-of-newer", RUN, r"r/manifest\.json: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail", r=run_dir(manifest_says(run_format=99)),
+         **{"c.toml": config(model={"init_from": "{tmp}/r/model.pt"})}),
+    case("resume-comparison-member-newer", "run --resume {tmp}/runs/t --set run.rounds=3 --quiet",
+         r"runs/t/mifa/checkpoint\.pt: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail", runs=compared(lambda d: checkpoint_says(run_format=99)(d / "mifa"))),
+    case("resume-comparison-member-manifest-a-string", "run --resume {tmp}/runs/t --quiet",
+         r"runs/t/fedavg/manifest\.json: run_format = '1' is not a run format",
+         runs=compared(lambda d: manifest_says(run_format="1")(d / "fedavg"))),
+    case("report-comparison-member-newer", "report {tmp}/runs/t", r"runs/t/mifa/manifest\.json: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail",
+         runs=compared(lambda d: manifest_says(run_format=99)(d / "mifa"))),
+    case("plot-comparison-member-newer", "plot {tmp}/runs/t", r"runs/t/mifa/manifest\.json: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail",
+         runs=compared(lambda d: manifest_says(run_format=99)(d / "mifa"))),
+    case("sweep-resume-point-newer", "sweep --resume {tmp}/runs/t --set run.rounds=3 --quiet",
+         r"runs/t/algorithm-mifa_seed-1/checkpoint\.pt: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail",
+         runs=swept(lambda d: checkpoint_says(run_format=99)(d / "algorithm-mifa_seed-1"))),
+    case("sweep-again-point-newer", "sweep {tmp}/s.toml --quiet", r"runs/t/algorithm-fedavg_seed-0/manifest\.json: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail",
+         runs=swept(lambda d: manifest_says(run_format=99)(d / "algorithm-fedavg_seed-0"))),
+    case("report-study-point-newer", "report {tmp}/runs/t", r"runs/t/algorithm-fedavg_seed-1/manifest\.json: run format 99 is newer than this release reads \(at most 1\); a later release of fedsim wrote it: upgrade fedsim-avail",
+         runs=swept(lambda d: manifest_says(run_format=99)(d / "algorithm-fedavg_seed-1"))),
+    case("plot-study-point-format-a-float", "plot {tmp}/runs/t", r"manifest\.json: run_format = 1\.5 is not a run format",
+         runs=swept(lambda d: manifest_says(run_format=1.5)(d / "algorithm-fedavg_seed-1"))),
+    case("trace-plot-over-the-manifest", "trace plot {tmp}/r --out {tmp}/r/manifest.json --force",
+         r"--out \S+/r/manifest\.json: is a file of the run directory \S+/r, which no other command writes over \(not "
+         r"even with --force\); give a path outside it, or a new file name$", r=run_dir()),
+    case("trace-plot-over-the-checkpoint", "trace plot {tmp}/t.parquet --out {tmp}/r/checkpoint.pt",
+         r"--out \S+/r/checkpoint\.pt: is a file of the run directory", r=run_dir(), **{"t.parquet": trace()}),
+    case("trace-plot-over-a-run-plot", "trace plot {tmp}/r --out {tmp}/r/plots/test_acc.png --force",
+         r"--out \S+/r/plots/test_acc\.png: is a file of the run directory \S+/r,",
+         r=run_dir(lambda d: ((d / "plots").mkdir(), (d / "plots" / "test_acc.png").write_bytes(png())))),
+    case("trace-plot-over-a-users-file-in-a-run", "trace plot {tmp}/r --out {tmp}/r/notes.png --force",
+         r"--out \S+/r/notes\.png: is a file of the run directory", r=run_dir(lambda d: (d / "notes.png").write_bytes(png()))),
+    case("trace-plot-redraw-needs-force", "trace plot {tmp}/r --out {tmp}/r/trace.png",
+         r"--out \S+/r/trace\.png: the file exists; give another path, or --force to overwrite it$", r=trace_picture),
+    case("trace-plot-over-a-study-file", "trace plot {tmp}/t.parquet --out {tmp}/st/study.toml --force",
+         r"--out \S+/st/study\.toml: is a file of the run directory \S+/st,", **{"t.parquet": trace(), "st/study.toml": "x"}),
+    case("trace-plot-over-a-comparison-summary", "trace plot {tmp}/t.parquet --out {tmp}/runs/t/summary.parquet --force",
+         r"--out \S+/runs/t/summary\.parquet: is a file of the run directory \S+/runs/t,", runs=compared(),
+         **{"t.parquet": trace()}),
+    case("generate-over-the-rounds", "trace generate always --devices 3 --days 1 --out {tmp}/r/rounds.parquet --force",
+         r"--out \S+/r/rounds\.parquet: is a file of the run directory", r=run_dir()),
+    case("generate-devices-out-over-the-devices", "trace generate always --devices 3 --days 1 --out {tmp}/g.parquet "
+         "--devices-out {tmp}/r/devices.parquet --force", r"--devices-out \S+/r/devices\.parquet: is a file of the run "
+         r"directory", r=run_dir()),
+    case("convert-over-the-events", CONVERT.replace("{tmp}/out.parquet", "{tmp}/r/events.parquet") + " --force",
+         r"--out \S+/r/events\.parquet: is a file of the run directory", r=run_dir(),
+         **{"in.csv": "device_id,start,end\n0,0,10\n"}),
+    case("convert-devices-out-over-the-config", CONVERT + " --devices-out {tmp}/r/config.toml --force",
+         r"--devices-out \S+/r/config\.toml: is a file of the run directory", r=run_dir(),
+         **{"in.csv": "device_id,start,end\n0,0,10\n"}),
+    case("convert-beside-table-over-a-run-file", "trace convert --from csv {tmp}/in.csv --out {tmp}/r/model.parquet --force",
+         r"--out's device table \S+/r/model\.devices\.parquet: is a file of the run directory",
+         r=run_dir(lambda d: (d / "model.devices.parquet").write_bytes(b"kept")),
+         **{"in.csv": "device_id,start,end,tz\n0,0,10,+01:00\n"}),
+    case("factory-calls-sys-exit", RUN, r"^error: \[model\] name = 'exiting:make': the factory called sys\.exit\(3\) "
+         r"while building the model; raise an exception that says what is wrong instead",
+         **{"c.toml": DIGITS + '[model]\nname = "exiting:make"\n', "exiting.py": user_module(
+             "def make(in_shape, n_classes, cfg):\n    sys.exit(3)\n")}),
+    case("module-exits-on-import", RUN, r"^error: \[model\] name: 'exiting_at_import:make': importing "
+         r"'exiting_at_import' called sys\.exit\(4\); a module fedsim imports must not exit",
+         **{"c.toml": DIGITS + '[model]\nname = "exiting_at_import:make"\n', "exiting_at_import.py": user_module("sys.exit(4)\n")}),
+    case("forward-indexes-by-an-integer-buffer", RUN, r"'indexing:make': the module's forward runs as built, but raised "
+         r"IndexError \(tensors used as indices must be long, int.*\) with the state fedsim gives it, where every buffer "
+         r"is float32 \(fedsim averages them\): buffer 'idx' \(int64\) is a float there; keep indices and masks out of "
+         r"buffers", **{"c.toml": DIGITS + '[model]\nname = "indexing:make"\n', "indexing.py": user_module(
+             "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+             "        self.register_buffer('idx', torch.arange(0, 64, 2))\n        self.fc = nn.Linear(32, 10)\n\n"
+             "    def forward(self, x):\n        return self.fc(x.flatten(1)[:, self.idx])\n\n\n"
+             "def make(in_shape, n_classes, cfg):\n    return Net()\n")}),
+    case("forward-masks-by-a-bool-buffer", RUN, r"'masking:make': the module's forward runs as built, but raised .* buffer "
+         r"'keep' \(bool\) is a float there", **{"c.toml": DIGITS + '[model]\nname = "masking:make"\n', "masking.py": user_module(
+             "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+             "        self.register_buffer('keep', torch.ones(64, dtype=torch.bool))\n        self.fc = nn.Linear(64, 10)\n\n"
+             "    def forward(self, x):\n        return self.fc(x.flatten(1).masked_fill(~self.keep, 0.0))\n\n\n"
+             "def make(in_shape, n_classes, cfg):\n    return Net()\n")}),
+    case("forward-inverts-a-float-mask", RUN, r"'inverting:make': the module's own forward raised TypeError \(~ "
+         r"\(operator\.invert\) is only implemented on integer and Boolean-type tensors\) on a batch of 2 of the dataset's "
+         r"inputs; fix the forward \(hint: its input is \[batch, 1, 8, 8\]\)$",
+         **{"c.toml": DIGITS + '[model]\nname = "inverting:make"\n', "inverting.py": user_module(
+             "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+             "        self.register_buffer('mask', torch.zeros(64))\n        self.fc = nn.Linear(64, 10)\n\n"
+             "    def forward(self, x):\n        return self.fc(x.flatten(1) * ~self.mask)\n\n\n"
+             "def make(in_shape, n_classes, cfg):\n    return Net()\n")}),
+    case("forward-exits", RUN, r"'quitting:make': the module's own forward raised SystemExit \(5\)",
+         **{"c.toml": DIGITS + '[model]\nname = "quitting:make"\n', "quitting.py": user_module(
+             "class Net(nn.Linear):\n    def forward(self, x):\n        sys.exit(5)\n\n\n"
+             "def make(in_shape, n_classes, cfg):\n    return Net(64, 10)\n")}),
+    case("run-a-study-points-config", "run {tmp}/runs/t/algorithm-fedavg_seed-0/config.toml --quiet",
+         r"^error: \S+/runs/t/algorithm-fedavg_seed-0/config\.toml: \[run\] out = '\S+/runs/t' is in the folder of the "
+         r"study \S+/runs/t, which only its sweep writes to; run it as a new run beside the study with `fedsim run "
+         r"\S+/config\.toml --set run\.out=\S+/runs`, or finish the study with `fedsim sweep --resume \S+/runs/t`$",
+         runs=swept()),
+    case("run-a-study-points-config-by-set", RUN + " --set run.out={tmp}/runs/t/more", r"\[run\] out = '\S+/runs/t/more' is "
+         r"in the folder of the study \S+/runs/t,", runs=swept(), **{"c.toml": config()}),
     #
     # --- asynchronous runs: stop and resume (issue 37) ---
     #

@@ -121,3 +121,49 @@ print(json.dumps("torch._dynamo" in sys.modules))
 def test_training_never_imports_the_compiler_stack():
     """Both trainer paths of every model family compute gradients with plain autograd."""
     assert loaded_after(TRAIN_EVERY_PATH) is False
+
+
+EDITABLE = """
+import sys
+from importlib.machinery import PathFinder
+from importlib.util import spec_from_file_location
+
+PACKAGE = {package!r}
+
+
+class Editable:
+    '''What `pip install -e` installs (setuptools' finder): asked after the path's own finder.'''
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "fedsim":
+            return spec_from_file_location(name, PACKAGE + "/__init__.py")
+        return PathFinder.find_spec(name, [PACKAGE]) if name.rpartition(".")[0] == "fedsim" else None
+
+
+sys.meta_path.insert(sys.meta_path.index(PathFinder) + 1, Editable)
+from fedsim.cli import entry
+entry()
+"""
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["trace", "info", "t.parquet"]])
+def test_a_folder_named_fedsim_on_pythonpath_is_one_line_naming_it(tmp_path, argv):
+    """A clone's parent on PYTHONPATH: its folder `fedsim` (the clone, no __init__.py) is
+    imported as a namespace package before the editable install's finder is asked."""
+    from pathlib import Path
+
+    import fedsim
+
+    (tmp_path / "fedsim").mkdir()
+    package = str(Path(fedsim.__file__).parent)
+    proc = subprocess.run([sys.executable, "-c", EDITABLE.format(package=package), *argv], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120, env={"PYTHONPATH": str(tmp_path), "PATH": ""})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (f"error: the folder {tmp_path / 'fedsim'} is imported as the package fedsim, in place of "
+                           f"fedsim's own ({package}): its parent {tmp_path} is on PYTHONPATH (or is the working "
+                           f"directory); take {tmp_path} off PYTHONPATH, or start fedsim from another folder\n")
+    (tmp_path / "elsewhere").mkdir()
+    fixed = subprocess.run([sys.executable, "-c", EDITABLE.format(package=package), "--version"], capture_output=True,
+                           text=True, cwd=tmp_path / "elsewhere", timeout=120, env={"PATH": ""})
+    assert (fixed.returncode, fixed.stdout) == (0, f"fedsim {fedsim.__version__} (fedsim-avail)\n"), fixed.stderr

@@ -457,3 +457,39 @@ def test_a_group_evaluated_together_equals_its_runs_alone(tmp_path, monkeypatch)
         np.testing.assert_allclose(result.rounds["test_loss"].drop_nulls().to_numpy(),
                                    alone.rounds["test_loss"].drop_nulls().to_numpy(), rtol=1e-6)
         assert result.rounds["test_loss"].null_count() == alone.rounds["test_loss"].null_count() == 3
+
+
+def test_a_points_config_run_on_its_own_is_refused_and_both_printed_commands_work(tmp_path, capsys, monkeypatch):
+    """`fedsim run STUDY/POINT/config.toml` would write into the study's folder: refused, with
+    the command that runs it as a new run beside the study (its numbers: the point's) and the one
+    that finishes the study; both run as printed."""
+    import re
+    import shlex
+
+    from conftest import quadratic_config
+
+    from fedsim.config import dump_toml
+
+    monkeypatch.chdir(tmp_path)
+    study = quadratic_config([[1.0, 0.0], [0.0, 1.0], [2.0, 1.0]], rounds=3)
+    study["run"].update(name="s", out="runs", progress=False, plots=False)
+    (tmp_path / "s.toml").write_text(dump_toml({**study, "sweep": {"client.lr": [0.1, 0.2]}}))
+    sweep(tmp_path / "s.toml")
+    folder = tmp_path / "runs" / "s"
+    point = folder / "lr-0.2"
+    def files(under: Path) -> dict:
+        return {p: p.read_bytes() for p in under.rglob("*") if p.is_file() and p.name != ".lock"}
+
+    kept, points = files(folder), files(point.parent / "lr-0.1") | files(point)
+    capsys.readouterr()
+    assert main(["run", str(point / "config.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"is in the folder of the study {folder.absolute()}, which only its sweep" in err
+    alone, finish = re.findall(r"`(fedsim [^`]+)`", err)
+    assert files(folder) == kept
+    assert main(shlex.split(alone)[1:]) == 0
+    columns = ["round", "arrived", "train_loss", "test_loss"]
+    assert rounds(tmp_path / "runs" / "lr-0.2")[columns].equals(rounds(point)[columns])
+    assert main(shlex.split(finish)[1:]) == 0
+    assert "lr-0.2: done, skipped" in capsys.readouterr().out
+    assert files(point.parent / "lr-0.1") | files(point) == points

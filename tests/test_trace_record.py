@@ -109,3 +109,39 @@ def test_trace_info_and_plot_of_a_run_directory_show_the_trace_it_replays(cli_ru
     assert capsys.readouterr().err.strip() == (
         f"error: {tmp_path}: is a directory; give the path of a .parquet file, or a run directory that "
         "`fedsim run` made (this one has no manifest.json)")
+
+
+OWN_NET = '''
+from torch import nn
+
+
+def make(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, n_classes))
+'''
+
+
+def test_the_trace_of_a_run_is_read_without_its_model(tmp_path, monkeypatch, capsys):
+    """`fedsim trace info RUN_DIR` of a run whose model is the user's module, from a folder where
+    that module cannot be imported: the trace comes from the run's data (the grid generator
+    groups devices by their labels) and its record, never from its model."""
+    import sys
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir(), elsewhere.mkdir()
+    (project / "own_net.py").write_text(OWN_NET)
+    (project / "c.toml").write_text('[run]\nrounds = 3\nname = "m"\nprogress = false\nplots = false\n'
+                                    '[data]\ndataset = "digits"\nclients = 6\n[model]\nname = "own_net:make"\n'
+                                    '[trace]\nsource = "grid"\n[server]\ntiming = "ideal"\n')
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))
+    assert main(["run", "c.toml", "--quiet"]) == 0
+    run_dir = project / "runs" / "m"
+    capsys.readouterr()
+    assert main(["trace", "info", str(run_dir), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    (project / "own_net.py").unlink()
+    monkeypatch.delitem(sys.modules, "own_net")
+    monkeypatch.chdir(elsewhere)
+    assert main(["trace", "info", str(run_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == shown
+    assert shown["devices"] == 6 and shown["generator"].startswith("grid")

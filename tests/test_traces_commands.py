@@ -173,3 +173,27 @@ def test_generator_options_of_the_wrong_type_or_size_are_one_line(tmp_path, caps
     assert err.startswith(f"error: trace generator '{kind}': ") and "\n" not in err, err
     assert says in err, err
     assert not out.exists()
+
+
+def test_plot_draws_its_own_picture_again_but_never_a_runs_files(diurnal_file, tmp_path, capsys):
+    """In a run directory `trace plot --out` may write a new picture and, with --force, draw
+    it again, but never write over what else is there; elsewhere --force overwrites."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.toml").write_text("[run]\n")
+    (run_dir / "manifest.json").write_text("{}")
+    picture = run_dir / "trace.png"
+    assert run(["plot", str(diurnal_file), "--out", str(picture)]) == 0
+    with pytest.raises(FedsimError, match="the file exists; give another path, or --force"):
+        run(["plot", str(diurnal_file), "--out", str(picture)])
+    picture.write_bytes(picture.read_bytes()[:-12])  # cut: drawn again below
+    assert run(["plot", str(diurnal_file), "--out", str(picture), "--force"]) == 0
+    assert picture.read_bytes().endswith(b"IEND\xaeB`\x82")
+    for own in ("manifest.json", "config.toml"):
+        with pytest.raises(FedsimError, match=f"--out {run_dir / own}: is a file of the run directory {run_dir}, "
+                                              "which no other command writes over"):
+            run(["plot", str(diurnal_file), "--out", str(run_dir / own), "--force"])
+    assert (run_dir / "manifest.json").read_text() == "{}"
+    (tmp_path / "notes.txt").write_text("mine")
+    assert run(["plot", str(diurnal_file), "--out", str(tmp_path / "notes.txt"), "--force"]) == 0
+    assert (tmp_path / "notes.txt").read_bytes()[:4] == b"\x89PNG"

@@ -57,7 +57,7 @@ def refuse_study_folder(config: Config) -> None:
     if study is not None:
         again = f"fedsim run {shlex.quote(config.source)} --set run.out={shlex.quote(str(study.parent))}"
         raise FedsimError(f"{config.source}: [run] out = {config.run.out!r} is in the folder of the study {study}, "
-                          f"which only `fedsim sweep` writes to; run it as a new run beside the study with "
+                          f"which only its sweep writes to; run it as a new run beside the study with "
                           f"`{again}`, or finish the study with `{resume_command('sweep', study)}`")
 
 

@@ -162,13 +162,20 @@ def check_out(path: str | Path | None, force: bool, inputs: list = (), flag: str
 
 
 def run_folder_of(path: Path) -> Path | None:
-    """The nearest folder above `path` that fedsim made for a run, a comparison or a study (one
-    holding a study.toml, or a config.toml beside a manifest.json, checkpoint.pt or run lock)."""
-    for folder in Path(path).absolute().parents:
-        if (folder / "study.toml").is_file() or (folder / "config.toml").is_file() and any(
-                (folder / name).exists() for name in ("manifest.json", "checkpoint.pt", ".lock")):
-            return folder
-    return None
+    """The nearest folder above `path` that fedsim made for a run, a comparison or a study."""
+    return next((folder for folder in Path(path).absolute().parents if made_by_fedsim(folder)), None)
+
+
+def made_by_fedsim(folder: Path) -> bool:
+    """Whether `folder` is a run directory, or the folder of a comparison or a study: its
+    config.toml (or study.toml) beside what only fedsim puts there (the lock of its writers, a
+    manifest, a checkpoint, a summary, or the run directories of its members). A user's own
+    study.toml or config.toml among other files does not make a folder fedsim's."""
+    if not ((folder / "config.toml").is_file() or (folder / "study.toml").is_file()):
+        return False
+    if any((folder / name).exists() for name in (".lock", "manifest.json", "checkpoint.pt", "summary.parquet")):
+        return True
+    return any((member / "manifest.json").is_file() for member in folder.iterdir() if member.is_dir())
 
 
 def _drawn_by(path: Path, software: str) -> bool:

@@ -646,7 +646,7 @@ CASES = [
     case("trace-plot-redraw-needs-force", "trace plot {tmp}/r --out {tmp}/r/trace.png",
          r"--out \S+/r/trace\.png: the file exists; give another path, or --force to overwrite it$", r=trace_picture),
     case("trace-plot-over-a-study-file", "trace plot {tmp}/t.parquet --out {tmp}/st/study.toml --force",
-         r"--out \S+/st/study\.toml: is a file of the run directory \S+/st,", **{"t.parquet": trace(), "st/study.toml": "x"}),
+         r"--out \S+/st/study\.toml: is a file of the run directory \S+/st,", **{"t.parquet": trace(), "st/study.toml": "x", "st/summary.parquet": "x"}),
     case("trace-plot-over-a-comparison-summary", "trace plot {tmp}/t.parquet --out {tmp}/runs/t/summary.parquet --force",
          r"--out \S+/runs/t/summary\.parquet: is a file of the run directory \S+/runs/t,", runs=compared(),
          **{"t.parquet": trace()}),

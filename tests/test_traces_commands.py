@@ -194,6 +194,9 @@ def test_plot_draws_its_own_picture_again_but_never_a_runs_files(diurnal_file, t
                                               "which no other command writes over"):
             run(["plot", str(diurnal_file), "--out", str(run_dir / own), "--force"])
     assert (run_dir / "manifest.json").read_text() == "{}"
-    (tmp_path / "notes.txt").write_text("mine")
-    assert run(["plot", str(diurnal_file), "--out", str(tmp_path / "notes.txt"), "--force"]) == 0
-    assert (tmp_path / "notes.txt").read_bytes()[:4] == b"\x89PNG"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    (mine / "study.toml").write_text("[sweep]\n")  # the user's own study file: not a study's folder
+    assert run(["plot", str(diurnal_file), "--out", str(mine / "notes.txt"), "--force"]) == 0
+    assert (mine / "notes.txt").read_bytes()[:4] == b"\x89PNG"

@@ -16,8 +16,8 @@ from fedsim.runs.callbacks import Callback
 from fedsim.config import Config, config_from_dict, dump_toml
 from fedsim.errors import FedsimError, Stopped, stop_at_once
 from fedsim.runs.experiment import Experiment, RunResult
-from fedsim.files import (DirectoryLock, atomic_write, claim_directory, plain_name, remove_stale_temporaries,
-                          resume_command)
+from fedsim.files import (DirectoryLock, atomic_write, claim_directory, made_by_fedsim, plain_name,
+                          remove_stale_temporaries, resume_command)
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import write_text
@@ -53,7 +53,8 @@ def refuse_study_folder(config: Config) -> None:
     """A new run is never made inside the folder of a study, which only `fedsim sweep` writes
     to: the config.toml of a point, run on its own, names the study's folder as [run] out."""
     out = Path(config.run.out).absolute()
-    study = next((folder for folder in (out, *out.parents) if (folder / "study.toml").is_file()), None)
+    study = next((folder for folder in (out, *out.parents) if (folder / "study.toml").is_file()
+                  and made_by_fedsim(folder)), None)
     if study is not None:
         again = f"fedsim run {shlex.quote(config.source)} --set run.out={shlex.quote(str(study.parent))}"
         raise FedsimError(f"{config.source}: [run] out = {config.run.out!r} is in the folder of the study {study}, "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -390,7 +391,7 @@ def test_durations_take_the_unit_their_size_calls_for(seconds, text):
 def timed_study(tmp_path_factory) -> Path:
     """A real study of 3 algorithms x 2 seeds whose points' rounds are then replaced by hand-made
     curves: the fedavg points reach 70 % in seconds, mifa's in minutes, fedau's in hours (and
-    fedau's seed 1 never)."""
+    fedau's seed 1 never; nobody reaches 90 %)."""
     tmp = tmp_path_factory.mktemp("timed")
     study = {"run": {"rounds": 2, "eval_every": 1, "progress": False, "plots": False, "name": "t",
                      "out": str(tmp / "runs")},
@@ -412,12 +413,13 @@ def timed_study(tmp_path_factory) -> Path:
 
 
 def test_a_study_report_shows_each_time_in_its_unit_as_json_says(timed_study, capsys):
-    doc = report_json(capsys, timed_study, "--target", "0.7")
-    assert main(["report", str(timed_study), "--target", "0.7"]) == 0
+    doc = report_json(capsys, timed_study, "--target", "0.7,0.9")
+    assert main(["report", str(timed_study), "--target", "0.7,0.9"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[-3:] == ["time", "to", "70%"]
+    assert lines[0].split()[-6:] == ["time", "to", "70%", "time", "to", "90%"]
     for group, unit, suffix in zip(doc["groups"], (1.0, 60.0, H), ("s", "min", "h")):
-        (target,) = group["targets"]
+        target, unreached = group["targets"]
+        assert unreached["reached"] == 0 and unreached["time_s"]["mean"] is None
         # by hand: 0.4 after round 1 holds until round 2 ends, where 0.8 is measured: exactly then
         times = [(20.0 + 4 * seed) * unit for seed in (0, 1)]
         if group["values"]["algorithm.name"] == "fedau":
@@ -426,5 +428,5 @@ def test_a_study_report_shows_each_time_in_its_unit_as_json_says(timed_study, ca
         line = next(line for line in lines if line.startswith(group["values"]["algorithm.name"] + " "))
         stats = target["time_s"]
         shown = duration(stats["mean"]) + (f" ± {duration(stats['ci95'])}" if stats["ci95"] is not None else "")
-        assert line.endswith(shown + (" (1 of 2)" if len(times) == 1 else ""))
+        assert re.split(r" {2,}", line)[-2:] == [shown + (" (1 of 2)" if len(times) == 1 else ""), "never"]
         assert duration(stats["mean"]).endswith(suffix)

@@ -132,11 +132,11 @@ def _pm(mean, ci, scale: float = 1.0, spec: str = ".2f") -> str:
 
 
 def _time_pm(row: dict, column: str) -> str:
-    """`4.22h ± 12.0min`, each in the unit its size calls for, and `(2 of 3)` when some seeds
-    never reached the target (the mean is over those that did)."""
+    """`4.22h ± 12.0min`, each in the unit its size calls for, `(2 of 3)` when some seeds never
+    reached the target (the mean is over those that did), `never` when none did."""
     mean, ci, reached = row[f"{column}_mean"], row[f"{column}_ci95"], row.get(f"{column}_n")
     if mean is None:
-        return "-"
+        return "never" if reached == 0 else "-"
     text = duration(mean) + (f" ± {duration(ci)}" if ci is not None else "")
     return text + (f" ({reached} of {row['seeds']})" if reached is not None and reached < row["seeds"] else "")
 

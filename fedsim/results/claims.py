@@ -43,7 +43,7 @@ import polars as pl
 from fedsim.config import NO_ACCURACY_DATASETS
 from fedsim.errors import FedsimError, choice_error, did_you_mean
 from fedsim.results.report import ci95, duration, finite, table_text, time_to_target
-from fedsim.results.status import read_manifest
+from fedsim.results.status import initial_evaluation, read_manifest
 
 SEED = "run.seed"
 # metric -> (what it is, whether higher is better)
@@ -410,7 +410,7 @@ def judge_study(folder: Path, axes: dict[str, list], claims: list[dict], zips: l
     for k, claim in enumerate(claims):  # a study recorded before this check was made at its sweep
         metric_exists(claim, datasets, f"{folder / 'study.toml'}: claim {k + 1} ({claim['claim']!r})")
     study = pl.read_parquet(folder / "study.parquet")
-    initial = {p: read_manifest(folder / p).get("initial") for p in study["point"].unique()}
+    initial = {p: initial_evaluation(folder / p, read_manifest(folder / p)) for p in study["point"].unique()}
     return [judge(claim, study, axes, zips, initial) for claim in claims]
 
 

@@ -36,7 +36,7 @@ import polars as pl
 from fedsim.config import read_toml
 from fedsim.errors import FedsimError
 from fedsim.files import atomic_write, plain_name
-from fedsim.results.status import read_manifest
+from fedsim.results.status import initial_evaluation, read_manifest
 
 DPI = 100
 COUNTS = ("online", "invited", "arrived", "dropped", "late")
@@ -80,7 +80,7 @@ def load_run(run_dir: Path) -> RunData:
     devices_path = run_dir / "devices.parquet"
     devices = _table(devices_path) if devices_path.exists() else None
     manifest = read_manifest(run_dir)
-    initial = manifest.get("initial")
+    initial = initial_evaluation(run_dir, manifest)
     origin = (manifest.get("trace") or {}).get("origin")
     if origin is not None:
         try:
@@ -531,7 +531,7 @@ def _initial_rows(folder: Path, frame: pl.DataFrame) -> pl.DataFrame | None:
     the point's axis values."""
     rows = []
     for point in frame.group_by("point", maintain_order=True).first().iter_rows(named=True):
-        initial = read_manifest(folder / point["point"]).get("initial")
+        initial = initial_evaluation(folder / point["point"], read_manifest(folder / point["point"]))
         if initial:
             rows.append({**point, "round": -1, "t_end": initial.get("t") or 0.0,
                          "test_acc": initial.get("test_acc"), "test_loss": initial.get("test_loss")})

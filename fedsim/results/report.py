@@ -20,7 +20,7 @@ from fedsim.config import read_toml
 from fedsim.errors import FedsimError, first_line
 from fedsim.results.latency import (PHASES, STRAGGLER_ARRIVED_BELOW, STRAGGLER_INVITED, close_reasons, latency,
                                      participation_by, stragglers, wasted_work)
-from fedsim.results.status import read_manifest, run_status
+from fedsim.results.status import initial_evaluation, read_manifest, run_status
 
 
 @dataclass(frozen=True)
@@ -220,6 +220,7 @@ def _read_parquet(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
 def read_run(path: Path, origin: Path) -> Run:
     """A run directory; its manifest.json is missing while the run is going (or was aborted)."""
     manifest = read_manifest(path)
+    initial_evaluation(path, manifest)  # checked before anything is told
     config = read_toml(path / "config.toml") if (path / "config.toml").exists() else {}
     algorithm = manifest.get("algorithm") or config.get("algorithm", {}).get("name") or path.name
     return Run(path, origin, str(algorithm), manifest, config,

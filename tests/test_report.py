@@ -430,3 +430,24 @@ def test_a_study_report_shows_each_time_in_its_unit_as_json_says(timed_study, ca
         shown = duration(stats["mean"]) + (f" ± {duration(stats['ci95'])}" if stats["ci95"] is not None else "")
         assert re.split(r" {2,}", line)[-2:] == [shown + (" (1 of 2)" if len(times) == 1 else ""), "never"]
         assert duration(stats["mean"]).endswith(suffix)
+
+
+def test_a_real_run_that_waits_for_min_selected_devices_meets_no_target_before_its_first_update(cli_run, capsys):
+    """Digits on 20 devices that all come online at 5 h; every round waits for all 20."""
+    from fedsim.traces import Trace
+
+    n, online_at = 20, 5 * H
+    trace = Trace.from_intervals(np.arange(n), np.full(n, online_at), np.full(n, 100 * H), n_devices=n,
+                                 horizon=100 * H)
+    run_dir = cli_run({"run": {"rounds": 10, "eval_every": 5}, "data": {"dataset": "digits", "clients": n},
+                       "server": {"timing": "model", "deadline": 600.0, "min_selected": n, "clients_per_round": 5},
+                       "client": {"local_steps": 2, "lr": 0.5}}, trace)
+    initial = json.loads((run_dir / "manifest.json").read_text())["initial"]
+    first = pl.read_parquet(run_dir / "rounds.parquet")["test_acc"].drop_nulls()[0]
+    assert first > initial["test_acc"], "the first evaluation should be better than the initial model"
+    target = round((initial["test_acc"] + first) / 2, 6)  # met between the initial and the first evaluation
+    (r,) = report_json(capsys, run_dir, "--target", str(target))["runs"]
+    assert r["waiting_s"] == pytest.approx(online_at) and r["first_update_s"] > online_at
+    hit = r["targets"][0]
+    assert (hit["rounds"], hit["time_s"]) == pytest.approx(expected_hit(run_dir, target))
+    assert hit["time_s"] >= r["first_update_s"] and hit["rounds"] >= 1

@@ -557,6 +557,9 @@ CASES = [
          r=run_dir(lambda d: with_initial(d, {"test_loss": 1.0, "test_acc": "high", "t": 0.0}))),
     case("plot-initial-time-a-list", "plot {tmp}/r", r"\"initial\" = \{\"test_loss\": 1.0, \"test_acc\": null, \"t\": \[0\]\} is not",
          r=run_dir(lambda d: with_initial(d, {"test_loss": 1.0, "test_acc": None, "t": [0]}))),
+    case("best-by-a-target-not-reported", "report {tmp}/runs/t --best-by time_to_0.9_s --over algorithm.name",
+         r"^error: --best-by 'time_to_0\.9_s': not a metric of the summary \(one of: best_acc, best_loss, final_acc, "
+         r"final_loss\); add --target 0\.9 to report it$", **{"s.toml": quadratic_study(), "runs": swept_then_claimed}),
     # --- trace scale, events log (issue 37) ---
     #
     #

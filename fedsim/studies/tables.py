@@ -5,6 +5,7 @@ the final and best accuracy, final loss and time to each target), and the text s
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,7 +117,9 @@ def best_by(summary: pl.DataFrame, metric: str, over: str, group_axes: list[str]
     column = f"{metric}_mean"
     if column not in summary.columns:
         known = sorted(c.removesuffix("_mean") for c in summary.columns if c.endswith("_mean"))
-        raise FedsimError(f"--best-by {metric!r}: not a metric of the summary (one of: {', '.join(known)})")
+        target = re.fullmatch(r"time_to_(.+)_s|rounds_to_(.+)", metric)
+        hint = f"; add --target {target[1] or target[2]} to report it" if target else ""
+        raise FedsimError(f"--best-by {metric!r}: not a metric of the summary (one of: {', '.join(known)}){hint}")
     if over not in group_axes:
         raise FedsimError(f"--over {over!r}: not an axis of the study (axes: {', '.join(group_axes) or 'none'})")
     lowest = metric.endswith("loss") or metric.startswith(("time_to_", "rounds_to_"))

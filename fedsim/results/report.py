@@ -48,13 +48,13 @@ def metric_curve(rounds: pl.DataFrame, initial: dict | None = None, metric: str 
     round a + 1 ends (through any wait for devices); a change seen at the next evaluation (after
     round b) was made by one of the rounds a + 1 .. b. Between those two points, (a + 1, its end)
     and (b, its end), the curve is linear: the rule of time to target, and of the plots."""
-    ends = rounds.select(done=(pl.col("round") + 1).cast(pl.Float64), t=pl.col("t_end").cast(pl.Float64))
-    points = rounds.select(done=(pl.col("round") + 1).cast(pl.Float64), t=pl.col("t_end").cast(pl.Float64),
-                           value=finite(metric)).drop_nulls("value")
+    rows = rounds.select(done=(pl.col("round") + 1).cast(pl.Float64), t=pl.col("t_end").cast(pl.Float64),
+                         value=finite(metric))
+    points = rows.drop_nulls("value")
     if initial and initial.get(metric) is not None:
         start = pl.DataFrame({"done": [0.0], "t": [float(initial.get("t") or 0.0)], "value": [float(initial[metric])]})
         points = pl.concat([start, points])
-    held = points.select(pl.col("done") + 1, "value").join(ends, on="done").select("done", "t", "value")
+    held = points.select(pl.col("done") + 1, "value").join(rows.select("done", "t"), on="done").select(points.columns)
     # a held point and an evaluation after the same round: the held value comes first (a step)
     return (pl.concat([held.with_columns(held=pl.lit(True)), points.with_columns(held=pl.lit(False))])
             .sort(["done", "held"], descending=[False, True]))
@@ -355,7 +355,7 @@ def target_label(target: float) -> str:
 
 def duration(seconds: float | None) -> str:
     """Seconds in the unit their size calls for, with 3 significant digits: `0.0966s`, `14.5s`,
-    `3.20min`, `4.22h`, `1234h` (every duration of the run and study reports)."""
+    `3.20min`, `4.22h`, `1250h` (every duration of the run and study reports)."""
     if seconds is None:
         return "-"
     value, unit = ((seconds, "s") if abs(seconds) < 60 else (seconds / 60, "min") if abs(seconds) < 3600

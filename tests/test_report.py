@@ -451,3 +451,27 @@ def test_a_real_run_that_waits_for_min_selected_devices_meets_no_target_before_i
     hit = r["targets"][0]
     assert (hit["rounds"], hit["time_s"]) == pytest.approx(expected_hit(run_dir, target))
     assert hit["time_s"] >= r["first_update_s"] and hit["rounds"] >= 1
+
+
+def test_a_task_without_accuracy_has_no_time_to_target_rather_than_never(tmp_path, capsys):
+    run = make_run(tmp_path / "q", frame=rounds_frame([None, None], loss=[None, 0.3]))
+    assert report_json(capsys, run, "--target", "0.5")["runs"][0]["targets"][0]["time_s"] is None
+    assert main(["report", str(run), "--target", "0.5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[lines.index(next(line for line in lines if line.startswith("time to target"))) + 2].split() == [
+        "fedavg", "-", "-"]
+
+
+def test_a_study_summary_tells_never_some_seeds_and_no_accuracy_apart():
+    from types import SimpleNamespace
+
+    from fedsim.studies.tables import format_summary
+
+    summary = pl.DataFrame({
+        "algorithm.name": ["a", "b", "c"], "seeds": [2, 2, 2],
+        **{f"{m}_{k}": [0.5, 0.5, None] for m in ("final_acc", "best_acc") for k in ("mean", "ci95")},
+        "final_loss_mean": [1.0, 1.0, 0.2], "final_loss_ci95": [0.1, 0.1, 0.01],
+        "time_to_0.5_s_mean": [90.0, None, None], "time_to_0.5_s_ci95": [None, None, None],
+        "time_to_0.5_s_n": [1, 0, 0]})
+    lines = format_summary(SimpleNamespace(group_axes=["algorithm.name"]), summary).splitlines()
+    assert [re.split(r" {2,}", line)[-1] for line in lines[2:]] == ["1.50min (1 of 2)", "never", "-"]

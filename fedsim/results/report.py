@@ -367,9 +367,12 @@ def duration(seconds: float | None) -> str:
     return f"{value:.{decimals}f}{unit}"
 
 
-def hit_time(hit: Hit | None) -> str:
-    """`~1.83h` (interpolated), `1.83h` (an evaluation) or `never`."""
-    return "never" if hit is None else ("~" if hit.interpolated else "") + duration(hit.time_s)
+def hit_time(hit: Hit | None, measured: bool = True) -> str:
+    """`~1.83h` (interpolated), `1.83h` (an evaluation), `never`, or `-` where no accuracy was
+    `measured` (the quadratic task): nothing to reach."""
+    if hit is None:
+        return "never" if measured else "-"
+    return ("~" if hit.interpolated else "") + duration(hit.time_s)
 
 
 def _hit(entry: dict) -> Hit | None:
@@ -377,9 +380,9 @@ def _hit(entry: dict) -> Hit | None:
     return None if entry["rounds"] is None else Hit(entry["rounds"], entry["time_s"], entry["interpolated"])
 
 
-def hit_rounds(hit: Hit | None) -> str:
+def hit_rounds(hit: Hit | None, measured: bool = True) -> str:
     if hit is None:
-        return "never"
+        return "never" if measured else "-"
     return f"~{hit.rounds:.1f}" if hit.interpolated else f"{hit.rounds:.0f}"
 
 
@@ -411,9 +414,9 @@ def format_report(doc: dict) -> str:
         for t in doc["targets"]:
             header += [f"{target_label(t)} rounds", f"{target_label(t)} time"]
         blocks.append(table_text(header, [
-            [r["name"], *[cell for entry in r["targets"] for cell in (hit_rounds(_hit(entry)),
-                                                                       hit_time(_hit(entry)))]]
-            for r in runs]))
+            [r["name"], *[cell for entry in r["targets"]
+                          for cell in (hit_rounds(_hit(entry), measured), hit_time(_hit(entry), measured))]]
+            for r in runs for measured in [r["best_acc"] is not None]]))
     blocks.append(table_text(
         ["participation", "median round", "p90 round", "invited", "arrived", "dropped",
          "late", "surplus", "devices arrived", "gini", "cv"],

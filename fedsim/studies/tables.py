@@ -158,7 +158,7 @@ def format_summary(study: Study, summary: pl.DataFrame | None = None) -> str:
                      _pm(r["final_acc_mean"], r["final_acc_ci95"], 100),
                      _pm(r["best_acc_mean"], r["best_acc_ci95"], 100),
                      _pm(r["final_loss_mean"], r["final_loss_ci95"], 1, ".4g"),
-                     *(_time_pm(r, f"time_to_{t}_s") for t in targets)])
+                     *(_time_pm(r, f"time_to_{t}_s") if r["best_acc_mean"] is not None else "-" for t in targets)])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]

@@ -22,7 +22,7 @@ def _summary_table(result) -> str:
     """One line per algorithm; with `[run] targets`, the simulated time each was reached at
     (`~` interpolated between evaluations, as in `fedsim report`)."""
     from fedsim.config import read_toml
-    from fedsim.results.report import hit_hours, hours, target_label, time_to_target
+    from fedsim.results.report import duration, hit_time, target_label, time_to_target
 
     runs = result.runs or [result]
     targets = read_toml(runs[0].run_dir / "config.toml").get("run", {}).get("targets", [])
@@ -36,9 +36,9 @@ def _summary_table(result) -> str:
         acc = f"{100 * r.final_accuracy:.2f}%" if r.final_accuracy is not None else "-"
         loss = f"{r.final_loss:.4g}" if r.final_loss is not None else "-"
         mem = manifest["server_memory_bytes"] / 1024
-        reached = "".join(f" {hit_hours(time_to_target(r.rounds, t, manifest.get('initial'))):>9}"
+        reached = "".join(f" {hit_time(time_to_target(r.rounds, t, manifest.get('initial')), acc != '-'):>9}"
                           for t in targets)
-        lines.append(f"{r.algorithm:<{width}} {r.status:<10} {manifest['rounds']:>7} {hours(manifest['sim_time_s']):>10} "
+        lines.append(f"{r.algorithm:<{width}} {r.status:<10} {manifest['rounds']:>7} {duration(manifest['sim_time_s']):>10} "
                      f"{acc:>9} {loss:>10} {mem:>9.1f}KB{reached}")
     return "\n".join(lines)
 

@@ -156,13 +156,20 @@ def timed(points: list[tuple[dict, list, list]]) -> pl.DataFrame:
                       for k, (values, acc, t_end) in enumerate(points)])
 
 
-def test_time_to_accuracy_is_the_end_of_the_first_round_evaluated_at_the_target():
+def test_time_to_accuracy_is_the_reports_time_to_target():
+    """As `fedsim report` tells it: an evaluation holds until the next round ends, then linear to
+    the first evaluation at or above the target; from the initial evaluation where there is one."""
     frame = timed([({"algorithm.name": "a", "run.seed": 0}, [None, 0.5, None, 0.72, 0.69, 0.8], [5, 9, 20, 31, 40, 52]),
                    ({"algorithm.name": "a", "run.seed": 1}, [0.1, float("nan"), 0.7], [3, 6, 9]),
                    ({"algorithm.name": "b", "run.seed": 0}, [0.3, 0.6, 0.65], [10, 20, 30])])
     times = dict(point_metric(frame, "time_to_acc", target=0.7).iter_rows())
-    assert times == {"p0": 31.0, "p1": 9.0, "p2": None}  # p2 never reached 0.7
-    assert dict(point_metric(frame, "time_to_acc", target=0.5).iter_rows()) == {"p0": 9.0, "p1": 9.0, "p2": 20.0}
+    # p0: 0.5 (t 9) holds to t 20, 0.72 at t 31: 20 + 11 * 0.2 / 0.22; p1: exactly at 9; p2 never reached 0.7
+    assert times == pytest.approx({"p0": 30.0, "p1": 9.0, "p2": None})
+    assert dict(point_metric(frame, "time_to_acc", target=0.5).iter_rows()) == pytest.approx(
+        {"p0": 9.0, "p1": 6.0 + 3.0 * 0.4 / 0.6, "p2": 20.0})
+    initial = {"p0": {"test_acc": 0.2, "test_loss": 2.0, "t": 0.0}}  # 0.2 holds until round 1 ends (t 5)
+    with_initial = dict(point_metric(frame, "time_to_acc", target=0.4, initial=initial).iter_rows())
+    assert with_initial["p0"] == pytest.approx(5.0 + (9.0 - 5.0) * 0.2 / 0.3)
 
 
 def test_a_time_claim_gives_the_seconds_saved_and_the_ratio_with_their_cis():
@@ -181,7 +188,9 @@ def test_a_time_claim_gives_the_seconds_saved_and_the_ratio_with_their_cis():
     assert result.decisive.ratio == pytest.approx((np.mean(ratios), half), rel=1e-3)
     assert result.verdict == HOLDS and result.unreached == 1
     assert result.verdict_text == "holds; 1 point never reached the target, left out"
-    assert measured(result) == f"+206.7 ± 14 s (x{np.mean(ratios):.2f} ± {half:.2f})"
+    saved = np.std([200.0, 210.0, 210.0], ddof=1) * 4.302653 / math.sqrt(3)
+    assert f"{saved:.3g}" == "14.3"
+    assert measured(result) == f"+3.44min ± 14.3s (x{np.mean(ratios):.2f} ± {half:.2f})"  # 206.7 s saved
     with pytest.raises(FedsimError, match=r"^claim 'a is faster': no point of the study reached test accuracy 0.9 "
                                           r"\(metric 'time_to_acc'\); lower the claim's target or run the study longer$"):
         judge({**claim, "target": 0.9}, frame, {**AXES, "run.seed": [0, 1, 2, 3]})

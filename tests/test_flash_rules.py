@@ -148,7 +148,7 @@ def test_events_record_the_work_of_dropped_and_late_devices_and_the_report_the_w
     assert re.search(r"^wasted work \(device-seconds not aggregated\)\s+total\s+per round\s+share of work\n.*\n"
                      r"fedavg\s+12.5s\s+6.25s\s+60.98%$", out, re.M), out
     # by class: fast wasted 2.5 of 10.5 s, slow 10 of 10 s
-    assert re.search(r"^fast\s+2.5s\s+23.81%\nslow\s+10s\s+100.00%$", out, re.M), out
+    assert re.search(r"^fast\s+2.50s\s+23.81%\nslow\s+10.0s\s+100.00%$", out, re.M), out
 
 
 @pytest.mark.parametrize("server, says", [

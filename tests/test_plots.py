@@ -82,10 +82,14 @@ def test_accuracy_is_in_percent_from_the_initial_evaluation_on(tmp_path):
     fig = figures(tmp_path)["accuracy_vs_rounds"]
     acc, loss = fig.axes[:2]
     x, y = lines(acc)["fedavg"]
-    assert list(x) == [0, 4, 8, 12]  # rounds completed; the initial model at 0
-    assert list(y) == pytest.approx([10.0, 40.0, 62.5, 75.0])
+    # rounds completed; the initial model at 0; each value held until the next round ends (the
+    # model changes only then), so the line crosses a target where `fedsim report` says
+    assert list(x) == [0, 1, 4, 5, 8, 9, 12]
+    assert list(y) == pytest.approx([10.0, 10.0, 40.0, 40.0, 62.5, 62.5, 75.0])
+    (line,) = [line for line in acc.get_lines() if line.get_label() == "fedavg"]
+    assert line.get_markevery() == [0, 2, 4, 6]  # markers on the evaluations only
     assert acc.get_ylim() == (0, 100) and acc.get_ylabel() == "test accuracy (%)"
-    assert list(lines(loss)["fedavg"][1]) == [2.5, 1.5, 1.0, 0.5] and loss.get_yscale() == "log"
+    assert list(lines(loss)["fedavg"][1]) == [2.5, 2.5, 1.5, 1.5, 1.0, 1.0, 0.5] and loss.get_yscale() == "log"
     assert loss.get_xlabel() == "rounds completed" and fig.get_suptitle() == "t: test metrics by round"
 
 
@@ -93,7 +97,8 @@ def test_time_is_in_hours_since_the_start_with_the_clock_on_top(tmp_path):
     fig = figures(tmp_path)["accuracy_vs_time"]
     acc = fig.axes[0]
     x, y = lines(acc)["fedavg"]
-    assert list(x) == [0, 8, 16, 24] and list(y) == pytest.approx([10.0, 40.0, 62.5, 75.0])
+    assert list(x) == [0, 2, 8, 10, 16, 18, 24]  # the initial model's 10 % holds until round 1 ends (2 h)
+    assert list(y) == pytest.approx([10.0, 10.0, 40.0, 40.0, 62.5, 62.5, 75.0])
     assert fig.axes[1].get_xlabel() == "simulated time since the start (h)"
     (clock,) = acc.child_axes
     assert clock.get_xlabel() == "clock time (UTC+02:00)"
@@ -176,14 +181,14 @@ def test_a_missing_column_or_file_skips_only_its_plot(tmp_path):
     old = figures(tmp_path / "3", rounds_drop=["t_start", "duration"], devices=False, manifest=False)
     assert set(old) == {"accuracy_vs_rounds", "accuracy_vs_time"}
     x, y = lines(old["accuracy_vs_rounds"].axes[0])["fedavg"]
-    assert list(x) == [4, 8, 12] and not old["accuracy_vs_time"].axes[0].child_axes  # no initial, no clock
-    assert list(lines(old["accuracy_vs_time"].axes[0])["fedavg"][0]) == [9, 17, 25]  # start: t = 0
+    assert list(x) == [4, 5, 8, 9, 12] and not old["accuracy_vs_time"].axes[0].child_axes  # no initial, no clock
+    assert list(lines(old["accuracy_vs_time"].axes[0])["fedavg"][0]) == [9, 11, 17, 19, 25]  # start: t = 0
 
 
 def test_a_task_without_accuracy_plots_the_loss_alone(tmp_path):
     fig = figures(tmp_path, acc=False)["accuracy_vs_rounds"]
     (ax,) = fig.axes
-    assert ax.get_yscale() == "log" and list(lines(ax)["fedavg"][1]) == [2.5, 1.5, 1.0, 0.5]
+    assert ax.get_yscale() == "log" and list(lines(ax)["fedavg"][1]) == [2.5, 2.5, 1.5, 1.5, 1.0, 1.0, 0.5]
 
 
 def test_a_comparison_draws_one_participation_plot_per_algorithm(tmp_path):

@@ -64,6 +64,12 @@ def diverged(folder: Path) -> None:
     (folder / "manifest.json").write_text(json.dumps({**manifest, "status": "diverged", "reason": "loss nan"}))
 
 
+def with_initial(folder: Path, initial) -> None:
+    """The run's manifest with `initial` (the initial model's evaluation) replaced."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "initial": initial}))
+
+
 def case(name: str, argv: str, says: str, **files):
     """A bad input: `fedsim ARGV` (split on spaces) in a folder holding `files` (text, bytes,
     or a function(path, finished_run) writing it); `says`: a regex for its line."""
@@ -718,6 +724,18 @@ CASES = [
     #
     #
     #
+    case("report-initial-not-an-object", "report {tmp}/r",
+         r"r/manifest\.json: \"initial\" = 5 is not the initial model's evaluation \(an object of test_loss, test_acc, "
+         r"t: numbers or null\); the file was edited or damaged: delete the entry",
+         r=run_dir(lambda d: with_initial(d, 5))),
+    case("report-initial-accuracy-a-string", "report {tmp}/r --target 0.5",
+         r"^error: \S+/r/manifest\.json: \"initial\" = \{\"test_loss\": 1.0, \"test_acc\": \"high\", \"t\": 0.0\} is not",
+         r=run_dir(lambda d: with_initial(d, {"test_loss": 1.0, "test_acc": "high", "t": 0.0}))),
+    case("plot-initial-time-a-list", "plot {tmp}/r", r"\"initial\" = \{\"test_loss\": 1.0, \"test_acc\": null, \"t\": \[0\]\} is not",
+         r=run_dir(lambda d: with_initial(d, {"test_loss": 1.0, "test_acc": None, "t": [0]}))),
+    case("best-by-a-target-not-reported", "report {tmp}/runs/t --best-by time_to_0.9_s --over algorithm.name",
+         r"^error: --best-by 'time_to_0\.9_s': not a metric of the summary \(one of: best_acc, best_loss, final_acc, "
+         r"final_loss\); add --target 0\.9 to report it$", **{"s.toml": quadratic_study(), "runs": swept_then_claimed}),
     # --- trace scale, events log (issue 37) ---
     #
     #

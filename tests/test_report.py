@@ -1,11 +1,13 @@
-"""`fedsim report`: time to target accuracy (interpolated, exact, never), round durations and
-participation on hand-made frames with known answers; the command on hand-made run directories
-(tables, JSON, names, targets, errors); and end to end on a real comparison run."""
+"""`fedsim report`: time to target accuracy (interpolated, exact, never; never before the first
+update), round durations, waiting and participation on hand-made frames with known answers;
+durations in the unit their size calls for; the command on hand-made run directories (tables,
+JSON, names, targets, errors) and study folders; and end to end on a real comparison run."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +16,8 @@ import pytest
 
 from fedsim.cli import _summary_table, main
 from fedsim.config import dump_toml, read_toml
-from fedsim.results.report import (Hit, gini, hit_hours, participation, round_durations,
-                                   time_to_target, variation)
+from fedsim.results.report import (Hit, duration, gini, hit_time, metric_curve, participation, round_durations,
+                                   time_to_target, variation, waiting)
 
 H = 3600.0
 
@@ -38,15 +40,26 @@ CURVE = rounds_frame([None, 0.4, None, 0.6, None, 0.9])
 
 # -- time to target ---------------------------------------------------------------------------
 def test_a_crossing_between_evaluations_is_interpolated_on_rounds_and_time():
-    hit = time_to_target(CURVE, 0.7)  # a third of the way from (4, 4h, 0.6) to (6, 6h, 0.9)
+    # 0.6 after round 4 holds until round 5 ends (5h); the crossing is a third of the way from
+    # (5, 5h, 0.6) to the evaluation (6, 6h, 0.9)
+    hit = time_to_target(CURVE, 0.7)
     assert hit.interpolated
-    assert hit.rounds == pytest.approx(4 + 2 / 3) and hit.time_s == pytest.approx(4 * H + 2 * H / 3)
+    assert hit.rounds == pytest.approx(5 + 1 / 3) and hit.time_s == pytest.approx(5 * H + H / 3)
 
 
 def test_interpolation_follows_t_end_not_the_round_number():
     uneven = rounds_frame([None, 0.4, None, 0.6, None, 0.9], t_end=[10, 20, 30, 100, 110, 400])
     hit = time_to_target(uneven, 0.7)
-    assert hit.rounds == pytest.approx(4 + 2 / 3) and hit.time_s == pytest.approx(100 + 300 / 3)
+    assert hit.rounds == pytest.approx(5 + 1 / 3) and hit.time_s == pytest.approx(110 + 290 / 3)
+
+
+def test_the_curve_holds_each_evaluation_until_the_next_round_ends():
+    curve = metric_curve(CURVE, {"test_loss": 2.3, "test_acc": 0.1, "t": 0.0})
+    assert curve.rows() == [(0.0, 0.0, 0.1, False), (1.0, H, 0.1, True), (2.0, 2 * H, 0.4, False),
+                            (3.0, 3 * H, 0.4, True), (4.0, 4 * H, 0.6, False), (5.0, 5 * H, 0.6, True),
+                            (6.0, 6 * H, 0.9, False)]
+    losses = metric_curve(CURVE, metric="test_loss")["value"].to_list()
+    assert losses == pytest.approx([0.6, 0.6, 0.4, 0.4, 0.1])
 
 
 def test_an_evaluation_at_the_target_is_exact():
@@ -64,20 +77,19 @@ def test_without_an_initial_evaluation_the_first_one_is_where_an_easy_target_is_
 
 def test_the_initial_evaluation_starts_the_curve():
     initial = {"test_loss": 2.3, "test_acc": 0.1, "t": 0.0}
-    hit = time_to_target(CURVE, 0.3, initial)  # two thirds of the way from (0, 0, 0.1) to (2, 2h, 0.4)
+    hit = time_to_target(CURVE, 0.3, initial)  # two thirds of the way from (1, 1h, 0.1) to (2, 2h, 0.4)
     assert hit.interpolated
-    assert hit.rounds == pytest.approx(4 / 3) and hit.time_s == pytest.approx(4 * H / 3)
+    assert hit.rounds == pytest.approx(1 + 2 / 3) and hit.time_s == pytest.approx(H + 2 * H / 3)
     assert time_to_target(CURVE, 0.05, initial) == Hit(0.0, 0.0, False)
     # an initial model without accuracy (quadratic task) adds no point
     assert time_to_target(CURVE, 0.3, {"test_loss": 2.0, "test_acc": None, "t": 0.0}) == Hit(2.0, 2 * H, False)
 
 
 def test_the_first_crossing_counts_and_diverged_evaluations_are_skipped():
-    wavy = rounds_frame([0.5, 0.8, 0.6, 0.9])
-    hit = time_to_target(wavy, 0.7)
-    assert hit.rounds == pytest.approx(1 + 2 / 3) and hit.time_s == pytest.approx(H + 2 * H / 3)
+    wavy = rounds_frame([0.5, 0.8, 0.6, 0.9])  # evaluated after every round: round 2 made it, exactly
+    assert time_to_target(wavy, 0.7) == Hit(2.0, 2 * H, False)
     diverged = rounds_frame([0.5, float("nan"), 0.9])
-    assert time_to_target(diverged, 0.7).rounds == pytest.approx(2.0)  # halfway from 1 to 3
+    assert time_to_target(diverged, 0.7) == Hit(2.5, 2.5 * H, True)  # halfway from (2, 2h, 0.5) to (3, 3h, 0.9)
 
 
 # -- durations and participation --------------------------------------------------------------
@@ -156,7 +168,8 @@ def test_json_report_of_one_run(tmp_path, capsys):
     assert r["final_loss"] == pytest.approx(0.1) and r["best_loss"] == pytest.approx(0.1)
     exact, between, never = r["targets"]
     assert exact == {"target": 0.6, "rounds": 4.0, "time_s": 4 * H, "interpolated": False}
-    assert between["interpolated"] is True and between["time_s"] == pytest.approx(4 * H + 2 * H / 3)
+    assert between["interpolated"] is True and between["time_s"] == pytest.approx(5 * H + H / 3)
+    assert r["first_update_s"] == H and r["waiting_s"] == 0.0
     assert never == {"target": 0.95, "rounds": None, "time_s": None, "interpolated": None}
     assert r["round_duration"] == {"median_s": H, "p90_s": H}
     p = r["participation"]
@@ -168,10 +181,10 @@ def test_table_marks_interpolated_exact_and_never(tmp_path, capsys):
     assert main(["report", str(run), "--target", "0.6", "--target", "0.7", "--target", "0.95"]) == 0
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("fedavg") and "never" in line)
-    assert line.split()[1:] == ["4", "4.00h", "~4.7", "~4.67h", "never", "never"]
+    assert line.split()[1:] == ["4", "4.00h", "~5.3", "~5.33h", "never", "never"]
     assert "60% rounds" in out and "95% time" in out
     first = next(line for line in out.splitlines() if line.startswith("fedavg"))
-    assert first.split() == ["fedavg", "completed", "6", "6.00h", "90.00%", "90.00%", "0.1", "0.1"]
+    assert first.split() == ["fedavg", "completed", "6", "6.00h", "1.00h", "0s", "90.00%", "90.00%", "0.1", "0.1"]
 
 
 def test_targets_default_to_the_runs_config(tmp_path, capsys):
@@ -251,19 +264,21 @@ def comparison(tmp_path_factory) -> Path:
 
 
 def expected_hit(run_dir: Path, target: float) -> tuple[float, float] | None:
-    """(rounds, seconds) to `target` computed row by row from rounds.parquet and the manifest."""
+    """(rounds, seconds) to `target` computed row by row from rounds.parquet and the manifest:
+    from the end of the round after the last evaluation below the target to the first at or above."""
     initial = json.loads((run_dir / "manifest.json").read_text()).get("initial")
+    rows = list(pl.read_parquet(run_dir / "rounds.parquet").iter_rows(named=True))
+    ends = {row["round"] + 1: row["t_end"] for row in rows}
     points = [(0, initial["t"], initial["test_acc"])] if initial and initial.get("test_acc") is not None else []
-    points += [(row["round"] + 1, row["t_end"], row["test_acc"])
-               for row in pl.read_parquet(run_dir / "rounds.parquet").iter_rows(named=True)
-               if row["test_acc"] is not None]
+    points += [(row["round"] + 1, row["t_end"], row["test_acc"]) for row in rows if row["test_acc"] is not None]
     for k, (n, t, acc) in enumerate(points):
         if acc >= target:
             if k == 0 or acc == target:
                 return n, t
-            n0, t0, acc0 = points[k - 1]
+            n0, _, acc0 = points[k - 1]
+            n1, t1 = n0 + 1, ends[n0 + 1]
             w = (target - acc0) / (acc - acc0)
-            return n0 + w * (n - n0), t0 + w * (t - t0)
+            return n1 + w * (n - n1), t1 + w * (t - t1)
     return None
 
 
@@ -303,4 +318,160 @@ def test_report_of_a_real_comparison_and_the_run_table_with_targets(comparison, 
     header, _, line = table.splitlines()
     assert header.split()[-4:] == ["to", "50%", "to", "99%"]
     hit = doc["runs"][0]["targets"][0]
-    assert line.split()[-2:] == [hit_hours(Hit(hit["rounds"], hit["time_s"], hit["interpolated"])), "never"]
+    assert line.split()[-2:] == [hit_time(Hit(hit["rounds"], hit["time_s"], hit["interpolated"])), "never"]
+
+
+# -- waiting, and one rule wherever a time to target is told (issue 37) -------------------------
+WAIT = 4.95 * H  # round 0 waited this long for min_selected devices online; then rounds of 40 s
+
+
+def waited_frame() -> pl.DataFrame:
+    """20 rounds evaluated after rounds 10 and 20 (0.7, 0.8); round 0 waited WAIT within it."""
+    t_end = [WAIT + 40.0 * (k + 1) for k in range(20)]
+    acc = [None] * 9 + [0.7] + [None] * 9 + [0.8]
+    return rounds_frame(acc, t_end=t_end).with_columns(
+        t_start=pl.Series([0.0, *t_end[:-1]]), wait_s=pl.Series([WAIT] + [0.0] * 19))
+
+
+INITIAL = {"test_loss": 2.3, "test_acc": 0.1, "t": 0.0}
+
+
+def test_a_target_is_never_met_while_the_first_round_waits_and_the_wait_is_shown(tmp_path, capsys):
+    run = make_run(tmp_path / "a", frame=waited_frame(), initial=INITIAL)
+    (r,) = report_json(capsys, run, "--target", "0.6")["runs"]
+    first_update = WAIT + 40.0  # round 0 ends: the first time the model can change
+    # by hand: 0.1 holds until round 1 ends; 0.7 is measured after round 10 (t = WAIT + 400 s)
+    w = (0.6 - 0.1) / (0.7 - 0.1)
+    hit = r["targets"][0]
+    assert hit == {"target": 0.6, "rounds": pytest.approx(1 + w * 9), "time_s": pytest.approx(first_update + w * 360.0),
+                   "interpolated": True}
+    assert hit["time_s"] > first_update  # not ~4.22 h, inside the wait, as from t = 0
+    assert (r["first_update_s"], r["waiting_s"]) == (first_update, WAIT)
+    assert main(["report", str(run), "--target", "0.6"]) == 0
+    out = capsys.readouterr().out
+    head, _, row = out.splitlines()[:3]
+    assert head.split()[3:9] == ["sim", "time", "first", "update", "waited", "final"]
+    assert row.split()[3:6] == ["5.17h", "4.96h", "4.95h"]  # sim time WAIT + 800 s
+    lines = out.splitlines()
+    assert lines[lines.index(next(line for line in lines if line.startswith("time to target"))) + 2].split() == [
+        "fedavg", "~8.5", "~5.04h"]
+
+
+def test_the_report_claims_and_plots_tell_one_time_to_target(tmp_path, capsys):
+    from fedsim.results.claims import point_metric
+    from fedsim.results.plots import _metric_curves, load_run
+
+    run = make_run(tmp_path / "a", frame=waited_frame(), initial=INITIAL)
+    told = report_json(capsys, run, "--target", "0.6")["runs"][0]["targets"][0]["time_s"]
+    study = waited_frame().with_columns(point=pl.lit("p"))
+    claimed = point_metric(study, "time_to_acc", target=0.6, initial={"p": INITIAL})["value"].to_list()
+    assert claimed == [told]
+    hours, acc, evaluated = _metric_curves({"fedavg": load_run(run)}, "test_acc", "hours")["fedavg"]
+    k = int(np.argmax(acc >= 60.0))  # the drawn line crosses 60 % between its points k - 1 and k
+    crossing = hours[k - 1] + (60.0 - acc[k - 1]) / (acc[k] - acc[k - 1]) * (hours[k] - hours[k - 1])
+    assert crossing == pytest.approx(told / H)
+    assert list(evaluated) == [0, 2, 4]  # markers on the evaluations, not on the held points
+
+
+def test_waiting_counts_idle_gaps_between_rounds_and_the_wait_within_them():
+    frame = rounds_frame([None] * 3, t_end=[100.0, 250.0, 400.0]).with_columns(t_start=pl.Series([30.0, 180.0, 260.0]))
+    assert waiting(frame) == {"first_update_s": 100.0, "waiting_s": 30.0 + 80.0 + 10.0}
+    assert waiting(frame.head(0)) == {"first_update_s": None, "waiting_s": None}
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (None, "-"), (0.0, "0s"), (0.000134, "0.000134s"), (0.0966, "0.0966s"), (9.996, "10.0s"), (14.5, "14.5s"),
+    (59.4, "59.4s"), (60.0, "1.00min"), (192.0, "3.20min"), (3600.0, "1.00h"), (15192.0, "4.22h"),
+    (4.5e6, "1250h")])
+def test_durations_take_the_unit_their_size_calls_for(seconds, text):
+    assert duration(seconds) == text
+
+
+@pytest.fixture(scope="module")
+def timed_study(tmp_path_factory) -> Path:
+    """A real study of 3 algorithms x 2 seeds whose points' rounds are then replaced by hand-made
+    curves: the fedavg points reach 70 % in seconds, mifa's in minutes, fedau's in hours (and
+    fedau's seed 1 never; nobody reaches 90 %)."""
+    tmp = tmp_path_factory.mktemp("timed")
+    study = {"run": {"rounds": 2, "eval_every": 1, "progress": False, "plots": False, "name": "t",
+                     "out": str(tmp / "runs")},
+             "data": {"dataset": "digits", "clients": 4}, "server": {"clients_per_round": 2, "timing": "ideal"},
+             "client": {"local_steps": 1, "lr": 0.1},
+             "sweep": {"algorithm.name": ["fedavg", "mifa", "fedau"], "run.seed": [0, 1]}}
+    (tmp / "t.toml").write_text(dump_toml(study))
+    assert main(["sweep", str(tmp / "t.toml"), "--quiet"]) == 0
+    folder = tmp / "runs" / "t"
+    for algorithm, unit in (("fedavg", 1.0), ("mifa", 60.0), ("fedau", H)):
+        for seed in (0, 1):
+            point = folder / f"algorithm-{algorithm}_seed-{seed}"
+            never = algorithm == "fedau" and seed == 1
+            frame = rounds_frame([0.4, 0.6 if never else 0.8], t_end=[10.0 * unit, (20.0 + 4 * seed) * unit])
+            frame.write_parquet(point / "rounds.parquet")
+            manifest = json.loads((point / "manifest.json").read_text())
+            (point / "manifest.json").write_text(json.dumps({**manifest, "initial": INITIAL}))
+    return folder
+
+
+def test_a_study_report_shows_each_time_in_its_unit_as_json_says(timed_study, capsys):
+    doc = report_json(capsys, timed_study, "--target", "0.7,0.9")
+    assert main(["report", str(timed_study), "--target", "0.7,0.9"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-6:] == ["time", "to", "70%", "time", "to", "90%"]
+    for group, unit, suffix in zip(doc["groups"], (1.0, 60.0, H), ("s", "min", "h")):
+        target, unreached = group["targets"]
+        assert unreached["reached"] == 0 and unreached["time_s"]["mean"] is None
+        # by hand: 0.4 after round 1 holds until round 2 ends, where 0.8 is measured: exactly then
+        times = [(20.0 + 4 * seed) * unit for seed in (0, 1)]
+        if group["values"]["algorithm.name"] == "fedau":
+            times = times[:1]
+        assert target["reached"] == len(times) and target["time_s"]["mean"] == pytest.approx(np.mean(times))
+        line = next(line for line in lines if line.startswith(group["values"]["algorithm.name"] + " "))
+        stats = target["time_s"]
+        shown = duration(stats["mean"]) + (f" ± {duration(stats['ci95'])}" if stats["ci95"] is not None else "")
+        assert re.split(r" {2,}", line)[-2:] == [shown + (" (1 of 2)" if len(times) == 1 else ""), "never"]
+        assert duration(stats["mean"]).endswith(suffix)
+
+
+def test_a_real_run_that_waits_for_min_selected_devices_meets_no_target_before_its_first_update(cli_run, capsys):
+    """Digits on 20 devices that all come online at 5 h; every round waits for all 20."""
+    from fedsim.traces import Trace
+
+    n, online_at = 20, 5 * H
+    trace = Trace.from_intervals(np.arange(n), np.full(n, online_at), np.full(n, 100 * H), n_devices=n,
+                                 horizon=100 * H)
+    run_dir = cli_run({"run": {"rounds": 10, "eval_every": 5}, "data": {"dataset": "digits", "clients": n},
+                       "server": {"timing": "model", "deadline": 600.0, "min_selected": n, "clients_per_round": 5},
+                       "client": {"local_steps": 2, "lr": 0.5}}, trace)
+    initial = json.loads((run_dir / "manifest.json").read_text())["initial"]
+    first = pl.read_parquet(run_dir / "rounds.parquet")["test_acc"].drop_nulls()[0]
+    assert first > initial["test_acc"], "the first evaluation should be better than the initial model"
+    target = round((initial["test_acc"] + first) / 2, 6)  # met between the initial and the first evaluation
+    (r,) = report_json(capsys, run_dir, "--target", str(target))["runs"]
+    assert r["waiting_s"] == pytest.approx(online_at) and r["first_update_s"] > online_at
+    hit = r["targets"][0]
+    assert (hit["rounds"], hit["time_s"]) == pytest.approx(expected_hit(run_dir, target))
+    assert hit["time_s"] >= r["first_update_s"] and hit["rounds"] >= 1
+
+
+def test_a_task_without_accuracy_has_no_time_to_target_rather_than_never(tmp_path, capsys):
+    run = make_run(tmp_path / "q", frame=rounds_frame([None, None], loss=[None, 0.3]))
+    assert report_json(capsys, run, "--target", "0.5")["runs"][0]["targets"][0]["time_s"] is None
+    assert main(["report", str(run), "--target", "0.5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[lines.index(next(line for line in lines if line.startswith("time to target"))) + 2].split() == [
+        "fedavg", "-", "-"]
+
+
+def test_a_study_summary_tells_never_some_seeds_and_no_accuracy_apart():
+    from types import SimpleNamespace
+
+    from fedsim.studies.tables import format_summary
+
+    summary = pl.DataFrame({
+        "algorithm.name": ["a", "b", "c"], "seeds": [2, 2, 2],
+        **{f"{m}_{k}": [0.5, 0.5, None] for m in ("final_acc", "best_acc") for k in ("mean", "ci95")},
+        "final_loss_mean": [1.0, 1.0, 0.2], "final_loss_ci95": [0.1, 0.1, 0.01],
+        "time_to_0.5_s_mean": [90.0, None, None], "time_to_0.5_s_ci95": [None, None, None],
+        "time_to_0.5_s_n": [1, 0, 0]})
+    lines = format_summary(SimpleNamespace(group_axes=["algorithm.name"]), summary).splitlines()
+    assert [re.split(r" {2,}", line)[-1] for line in lines[2:]] == ["1.50min (1 of 2)", "never", "-"]

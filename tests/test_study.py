@@ -119,7 +119,7 @@ def test_report_prints_mean_and_ci_and_picks_the_best_learning_rate(tmp_path, ca
     capsys.readouterr()
     assert main(["report", str(folder), "--target", "0.5"]) == 0
     text = capsys.readouterr().out
-    assert "algorithm.name" in text and "client.lr" in text and "±" in text and "h to 50%" in text
+    assert "algorithm.name" in text and "client.lr" in text and "±" in text and "time to 50%" in text
     assert main(["report", str(folder), "--best-by", "final_acc", "--over", "client.lr", "--json"]) == 0
     best = json.loads(capsys.readouterr().out)["groups"]
     summary = pl.read_parquet(folder / "summary.parquet")
@@ -146,7 +146,7 @@ def test_zipped_axes_vary_together_and_plots_show_bands(tmp_path):
     assert {p.name for p in (folder / "plots").iterdir()} == {"study_accuracy_vs_rounds.png",
                                                                "study_accuracy_vs_time.png"}
     bands = study_bands(pl.read_parquet(folder / "study.parquet"), ["client.lr", "client.local_steps"], "round")
-    first = bands.filter((pl.col("client.lr") == 0.1) & (pl.col("x_value") == 5))
+    first = bands.filter((pl.col("client.lr") == 0.1) & (pl.col("x_value") == 5) & ~pl.col("held"))
     accs = [rounds(folder / f"lr-0.1_local_steps-1_seed-{s}")["test_acc"][4] for s in (0, 1)]
     assert first["mean"][0] == pytest.approx(np.mean(accs))
     assert first["ci95"][0] == pytest.approx(12.706 * np.std(accs, ddof=1) / math.sqrt(2))
@@ -423,7 +423,9 @@ def test_a_studys_json_report_has_the_keys_of_a_runs(grid, capsys):
     assert set(fedavg) - {"values", "seeds", "points"} == {"final_acc", "best_acc", "final_loss", "best_loss",
                                                           "targets"} <= set(run["runs"][0])
     (target,) = fedavg["targets"]
-    assert set(target) == {"target", "rounds", "time_s"} <= set(run["runs"][0]["targets"][0])
+    assert set(target) - {"reached"} == {"target", "rounds", "time_s"} <= set(run["runs"][0]["targets"][0])
+    reached = [r["targets"][0]["time_s"] is not None for r in study["runs"] if r["name"] in fedavg["points"]]
+    assert target["reached"] == sum(reached)
     assert set(target["time_s"]) == {"mean", "std", "ci95"}
 
 

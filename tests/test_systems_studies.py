@@ -76,8 +76,8 @@ def test_a_tiny_version_runs_from_its_name_to_a_claims_report(name, tmp_path, mo
     assert mean_round[fast] < mean_round[slow], mean_round
     timed = next(c["claim"] for c in load_study(name).claims if c["metric"] in ("round_s", "sim_time", "time_to_acc"))
     line = next(line for line in out.splitlines() if line.startswith(timed))
-    # simulated seconds and the ratio, with CIs
-    assert re.search(r"  [+-][\d.]+(e[+-]\d+)? ± [\d.e+-]+ s \(x[\d.]+ ± [\d.]+\)  ", line), line
+    # simulated time, each in the unit its size calls for, and the ratio, with CIs
+    assert re.search(r"  [+-][\d.]+(s|min|h) ± [\d.]+(s|min|h) \(x[\d.]+ ± [\d.]+\)  ", line), line
 
 
 def test_the_documented_cnn_variant_of_fedscale_async_is_a_valid_study():

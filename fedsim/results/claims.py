@@ -42,7 +42,9 @@ import polars as pl
 
 from fedsim.config import NO_ACCURACY_DATASETS
 from fedsim.errors import FedsimError, choice_error, did_you_mean
-from fedsim.results.report import ci95, finite, table_text
+from fedsim.results.report import ci95, duration, finite, table_text, time_to_target
+from fedsim.results.run_format import read_manifest
+from fedsim.results.status import initial_evaluation
 
 SEED = "run.seed"
 # metric -> (what it is, whether higher is better)
@@ -55,8 +57,8 @@ METRICS = {
     "loss_swing": ("max - min test loss over the last `window` rounds (oscillation)", False),
     "round_s": ("mean simulated duration of a round, seconds", False),
     "sim_time": ("simulated time at the end of the last round, seconds", False),
-    "time_to_acc": ("simulated time at the end of the first round evaluated at `target` test accuracy or "
-                    "more, seconds", False),
+    "time_to_acc": ("simulated time at which test accuracy first reached `target`, seconds (as `fedsim "
+                    "report` tells it)", False),
 }
 WINDOWED = ("tail_acc", "tail_loss", "loss_swing")
 ACCURACY_METRICS = ("final_acc", "best_acc", "tail_acc")
@@ -164,18 +166,23 @@ def _check_selection(selection, key: str, axes: dict[str, list], where: str) -> 
 # -- measuring ----------------------------------------------------------------------------------
 
 def point_metric(study: pl.DataFrame, metric: str, window: int | None = None,
-                 target: float | None = None) -> pl.DataFrame:
+                 target: float | None = None, initial: dict[str, dict] | None = None) -> pl.DataFrame:
     """`point` and `value`: the metric of each point, from study.parquet's rounds (time_to_acc:
-    null where the point never reached `target`)."""
+    the report's time to target, from the point's `initial` evaluation; null where the point
+    never reached `target`)."""
     frame = study.sort(["point", "round"])
+    if metric == "time_to_acc":
+        points = frame.partition_by("point", maintain_order=True)
+        hits = [time_to_target(p, target, (initial or {}).get(p["point"][0])) for p in points]
+        return pl.DataFrame({"point": [p["point"][0] for p in points], "value": [h.time_s if h else None for h in hits]},
+                            schema={"point": frame.schema["point"], "value": pl.Float64})
     if metric in WINDOWED:  # the study's last rounds; a point that stopped early (diverged) has none
         last = pl.col("round").max()
         frame = frame.filter((last.over("point") == last) & (pl.col("round") > last - window))
     acc, loss = finite("test_acc"), finite("test_loss")
     value = {"final_acc": acc.drop_nulls().last(), "best_acc": acc.max(), "final_loss": loss.drop_nulls().last(),
              "tail_acc": acc.mean(), "tail_loss": loss.mean(), "loss_swing": loss.max() - loss.min(),
-             "round_s": pl.col("duration").mean(), "sim_time": pl.col("t_end").last(),
-             "time_to_acc": pl.col("t_end").filter(acc >= (target or 0.0)).first()}[metric]
+             "round_s": pl.col("duration").mean(), "sim_time": pl.col("t_end").last()}[metric]
     return frame.group_by("point", maintain_order=True).agg(value.alias("value"))
 
 
@@ -226,11 +233,13 @@ class Verdict:
         return self.decisive.verdict_text + left_out
 
 
-def judge(claim: dict, study: pl.DataFrame, axes: dict[str, list], zips: list[list[str]] = ()) -> Verdict:
-    """The claim checked on a study's rounds (study.parquet, axis values as columns); an axis
-    zipped with one the claim names (a learning rate per algorithm) goes with it."""
+def judge(claim: dict, study: pl.DataFrame, axes: dict[str, list], zips: list[list[str]] = (),
+          initial: dict[str, dict] | None = None) -> Verdict:
+    """The claim checked on a study's rounds (study.parquet, axis values as columns; `initial`:
+    each point's initial evaluation); an axis zipped with one the claim names (a learning rate
+    per algorithm) goes with it."""
     higher = METRICS[claim["metric"]][1]
-    metric = point_metric(study, claim["metric"], claim.get("window"), claim.get("target"))
+    metric = point_metric(study, claim["metric"], claim.get("window"), claim.get("target"), initial)
     if metric["value"].is_null().all() and claim["metric"] == "time_to_acc":
         raise FedsimError(f"claim {claim['claim']!r}: no point of the study reached test accuracy {claim['target']:g} "
                           "(metric 'time_to_acc'); lower the claim's target or run the study longer")
@@ -379,19 +388,19 @@ def _more_seeds_note(mean: float, sd: float | None, n: int, within: float | None
 # -- the report ---------------------------------------------------------------------------------
 
 def measured(verdict: Verdict, group: Group | None = None) -> str:
-    """`+3.20 ± 1.10 pp` (accuracies in points), `-0.0123 ± 0.004` (losses) or `+12.5 ± 3.1 s
-    (x1.25 ± 0.08)` (times: seconds saved, and the ratio than / better)."""
+    """`+3.20 ± 1.10 pp` (accuracies in points), `-0.0123 ± 0.004` (losses) or `+3.44min ± 14.0s
+    (x1.25 ± 0.08)` (times, each in the unit its size calls for: time saved, and the ratio than /
+    better)."""
     group = group or verdict.decisive
-    accuracy = verdict.claim["metric"] in ACCURACY_METRICS
-    scale, spec, unit = (100, "+.2f", " pp") if accuracy else (1, "+.4g", "")
     ci = group.ci
-    text = f"{group.mean * scale:{spec}}" + (f" ± {ci * scale:.2f}" if ci is not None and accuracy
-                                               else f" ± {ci:.2g}" if ci is not None else "")
-    if verdict.claim["metric"] not in TIMES:
-        return text + unit
-    ratio = group.ratio
-    return text + " s" + (f" (x{ratio[0]:.2f}" + (f" ± {ratio[1]:.2f})" if ratio[1] is not None else ")")
-                          if ratio and np.isfinite(ratio[0]) else "")
+    if verdict.claim["metric"] in TIMES:
+        ratio = group.ratio
+        return ("-+"[group.mean >= 0] + duration(abs(group.mean)) + (f" ± {duration(ci)}" if ci is not None else "")
+                + (f" (x{ratio[0]:.2f}" + (f" ± {ratio[1]:.2f})" if ratio[1] is not None else ")")
+                   if ratio and np.isfinite(ratio[0]) else ""))
+    if verdict.claim["metric"] in ACCURACY_METRICS:
+        return f"{100 * group.mean:+.2f}" + (f" ± {100 * ci:.2f}" if ci is not None else "") + " pp"
+    return f"{group.mean:+.4g}" + (f" ± {ci:.2g}" if ci is not None else "")
 
 
 def judge_study(folder: Path, axes: dict[str, list], claims: list[dict], zips: list[list[str]] = (),
@@ -402,7 +411,8 @@ def judge_study(folder: Path, axes: dict[str, list], claims: list[dict], zips: l
     for k, claim in enumerate(claims):  # a study recorded before this check was made at its sweep
         metric_exists(claim, datasets, f"{folder / 'study.toml'}: claim {k + 1} ({claim['claim']!r})")
     study = pl.read_parquet(folder / "study.parquet")
-    return [judge(claim, study, axes, zips) for claim in claims]
+    initial = {p: initial_evaluation(folder / p, read_manifest(folder / p)) for p in study["point"].unique()}
+    return [judge(claim, study, axes, zips, initial) for claim in claims]
 
 
 def claims_table(verdicts: list[Verdict]) -> str:

@@ -2,8 +2,9 @@
 
 * ``accuracy_vs_rounds.png``, ``accuracy_vs_time.png``: test accuracy (%) and test loss (log
   scale) against rounds completed and hours since the start, from the initial model's evaluation
-  on (with a clock-time axis on top when the trace has an origin); tasks without an accuracy
-  show the loss only.
+  on, each value held until the next round ends (the model changes only then: a wait for devices
+  is flat), so that a line crosses a target where `fedsim report` says (with a clock-time axis on
+  top when the trace has an origin); tasks without an accuracy show the loss only.
 * ``round_duration_vs_time_of_day.png``: how long rounds take at each hour of the day.
 * ``participation_<run>.png``: per round, who was online, invited, and what became of the
   invitations (arrived, dropped, late, surplus, stacked) over simulated time.
@@ -36,6 +37,7 @@ from fedsim.config import read_toml
 from fedsim.errors import FedsimError
 from fedsim.files import atomic_write, plain_name
 from fedsim.results.run_format import read_manifest
+from fedsim.results.status import initial_evaluation
 
 DPI = 100
 COUNTS = ("online", "invited", "arrived", "dropped", "late")
@@ -79,7 +81,7 @@ def load_run(run_dir: Path) -> RunData:
     devices_path = run_dir / "devices.parquet"
     devices = _table(devices_path) if devices_path.exists() else None
     manifest = read_manifest(run_dir)
-    initial = manifest.get("initial")
+    initial = initial_evaluation(run_dir, manifest)
     origin = (manifest.get("trace") or {}).get("origin")
     if origin is not None:
         try:
@@ -128,18 +130,18 @@ def _clock(runs: dict[str, RunData]) -> tuple[datetime, float, str] | None:
 
 
 def _metric_curves(runs: dict[str, RunData], metric: str, x: str):
-    """Per run: x (rounds completed, or hours since the start) and y of the evaluated rounds,
-    the initial evaluation first; accuracy in percent."""
+    """Per run: x (rounds completed, or hours since the start), y and the positions of the
+    evaluations on the metric's curve (report.metric_curve: the initial evaluation first, each
+    value held until the next round ends, so a line crosses a target where `fedsim report`
+    says); accuracy in percent."""
+    from fedsim.results.report import metric_curve
+
     scale = 100.0 if metric == "test_acc" else 1.0
     curves = {}
     for name, run in runs.items():
-        done = run.rounds.filter(pl.col(metric).is_not_null())
-        xs = done["round"].to_numpy() + 1.0 if x == "rounds" else _hours(run, done["t_end"])
-        ys = done[metric].to_numpy().astype(np.float64) * scale
-        first = (run.initial or {}).get(metric)
-        if first is not None:
-            xs, ys = np.r_[0.0, xs], np.r_[first * scale, ys]
-        curves[name] = xs, ys
+        curve = metric_curve(run.rounds, run.initial, metric)
+        xs = curve["done"].to_numpy() if x == "rounds" else _hours(run, curve["t"])
+        curves[name] = xs, curve["value"].to_numpy() * scale, np.flatnonzero(~curve["held"].to_numpy())
     return curves
 
 
@@ -151,8 +153,8 @@ def _metric_figure(runs: dict[str, RunData], title: str, x: str):
     fig, axes = _figure(height=2.2 + 2.0 * len(metrics), rows=len(metrics),
                         top=0.84 if clock else 0.9, bottom=0.08 + 0.04 / len(metrics), title=title)
     for ax, metric in zip(axes, metrics):
-        for name, (xs, ys) in _metric_curves(runs, metric, x).items():
-            ax.plot(xs, ys, marker=".", label=name)
+        for name, (xs, ys, evaluated) in _metric_curves(runs, metric, x).items():
+            ax.plot(xs, ys, marker=".", markevery=evaluated.tolist(), label=name)
         if metric == "test_acc":
             ax.set_ylim(0, 100)
             ax.set_ylabel("test accuracy (%)")
@@ -505,19 +507,24 @@ def study_bands(study: pl.DataFrame, group_axes: list[str], x: str, metric: str 
     """Per group and evaluated round: x (rounds completed, or the mean over the seeds of
     "t_end"), the mean of `metric` over the seeds and the half-width of its 95 % CI (t
     quantile; 0 with one seed), from the initial evaluation (`initial`: rows of round -1 at
-    the initial time) on. Seeds are matched by round: under model timing their rounds end at
-    different times."""
+    the initial time) on; and, `held`, each evaluation's values at the end of the next round
+    (the model changes only then: report.metric_curve's rule). Seeds are matched by round:
+    under model timing their rounds end at different times."""
     from fedsim.results.report import ci95
 
     keys = group_axes or [pl.lit("all").alias("group")]
     points = study.filter(pl.col(metric).is_not_null())
     if initial is not None and initial.height:
         points = pl.concat([initial.select(points.columns), points], how="vertical_relaxed")
-    bands = points.group_by([*keys, "round"], maintain_order=True).agg(
+    held = (points.select(pl.exclude("t_end", "round"), pl.col("round") + 1)
+            .join(study.select("point", "round", "t_end"), on=["point", "round"]).select(points.columns))
+    points = pl.concat([held.with_columns(held=pl.lit(True)), points.with_columns(held=pl.lit(False))])
+    bands = points.group_by([*keys, "round", "held"], maintain_order=True).agg(
         x_value=(pl.col("round") + 1).first().cast(pl.Float64) if x == "round" else pl.col(x).mean(),
         mean=pl.col(metric).mean(), std=pl.col(metric).std(), n=pl.len())
     half = ci95(bands["std"], bands["n"], single=0.0)
-    return bands.with_columns(ci95=pl.Series(half, dtype=pl.Float64)).sort([*(keys if group_axes else []), "x_value"])
+    return (bands.with_columns(ci95=pl.Series(half, dtype=pl.Float64))
+            .sort([*(keys if group_axes else []), "round", "held"], descending=[False] * (len(group_axes) + 1) + [True]))
 
 
 def _initial_rows(folder: Path, frame: pl.DataFrame) -> pl.DataFrame | None:
@@ -525,7 +532,7 @@ def _initial_rows(folder: Path, frame: pl.DataFrame) -> pl.DataFrame | None:
     the point's axis values."""
     rows = []
     for point in frame.group_by("point", maintain_order=True).first().iter_rows(named=True):
-        initial = read_manifest(folder / point["point"]).get("initial")
+        initial = initial_evaluation(folder / point["point"], read_manifest(folder / point["point"]))
         if initial:
             rows.append({**point, "round": -1, "t_end": initial.get("t") or 0.0,
                          "test_acc": initial.get("test_acc"), "test_loss": initial.get("test_loss")})

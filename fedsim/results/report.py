@@ -1,5 +1,5 @@
 """`fedsim report`: the wall-clock questions asked of finished (or running) runs — when did each
-reach a target accuracy, in rounds and in simulated hours; how long were its rounds; who took
+reach a target accuracy, in rounds and in simulated time; how long were its rounds; who took
 part — answered from run directories, as tables or as one JSON document.
 
 The computations take polars frames (rounds.parquet, devices.parquet) so that they can be
@@ -21,13 +21,13 @@ from fedsim.errors import FedsimError, first_line
 from fedsim.results.latency import (PHASES, STRAGGLER_ARRIVED_BELOW, STRAGGLER_INVITED, close_reasons, latency,
                                      participation_by, stragglers, wasted_work)
 from fedsim.results.run_format import read_manifest
-from fedsim.results.status import run_status
+from fedsim.results.status import initial_evaluation, run_status
 
 
 @dataclass(frozen=True)
 class Hit:
     """When a run first reached a target: rounds completed and simulated seconds, both
-    interpolated linearly between the two evaluations around the crossing when `interpolated`."""
+    interpolated linearly (the same fraction of the way) when `interpolated`."""
 
     rounds: float
     time_s: float
@@ -40,38 +40,58 @@ def finite(name: str) -> pl.Expr:
     return pl.when(col.is_finite()).then(col).alias(name)
 
 
-def evaluations(rounds: pl.DataFrame, initial: dict | None = None) -> pl.DataFrame:
-    """The accuracy curve: `done` (rounds completed), `t` (simulated seconds) and `acc` of each
-    evaluation that measured an accuracy, after the initial model's (manifest "initial")."""
-    points = (rounds.select(done=pl.col("round").cast(pl.Float64) + 1,
-                            t=pl.col("t_end").cast(pl.Float64), acc=finite("test_acc"))
-              .drop_nulls("acc"))
-    if initial and initial.get("test_acc") is not None:
-        start = pl.DataFrame({"done": [0.0], "t": [float(initial.get("t") or 0.0)],
-                              "acc": [float(initial["test_acc"])]})
+def metric_curve(rounds: pl.DataFrame, initial: dict | None = None, metric: str = "test_acc") -> pl.DataFrame:
+    """The metric of the server's model over the run: `done` (rounds completed), `t` (simulated
+    seconds) and `value`, at the initial model's evaluation (manifest "initial"), at every
+    evaluation, and `held` at the end of the round after each evaluation.
+
+    The model changes only when a round ends, so a value measured after round `a` holds until
+    round a + 1 ends (through any wait for devices); a change seen at the next evaluation (after
+    round b) was made by one of the rounds a + 1 .. b. Between those two points, (a + 1, its end)
+    and (b, its end), the curve is linear: the rule of time to target, and of the plots."""
+    rows = rounds.select(done=(pl.col("round") + 1).cast(pl.Float64), t=pl.col("t_end").cast(pl.Float64),
+                         value=finite(metric))
+    points = rows.drop_nulls("value")
+    if initial and initial.get(metric) is not None:
+        start = pl.DataFrame({"done": [0.0], "t": [float(initial.get("t") or 0.0)], "value": [float(initial[metric])]})
         points = pl.concat([start, points])
-    return points
+    held = points.select(pl.col("done") + 1, "value").join(rows.select("done", "t"), on="done").select(points.columns)
+    # a held point and an evaluation after the same round: the held value comes first (a step)
+    return (pl.concat([held.with_columns(held=pl.lit(True)), points.with_columns(held=pl.lit(False))])
+            .sort(["done", "held"], descending=[False, True]))
 
 
 def time_to_target(rounds: pl.DataFrame, target: float, initial: dict | None = None) -> Hit | None:
-    """The first crossing of `target` by the accuracy curve (None: never reached).
-
-    Between the last evaluation below the target and the first at or above it the crossing is
-    interpolated linearly, on rounds and on time alike; an evaluation equal to the target, or
-    the curve's first point, is exact (without an initial evaluation, a target met at the first
-    evaluation is reported there: nothing earlier is known)."""
-    points = evaluations(rounds, initial)
-    acc = points["acc"].to_numpy()
+    """The first crossing of `target` by the accuracy curve (`metric_curve`; None: never
+    reached): linear between its two points around the crossing, on rounds and on time alike.
+    It is exact where no round lies between the curve's points (an evaluation after every
+    round, or one equal to the target) and at the curve's first point (without an initial
+    evaluation, a target met at the first evaluation is reported there: nothing earlier is
+    known); never before the end of the first round, unless the initial model met it."""
+    curve = metric_curve(rounds, initial)
+    acc = curve["value"].to_numpy()
     reached = np.flatnonzero(acc >= target)
     if not len(reached):
         return None
     i = int(reached[0])
-    done, t = points["done"].to_numpy(), points["t"].to_numpy()
-    if i == 0 or acc[i] == target:
+    done, t = curve["done"].to_numpy(), curve["t"].to_numpy()
+    frac = 1.0 if i == 0 else (target - acc[i - 1]) / (acc[i] - acc[i - 1])
+    if frac == 1.0 or done[i - 1] == done[i]:
         return Hit(float(done[i]), float(t[i]), False)
-    frac = (target - acc[i - 1]) / (acc[i] - acc[i - 1])
     return Hit(float(done[i - 1] + frac * (done[i] - done[i - 1])),
                float(t[i - 1] + frac * (t[i] - t[i - 1])), True)
+
+
+def waiting(rounds: pl.DataFrame) -> dict:
+    """Simulated seconds until the first round ended (the first time the server could change
+    the model: an accuracy before it is the initial model's) and spent waiting for devices to
+    come online: before a round started (idle between rounds) and within it (`wait_s`:
+    `min_selected`). Null for a run without rounds."""
+    if not len(rounds):
+        return {"first_update_s": None, "waiting_s": None}
+    idle = rounds.select((pl.col("t_start") - pl.col("t_end").shift(1, fill_value=0.0)).clip(lower_bound=0.0).sum())
+    within = rounds["wait_s"].fill_null(0.0).sum() if "wait_s" in rounds.columns else 0.0
+    return {"first_update_s": float(rounds["t_end"][0]), "waiting_s": float(idle.item()) + float(within)}
 
 
 def round_durations(rounds: pl.DataFrame) -> dict:
@@ -201,6 +221,7 @@ def _read_parquet(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
 def read_run(path: Path, origin: Path) -> Run:
     """A run directory; its manifest.json is missing while the run is going (or was aborted)."""
     manifest = read_manifest(path)
+    initial_evaluation(path, manifest)  # checked before anything is told
     config = read_toml(path / "config.toml") if (path / "config.toml").exists() else {}
     algorithm = manifest.get("algorithm") or config.get("algorithm", {}).get("name") or path.name
     return Run(path, origin, str(algorithm), manifest, config,
@@ -300,6 +321,7 @@ def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
         "status": run_status(run.path, run.manifest), "reason": run.manifest.get("reason"),
         "rounds": len(run.rounds),
         "sim_time_s": run.manifest.get("sim_time_s", float(t_end[-1]) if len(t_end) else 0.0),
+        **waiting(run.rounds),
         "final_acc": final_acc, "best_acc": best_acc, "final_loss": final_loss, "best_loss": best_loss,
         "targets": [{"target": t, **(asdict(h) if h else dict.fromkeys(["rounds", "time_s", "interpolated"]))}
                     for t, h in zip(targets, hits)],
@@ -332,15 +354,26 @@ def target_label(target: float) -> str:
     return f"{100 * target:g}%"
 
 
-def hours(seconds: float) -> str:
-    """Simulated seconds as hours, with 3 significant digits under an hour."""
-    h = seconds / 3600
-    return f"{h:.2f}h" if h >= 1 else f"{h:#.3g}h"
+def duration(seconds: float | None) -> str:
+    """Seconds in the unit their size calls for, with 3 significant digits: `0.0966s`, `14.5s`,
+    `3.20min`, `4.22h`, `1250h` (every duration of the run and study reports)."""
+    if seconds is None:
+        return "-"
+    value, unit = ((seconds, "s") if abs(seconds) < 60 else (seconds / 60, "min") if abs(seconds) < 3600
+                   else (seconds / 3600, "h"))
+    value = float(f"{value:.3g}")  # 9.996 -> 10.0, not 10.00
+    if value == 0:
+        return f"0{unit}"
+    decimals = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:.{decimals}f}{unit}"
 
 
-def hit_hours(hit: Hit | None) -> str:
-    """`~1.83h` (interpolated), `1.83h` (an evaluation) or `never`."""
-    return "never" if hit is None else ("~" if hit.interpolated else "") + hours(hit.time_s)
+def hit_time(hit: Hit | None, measured: bool = True) -> str:
+    """`~1.83h` (interpolated), `1.83h` (an evaluation), `never`, or `-` where no accuracy was
+    `measured` (the quadratic task): nothing to reach."""
+    if hit is None:
+        return "never" if measured else "-"
+    return ("~" if hit.interpolated else "") + duration(hit.time_s)
 
 
 def _hit(entry: dict) -> Hit | None:
@@ -348,18 +381,14 @@ def _hit(entry: dict) -> Hit | None:
     return None if entry["rounds"] is None else Hit(entry["rounds"], entry["time_s"], entry["interpolated"])
 
 
-def hit_rounds(hit: Hit | None) -> str:
+def hit_rounds(hit: Hit | None, measured: bool = True) -> str:
     if hit is None:
-        return "never"
+        return "never" if measured else "-"
     return f"~{hit.rounds:.1f}" if hit.interpolated else f"{hit.rounds:.0f}"
 
 
 def _number(value: float | None, spec: str = ".4g") -> str:
     return "-" if value is None else format(value, spec)
-
-
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}s"
 
 
 def table_text(header: list[str], rows: list[list[str]]) -> str:
@@ -376,22 +405,24 @@ def format_report(doc: dict) -> str:
     and participation."""
     runs = doc["runs"]
     blocks = [table_text(
-        ["run", "status", "rounds", "sim time", "final acc", "best acc", "final loss", "best loss"],
-        [[r["name"], r["status"], str(r["rounds"]), hours(r["sim_time_s"]), percent(r["final_acc"]),
+        ["run", "status", "rounds", "sim time", "first update", "waited", "final acc", "best acc", "final loss",
+         "best loss"],
+        [[r["name"], r["status"], str(r["rounds"]), duration(r["sim_time_s"]), duration(r["first_update_s"]),
+          duration(r["waiting_s"]), percent(r["final_acc"]),
           percent(r["best_acc"]), _number(r["final_loss"]), _number(r["best_loss"])] for r in runs])]
     if doc["targets"]:
         header = ["time to target"]
         for t in doc["targets"]:
             header += [f"{target_label(t)} rounds", f"{target_label(t)} time"]
         blocks.append(table_text(header, [
-            [r["name"], *[cell for entry in r["targets"] for cell in (hit_rounds(_hit(entry)),
-                                                                       hit_hours(_hit(entry)))]]
-            for r in runs]))
+            [r["name"], *[cell for entry in r["targets"]
+                          for cell in (hit_rounds(_hit(entry), measured), hit_time(_hit(entry), measured))]]
+            for r in runs for measured in [r["best_acc"] is not None]]))
     blocks.append(table_text(
         ["participation", "median round", "p90 round", "invited", "arrived", "dropped",
          "late", "surplus", "devices arrived", "gini", "cv"],
-        [[r["name"], _seconds(r["round_duration"]["median_s"]),
-          _seconds(r["round_duration"]["p90_s"]), str(p["invited"]),
+        [[r["name"], duration(r["round_duration"]["median_s"]),
+          duration(r["round_duration"]["p90_s"]), str(p["invited"]),
           percent(p["arrived_rate"]), percent(p["dropped_rate"]), percent(p["late_rate"]),
           percent(p["surplus_rate"]), f"{p['devices_arrived']} of {p['devices']}",
           _number(p["arrivals_gini"], ".3f"), _number(p["arrivals_cv"], ".3f")]
@@ -412,7 +443,7 @@ def latency_blocks(runs: list[dict]) -> list[str]:
             header += [f"{phase[:-2]} median", "p90"]
         blocks.append(table_text(header, [
             [r["name"], str(r["latency"]["tasks"]),
-             *[_short_s(r["latency"][p][q]) for p in PHASES for q in ("median", "p90")]] for r in timed]))
+             *[duration(r["latency"][p][q]) for p in PHASES for q in ("median", "p90")]] for r in timed]))
     closed = [r for r in runs if r.get("close_reasons")]
     if closed:
         reasons = [k for k in closed[0]["close_reasons"] if any(r["close_reasons"].get(k) for r in closed)]
@@ -460,12 +491,12 @@ def _wasted_blocks(runs: list[dict]) -> list[str]:
     if not shown:
         return []
     blocks = [table_text(["wasted work (device-seconds not aggregated)", "total", "per round", "share of work"],
-                         [[r["name"], _short_s(w["wasted_s"]), _short_s(w["per_round"]), percent(w["share"])]
+                         [[r["name"], duration(w["wasted_s"]), duration(w["per_round"]), percent(w["share"])]
                           for r in shown for w in [r["wasted"]]])]
     for r in shown:
         if len(r["wasted"]["rows"]) > 1:
             blocks.append(table_text([f"{r['name']} wasted by class", "device-seconds", "share of its work"],
-                                     [[str(c["class"]), _short_s(c["wasted_s"]), percent(c["share"])]
+                                     [[str(c["class"]), duration(c["wasted_s"]), percent(c["share"])]
                                       for c in r["wasted"]["rows"]]))
     return blocks
 
@@ -482,14 +513,10 @@ def _straggler_block(name: str, rows: list[dict]) -> str:
          "likely cause"],
         [[str(d["device_id"]), d["class"] or "-", _zone(d["tz_offset"], "tz_offset") if d["tz_offset"] is not None
           else "-", str(d["invitations"]), str(d["arrivals"]), str(d["late"]), str(d["dropped"]),
-          _short_s(d["median_compute_s"]), _short_s(d["median_task_s"]), d["cause"]] for d in shown])
+          duration(d["median_compute_s"]), duration(d["median_task_s"]), d["cause"]] for d in shown])
     return head + "\n" + table
 
 
 def _zone(value, column: str) -> str:
     return f"{value:+g}" if column == "tz_offset" else str(value)
 
-
-def _short_s(value: float | None) -> str:
-    """Seconds with 3 significant digits (phases of milliseconds stay readable)."""
-    return "-" if value is None else f"{value:.3g}s"

@@ -5,6 +5,7 @@ the final and best accuracy, final loss and time to each target), and the text s
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,7 @@ import polars as pl
 
 from fedsim.errors import FedsimError
 from fedsim.files import atomic_write
-from fedsim.results.report import ci95, config_targets, read_run, summarize_run
+from fedsim.results.report import ci95, config_targets, duration, read_run, summarize_run
 from fedsim.studies.study import Study
 
 
@@ -69,7 +70,8 @@ def study_report(study: Study, tables: StudyTables, summary: pl.DataFrame | None
     """`fedsim report STUDY --json`: a run report's shape (`targets`, and `runs`: each point's
     run report with its axis `values`) and `groups`: per row of `summary` (default: the
     study's), the group's axis `values`, `seeds`, `points`, and under the run report's keys
-    (`final_acc`, ..., `targets`' `rounds` and `time_s`) their `{mean, std, ci95}` over the seeds."""
+    (`final_acc`, ..., `targets`' `rounds` and `time_s`) their `{mean, std, ci95}` over the seeds
+    that have a value (`targets`' `reached`: how many seeds reached the target)."""
     summary = tables.summary if summary is None else summary
 
     def stats(row: dict, column: str) -> dict:
@@ -82,7 +84,8 @@ def study_report(study: Study, tables: StudyTables, summary: pl.DataFrame | None
         groups.append({"values": {a: mine[0]["values"][a] for a in study.group_axes},
                        "seeds": row["seeds"], "points": [r["name"] for r in mine],
                        **{m: stats(row, m) for m in METRICS},
-                       "targets": [{"target": t, "rounds": stats(row, f"rounds_to_{t:g}"),
+                       "targets": [{"target": t, "reached": row.get(f"time_to_{t:g}_s_n"),
+                                    "rounds": stats(row, f"rounds_to_{t:g}"),
                                     "time_s": stats(row, f"time_to_{t:g}_s")} for t in tables.targets]})
     return {"study": study.name, "folder": str(study.folder), "axes": study.group_axes,
             "targets": tables.targets, "groups": groups, "runs": tables.runs}
@@ -90,7 +93,8 @@ def study_report(study: Study, tables: StudyTables, summary: pl.DataFrame | None
 
 def summarize_points(points: pl.DataFrame, group_axes: list[str]) -> pl.DataFrame:
     """Per group of points (same values on `group_axes`): seeds, and for each metric its mean,
-    std (n - 1) and the half-width of its 95 % CI (t quantile; null with one seed)."""
+    std (n - 1) and the half-width of its 95 % CI (t quantile; null with one seed); for the
+    rounds and time to a target also `_n`, the seeds that reached it (the others have none)."""
     metrics = [c for c in points.columns if c in METRICS or c.startswith(("time_to_", "rounds_to_"))]
     by = group_axes or [pl.lit("all").alias("group")]
     aggregations = [pl.len().alias("seeds")]
@@ -100,7 +104,9 @@ def summarize_points(points: pl.DataFrame, group_axes: list[str]) -> pl.DataFram
     summary = points.group_by(by, maintain_order=True).agg(aggregations)
     for m in metrics:
         half = ci95(summary[f"{m}_std"], summary[f"{m}_n"])
-        summary = summary.with_columns(pl.Series(f"{m}_ci95", half, dtype=pl.Float64)).drop(f"{m}_n")
+        summary = summary.with_columns(pl.Series(f"{m}_ci95", half, dtype=pl.Float64))
+        if m in METRICS:  # a target's count stays: the seeds that reached it
+            summary = summary.drop(f"{m}_n")
     return summary
 
 
@@ -111,7 +117,9 @@ def best_by(summary: pl.DataFrame, metric: str, over: str, group_axes: list[str]
     column = f"{metric}_mean"
     if column not in summary.columns:
         known = sorted(c.removesuffix("_mean") for c in summary.columns if c.endswith("_mean"))
-        raise FedsimError(f"--best-by {metric!r}: not a metric of the summary (one of: {', '.join(known)})")
+        target = re.fullmatch(r"time_to_(.+)_s|rounds_to_(.+)", metric)
+        hint = f"; add --target {target[1] or target[2]} to report it" if target else ""
+        raise FedsimError(f"--best-by {metric!r}: not a metric of the summary (one of: {', '.join(known)}){hint}")
     if over not in group_axes:
         raise FedsimError(f"--over {over!r}: not an axis of the study (axes: {', '.join(group_axes) or 'none'})")
     lowest = metric.endswith("loss") or metric.startswith(("time_to_", "rounds_to_"))
@@ -120,11 +128,20 @@ def best_by(summary: pl.DataFrame, metric: str, over: str, group_axes: list[str]
     return ranked.group_by(others, maintain_order=True).first() if others else ranked.head(1)
 
 
-def _pm(mean, ci, scale: float = 1.0, spec: str = ".2f", unit: str = "") -> str:
+def _pm(mean, ci, scale: float = 1.0, spec: str = ".2f") -> str:
     if mean is None:
         return "-"
-    text = f"{mean * scale:{spec}}{unit}"
-    return text + (f" ± {ci * scale:{spec}}" if ci is not None else "")
+    return f"{mean * scale:{spec}}" + (f" ± {ci * scale:{spec}}" if ci is not None else "")
+
+
+def _time_pm(row: dict, column: str) -> str:
+    """`4.22h ± 12.0min`, each in the unit its size calls for, `(2 of 3)` when some seeds never
+    reached the target (the mean is over those that did), `never` when none did."""
+    mean, ci, reached = row[f"{column}_mean"], row[f"{column}_ci95"], row.get(f"{column}_n")
+    if mean is None:
+        return "never" if reached == 0 else "-"
+    text = duration(mean) + (f" ± {duration(ci)}" if ci is not None else "")
+    return text + (f" ({reached} of {row['seeds']})" if reached is not None and reached < row["seeds"] else "")
 
 
 def format_summary(study: Study, summary: pl.DataFrame | None = None) -> str:
@@ -134,15 +151,15 @@ def format_summary(study: Study, summary: pl.DataFrame | None = None) -> str:
     targets = sorted({c.removeprefix("time_to_").removesuffix("_s_mean") for c in summary.columns
                       if c.startswith("time_to_") and c.endswith("_s_mean")}, key=float)
     header = [*study.group_axes, "seeds", "final acc %", "best acc %", "final loss",
-              *(f"h to {100 * float(t):g}%" for t in targets)]
+              *(f"time to {100 * float(t):g}%" for t in targets)]
     rows = []
     for r in summary.iter_rows(named=True):
         rows.append([*(str(r[a]) for a in study.group_axes), str(r["seeds"]),
                      _pm(r["final_acc_mean"], r["final_acc_ci95"], 100),
                      _pm(r["best_acc_mean"], r["best_acc_ci95"], 100),
                      _pm(r["final_loss_mean"], r["final_loss_ci95"], 1, ".4g"),
-                     *(_pm(r[f"time_to_{t}_s_mean"], r[f"time_to_{t}_s_ci95"], 1 / 3600) for t in targets)])
+                     *(_time_pm(r, f"time_to_{t}_s") if r["best_acc_mean"] is not None else "-" for t in targets)])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)

@@ -207,16 +207,7 @@ class Experiment:
         self._host_s = lambda: previous_s + time.perf_counter() - started
         self.recorder = Recorder(self.run_dir, self.task.n_clients, self.device_info())
         self.resumed = resume is not None
-        self.start_round, self.start_time = 0, 0.0
-        if resume is not None:
-            self.strategy.load_state_dict(resume["strategy"])
-            self.recorder.load_state_dict(resume["recorder"])
-            if self.task.device_buffers is not None:  # [model] local_buffers: the devices' own
-                self.task.device_buffers.load_state_dict(resume["device_buffers"])
-            self.start_round, self.start_time = resume["round"], resume["sim_time"]
-            last = self.recorder.rows[-1] if self.recorder.rows else None
-            if last is not None and not self.evaluation_due(last["round"]):
-                last.update(test_loss=None, test_acc=None)  # the stop's final evaluation
+        self.start_round, self.start_time = (resume["round"], resume["sim_time"]) if resume else (0, 0.0)
         remove_stale_temporaries(self.run_dir)
         write_text(self.run_dir / "config.toml", dump_toml(cfg.to_dict()))
         env = new_environment(self.start_time)
@@ -227,6 +218,8 @@ class Experiment:
             client_sizes=self.task.client_sizes(),
             seed=cfg.run.seed, device=self.device,
         )
+        if resume is not None:
+            self.restore(resume)
         self.chain = self.callbacks()
         gathered: dict = {}
         for callback in self.chain:
@@ -353,14 +346,32 @@ class Experiment:
         """Tables, checkpoint.pt, then the manifest saying `running` at this round."""
         self.recorder.device_info["online_fraction"] = device_online_fraction(self.trace, sim_time)
         self.recorder.write_tables()
-        save_torch(self.run_dir / "checkpoint.pt", {
+        save_torch(self.run_dir / "checkpoint.pt", self.checkpoint_state(rounds_done, sim_time))
+        write_manifest(self, EngineResult("running", "", rounds_done, sim_time), self._host_s())
+
+    def checkpoint_state(self, rounds_done: int, sim_time: float) -> dict:
+        """What checkpoint.pt holds (`restore` reads it back): CHECKPOINT_KEYS, the server's
+        state (an async run's tasks in flight), the config and run format, the model's layout,
+        FedBN's per-device buffers."""
+        return {
             "round": rounds_done, "sim_time": sim_time, "strategy": self.strategy.state_dict(),
             "recorder": self.recorder.state_dict(), "host_s": self._host_s(),
+            "server": self.server.state_dict(),
             "config": self.config.to_dict(), "run_format": RUN_FORMAT,
             "model": self.model_layout,
             **({"device_buffers": self.task.device_buffers.state_dict()} if self.task.device_buffers else {}),
-        })
-        write_manifest(self, EngineResult("running", "", rounds_done, sim_time), self._host_s())
+        }
+
+    def restore(self, state: dict) -> None:
+        """The parts' state from a checkpoint (`checkpoint_state`; checked by `read_checkpoint`)."""
+        self.strategy.load_state_dict(state["strategy"])
+        self.recorder.load_state_dict(state["recorder"])
+        self.server.load_state_dict(state.get("server", {}))  # (a sync run of an earlier release: none)
+        if self.task.device_buffers is not None:  # [model] local_buffers: the devices' own
+            self.task.device_buffers.load_state_dict(state["device_buffers"])
+        last = self.recorder.rows[-1] if self.recorder.rows else None
+        if last is not None and not self.evaluation_due(last["round"]):
+            last.update(test_loss=None, test_acc=None)  # the stop's final evaluation
 
 
 def check_unchanged(started: dict, now: dict, where: Path) -> None:
@@ -418,7 +429,6 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
         raise FedsimError(f"{run_dir}: no checkpoint.pt (nor a comparison's config.toml); give a run "
                           "directory that `fedsim run` made")
     from fedsim.config import parse_override
-    from fedsim.sim.buffered import refuse_resume
 
     if not (run_dir / "config.toml").exists():
         raise FedsimError(f"{run_dir / 'config.toml'}: missing, so the run's settings are unknown; "
@@ -430,18 +440,8 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
     config = config_from_dict(raw, origin=str(run_dir / "config.toml"))
     if not checkpoint.exists():  # stopped before its first checkpoint, before round 1: start over
         return Experiment(config, run_dir, progress, plotter=plotter, callbacks=callbacks), None
-    refuse_resume(config)
     record = recorded_trace(run_dir, ended) if config.trace.source != "file" else None
-    try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # the Strategy moves it
-    except Exception as err:  # torch raises many kinds for a damaged file
-        raise FedsimError(f"{checkpoint}: not a readable checkpoint ({type(err).__name__}); "
-                          "the run cannot be resumed from it, start it again") from None
-    keys = ("round", "sim_time", "strategy", "recorder", "host_s")
-    missing = [k for k in keys if k not in state] if isinstance(state, dict) else list(keys)
-    if missing:
-        raise FedsimError(f"{checkpoint}: not a fedsim checkpoint (no {', '.join(missing) or 'table'}); "
-                          "the run cannot be resumed from it, start it again")
+    state = read_checkpoint(checkpoint, config)
     if "config" in state:  # (checkpoints of fedsim before 0.1 kept no config)
         started, _ = upgrade(state["config"], state.get("run_format", 0), str(checkpoint))
         check_unchanged(started, config.to_dict(), run_dir / "config.toml")
@@ -451,6 +451,28 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
         raise FedsimError(f"--set run.rounds={config.run.rounds}: the run already has "
                           f"{state['round']} rounds; resume can only add rounds")
     return Experiment(config, run_dir, progress, record, plotter, callbacks, resuming=True), state
+
+
+CHECKPOINT_KEYS = ("round", "sim_time", "strategy", "recorder", "host_s")  # in every release's checkpoint
+
+
+def read_checkpoint(checkpoint: Path, config: Config) -> dict:
+    """checkpoint.pt's state, refused in one line where it cannot resume the run: unreadable,
+    not fedsim's, or an async run's from a release that did not keep the tasks in flight."""
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # the Strategy moves it
+    except Exception as err:  # torch raises many kinds for a damaged file
+        raise FedsimError(f"{checkpoint}: not a readable checkpoint ({type(err).__name__}); "
+                          "the run cannot be resumed from it, start it again") from None
+    missing = [k for k in CHECKPOINT_KEYS if k not in state] if isinstance(state, dict) else list(CHECKPOINT_KEYS)
+    if missing:
+        raise FedsimError(f"{checkpoint}: not a fedsim checkpoint (no {', '.join(missing) or 'table'}); "
+                          "the run cannot be resumed from it, start it again")
+    if config.server.mode == "async" and "server" not in state:
+        raise FedsimError(f"{checkpoint}: cannot resume a run with [server] mode = 'async' of an earlier "
+                          "release (it did not checkpoint the tasks in flight and the buffered updates); "
+                          "start the run again from its config.toml, with [run] rounds set to the total you want")
+    return state
 
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -79,3 +80,16 @@ def quadratic_config(targets, *, lr=0.1, steps=1, rounds=100, algorithm="fedavg"
     for section, body in sections.items():
         config.setdefault(section, {}).update(body)
     return config
+
+
+def same_results(run_dir: Path, whole: Path) -> None:
+    """Every table (host time aside), the final model and the manifest's ending equal."""
+    rounds = pl.read_parquet(run_dir / "rounds.parquet").drop("wall_s")
+    assert rounds.equals(pl.read_parquet(whole / "rounds.parquet").drop("wall_s"))
+    for table in ("devices.parquet", "events.parquet"):
+        assert pl.read_parquet(run_dir / table).equals(pl.read_parquet(whole / table)), table
+    assert torch.equal(torch.load(run_dir / "model.pt")["x"], torch.load(whole / "model.pt")["x"])
+    ended, wanted = (json.loads((d / "manifest.json").read_text()) for d in (run_dir, whole))
+    assert (ended["status"], ended["rounds"], ended["sim_time_s"]) == \
+        (wanted["status"], wanted["rounds"], wanted["sim_time_s"])
+    assert not list(run_dir.glob(".*.tmp*"))

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
-from conftest import final_x, quadratic_config, rounds
+from conftest import final_x, quadratic_config, rounds, same_results
 from fedsim.algorithms.base import REGISTRY
 from fedsim.algorithms.fedavg import FedAvg
-from fedsim.config import config_from_dict
-from fedsim.errors import FedsimError
+from fedsim.cli import main
+from fedsim.config import dump_toml
 from fedsim.traces import Trace
 
 TARGETS = [[1.0, 0.0], [0.0, 1.0], [2.0, 2.0], [-1.0, 3.0]]
@@ -159,6 +164,7 @@ class Shy(FedAvg):
 
     name = "test-shy"
     refusals = 3
+    state = ("params", "left")  # (checkpointed: a resumed run goes on refusing as many times)
 
     def init_state(self, params):
         super().init_state(params)
@@ -244,18 +250,106 @@ def test_async_refuses_them_in_a_comparison_too(cli_run):
     assert (cli_run(config, always(4), name="ok") / "mifa" / "rounds.parquet").exists()
 
 
-def test_refuse_resume_of_an_async_run():
-    from fedsim.sim.buffered import refuse_resume
+def flaky_config(rounds_: int) -> dict:
+    """Devices of lognormal speeds on a Markov trace, more training than the buffer takes: tasks
+    drop, run late, arrive stale, and every aggregation leaves tasks in flight."""
+    config = async_config(rounds_, concurrency=3, buffer=2)
+    config["algorithm"] = {"name": "fedbuff"}
+    config["server"]["deadline"] = 4.0
+    config["devices"] = {"model": "lognormal", "seconds_per_sample": 1.0, "compute_sigma": 0.6,
+                         "latency_s": 0.0, "bandwidth_bps": 1e12}
+    config["trace"] = {"source": "markov", "mean_on": 12.0, "mean_off": 6.0, "days": 1.0}
+    config["run"].update(eval_every=4, checkpoint_every=3)
+    return config
 
-    config = config_from_dict(async_config(2, concurrency=2, buffer=2), origin="runs/a/config.toml")
-    with pytest.raises(FedsimError, match=r"runs/a/config.toml: .*cannot resume.*mode = 'async'"):
-        refuse_resume(config)
-    refuse_resume(config_from_dict(quadratic_config(TARGETS), origin="runs/s/config.toml"))
+
+def in_step_config(rounds_: int) -> dict:
+    """Four devices of one speed, three updates a buffer: every task of a wave ends at the same
+    instant, so an aggregation leaves a report that arrived and was not read yet."""
+    return async_config(rounds_, concurrency=4, buffer=3)
 
 
-def test_resume_of_an_async_run_is_refused_by_the_cli(cli_run, capsys):
-    from fedsim.cli import main
+def in_flight(run_dir) -> dict:
+    """What the checkpoint of `run_dir` holds of the async server: tasks still running, reports
+    not read, updates buffered (an aggregation cut by max_time)."""
+    server = torch.load(run_dir / "checkpoint.pt", weights_only=False)["server"]
+    return {"running": sum(int((~d["reported"]).sum()) for d in server["dispatches"]),
+            "unread": len(server["reports"]), "buffered": len(server["buffer"])}
 
-    run_dir = cli_run(async_config(2, concurrency=4, buffer=4), always(4))
-    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=4", "--quiet"]) == 2
-    assert "cannot resume" in capsys.readouterr().err
+
+@pytest.mark.parametrize("make, stop, resume, held", [
+    (flaky_config, ["--set", "run.rounds=7"], [], {"running": 2}),
+    (flaky_config, ["--set", "run.max_time=20.0"], ["--set", "run.max_time=0"], {"buffered": 1, "running": 1}),
+    (in_step_config, ["--set", "run.rounds=5"], [], {"unread": 1}),
+], ids=["rounds", "max-time-mid-aggregation", "reports-unread"])
+def test_an_async_run_stopped_with_tasks_in_flight_resumes_to_the_uninterrupted_run(cli_run, make, stop, resume, held):
+    whole = cli_run(make(24), always(4) if make is in_step_config else None, name="whole")
+    stopped = cli_run(make(24), always(4) if make is in_step_config else None, name="stopped", extra=stop)
+    assert manifest(stopped)["rounds"] < 24
+    assert {key: in_flight(stopped)[key] for key in held} == held
+    assert main(["run", "--resume", str(stopped), "--set", "run.rounds=24", *resume, "--quiet"]) == 0
+    same_results(stopped, whole)
+
+
+def test_an_async_run_killed_after_a_periodic_checkpoint_resumes_to_the_uninterrupted_run(cli_run, tmp_path):
+    """kill -9 right after the checkpoint of aggregation 6 (checkpoint_every = 3), then resumed
+    in two steps."""
+    whole = cli_run(flaky_config(24), name="whole")
+    config = flaky_config(24)
+    config["run"].update(out=str(tmp_path / "runs"), name="killed", progress=False, plots=False)
+    (tmp_path / "killed.toml").write_text(dump_toml(config))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "FEDSIM_TEST_KILL_AT": "after:checkpoint.pt:3"}
+    proc = subprocess.run([sys.executable, "-m", "fedsim", "run", "killed.toml", "--quiet"], cwd=tmp_path,
+                          env=env, capture_output=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr
+    run_dir = tmp_path / "runs" / "killed"
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["round"] == 6
+    assert in_flight(run_dir)["running"] > 0
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=13", "--quiet"]) == 0
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=24", "--quiet"]) == 0
+    same_results(run_dir, whole)
+
+
+def test_fedbuffs_update_replayed_by_hand_holds_across_a_resume(cli_run, tmp_path):
+    config = two_speeds_config(tmp_path)
+    config["model"] = {"init": [0.5, -0.5]}
+    config["algorithm"] = {"name": "fedbuff"}
+    whole = cli_run(config, always(4), name="whole")
+    config["run"]["rounds"] = 5
+    run_dir = cli_run(config, always(4), name="resumed")
+    assert in_flight(run_dir)["running"] > 0
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=12", "--quiet"]) == 0
+    events = pl.read_parquet(run_dir / "events.parquet")
+    assert set(events.filter(pl.col("outcome") == "arrived")["staleness"]) >= {0, 1, 2, 3}
+    expected = replay_fedbuff(events, [0.5, -0.5], 0.1, 3, lambda tau: 1.0 / np.sqrt(1.0 + tau))
+    np.testing.assert_allclose(final_x(run_dir), expected, rtol=1e-5)
+    same_results(run_dir, whole)
+
+
+def test_a_retry_that_max_time_cut_short_goes_on_where_it_would_have(cli_run, monkeypatch):
+    """Shy invites nobody at 0, 10 and 20 s; a stop at 15 s is in the middle of a retry's wait."""
+    monkeypatch.setitem(REGISTRY, Shy.name, Shy)
+    config = async_config(3, concurrency=4, buffer=4)
+    config["server"]["round_duration"] = 10.0
+    config["algorithm"] = {"name": Shy.name}
+    whole = cli_run(config, always(4), name="whole")
+    config["run"]["max_time"] = 15.0
+    stopped = cli_run(config, always(4), name="stopped")
+    assert (manifest(stopped)["rounds"], manifest(stopped)["sim_time_s"]) == (0, 15.0)
+    assert main(["run", "--resume", str(stopped), "--set", "run.max_time=0", "--quiet"]) == 0
+    np.testing.assert_allclose(rounds(stopped)["t_end"].to_numpy(), [33, 36, 39], atol=1e-6)
+    same_results(stopped, whole)
+
+
+def test_a_restarted_task_ends_at_the_very_instant_it_would_have_ended():
+    """now + (at - now) can miss `at`: from 2^-57, a delay of 0.0625 + 2^-56 - 2^-57 rounds (a
+    tie, to even) to 0.0625, and so does the sum; `timeout_at` lands on `at` itself."""
+    from fedsim.sim.engine import new_environment
+
+    now, at = 2.0**-57, 0.0625 + 2.0**-56
+    landed = {}
+    for way in ("timeout", "timeout_at"):
+        env = new_environment(now)
+        env.run(until=env.timeout(at - now) if way == "timeout" else env.timeout_at(at))
+        landed[way] = env.now
+    assert landed == {"timeout": 0.0625, "timeout_at": at}

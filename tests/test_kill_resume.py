@@ -13,10 +13,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import quadratic_config  # noqa: E402
+from conftest import quadratic_config, same_results  # noqa: E402
 
 from fedsim.cli import main  # noqa: E402
 from fedsim.config import dump_toml  # noqa: E402
@@ -106,19 +105,6 @@ def runs(tmp_path_factory):
         jobs[("resumed", point)] = ["run", "--resume", str(run_dir), "--set", "run.rounds=12", "--quiet"]
     codes = killed_at([(point, argv) for (_, point), argv in jobs.items()])
     return root / "runs", dict(zip(jobs, codes))
-
-
-def same_results(run_dir: Path, whole: Path) -> None:
-    """Every table (host time aside), the final model and the manifest's ending equal."""
-    rounds = pl.read_parquet(run_dir / "rounds.parquet").drop("wall_s")
-    assert rounds.equals(pl.read_parquet(whole / "rounds.parquet").drop("wall_s"))
-    for table in ("devices.parquet", "events.parquet"):
-        assert pl.read_parquet(run_dir / table).equals(pl.read_parquet(whole / table)), table
-    assert torch.equal(torch.load(run_dir / "model.pt")["x"], torch.load(whole / "model.pt")["x"])
-    ended, wanted = (json.loads((d / "manifest.json").read_text()) for d in (run_dir, whole))
-    assert (ended["status"], ended["rounds"], ended["sim_time_s"]) == \
-        (wanted["status"], wanted["rounds"], wanted["sim_time_s"])
-    assert not list(run_dir.glob(".*.tmp*"))
 
 
 @pytest.mark.parametrize("point", FRESH)

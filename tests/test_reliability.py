@@ -82,6 +82,17 @@ def run_then_replace_trace(runs: Path, finished) -> None:
     trace(end=[50.0, 90.0, 99.0])(runs.parent / "t.parquet", finished)
 
 
+def async_run_as_before(runs: Path) -> None:
+    """Run c.toml (async), then drop its checkpoint's server state, as releases before async
+    runs resumed wrote it."""
+    import torch
+
+    assert main(["run", str(runs.parent / "c.toml"), "--quiet"]) == 0
+    state = torch.load(runs / "t" / "checkpoint.pt", weights_only=False)
+    del state["server"]
+    torch.save(state, runs / "t" / "checkpoint.pt")
+
+
 def idx_files(folder: Path) -> None:
     """The four MNIST-format files, the first of them cut short."""
     import gzip
@@ -713,6 +724,14 @@ CASES = [
          r"in the folder of the study \S+/runs/t,", runs=swept(), **{"c.toml": config()}),
     #
     # --- asynchronous runs: stop and resume (issue 37) ---
+    case("async-resume-of-a-past-release", "run --resume {tmp}/a --set run.rounds=8", r"a/checkpoint\.pt: cannot "
+         r"resume a run with \[server\] mode = 'async' of an earlier release \(it did not checkpoint the tasks in "
+         r"flight and the buffered updates\); start the run again from its config\.toml, with \[run\] rounds set",
+         a=lambda path, run: shutil.copytree(Path(__file__).parent / "past_runs" / "d478d11" / "async", path)),
+    case("async-resume-of-a-checkpoint-without-its-tasks", "run --resume {tmp}/runs/t", r"runs/t/checkpoint\.pt: "
+         r"cannot resume a run with \[server\] mode = 'async' of an earlier release",
+         **{"c.toml": config(server={"timing": "model", "mode": "async", "concurrency": 3, "buffer": 2}),
+            "runs": lambda path, run: async_run_as_before(path)}),
     #
     #
     #

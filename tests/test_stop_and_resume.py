@@ -17,7 +17,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import torch
 
+from conftest import same_results
 from fedsim.cli import main
 from fedsim.config import dump_toml, read_toml
 from fedsim.files import DirectoryLock
@@ -27,7 +29,7 @@ ROOT = Path(__file__).parents[1]
 # The command, started as `python -m fedsim` is, after a prologue that may mark (a file) the
 # moment the process reaches a phase and hold it there a while, so that a test can send its
 # signal from outside into that phase: "start" (before fedsim is imported), "module.function"
-# (on entering it), "round" (the server's round 1).
+# (on entering it), "round" (the server's round 1), "aggregation" (the async server's 2nd).
 PROLOGUE = """
 import pathlib, runpy, sys, time
 marker, phase = pathlib.Path(sys.argv.pop(1)), sys.argv.pop(1)
@@ -39,15 +41,17 @@ def marking(fn, hold):
         return fn(*args, **kwargs)
     return marked
 
-if phase == "round":
+if phase in ("round", "aggregation"):
+    from fedsim.sim.buffered import BufferedServer
     from fedsim.sim.server import Server
-    original = Server.round
+    server = Server if phase == "round" else BufferedServer
+    original = server.round
     def round(self, rnd, max_time=0.0):
         if rnd == 1:
             marker.touch()
             time.sleep(1.0)
         return (yield from original(self, rnd, max_time))
-    Server.round = round
+    server.round = round
 elif phase == "start":
     marker.touch()
 else:
@@ -152,6 +156,33 @@ def test_a_signal_in_the_first_round_finishes_it_and_the_printed_resume_finishes
     assert done.returncode == 0, done.stderr
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert (manifest["status"], manifest["rounds"]) == ("completed", 6)
+
+
+ASYNC = {"run": {"name": "a", "rounds": 12, "eval_every": 4, "progress": False, "plots": False},
+         "data": {"dataset": "quadratic", "clients": 6},
+         "trace": {"source": "markov", "mean_on": 12.0, "mean_off": 6.0, "days": 1.0},
+         "client": {"local_steps": 3, "batch_size": 1},
+         "devices": {"model": "lognormal", "seconds_per_sample": 1.0, "compute_sigma": 0.6},
+         "server": {"timing": "model", "mode": "async", "concurrency": 4, "buffer": 2, "deadline": 4.0},
+         "algorithm": {"name": "fedbuff"}}
+
+
+def test_sigterm_stops_an_async_run_with_tasks_in_flight_and_the_printed_resume_finishes_it_identically(tmp_path):
+    (tmp_path / "a.toml").write_text(dump_toml(ASYNC))
+    assert fedsim(["run", "a.toml", "--quiet", "--set", "run.name=whole"], tmp_path).returncode == 0
+    proc = signalled(["run", "a.toml"], tmp_path, "aggregation", signal.SIGTERM)
+    assert proc.returncode == 143, proc.stderr
+    assert proc.stderr == "stopping after this round (SIGTERM again to abort)\n"
+    run_dir = tmp_path / "runs" / "a"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert (manifest["status"], manifest["rounds"]) == ("interrupted", 2)  # aggregation 1 finished
+    dispatches = torch.load(run_dir / "checkpoint.pt", weights_only=False)["server"]["dispatches"]
+    assert sum(int((~d["reported"]).sum()) for d in dispatches) > 0  # tasks in flight
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = as_printed(hint(proc.stdout, "run"), elsewhere)
+    assert done.returncode == 0, done.stderr
+    same_results(run_dir, tmp_path / "runs" / "whole")
 
 
 STUDY = {"run": {"rounds": 4, "eval_every": 2, "progress": False, "plots": False},

@@ -208,16 +208,7 @@ class Experiment:
         self._host_s = lambda: previous_s + time.perf_counter() - started
         self.recorder = Recorder(self.run_dir, self.task.n_clients, self.device_info())
         self.resumed = resume is not None
-        self.start_round, self.start_time = 0, 0.0
-        if resume is not None:
-            self.strategy.load_state_dict(resume["strategy"])
-            self.recorder.load_state_dict(resume["recorder"])
-            if self.task.device_buffers is not None:  # [model] local_buffers: the devices' own
-                self.task.device_buffers.load_state_dict(resume["device_buffers"])
-            self.start_round, self.start_time = resume["round"], resume["sim_time"]
-            last = self.recorder.rows[-1] if self.recorder.rows else None
-            if last is not None and not self.evaluation_due(last["round"]):
-                last.update(test_loss=None, test_acc=None)  # the stop's final evaluation
+        self.start_round, self.start_time = (resume["round"], resume["sim_time"]) if resume else (0, 0.0)
         remove_stale_temporaries(self.run_dir)
         write_text(self.run_dir / "config.toml", dump_toml(cfg.to_dict()))
         env = new_environment(self.start_time)
@@ -228,6 +219,8 @@ class Experiment:
             client_sizes=self.task.client_sizes(),
             seed=cfg.run.seed, device=self.device,
         )
+        if resume is not None:
+            self.restore(resume)
         self.chain = self.callbacks()
         gathered: dict = {}
         for callback in self.chain:
@@ -354,14 +347,32 @@ class Experiment:
         """Tables, checkpoint.pt, then the manifest saying `running` at this round."""
         self.recorder.device_info["online_fraction"] = device_online_fraction(self.trace, sim_time)
         self.recorder.write_tables()
-        save_torch(self.run_dir / "checkpoint.pt", {
+        save_torch(self.run_dir / "checkpoint.pt", self.checkpoint_state(rounds_done, sim_time))
+        write_manifest(self, EngineResult("running", "", rounds_done, sim_time), self._host_s())
+
+    def checkpoint_state(self, rounds_done: int, sim_time: float) -> dict:
+        """What checkpoint.pt holds (`restore` reads it back): CHECKPOINT_KEYS, the server's
+        state (an async run's tasks in flight), the config and run format, the model's layout,
+        FedBN's per-device buffers."""
+        return {
             "round": rounds_done, "sim_time": sim_time, "strategy": self.strategy.state_dict(),
             "recorder": self.recorder.state_dict(), "host_s": self._host_s(),
+            "server": self.server.state_dict(),
             "config": self.config.to_dict(), "run_format": RUN_FORMAT,
             "model": self.model_layout,
             **({"device_buffers": self.task.device_buffers.state_dict()} if self.task.device_buffers else {}),
-        })
-        write_manifest(self, EngineResult("running", "", rounds_done, sim_time), self._host_s())
+        }
+
+    def restore(self, state: dict) -> None:
+        """The parts' state from a checkpoint (`checkpoint_state`; checked by `read_checkpoint`)."""
+        self.strategy.load_state_dict(state["strategy"])
+        self.recorder.load_state_dict(state["recorder"])
+        self.server.load_state_dict(state.get("server", {}))  # (a sync run of an earlier release: none)
+        if self.task.device_buffers is not None:  # [model] local_buffers: the devices' own
+            self.task.device_buffers.load_state_dict(state["device_buffers"])
+        last = self.recorder.rows[-1] if self.recorder.rows else None
+        if last is not None and not self.evaluation_due(last["round"]):
+            last.update(test_loss=None, test_acc=None)  # the stop's final evaluation
 
 
 def check_unchanged(started: dict, now: dict, where: Path) -> None:
@@ -419,7 +430,6 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
         raise FedsimError(f"{run_dir}: no checkpoint.pt (nor a comparison's config.toml); give a run "
                           "directory that `fedsim run` made")
     from fedsim.config import parse_override
-    from fedsim.sim.buffered import refuse_resume
 
     state = read_checkpoint(checkpoint) if checkpoint.exists() else None  # on the CPU: the Strategy moves it
     if not (run_dir / "config.toml").exists():
@@ -432,7 +442,7 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
     config = config_from_dict(raw, origin=str(run_dir / "config.toml"))
     if state is None:  # stopped before its first checkpoint, before round 1: start over
         return Experiment(config, run_dir, progress, plotter=plotter, callbacks=callbacks), None
-    refuse_resume(config)
+    refuse_async_without_tasks(state, config, checkpoint)
     record = recorded_trace(run_dir, ended) if config.trace.source != "file" else None
     if "config" in state:  # (checkpoints of fedsim before 0.1 kept no config)
         started, _ = upgrade(state["config"], state.get("run_format", 0), str(checkpoint))
@@ -444,6 +454,13 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
                           f"{state['round']} rounds; resume can only add rounds")
     return Experiment(config, run_dir, progress, record, plotter, callbacks, resuming=True), state
 
+
+def refuse_async_without_tasks(state: dict, config: Config, checkpoint: Path) -> None:
+    """One line for an async run's checkpoint of a release that did not keep the tasks in flight."""
+    if config.server.mode == "async" and "server" not in state:
+        raise FedsimError(f"{checkpoint}: cannot resume a run with [server] mode = 'async' of an earlier "
+                          "release (it did not checkpoint the tasks in flight and the buffered updates); "
+                          "start the run again from its config.toml, with [run] rounds set to the total you want")
 
 
 def resume_overrides(config: Config) -> list[str]:

@@ -27,51 +27,62 @@ Training stays batched: every device invited while model version v is current st
 the same server state, and none of their updates is needed before the aggregation that closes
 version v, so all of them are trained in ONE call at that moment (the ones that will drop or
 overrun the deadline are skipped: their fate is known when they are invited).
+
+A checkpoint holds the server's whole state (`state_dict`): the tasks in flight (who, from which
+version, their fate, their trained updates), the reports not yet read, the buffer, the
+aggregation in progress (a stop at max_time ends the run inside one) and the counters. A resumed
+run restarts the tasks in flight in the order they started, to end at the very instants they
+would have ended, so it goes on exactly as the stopped run would have.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
+from types import SimpleNamespace
 
 import numpy as np
 import simpy
 import torch
 
 from fedsim.algorithms.base import Arrivals
-from fedsim.errors import FedsimError
 from fedsim.sim.device import start_device_tasks
 from fedsim.sim.events import ARRIVED, OUTCOMES, task_events, wasted_seconds
 from fedsim.sim.round_timing import Stop, Tasks, wait_for_someone
 from fedsim.sim.server import RoundOutcome, Server
 
 
-def refuse_resume(config) -> None:
-    """FedsimError for an async config: a checkpoint holds the Strategy and the recorder, not
-    the tasks in flight nor the buffered updates, so a resumed run would differ from an
-    uninterrupted one. `fedsim.runs.experiment.resume()` calls this before anything runs."""
-    if config.server.mode == "async":
-        raise FedsimError(
-            f"{config.source}: cannot resume a run with [server] mode = 'async' (its tasks in "
-            "flight and buffered updates are not checkpointed); run the config again from the "
-            "start with `fedsim run`, with [run] rounds set to the total you want"
-        )
+RESULT_FIELDS = ("deltas", "loss", "samples")  # what the trainer computed, per device that will arrive
 
 
 @dataclass
 class Dispatch:
-    """Devices invited together: what they start from, and (later) what they computed."""
+    """Devices invited together: what they start from, their fate, and (later) what they computed."""
 
+    number: int  # the server's count of dispatches when it was made: the order its tasks started in
     version: int
     at: float  # simulated time of the invitation
     ids: np.ndarray
-    start: torch.Tensor  # [k, d]
+    start: torch.Tensor | None  # [k, d] (None once trained)
     steps: np.ndarray
     lr: float
     will_arrive: np.ndarray  # bool [k]
     tasks: Tasks
+    ends_at: np.ndarray  # when each device reports (at the deadline, if still running then)
+    fate: np.ndarray  # what each reports: arrived, dropped, late
+    reported: np.ndarray  # bool [k]: its task has ended
     rows: np.ndarray | None = None  # row of each device in `result` (-1: not trained)
     result: object = None  # TrainResult of the devices that will arrive
+
+
+@dataclass
+class Aggregation:
+    """The aggregation in progress: when it began, who was invited for it, which of their
+    tasks ended dropped or late (dispatch, position, outcome)."""
+
+    t_start: float
+    invited: list = field(default_factory=list)
+    resolved: list = field(default_factory=list)
 
 
 class BufferedServer(Server):
@@ -80,20 +91,29 @@ class BufferedServer(Server):
         n = len(self.client_sizes)
         self.busy = np.zeros(n, dtype=bool)
         self.ran_this_version = np.zeros(n, dtype=bool)  # repeats only when needed (docstring)
-        self.done = simpy.Store(self.env)
+        self.done = simpy.Store(self.env)  # (dispatch, position, outcome) of the tasks that ended
         self.running = 0
         self.untrained: list[Dispatch] = []
         self.buffer: list[tuple[Dispatch, int]] = []
         self.dispatches = 0
+        self.in_flight: dict[int, Dispatch] = {}  # by number: the dispatches with a task still running
+        self.open: Aggregation | None = None
+        self.retry_at = 0.0  # when an empty selection is retried (kept where max_time cut the wait)
 
     def round(self, rnd: int, max_time: float = 0.0):
         """Run until `buffer` updates have arrived, then aggregate them; None if the run is over."""
-        t0, wall0 = self.env.now, time.perf_counter()
-        invited, resolved = [], []  # resolved: (dispatch, position, outcome) of dropped and late
+        wall0 = time.perf_counter()
+        if self.open is None:
+            self.open = Aggregation(self.env.now)
+        agg = self.open
+        resume_at = min(self.retry_at, max_time) if max_time else self.retry_at
+        if resume_at > self.env.now:  # resumed where max_time had cut a retry's wait short
+            yield self.env.timeout_at(resume_at)
         while len(self.buffer) < self.cfg.buffer:
             if max_time and self.env.now >= max_time:
                 return self._stop(rnd, f"max_time {max_time:g} s reached")
-            invited.append(self._refill(rnd))
+            self.retry_at = 0.0
+            agg.invited.append(self._refill(rnd))
             if self.running == 0:  # nobody training, nobody invited: let simulated time move on
                 if not self.index.online(self.env.now).any():
                     reason = yield self.env.process(wait_for_someone(self.env, self.index, max_time))
@@ -101,6 +121,7 @@ class BufferedServer(Server):
                         return self._stop(rnd, reason)
                 else:  # free devices, but the Strategy invited none of them: retry later
                     wait = self.cfg.round_duration
+                    self.retry_at = self.env.now + wait
                     yield self.env.timeout(min(wait, max_time - self.env.now) if max_time else wait)
                 continue
             dispatch, pos, outcome = yield self.done.get()
@@ -110,23 +131,73 @@ class BufferedServer(Server):
             if outcome == "arrived":
                 self.buffer.append((dispatch, pos))
             else:
-                resolved.append((dispatch, pos, outcome))
+                agg.resolved.append((dispatch, pos, outcome))
         self._train_untrained(rnd)
-        taken, self.buffer = self.buffer, []
+        taken, self.buffer, self.open = self.buffer, [], None
         arrivals = self._arrivals_of(taken)
         self.strategy.receive(rnd, arrivals)
         self.ran_this_version[:] = False
+        resolved = agg.resolved
         outcome = np.array([o for _, _, o in resolved], dtype=object)  # the tasks' reports
         events = self._events(rnd, taken, resolved)
         return RoundOutcome(
-            round=rnd, t_start=t0, t_end=self.env.now,
+            round=rnd, t_start=agg.t_start, t_end=self.env.now,
             online=int(self.index.online(self.env.now).sum()),
-            invited=np.concatenate(invited), arrived=arrivals.ids,
+            invited=np.concatenate(agg.invited), arrived=arrivals.ids,
             dropped=self._ids(resolved)[outcome == "dropped"], late=self._ids(resolved)[outcome == "late"],
             train_loss=float(arrivals.loss.mean()), wall_s=time.perf_counter() - wall0,
             close_reason="quota", events=events,
             extra={"staleness": float(np.mean(rnd - arrivals.version)), "wasted_s": wasted_seconds(events)},
         )
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to go on exactly as this one would (module docstring): the
+        dispatches that still matter, the others referring to them by their place in the list."""
+        reports = list(self.done.items)
+        resolved = self.open.resolved if self.open else []
+        held = [*self.in_flight.values(), *(d for d, *_ in [*reports, *self.buffer, *resolved]), *self.untrained]
+        live = sorted({id(d): d for d in held}.values(), key=lambda d: d.number)
+        place = {id(d): i for i, d in enumerate(live)}
+        results = list({id(d.result): d.result for d in live if d.result is not None}.values())
+        result_of = {id(r): i for i, r in enumerate(results)}
+        untrained = {id(d) for d in self.untrained}
+        return {
+            "dispatches": [{**{f.name: getattr(d, f.name) for f in fields(Dispatch)}, "tasks": asdict(d.tasks),
+                            "start": d.start if id(d) in untrained else None,
+                            "result": result_of.get(id(d.result), -1)} for d in live],
+            "results": [{name: getattr(r, name).detach().clone() for name in RESULT_FIELDS} for r in results],
+            "reports": [(place[id(d)], pos, outcome) for d, pos, outcome in reports],
+            "buffer": [(place[id(d)], pos) for d, pos in self.buffer],
+            "untrained": [place[id(d)] for d in self.untrained],
+            "open": None if self.open is None else {
+                "t_start": self.open.t_start, "invited": self.open.invited,
+                "resolved": [(place[id(d)], pos, outcome) for d, pos, outcome in resolved]},
+            "busy": self.busy.copy(), "ran_this_version": self.ran_this_version.copy(), "running": self.running,
+            "dispatches_made": self.dispatches, "retry_at": self.retry_at,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """The state of `state_dict`; the tasks in flight start again, in the order they first
+        started, to end at the instants they would have ended."""
+        results = [SimpleNamespace(**{name: r[name].to(self.device) for name in RESULT_FIELDS})
+                   for r in state["results"]]
+        live = []
+        for saved in state["dispatches"]:
+            start = saved["start"]
+            live.append(Dispatch(**{**saved, "tasks": Tasks(**saved["tasks"]),
+                                    "start": None if start is None else start.to(self.device),
+                                    "result": results[saved["result"]] if saved["result"] >= 0 else None}))
+        self.done.items.extend((live[i], pos, outcome) for i, pos, outcome in state["reports"])
+        self.buffer = [(live[i], pos) for i, pos in state["buffer"]]
+        self.untrained = [live[i] for i in state["untrained"]]
+        agg = state["open"]
+        self.open = None if agg is None else Aggregation(
+            agg["t_start"], list(agg["invited"]), [(live[i], pos, outcome) for i, pos, outcome in agg["resolved"]])
+        self.busy, self.ran_this_version = state["busy"].copy(), state["ran_this_version"].copy()
+        self.running, self.dispatches, self.retry_at = state["running"], state["dispatches_made"], state["retry_at"]
+        for d in live:
+            if not d.reported.all():
+                self._start_tasks(d, np.flatnonzero(~d.reported), started_at=d.at)
 
     @staticmethod
     def _ids(resolved: list) -> np.ndarray:
@@ -179,18 +250,27 @@ class BufferedServer(Server):
         overrun = tasks.ends_at > now + self.cfg.deadline
         fate[overrun] = "late"
         ends_at = np.where(overrun, now + self.cfg.deadline, tasks.ends_at)
-        dispatch = Dispatch(rnd, now, ids, self.strategy.start_params(ids).clone(), steps,
-                            self.strategy.client_lr(rnd), fate == "arrived", tasks)
+        dispatch = Dispatch(self.dispatches, rnd, now, ids, self.strategy.start_params(ids).clone(), steps,
+                            self.strategy.client_lr(rnd), fate == "arrived", tasks, ends_at, fate,
+                            np.zeros(len(ids), dtype=bool))
         self.untrained.append(dispatch)
         self.busy[ids] = True
         self.ran_this_version[ids] = True
         self.running += len(ids)
+        self._start_tasks(dispatch, np.arange(len(ids)))
+        return ids
 
-        def report(pos: int, outcome: str, dispatch=dispatch) -> None:
+    def _start_tasks(self, dispatch: Dispatch, positions: np.ndarray, started_at: float | None = None) -> None:
+        """The tasks of these devices of `dispatch` as SimPy processes, which report to `done`
+        (`started_at`: tasks a resumed run restarts)."""
+        def report(pos: int, outcome: str) -> None:
+            dispatch.reported[pos] = True
+            if dispatch.reported.all():
+                del self.in_flight[dispatch.number]
             self.done.put((dispatch, pos, outcome))
 
-        start_device_tasks(self.env, report, np.arange(len(ids)), ends_at, fate)
-        return ids
+        self.in_flight[dispatch.number] = dispatch
+        start_device_tasks(self.env, report, positions, dispatch.ends_at, dispatch.fate, started_at)
 
     def _train_untrained(self, rnd: int) -> None:
         """One batched call for every device invited on the model version that closes now."""
@@ -201,6 +281,8 @@ class BufferedServer(Server):
             return
         ids = np.concatenate([d.ids[pos] for d, pos in parts])
         start = torch.cat([d.start[torch.as_tensor(pos, device=self.device)] for d, pos in parts])
+        for d in todo:
+            d.start = None  # (not needed any more)
         steps = np.concatenate([d.steps[pos] for d, pos in parts])
         lr = torch.cat([torch.full((len(pos),), float(d.lr), device=self.device) for d, pos in parts])
         result = self.trainer.train(rnd, ids, start, steps, lr, self.strategy.local_objective)

@@ -40,26 +40,31 @@ class RoundBoard:
 
 
 def device_tasks(env: simpy.Environment, report: Callable[[int, str], None], positions: np.ndarray,
-                 ends_at: float, outcomes: np.ndarray):
+                 ends_at: float, outcomes: np.ndarray, started_at: float | None = None):
     """Download, compute, upload of the devices whose tasks end at the same instant: one
     timeout until then (finished or dropped), then each reports, in the given order.
 
     The outcome is known at invitation (the trace is known in advance), so a task is one
     event, not one per phase, and devices that end together share it (under ideal timing a
     whole cohort is one event); whoever receives a report decides whether it still counts.
+    `started_at`: when tasks that a resumed run restarts had started; they end at the instant
+    they would have ended (sim/engine.py's `Environment.timeout_at`).
     """
-    yield env.timeout(max(ends_at - env.now, 0.0))
+    if started_at is None:
+        yield env.timeout(max(ends_at - env.now, 0.0))
+    else:
+        yield env.timeout_at(started_at + max(ends_at - started_at, 0.0))
     for position, outcome in zip(positions.tolist(), outcomes.tolist()):
         report(position, outcome)
 
 
 def start_device_tasks(env: simpy.Environment, report: Callable[[int, str], None], order: np.ndarray,
-                       ends_at: np.ndarray, outcomes: np.ndarray) -> None:
+                       ends_at: np.ndarray, outcomes: np.ndarray, started_at: float | None = None) -> None:
     """One `device_tasks` process per distinct end time. Devices that end at the same instant
     report in `order` (SimPy runs simultaneous events in the order they were scheduled)."""
     order = order[np.argsort(ends_at[order], kind="stable")]
     for group in np.split(order, np.flatnonzero(np.diff(ends_at[order])) + 1) if len(order) else ():
-        env.process(device_tasks(env, report, group, ends_at[group[0]], outcomes[group]))
+        env.process(device_tasks(env, report, group, ends_at[group[0]], outcomes[group], started_at))
 
 
 def deadline(env: simpy.Environment, board: RoundBoard, at: float, reason: str):

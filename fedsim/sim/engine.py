@@ -7,6 +7,7 @@ import signal
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
+from heapq import heappush
 from typing import Callable, Generator
 
 import simpy
@@ -126,8 +127,21 @@ def finish_round_on_stop_signal(stop_signal: dict, notice: str = "stopping after
         outer["name"] = stop_signal["name"]
 
 
-def new_environment(start_time: float = 0.0) -> simpy.Environment:
-    return simpy.Environment(initial_time=start_time)
+class Environment(simpy.Environment):
+    """SimPy's environment, whose timeouts can also end at a given instant (`timeout_at`)."""
+
+    def timeout_at(self, at: float) -> simpy.Event:
+        """A timeout that ends at exactly `at` (>= now): a resumed run ends its tasks in flight
+        at the instants the stopped run had them end, which `timeout(at - now)` cannot promise
+        (SimPy's now + (at - now) may round to a neighbour of `at`)."""
+        timeout = simpy.Event(self)
+        timeout._ok, timeout._value = True, None  # triggered, as simpy.Timeout is
+        heappush(self._queue, (max(at, self.now), simpy.events.NORMAL, next(self._eid), timeout))  # its `schedule`
+        return timeout
 
 
-__all__ = ["Engine", "EngineResult", "finish_round_on_stop_signal", "new_environment", "run_engine"]
+def new_environment(start_time: float = 0.0) -> Environment:
+    return Environment(initial_time=start_time)
+
+
+__all__ = ["Engine", "EngineResult", "Environment", "finish_round_on_stop_signal", "new_environment", "run_engine"]

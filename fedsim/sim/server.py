@@ -60,6 +60,14 @@ class Server:
                                    seed=seed)
         self.gate = None  # set when runs train together (fedsim/studies/lockstep.py)
 
+    def state_dict(self) -> dict:
+        """The server's state between rounds, for checkpoints: none, a round leaves nothing in
+        flight (the asynchronous server does, sim/buffered.py)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The state of `state_dict`."""
+
     def train(self, rnd: int, ids: np.ndarray, start: torch.Tensor, steps: np.ndarray, lr: float):
         """The cohort's local training: at once, or, when this run trains together with others,
         once the driver has trained every waiting run's cohort in one call."""

@@ -40,7 +40,7 @@ from fedsim.sim.engine import Engine, EngineResult, finish_round_on_stop_signal,
 from fedsim.sim.round_timing import invite_budget
 from fedsim.sim.server import Server
 from fedsim.sim.timing import SPEED_COLUMNS, DeviceTiming, device_rows
-from fedsim.traces import AvailabilityIndex
+from fedsim.traces.index import availability_index
 from fedsim.traces.generators import known_probability_at
 from fedsim.traces.io import read_device_table
 from fedsim.traces.stats import device_online_fraction
@@ -124,7 +124,7 @@ class Experiment:
         check_cohort_size(cfg.server, self.task.n_clients)
         self.trace, self.trace_device = load_trace(cfg, self.task.n_clients,
                                                    self.task.label_distribution(), trace_record)
-        self.index = AvailabilityIndex(self.trace)
+        self.index = availability_index(self.trace)
         # a resume checks that the trace is still this one: a file by its bytes, a generated
         # trace (recorded by its generator's call, in the manifest) by its intervals
         generated = cfg.trace.source != "file"

@@ -1,0 +1,188 @@
+"""Round-indexed availability held as one bit per round and device.
+
+A round-indexed generator (``always``, ``bernoulli``, ``grid``, ``periodic``) decides, round
+by round, who is online; its interval form puts round r on ``[r*D, (r+1)*D)`` and merges
+consecutive online rounds, which takes 24 bytes per run of online rounds (72 M rows for a
+Bernoulli trace of 5,000 devices over 60,000 rounds). The bits take one bit per round and
+device (37.5 MB for that trace), whatever the trace looks like. A run keeps this form and
+queries it through ``RoundIndex``; ``to_trace`` gives the interval form (the trace file
+contract) and ``intervals`` streams it device chunk by device chunk, with the same floats:
+an interval of rounds [a, b) is ``[a * D, b * D)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedsim.errors import FedsimError
+from fedsim.traces.intervals import runs_of
+from fedsim.traces.schema import Trace, check_rows
+
+MAX_BIT_BYTES = 1 << 32  # 4 GiB of bits: e.g. 100,000 devices over 340,000 rounds
+CHUNK_CELLS = 1 << 23  # rounds x devices unpacked at once (8 MB of bools)
+
+
+def check_bits(n_devices: int, rounds: int, where: str) -> None:
+    """Refuse up front a bit table beyond MAX_BIT_BYTES."""
+    size = float(rounds) * ((n_devices + 7) // 8)
+    if not size <= MAX_BIT_BYTES:
+        raise FedsimError(f"{where}: {n_devices:,} devices over {rounds:,} rounds would take "
+                          f"{size / 2**30:,.1f} GiB of availability bits, above fedsim's limit of "
+                          f"{MAX_BIT_BYTES // 2**30} GiB; use fewer devices or rounds")
+
+
+def pack(online: np.ndarray) -> np.ndarray:
+    """bool ``[rounds, devices]`` -> uint8 ``[rounds, ceil(devices / 8)]`` (device i is bit
+    i % 8 of byte i // 8)."""
+    return np.packbits(online, axis=1, bitorder="little")
+
+
+def count_runs(online: np.ndarray) -> int:
+    """Runs of online rounds in a bool ``[rounds, devices]`` block (each device's runs)."""
+    return int(online[0].sum() + (online[1:] & ~online[:-1]).sum()) if len(online) else 0
+
+
+@dataclass(eq=False)
+class RoundBits:
+    """Who is online in each round: ``bits`` uint8 ``[rounds, ceil(n_devices / 8)]`` (see
+    ``pack``) and ``online_count`` ``[rounds]``. Round r spans ``[r * D, (r + 1) * D)`` of
+    ``round_duration`` D; ``wrap``, ``origin`` and ``generator`` as for a Trace."""
+
+    bits: np.ndarray
+    online_count: np.ndarray
+    n_devices: int
+    round_duration: float
+    wrap: str = "none"
+    origin: str | None = None
+    generator: dict = field(default_factory=dict)
+    _cursor: "_OnlineSeconds | None" = field(default=None, repr=False)
+    _full: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.bits)
+
+    @property
+    def horizon(self) -> float:
+        return self.rounds * self.round_duration
+
+    def row(self, r: int) -> np.ndarray:
+        """bool [n_devices]: who is online in round r."""
+        return self.rows(r, r + 1)[0]
+
+    def rows(self, r0: int, r1: int) -> np.ndarray:
+        """bool [r1 - r0, n_devices]."""
+        return np.unpackbits(self.bits[r0:r1], axis=1, count=self.n_devices, bitorder="little").view(bool)
+
+    def round_of(self, tau: float) -> int | None:
+        """The round r with r*D <= tau < (r+1)*D, compared with the same products as the
+        interval form's ends; None outside [0, horizon)."""
+        d = self.round_duration
+        r = math.floor(tau / d)
+        if r * d > tau:
+            r -= 1
+        elif (r + 1) * d <= tau:
+            r += 1
+        return r if 0 <= r < self.rounds else None
+
+    def rounds_before(self, t: float) -> int:
+        """How many rounds start before t (r*D < t), at most all of them."""
+        d = self.round_duration
+        k = min(self.rounds, max(0, math.ceil(t / d)))
+        while k > 0 and (k - 1) * d >= t:
+            k -= 1
+        while k < self.rounds and k * d < t:
+            k += 1
+        return k
+
+    # -- the interval form ---------------------------------------------------------------
+
+    def runs(self, rounds: int | None = None):
+        """(device, first, stop) of the runs of online rounds within the first `rounds`
+        rounds, device chunk by device chunk in (device, first) order; `stop` is exclusive."""
+        rounds = self.rounds if rounds is None else rounds
+        step = max(8, CHUNK_CELLS // max(rounds, 1) // 8 * 8)
+        for d0 in range(0, self.n_devices, step):
+            d1 = min(self.n_devices, d0 + step)
+            block = np.unpackbits(self.bits[:rounds, d0 // 8:(d1 + 7) // 8], axis=1, count=d1 - d0,
+                                  bitorder="little").view(bool)
+            dev, first, stop = runs_of(block.T)
+            yield dev + d0, first, stop
+
+    def intervals(self, horizon: float | None = None):
+        """(device_id, start, end) of the interval form over [0, horizon) (ends cut there),
+        device chunk by device chunk."""
+        horizon = self.horizon if horizon is None else horizon
+        d = self.round_duration
+        for dev, first, stop in self.runs(self.rounds_before(horizon)):
+            yield dev, first * d, np.minimum(stop * d, horizon)
+
+    def n_runs(self) -> int:
+        step = max(1, CHUNK_CELLS // max(self.n_devices, 1))
+        last = np.zeros(self.n_devices, dtype=bool)
+        total = 0
+        for r0 in range(0, self.rounds, step):
+            rows = self.rows(r0, min(self.rounds, r0 + step))
+            total += count_runs(np.vstack([last[None], rows])) - int(last.sum())
+            last = rows[-1]
+        return total
+
+    def to_trace(self, where: str, fix: str = "generate fewer devices or rounds") -> Trace:
+        """The interval form (what `fedsim trace generate` writes), refused beyond the rows
+        a trace may have."""
+        check_rows(self.n_runs(), f"{self.n_devices:,} devices over {self.rounds:,} rounds", where, fix)
+        parts = list(self.intervals())
+        dev, start, end = (np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in range(3))
+        return Trace.from_intervals(dev, start, end, n_devices=self.n_devices, horizon=self.horizon,
+                                    wrap=self.wrap, origin=self.origin, generator=self.generator, where=where)
+
+    # -- seconds online ------------------------------------------------------------------
+
+    def online_seconds(self, until: float) -> np.ndarray:
+        """Per device, the seconds online in [0, until) (until <= horizon), added interval by
+        interval in time order as the interval form's np.bincount adds them, so the floats are
+        equal. A cursor keeps what earlier calls added: a run that asks at every checkpoint
+        reads each round once."""
+        if until >= self.horizon:
+            if self._full is None:
+                self._full = _OnlineSeconds(self).advance(self.rounds).at(self.horizon)
+            return self._full.copy()
+        k = self.rounds_before(until)
+        if self._cursor is None or self._cursor.done > k:
+            self._cursor = _OnlineSeconds(self)
+        return self._cursor.advance(k).at(until)
+
+
+class _OnlineSeconds:
+    """Seconds of the runs of online rounds closed so far, per device, and when each device's
+    open run started (nan: none open), after the first `done` rounds."""
+
+    def __init__(self, bits: RoundBits):
+        self.bits, self.done = bits, 0
+        self.closed = np.zeros(bits.n_devices)
+        self.open_start = np.full(bits.n_devices, np.nan)
+
+    def advance(self, k: int) -> "_OnlineSeconds":
+        d, step = self.bits.round_duration, max(1, CHUNK_CELLS // max(self.bits.n_devices, 1))
+        for r0 in range(self.done, k, step):
+            r1 = min(k, r0 + step)
+            # row 0: whether a run is open from before r0; row j: round r0 + j - 1
+            mask = np.vstack([~np.isnan(self.open_start)[None], self.bits.rows(r0, r1)])
+            dev, first, stop = runs_of(mask.T)
+            start = np.where(first == 0, self.open_start[dev], (r0 + first - 1) * d)
+            ended = stop < len(mask)
+            np.add.at(self.closed, dev[ended], (r0 + stop[ended] - 1) * d - start[ended])
+            self.open_start.fill(np.nan)
+            self.open_start[dev[~ended]] = start[~ended]
+        self.done = max(self.done, k)
+        return self
+
+    def at(self, until: float) -> np.ndarray:
+        """Seconds online in [0, until), until in the round after the last one read."""
+        out = self.closed.copy()
+        open_ = ~np.isnan(self.open_start)
+        out[open_] += until - self.open_start[open_]
+        return out

@@ -28,7 +28,7 @@ from fedsim.config.catalog import GENERATORS
 from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock, file_fingerprint, plain_name, remove_stale_temporaries
 from fedsim.runs.replay import (TraceRecord, check_trace_file, load_trace, recorded_trace, resolve_trace_path,
-                                trace_fingerprint)
+                                hashes, trace_fingerprint)
 from fedsim.results.manifest import write_manifest
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
@@ -130,6 +130,7 @@ class Experiment:
         generated = cfg.trace.source != "file"
         self.trace_file = None if generated else file_fingerprint(Path(cfg.trace.path))
         self.trace_fingerprint = trace_fingerprint(self.trace) if generated else None
+        self.fingerprint_of = hashes(self.trace) if generated else None
         self.threads = ThreadPolicy(cfg.run.threads, self.device)
         self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads,
                                      deterministic=cfg.run.deterministic, tf32=cfg.run.tf32)
@@ -205,7 +206,7 @@ class Experiment:
         started = time.perf_counter()
         previous_s = resume["host_s"] if resume else 0.0
         self._host_s = lambda: previous_s + time.perf_counter() - started
-        self.recorder = Recorder(self.run_dir, self.task.n_clients, self.device_info())
+        self.recorder = Recorder(self.run_dir, self.task.n_clients, self.device_info(), cfg.run.events)
         self.resumed = resume is not None
         self.start_round, self.start_time = 0, 0.0
         if resume is not None:

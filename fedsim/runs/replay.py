@@ -52,10 +52,11 @@ class TraceRecord:
     horizon: float
     generator: dict
     saved: Trace | None = None
+    hashed: str = "intervals"  # what the fingerprint hashes (manifest `fingerprint_of`): see hashes
 
     @classmethod
     def of(cls, trace: Trace) -> "TraceRecord":
-        return cls(trace_fingerprint(trace), trace.horizon, trace.generator)
+        return cls(trace_fingerprint(trace), trace.horizon, trace.generator, hashed=hashes(trace))
 
 
 def recorded_trace(run_dir: Path, manifest: dict) -> TraceRecord | None:
@@ -68,7 +69,8 @@ def recorded_trace(run_dir: Path, manifest: dict) -> TraceRecord | None:
     trace = manifest.get("trace") or {}
     if not trace.get("fingerprint"):
         return None
-    return TraceRecord(trace["fingerprint"], float(trace["horizon"]), trace.get("generator") or {})
+    return TraceRecord(trace["fingerprint"], float(trace["horizon"]), trace.get("generator") or {},
+                       hashed=trace.get("fingerprint_of", "intervals"))
 
 
 def run_trace(run_dir: Path) -> Trace:
@@ -109,11 +111,23 @@ def check_trace_file(path: Path, recorded: dict | None) -> None:
                           "original back, or start a new run with this trace")
 
 
-def trace_fingerprint(trace: Trace | RoundBits, horizon: float | None = None) -> str:
-    """SHA-256 of the devices and intervals of `trace` over [0, horizon) (default: its own):
-    column after column; the bits of a round-indexed trace give their interval form chunk by
-    chunk, so that the fingerprint does not depend on the form a run holds."""
+def hashes(trace: Trace | RoundBits) -> str:
+    """What `trace_fingerprint` hashes by default: a round-indexed trace's bits ("bits"), or
+    intervals (runs of releases before the bits recorded every fingerprint so)."""
+    return "bits" if isinstance(trace, RoundBits) else "intervals"
+
+
+def trace_fingerprint(trace: Trace | RoundBits, horizon: float | None = None, of: str | None = None) -> str:
+    """SHA-256 of `trace` over [0, horizon) (default: its own): of its bits (RoundBits: a
+    read of 1 bit per round and device), or of its devices and intervals, column after
+    column (`of` = "intervals": the bits give their interval form chunk by chunk, so that a
+    run of an earlier release, which recorded that, still resumes)."""
     horizon = trace.horizon if horizon is None else horizon
+    of = hashes(trace) if of is None else of
+    if of == "bits":
+        digest = hashlib.sha256(np.array([trace.n_devices, horizon, trace.round_duration]).tobytes())
+        digest.update(np.ascontiguousarray(trace.bits[:trace.rounds_before(horizon)]).data)
+        return digest.hexdigest()
     digest = hashlib.sha256(np.array([trace.n_devices, horizon]).tobytes())
     for k in range(3):
         if isinstance(trace, RoundBits):
@@ -126,11 +140,14 @@ def trace_fingerprint(trace: Trace | RoundBits, horizon: float | None = None) ->
     return digest.hexdigest()
 
 
-def continues(trace: Trace, record: TraceRecord) -> bool:
-    """Whether `trace` has exactly the recorded trace's intervals over its horizon (a longer
-    generation of the same trace: round-indexed generators draw round by round, so they are
-    prefix-stable)."""
-    return trace.horizon >= record.horizon and trace_fingerprint(trace, record.horizon) == record.fingerprint
+def continues(trace: Trace | RoundBits, record: TraceRecord) -> bool:
+    """Whether `trace` has exactly the recorded trace's availability over its horizon (a
+    longer generation of the same trace: round-indexed generators draw round by round, so they
+    are prefix-stable)."""
+    if record.hashed == "bits" and not isinstance(trace, RoundBits):
+        return False
+    return trace.horizon >= record.horizon and \
+        trace_fingerprint(trace, record.horizon, record.hashed) == record.fingerprint
 
 
 def load_trace(config: Config, n_devices: int, label_dist: np.ndarray | None,

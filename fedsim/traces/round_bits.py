@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedsim.errors import FedsimError
-from fedsim.traces.intervals import runs_of
 from fedsim.traces.schema import Trace, check_rows
 
 MAX_BIT_BYTES = 1 << 32  # 4 GiB of bits: e.g. 100,000 devices over 340,000 rounds
-CHUNK_CELLS = 1 << 23  # rounds x devices unpacked at once (8 MB of bools)
+CHUNK_BYTES = 1 << 18  # packed bits read at once (2 M rounds x devices: up to 2 M changes of state)
 
 
 def check_bits(n_devices: int, rounds: int, where: str) -> None:
@@ -30,8 +29,8 @@ def check_bits(n_devices: int, rounds: int, where: str) -> None:
     size = float(rounds) * ((n_devices + 7) // 8)
     if not size <= MAX_BIT_BYTES:
         raise FedsimError(f"{where}: {n_devices:,} devices over {rounds:,} rounds would take "
-                          f"{size / 2**30:,.1f} GiB of availability bits, above fedsim's limit of "
-                          f"{MAX_BIT_BYTES // 2**30} GiB; use fewer devices or rounds")
+                          f"{size:,.0f} bytes of availability bits (one per 8 devices and round), "
+                          f"above fedsim's limit of {MAX_BIT_BYTES:,}; use fewer devices or rounds")
 
 
 def pack(online: np.ndarray) -> np.ndarray:
@@ -100,17 +99,34 @@ class RoundBits:
 
     # -- the interval form ---------------------------------------------------------------
 
+    def changes(self, r0: int, r1: int, c0: int, c1: int, close: bool):
+        """Where the devices of bytes [c0, c1) go online or offline in rounds [r0, r1): (device,
+        round) sorted by device, then round. The state before r0 is round r0 - 1's (offline
+        before round 0); with `close` every device goes offline at r1. Found on the packed
+        bytes, one bit position at a time, without unpacking the rounds."""
+        block = self.bits[max(r0 - 1, 0):r1, c0:c1]
+        rows = [np.zeros((1, c1 - c0), np.uint8)] if r0 == 0 else []
+        rows += [block] + ([np.zeros((1, c1 - c0), np.uint8)] if close else [])
+        columns = np.ascontiguousarray(np.concatenate(rows).T)
+        flips = columns[:, 1:] ^ columns[:, :-1]  # [bytes, rounds]: a change at round r0 + j
+        dev, rnd = [], []
+        for bit in range(8):
+            col, at = np.nonzero((flips >> bit) & 1)
+            dev.append((col + c0) * 8 + bit)
+            rnd.append(at + r0)
+        dev, rnd = np.concatenate(dev), np.concatenate(rnd)
+        order = np.argsort(dev - c0 * 8, kind="stable")  # each device's changes are in round order
+        return dev[order], rnd[order]
+
     def runs(self, rounds: int | None = None):
         """(device, first, stop) of the runs of online rounds within the first `rounds`
         rounds, device chunk by device chunk in (device, first) order; `stop` is exclusive."""
         rounds = self.rounds if rounds is None else rounds
-        step = max(8, CHUNK_CELLS // max(rounds, 1) // 8 * 8)
-        for d0 in range(0, self.n_devices, step):
-            d1 = min(self.n_devices, d0 + step)
-            block = np.unpackbits(self.bits[:rounds, d0 // 8:(d1 + 7) // 8], axis=1, count=d1 - d0,
-                                  bitorder="little").view(bool)
-            dev, first, stop = runs_of(block.T)
-            yield dev + d0, first, stop
+        width = self.bits.shape[1]
+        step = max(1, min(CHUNK_BYTES // max(rounds, 1), 8192))
+        for c0 in range(0, width, step):
+            dev, rnd = self.changes(0, rounds, c0, min(width, c0 + step), close=True)
+            yield dev[0::2], rnd[0::2], rnd[1::2]
 
     def intervals(self, horizon: float | None = None):
         """(device_id, start, end) of the interval form over [0, horizon) (ends cut there),
@@ -121,14 +137,7 @@ class RoundBits:
             yield dev, first * d, np.minimum(stop * d, horizon)
 
     def n_runs(self) -> int:
-        step = max(1, CHUNK_CELLS // max(self.n_devices, 1))
-        last = np.zeros(self.n_devices, dtype=bool)
-        total = 0
-        for r0 in range(0, self.rounds, step):
-            rows = self.rows(r0, min(self.rounds, r0 + step))
-            total += count_runs(np.vstack([last[None], rows])) - int(last.sum())
-            last = rows[-1]
-        return total
+        return sum(len(dev) for dev, _, _ in self.runs())
 
     def to_trace(self, where: str, fix: str = "generate fewer devices or rounds") -> Trace:
         """The interval form (what `fedsim trace generate` writes), refused beyond the rows
@@ -166,18 +175,24 @@ class _OnlineSeconds:
         self.open_start = np.full(bits.n_devices, np.nan)
 
     def advance(self, k: int) -> "_OnlineSeconds":
-        d, step = self.bits.round_duration, max(1, CHUNK_CELLS // max(self.bits.n_devices, 1))
-        for r0 in range(self.done, k, step):
-            r1 = min(k, r0 + step)
-            # row 0: whether a run is open from before r0; row j: round r0 + j - 1
-            mask = np.vstack([~np.isnan(self.open_start)[None], self.bits.rows(r0, r1)])
-            dev, first, stop = runs_of(mask.T)
-            start = np.where(first == 0, self.open_start[dev], (r0 + first - 1) * d)
-            ended = stop < len(mask)
-            np.add.at(self.closed, dev[ended], (r0 + stop[ended] - 1) * d - start[ended])
-            self.open_start.fill(np.nan)
-            self.open_start[dev[~ended]] = start[~ended]
-        self.done = max(self.done, k)
+        """Read rounds [done, k): close the runs that end there, in round order per device."""
+        if k <= self.done:
+            return self
+        bits, d = self.bits, self.bits.round_duration
+        width = bits.bits.shape[1]
+        step = max(1, min(CHUNK_BYTES // (k - self.done), width))
+        for c0 in range(0, width, step):
+            dev, rnd = bits.changes(self.done, k, c0, min(width, c0 + step), close=False)
+            if not len(dev):
+                continue
+            nth = np.arange(len(dev)) - np.searchsorted(dev, dev)  # the n-th change of its device
+            opened = ~np.isnan(self.open_start[dev])  # online before `done`: the first change ends that run
+            ends = (nth + opened) % 2 == 1
+            begun = np.where(nth > 0, np.roll(rnd, 1) * d, self.open_start[dev])
+            np.add.at(self.closed, dev[ends], rnd[ends] * d - begun[ends])
+            last = np.r_[dev[1:] != dev[:-1], True]
+            self.open_start[dev[last]] = np.where(ends[last], np.nan, rnd[last] * d)
+        self.done = k
         return self
 
     def at(self, until: float) -> np.ndarray:

@@ -57,7 +57,7 @@ class RoundBits:
     wrap: str = "none"
     origin: str | None = None
     generator: dict = field(default_factory=dict)
-    _cursor: "_OnlineSeconds | None" = field(default=None, repr=False)
+    _cursor: "_OnlineRounds | _OnlineSeconds | None" = field(default=None, repr=False)
     _full: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -157,12 +157,20 @@ class RoundBits:
         reads each round once."""
         if until >= self.horizon:
             if self._full is None:
-                self._full = _OnlineSeconds(self).advance(self.rounds).at(self.horizon)
+                self._full = self._seconds_cursor().advance(self.rounds).at(self.horizon)
             return self._full.copy()
         k = self.rounds_before(until)
         if self._cursor is None or self._cursor.done > k:
-            self._cursor = _OnlineSeconds(self)
+            self._cursor = self._seconds_cursor()
         return self._cursor.advance(k).at(until)
+
+    def _seconds_cursor(self) -> "_OnlineRounds | _OnlineSeconds":
+        """Counting online rounds gives the interval form's sums when every r * D and every
+        sum of them is exact (D = p / 2^e with p * rounds < 2^53: D = 1.0, 60.0, 0.5, ...);
+        otherwise the runs are added one by one, in its order."""
+        numerator = self.round_duration.as_integer_ratio()[0]
+        exact = numerator * max(self.rounds, 1) < 2**53
+        return _OnlineRounds(self) if exact else _OnlineSeconds(self)
 
 
 class _OnlineSeconds:
@@ -200,4 +208,35 @@ class _OnlineSeconds:
         out = self.closed.copy()
         open_ = ~np.isnan(self.open_start)
         out[open_] += until - self.open_start[open_]
+        return out
+
+
+class _OnlineRounds:
+    """Online rounds per device within the first `done` rounds and the last round each device
+    was offline: seconds are whole rounds times D (exact, see RoundBits._seconds_cursor)."""
+
+    def __init__(self, bits: RoundBits):
+        self.bits, self.done = bits, 0
+        self.online = np.zeros(bits.n_devices, dtype=np.int64)
+        self.last_off = np.full(bits.n_devices, -1, dtype=np.int64)
+
+    def advance(self, k: int) -> "_OnlineRounds":
+        step = max(1, CHUNK_BYTES * 8 // max(self.bits.n_devices, 1))
+        for r0 in range(self.done, k, step):
+            rows = self.bits.rows(r0, min(k, r0 + step))
+            self.online += rows.sum(axis=0)
+            off = ~rows[::-1]
+            seen = off.any(axis=0)
+            self.last_off[seen] = r0 + len(rows) - 1 - off.argmax(axis=0)[seen]
+        self.done = max(self.done, k)
+        return self
+
+    def at(self, until: float) -> np.ndarray:
+        """Seconds online in [0, until), until in the round after the last one read: the runs
+        closed by then, plus until - start of the run still open."""
+        d, k = self.bits.round_duration, self.done
+        first = self.last_off + 1  # first round of the run open at round k - 1, where one is
+        open_ = first < k
+        out = (self.online - np.where(open_, k - first, 0)) * d
+        out[open_] += until - first[open_] * d
         return out

@@ -91,15 +91,20 @@ def main() -> None:
                               capture_output=True, text=True, env=env, check=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
+    report(rows, args.out)
+
+
+def report(rows: list[dict], out: Path | None) -> None:
+    """The rows as a Markdown table; with the machine and its load as JSON into `out`."""
     keys = list(rows[0])
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
     for row in rows:
         print("| " + " | ".join(str(row[k]) for k in keys) + " |")
-    if args.out:
+    if out:
         machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                    "load": os.getloadavg(), "python": platform.python_version()}
-        args.out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")
+        out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -122,8 +122,8 @@ class EventLog:
 
         def write(tmp: Path) -> None:
             with pq.ParquetWriter(tmp, SCHEMA, **WRITE_OPTIONS) as writer:
-                for source in sources:
-                    for batch in pq.ParquetFile(source).iter_batches():
+                for source in sources:  # a row group per part: its dictionaries serve 131,072 rows
+                    for batch in pq.ParquetFile(source).iter_batches(batch_size=ROWS_PER_PART):
                         writer.write_batch(batch)
 
         atomic_write(self.path, write)

@@ -94,7 +94,10 @@ def run_trace(run_dir: Path) -> Trace:
     else:
         record = recorded_trace(run_dir, manifest)
     trace = load_trace(config, task.n_clients, task.label_distribution(), record)[0]
-    return trace.to_trace(f"{run_dir}: its trace") if isinstance(trace, RoundBits) else trace
+    if isinstance(trace, RoundBits):  # what `trace info` and `plot` read: the file's form
+        return trace.to_trace(f"{run_dir}: its trace", "trace info and plot read a trace as intervals (the run "
+                              "holds its trace as bits, without this limit)")
+    return trace
 
 
 def check_trace_file(path: Path, recorded: dict | None) -> None:

@@ -115,7 +115,8 @@ class RoundBits:
             dev.append((col + c0) * 8 + bit)
             rnd.append(at + r0)
         dev, rnd = np.concatenate(dev), np.concatenate(rnd)
-        order = np.argsort(dev - c0 * 8, kind="stable")  # each device's changes are in round order
+        key = dev - c0 * 8  # each device's changes are in round order: a stable sort keeps it
+        order = np.argsort(key.astype(np.uint16) if c1 - c0 <= 8192 else key, kind="stable")  # (radix)
         return dev[order], rnd[order]
 
     def runs(self, rounds: int | None = None):
@@ -137,6 +138,7 @@ class RoundBits:
             yield dev, first * d, np.minimum(stop * d, horizon)
 
     def n_runs(self) -> int:
+        """Rows of the interval form."""
         return sum(len(dev) for dev, _, _ in self.runs())
 
     def to_trace(self, where: str, fix: str = "generate fewer devices or rounds") -> Trace:

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from fedsim.traces.round_bits import RoundBits
+from fedsim.traces.round_bits import CHUNK_BYTES, RoundBits
 
 
 class RoundIndex:
@@ -154,5 +154,6 @@ class RoundIndex:
             off = (self.trace.bits[lo:hi][:, byte[pending]] >> bit[pending]) & 1 == 0
             hit = off.any(axis=0)
             stop[pending[hit]] = lo + off.argmax(axis=0)[hit]
-            pending, lo, width = pending[~hit], hi, width * 2
+            pending, lo = pending[~hit], hi
+            width = min(width * 2, max(64, CHUNK_BYTES // max(len(pending), 1)))
         return stop

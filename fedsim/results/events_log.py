@@ -1,8 +1,8 @@
 """events.parquet, one row per invitation, written as the run goes with bounded memory.
 
 `[run] events` says which invitations it keeps: all, those whose outcome is not arrived
-("failures"), or none (no file). Rows gather in memory up to `ROWS_PER_PART`, then go to a closed Parquet part file in
-``<run>/.events/``; a checkpoint flushes the rows gathered so far and records how many rows
+("failures"), or none (no file). Rows gather in memory up to `ROWS_PER_PART`, then go to a
+closed Parquet part file in ``<run>/.events/``; a checkpoint flushes the rows gathered so far and records how many rows
 the log holds, so that a resume drops whatever a crash left beyond that count and the log of a
 resumed run equals that of an uninterrupted one. At the end of the run the parts are joined
 into ``events.parquet`` (row group by row group, never the whole log in memory).
@@ -77,8 +77,8 @@ def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 class EventLog:
     def __init__(self, run_dir: Path, kept: str = "all"):
-        """`kept`: `[run] events`, the invitations the log keeps (KEPT); "none" writes no
-        events.parquet."""
+        """`kept`: `[run] events`, the invitations the log keeps: "all", "failures" (those
+        whose outcome is not arrived) or "none" (no events.parquet)."""
         self.path = Path(run_dir) / "events.parquet"
         self.spool = Path(run_dir) / ".events"
         self.kept = kept

@@ -12,7 +12,7 @@ import difflib
 import numpy as np
 
 from fedsim.errors import FedsimError
-from fedsim.traces.request import GeneratedRounds, Request, finite_numbers, short
+from fedsim.traces.request import Generated, GeneratedRounds, Request, finite_numbers, short
 from fedsim.traces.round_bits import check_bits, count_runs, pack
 from fedsim.traces.schema import check_rows
 
@@ -58,8 +58,12 @@ def sample_rounds(req: Request, params: dict, probability, *, random: bool) -> G
 
 # -- always ---------------------------------------------------------------------------------
 
-def always(req: Request) -> GeneratedRounds:
-    return sample_rounds(req, {"n": req.n_devices}, always_probability, random=False)
+def always(req: Request) -> Generated | GeneratedRounds:
+    """One interval per device (a year of 1 s rounds is still one row each), or its bits."""
+    n = req.n_devices
+    if req.intervals:
+        return Generated(np.arange(n), np.zeros(n), np.full(n, req.horizon), {"n": n})
+    return sample_rounds(req, {"n": n}, always_probability, random=False)
 
 
 def always_probability(params: dict, rounds: np.ndarray) -> np.ndarray:

@@ -549,8 +549,8 @@ CASES = [
          **{"c.toml": config(run={"events": 3})}),
     case("run-events-changed-on-resume", "run --resume {tmp}/r --set run.events=none --quiet",
          r"--set 'run\.events=none': run\.events cannot be changed when resuming", r=run_dir()),
-    case("generate-bits-beyond-limit", "trace generate always --devices 100000000 --rounds 400 --out {tmp}/t.parquet",
-         r"trace generator 'always': 100,000,000 devices over 400 rounds would take 5,000,000,000 bytes of "
+    case("generate-bits-beyond-limit", "trace generate grid --devices 100000000 --rounds 400 --out {tmp}/t.parquet",
+         r"trace generator 'grid': 100,000,000 devices over 400 rounds would take 5,000,000,000 bytes of "
          r"availability bits \(one per 8 devices and round\), above fedsim's limit of 4,294,967,296; use fewer "
          r"devices or rounds"),
     case("generate-bernoulli-rows-beyond-limit", "trace generate bernoulli --devices 50000 --rounds 20000 --set p=0.5 "

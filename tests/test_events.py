@@ -76,15 +76,17 @@ def test_every_invitation_is_one_event_and_the_outcomes_add_up(cli_run):
         assert np.array_equal(np.bincount(per_device, minlength=60), devices[column].to_numpy()), column
 
 
-def test_resume_after_a_hard_stop_gives_the_same_events_log(cli_run, monkeypatch):
+@pytest.mark.parametrize("kept", ["all", "failures"])
+def test_resume_after_a_hard_stop_gives_the_same_events_log(cli_run, monkeypatch, kept):
     """A second Ctrl-C aborts at once: the run keeps its last checkpoint (round 14) while the
     log has flushed part files beyond it (small parts); the resumed run's log equals an
-    uninterrupted run's."""
+    uninterrupted run's (of every invitation, or of those that did not arrive)."""
     import fedsim.results.events_log as events_log
     from fedsim.results.recorder import Recorder
 
     monkeypatch.setattr(events_log, "ROWS_PER_PART", 5)
     config = churn_config(30)
+    config["run"]["events"] = kept
     whole = cli_run(config, name="whole")
     add_round = Recorder.add_round
 
@@ -103,6 +105,55 @@ def test_resume_after_a_hard_stop_gives_the_same_events_log(cli_run, monkeypatch
     assert not (cut / ".events").exists()
     columns = ["round", "t_end", "arrived", "late", "surplus", "close_reason", "test_acc"]
     assert rounds(cut)[columns].equals(rounds(whole)[columns])
+
+
+def test_the_events_log_is_written_compact_and_sorted_and_keeps_what_run_events_says(cli_run, capsys):
+    """zstd, rows by (round, device_id) with device ids delta-encoded, the unique times
+    byte-stream-split; `[run] events = "failures"` keeps exactly the rows whose outcome is not
+    arrived, "none" writes no log; the rounds are the same, and the report says what a smaller
+    log cannot show instead of showing latencies of the failures alone."""
+    import pyarrow.parquet as pq
+
+    config = churn_config(20)
+    logs = {}
+    for kept in ("all", "failures", "none"):
+        config["run"]["events"] = kept
+        logs[kept] = cli_run(config, name=kept)
+    events = pl.read_parquet(logs["all"] / "events.parquet")
+    assert events.equals(events.sort("round", "device_id"))
+    failures = pl.read_parquet(logs["failures"] / "events.parquet")
+    assert failures.equals(events.filter(pl.col("outcome") != "arrived")) and 0 < failures.height < events.height
+    assert not (logs["none"] / "events.parquet").exists() and not (logs["none"] / ".events").exists()
+    for run_dir in logs.values():
+        assert rounds(run_dir).drop("wall_s").equals(rounds(logs["all"]).drop("wall_s"))
+    meta = pq.ParquetFile(logs["all"] / "events.parquet").metadata
+    columns = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i) for i in range(meta.num_columns)}
+    assert {c.compression for c in columns.values()} == {"ZSTD"}
+    assert "BYTE_STREAM_SPLIT" in columns["started"].encodings and "DELTA_BINARY_PACKED" in columns["device_id"].encodings
+    assert [(s.column_index, s.descending) for s in meta.row_group(0).sorting_columns] == [(0, False), (1, False)]
+
+    def report(run_dir) -> tuple[dict, str]:
+        assert main(["report", str(run_dir), "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)["runs"][0]
+        assert main(["report", str(run_dir)]) == 0
+        return doc, capsys.readouterr().out
+
+    full, _ = report(logs["all"])
+    assert full["latency"]["tasks"] > 0 and full["events"] == "all"
+    wasted = float(rounds(logs["all"])["wasted_s"].sum())
+    assert full["wasted"]["wasted_s"] == pytest.approx(wasted)
+    for kept, says in [("failures", 'its events log keeps only the invitations that did not arrive ([run] events = '
+                                    '"failures"): no latency of the tasks that ran to their end, no share of the work wasted'),
+                       ("none", 'it kept no events log ([run] events = "none"): no latency of the tasks, no share of '
+                                'the work wasted, no task times of stragglers')]:
+        doc, text = report(logs[kept])
+        assert doc["events"] == kept and doc["latency"] is None
+        assert doc["wasted"]["wasted_s"] == pytest.approx(wasted) and doc["wasted"]["share"] is None
+        assert f"fedavg: {says}" in text.splitlines() and "latency (tasks run to their end)" not in text
+    from fedsim.results.plots import build_figures, load_run
+
+    assert "latency_fedavg" in build_figures({"fedavg": load_run(logs["all"])})
+    assert "latency_fedavg" not in build_figures({"fedavg": load_run(logs["failures"])})
 
 
 def test_extending_a_finished_run_continues_its_events_log(cli_run):

@@ -756,8 +756,19 @@ CASES = [
          r"^error: --best-by 'time_to_0\.9_s': not a metric of the summary \(one of: best_acc, best_loss, final_acc, "
          r"final_loss\); add --target 0\.9 to report it$", **{"s.toml": quadratic_study(), "runs": swept_then_claimed}),
     # --- trace scale, events log (issue 37) ---
-    #
-    #
+    case("run-events-unknown", RUN, r"c\.toml: \[run\] events = 'some' is not valid; did you mean 'none'\? "
+         r"\(one of: all, failures, none\)", **{"c.toml": config(run={"events": "some"})}),
+    case("run-events-a-number", RUN, r"c\.toml: \[run\] events: expected a string, got 3 \(int\)",
+         **{"c.toml": config(run={"events": 3})}),
+    case("run-events-changed-on-resume", "run --resume {tmp}/r --set run.events=none --quiet",
+         r"--set 'run\.events=none': run\.events cannot be changed when resuming", r=run_dir()),
+    case("generate-bits-beyond-limit", "trace generate grid --devices 100000000 --rounds 400 --out {tmp}/t.parquet",
+         r"trace generator 'grid': 100,000,000 devices over 400 rounds would take 5,000,000,000 bytes of "
+         r"availability bits \(one per 8 devices and round\), above fedsim's limit of 4,294,967,296; use fewer "
+         r"devices or rounds"),
+    case("generate-bernoulli-rows-beyond-limit", "trace generate bernoulli --devices 50000 --rounds 20000 --set p=0.5 "
+         "--out {tmp}/t.parquet", r"trace generator 'bernoulli': 50,000 devices over 20,000 rounds would make "
+         r"2[0-9,]+ rows, above fedsim's limit of 50,000,000; generate fewer devices or rounds"),
     #
     # --- audit of the surfaces since d478d11: modules, local epochs, FLASH, fedbuff, halfnormal, run format, trace info|plot RUN_DIR ---
     #

@@ -32,11 +32,11 @@ def test_a_generated_trace_is_recorded_by_its_call_and_fingerprint_not_its_inter
     trace = manifest(run_dir)["trace"]
     assert trace["generator"]["kind"] == "bernoulli" and trace["generator"]["version"] == 1
     assert trace["generator"]["rounds"] == 12 and trace["generator"]["seed"] == 0
-    assert len(trace["fingerprint"]) == 64 and trace["file"] is None
+    assert len(trace["fingerprint"]) == 64 and trace["file"] is None and trace["fingerprint_of"] == "bits"
     # the same call makes the same trace: the fingerprint is that of the generator's output
     from fedsim.runs.replay import trace_fingerprint
 
-    again = generate("bernoulli", 4, seed=0, rounds=12, round_duration=1.0, p=[0.9, 0.7, 0.5, 0.3])
+    again = generate("bernoulli", 4, seed=0, rounds=12, round_duration=1.0, p=[0.9, 0.7, 0.5, 0.3], as_bits=True)
     assert trace_fingerprint(again) == trace["fingerprint"]
 
 

@@ -1,7 +1,8 @@
 """events.parquet, one row per invitation, written as the run goes with bounded memory.
 
-Rows gather in memory up to `ROWS_PER_PART`, then go to a closed Parquet part file in
-``<run>/.events/``; a checkpoint flushes the rows gathered so far and records how many rows
+`[run] events` says which invitations it keeps: all, those whose outcome is not arrived
+("failures"), or none (no file). Rows gather in memory up to `ROWS_PER_PART`, then go to a
+closed Parquet part file in ``<run>/.events/``; a checkpoint flushes the rows gathered so far and records how many rows
 the log holds, so that a resume drops whatever a crash left beyond that count and the log of a
 resumed run equals that of an uninterrupted one. At the end of the run the parts are joined
 into ``events.parquet`` (row group by row group, never the whole log in memory).
@@ -17,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fedsim.files import atomic_write
-from fedsim.sim.events import OUTCOMES, PHASES, event_columns
+from fedsim.sim.events import ARRIVED, OUTCOMES, PHASES, event_columns
 
 ROWS_PER_PART = 1 << 17
 SCHEMA = pa.schema([
@@ -28,12 +29,28 @@ SCHEMA = pa.schema([
     ("phase", pa.string()), ("work_s", pa.float64()),
 ])
 NAMED = {"outcome": OUTCOMES, "phase": PHASES}  # columns written as names, kept as codes
+# Proportionate on disk (benchmarks/bench_events_log.py): zstd; rows sorted by (round,
+# device_id) and device ids delta-encoded; every column dictionary-encoded (a round's times,
+# a device's phase seconds, outcomes and phases repeat) but `started` and `finished`, unique
+# sums stored byte-stream-split. The logical types stay what readers have always read.
+SPLIT = ("started", "finished")
+WRITE_OPTIONS = {
+    "compression": "zstd",
+    "use_dictionary": [f.name for f in SCHEMA if f.name not in (*SPLIT, "device_id")],
+    "column_encoding": {"device_id": "DELTA_BINARY_PACKED", **{name: "BYTE_STREAM_SPLIT" for name in SPLIT}},
+    "sorting_columns": [pq.SortingColumn(0), pq.SortingColumn(1)],
+}
 
 
-def _table(batches: list[dict]) -> pa.Table:
-    """One Arrow table of several rounds' invitations; NaN times and staleness -1 become null,
+def _table(batches: list[dict], failures_only: bool) -> pa.Table:
+    """One Arrow table of several rounds' invitations, each round's by device id (only those
+    whose outcome is not arrived: `failures_only`); NaN times and staleness -1 become null,
     outcome and phase codes their names."""
     columns = event_columns(batches)
+    order = np.lexsort((columns["device_id"], columns["round"]))
+    if failures_only:
+        order = order[columns["outcome"][order] != ARRIVED]
+    columns = {name: values[order] for name, values in columns.items()}
     arrays = []
     for field in SCHEMA:
         values = columns[field.name]
@@ -59,9 +76,12 @@ def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 class EventLog:
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, kept: str = "all"):
+        """`kept`: `[run] events`, the invitations the log keeps: "all", "failures" (those
+        whose outcome is not arrived) or "none" (no events.parquet)."""
         self.path = Path(run_dir) / "events.parquet"
         self.spool = Path(run_dir) / ".events"
+        self.kept = kept
         self.pending: list[dict] = []
         self.pending_rows = 0
         self.parts = 0
@@ -70,7 +90,9 @@ class EventLog:
     def add(self, events: dict) -> None:
         """A round's invitations (sim/events.py `task_events`)."""
         n = events.get("n", 0)
-        if not n:
+        if n and self.kept == "failures":
+            n = int(np.count_nonzero(events["outcome"] != ARRIVED))
+        if not n or self.kept == "none":
             return
         self.pending.append(events)
         self.pending_rows += n
@@ -81,8 +103,8 @@ class EventLog:
         """Close the gathered rows into a part file; returns the rows the log holds."""
         if self.pending_rows:
             self.spool.mkdir(exist_ok=True)
-            table = _table(self.pending)
-            atomic_write(self._part(self.parts), lambda tmp: pq.write_table(table, tmp))
+            table = _table(self.pending, self.kept == "failures")
+            atomic_write(self._part(self.parts), lambda tmp: pq.write_table(table, tmp, **WRITE_OPTIONS))
             self.parts += 1
             self.rows += self.pending_rows
             self.pending, self.pending_rows = [], 0
@@ -93,13 +115,15 @@ class EventLog:
 
     def finish(self) -> None:
         """Join the parts (after any earlier events.parquet of a resumed run) into events.parquet."""
+        if self.kept == "none":
+            return
         self.flush()
         sources = [self._part(k) for k in range(self.parts)]
 
         def write(tmp: Path) -> None:
-            with pq.ParquetWriter(tmp, SCHEMA) as writer:
-                for source in sources:
-                    for batch in pq.ParquetFile(source).iter_batches():
+            with pq.ParquetWriter(tmp, SCHEMA, **WRITE_OPTIONS) as writer:
+                for source in sources:  # a row group per part: its dictionaries serve 131,072 rows
+                    for batch in pq.ParquetFile(source).iter_batches(batch_size=ROWS_PER_PART):
                         writer.write_batch(batch)
 
         atomic_write(self.path, write)
@@ -110,6 +134,8 @@ class EventLog:
         streamed batch by batch. The newest log is read: the parts of a run cut short (also of
         a resumed run, whose events.parquet is older), else the rows an earlier resume kept
         (cut before they became a part), else the events.parquet of a run that finished."""
+        if self.kept == "none":
+            return
         kept = self.spool.with_name(".events-kept.parquet")
         sources = sorted(self.spool.glob("part-*.parquet")) or [p for p in (kept, self.path) if p.exists()][:1]
         left = rows
@@ -117,7 +143,7 @@ class EventLog:
         def write(tmp) -> None:
             nonlocal left
             left = rows
-            with pq.ParquetWriter(tmp, SCHEMA) as writer:
+            with pq.ParquetWriter(tmp, SCHEMA, **WRITE_OPTIONS) as writer:
                 for source in sources:
                     for batch in pq.ParquetFile(source).iter_batches():
                         if left > 0:

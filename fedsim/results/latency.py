@@ -22,6 +22,12 @@ ZONE_COLUMNS = ("tz_offset", "group")
 DEVICE_LABELS = ("class", "tz_offset", "group", "name")  # shown with a straggler where known
 
 
+def events_kept(config: dict) -> str:
+    """`[run] events` of a run's config.toml: the invitations its events.parquet keeps (runs of
+    releases before the key kept all)."""
+    return config.get("run", {}).get("events", "all")
+
+
 def _events(run_dir: Path) -> pl.LazyFrame | None:
     path = Path(run_dir) / "events.parquet"
     return pl.scan_parquet(path) if path.is_file() else None
@@ -36,11 +42,12 @@ def collect(frame: pl.LazyFrame, run_dir: Path) -> pl.DataFrame:
                           "the run directory is damaged: resume the run or run it again") from None
 
 
-def latency(run_dir: Path) -> dict | None:
+def latency(run_dir: Path, kept: str = "all") -> dict | None:
     """Median and p90 (linear) of each phase over the tasks that ran to their end; None without
-    an events log."""
+    an events log, or one that kept only some invitations (`kept`, `[run] events`: the tasks
+    that arrived are not in it)."""
     events = _events(run_dir)
-    if events is None:
+    if events is None or kept != "all":
         return None
     ran = events.filter(pl.col("outcome").cast(pl.String).is_in(RAN_TO_END))
     row = ran.select(
@@ -63,11 +70,18 @@ def close_reasons(rounds: pl.DataFrame) -> dict | None:
             **{str(k): int(v) for k, v in sorted(counts.items(), key=lambda kv: str(kv[0]))}}
 
 
-def wasted_work(run_dir: Path, rounds: pl.DataFrame, devices: pl.DataFrame) -> dict | None:
+def wasted_work(run_dir: Path, rounds: pl.DataFrame, devices: pl.DataFrame, kept: str = "all") -> dict | None:
     """Device-seconds of work whose update the model never received (dropped, late, surplus,
     and the arrivals of rounds failed for their quorum; sim/events.py `work_s`): in all, per
     round, as a share of all the work done, and per device class where devices have one. None
-    for a run directory written before the events log recorded the work."""
+    for a run directory written before the events log recorded the work. An events log that
+    kept only some invitations (`kept`) lacks the work that arrived: the total and per round
+    then come from rounds.parquet's `wasted_s`, the shares are unknown (None)."""
+    if kept != "all":
+        if "wasted_s" not in rounds.columns:
+            return None
+        wasted_s = float(rounds["wasted_s"].sum())
+        return {"wasted_s": wasted_s, "per_round": wasted_s / max(len(rounds), 1), "share": None, "rows": []}
     events = _events(run_dir)
     if events is None or "work_s" not in events.collect_schema().names():
         return None

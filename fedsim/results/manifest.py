@@ -60,6 +60,6 @@ def write_manifest(run, result, host_s: float) -> None:
         "warnings": run_warnings(run, result.status, result.sim_time),
         "trace": {"n_devices": trace.n_devices, "horizon": trace.horizon, "wrap": trace.wrap,
                   "generator": trace.generator, "origin": trace.origin, "file": run.trace_file,
-                  "fingerprint": run.trace_fingerprint},
+                  "fingerprint": run.trace_fingerprint, "fingerprint_of": run.fingerprint_of},
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })

@@ -36,6 +36,7 @@ import polars as pl
 from fedsim.config import read_toml
 from fedsim.errors import FedsimError
 from fedsim.files import atomic_write, plain_name
+from fedsim.results.latency import events_kept
 from fedsim.results.run_format import read_manifest
 from fedsim.results.status import initial_evaluation
 
@@ -57,6 +58,7 @@ class RunData:
     path: Path | None = None  # the run directory (events.parquet is read only by the plots of it)
     deadline: float | None = None  # [server] deadline under model timing
     timing: str = "model"  # [server] timing: "ideal" has no latency and rounds of one length
+    events: str = "all"  # [run] events: the invitations events.parquet keeps
 
 
 def _table(path: Path) -> pl.DataFrame:
@@ -92,10 +94,12 @@ def load_run(run_dir: Path) -> RunData:
     start = (initial or {}).get("t")
     if start is None:
         start = rounds["t_start"][0] if "t_start" in rounds.columns and rounds.height else 0.0
-    server = (read_toml(run_dir / "config.toml") if (run_dir / "config.toml").exists() else {}).get("server", {})
+    config = read_toml(run_dir / "config.toml") if (run_dir / "config.toml").exists() else {}
+    server = config.get("server", {})
     timing = server.get("timing", "model")
     deadline = server.get("deadline") if timing == "model" else None
-    return RunData(rounds, devices, initial, origin, float(start), run_dir, deadline, timing)
+    return RunData(rounds, devices, initial, origin, float(start), run_dir, deadline, timing,
+                   events_kept(config))
 
 
 def _figure(width: float = 6.4, height: float = 4.0, rows: int = 1, cols: int = 1, *, top: float = 0.9,
@@ -458,7 +462,8 @@ def build_figures(runs: dict[str, RunData], title: str = "") -> dict[str, object
     if all(run.devices is not None for run in runs.values()):
         figures["participation_per_device"] = _device_figure(runs, f"{head}participation per device")
     for name, run in runs.items():
-        if run.timing != "ideal" and run.path is not None and (run.path / "events.parquet").is_file():
+        if run.timing != "ideal" and run.events == "all" and run.path is not None \
+                and (run.path / "events.parquet").is_file():  # (the tasks that arrived are in all only)
             figures[f"latency_{name}"] = _latency_figure(run, f"{head}where a task's time goes ({name})")
     if timed and all(run.devices is not None and {"invitations", "arrivals"} <= set(run.devices.columns)
            and ({"flops"} <= set(run.devices.columns) or "seconds_per_sample" in run.devices.columns)

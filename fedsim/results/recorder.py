@@ -52,13 +52,15 @@ def _torch_save(obj: Any, target) -> None:
 class Recorder:
     """Rounds, per-device counters, the events log and the initial evaluation of one run."""
 
-    def __init__(self, run_dir: Path, n_devices: int, device_info: dict[str, np.ndarray] | None = None):
+    def __init__(self, run_dir: Path, n_devices: int, device_info: dict[str, np.ndarray] | None = None,
+                 events: str = "all"):
+        """`events`: `[run] events`, which invitations the events log keeps."""
         self.run_dir = Path(run_dir)
         self.rows: list[dict[str, Any]] = []
         self.counters = {name: np.zeros(n_devices, dtype=np.int64) for name in DEVICE_COUNTERS}
         self.last_round = np.full(n_devices, -1, dtype=np.int64)
         self.device_info = device_info or {}  # per-device columns known before the run
-        self.events = EventLog(self.run_dir)
+        self.events = EventLog(self.run_dir, events)
         self.initial: dict[str, float | None] | None = None  # the initial model's evaluation
 
     def add_round(self, outcome, metrics: dict[str, Any]) -> dict[str, Any]:

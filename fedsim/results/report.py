@@ -18,8 +18,8 @@ import polars as pl
 
 from fedsim.config import read_toml
 from fedsim.errors import FedsimError, first_line
-from fedsim.results.latency import (PHASES, STRAGGLER_ARRIVED_BELOW, STRAGGLER_INVITED, close_reasons, latency,
-                                     participation_by, stragglers, wasted_work)
+from fedsim.results.latency import (PHASES, STRAGGLER_ARRIVED_BELOW, STRAGGLER_INVITED, close_reasons,
+                                     events_kept, latency, participation_by, stragglers, wasted_work)
 from fedsim.results.run_format import read_manifest
 from fedsim.results.status import initial_evaluation, run_status
 
@@ -315,6 +315,7 @@ def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
     final_acc, best_acc = _best(run.rounds, "test_acc", "max")
     final_loss, best_loss = _best(run.rounds, "test_loss", "min")
     t_end = run.rounds["t_end"]
+    kept = events_kept(run.config)
     hits = [time_to_target(run.rounds, t, run.manifest.get("initial")) for t in targets]
     return {
         "name": name, "algorithm": run.algorithm, "run_dir": str(run.path),
@@ -327,9 +328,10 @@ def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
                     for t, h in zip(targets, hits)],
         "round_duration": round_durations(run.rounds),
         "participation": participation(run.rounds, run.devices),
-        "latency": latency(run.path),
+        "events": kept,
+        "latency": latency(run.path, kept),
         "close_reasons": close_reasons(run.rounds),
-        "wasted": wasted_work(run.path, run.rounds, run.devices),
+        "wasted": wasted_work(run.path, run.rounds, run.devices, kept),
         "stragglers": stragglers(run.path, run.devices),
         "participation_by": participation_by(run.devices),
         "samples": sample_spread(run.devices),
@@ -431,6 +433,12 @@ def format_report(doc: dict) -> str:
 
 
 SHOWN_STRAGGLERS = 10
+NOT_KEPT = {  # what the report cannot show of a run whose events log kept less (`[run] events`)
+    "failures": 'its events log keeps only the invitations that did not arrive ([run] events = "failures"): '
+                "no latency of the tasks that ran to their end, no share of the work wasted",
+    "none": 'it kept no events log ([run] events = "none"): no latency of the tasks, no share of the work '
+            "wasted, no task times of stragglers",
+}
 
 
 def latency_blocks(runs: list[dict]) -> list[str]:
@@ -444,6 +452,7 @@ def latency_blocks(runs: list[dict]) -> list[str]:
         blocks.append(table_text(header, [
             [r["name"], str(r["latency"]["tasks"]),
              *[duration(r["latency"][p][q]) for p in PHASES for q in ("median", "p90")]] for r in timed]))
+    blocks += [f"{r['name']}: {NOT_KEPT[r['events']]}" for r in runs if r.get("events", "all") != "all"]
     closed = [r for r in runs if r.get("close_reasons")]
     if closed:
         reasons = [k for k in closed[0]["close_reasons"] if any(r["close_reasons"].get(k) for r in closed)]

@@ -28,7 +28,7 @@ from fedsim.config.catalog import GENERATORS
 from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock, file_fingerprint, plain_name, remove_stale_temporaries
 from fedsim.runs.replay import (TraceRecord, check_trace_file, load_trace, recorded_trace, resolve_trace_path,
-                                trace_fingerprint)
+                                hashes, trace_fingerprint)
 from fedsim.results.manifest import write_manifest
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
@@ -39,7 +39,7 @@ from fedsim.sim.engine import Engine, EngineResult, finish_round_on_stop_signal,
 from fedsim.sim.round_timing import invite_budget
 from fedsim.sim.server import Server
 from fedsim.sim.timing import SPEED_COLUMNS, DeviceTiming, device_rows
-from fedsim.traces import AvailabilityIndex
+from fedsim.traces.index import availability_index
 from fedsim.traces.generators import known_probability_at
 from fedsim.traces.io import read_device_table
 from fedsim.traces.stats import device_online_fraction
@@ -123,12 +123,13 @@ class Experiment:
         check_cohort_size(cfg.server, self.task.n_clients)
         self.trace, self.trace_device = load_trace(cfg, self.task.n_clients,
                                                    self.task.label_distribution(), trace_record)
-        self.index = AvailabilityIndex(self.trace)
+        self.index = availability_index(self.trace)
         # a resume checks that the trace is still this one: a file by its bytes, a generated
         # trace (recorded by its generator's call, in the manifest) by its intervals
         generated = cfg.trace.source != "file"
         self.trace_file = None if generated else file_fingerprint(Path(cfg.trace.path))
         self.trace_fingerprint = trace_fingerprint(self.trace) if generated else None
+        self.fingerprint_of = hashes(self.trace) if generated else None
         self.threads = ThreadPolicy(cfg.run.threads, self.device)
         self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads,
                                      deterministic=cfg.run.deterministic, tf32=cfg.run.tf32)
@@ -206,7 +207,7 @@ class Experiment:
         started = time.perf_counter()
         previous_s = resume["host_s"] if resume else 0.0
         self._host_s = lambda: previous_s + time.perf_counter() - started
-        self.recorder = Recorder(self.run_dir, self.task.n_clients, self.device_info())
+        self.recorder = Recorder(self.run_dir, self.task.n_clients, self.device_info(), cfg.run.events)
         self.resumed = resume is not None
         self.start_round, self.start_time = (resume["round"], resume["sim_time"]) if resume else (0, 0.0)
         remove_stale_temporaries(self.run_dir)

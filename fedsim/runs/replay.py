@@ -3,7 +3,8 @@ long it is, whether it loops (a generated trace repeats, a recorded one ends), w
 devices the run's clients replay (`[trace] select`) and where in it the run starts
 (`[trace] offset`); and how a run records a generated trace: by what recreates it (the
 generator's call in manifest.json) and a fingerprint that a resume checks (TraceRecord), not
-by its intervals, which can be hundreds of MB.
+by its intervals, which can be hundreds of MB. A round-indexed generator's trace is held as
+bits per round and device (fedsim/traces/round_bits.py), not as intervals.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from fedsim.errors import FedsimError
 from fedsim.files import file_fingerprint, resolved
 from fedsim.results.run_format import read_manifest, run_config, runs_in
 from fedsim.traces import Trace, generate, read_trace
+from fedsim.traces.round_bits import RoundBits
 
 
 def resolve_trace_path(config: Config) -> Config:
@@ -49,10 +51,11 @@ class TraceRecord:
     horizon: float
     generator: dict
     saved: Trace | None = None
+    hashed: str = "intervals"  # what the fingerprint hashes (manifest `fingerprint_of`): see hashes
 
     @classmethod
     def of(cls, trace: Trace) -> "TraceRecord":
-        return cls(trace_fingerprint(trace), trace.horizon, trace.generator)
+        return cls(trace_fingerprint(trace), trace.horizon, trace.generator, hashed=hashes(trace))
 
 
 def recorded_trace(run_dir: Path, manifest: dict) -> TraceRecord | None:
@@ -65,7 +68,8 @@ def recorded_trace(run_dir: Path, manifest: dict) -> TraceRecord | None:
     trace = manifest.get("trace") or {}
     if not trace.get("fingerprint"):
         return None
-    return TraceRecord(trace["fingerprint"], float(trace["horizon"]), trace.get("generator") or {})
+    return TraceRecord(trace["fingerprint"], float(trace["horizon"]), trace.get("generator") or {},
+                       hashed=trace.get("fingerprint_of", "intervals"))
 
 
 def run_trace(run_dir: Path) -> Trace:
@@ -87,7 +91,11 @@ def run_trace(run_dir: Path) -> Trace:
         check_trace_file(Path(config.trace.path), (manifest.get("trace") or {}).get("file"))
     else:
         record = recorded_trace(run_dir, manifest)
-    return load_trace(config, n_devices, label_dist, record)[0]
+    trace = load_trace(config, n_devices, label_dist, record)[0]
+    if isinstance(trace, RoundBits):  # what `trace info` and `plot` read: the file's form
+        return trace.to_trace(f"{run_dir}: its trace", "trace info and plot read a trace as intervals (the run "
+                              "holds its trace as bits, without this limit)")
+    return trace
 
 
 def check_trace_file(path: Path, recorded: dict | None) -> None:
@@ -104,25 +112,47 @@ def check_trace_file(path: Path, recorded: dict | None) -> None:
                           "original back, or start a new run with this trace")
 
 
-def trace_fingerprint(trace: Trace, horizon: float | None = None) -> str:
-    """SHA-256 of the devices and intervals of `trace` over [0, horizon) (default: its own)."""
+def hashes(trace: Trace | RoundBits) -> str:
+    """What `trace_fingerprint` hashes by default: a round-indexed trace's bits ("bits"), or
+    intervals (runs of releases before the bits recorded every fingerprint so)."""
+    return "bits" if isinstance(trace, RoundBits) else "intervals"
+
+
+def trace_fingerprint(trace: Trace | RoundBits, horizon: float | None = None, of: str | None = None) -> str:
+    """SHA-256 of `trace` over [0, horizon) (default: its own): of its bits (RoundBits: a
+    read of 1 bit per round and device), or of its devices and intervals, column after
+    column (`of` = "intervals": the bits give their interval form chunk by chunk, so that a
+    run of an earlier release, which recorded that, still resumes)."""
     horizon = trace.horizon if horizon is None else horizon
-    keep = trace.start < horizon
+    of = hashes(trace) if of is None else of
+    if of == "bits":
+        digest = hashlib.sha256(np.array([trace.n_devices, horizon, trace.round_duration]).tobytes())
+        digest.update(np.ascontiguousarray(trace.bits[:trace.rounds_before(horizon)]).data)
+        return digest.hexdigest()
     digest = hashlib.sha256(np.array([trace.n_devices, horizon]).tobytes())
-    for column in (trace.device_id[keep], trace.start[keep], np.minimum(trace.end[keep], horizon)):
-        digest.update(np.ascontiguousarray(column).tobytes())
+    for k in range(3):
+        if isinstance(trace, RoundBits):
+            parts = (chunk[k] for chunk in trace.intervals(horizon))
+        else:
+            keep = trace.start < horizon
+            parts = [(trace.device_id[keep], trace.start[keep], np.minimum(trace.end[keep], horizon))[k]]
+        for part in parts:
+            digest.update(np.ascontiguousarray(part).tobytes())
     return digest.hexdigest()
 
 
-def continues(trace: Trace, record: TraceRecord) -> bool:
-    """Whether `trace` has exactly the recorded trace's intervals over its horizon (a longer
-    generation of the same trace: round-indexed generators draw round by round, so they are
-    prefix-stable)."""
-    return trace.horizon >= record.horizon and trace_fingerprint(trace, record.horizon) == record.fingerprint
+def continues(trace: Trace | RoundBits, record: TraceRecord) -> bool:
+    """Whether `trace` has exactly the recorded trace's availability over its horizon (a
+    longer generation of the same trace: round-indexed generators draw round by round, so they
+    are prefix-stable)."""
+    if record.hashed == "bits" and not isinstance(trace, RoundBits):
+        return False
+    return trace.horizon >= record.horizon and \
+        trace_fingerprint(trace, record.horizon, record.hashed) == record.fingerprint
 
 
 def load_trace(config: Config, n_devices: int, label_dist: np.ndarray | None,
-               record: TraceRecord | None = None) -> tuple[Trace, np.ndarray]:
+               record: TraceRecord | None = None) -> tuple[Trace | RoundBits, np.ndarray]:
     """The run's availability and the trace device each of its devices replays. A resumed
     generated-trace run (`record`) continues its trace when a generation for its new extent
     agrees with it; otherwise it replays the trace it started with, generated again from the
@@ -143,8 +173,14 @@ def load_trace(config: Config, n_devices: int, label_dist: np.ndarray | None,
         "it with the release that started it (its manifest.json names it), or start a new run")
 
 
-def placed(config: Config, trace: Trace, n_devices: int) -> tuple[Trace, np.ndarray]:
-    """`trace` cut to the run's devices (`[trace] select`) and moved to its `[trace] offset`."""
+def placed(config: Config, trace: Trace | RoundBits, n_devices: int) -> tuple[Trace | RoundBits, np.ndarray]:
+    """`trace` cut to the run's devices (`[trace] select`) and moved to its `[trace] offset`.
+    Round-indexed bits stay bits unless moved (an offset takes rounds off their grid)."""
+    if isinstance(trace, RoundBits):
+        if trace.n_devices == n_devices and not offset_seconds(config, trace):
+            return trace, np.arange(n_devices)
+        trace = trace.to_trace(f"{config.source}: [trace] source = {config.trace.source!r}",
+                               "use fewer devices or rounds, or no [trace] offset")
     chosen = np.arange(n_devices)
     if trace.n_devices != n_devices:
         chosen = choose_devices(config, trace, n_devices)
@@ -239,9 +275,9 @@ def shift(trace: Trace, offset: float) -> Trace:
 
 
 def source_trace(config: Config, n_devices: int, label_dist: np.ndarray | None,
-                 extent: dict | None = None) -> Trace:
+                 extent: dict | None = None) -> Trace | RoundBits:
     """A Parquet file, or a generator with the run's sizes and seed (over `extent`, rounds and
-    days, when given: a resume's recorded one)."""
+    days, when given: a resume's recorded one); a round-indexed generator's as bits."""
     tc = config.trace
     if tc.source == "file":
         return read_trace(Path(tc.path))
@@ -255,7 +291,7 @@ def source_trace(config: Config, n_devices: int, label_dist: np.ndarray | None,
     trace = generate(
         tc.source, n_devices, seed=config.run.seed, rounds=rounds,
         round_duration=config.server.round_duration, days=days,
-        label_dist=label_dist if spec.needs_labels else None, **tc.options,
+        label_dist=label_dist if spec.needs_labels else None, as_bits=True, **tc.options,
     )
     # A generated trace repeats, so that a run is never cut short by the trace's length.
     return dataclasses.replace(trace, wrap="loop")

@@ -4,8 +4,9 @@ and the one entry point, ``generate``.
 Two families (docs/traces.md):
 
 * round-indexed models (``always``, ``bernoulli``, ``grid``, ``periodic``) define a
-  probability p_i^t per device and round; the trace puts round r on [r*D, (r+1)*D) and merges
-  consecutive online rounds. The per-device parameters go into ``Trace.generator`` so that
+  probability p_i^t per device and round and draw who is online as bits per round and device
+  (RoundBits, what a run holds); as intervals, the trace puts round r on [r*D, (r+1)*D) and
+  merges consecutive online rounds. The per-device parameters go into ``Trace.generator`` so that
   ``known_probability`` recomputes p_i^t later (``fedavg-known-p`` needs it);
 * wall-clock models (``markov``, ``sleep-window``, ``diurnal``) produce intervals in seconds
   over ``days`` (or ``rounds * round_duration`` seconds).
@@ -27,7 +28,8 @@ import numpy as np
 from fedsim.config.catalog import GENERATORS
 from fedsim.errors import FedsimError, did_you_mean
 from fedsim.traces import clock_models, round_models
-from fedsim.traces.request import Generated, Request, finite_numbers, short
+from fedsim.traces.request import Generated, GeneratedRounds, Request, finite_numbers, short
+from fedsim.traces.round_bits import RoundBits
 from fedsim.traces.schema import Trace, check_devices, positive_seconds, whole_number
 
 MAX_OPTION_INT = 2**53  # integer options stay exact as floats and cannot overflow int64 sums
@@ -49,7 +51,7 @@ class GeneratorSpec:
     round_indexed: bool
     needs_labels: bool
     doc: str
-    fn: Callable[[Request], Generated]
+    fn: Callable[[Request], Generated | GeneratedRounds]
     probability: Callable[[dict, np.ndarray], np.ndarray] | None = None
     version: int = 1
 
@@ -95,8 +97,10 @@ BUILT_IN: dict[str, GeneratorSpec] = {
 
 def generate(kind: str, n_devices: int, *, seed: int, rounds: int | None = None,
              round_duration: float = 1.0, days: float | None = None,
-             label_dist: np.ndarray | None = None, **options) -> Trace:
-    """Make a synthetic trace. Deterministic for a seed."""
+             label_dist: np.ndarray | None = None, as_bits: bool = False, **options) -> Trace | RoundBits:
+    """Make a synthetic trace. Deterministic for a seed. ``as_bits``: a round-indexed
+    generator's trace as bits per round and device (RoundBits, what a run holds), not as
+    intervals; the same availability either way."""
     spec = _spec(kind)
     options = check_options(kind, options)
     where = f"trace generator {kind!r}"
@@ -107,11 +111,14 @@ def generate(kind: str, n_devices: int, *, seed: int, rounds: int | None = None,
     if label_dist is not None:
         label_dist = _label_dist(kind, label_dist, n_devices)
     request = Request(n_devices, np.random.default_rng(seed), horizon, rounds,
-                      round_duration, label_dist, options, where)
+                      round_duration, label_dist, options, where, intervals=not as_bits)
     out = spec.fn(request)
     generator = {"kind": kind, "version": spec.version, "seed": seed, "rounds": rounds,
                  "round_duration": round_duration, "days": days or None, "options": options,
                  **out.meta}
+    if isinstance(out, GeneratedRounds):
+        bits = RoundBits(out.bits, out.online_count, n_devices, round_duration, generator=generator)
+        return bits if as_bits else bits.to_trace(where)
     return Trace.from_intervals(out.device_id, out.start, out.end, n_devices=n_devices,
                                 horizon=horizon, origin=out.origin, generator=generator,
                                 where=where)

@@ -21,9 +21,16 @@ from functools import cached_property
 
 import numpy as np
 
+from fedsim.traces.round_bits import RoundBits
+from fedsim.traces.round_index import RoundIndex
 from fedsim.traces.schema import Trace
 
 _MAX_BUCKETS = 1 << 16
+
+
+def availability_index(trace):
+    """The index of a trace: of its intervals (Trace), or of its bits (RoundBits)."""
+    return RoundIndex(trace) if isinstance(trace, RoundBits) else AvailabilityIndex(trace)
 
 
 class AvailabilityIndex:

@@ -8,20 +8,6 @@ from __future__ import annotations
 import numpy as np
 
 
-def runs_of(mask: np.ndarray):
-    """Runs of True in each row of a bool matrix ``[rows, cols]``.
-
-    Returns (row, first, stop) int64 arrays, sorted by (row, first); ``stop`` is exclusive.
-    """
-    rows, cols = mask.shape
-    padded = np.zeros((rows, cols + 2), dtype=np.int8)
-    padded[:, 1:-1] = mask
-    step = np.diff(padded, axis=1)
-    row, first = np.nonzero(step == 1)
-    _, stop = np.nonzero(step == -1)
-    return row.astype(np.int64), first.astype(np.int64), stop.astype(np.int64)
-
-
 def alternating(lo, hi, mean_on, mean_off, first_on, rng: np.random.Generator):
     """Online pieces of an alternating renewal process inside each window [lo[w], hi[w]).
 

@@ -20,6 +20,7 @@ class Request:
     label_dist: np.ndarray | None
     options: dict
     where: str = "trace generator"  # starts error messages: "trace generator 'diurnal'"
+    intervals: bool = True  # a round-indexed generator's bits become intervals: refuse too many early
 
 
 def finite_numbers(value) -> np.ndarray | None:
@@ -50,3 +51,13 @@ class Generated:
     end: np.ndarray
     meta: dict = field(default_factory=dict)
     origin: str | None = None
+
+
+@dataclass(frozen=True)
+class GeneratedRounds:
+    """A round-indexed generator's output: who is online per round, as bits (see
+    fedsim/traces/round_bits.py `pack`), the online count per round, and metadata to record."""
+
+    bits: np.ndarray
+    online_count: np.ndarray
+    meta: dict = field(default_factory=dict)

@@ -2,7 +2,7 @@
 
 Each model is a probability p_i^t per device i and round t, computed from parameters that
 are recorded in the trace metadata (so ``known_probability`` can recompute it). Rounds are
-sampled in blocks of rounds x all devices and turned into intervals on the round grid.
+sampled in blocks of rounds x all devices and kept as bits (fedsim/traces/round_bits.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import difflib
 import numpy as np
 
 from fedsim.errors import FedsimError
-from fedsim.traces.intervals import runs_of
-from fedsim.traces.request import Generated, Request, finite_numbers, short
+from fedsim.traces.request import Generated, GeneratedRounds, Request, finite_numbers, short
+from fedsim.traces.round_bits import check_bits, count_runs, pack
 from fedsim.traces.schema import check_rows
 
 DYNAMICS = ("stationary", "staircase", "sine", "interleaved-sine")
@@ -32,32 +32,38 @@ GRID_OPTIONS = {"half_period": 100, "digits": 5}
 PERIODIC_OPTIONS = {"groups": 5, "rounds_per_group": 100, "offset": None}
 
 
-def sample_rounds(req: Request, params: dict, probability, *, random: bool) -> Generated:
-    """Draw online[t, i] ~ Bernoulli(p_i^t) (or take p as 0/1 when not ``random``) and emit
-    the runs of online rounds as intervals [r*D, r'*D)."""
-    n, d = req.n_devices, req.round_duration
-    block = max(1, (1 << 22) // n)
-    devs, starts, ends = [], [], []
+def sample_rounds(req: Request, params: dict, probability, *, random: bool) -> GeneratedRounds:
+    """Draw online[t, i] ~ Bernoulli(p_i^t) (or take p as 0/1 when not ``random``) in blocks of
+    rounds x all devices (the draws do not depend on the block size) and keep them as bits.
+    When the bits are to become intervals, their rows are projected from the blocks drawn so
+    far, so that a trace too big is refused early."""
+    n, total = req.n_devices, req.rounds
+    check_bits(n, total, req.where)
+    bits = np.empty((total, (n + 7) // 8), dtype=np.uint8)
+    online_count = np.empty(total, dtype=np.int64)
+    block = max(1, (1 << (22 if req.intervals else 20)) // n)
     made = 0
-    for r0 in range(0, req.rounds, block):
-        rounds = np.arange(r0, min(req.rounds, r0 + block))
+    for r0 in range(0, total, block):
+        rounds = np.arange(r0, min(total, r0 + block))
         p = probability(params, rounds)
         online = req.rng.random(p.shape) < p if random else p >= 1
-        dev, first, stop = runs_of(online.T)
-        made += len(dev)  # projected to all rounds, so a trace too big is refused early
-        check_rows(made * req.rounds / (r0 + len(rounds)), f"{n:,} devices over {req.rounds:,} "
-                   f"rounds", req.where, "generate fewer devices or rounds")
-        devs.append(dev)
-        starts.append((r0 + first) * d)
-        ends.append((r0 + stop) * d)
-    return Generated(np.concatenate(devs), np.concatenate(starts), np.concatenate(ends), params)
+        bits[rounds] = pack(online)
+        online_count[rounds] = online.sum(axis=1)
+        if req.intervals:
+            made += count_runs(online)
+            check_rows(made * total / (r0 + len(rounds)), f"{n:,} devices over {total:,} rounds",
+                       req.where, "generate fewer devices or rounds")
+    return GeneratedRounds(bits, online_count, params)
 
 
 # -- always ---------------------------------------------------------------------------------
 
-def always(req: Request) -> Generated:
+def always(req: Request) -> Generated | GeneratedRounds:
+    """One interval per device (a year of 1 s rounds is still one row each), or its bits."""
     n = req.n_devices
-    return Generated(np.arange(n), np.zeros(n), np.full(n, req.horizon), {"n": n})
+    if req.intervals:
+        return Generated(np.arange(n), np.zeros(n), np.full(n, req.horizon), {"n": n})
+    return sample_rounds(req, {"n": n}, always_probability, random=False)
 
 
 def always_probability(params: dict, rounds: np.ndarray) -> np.ndarray:
@@ -66,7 +72,7 @@ def always_probability(params: dict, rounds: np.ndarray) -> np.ndarray:
 
 # -- bernoulli ------------------------------------------------------------------------------
 
-def bernoulli(req: Request) -> Generated:
+def bernoulli(req: Request) -> GeneratedRounds:
     o = req.options
     if o["dynamics"] not in DYNAMICS:
         close = difflib.get_close_matches(str(o["dynamics"]), DYNAMICS, n=1)
@@ -138,7 +144,7 @@ def _base_probability(req: Request) -> np.ndarray:
 
 # -- two-group grid (FedLaAvg) --------------------------------------------------------------
 
-def grid(req: Request) -> Generated:
+def grid(req: Request) -> GeneratedRounds:
     o = req.options
     if o["half_period"] < 1 or o["digits"] < 0:
         raise FedsimError(f"trace generator 'grid': half_period = {o['half_period']} must be >= 1 "
@@ -157,7 +163,7 @@ def grid_probability(params: dict, rounds: np.ndarray) -> np.ndarray:
 
 # -- periodic groups (Wang & Ji) ------------------------------------------------------------
 
-def periodic(req: Request) -> Generated:
+def periodic(req: Request) -> GeneratedRounds:
     o = req.options
     groups, length = o["groups"], o["rounds_per_group"]
     if groups < 1 or length < 1:

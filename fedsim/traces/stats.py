@@ -7,6 +7,7 @@ from datetime import datetime
 
 import numpy as np
 
+from fedsim.traces.round_bits import RoundBits
 from fedsim.traces.schema import Trace
 
 QUANTILES = (0.0, 0.1, 0.5, 0.9, 1.0)
@@ -106,7 +107,7 @@ def _f(value) -> float | None:
     return None if not np.isfinite(value) else float(value)
 
 
-def device_online_fraction(trace: Trace, t: float) -> np.ndarray:
+def device_online_fraction(trace: Trace | RoundBits, t: float) -> np.ndarray:
     """Per device, the fraction of [0, t) it is online (a looping trace repeats; a trace that
     ends counts as offline after its horizon)."""
     n = trace.n_devices
@@ -114,6 +115,8 @@ def device_online_fraction(trace: Trace, t: float) -> np.ndarray:
         return np.zeros(n)
 
     def online_until(until: float) -> np.ndarray:
+        if isinstance(trace, RoundBits):
+            return trace.online_seconds(until)
         seconds = np.clip(np.minimum(trace.end, until) - trace.start, 0.0, None)
         return np.bincount(trace.device_id, weights=seconds, minlength=n)
 

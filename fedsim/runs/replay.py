@@ -81,7 +81,13 @@ def run_trace(run_dir: Path) -> Trace:
     if not members:
         raise FedsimError(f"{run_dir}: is a directory; give the path of a .parquet file, or a run directory "
                           "that `fedsim run` made (this one has no manifest.json)")
+    if (run_dir / "study.toml").is_file():
+        raise FedsimError(f"{run_dir}: is a study's folder, whose points may replay different traces; give "
+                          f"one point's run directory, e.g. {members[0]}")
     run_dir, manifest = members[0], read_manifest(members[0])
+    if not (run_dir / "config.toml").is_file():
+        raise FedsimError(f"{run_dir / 'config.toml'}: missing, so the trace the run replays is unknown; restore "
+                          "it (a copy is in checkpoint.pt's 'config')")
     config = config_from_dict(run_config(run_dir), origin=str(run_dir / "config.toml"))
     task = build_task(config.data, config.model, seed=config.run.seed, device=torch.device("cpu"))
     record = None

@@ -741,7 +741,7 @@ CASES = [
          r"the meta device \(a shape without values\); build the module with values in the factory",
          **user_module("meta_linear")),
     case("module-nan-parameters", RUN, r"^error: \[model\] name = 'audit_nets:nan_linear': parameter '1\.bias' holds nan or "
-         r"inf as the factory built it; initialise it with finite numbers",
+         r"inf as the factory built it \(fedsim sends and averages it, and inf - inf is nan\); give it finite numbers",
          **user_module("nan_linear")),
     case("module-returns-a-tuple", RUN, r"'audit_nets:returns_tuple': the module returns tuple for a batch of 2 inputs; it "
          r"must return logits \[batch, 10\]", **user_module("returns_tuple")),
@@ -805,6 +805,10 @@ CASES = [
          r"remove it or set timing = 'model'", **{"c.toml": config(server={"deadline_sigma": 5.0})}),
     case("min-selected-above-the-devices", RUN, r"\[server\] min_selected = 4 is more than the 3 devices \(\[data\] "
          r"clients\): no round could ever start", **{"c.toml": config(server={"timing": "model", "min_selected": 4})}),
+    case("min-selected-never-reached-by-the-trace", RUN, r"^error: \S+c\.toml: \[server\] min_selected = 2: the trace "
+         r"never has 2 devices online at once \(over its 1\.67 min\), so no round could start; lower it",
+         **{"t.parquet": trace(start=[0.0, 40.0, 80.0], end=[30.0, 70.0, 100.0]),
+            "c.toml": config("{tmp}/t.parquet", server={"timing": "model", "min_selected": 2})}),
     case("min-selected-a-fraction", RUN, r"\[server\] min_selected: expected an integer, got 2\.5",
          **{"c.toml": config(server={"timing": "model", "min_selected": 2.5})}),
     case("update-frac-above-1", RUN, r"\[server\] update_frac = 1\.5 must be in \[0, 1\]",
@@ -847,7 +851,8 @@ CASES = [
     case("trace-info-of-a-run-with-damaged-manifest", "trace info {tmp}/r", r"r/manifest\.json: damaged \(not a JSON object\)",
          r=run_dir(lambda path: (path / "manifest.json").write_text("[1]"))),
     case("trace-info-of-a-run-with-a-trace-record-of-text", "trace info {tmp}/r", r"^error: \S+/r/manifest\.json: damaged "
-         r"\(trace = 't\.parquet' is not a table\); `fedsim run --resume \S+/r` writes it again",
+         r"\(trace = 't\.parquet' is not a table\); restore it, or delete its \"trace\" entry to read the run's trace "
+         r"without checking it against the record$",
          r=run_dir(lambda path: edit_manifest(path, trace="t.parquet"))),
     case("trace-info-of-a-generated-trace-run-with-a-damaged-record", "trace info {tmp}/runs/t", r"^error: \S+/manifest\.json: "
          r"damaged \(trace\.horizon = 'long' is not a number of seconds\)",

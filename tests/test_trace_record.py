@@ -109,3 +109,22 @@ def test_trace_info_and_plot_of_a_run_directory_show_the_trace_it_replays(cli_ru
     assert capsys.readouterr().err.strip() == (
         f"error: {tmp_path}: is a directory; give the path of a .parquet file, or a run directory that "
         "`fedsim run` made (this one has no manifest.json)")
+
+
+def test_a_damaged_trace_record_is_one_line_and_the_fix_it_names_works(cli_run, capsys):
+    """A manifest whose trace record is not what a run writes: `trace info RUN` says so; with the
+    record's entry deleted (as the line says) it reads the same trace, unchecked."""
+    run_dir = cli_run(bernoulli_run(6))
+    capsys.readouterr()
+    assert main(["trace", "info", str(run_dir), "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    body = manifest(run_dir)
+    (run_dir / "manifest.json").write_text(json.dumps({**body, "trace": {**body["trace"], "horizon": "six"}}))
+    assert main(["trace", "info", str(run_dir), "--json"]) == 2
+    assert capsys.readouterr().err == (f"error: {run_dir / 'manifest.json'}: damaged (trace.horizon = 'six' is not a "
+                                       "number of seconds); restore it, or delete its \"trace\" entry to read the "
+                                       "run's trace without checking it against the record\n")
+    del body["trace"]
+    (run_dir / "manifest.json").write_text(json.dumps(body))
+    assert main(["trace", "info", str(run_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == before

@@ -95,6 +95,17 @@ def check_cohort_size(server: ServerConfig, n_devices: int) -> None:
             f"devices of the run ([data] clients); give at most {n_devices}, or 0 for every online device")
 
 
+def check_min_selected(config: Config, index: AvailabilityIndex) -> None:
+    """FLASH's min_selected waits for that many devices online at once: a trace that never has
+    them would end the run before its first round."""
+    count = config.server.min_selected
+    if count and math.isinf(index.next_online_count(count, 0.0)):
+        raise FedsimError(
+            f"{config.origins.get(('server', 'min_selected'), config.source)}: [server] min_selected = {count}: the "
+            f"trace never has {count} devices online at once (over its {human_duration(index.horizon)}), so no round "
+            "could start; lower it, or replay a trace where that many are online together")
+
+
 def check_async_deadline(config: Config, quickest_task_s: float) -> None:
     """Buffered aggregation waits for `buffer` arrivals: where no device can finish a task
     within the deadline, none ever arrives and the run would invite devices forever."""
@@ -136,6 +147,8 @@ class Experiment:
         self.trace, self.trace_device = load_trace(cfg, self.task.n_clients,
                                                    self.task.label_distribution(), trace_record)
         self.index = AvailabilityIndex(self.trace)
+        if not resuming:
+            check_min_selected(cfg, self.index)
         # a resume checks that the trace is still this one: a file by its bytes, a generated
         # trace (recorded by its generator's call, in the manifest) by its intervals
         generated = cfg.trace.source != "file"

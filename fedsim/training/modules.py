@@ -328,8 +328,9 @@ def check_state(module: nn.Module, where: str) -> None:
                 raise FedsimError(f"{where}: {kind} {name!r} is {t.dtype}; fedsim trains and averages real "
                                   "numbers: keep a complex weight as two real ones (real and imaginary parts)")
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                raise FedsimError(f"{where}: {kind} {name!r} holds nan or inf as the factory built it; "
-                                  "initialise it with finite numbers")
+                raise FedsimError(f"{where}: {kind} {name!r} holds nan or inf as the factory built it (fedsim "
+                                  "sends and averages it, and inf - inf is nan); give it finite numbers (a mask: "
+                                  "a bool buffer, or a large negative number instead of -inf)")
 
 
 def _first_line(err: Exception) -> str:

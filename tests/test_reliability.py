@@ -281,7 +281,7 @@ def user_module(factory: str, client=None, **model) -> dict:
 
 
 def saved(value):
-    """A model.pt holding `value` (lists become float tensors)."""
+    """A model.pt holding `value`: a dict of named tensors, or a list of them (numbers become tensors)."""
     def write(path, run):
         import torch
 
@@ -310,8 +310,7 @@ def read_json(path: Path) -> dict:
 
 
 def edit_manifest(run: Path, **change) -> None:
-    manifest = json.loads((run / "manifest.json").read_text())
-    (run / "manifest.json").write_text(json.dumps({**manifest, **change}))
+    (run / "manifest.json").write_text(json.dumps({**read_json(run / "manifest.json"), **change}))
 
 
 def run_then(change):
@@ -320,12 +319,6 @@ def run_then(change):
         assert main(["run", str(runs.parent / "c.toml"), "--quiet"]) == 0
         change(runs / "t")
     return write
-
-
-def run_then_delete_trace(runs: Path, finished) -> None:
-    """Run c.toml (which replays t.parquet), then delete t.parquet."""
-    assert main(["run", str(runs.parent / "c.toml"), "--quiet"]) == 0
-    (runs.parent / "t.parquet").unlink()
 
 
 RUN = "run {tmp}/c.toml --quiet"
@@ -862,7 +855,8 @@ CASES = [
          **{"c.toml": config(), "runs": run_then(lambda run: edit_manifest(run, trace={**read_json(run / "manifest.json")["trace"],
                                                                                         "fingerprint": "0" * 64}))}),
     case("trace-info-of-a-run-whose-trace-is-gone", "trace info {tmp}/runs/t", r"t\.parquet: the run's trace file is gone "
-         r"\(moved or deleted; it had \d+ bytes", **{"t.parquet": trace(), "c.toml": config("{tmp}/t.parquet"), "runs": run_then_delete_trace}),
+         r"\(moved or deleted; it had \d+ bytes", **{"t.parquet": trace(), "c.toml": config("{tmp}/t.parquet"), "runs": run_then(
+             lambda run: (run.parents[1] / "t.parquet").unlink())}),
     case("trace-plot-of-a-run-whose-trace-changed", "trace plot {tmp}/runs/t --out {tmp}/p.png", r"t\.parquet: the trace file "
          r"changed since the run started", **{"t.parquet": trace(), "c.toml": config("{tmp}/t.parquet"), "runs": run_then_replace_trace}),
     case("trace-info-of-a-run-devices-missing", "trace info {tmp}/r --devices {tmp}/nope.parquet",

@@ -74,12 +74,23 @@ def test_a_round_waits_for_min_selected_devices_online_and_the_wait_is_part_of_i
     assert ev.filter(pl.col("round") == 0)["invited_at"].to_list() == [20.0] * 3
 
 
-def test_min_selected_that_the_trace_never_reaches_ends_the_run_with_why(cli_run):
-    trace = Trace.from_intervals([0, 1], [0.0, 50.0], [40.0, 100.0], n_devices=2, horizon=100.0)
+def test_min_selected_that_the_trace_no_longer_reaches_ends_the_run_with_why(cli_run):
+    """Both devices online together until 5 s only: rounds of 2 s tasks at 0 and 2 s, the one at
+    4 s loses device 1 at 5 s, and then no round can start."""
+    trace = Trace.from_intervals([0, 1, 1], [0.0, 0.0, 50.0], [40.0, 5.0, 100.0], n_devices=2, horizon=100.0)
     run_dir = cli_run(timed(targets(2), 5, min_selected=2), trace)
     manifest = (run_dir / "manifest.json").read_text()
-    assert "never has min_selected = 2 devices online at once" in manifest
-    assert len(rounds(run_dir)) == 0
+    assert "never has min_selected = 2 devices online at once after 6 s" in manifest
+    assert rounds(run_dir)["arrived"].to_list() == [2, 2, 1]
+
+
+def test_min_selected_that_the_trace_never_reaches_is_refused_before_the_run(cli_run, tmp_path):
+    trace = Trace.from_intervals([0, 1], [0.0, 50.0], [40.0, 100.0], n_devices=2, horizon=100.0)
+    cli_run(timed(targets(2), 5, min_selected=2), trace, expect=2)
+    assert cli_run.last_output.err == (f"error: {tmp_path / 't.toml'}: [server] min_selected = 2: the trace never has 2 "
+                                       "devices online at once (over its 1.67 min), so no round could start; lower "
+                                       "it, or replay a trace where that many are online together\n")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_round_short_of_its_quorum_fails_and_leaves_the_model(cli_run):

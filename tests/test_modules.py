@@ -112,6 +112,25 @@ def syncing(in_shape, n_classes, cfg):
     return Syncing()
 
 
+class TiedUnsaved(nn.Module):
+    """Two layers that share one weight, and a constant buffer kept out of the state_dict."""
+
+    def __init__(self, n_classes):
+        super().__init__()
+        self.a = nn.Linear(64, 64, bias=False)
+        self.b = nn.Linear(64, 64, bias=False)
+        self.b.weight = self.a.weight
+        self.fc = nn.Linear(64, n_classes)
+        self.register_buffer("scale", torch.full((64,), 0.5), persistent=False)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.b(torch.relu(self.a(x.flatten(1) * self.scale)))))
+
+
+def tied_unsaved(in_shape, n_classes, cfg):
+    return TiedUnsaved(n_classes)
+
+
 def noisy(in_shape, n_classes, cfg):
     class Noisy(nn.Module):
         def __init__(self):
@@ -408,3 +427,26 @@ def test_batchnorm_on_unequal_full_local_data_trains_on_the_loop(cli_run, user_m
     err = cli_run.last_output.err
     assert err.count("\n") == 1 and err.startswith("error: [client] trainer = 'batched'")
     assert "BatchNorm would count the padding" in err and "set trainer = 'loop' (or 'auto')" in err
+
+
+def test_a_tied_weight_and_an_unsaved_buffer_go_through_model_pt(cli_run, user_models):
+    """model.pt holds a weight tied under two names trained under both (as the module's own
+    state_dict does), so that it loads into the module; a run started from it (init_from) takes
+    the buffer that the state_dict leaves out (persistent=False) from the module."""
+    import json
+
+    from fedsim.config import ModelConfig
+    from fedsim.training.models import build_model
+
+    done = run(cli_run, "tied_unsaved")
+    saved = torch.load(done / "model.pt")
+    module = user_models.tied_unsaved((1, 8, 8), 10, None)
+    initial = module.a.weight.detach().clone()
+    assert list(saved) == ["a.weight", "b.weight", "fc.weight", "fc.bias"]
+    module.load_state_dict(saved)
+    assert torch.equal(module.a.weight, saved["a.weight"]) and not torch.equal(module.a.weight, initial)
+    built = build_model(ModelConfig(name="user_nets:tied_unsaved"), (1, 8, 8), 10, "digits", seed=4)
+    assert built.shared_key()[1] is None  # no constants of its own: its runs may share a call
+    warm = run(cli_run, "tied_unsaved", init_from=str(done))
+    initial_loss = json.loads((warm / "manifest.json").read_text())["initial"]["test_loss"]
+    assert initial_loss == pytest.approx(rounds_of(done, "test_loss")[-1], rel=1e-6)

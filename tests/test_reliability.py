@@ -230,12 +230,165 @@ def trace_picture(path: Path, run) -> None:
     assert main(["trace", "plot", str(path), "--out", str(path / "trace.png")]) == 0
 
 
-def user_module(body: str) -> str:
+def module_file(body: str) -> str:
     """A module file of the user's: torch, nn and sys imported, then `body`."""
     return "import sys\nimport torch\nfrom torch import nn\n\n" + body
 
 
 DIGITS = config(data={"dataset": "digits", "clients": 3, "targets": []})
+
+
+NETS = """
+import torch
+from torch import nn
+
+WIDTH = 64
+
+
+def linear(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(WIDTH, n_classes))
+
+
+def batchnorm(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(WIDTH, n_classes), nn.BatchNorm1d(n_classes))
+
+
+def raises(in_shape, n_classes, cfg):
+    raise RuntimeError("the weights are on another machine")
+
+
+def returns_none(in_shape, n_classes, cfg):
+    nn.Linear(WIDTH, n_classes)
+
+
+def returns_class(in_shape, n_classes, cfg):
+    return nn.Linear
+
+
+def returns_list(in_shape, n_classes, cfg):
+    return [nn.Flatten(), nn.Linear(WIDTH, n_classes)]
+
+
+def two_args(in_shape, n_classes):
+    return linear(in_shape, n_classes, None)
+
+
+def frozen(in_shape, n_classes, cfg):
+    return linear(in_shape, n_classes, cfg).requires_grad_(False)
+
+
+def complex_linear(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(WIDTH, n_classes, dtype=torch.cfloat))
+
+
+def meta_linear(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(WIDTH, n_classes, device="meta"))
+
+
+class Tuple(nn.Module):
+    def __init__(self, n_classes):
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, n_classes)
+
+    def forward(self, x):
+        logits = self.fc(x.flatten(1))
+        return logits, logits.mean()
+
+
+def returns_tuple(in_shape, n_classes, cfg):
+    return Tuple(n_classes)
+
+
+def three_classes(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(WIDTH, 3))
+
+
+class Integer(Tuple):
+    def forward(self, x):
+        return self.fc(x.flatten(1)).round().long()
+
+
+def integer_logits(in_shape, n_classes, cfg):
+    return Integer(n_classes)
+
+
+def nan_linear(in_shape, n_classes, cfg):
+    model = linear(in_shape, n_classes, cfg)
+    torch.nn.init.constant_(model[1].bias, float("nan"))
+    return model
+"""
+
+
+def python(text: str):
+    """A module file of `text`, compiled beforehand, so that importing it writes no file."""
+    def write(path: Path, run) -> None:
+        import importlib.util
+        import py_compile
+
+        path.write_text(text)
+        py_compile.compile(str(path), cfile=importlib.util.cache_from_source(str(path)))
+    return write
+
+
+nets = python(NETS)
+
+
+def digits(**sections) -> str:
+    """A config of digits on 3 devices (1 local step of 4 samples a round), `sections` merged in."""
+    body = {"data": {"dataset": "digits", "clients": 3, "targets": []}, "client": {"batch_size": 4}}
+    for section, keys in sections.items():
+        body[section] = {**body.get(section, {}), **keys}
+    return config(**body)
+
+
+def module_config(name: str, client=None, **model) -> str:
+    return digits(model={"name": name, **model}, **({"client": client} if client else {}))
+
+
+def user_module(factory: str, client=None, **model) -> dict:
+    """The files of a run of NETS's `factory`: c.toml and audit_nets.py."""
+    return {"c.toml": module_config(f"audit_nets:{factory}", client, **model), "audit_nets.py": nets}
+
+
+def saved(value):
+    """A model.pt holding `value`: a dict of named tensors, or a list of them (numbers become tensors)."""
+    def write(path, run):
+        import torch
+
+        tensors = ({k: v if isinstance(v, torch.Tensor) else torch.tensor(v) for k, v in value.items()}
+                   if isinstance(value, dict) else [torch.tensor(v) for v in value])
+        torch.save(tensors, path)
+    return write
+
+
+def comparison(path: Path, run) -> None:
+    """A comparison's folder: a run of each of two algorithms."""
+    for name in ("fedavg", "mifa"):
+        shutil.copytree(run, path / name)
+
+
+def study_folder(path: Path, run) -> None:
+    """A study's folder: study.toml and two point folders."""
+    path.mkdir()
+    (path / "study.toml").write_text('base = "quickstart"\n[sweep]\n"run.seed" = [0, 1]\n')
+    for name in ("seed-0", "seed-1"):
+        shutil.copytree(run, path / name)
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def edit_manifest(run: Path, **change) -> None:
+    (run / "manifest.json").write_text(json.dumps({**read_json(run / "manifest.json"), **change}))
+
+
+def run_then(change):
+    """Run c.toml, then `change(its run directory)`."""
+    def write(runs: Path, finished) -> None:
+        assert main(["run", str(runs.parent / "c.toml"), "--quiet"]) == 0
+        change(runs / "t")
+    return write
 
 
 RUN = "run {tmp}/c.toml --quiet"
@@ -684,21 +837,21 @@ CASES = [
          **{"in.csv": "device_id,start,end,tz\n0,0,10,+01:00\n"}),
     case("factory-calls-sys-exit", RUN, r"^error: \[model\] name = 'exiting:make': the factory called sys\.exit\(3\) "
          r"while building the model; raise an exception that says what is wrong instead",
-         **{"c.toml": DIGITS + '[model]\nname = "exiting:make"\n', "exiting.py": user_module(
+         **{"c.toml": DIGITS + '[model]\nname = "exiting:make"\n', "exiting.py": module_file(
              "def make(in_shape, n_classes, cfg):\n    sys.exit(3)\n")}),
     case("module-exits-on-import", RUN, r"^error: \[model\] name: 'exiting_at_import:make': importing "
          r"'exiting_at_import' called sys\.exit\(4\); a module fedsim imports must not exit",
-         **{"c.toml": DIGITS + '[model]\nname = "exiting_at_import:make"\n', "exiting_at_import.py": user_module("sys.exit(4)\n")}),
+         **{"c.toml": DIGITS + '[model]\nname = "exiting_at_import:make"\n', "exiting_at_import.py": module_file("sys.exit(4)\n")}),
     case("forward-indexes-by-an-integer-buffer", RUN, r"'indexing:make': the module's forward runs as built, but raised "
          r"IndexError \(tensors used as indices must be long, int.*\) with the state fedsim gives it, where every buffer "
          r"is float32 \(fedsim averages them\): buffer 'idx' \(int64\) is a float there; keep indices and masks out of "
-         r"buffers", **{"c.toml": DIGITS + '[model]\nname = "indexing:make"\n', "indexing.py": user_module(
+         r"buffers", **{"c.toml": DIGITS + '[model]\nname = "indexing:make"\n', "indexing.py": module_file(
              "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
              "        self.register_buffer('idx', torch.arange(0, 64, 2))\n        self.fc = nn.Linear(32, 10)\n\n"
              "    def forward(self, x):\n        return self.fc(x.flatten(1)[:, self.idx])\n\n\n"
              "def make(in_shape, n_classes, cfg):\n    return Net()\n")}),
     case("forward-masks-by-a-bool-buffer", RUN, r"'masking:make': the module's forward runs as built, but raised .* buffer "
-         r"'keep' \(bool\) is a float there", **{"c.toml": DIGITS + '[model]\nname = "masking:make"\n', "masking.py": user_module(
+         r"'keep' \(bool\) is a float there", **{"c.toml": DIGITS + '[model]\nname = "masking:make"\n', "masking.py": module_file(
              "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
              "        self.register_buffer('keep', torch.ones(64, dtype=torch.bool))\n        self.fc = nn.Linear(64, 10)\n\n"
              "    def forward(self, x):\n        return self.fc(x.flatten(1).masked_fill(~self.keep, 0.0))\n\n\n"
@@ -706,13 +859,13 @@ CASES = [
     case("forward-inverts-a-float-mask", RUN, r"'inverting:make': the module's own forward raised TypeError \(~ "
          r"\(operator\.invert\) is only implemented on integer and Boolean-type tensors\) on a batch of 2 of the dataset's "
          r"inputs; fix the forward \(hint: its input is \[batch, 1, 8, 8\]\)$",
-         **{"c.toml": DIGITS + '[model]\nname = "inverting:make"\n', "inverting.py": user_module(
+         **{"c.toml": DIGITS + '[model]\nname = "inverting:make"\n', "inverting.py": module_file(
              "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
              "        self.register_buffer('mask', torch.zeros(64))\n        self.fc = nn.Linear(64, 10)\n\n"
              "    def forward(self, x):\n        return self.fc(x.flatten(1) * ~self.mask)\n\n\n"
              "def make(in_shape, n_classes, cfg):\n    return Net()\n")}),
     case("forward-exits", RUN, r"'quitting:make': the module's own forward raised SystemExit \(5\)",
-         **{"c.toml": DIGITS + '[model]\nname = "quitting:make"\n', "quitting.py": user_module(
+         **{"c.toml": DIGITS + '[model]\nname = "quitting:make"\n', "quitting.py": module_file(
              "class Net(nn.Linear):\n    def forward(self, x):\n        sys.exit(5)\n\n\n"
              "def make(in_shape, n_classes, cfg):\n    return Net(64, 10)\n")}),
     case("run-a-study-points-config", "run {tmp}/runs/t/algorithm-fedavg_seed-0/config.toml --quiet",
@@ -771,9 +924,171 @@ CASES = [
          r"2[0-9,]+ rows, above fedsim's limit of 50,000,000; generate fewer devices or rounds"),
     #
     # --- audit of the surfaces since d478d11: modules, local epochs, FLASH, fedbuff, halfnormal, run format, trace info|plot RUN_DIR ---
-    #
-    #
-    #
+    # your own module: where it is, the factory, what it builds and what its forward returns
+    case("module-named-by-its-file", RUN, r"^error: \[model\] name: 'audit_nets\.py:linear' names a file, not a module; "
+         r"name the module: 'audit_nets:linear'", **{"c.toml": module_config("audit_nets.py:linear"), "audit_nets.py": nets}),
+    case("module-name-without-module", RUN, r"\[model\] name: ':linear' is not of the form 'package\.module:Name'",
+         **{"c.toml": module_config(":linear")}),
+    case("module-file-missing", RUN, r"'no_such_nets:linear': no module 'no_such_nets' in the working directory or on "
+         r"PYTHONPATH; check the name or add its folder to PYTHONPATH", **{"c.toml": module_config("no_such_nets:linear")}),
+    case("module-factory-missing", RUN, r"'audit_nets:nope': module 'audit_nets' has no 'nope'",
+         **user_module("nope")),
+    case("module-file-syntax-error", RUN, r"importing 'broken_nets' failed \(SyntaxError: .*broken_nets\.py, line 1\)\); "
+         r"fix the module", **{"c.toml": module_config("broken_nets:linear"), "broken_nets.py": "def linear(:\n"}),
+    case("module-file-raises-on-import", RUN, r"importing 'raising_nets' failed \(RuntimeError: no GPU here\); fix the module",
+         **{"c.toml": module_config("raising_nets:linear"), "raising_nets.py": python("raise RuntimeError('no GPU here')\n")}),
+    case("module-factory-a-number", RUN, r"\[model\] name = 'audit_nets:WIDTH' is 64, which is not a function \(in_shape, "
+         r"n_classes, model_config\) -> torch\.nn\.Module", **user_module("WIDTH")),
+    case("module-factory-takes-two-arguments", RUN, r"'audit_nets:two_args' is a function that does not take fedsim's "
+         r"arguments \(in_shape, n_classes, model_config\)", **user_module("two_args")),
+    case("module-factory-raises", RUN, r"'audit_nets:raises': building the model failed \(RuntimeError: the weights are on "
+         r"another machine\); fix the factory", **user_module("raises")),
+    case("module-factory-returns-none", RUN, r"the factory returned NoneType None, not a torch\.nn\.Module or a list of "
+         r"fedsim layers; return the model it builds", **user_module("returns_none")),
+    case("module-factory-returns-a-class", RUN, r"the factory returned type <class 'torch\.nn\.modules\.linear\.Linear'>, "
+         r"not a torch\.nn\.Module", **user_module("returns_class")),
+    case("module-factory-returns-a-list-of-modules", RUN, r"the factory returned a list holding Flatten, not a "
+         r"torch\.nn\.Module or a list of fedsim layers", **user_module("returns_list")),
+    case("module-only-frozen-parameters", RUN, r"'audit_nets:frozen': the module has no trainable parameters \(none with "
+         r"requires_grad=True\)", **user_module("frozen")),
+    case("module-complex-parameters", RUN, r"^error: \[model\] name = 'audit_nets:complex_linear': parameter '1\.weight' is "
+         r"torch\.complex64; fedsim trains and averages real numbers: keep a complex weight as two real ones",
+         **user_module("complex_linear")),
+    case("module-parameters-on-meta", RUN, r"^error: \[model\] name = 'audit_nets:meta_linear': parameter '1\.weight' is on "
+         r"the meta device \(a shape without values\); build the module with values in the factory",
+         **user_module("meta_linear")),
+    case("module-nan-parameters", RUN, r"^error: \[model\] name = 'audit_nets:nan_linear': parameter '1\.bias' holds nan or "
+         r"inf as the factory built it \(fedsim sends and averages it, and inf - inf is nan\); give it finite numbers",
+         **user_module("nan_linear")),
+    case("module-returns-a-tuple", RUN, r"'audit_nets:returns_tuple': the module returns tuple for a batch of 2 inputs; it "
+         r"must return logits \[batch, 10\]", **user_module("returns_tuple")),
+    case("module-returns-too-few-classes", RUN, r"the module returns \[2, 3\] for a batch of 2 inputs; it must return logits "
+         r"\[batch, 10\] \(one per class of the dataset\)", **user_module("three_classes")),
+    case("module-returns-class-indices", RUN, r"^error: \[model\] name = 'audit_nets:integer_logits': the module returns "
+         r"logits of torch\.int64 for a batch of 2 inputs; it must return floating-point logits \[batch, 10\]",
+         **user_module("integer_logits")),
+    case("module-on-the-quadratic-task", RUN, r"\[model\] name = 'audit_nets:linear' does not apply to the quadratic task",
+         **{"c.toml": config(model={"name": "audit_nets:linear"}), "audit_nets.py": nets}),
+    case("module-key-of-its-own", RUN, r"unknown key \[model\] width; valid keys: dropout, hidden, init",
+         **user_module("linear", width=32)),
+    # local_buffers and train_flops_per_sample
+    case("local-buffers-on-a-builtin-model", RUN, r"\[model\] local_buffers = true, but a model of fedsim layers has no "
+         r"buffers; set local_buffers = false", **{"c.toml": digits(model={"name": "logreg", "local_buffers": True})}),
+    case("local-buffers-on-a-module-without-buffers", RUN, r"'audit_nets:linear': \[model\] local_buffers = true, but the "
+         r"module has no buffers", **user_module("linear", local_buffers=True)),
+    case("local-buffers-a-word", RUN, r"\[model\] local_buffers: expected true or false, got 'yes'",
+         **{"c.toml": digits(model={"name": "logreg", "local_buffers": "yes"})}),
+    case("flops-per-sample-a-word", RUN, r"\[model\] train_flops_per_sample: expected a number, got 'auto'",
+         **{"c.toml": digits(model={"name": "logreg", "train_flops_per_sample": "auto"})}),
+    # init_from
+    case("init-from-missing-file", RUN, r"\[model\] init_from = '\S+/nope/model\.pt': no such file or run directory",
+         **{"c.toml": digits(model={"name": "logreg", "init_from": "{tmp}/nope/model.pt"})}),
+    case("init-from-a-number", RUN, r"\[model\] init_from: expected a string, got 3", **{"c.toml": config(model={"init_from": 3})}),
+    case("init-from-damaged-model-pt", RUN, r"init_from = '\S+/r': \S+/r/model\.pt is not a readable checkpoint "
+         r"\(RuntimeError\); give a model\.pt that a fedsim run wrote", r=run_dir(lambda path: (path / "model.pt").write_bytes(b"PK\x03\x04 cut")),
+         **{"c.toml": digits(model={"name": "logreg", "init_from": "{tmp}/r"})}),
+    case("init-from-another-models-run", RUN, r"the file has no parameter 'fc1\.weight', which this run's model has; set "
+         r"\[model\] name and hidden and \[data\] dataset as in the run that saved it", r=run_dir(),
+         **{"c.toml": digits(model={"name": "logreg", "init_from": "{tmp}/r"})}),
+    case("init-from-another-dimension", RUN, r"parameter 'x' has shape \[2\] in the file but \[3\] in this run's model; "
+         r"set \[data\] dim and targets", r=run_dir(),
+         **{"c.toml": config(data={"targets": [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [2.0, 1.0, 0.0]]}, model={"init_from": "{tmp}/r"})}),
+    case("init-from-an-empty-folder", RUN, r"init_from = '\S+/empty': the directory holds no model\.pt; give the directory "
+         r"of a run that finished", empty=lambda path, run: path.mkdir(), **{"c.toml": config(model={"init_from": "{tmp}/empty"})}),
+    case("init-from-a-comparison", RUN, r"init_from = '\S+/cmp' is a comparison of fedavg, mifa; name the algorithm's "
+         r"sub-folder, e.g\. '\S+/cmp/fedavg'", cmp=comparison, **{"c.toml": config(model={"init_from": "{tmp}/cmp"})}),
+    case("init-from-a-study", RUN, r"init_from = '\S+/s' is a study's folder; name one point's run directory, e\.g\. "
+         r"'\S+/s/seed-0'$", s=study_folder, **{"c.toml": config(model={"init_from": "{tmp}/s"})}),
+    case("init-from-a-list-of-tensors", RUN, r"m\.pt is not a readable checkpoint \(not a dict of named tensors\)",
+         **{"m.pt": saved([1.0, 2.0]), "c.toml": config(model={"init_from": "{tmp}/m.pt"})}),
+    case("init-from-a-config-file", RUN, r"init_from = '\S+/c\.toml': \S+/c\.toml is not a readable checkpoint "
+         r"\(UnpicklingError\)", **{"c.toml": config(model={"init_from": "{tmp}/c.toml"})}),
+    case("init-from-a-nan-model", RUN, r"^error: \S+c\.toml: \[model\] init_from = '\S+/m\.pt': parameter 'x' holds nan or "
+         r"inf in the file; start from the model\.pt of a run that did not diverge, or leave init_from empty$",
+         **{"m.pt": saved({"x": [float("nan"), 0.0]}), "c.toml": config(model={"init_from": "{tmp}/m.pt"})}),
+    case("init-from-a-complex-model", RUN, r"parameter 'x' holds torch\.complex64 in the file",
+         **{"m.pt": saved({"x": [1 + 2j, 0j]}), "c.toml": config(model={"init_from": "{tmp}/m.pt"})}),
+    # local epochs
+    case("local-epochs-on-the-quadratic-task", RUN, r"\[client\] local_epochs = 1: the quadratic task has no samples to "
+         r"pass over; set local_steps instead", **{"c.toml": config(client={"local_epochs": 1.0, "batch_size": 4})}),
+    case("local-epochs-with-full-batches", RUN, r"\[client\] local_epochs = 1 needs batch_size > 0 to cut each epoch into "
+         r"minibatches", **{"c.toml": digits(model={"name": "logreg"}, client={"local_epochs": 1.0, "batch_size": 0})}),
+    case("local-epochs-negative", RUN, r"\[client\] local_epochs = -1\.0 must be >= 0 \(0 = local_steps steps",
+         **{"c.toml": digits(model={"name": "logreg"}, client={"local_epochs": -1.0})}),
+    case("local-epochs-with-batchnorm", RUN, r"\[client\] local_epochs = 1: the module's BatchNorm would count the padding "
+         r"of an epoch's last, smaller minibatch", **user_module("batchnorm", client={"local_epochs": 1.0})),
+    # FLASH's round rules
+    case("deadline-sigma-under-ideal-timing", RUN, r"\[server\] deadline_sigma means nothing under timing = 'ideal'.*; "
+         r"remove it or set timing = 'model'", **{"c.toml": config(server={"deadline_sigma": 5.0})}),
+    case("min-selected-above-the-devices", RUN, r"\[server\] min_selected = 4 is more than the 3 devices \(\[data\] "
+         r"clients\): no round could ever start", **{"c.toml": config(server={"timing": "model", "min_selected": 4})}),
+    case("min-selected-never-reached-by-the-trace", RUN, r"^error: \S+c\.toml: \[server\] min_selected = 2: the trace "
+         r"never has 2 devices online at once \(over its 1\.67 min\), so no round could start; lower it",
+         **{"t.parquet": trace(start=[0.0, 40.0, 80.0], end=[30.0, 70.0, 100.0]),
+            "c.toml": config("{tmp}/t.parquet", server={"timing": "model", "min_selected": 2})}),
+    case("min-selected-a-fraction", RUN, r"\[server\] min_selected: expected an integer, got 2\.5",
+         **{"c.toml": config(server={"timing": "model", "min_selected": 2.5})}),
+    case("update-frac-above-1", RUN, r"\[server\] update_frac = 1\.5 must be in \[0, 1\]",
+         **{"c.toml": config(server={"timing": "model", "update_frac": 1.5})}),
+    case("update-frac-in-async", RUN, r"\[server\] update_frac is a rule of synchronous rounds, not of mode = 'async'; "
+         r"remove it or set mode = 'sync'", **{"c.toml": config(server={"timing": "model", "mode": "async", "update_frac": 0.5})}),
+    # fedbuff and async mode
+    case("async-buffer-zero", RUN, r"\[server\] buffer = 0 must be >= 1",
+         **{"c.toml": config(server={"timing": "model", "mode": "async", "buffer": 0})}),
+    case("async-mifa-warmup", RUN, r"\[algorithm\] 'mifa' with warmup = true cannot run with \[server\] mode = 'async'.*"
+         r"or warmup = false", **{"c.toml": config(server={"timing": "model", "mode": "async"}, algorithm={"name": "mifa", "warmup": True})}),
+    case("async-sequential-sgd", RUN, r"\[algorithm\] 'sequential-sgd' cannot run with \[server\] mode = 'async'",
+         **{"c.toml": config(server={"timing": "model", "mode": "async"}, algorithm={"name": "sequential-sgd"})}),
+    case("async-comparison-with-fedavg-wait", RUN, r"\[algorithm\] 'fedavg-wait' cannot run with \[server\] mode = 'async'",
+         **{"c.toml": config(server={"timing": "model", "mode": "async"}, run={"algorithms": ["fedbuff", "fedavg-wait"]})}),
+    case("async-deadline-shorter-than-any-task", RUN, r"^error: \S+c\.toml: \[server\] deadline = 0\.001 s is shorter than "
+         r"any device's quickest task \([0-9.]+ ms: download, one local step, upload\), so in mode = 'async' no update "
+         r"would ever arrive and the buffer never fills; raise the deadline",
+         **{"c.toml": config(server={"timing": "model", "mode": "async", "deadline": 0.001})}),
+    case("fedbuff-unknown-option", RUN, r"unknown key \[algorithm\] staleness_exponent for 'fedbuff'",
+         **{"c.toml": config(server={"timing": "model", "mode": "async"}, algorithm={"name": "fedbuff", "staleness_exponent": 0.5})}),
+    # halfnormal device speeds
+    case("halfnormal-misspelt", RUN, r"\[devices\] model = 'half-normal' is not valid; did you mean 'halfnormal'\?",
+         **{"c.toml": config(server={"timing": "model"}, devices={"model": "half-normal"})}),
+    case("halfnormal-with-classes", RUN, r"\[devices\] classes applies to model = 'profiles', not 'halfnormal'",
+         **{"c.toml": config(server={"timing": "model"}, devices={"model": "halfnormal", "classes": ["phone-low"]})}),
+    case("halfnormal-with-bandwidth-sigma", RUN, r"\[devices\] bandwidth_sigma applies to model = 'lognormal', not 'halfnormal'",
+         **{"c.toml": config(server={"timing": "model"}, devices={"model": "halfnormal", "bandwidth_sigma": 1.0})}),
+    # trace info and trace plot of a run directory
+    case("trace-info-of-an-empty-folder", "trace info {tmp}/empty", r"empty: is a directory; give the path of a \.parquet "
+         r"file, or a run directory that `fedsim run` made", empty=lambda path, run: path.mkdir()),
+    case("trace-plot-of-an-empty-folder", "trace plot {tmp}/empty --out {tmp}/p.png", r"empty: is a directory; give the "
+         r"path of a \.parquet file", empty=lambda path, run: path.mkdir()),
+    case("trace-info-of-a-study-folder", "trace info {tmp}/s", r"^error: \S+/s: is a study's folder, whose points may "
+         r"replay different traces; give one point's run directory, e\.g\. \S+/s/seed-0$", s=study_folder),
+    case("trace-info-of-a-run-without-config", "trace info {tmp}/r", r"^error: \S+/r/config\.toml: missing, so the trace "
+         r"the run replays is unknown; restore it", r=run_dir(lambda path: (path / "config.toml").unlink())),
+    case("trace-info-of-a-run-with-damaged-config", "trace info {tmp}/r", r"r/config\.toml: invalid TOML",
+         r=run_dir(lambda path: (path / "config.toml").write_text("[run\n"))),
+    case("trace-info-of-a-run-with-damaged-manifest", "trace info {tmp}/r", r"r/manifest\.json: damaged \(not a JSON object\)",
+         r=run_dir(lambda path: (path / "manifest.json").write_text("[1]"))),
+    case("trace-info-of-a-run-with-a-trace-record-of-text", "trace info {tmp}/r", r"^error: \S+/r/manifest\.json: damaged "
+         r"\(trace = 't\.parquet' is not a table\); restore it, or delete its \"trace\" entry to read the run's trace "
+         r"without checking it against the record$",
+         r=run_dir(lambda path: edit_manifest(path, trace="t.parquet"))),
+    case("trace-info-of-a-generated-trace-run-with-a-damaged-record", "trace info {tmp}/runs/t", r"^error: \S+/manifest\.json: "
+         r"damaged \(trace\.horizon = 'long' is not a number of seconds\)",
+         **{"c.toml": config(), "runs": run_then(lambda run: edit_manifest(run, trace={"fingerprint": "abc", "horizon": "long"}))}),
+    case("trace-info-of-a-generated-trace-run-of-another-fingerprint", "trace info {tmp}/runs/t", r"\[trace\] source = "
+         r"'always' now generates another trace than the run started with",
+         **{"c.toml": config(), "runs": run_then(lambda run: edit_manifest(run, trace={**read_json(run / "manifest.json")["trace"],
+                                                                                        "fingerprint": "0" * 64}))}),
+    case("trace-info-of-a-run-whose-trace-is-gone", "trace info {tmp}/runs/t", r"t\.parquet: the run's trace file is gone "
+         r"\(moved or deleted; it had \d+ bytes", **{"t.parquet": trace(), "c.toml": config("{tmp}/t.parquet"), "runs": run_then(
+             lambda run: (run.parents[1] / "t.parquet").unlink())}),
+    case("trace-plot-of-a-run-whose-trace-changed", "trace plot {tmp}/runs/t --out {tmp}/p.png", r"t\.parquet: the trace file "
+         r"changed since the run started", **{"t.parquet": trace(), "c.toml": config("{tmp}/t.parquet"), "runs": run_then_replace_trace}),
+    case("trace-info-of-a-run-devices-missing", "trace info {tmp}/r --devices {tmp}/nope.parquet",
+         r"device table \S+/nope\.parquet: file not found", r=run_dir()),
+    case("trace-plot-of-a-run-by-its-devices-without-zones", "trace plot {tmp}/r --out {tmp}/p.png --devices {tmp}/r/devices.parquet",
+         r"device table \S+/r/devices\.parquet: has no tz_offset or group column; give a device table with one", r=run_dir()),
+    case("trace-plot-of-a-run-file", "trace plot {tmp}/r/model.pt --out {tmp}/p.png", r"trace \S+/r/model\.pt: not a "
+         r"readable Parquet file", r=run_dir()),
 ]
 
 

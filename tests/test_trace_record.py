@@ -145,3 +145,22 @@ def test_the_trace_of_a_run_is_read_without_its_model(tmp_path, monkeypatch, cap
     assert main(["trace", "info", str(run_dir), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == shown
     assert shown["devices"] == 6 and shown["generator"].startswith("grid")
+
+
+def test_a_damaged_trace_record_is_one_line_and_the_fix_it_names_works(cli_run, capsys):
+    """A manifest whose trace record is not what a run writes: `trace info RUN` says so; with the
+    record's entry deleted (as the line says) it reads the same trace, unchecked."""
+    run_dir = cli_run(bernoulli_run(6))
+    capsys.readouterr()
+    assert main(["trace", "info", str(run_dir), "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    body = manifest(run_dir)
+    (run_dir / "manifest.json").write_text(json.dumps({**body, "trace": {**body["trace"], "horizon": "six"}}))
+    assert main(["trace", "info", str(run_dir), "--json"]) == 2
+    assert capsys.readouterr().err == (f"error: {run_dir / 'manifest.json'}: damaged (trace.horizon = 'six' is not a "
+                                       "number of seconds); restore it, or delete its \"trace\" entry to read the "
+                                       "run's trace without checking it against the record\n")
+    del body["trace"]
+    (run_dir / "manifest.json").write_text(json.dumps(body))
+    assert main(["trace", "info", str(run_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == before

@@ -111,3 +111,31 @@ def test_a_flash_trace_without_a_time_zone_reads_its_own_clock_not_utc(tmp_path,
     fig, _ = trace_figure(read_trace(out))
     assert fig.axes[1].get_xlabel() == "clock time (the trace's clock, no time zone)"
     assert [t.get_text() for t in fig.axes[1].get_xticklabels()][:2] == ["Thu 06:00", "Thu 12:00"]
+
+
+def test_a_runs_own_devices_table_gives_the_zones_of_its_trace(tmp_path, capsys):
+    """`trace info RUN --devices RUN/devices.parquet`: the run's table (its group, copied from the
+    device table it ran with) is read; the columns the run wrote itself are not."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import quadratic_config
+
+    from fedsim.config import dump_toml
+
+    write_trace(Trace.from_intervals([0, 1, 2], [0.0] * 3, [100.0, 50.0, 25.0], n_devices=3, horizon=100.0),
+                tmp_path / "t.parquet")
+    write_device_table({"device_id": np.arange(3), "group": [1, 1, 2]}, tmp_path / "d.parquet")
+    config = quadratic_config([[1.0], [2.0], [3.0]], rounds=2)
+    config["run"].update(out=str(tmp_path / "runs"), name="t", progress=False, plots=False)
+    config["trace"] = {"source": "file", "path": str(tmp_path / "t.parquet"), "devices_table": str(tmp_path / "d.parquet")}
+    (tmp_path / "c.toml").write_text(dump_toml(config))
+    assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 0
+    run = tmp_path / "runs" / "t"
+    capsys.readouterr()
+    assert main(["trace", "info", str(run), "--devices", str(run / "devices.parquet"), "--json"]) == 0
+    by = json.loads(capsys.readouterr().out)["by_zone"]
+    assert by["column"] == "group" and by["source"] == f"device table {run / 'devices.parquet'}"
+    assert [(row["zone"], row["devices"], row["mean"]) for row in by["rows"]] == [(1, 2, pytest.approx(0.75)),
+                                                                                 (2, 1, pytest.approx(0.25))]

@@ -105,6 +105,10 @@ class Registry(MutableMapping):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as err:
+            if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+                dotted = module_name.removesuffix(".py").replace("\\", "/").strip("/").replace("/", ".")
+                raise FedsimError(f"{where}: {what} names a file, not a module; name the module: "
+                                  f"'{dotted}:{attr}' (looked up in the working directory and on PYTHONPATH)") from None
             if err.name and module_name.startswith(err.name):
                 raise FedsimError(f"{where}: {what}: no module {module_name!r} in the working "
                                   "directory or on PYTHONPATH; check the name or add its folder "

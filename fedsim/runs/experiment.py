@@ -26,7 +26,7 @@ from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, c
                            read_toml)
 from fedsim.config.catalog import GENERATORS
 from fedsim.errors import FedsimError
-from fedsim.files import DirectoryLock, file_fingerprint, plain_name, remove_stale_temporaries
+from fedsim.files import DirectoryLock, file_fingerprint, human_duration, plain_name, remove_stale_temporaries
 from fedsim.runs.replay import (TraceRecord, check_trace_file, load_trace, recorded_trace, resolve_trace_path,
                                 hashes, trace_fingerprint)
 from fedsim.results.manifest import write_manifest
@@ -94,6 +94,28 @@ def check_cohort_size(server: ServerConfig, n_devices: int) -> None:
             f"devices of the run ([data] clients); give at most {n_devices}, or 0 for every online device")
 
 
+def check_min_selected(config: Config, index) -> None:
+    """FLASH's min_selected waits for that many devices online at once: a trace that never has
+    them would end the run before its first round."""
+    count = config.server.min_selected
+    if count and math.isinf(index.next_online_count(count, 0.0)):
+        raise FedsimError(
+            f"{config.origins.get(('server', 'min_selected'), config.source)}: [server] min_selected = {count}: the "
+            f"trace never has {count} devices online at once (over its {human_duration(index.horizon)}), so no round "
+            "could start; lower it, or replay a trace where that many are online together")
+
+
+def check_async_deadline(config: Config, quickest_task_s: float) -> None:
+    """Buffered aggregation waits for `buffer` arrivals: where no device can finish a task
+    within the deadline, none ever arrives and the run would invite devices forever."""
+    deadline = config.server.deadline
+    if quickest_task_s > deadline:
+        raise FedsimError(
+            f"{config.origins.get(('server', 'deadline'), config.source)}: [server] deadline = {deadline:g} s is shorter than any device's quickest task "
+            f"({human_duration(quickest_task_s)}: download, one local step, upload), so in mode = 'async' no update "
+            "would ever arrive and the buffer never fills; raise the deadline (or speed up [devices], docs/timing.md)")
+
+
 class Experiment:
     """One algorithm on one trace/task: builds the parts once, then `run()`s the engine.
 
@@ -124,6 +146,8 @@ class Experiment:
         self.trace, self.trace_device = load_trace(cfg, self.task.n_clients,
                                                    self.task.label_distribution(), trace_record)
         self.index = availability_index(self.trace)
+        if not resuming:
+            check_min_selected(cfg, self.index)
         # a resume checks that the trace is still this one: a file by its bytes, a generated
         # trace (recorded by its generator's call, in the manifest) by its intervals
         generated = cfg.trace.source != "file"
@@ -139,6 +163,8 @@ class Experiment:
                                          train_flops=self.task.train_flops_per_sample(),
                                          table=self.device_table, where=f"device table {cfg.trace.devices_table}")
         self.strategy = self.set_up_strategy(cfg)
+        if cfg.server.mode == "async":
+            check_async_deadline(cfg, self.quickest_task_s())
 
     def set_up_strategy(self, cfg: Config) -> Strategy:
         """The strategy of `cfg` on this experiment's task and trace; a comparison calls this for
@@ -310,6 +336,15 @@ class Experiment:
         a wall-clock generator (round-indexed ones are generated for the run's own length)."""
         source = self.config.trace.source
         return source == "file" or not GENERATORS.lookup(source, "[trace] source").round_indexed
+
+    def quickest_task_s(self) -> float:
+        """The shortest task of any device: download, ONE local step, upload (no algorithm asks
+        for less)."""
+        ids = np.arange(self.task.n_clients)
+        steps = np.ones(len(ids), dtype=np.int64)
+        down, up = self.strategy.message_bytes()
+        return float(np.min(self.timing.download_s(ids, down) + self.timing.upload_s(ids, up)
+                            + self.timing.compute_s(ids, self.trainer.samples(ids, steps), steps)))
 
     def typical_task_s(self) -> np.ndarray:
         """Each device's download + compute + upload of a task of `[client] local_steps` steps."""

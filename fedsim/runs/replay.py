@@ -65,11 +65,43 @@ def recorded_trace(run_dir: Path, manifest: dict) -> TraceRecord | None:
     if saved.exists():
         trace = read_trace(saved)
         return dataclasses.replace(TraceRecord.of(trace), saved=trace)
-    trace = manifest.get("trace") or {}
+    trace = check_trace_record(run_dir, manifest)
     if not trace.get("fingerprint"):
         return None
     return TraceRecord(trace["fingerprint"], float(trace["horizon"]), trace.get("generator") or {},
                        hashed=trace.get("fingerprint_of", "intervals"))
+
+
+# what a manifest's record of the trace holds where it is set: (type, what the error calls it)
+TRACE_RECORD = {"file": (dict, "a table of bytes and sha256"), "fingerprint": (str, "a SHA-256 text"),
+                "horizon": ((int, float), "a number of seconds"), "generator": (dict, "a table")}
+
+
+def check_trace_record(run_dir: Path, manifest: dict) -> dict:
+    """The manifest's record of the trace the run replays ({} where it has none); FedsimError
+    where it is not what a run writes."""
+    trace = manifest.get("trace") or {}
+    damage = _trace_record_damage(trace)
+    if damage:
+        raise FedsimError(f"{run_dir / 'manifest.json'}: damaged ({damage}); restore it, or delete its \"trace\" "
+                          "entry to read the run's trace without checking it against the record")
+    return trace
+
+
+def _trace_record_damage(trace) -> str:
+    """What is wrong with a trace record ('' if nothing): the first field not of its type."""
+    if not isinstance(trace, dict):
+        return f"trace = {trace!r} is not a table"
+    for key, (kind, what) in TRACE_RECORD.items():
+        value = trace.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            return f"trace.{key} = {value!r} is not {what}"
+    file = trace.get("file")
+    if file and not (isinstance(file.get("bytes"), int) and isinstance(file.get("sha256"), str)):
+        return f"trace.file = {file!r} is not a table of bytes and sha256"
+    if trace.get("fingerprint") and trace.get("horizon") is None:
+        return "trace.horizon is missing beside its fingerprint"
+    return ""
 
 
 def run_trace(run_dir: Path) -> Trace:
@@ -83,7 +115,14 @@ def run_trace(run_dir: Path) -> Trace:
     if not members:
         raise FedsimError(f"{run_dir}: is a directory; give the path of a .parquet file, or a run directory "
                           "that `fedsim run` made (this one has no manifest.json)")
+    if (run_dir / "study.toml").is_file():
+        raise FedsimError(f"{run_dir}: is a study's folder, whose points may replay different traces; give "
+                          f"one point's run directory, e.g. {members[0]}")
     run_dir, manifest = members[0], read_manifest(members[0])
+    check_trace_record(run_dir, manifest)
+    if not (run_dir / "config.toml").is_file():
+        raise FedsimError(f"{run_dir / 'config.toml'}: missing, so the trace the run replays is unknown; restore "
+                          "it (a copy is in checkpoint.pt's 'config')")
     config = config_from_dict(run_config(run_dir), origin=str(run_dir / "config.toml"))
     n_devices, label_dist = devices_of(config.data, seed=config.run.seed)
     record = None

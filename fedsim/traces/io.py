@@ -78,14 +78,16 @@ def write_device_table(table: dict | pa.Table, path) -> None:
     atomic_write(path, lambda tmp: pq.write_table(checked, tmp))
 
 
-def read_device_table(path) -> dict[str, np.ndarray]:
+def read_device_table(path, skip: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """Read a device table (docs/timing.md, docs/traces.md): ``device_id`` and any of the known
     columns (DEVICE_COLUMNS; ``tz_offset_h`` is read as ``tz_offset``), plus any other column
-    as it is. Strings come back as arrays of Python str (dtype object)."""
+    as it is, except the columns `skip`. Strings come back as arrays of Python str (dtype object)."""
     where = f"device table {path}"
     table = _read_table(path, where)
     columns = {}
     for name in table.column_names:
+        if name in skip:
+            continue
         column = table.column(name)
         if column.null_count:
             row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])

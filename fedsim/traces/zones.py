@@ -37,11 +37,13 @@ def beside(trace_path) -> Path:
 
 
 def trace_zones(trace: Trace, trace_path=None, devices=None) -> Zones | None:
-    """The zones of `trace`'s devices, or None where nothing says."""
-    from fedsim.traces.io import read_device_table
+    """The zones of `trace`'s devices, or None where nothing says. A run's devices.parquet
+    serves as the table too: the columns the run wrote itself are not read."""
+    from fedsim.traces.io import RUN_DEVICE_COLUMNS, read_device_table
 
     if devices is not None:
-        return _from_table(read_device_table(devices), trace, f"device table {devices}", required=True)
+        return _from_table(read_device_table(devices, skip=RUN_DEVICE_COLUMNS), trace, f"device table {devices}",
+                           required=True)
     if trace_path is not None and beside(trace_path).is_file():
         found = _from_table(read_device_table(beside(trace_path)), trace, f"device table {beside(trace_path)}")
         if found is not None:

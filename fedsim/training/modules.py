@@ -148,6 +148,7 @@ class ModuleModel:
 
     def __init__(self, name: str, module: nn.Module, in_shape: tuple[int, ...], n_classes: int, where: str):
         self.name, self.in_shape, self.where = name, in_shape, where
+        check_state(module, where)
         self.module = module.float()
         trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not trainable:
@@ -169,7 +170,8 @@ class ModuleModel:
         self.flops, self.activations = self._probe(n_classes)
         self._one = grad_and_value(self._loss, has_aux=True)
         self._batch_problem: str | None = None
-        frozen = len(module.state_dict()) > len(self.names)  # constants of this module's own
+        self.tied = tied_names(module, self.names)
+        frozen = any(n not in self.names and n not in self.tied for n in module.state_dict())  # its own constants
         self._shared_key = (tuple(zip(self.names, self.shapes)), id(module) if frozen else None)
 
     # -- the flat layout ------------------------------------------------------------------------
@@ -196,6 +198,7 @@ class ModuleModel:
         state = {n: (t, dtype) for n, t, dtype in zip(self.names, self.split(flat.detach().cpu()), self.dtypes)}
 
         def saved(name: str, own: Tensor) -> Tensor:
+            name = self.tied.get(name, name)
             if name not in state:  # a frozen parameter
                 return own.detach().cpu().clone()
             t, dtype = state[name]  # an integer buffer (num_batches_tracked) averaged as a float
@@ -205,10 +208,12 @@ class ModuleModel:
 
     def load_state_dict(self, saved: dict[str, Tensor]) -> Tensor:
         """The flat state of a state_dict (checked by the caller); its frozen parameters become
-        the module's."""
-        frozen = {n: saved[n] for n in self.module.state_dict() if n not in self.names}
+        the module's. A buffer that the state_dict leaves out (persistent=False) keeps the
+        module's own value."""
+        frozen = {n: saved[n] for n in self.module.state_dict() if n not in self.names and n not in self.tied}
         self.module.load_state_dict(frozen, strict=False)
-        return torch.cat([saved[n].reshape(-1).float() for n in self.names])
+        own = dict(self.module.named_buffers())
+        return torch.cat([(saved[n] if n in saved else own[n].detach().cpu()).reshape(-1).float() for n in self.names])
 
     # -- forward and steps ------------------------------------------------------------------------
     def forward(self, params: tuple[Tensor, ...], x: Tensor, u: Tensor | None = None) -> Tensor:
@@ -269,6 +274,10 @@ class ModuleModel:
             got = list(out.shape) if isinstance(out, Tensor) else type(out).__name__
             raise FedsimError(f"{self.where}: the module returns {got} for a batch of 2 inputs; it must return "
                               f"logits [batch, {n_classes}] (one per class of the dataset)")
+        if not out.is_floating_point():
+            raise FedsimError(f"{self.where}: the module returns logits of {out.dtype} for a batch of 2 inputs; it "
+                              f"must return floating-point logits [batch, {n_classes}] (scores before softmax, "
+                              "not class indices)")
         if random:
             raise FedsimError(f"{self.where}: the module draws random numbers other than dropout "
                               f"({', '.join(random)}); fedsim keys only F.dropout and attention dropout "
@@ -311,4 +320,31 @@ class ModuleModel:
             finally:
                 self.module.eval()
         return self._batch_problem
+
+
+def tied_names(module: nn.Module, names: list[str]) -> dict[str, str]:
+    """The other names under which the module holds a tensor of `names` (tied weights: an output
+    layer that shares the embedding's), each -> its name in `names`: model.pt saves the trained
+    tensor under both, as the module's own state_dict does."""
+    held = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    first = {id(t): n for n, t in reversed(held) if n in names}
+    return {n: first[id(t)] for n, t in held if n not in names and id(t) in first}
+
+
+def check_state(module: nn.Module, where: str) -> None:
+    """The module's parameters and buffers as fedsim holds them (float32 numbers it averages):
+    with values (not on the meta device), real, and finite as the factory built them."""
+    for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
+        for name, t in named:
+            if t.is_meta:
+                raise FedsimError(f"{where}: {kind} {name!r} is on the meta device (a shape without values); "
+                                  "build the module with values in the factory (not device='meta', or load its "
+                                  "weights there)")
+            if t.is_complex():
+                raise FedsimError(f"{where}: {kind} {name!r} is {t.dtype}; fedsim trains and averages real "
+                                  "numbers: keep a complex weight as two real ones (real and imaginary parts)")
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise FedsimError(f"{where}: {kind} {name!r} holds nan or inf as the factory built it (fedsim "
+                                  "sends and averages it, and inf - inf is nan); give it finite numbers (a mask: "
+                                  "a bool buffer, or a large negative number instead of -inf)")
 

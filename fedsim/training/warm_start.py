@@ -25,6 +25,7 @@ def initial_params(task: Task, config: Config) -> Tensor:
     saved = read_state_dict(model_file(config), where)
     expected = task.state_dict(init)
     check_matches(saved, expected, where, shaping_keys(config))
+    check_numbers(saved, expected, where)
     flat = task.load_state_dict({name: saved[name] for name in expected})
     return flat.to(device=init.device, dtype=init.dtype)
 
@@ -63,6 +64,9 @@ def model_file(config: Config) -> Path:
     if (path / "model.pt").is_file():
         return path / "model.pt"
     members = sorted(p.parent.name for p in path.glob("*/model.pt"))
+    if members and (path / "study.toml").is_file():
+        raise FedsimError(f"{where} is a study's folder; name one point's run directory, e.g. "
+                          f"{str(path / members[0])!r}")
     if members:
         raise FedsimError(f"{where} is a comparison of {', '.join(members)}; name the algorithm's "
                           f"sub-folder, e.g. {str(path / members[0])!r}")
@@ -100,6 +104,17 @@ def check_matches(saved: dict[str, Tensor], expected: dict[str, Tensor], where: 
         if saved[name].shape != tensor.shape:
             raise FedsimError(f"{where}: parameter {name!r} has shape {list(saved[name].shape)} in "
                               f"the file but {list(tensor.shape)} in this run's model; {fix}")
+
+
+def check_numbers(saved: dict[str, Tensor], expected: dict[str, Tensor], where: str) -> None:
+    """FedsimError on the first parameter of the file that holds numbers a run cannot start
+    from: complex, nan or inf (a diverged run's, or another tool's)."""
+    for name in expected:
+        t = saved[name]
+        if t.is_complex() or (t.is_floating_point() and not bool(torch.isfinite(t).all())):
+            what = t.dtype if t.is_complex() else "nan or inf"
+            raise FedsimError(f"{where}: parameter {name!r} holds {what} in the file; start from the model.pt "
+                              "of a run that did not diverge, or leave init_from empty")
 
 
 def shaping_keys(config: Config) -> str:

@@ -10,13 +10,14 @@ drift towards whoever happened to be available. ``eta = 1`` is FedAvg. Pairs wit
 
 from __future__ import annotations
 
+from fedsim.config.catalog import ALGORITHM_OPTIONS
 from fedsim.algorithms.base import check_range
 from fedsim.algorithms.fedavg import FedAvg
 
 
 class Amplified(FedAvg):
     name = "amplified"
-    options = {"period": 500, "eta": 10.0}
+    options = ALGORITHM_OPTIONS["amplified"]
     selection = "regularized"
     state = ("params", "accumulated", "interval_start", "amplified")
 

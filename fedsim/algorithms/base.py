@@ -14,6 +14,7 @@ reproduces them and a comparison can share one value.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -27,6 +28,7 @@ from fedsim.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerC
 from fedsim.config.catalog import ALGORITHMS, SELECTIONS
 from fedsim.config import algorithm_options  # noqa: F401  (re-exported: fedsim.algorithms)
 from fedsim.errors import FedsimError
+from fedsim.training.memory import State
 from fedsim.training.objective import PLAIN, LocalObjective
 
 
@@ -231,6 +233,30 @@ class Strategy:
         return sum(_nbytes(getattr(self, name), "device") for name in self.state_names())
 
 
+def planned_state(name: str, ctx: Context, origin: str = "") -> State:
+    """What algorithm `name` would keep for `ctx`'s devices and model, measured by setting it up
+    on the meta device, which allocates no tensor: its state on this machine (the server's and
+    the devices' rows alike, which the simulation holds here), named by its largest part (MIFA's
+    table of every device's update). Empty where it cannot be set up there (its own checks then
+    speak when it is set up for real)."""
+    strategy = make_strategy(name, origin)
+    meta = dataclasses.replace(ctx, device=torch.device("meta"))
+    try:
+        strategy.setup(ctx.n_devices, torch.zeros(ctx.dim, device=meta.device), meta)
+    except (FedsimError, RuntimeError, NotImplementedError):
+        return State()
+    sizes = {part: _nbytes(getattr(strategy, part), "server") + _nbytes(getattr(strategy, part), "device")
+             for part in strategy.state_names()}
+    total = strategy.memory_bytes() + strategy.device_memory_bytes()
+    largest = max(sizes, key=sizes.get)
+    rows = getattr(getattr(strategy, largest), "rows", getattr(strategy, largest))
+    if isinstance(rows, Tensor) and rows.dim() == 2:
+        part = f"its {largest} of {rows.shape[0]:,} devices x {rows.shape[1]:,} parameters"
+    else:
+        part = f"its {largest} of {rows.numel():,} floats" if isinstance(rows, Tensor) else f"its {largest}"
+    return State(f"{strategy.name}'s state ({part})", total)
+
+
 def _save(value: Any) -> Any:
     if hasattr(value, "state_dict"):
         return value.state_dict()
@@ -294,5 +320,5 @@ def make_strategy(name: str, origin: str = "") -> Strategy:
     return ALGORITHMS.lookup(name, f"{origin}: [algorithm] name" if origin else "[algorithm] name")()
 
 
-__all__ = ["Arrivals", "Context", "Strategy", "register", "algorithm_options", "make_strategy",
+__all__ = ["Arrivals", "Context", "Strategy", "register", "algorithm_options", "make_strategy", "planned_state",
            "REGISTRY", "weighted_sum", "nan_stats", "check_range"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedsim.config.catalog import ALGORITHM_OPTIONS
 from fedsim.algorithms.base import check_range, nan_stats
 from fedsim.algorithms.fedavg import FedAvg
 
@@ -19,7 +20,7 @@ class FedAu(FedAvg):
     """x <- x + η_g (1/N) Σ_{A_t} ω_i Δ_i, ω_i = mean recorded interval (1 if none yet)."""
 
     name = "fedau"
-    options = {"cutoff": 50}
+    options = ALGORITHM_OPTIONS["fedau"]
     state = ("params", "absent", "interval_sum", "interval_count")
 
     def validate(self):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from fedsim.config.catalog import ALGORITHM_OPTIONS
 from fedsim.algorithms.base import Strategy, check_range, nan_stats
 from fedsim.algorithms.table import DeviceTable
 
@@ -24,7 +25,7 @@ class FedAwe(Strategy):
     """
 
     name = "fedawe"
-    options = {"clip": 0.0}
+    options = ALGORITHM_OPTIONS["fedawe"]
     state = ("local",)  # its rows and τ (stamp) are device state, its running sum the server's
 
     def validate(self):

@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from fedsim.config.catalog import ALGORITHM_OPTIONS
 from fedsim.algorithms.base import Strategy, check_range
 from fedsim.algorithms.table import DeviceTable
 
@@ -31,7 +32,7 @@ class Mifa(Strategy):
     """
 
     name = "mifa"
-    options = {"warmup": False}
+    options = ALGORITHM_OPTIONS["mifa"]
     state = ("params", "table", "seen", "updates", "last_round")
     stored_on_devices = False
 
@@ -85,7 +86,7 @@ class FedLaAvg(Mifa):
     """
 
     name = "fedlaavg"
-    options = {"beta": 0.0}
+    options = ALGORITHM_OPTIONS["fedlaavg"]
     selection = "longest-absent"
     stored_on_devices = True  # each device keeps its G^last and uploads the difference
 

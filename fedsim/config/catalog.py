@@ -28,6 +28,14 @@ ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", "fedsim.algori
     "sequential-sgd": "fedsim.algorithms.sequential:SequentialSgd",
 }, group="fedsim.algorithms")
 
+# the own config keys of the built-in algorithms with their typed defaults (each class's
+# `options` is its entry): declared here, so that a config is checked without importing the
+# algorithms and torch; a plugin declares its own on its class
+ALGORITHM_OPTIONS = {"fedprox": {"mu": 0.01}, "fedavg-wait": {"S": 0}, "mifa": {"warmup": False},
+                     "fedlaavg": {"beta": 0.0}, "fedawe": {"clip": 0.0}, "amplified": {"period": 500, "eta": 10.0},
+                     "fedau": {"cutoff": 50}}
+BUILT_IN_ALGORITHMS = tuple(ALGORITHMS)
+
 # a model is a function (in_shape, n_classes, [model] config) -> a torch.nn.Module (or a list of
 # fedsim layers: the hand-batched built-ins)
 MODELS = Registry("a function (in_shape, n_classes, model_config) -> torch.nn.Module", callable,
@@ -70,5 +78,5 @@ SELECTIONS = Registry("a selection policy", callable, _paths("fedsim.algorithms.
 TRACE_SELECTIONS = Registry("a trace device selection", callable, _paths("fedsim.runs.replay", {
     "random": "select_random", "first": "select_first", "most-available": "select_most_available"}))
 
-__all__ = ["ALGORITHMS", "MODELS", "GENERATORS", "CONVERTERS", "PARTITIONS", "SCHEDULES",
+__all__ = ["ALGORITHMS", "ALGORITHM_OPTIONS", "BUILT_IN_ALGORITHMS", "MODELS", "GENERATORS", "CONVERTERS", "PARTITIONS", "SCHEDULES",
            "TRAINERS", "SELECTIONS", "TRACE_SELECTIONS"]

@@ -121,3 +121,23 @@ print(json.dumps("torch._dynamo" in sys.modules))
 def test_training_never_imports_the_compiler_stack():
     """Both trainer paths of every model family compute gradients with plain autograd."""
     assert loaded_after(TRAIN_EVERY_PATH) is False
+
+
+REFUSED = {  # a config refused for each kind of rule: the keys, a cross-key rule, a bound of the work
+    "unknown key": "[server]\ndedline = 5\n",
+    "deadline_sigma under ideal timing": "[server]\ntiming = 'ideal'\ndeadline_sigma = 5.0\n",
+    "min_selected above the clients": "[data]\nclients = 10\n[server]\nmin_selected = 20\n",
+    "update_frac with async": "[server]\nmode = 'async'\nupdate_frac = 0.5\n",
+    "an algorithm's own key": "[algorithm]\nname = 'mifa'\nwarmup = 'yes'\n",
+    "local_epochs beyond any task": "[client]\nlocal_epochs = 1e9\n",
+    "rounds beyond any run": "[run]\nrounds = 1000000000000\n",
+}
+
+
+@pytest.mark.parametrize("kind", REFUSED)
+def test_a_refused_config_imports_no_torch_and_writes_nothing(kind, tmp_path):
+    """Every rule that needs no data is checked before torch is imported or data is read."""
+    (tmp_path / "c.toml").write_text(REFUSED[kind])
+    code, loaded = run_cli(["run", "c.toml", "--quiet"], cwd=tmp_path)
+    assert code == 2 and not loaded & {"torch", "matplotlib", "sklearn", "polars", "pyarrow"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]

@@ -750,11 +750,11 @@ def _check_local_work(config: Config, origin: str) -> None:
     which the run checks again once it has read them)."""
     client, dataset = config.client, config.data.dataset
     where = f"{origin}: [client] local_epochs = {client.local_epochs:g}"
+    if client.local_epochs and dataset == "quadratic":
+        raise FedsimError(f"{where}: the quadratic task has no samples to pass over; set local_steps instead")
     if client.local_epochs and client.batch_size == 0:
         raise FedsimError(f"{where} needs batch_size > 0 to cut each epoch into minibatches (with batch_size = 0 "
                           f"a step is already one pass over the local data: set local_steps instead)")
-    if client.local_epochs and dataset == "quadratic":
-        raise FedsimError(f"{where}: the quadratic task has no samples to pass over; set local_steps instead")
     check_cohort_size(config.server, config.data.clients, f"{origin}: ")
 
 

@@ -118,6 +118,10 @@ class Experiment:
                                fits=lambda sizes, dim: check_memory(cfg, self.device, len(sizes), dim,
                                                                     self.planned_state(cfg, sizes, dim)))
         check_cohort_size(cfg.server, self.task.n_clients)
+        self.threads = ThreadPolicy(cfg.run.threads, self.device)
+        self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads,
+                                     deterministic=cfg.run.deterministic, tf32=cfg.run.tf32)
+        check_task_steps(cfg, self.task, self.trainer)  # before a trace of the run's length is made
         self.trace, self.trace_device = load_trace(cfg, self.task.n_clients,
                                                    self.task.label_distribution(), trace_record)
         self.index = AvailabilityIndex(self.trace)
@@ -126,10 +130,6 @@ class Experiment:
         generated = cfg.trace.source != "file"
         self.trace_file = None if generated else file_fingerprint(Path(cfg.trace.path))
         self.trace_fingerprint = trace_fingerprint(self.trace) if generated else None
-        self.threads = ThreadPolicy(cfg.run.threads, self.device)
-        self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads,
-                                     deterministic=cfg.run.deterministic, tf32=cfg.run.tf32)
-        check_task_steps(cfg, self.task, self.trainer)
         self.device_table = self.read_device_table(cfg)
         self.timing = DeviceTiming.build(cfg.devices, self.task.n_clients, cfg.run.seed,
                                          train_flops=self.task.train_flops_per_sample(),

@@ -406,3 +406,30 @@ def test_batchnorm_on_unequal_full_local_data_trains_on_the_loop(cli_run, user_m
     err = cli_run.last_output.err
     assert err.count("\n") == 1 and err.startswith("error: [client] trainer = 'batched'")
     assert "BatchNorm would count the padding" in err and "set trainer = 'loop' (or 'auto')" in err
+
+
+@pytest.mark.parametrize("name", ["user_nets:resnet", "user_nets:resnet_bn", "user_nets:transformer",
+                                  "user_nets:frozen_stem", "mlp", "cnn-svhn"])
+def test_a_models_size_is_counted_on_the_meta_device_as_built(name, user_models):
+    """The memory check's count (the factory called on the meta device, nothing allocated) is
+    the flat state the run trains: trainable parameters and buffers, frozen ones aside."""
+    from fedsim.config import DataConfig, ModelConfig
+    from fedsim.training import build_task
+    from fedsim.training.models import model_dim
+
+    task = build_task(DataConfig(dataset="digits", clients=4), ModelConfig(name=name), seed=0,
+                      device=torch.device("cpu"))
+    assert model_dim(ModelConfig(name=name), (1, 8, 8), 10) == task.dim
+
+
+def test_a_factory_that_reads_values_is_counted_once_built(user_models):
+    """A factory that cannot build on the meta device (it reads a tensor's value) is counted
+    after it is built: the count says None and the run goes on."""
+    from torch import nn
+
+    from fedsim.config import ModelConfig
+    from fedsim.training.models import model_dim
+
+    import user_nets
+    user_nets.reads = lambda s, n, cfg: nn.Linear(64 * int(torch.ones(1).item()), n)
+    assert model_dim(ModelConfig(name="user_nets:reads"), (1, 8, 8), 10) is None

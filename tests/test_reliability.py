@@ -565,6 +565,11 @@ CASES = [
          **{"c.toml": config(data={"dataset": "digits", "clients": 3}, client={"local_epochs": 1, "batch_size": 0})}),
     case("local-epochs-on-quadratic", RUN, r"\[client\] local_epochs = 2: the quadratic task has no samples to pass over; "
          r"set local_steps instead", **{"c.toml": config(client={"local_epochs": 2})}),
+    case("algorithm-option-range-before-data", "run quickstart --set algorithm.name=fedlaavg --set algorithm.beta=1.5 "
+         "--set run.algorithms=[] --quiet", r"^error: \S+quickstart\.toml: \[algorithm\] beta = 1\.5 for 'fedlaavg' must "
+         r"be in \[0, 1\] \(fraction of all devices selected per round; 0 = use \[server\] clients_per_round\)$"),
+    case("comparison-option-range-before-data", "run quickstart --set run.algorithms=[\"fedavg\",\"amplified\"] "
+         "--set algorithm.eta=0 --quiet", r"\[algorithm\] eta = 0\.0 for 'amplified' must be > 0 \(amplification factor"),
     case("per-round-beyond-devices-before-data", "run quickstart --set server.clients_per_round=101 --quiet",
          r"^error: \S+quickstart\.toml: \[server\] clients_per_round = 101 is more than the 100 devices of the run"),
     # a user module of 11,718,750,010 parameters, counted on the meta device and never allocated

@@ -10,20 +10,15 @@ drift towards whoever happened to be available. ``eta = 1`` is FedAvg. Pairs wit
 
 from __future__ import annotations
 
-from fedsim.config.catalog import ALGORITHM_OPTIONS
-from fedsim.algorithms.base import check_range
+from fedsim.config.catalog import ALGORITHM_OPTIONS, ALGORITHM_RANGES
 from fedsim.algorithms.fedavg import FedAvg
 
 
 class Amplified(FedAvg):
     name = "amplified"
-    options = ALGORITHM_OPTIONS["amplified"]
+    options, ranges = ALGORITHM_OPTIONS["amplified"], ALGORITHM_RANGES["amplified"]
     selection = "regularized"
     state = ("params", "accumulated", "interval_start", "amplified")
-
-    def validate(self):
-        check_range(self, "period", 1, why="rounds between amplifications (P)")
-        check_range(self, "eta", 0.0, low_open=True, why="amplification factor; 1 = FedAvg")
 
     def init_state(self, params):
         super().init_state(params)

@@ -26,7 +26,7 @@ from torch import Tensor
 from fedsim.algorithms.selection import Selector
 from fedsim.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerConfig
 from fedsim.config.catalog import ALGORITHMS, SELECTIONS
-from fedsim.config import algorithm_options  # noqa: F401  (re-exported: fedsim.algorithms)
+from fedsim.config import algorithm_options, check_option  # noqa: F401  (algorithm_options: re-exported)
 from fedsim.errors import FedsimError
 from fedsim.training.memory import State
 from fedsim.training.objective import PLAIN, LocalObjective
@@ -99,6 +99,8 @@ class Strategy:
     options: ClassVar[dict[str, Any]] = {}
     selection: ClassVar[str] = "uniform"  # with clients_per_round = 0: every online device
     state: ClassVar[tuple[str, ...]] = ("params",)
+    # option -> (lowest, highest, whether the lowest is excluded, what it means), checked by `validate`
+    ranges: ClassVar[dict[str, tuple]] = {}
 
     params: Tensor
     local_objective: LocalObjective = PLAIN  # terms added to the devices' local loss
@@ -124,7 +126,10 @@ class Strategy:
                 "keep it")
 
     def validate(self) -> None:
-        """Check the algorithm's own options (``self.opt``); raise FedsimError on a bad value."""
+        """Check the algorithm's own options (``self.opt``); raise FedsimError on a bad value.
+        By default each key of ``ranges`` lies in its range."""
+        for key, bounds in self.ranges.items():
+            check_option(self.name, key, self.opt[key], *bounds)
 
     def init_state(self, params: Tensor) -> None:
         """Create the algorithm's state from the initial global model (flat [d])."""
@@ -292,14 +297,7 @@ def nan_stats(values: np.ndarray) -> tuple[float, float]:
 def check_range(strategy: Strategy, key: str, low: float, high: float = math.inf, *,
                 low_open: bool = False, why: str = "") -> None:
     """FedsimError unless ``low <(=) opt[key] <= high``: one line naming the key and the fix."""
-    value = strategy.opt[key]
-    ok = (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        bound = f"> {low:g}" if low_open else f">= {low:g}"
-        if high != math.inf:
-            bound = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
-        raise FedsimError(f"[algorithm] {key} = {value!r} for {strategy.name!r} must be {bound}"
-                          + (f" ({why})" if why else ""))
+    check_option(strategy.name, key, strategy.opt[key], low, high, low_open, why)
 
 
 # the built-ins are listed in fedsim/config/catalog.py; plugins are found as "module:Class" or entry

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fedsim.config.catalog import (ALGORITHM_OPTIONS, ALGORITHMS, BUILT_IN_ALGORITHMS, GENERATORS, MODELS,
+from fedsim.config.catalog import (ALGORITHM_OPTIONS, ALGORITHM_RANGES, ALGORITHMS, BUILT_IN_ALGORITHMS, GENERATORS, MODELS,
                                    PARTITIONS, SCHEDULES, SELECTIONS, TRACE_SELECTIONS, TRAINERS)
 from fedsim.errors import FedsimError, choice_error, did_you_mean
 from fedsim.config.registry import Registry
@@ -733,6 +733,10 @@ def _check_consistency(config: Config, origin: str) -> None:
                     + (" or warmup = false" if warmup else " or choose another algorithm")
                 )
     _check_devices(config.devices, origin)
+    for name in [config.algorithm.name, *config.run.algorithms]:
+        for key, bounds in ALGORITHM_RANGES.get(name, {}).items() if name in BUILT_IN_ALGORITHMS else ():
+            check_option(name, key, config.algorithm.options.get(key, ALGORITHM_OPTIONS[name][key]), *bounds,
+                         where=f"{origin}: ")
     _check_local_work(config, origin)
     steps = math.ceil(config.client.local_epochs) if config.client.local_epochs else config.client.local_steps
     check_run_steps(config, steps, "local_epochs" if config.client.local_epochs else "local_steps", origin)
@@ -763,6 +767,17 @@ def check_cohort_size(server: ServerConfig, n_devices: int, where: str = "") -> 
         raise FedsimError(
             f"{where}[server] clients_per_round = {server.clients_per_round} is more than the {n_devices} "
             f"devices of the run ([data] clients); give at most {n_devices}, or 0 for every online device")
+
+
+def check_option(algorithm: str, key: str, value: Any, low: float, high: float = math.inf, low_open: bool = False,
+                 why: str = "", where: str = "") -> None:
+    """FedsimError unless ``low <(=) value <= high``: one line naming the algorithm's key and the fix."""
+    if not ((value > low if low_open else value >= low) and value <= high):
+        bound = f"> {low:g}" if low_open else f">= {low:g}"
+        if high != math.inf:
+            bound = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+        raise FedsimError(f"{where}[algorithm] {key} = {value!r} for {algorithm!r} must be {bound}"
+                          + (f" ({why})" if why else ""))
 
 
 def check_run_steps(config: Config, task_steps: int, steps_key: str, origin: str) -> None:

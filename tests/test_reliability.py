@@ -570,6 +570,8 @@ CASES = [
          r"be in \[0, 1\] \(fraction of all devices selected per round; 0 = use \[server\] clients_per_round\)$"),
     case("comparison-option-range-before-data", "run quickstart --set run.algorithms=[\"fedavg\",\"amplified\"] "
          "--set algorithm.eta=0 --quiet", r"\[algorithm\] eta = 0\.0 for 'amplified' must be > 0 \(amplification factor"),
+    case("unknown-model-before-data", "run quickstart --set model.name=lenet --quiet",
+         r"^error: \S+quickstart\.toml: \[model\] name = 'lenet' is unknown; did you mean 'lenet5'\?"),
     case("per-round-beyond-devices-before-data", "run quickstart --set server.clients_per_round=101 --quiet",
          r"^error: \S+quickstart\.toml: \[server\] clients_per_round = 101 is more than the 100 devices of the run"),
     # a user module of 11,718,750,010 parameters, counted on the meta device and never allocated

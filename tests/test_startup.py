@@ -130,6 +130,7 @@ REFUSED = {  # a config refused for each kind of rule: the keys, a cross-key rul
     "update_frac with async": "[server]\nmode = 'async'\nupdate_frac = 0.5\n",
     "an algorithm's own key": "[algorithm]\nname = 'mifa'\nwarmup = 'yes'\n",
     "an algorithm's option out of its range": "[algorithm]\nname = 'fedprox'\nmu = -1.0\n",
+    "an unknown model": "[model]\nname = 'lenet'\n",
     "local_epochs beyond any task": "[client]\nlocal_epochs = 1e9\n",
     "rounds beyond any run": "[run]\nrounds = 1000000000000\n",
 }

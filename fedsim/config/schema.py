@@ -715,6 +715,8 @@ def _check_consistency(config: Config, origin: str) -> None:
         raise FedsimError(f"{origin}: [data] partition = {config.data.partition!r} does not apply to the "
                           "quadratic task (its clients are their targets); remove it")
     _check_federated_keys(config.data, origin)
+    if config.data.dataset != "quadratic":  # (whose model is its vector)
+        MODELS.check_name(config.model.name, f"{origin}: [model] name")
     if config.server.mode == "async" and config.server.timing == "ideal":
         raise FedsimError(f"{origin}: [server] mode = 'async' needs timing = 'model' (ideal timing "
                           "is the papers' synchronous round model)")

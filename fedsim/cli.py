@@ -201,12 +201,9 @@ def cmd_plot(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from fedsim.results.plot_worker import shared_worker
-
-    plotter = shared_worker()
     loaded = []
     try:
-        return _cmd_sweep(args, plotter, loaded)
+        return _cmd_sweep(args, loaded)
     except (Stopped, KeyboardInterrupt) as err:
         stop = as_stopped(err)
         folder = loaded[0].folder if loaded else None
@@ -217,10 +214,9 @@ def cmd_sweep(args) -> int:
         raise stop from None
 
 
-def _cmd_sweep(args, plotter, loaded: list) -> int:
+def _cmd_sweep(args, loaded: list) -> int:
+    from fedsim.results.plot_worker import shared_worker
     from fedsim.studies.study import load_study
-    from fedsim.studies.sweep import run_study
-    from fedsim.studies.tables import format_summary
 
     if (args.study is None) == (args.resume is None):
         raise FedsimError("fedsim sweep: give a study file (or scenario), or --resume STUDY_FOLDER to finish "
@@ -232,8 +228,12 @@ def _cmd_sweep(args, plotter, loaded: list) -> int:
             raise FedsimError(f"--resume {args.resume}: {what}; --resume takes the folder of a study (the one "
                               "`fedsim sweep` printed after 'results:'), while a study file runs as `fedsim "
                               "sweep STUDY.toml` again (its finished points are skipped)")
-    study = load_study(args.study or args.resume, args.set, yes=args.yes)
+    study = load_study(args.study or args.resume, args.set, yes=args.yes)  # checked before torch is imported
     loaded.append(study)
+    plotter = shared_worker()  # started before torch's import, so that matplotlib's overlaps it
+    from fedsim.studies.sweep import run_study
+    from fedsim.studies.tables import format_summary
+
     warm = f" after {len(study.warm)} warm-start runs" if study.warm else ""
     print(f"study {study.name}: {len(study.points)} points{warm} in {study.folder}", flush=True)
 

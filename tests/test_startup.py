@@ -143,3 +143,11 @@ def test_a_refused_config_imports_no_torch_and_writes_nothing(kind, tmp_path):
     code, loaded = run_cli(["run", "c.toml", "--quiet"], cwd=tmp_path)
     assert code == 2 and not loaded & {"torch", "matplotlib", "sklearn", "polars", "pyarrow"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
+def test_a_refused_study_imports_no_torch_and_writes_nothing(tmp_path):
+    (tmp_path / "s.toml").write_text("[run]\nname = 's'\n[server]\ntiming = 'ideal'\ndeadline_sigma = 5.0\n"
+                                     "[sweep]\n'run.seed' = [0, 1]\n")
+    code, loaded = run_cli(["sweep", "s.toml", "--quiet"], cwd=tmp_path)
+    assert code == 2 and not loaded & {"torch", "matplotlib", "sklearn"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]

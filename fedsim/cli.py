@@ -111,15 +111,9 @@ def crash_note(run_dir: Path) -> str:
 
 
 def cmd_run(args) -> int:
-    from fedsim.config.layers import draws_plots
-    from fedsim.results.plot_worker import shared_worker
-
-    config_file = Path(args.resume) / "config.toml" if args.resume else args.config
-    # before torch's import, so that matplotlib's overlaps it; none for a run without plots
-    plotter = shared_worker() if draws_plots(config_file, args.set) else None
     ready: list[Path] = [Path(args.resume)] if args.resume else []
     try:
-        return _cmd_run(args, plotter, ready)
+        return _cmd_run(args, ready)
     except (Stopped, KeyboardInterrupt) as err:
         stop = as_stopped(err)
         stop.hint = stop.hint or run_stop_hint(ready[-1] if ready else None, fresh=not args.resume)
@@ -142,18 +136,27 @@ def run_stop_hint(run_dir: Path | None, fresh: bool) -> str:
     return " before the run started; nothing was written"
 
 
-def _cmd_run(args, plotter, ready: list[Path]) -> int:
+def _cmd_run(args, ready: list[Path]) -> int:
     from fedsim.config import load_config
+    from fedsim.config.layers import draws_plots
+    from fedsim.results.plot_worker import shared_worker
+
+    if args.resume and args.config is not None:
+        raise FedsimError(
+            f"fedsim run {args.config} --resume {args.resume}: give a config or --resume "
+            "RUN_DIR, not both (a resumed run uses the config.toml in its directory)"
+        )
+    # the whole config is checked before torch is imported or any data is read
+    config = None if args.resume else load_config(args.config, args.set)
+    if args.resume:
+        check_resume_overrides(args.set)
+    plots = draws_plots(Path(args.resume) / "config.toml", args.set) if args.resume else config.run.plots
+    # started before torch's import, so that matplotlib's overlaps it; none for a run without plots
+    plotter = shared_worker() if plots else None
     from fedsim.runs.comparison import resume_comparison, run
     from fedsim.runs.experiment import is_comparison, resume
 
     if args.resume:
-        if args.config is not None:
-            raise FedsimError(
-                f"fedsim run {args.config} --resume {args.resume}: give a config or --resume "
-                "RUN_DIR, not both (a resumed run uses the config.toml in its directory)"
-            )
-        check_resume_overrides(args.set)
         print(f"resuming {args.resume}{crash_note(Path(args.resume))}", flush=True)
         run_dir = Path(args.resume)
         if not (run_dir / "checkpoint.pt").exists() and is_comparison(run_dir):
@@ -162,8 +165,6 @@ def _cmd_run(args, plotter, ready: list[Path]) -> int:
         else:
             result = resume(run_dir, args.set, progress=not args.quiet, plotter=plotter, force=args.force)
     else:
-        config = load_config(args.config, args.set)
-
         def on_ready(run_dir: Path) -> None:
             ready.append(run_dir)
             print(f"run directory: {run_dir}", flush=True)
@@ -200,12 +201,9 @@ def cmd_plot(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from fedsim.results.plot_worker import shared_worker
-
-    plotter = shared_worker()
     loaded = []
     try:
-        return _cmd_sweep(args, plotter, loaded)
+        return _cmd_sweep(args, loaded)
     except (Stopped, KeyboardInterrupt) as err:
         stop = as_stopped(err)
         folder = loaded[0].folder if loaded else None
@@ -216,10 +214,9 @@ def cmd_sweep(args) -> int:
         raise stop from None
 
 
-def _cmd_sweep(args, plotter, loaded: list) -> int:
+def _cmd_sweep(args, loaded: list) -> int:
+    from fedsim.results.plot_worker import shared_worker
     from fedsim.studies.study import load_study
-    from fedsim.studies.sweep import run_study
-    from fedsim.studies.tables import format_summary
 
     if (args.study is None) == (args.resume is None):
         raise FedsimError("fedsim sweep: give a study file (or scenario), or --resume STUDY_FOLDER to finish "
@@ -231,8 +228,12 @@ def _cmd_sweep(args, plotter, loaded: list) -> int:
             raise FedsimError(f"--resume {args.resume}: {what}; --resume takes the folder of a study (the one "
                               "`fedsim sweep` printed after 'results:'), while a study file runs as `fedsim "
                               "sweep STUDY.toml` again (its finished points are skipped)")
-    study = load_study(args.study or args.resume, args.set, yes=args.yes)
+    study = load_study(args.study or args.resume, args.set, yes=args.yes)  # checked before torch is imported
     loaded.append(study)
+    plotter = shared_worker()  # started before torch's import, so that matplotlib's overlaps it
+    from fedsim.studies.sweep import run_study
+    from fedsim.studies.tables import format_summary
+
     warm = f" after {len(study.warm)} warm-start runs" if study.warm else ""
     print(f"study {study.name}: {len(study.points)} points{warm} in {study.folder}", flush=True)
 

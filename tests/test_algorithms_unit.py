@@ -15,7 +15,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import reference_algorithms as ref  # noqa: E402
 
-from fedsim.algorithms import REGISTRY, Arrivals, Context, make_strategy  # noqa: E402
+from fedsim.algorithms import REGISTRY, Arrivals, Context, make_strategy, planned_state  # noqa: E402
+from fedsim.config.catalog import ALGORITHM_OPTIONS, BUILT_IN_ALGORITHMS  # noqa: E402
 from fedsim.config.catalog import SELECTIONS  # noqa: E402
 from fedsim.algorithms.table import DeviceTable  # noqa: E402
 from fedsim.errors import FedsimError  # noqa: E402
@@ -186,6 +187,33 @@ def test_memory_grows_as_the_spec_says(name):
     else:
         assert device_growth == 0
     assert small[0] >= 4 * d  # at least the global model
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_the_state_planned_on_the_meta_device_is_the_state_set_up(name):
+    """What the memory check counts of an algorithm (set up on the meta device, nothing
+    allocated) is byte for byte what it keeps once set up for real; the part named is its
+    largest."""
+    n, d = 20, 1000
+    ctx = context(known_p=lambda rnd: np.ones(n), train_pooled=lambda *a: None)
+    ctx.n_devices, ctx.dim = n, d
+    state = planned_state(name, ctx)
+    assert state.bytes == sum(memory(name, n, d)) and state.what.startswith(f"{name}'s state (its ")
+    if name in ("mifa", "fedvarp", "fedlaavg", "fedawe"):
+        table = "local" if name == "fedawe" else "table"
+        assert state.what == f"{name}'s state (its {table} of {n:,} devices x {d:,} parameters)"
+
+
+def test_a_state_that_cannot_be_planned_is_left_to_the_setup():
+    """fedavg-known-p without the trace's probabilities: its own check speaks when set up."""
+    assert planned_state("fedavg-known-p", context()).bytes == 0
+
+
+def test_the_catalog_declares_each_built_in_algorithms_own_keys():
+    """The config checks an algorithm's keys from the catalog (without importing torch): the
+    same keys and defaults as the class the run sets up."""
+    for name in BUILT_IN_ALGORITHMS:
+        assert REGISTRY[name].options == ALGORITHM_OPTIONS.get(name, {}), name
 
 
 @pytest.mark.parametrize("name, options, fragment", [

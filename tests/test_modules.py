@@ -450,3 +450,30 @@ def test_a_tied_weight_and_an_unsaved_buffer_go_through_model_pt(cli_run, user_m
     warm = run(cli_run, "tied_unsaved", init_from=str(done))
     initial_loss = json.loads((warm / "manifest.json").read_text())["initial"]["test_loss"]
     assert initial_loss == pytest.approx(rounds_of(done, "test_loss")[-1], rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["user_nets:resnet", "user_nets:resnet_bn", "user_nets:transformer",
+                                  "user_nets:frozen_stem", "mlp", "cnn-svhn"])
+def test_a_models_size_is_counted_on_the_meta_device_as_built(name, user_models):
+    """The memory check's count (the factory called on the meta device, nothing allocated) is
+    the flat state the run trains: trainable parameters and buffers, frozen ones aside."""
+    from fedsim.config import DataConfig, ModelConfig
+    from fedsim.training import build_task
+    from fedsim.training.models import model_dim
+
+    task = build_task(DataConfig(dataset="digits", clients=4), ModelConfig(name=name), seed=0,
+                      device=torch.device("cpu"))
+    assert model_dim(ModelConfig(name=name), (1, 8, 8), 10) == task.dim
+
+
+def test_a_factory_that_reads_values_is_counted_once_built(user_models):
+    """A factory that cannot build on the meta device (it reads a tensor's value) is counted
+    after it is built: the count says None and the run goes on."""
+    from torch import nn
+
+    from fedsim.config import ModelConfig
+    from fedsim.training.models import model_dim
+
+    import user_nets
+    user_nets.reads = lambda s, n, cfg: nn.Linear(64 * int(torch.ones(1).item()), n)
+    assert model_dim(ModelConfig(name="user_nets:reads"), (1, 8, 8), 10) is None

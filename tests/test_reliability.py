@@ -521,7 +521,7 @@ CASES = [
     case("local-steps-beyond-any-run", RUN, r"\[client\] local_steps = 1000000000 is more than any run needs \(at most 100,000\)",
          **{"c.toml": config(client={"local_steps": 10**9})}),
     case("model-beyond-memory", "run quickstart --set model.name=mlp --set model.hidden=1000000000 --quiet",
-         r"^error: a local step of the run needs about 90\.1 TB of memory \(parameters, gradients and starts of 100 "
+         r"^error: a local step of the run needs about 90\.\d TB of memory \(parameters, gradients and starts of 100 "
          r"devices x 75,000,000,010 parameters: 90 TB; .*\), more than 90% of the \S+ [GT]B of this machine; "
          r"lower \[model\] hidden or \[data\] clients$"),
     case("batch-beyond-memory", "run quickstart --set model.name=mlp --set model.hidden=10000000 --set "
@@ -889,6 +889,64 @@ CASES = [
     #
     #
     # --- unbounded work, memory, config refusals before loading (issue 37) ---
+    case("local-epochs-beyond-any-task", RUN, r"^error: \S+c\.toml: \[client\] local_epochs = 1e\+09 means at least "
+         r"1,000,000,000 local steps a task \(an epoch is at least one minibatch\), more than the 100,000 a task may take",
+         **{"c.toml": config(client={"local_epochs": 1e9})}),
+    case("local-epochs-beyond-any-task-ideal", "run quickstart --set client.local_epochs=1e9 --set server.timing=ideal --quiet",
+         r"^error: --set client\.local_epochs=1e9: \[client\] local_epochs = 1e\+09 means at least 1,000,000,000 local steps"),
+    case("local-epochs-largest-device", "run quickstart --set client.local_epochs=200 --set data.clients=2 --set "
+         "data.partition=iid --set client.batch_size=1 --set run.algorithms=[] --quiet",
+         r"^error: \[client\] local_epochs = 200 means 134,800 local steps a task for the largest device \(1: 674 samples, "
+         r"674 minibatches of batch_size = 1 an epoch\), more than the 100,000 a task may take; give local_epochs <= 148 "
+         r"or a larger batch_size$"),
+    case("local-epochs-largest-device-run-steps", "run quickstart --set client.local_epochs=20 --set data.clients=2 --set "
+         "data.partition=iid --set client.batch_size=1 --set run.algorithms=[] --set run.rounds=100000000 --quiet",
+         r"^error: \S+quickstart\.toml: the run asks for up to 2,696,000,000,000 local steps \(\[run\] rounds = 100,000,000 x "
+         r"\[data\] clients = 2 \(every online device\) x 13,480 steps a task by \[client\] local_epochs\), more than any "
+         r"run finishes \(at most 1,000,000,000,000\); lower \[run\] rounds, \[data\] clients or \[client\] local_epochs$"),
+    case("rounds-beyond-any-run", RUN, r"^error: \S+c\.toml: the run asks for up to 15,000,000,000,000 local steps "
+         r"\(\[run\] rounds = 1,000,000,000,000 x \[data\] clients = 3 \(every online device\) x 5 steps a task by "
+         r"\[client\] local_steps\), more than any run finishes", **{"c.toml": config(run={"rounds": 10**12}, client={"local_steps": 5})}),
+    case("rounds-x-cohort-beyond-any-run", "run quickstart --set run.rounds=100000000 --set server.clients_per_round=50 "
+         "--set client.local_steps=1000 --quiet",
+         r"x \[server\] clients_per_round = 50 x 1,000 steps a task by \[client\] local_steps\), more than any run finishes "
+         r"\(at most 1,000,000,000,000\); lower \[run\] rounds, \[server\] clients_per_round or \[client\] local_steps$"),
+    case("async-aggregations-beyond-any-run", RUN, r"x \[server\] buffer = 3 arrivals an aggregation x 100,000 steps a task "
+         r"by \[client\] local_steps\), more than any run finishes \(at most 1,000,000,000,000\); lower \[run\] rounds, "
+         r"\[server\] buffer or \[client\] local_steps$",
+         **{"c.toml": config(run={"rounds": 10**7}, server={"mode": "async", "timing": "model", "buffer": 3}, client={"local_steps": 100000})}),
+    case("local-epochs-full-batch-before-data", RUN, r"\[client\] local_epochs = 1 needs batch_size > 0",
+         **{"c.toml": config(data={"dataset": "digits", "clients": 3}, client={"local_epochs": 1, "batch_size": 0})}),
+    case("local-epochs-on-quadratic", RUN, r"\[client\] local_epochs = 2: the quadratic task has no samples to pass over; "
+         r"set local_steps instead", **{"c.toml": config(client={"local_epochs": 2})}),
+    case("algorithm-option-range-before-data", "run quickstart --set algorithm.name=fedlaavg --set algorithm.beta=1.5 "
+         "--set run.algorithms=[] --quiet", r"^error: \S+quickstart\.toml: \[algorithm\] beta = 1\.5 for 'fedlaavg' must "
+         r"be in \[0, 1\] \(fraction of all devices selected per round; 0 = use \[server\] clients_per_round\)$"),
+    case("comparison-option-range-before-data", "run quickstart --set run.algorithms=[\"fedavg\",\"amplified\"] "
+         "--set algorithm.eta=0 --quiet", r"\[algorithm\] eta = 0\.0 for 'amplified' must be > 0 \(amplification factor"),
+    case("unknown-model-before-data", "run quickstart --set model.name=lenet --quiet",
+         r"^error: \S+quickstart\.toml: \[model\] name = 'lenet' is unknown; did you mean 'lenet5'\?"),
+    case("per-round-beyond-devices-before-data", "run quickstart --set server.clients_per_round=101 --quiet",
+         r"^error: \S+quickstart\.toml: \[server\] clients_per_round = 101 is more than the 100 devices of the run"),
+    # a user module of 11,718,750,010 parameters, counted on the meta device and never allocated
+    *(case(f"{algorithm}-state-beyond-memory", f"run quickstart --set model.name=wide_i37:make --set run.algorithms=[] "
+           f"--set algorithm.name={algorithm} --set server.clients_per_round=1 --quiet",
+           rf"^error: a local step of the run needs about 4\.9\d TB of memory \(parameters, gradients and starts of 1 "
+           rf"devices x 11,718,750,010 parameters: 141 GB; {algorithm}'s state \(its {table} of 100 devices x "
+           rf"11,718,750,010 parameters\): 4\.\d+ TB\), more than 90% of the \S+ [GT]B of this machine; lower \[data\] clients "
+           rf"\(fewer devices\) or \[model\] name, choose another \[algorithm\] name, or use .*with more memory$",
+           **{"wide_i37.py": "from torch import nn\n\n\ndef make(in_shape, n_classes, cfg):\n"
+                             "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 10**10 // 64), nn.Linear(10**10 // 64, n_classes))\n"})
+      for algorithm, table in (("mifa", "table"), ("fedvarp", "table"), ("fedlaavg", "table"), ("fedawe", "local"))),
+    case("built-in-model-state-beyond-memory", "run quickstart --set model.name=mlp --set model.hidden=200000000 "
+         "--set run.algorithms=[] --set algorithm.name=mifa --set server.clients_per_round=1 --quiet",
+         r"mifa's state \(its table of 100 devices x 15,000,000,010 parameters\): 6\.18 TB\), more than 90% .*; lower "
+         r"\[data\] clients \(fewer devices\) or \[model\] hidden, choose another \[algorithm\] name"),
+    # a comparison whose first algorithm fits but whose second does not: refused before either runs
+    case("comparison-member-state-beyond-memory", "run quickstart --set data.dataset=logistic --set data.dim=2 "
+         "--set data.samples=200000 --set data.clients=100000 --set data.partition=iid --set model.name=mlp "
+         "--set model.hidden=2500000 --set server.clients_per_round=1 --quiet",
+         r"mifa's state \(its table of 100,000 devices x 32,500,010 parameters\): 13 TB; layer outputs"),
     #
     #
     #

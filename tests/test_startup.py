@@ -167,3 +167,33 @@ def test_a_folder_named_fedsim_on_pythonpath_is_one_line_naming_it(tmp_path, arg
     fixed = subprocess.run([sys.executable, "-c", EDITABLE.format(package=package), "--version"], capture_output=True,
                            text=True, cwd=tmp_path / "elsewhere", timeout=120, env={"PATH": ""})
     assert (fixed.returncode, fixed.stdout) == (0, f"fedsim {fedsim.__version__} (fedsim-avail)\n"), fixed.stderr
+
+
+REFUSED = {  # a config refused for each kind of rule: the keys, a cross-key rule, a bound of the work
+    "unknown key": "[server]\ndedline = 5\n",
+    "deadline_sigma under ideal timing": "[server]\ntiming = 'ideal'\ndeadline_sigma = 5.0\n",
+    "min_selected above the clients": "[data]\nclients = 10\n[server]\nmin_selected = 20\n",
+    "update_frac with async": "[server]\nmode = 'async'\nupdate_frac = 0.5\n",
+    "an algorithm's own key": "[algorithm]\nname = 'mifa'\nwarmup = 'yes'\n",
+    "an algorithm's option out of its range": "[algorithm]\nname = 'fedprox'\nmu = -1.0\n",
+    "an unknown model": "[model]\nname = 'lenet'\n",
+    "local_epochs beyond any task": "[client]\nlocal_epochs = 1e9\n",
+    "rounds beyond any run": "[run]\nrounds = 1000000000000\n",
+}
+
+
+@pytest.mark.parametrize("kind", REFUSED)
+def test_a_refused_config_imports_no_torch_and_writes_nothing(kind, tmp_path):
+    """Every rule that needs no data is checked before torch is imported or data is read."""
+    (tmp_path / "c.toml").write_text(REFUSED[kind])
+    code, loaded = run_cli(["run", "c.toml", "--quiet"], cwd=tmp_path)
+    assert code == 2 and not loaded & {"torch", "matplotlib", "sklearn", "polars", "pyarrow"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
+def test_a_refused_study_imports_no_torch_and_writes_nothing(tmp_path):
+    (tmp_path / "s.toml").write_text("[run]\nname = 's'\n[server]\ntiming = 'ideal'\ndeadline_sigma = 5.0\n"
+                                     "[sweep]\n'run.seed' = [0, 1]\n")
+    code, loaded = run_cli(["sweep", "s.toml", "--quiet"], cwd=tmp_path)
+    assert code == 2 and not loaded & {"torch", "matplotlib", "sklearn"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]

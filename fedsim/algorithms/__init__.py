@@ -13,8 +13,9 @@ from fedsim.algorithms.base import (
     Strategy,
     algorithm_options,
     make_strategy,
+    planned_state,
     register,
 )
 
 __all__ = ["REGISTRY", "Arrivals", "Context", "Strategy", "algorithm_options", "make_strategy",
-           "register"]
+           "planned_state", "register"]

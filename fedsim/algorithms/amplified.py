@@ -10,19 +10,15 @@ drift towards whoever happened to be available. ``eta = 1`` is FedAvg. Pairs wit
 
 from __future__ import annotations
 
-from fedsim.algorithms.base import check_range
+from fedsim.config.catalog import ALGORITHM_OPTIONS, ALGORITHM_RANGES
 from fedsim.algorithms.fedavg import FedAvg
 
 
 class Amplified(FedAvg):
     name = "amplified"
-    options = {"period": 500, "eta": 10.0}
+    options, ranges = ALGORITHM_OPTIONS["amplified"], ALGORITHM_RANGES["amplified"]
     selection = "regularized"
     state = ("params", "accumulated", "interval_start", "amplified")
-
-    def validate(self):
-        check_range(self, "period", 1, why="rounds between amplifications (P)")
-        check_range(self, "eta", 0.0, low_open=True, why="amplification factor; 1 = FedAvg")
 
     def init_state(self, params):
         super().init_state(params)

@@ -14,6 +14,7 @@ reproduces them and a comparison can share one value.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -25,8 +26,9 @@ from torch import Tensor
 from fedsim.algorithms.selection import Selector
 from fedsim.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerConfig
 from fedsim.config.catalog import ALGORITHMS, SELECTIONS
-from fedsim.config import algorithm_options  # noqa: F401  (re-exported: fedsim.algorithms)
+from fedsim.config import algorithm_options, check_option  # noqa: F401  (algorithm_options: re-exported)
 from fedsim.errors import FedsimError
+from fedsim.training.memory import State
 from fedsim.training.objective import PLAIN, LocalObjective
 
 
@@ -97,6 +99,8 @@ class Strategy:
     options: ClassVar[dict[str, Any]] = {}
     selection: ClassVar[str] = "uniform"  # with clients_per_round = 0: every online device
     state: ClassVar[tuple[str, ...]] = ("params",)
+    # option -> (lowest, highest, whether the lowest is excluded, what it means), checked by `validate`
+    ranges: ClassVar[dict[str, tuple]] = {}
 
     params: Tensor
     local_objective: LocalObjective = PLAIN  # terms added to the devices' local loss
@@ -122,7 +126,10 @@ class Strategy:
                 "keep it")
 
     def validate(self) -> None:
-        """Check the algorithm's own options (``self.opt``); raise FedsimError on a bad value."""
+        """Check the algorithm's own options (``self.opt``); raise FedsimError on a bad value.
+        By default each key of ``ranges`` lies in its range."""
+        for key, bounds in self.ranges.items():
+            check_option(self.name, key, self.opt[key], *bounds)
 
     def init_state(self, params: Tensor) -> None:
         """Create the algorithm's state from the initial global model (flat [d])."""
@@ -231,6 +238,30 @@ class Strategy:
         return sum(_nbytes(getattr(self, name), "device") for name in self.state_names())
 
 
+def planned_state(name: str, ctx: Context, origin: str = "") -> State:
+    """What algorithm `name` would keep for `ctx`'s devices and model, measured by setting it up
+    on the meta device, which allocates no tensor: its state on this machine (the server's and
+    the devices' rows alike, which the simulation holds here), named by its largest part (MIFA's
+    table of every device's update). Empty where it cannot be set up there (its own checks then
+    speak when it is set up for real)."""
+    strategy = make_strategy(name, origin)
+    meta = dataclasses.replace(ctx, device=torch.device("meta"))
+    try:
+        strategy.setup(ctx.n_devices, torch.zeros(ctx.dim, device=meta.device), meta)
+    except (FedsimError, RuntimeError, NotImplementedError):
+        return State()
+    sizes = {part: _nbytes(getattr(strategy, part), "server") + _nbytes(getattr(strategy, part), "device")
+             for part in strategy.state_names()}
+    total = strategy.memory_bytes() + strategy.device_memory_bytes()
+    largest = max(sizes, key=sizes.get)
+    rows = getattr(getattr(strategy, largest), "rows", getattr(strategy, largest))
+    if isinstance(rows, Tensor) and rows.dim() == 2:
+        part = f"its {largest} of {rows.shape[0]:,} devices x {rows.shape[1]:,} parameters"
+    else:
+        part = f"its {largest} of {rows.numel():,} floats" if isinstance(rows, Tensor) else f"its {largest}"
+    return State(f"{strategy.name}'s state ({part})", total)
+
+
 def _save(value: Any) -> Any:
     if hasattr(value, "state_dict"):
         return value.state_dict()
@@ -266,14 +297,7 @@ def nan_stats(values: np.ndarray) -> tuple[float, float]:
 def check_range(strategy: Strategy, key: str, low: float, high: float = math.inf, *,
                 low_open: bool = False, why: str = "") -> None:
     """FedsimError unless ``low <(=) opt[key] <= high``: one line naming the key and the fix."""
-    value = strategy.opt[key]
-    ok = (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        bound = f"> {low:g}" if low_open else f">= {low:g}"
-        if high != math.inf:
-            bound = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
-        raise FedsimError(f"[algorithm] {key} = {value!r} for {strategy.name!r} must be {bound}"
-                          + (f" ({why})" if why else ""))
+    check_option(strategy.name, key, strategy.opt[key], low, high, low_open, why)
 
 
 # the built-ins are listed in fedsim/config/catalog.py; plugins are found as "module:Class" or entry
@@ -294,5 +318,5 @@ def make_strategy(name: str, origin: str = "") -> Strategy:
     return ALGORITHMS.lookup(name, f"{origin}: [algorithm] name" if origin else "[algorithm] name")()
 
 
-__all__ = ["Arrivals", "Context", "Strategy", "register", "algorithm_options", "make_strategy",
+__all__ = ["Arrivals", "Context", "Strategy", "register", "algorithm_options", "make_strategy", "planned_state",
            "REGISTRY", "weighted_sum", "nan_stats", "check_range"]

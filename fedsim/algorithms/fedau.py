@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedsim.algorithms.base import check_range, nan_stats
+from fedsim.config.catalog import ALGORITHM_OPTIONS, ALGORITHM_RANGES
+from fedsim.algorithms.base import nan_stats
 from fedsim.algorithms.fedavg import FedAvg
 
 
@@ -19,11 +20,8 @@ class FedAu(FedAvg):
     """x <- x + η_g (1/N) Σ_{A_t} ω_i Δ_i, ω_i = mean recorded interval (1 if none yet)."""
 
     name = "fedau"
-    options = {"cutoff": 50}
+    options, ranges = ALGORITHM_OPTIONS["fedau"], ALGORITHM_RANGES["fedau"]
     state = ("params", "absent", "interval_sum", "interval_count")
-
-    def validate(self):
-        check_range(self, "cutoff", 1, why="K, the longest interval recorded, in rounds")
 
     def init_state(self, params):
         super().init_state(params)

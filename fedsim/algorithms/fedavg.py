@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsim.algorithms.base import Arrivals, Strategy, check_range, weighted_sum
+from fedsim.config.catalog import ALGORITHM_OPTIONS, ALGORITHM_RANGES
+from fedsim.algorithms.base import Arrivals, Strategy, weighted_sum
 from fedsim.errors import FedsimError
 from fedsim.training.objective import LocalObjective
 
@@ -104,10 +105,7 @@ class FedProx(FedAvg):
     """FedAvg whose local loss adds (mu/2)·‖w − x‖² (declared as its local objective)."""
 
     name = "fedprox"
-    options = {"mu": 0.01}
-
-    def validate(self):
-        check_range(self, "mu", 0.0, why="proximal coefficient; 1.0 on MNIST, 0.01 on text in FedLaAvg")
+    options, ranges = ALGORITHM_OPTIONS["fedprox"], ALGORITHM_RANGES["fedprox"]
 
     def init_state(self, params):
         super().init_state(params)

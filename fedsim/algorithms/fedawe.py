@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from fedsim.algorithms.base import Strategy, check_range, nan_stats
+from fedsim.config.catalog import ALGORITHM_OPTIONS, ALGORITHM_RANGES
+from fedsim.algorithms.base import Strategy, nan_stats
 from fedsim.algorithms.table import DeviceTable
 
 
@@ -24,11 +25,8 @@ class FedAwe(Strategy):
     """
 
     name = "fedawe"
-    options = {"clip": 0.0}
+    options, ranges = ALGORITHM_OPTIONS["fedawe"], ALGORITHM_RANGES["fedawe"]
     state = ("local",)  # its rows and τ (stamp) are device state, its running sum the server's
-
-    def validate(self):
-        check_range(self, "clip", 0.0, why="max L2 norm of the aggregated echoed update; 0 = off")
 
     def init_state(self, params):
         self.local = DeviceTable(self.n, params.numel(), params.device, init=params, on_devices=True)

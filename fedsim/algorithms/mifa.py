@@ -16,7 +16,8 @@ import math
 
 import numpy as np
 
-from fedsim.algorithms.base import Strategy, check_range
+from fedsim.config.catalog import ALGORITHM_OPTIONS, ALGORITHM_RANGES
+from fedsim.algorithms.base import Strategy
 from fedsim.algorithms.table import DeviceTable
 
 
@@ -31,7 +32,7 @@ class Mifa(Strategy):
     """
 
     name = "mifa"
-    options = {"warmup": False}
+    options = ALGORITHM_OPTIONS["mifa"]
     state = ("params", "table", "seen", "updates", "last_round")
     stored_on_devices = False
 
@@ -85,13 +86,9 @@ class FedLaAvg(Mifa):
     """
 
     name = "fedlaavg"
-    options = {"beta": 0.0}
+    options, ranges = ALGORITHM_OPTIONS["fedlaavg"], ALGORITHM_RANGES["fedlaavg"]
     selection = "longest-absent"
     stored_on_devices = True  # each device keeps its G^last and uploads the difference
-
-    def validate(self):
-        check_range(self, "beta", 0.0, 1.0, why="fraction of all devices selected per round; "
-                                                "0 = use [server] clients_per_round")
 
     def budget(self):
         beta = float(self.opt["beta"])

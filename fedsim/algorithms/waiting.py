@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedsim.config.catalog import ALGORITHM_OPTIONS
 from fedsim.algorithms.base import check_range
 from fedsim.algorithms.fedavg import FedAvg
 
@@ -27,7 +28,7 @@ class FedAvgWait(FedAvg):
     learning rate: that of the round the wait began."""
 
     name = "fedavg-wait"
-    options = {"S": 0}
+    options = ALGORITHM_OPTIONS["fedavg-wait"]
     state = ("params", "sample", "arrived", "delta_sum", "waited", "drawn_at")
 
     def validate(self):

@@ -8,6 +8,8 @@ entry point of the group named below; docs/extending.md); the other choices are 
 
 from __future__ import annotations
 
+import math
+
 from fedsim.config.registry import Registry
 
 
@@ -27,6 +29,25 @@ ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", "fedsim.algori
     "fedau": "fedsim.algorithms.fedau:FedAu",
     "sequential-sgd": "fedsim.algorithms.sequential:SequentialSgd",
 }, group="fedsim.algorithms")
+
+# the own config keys of the built-in algorithms with their typed defaults (each class's
+# `options` is its entry): declared here, so that a config is checked without importing the
+# algorithms and torch; a plugin declares its own on its class
+ALGORITHM_OPTIONS = {"fedprox": {"mu": 0.01}, "fedavg-wait": {"S": 0}, "mifa": {"warmup": False},
+                     "fedlaavg": {"beta": 0.0}, "fedawe": {"clip": 0.0}, "amplified": {"period": 500, "eta": 10.0},
+                     "fedau": {"cutoff": 50}}
+# the ranges of those keys: (lowest, highest, whether the lowest is excluded, what the key
+# means), checked with the config and again when the algorithm is set up (each class's `ranges`)
+ALGORITHM_RANGES = {
+    "fedprox": {"mu": (0.0, math.inf, False, "proximal coefficient; 1.0 on MNIST, 0.01 on text in FedLaAvg")},
+    "fedlaavg": {"beta": (0.0, 1.0, False, "fraction of all devices selected per round; 0 = use [server] "
+                                           "clients_per_round")},
+    "fedawe": {"clip": (0.0, math.inf, False, "max L2 norm of the aggregated echoed update; 0 = off")},
+    "amplified": {"period": (1, math.inf, False, "rounds between amplifications (P)"),
+                  "eta": (0.0, math.inf, True, "amplification factor; 1 = FedAvg")},
+    "fedau": {"cutoff": (1, math.inf, False, "K, the longest interval recorded, in rounds")},
+}
+BUILT_IN_ALGORITHMS = tuple(ALGORITHMS)
 
 # a model is a function (in_shape, n_classes, [model] config) -> a torch.nn.Module (or a list of
 # fedsim layers: the hand-batched built-ins)
@@ -70,5 +91,5 @@ SELECTIONS = Registry("a selection policy", callable, _paths("fedsim.algorithms.
 TRACE_SELECTIONS = Registry("a trace device selection", callable, _paths("fedsim.runs.replay", {
     "random": "select_random", "first": "select_first", "most-available": "select_most_available"}))
 
-__all__ = ["ALGORITHMS", "MODELS", "GENERATORS", "CONVERTERS", "PARTITIONS", "SCHEDULES",
+__all__ = ["ALGORITHMS", "ALGORITHM_OPTIONS", "ALGORITHM_RANGES", "BUILT_IN_ALGORITHMS", "MODELS", "GENERATORS", "CONVERTERS", "PARTITIONS", "SCHEDULES",
            "TRAINERS", "SELECTIONS", "TRACE_SELECTIONS"]

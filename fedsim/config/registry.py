@@ -73,6 +73,12 @@ class Registry(MutableMapping):
         plugins = {ep.name for ep in self._plugins()} - set(self._entries)
         return [*self._entries, *sorted(plugins)]
 
+    def check_name(self, name: str, where: str) -> None:
+        """FedsimError for a name that is neither registered nor installed nor a plugin's
+        'module:Name' (whose import `lookup` checks); imports nothing."""
+        if name not in self._entries and not (self.group and ":" in name) and name not in self.names():
+            raise choice_error(where, name, self.names())
+
     def lookup(self, name: str, where: str) -> Any:
         """The object registered, importable or installed under `name` (FedsimError if none)."""
         if name in self._entries:

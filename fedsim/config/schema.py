@@ -18,8 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fedsim.config.catalog import (ALGORITHMS, GENERATORS, MODELS, PARTITIONS, SCHEDULES, SELECTIONS, TRACE_SELECTIONS,
-                            TRAINERS)
+from fedsim.config.catalog import (ALGORITHM_OPTIONS, ALGORITHM_RANGES, ALGORITHMS, BUILT_IN_ALGORITHMS, GENERATORS, MODELS,
+                                   PARTITIONS, SCHEDULES, SELECTIONS, TRACE_SELECTIONS, TRAINERS)
 from fedsim.errors import FedsimError, choice_error, did_you_mean
 from fedsim.config.registry import Registry
 
@@ -164,6 +164,21 @@ def _at_most(limit: int):
             raise FedsimError(f"{where} = {value} is more than any run needs (at most {limit:,})")
         return value
     return check
+
+
+# the work a run may ask for (docs/running.md, "How much work a run may ask for"): the local
+# steps of one device's task (each step's randomness is drawn up front), and of the whole run
+# (rounds x devices a round x steps a task: days of work on any machine)
+MAX_TASK_STEPS = 100_000
+MAX_RUN_STEPS = 10**12
+
+
+def _epochs(where: str, value: float) -> float:
+    """Every epoch is at least one minibatch: more epochs than a task's steps cannot run."""
+    if value > MAX_TASK_STEPS:
+        raise FedsimError(f"{where} = {value:g} means at least {math.ceil(value):,} local steps a task (an epoch "
+                          f"is at least one minibatch), more than the {MAX_TASK_STEPS:,} a task may take; lower it")
+    return value
 
 
 TRACKERS = ("tensorboard", "mlflow")
@@ -366,12 +381,12 @@ class ClientConfig:
     """Local training on each device."""
 
     local_steps: int = key(5, "local SGD steps per round (at most 100,000: no run needs more, and each "
-                           "step's randomness is drawn up front)", positive=True, check=_at_most(100_000))
+                           "step's randomness is drawn up front)", positive=True, check=_at_most(MAX_TASK_STEPS))
     local_epochs: float = key(0.0, "passes over each device's own data per round instead: its samples "
                               "shuffled once per epoch and cut into minibatches of batch_size (the last "
                               "smaller): local_epochs x ceil(n_i / batch_size) steps, rounded up, for a "
-                              "device of n_i samples", non_negative=True, zero="local_steps steps of minibatches drawn "
-                              "with replacement")
+                              "device of n_i samples (at most 100,000 steps for the largest device)", non_negative=True,
+                              check=_epochs, zero="local_steps steps of minibatches drawn with replacement")
     batch_size: int = key(32, "minibatch size (at most 1,000,000)", non_negative=True, zero="the full local data",
                           check=_at_most(1_000_000))
     lr: float = key(0.05, "client learning rate", positive=True)
@@ -506,6 +521,8 @@ def suggest(key: str, valid) -> str:
 
 def algorithm_options(name: str, origin: str = "") -> dict[str, Any]:
     """The algorithm's own config keys with their typed defaults (FedsimError if unknown)."""
+    if name in BUILT_IN_ALGORITHMS:  # known without importing it (and torch)
+        return dict(ALGORITHM_OPTIONS.get(name, {}))
     where = f"{origin}: [algorithm] name" if origin else "[algorithm] name"
     return dict(ALGORITHMS.lookup(name, where).options)
 
@@ -701,6 +718,8 @@ def _check_consistency(config: Config, origin: str) -> None:
         raise FedsimError(f"{origin}: [data] partition = {config.data.partition!r} does not apply to the "
                           "quadratic task (its clients are their targets); remove it")
     _check_federated_keys(config.data, origin)
+    if config.data.dataset != "quadratic":  # (whose model is its vector)
+        MODELS.check_name(config.model.name, f"{origin}: [model] name")
     if config.server.mode == "async" and config.server.timing == "ideal":
         raise FedsimError(f"{origin}: [server] mode = 'async' needs timing = 'model' (ideal timing "
                           "is the papers' synchronous round model)")
@@ -719,12 +738,70 @@ def _check_consistency(config: Config, origin: str) -> None:
                     + (" or warmup = false" if warmup else " or choose another algorithm")
                 )
     _check_devices(config.devices, origin)
+    for name in [config.algorithm.name, *config.run.algorithms]:
+        for key, bounds in ALGORITHM_RANGES.get(name, {}).items() if name in BUILT_IN_ALGORITHMS else ():
+            check_option(name, key, config.algorithm.options.get(key, ALGORITHM_OPTIONS[name][key]), *bounds,
+                         where=f"{origin}: ")
+    _check_local_work(config, origin)
+    steps = math.ceil(config.client.local_epochs) if config.client.local_epochs else config.client.local_steps
+    check_run_steps(config, steps, "local_epochs" if config.client.local_epochs else "local_steps", origin)
     if config.data.dataset == "quadratic" and config.data.targets:
         if len(config.data.targets) != config.data.clients:
             raise FedsimError(
                 f"{origin}: [data] targets has {len(config.data.targets)} entries but "
                 f"[data] clients = {config.data.clients}; give one target per client"
             )
+
+
+def _check_local_work(config: Config, origin: str) -> None:
+    """What a device's task is made of must exist: epochs need samples and minibatches, a
+    cohort needs its devices (datasets with their own clients may have fewer than [data] clients,
+    which the run checks again once it has read them)."""
+    client, dataset = config.client, config.data.dataset
+    where = f"{origin}: [client] local_epochs = {client.local_epochs:g}"
+    if client.local_epochs and dataset == "quadratic":
+        raise FedsimError(f"{where}: the quadratic task has no samples to pass over; set local_steps instead")
+    if client.local_epochs and client.batch_size == 0:
+        raise FedsimError(f"{where} needs batch_size > 0 to cut each epoch into minibatches (with batch_size = 0 "
+                          f"a step is already one pass over the local data: set local_steps instead)")
+    check_cohort_size(config.server, config.data.clients, f"{origin}: ")
+
+
+def check_cohort_size(server: ServerConfig, n_devices: int, where: str = "") -> None:
+    if server.clients_per_round > n_devices:
+        raise FedsimError(
+            f"{where}[server] clients_per_round = {server.clients_per_round} is more than the {n_devices} "
+            f"devices of the run ([data] clients); give at most {n_devices}, or 0 for every online device")
+
+
+def check_option(algorithm: str, key: str, value: Any, low: float, high: float = math.inf, low_open: bool = False,
+                 why: str = "", where: str = "") -> None:
+    """FedsimError unless ``low <(=) value <= high``: one line naming the algorithm's key and the fix."""
+    if not ((value > low if low_open else value >= low) and value <= high):
+        bound = f"> {low:g}" if low_open else f">= {low:g}"
+        if high != math.inf:
+            bound = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+        raise FedsimError(f"{where}[algorithm] {key} = {value!r} for {algorithm!r} must be {bound}"
+                          + (f" ({why})" if why else ""))
+
+
+def check_run_steps(config: Config, task_steps: int, steps_key: str, origin: str) -> None:
+    """FedsimError when rounds x devices a round x `task_steps` (the largest task's local
+    steps, set by `[client] steps_key`) is more than MAX_RUN_STEPS."""
+    server, rounds = config.server, config.run.rounds
+    if server.mode == "async":
+        devices, per_round = server.buffer, f"[server] buffer = {server.buffer:,} arrivals an aggregation"
+    elif server.clients_per_round:
+        devices, per_round = server.clients_per_round, f"[server] clients_per_round = {server.clients_per_round:,}"
+    else:
+        devices, per_round = config.data.clients, f"[data] clients = {config.data.clients:,} (every online device)"
+    total = rounds * devices * task_steps
+    if total > MAX_RUN_STEPS:
+        key = "[server] buffer" if server.mode == "async" else per_round.split(" =")[0]
+        raise FedsimError(
+            f"{origin}: the run asks for up to {total:,} local steps ([run] rounds = {rounds:,} x {per_round} x "
+            f"{task_steps:,} steps a task by [client] {steps_key}), more than any run finishes (at most "
+            f"{MAX_RUN_STEPS:,}); lower [run] rounds, {key} or [client] {steps_key}")
 
 
 ROUND_RULES = ("deadline_sigma", "min_selected", "update_frac")  # FLASH's, for synchronous model timing

@@ -19,10 +19,10 @@ import numpy as np
 import polars as pl
 import torch
 
-from fedsim.algorithms import Context, Strategy, make_strategy
+from fedsim.algorithms import Context, Strategy, make_strategy, planned_state
 from fedsim.algorithms.server_optimizer import ServerOptimizerConfig
 from fedsim.runs.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, RecordRounds
-from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, ServerConfig, config_from_dict, dump_toml,
+from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, check_cohort_size, config_from_dict, dump_toml,
                            read_toml)
 from fedsim.config.catalog import GENERATORS
 from fedsim.errors import FedsimError
@@ -44,7 +44,8 @@ from fedsim.traces.generators import known_probability_at
 from fedsim.traces.io import read_device_table
 from fedsim.traces.stats import device_online_fraction
 from fedsim.training import ThreadPolicy, build_task, build_trainer
-from fedsim.training.memory import check_memory
+from fedsim.training.memory import State, check_memory
+from fedsim.training.work import check_task_steps
 from fedsim.training.schedules import learning_rate
 from fedsim.runs.trackers import check_trackers, tracker_callbacks
 from fedsim.training.warm_start import check_resumable, initial_params, model_file, model_layout
@@ -85,13 +86,6 @@ def server_optimizer_config(algorithm: AlgorithmConfig) -> ServerOptimizerConfig
     a = algorithm
     return ServerOptimizerConfig(a.server_optimizer, a.server_lr, a.server_momentum, a.server_beta1,
                                  a.server_beta2, a.server_eps)
-
-
-def check_cohort_size(server: ServerConfig, n_devices: int) -> None:
-    if server.clients_per_round > n_devices:
-        raise FedsimError(
-            f"[server] clients_per_round = {server.clients_per_round} is more than the {n_devices} "
-            f"devices of the run ([data] clients); give at most {n_devices}, or 0 for every online device")
 
 
 def check_min_selected(config: Config, index) -> None:
@@ -141,8 +135,14 @@ class Experiment:
         self.evaluated: tuple[float, float | None] | None = None  # this round's, done with other runs
         self.device = resolve_device(config.run.device)
         cfg = config
-        self.task = build_task(cfg.data, cfg.model, seed=cfg.run.seed, device=self.device)
+        self.task = build_task(cfg.data, cfg.model, seed=cfg.run.seed, device=self.device,
+                               fits=lambda sizes, dim: check_memory(cfg, self.device, len(sizes), dim,
+                                                                    self.planned_state(cfg, sizes, dim)))
         check_cohort_size(cfg.server, self.task.n_clients)
+        self.threads = ThreadPolicy(cfg.run.threads, self.device)
+        self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads,
+                                     deterministic=cfg.run.deterministic, tf32=cfg.run.tf32)
+        check_task_steps(cfg, self.task, self.trainer)  # before a trace of the run's length is made
         self.trace, self.trace_device = load_trace(cfg, self.task.n_clients,
                                                    self.task.label_distribution(), trace_record)
         self.index = availability_index(self.trace)
@@ -154,10 +154,6 @@ class Experiment:
         self.trace_file = None if generated else file_fingerprint(Path(cfg.trace.path))
         self.trace_fingerprint = trace_fingerprint(self.trace) if generated else None
         self.fingerprint_of = hashes(self.trace) if generated else None
-        self.threads = ThreadPolicy(cfg.run.threads, self.device)
-        self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads,
-                                     deterministic=cfg.run.deterministic, tf32=cfg.run.tf32)
-        check_memory(cfg, self.task, self.trainer)  # before the model's parameters are allocated
         self.device_table = self.read_device_table(cfg)
         self.timing = DeviceTiming.build(cfg.devices, self.task.n_clients, cfg.run.seed,
                                          train_flops=self.task.train_flops_per_sample(),
@@ -169,30 +165,41 @@ class Experiment:
     def set_up_strategy(self, cfg: Config) -> Strategy:
         """The strategy of `cfg` on this experiment's task and trace; a comparison calls this for
         every algorithm first, so that one that cannot run here fails before any has run."""
+        task = self.task  # its state is allocated only once it is known to fit
+        check_memory(cfg, self.device, task.n_clients, task.dim,
+                     self.planned_state(cfg, task.client_sizes(), task.dim), task, self.trainer)
         strategy = make_strategy(cfg.algorithm.name, origin=cfg.source)
         if cfg.model.init_from and not self.resuming:  # the run it starts from: of a format this release reads
             read_manifest(model_file(cfg).parent, strict=False)
-        params = self.task.init_params() if self.resuming else initial_params(self.task, cfg)
-        strategy.setup(self.task.n_clients, params, self._context(cfg))
+        params = task.init_params() if self.resuming else initial_params(task, cfg)
+        strategy.setup(task.n_clients, params, self._context(cfg))
         return strategy
+
+    def planned_state(self, cfg: Config, sizes: np.ndarray, dim: int) -> State:
+        """The state `cfg`'s algorithm would keep for devices of `sizes` samples and a model of
+        `dim` floats, measured without allocating it."""
+        return planned_state(cfg.algorithm.name, self._plain_context(cfg, sizes, dim), cfg.source)
+
+    def _plain_context(self, cfg: Config, sizes: np.ndarray, dim: int) -> Context:
+        """The Context of what the config says, before the trace and the trainer are built."""
+        return Context(
+            n_devices=len(sizes), dim=dim, device=self.device,
+            seed=cfg.run.seed, server_lr=cfg.algorithm.server_lr, local_steps=cfg.client.local_steps,
+            server_optimizer=server_optimizer_config(cfg.algorithm),
+            clients_per_round=cfg.server.clients_per_round, invite=invite_budget(cfg.server),
+            options=dict(cfg.algorithm.options),
+            lr=lambda t: learning_rate(cfg.client, t),
+            client_sizes=sizes, selection=cfg.algorithm.selection,
+        )
 
     def _context(self, cfg: Config) -> Context:
         trace = self.trace
         def known_p(t: float) -> np.ndarray:
             return known_probability_at(trace, t)
 
-        return Context(
-            n_devices=self.task.n_clients, dim=self.task.dim, device=self.device,
-            seed=cfg.run.seed, server_lr=cfg.algorithm.server_lr, local_steps=cfg.client.local_steps,
-            device_steps=self.trainer.epoch_steps(),
-            server_optimizer=server_optimizer_config(cfg.algorithm),
-            clients_per_round=cfg.server.clients_per_round, invite=invite_budget(cfg.server),
-            options=dict(cfg.algorithm.options),
-            lr=lambda t: learning_rate(cfg.client, t),
-            client_sizes=self.task.client_sizes(), known_p=known_p,
-            selection=cfg.algorithm.selection,
-            **self._extra_context(),
-        )
+        return dataclasses.replace(self._plain_context(cfg, self.task.client_sizes(), self.task.dim),
+                                   device_steps=self.trainer.epoch_steps(), known_p=known_p,
+                                   **self._extra_context())
 
     def _extra_context(self) -> dict:
         """Context fields that only some versions of the Strategy interface declare."""

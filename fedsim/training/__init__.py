@@ -12,16 +12,20 @@ from fedsim.data.datasets import load_dataset
 from fedsim.data.partition import partition
 from fedsim.errors import FedsimError
 from fedsim.training.quadratic import QuadraticTask
-from fedsim.training.task import Task, classification_task
+from fedsim.training.task import Fits, Task, classification_task
 from fedsim.training.threads import ThreadPolicy
 from fedsim.training.trainer import Trainer, TrainResult
 
 
-def build_task(data: DataConfig, model: ModelConfig, *, seed: int, device: torch.device) -> Task:
-    """The task of `[data]` and `[model]`, with everything on `device`."""
+def build_task(data: DataConfig, model: ModelConfig, *, seed: int, device: torch.device,
+               fits: Fits | None = None) -> Task:
+    """The task of `[data]` and `[model]`, with everything on `device`; `fits(sizes, dim)` is
+    asked before the model is allocated (a quadratic task's is its targets' dimension)."""
     if data.dataset == "quadratic":
+        if fits is not None:
+            fits(np.ones(data.clients, dtype=np.int64), len(data.targets[0]) if data.targets else data.dim)
         return QuadraticTask(data, model, seed=seed, device=device)
-    return classification_task(load_dataset(data, seed), data, model, seed=seed, device=device)
+    return classification_task(load_dataset(data, seed), data, model, seed=seed, device=device, fits=fits)
 
 
 def devices_of(data: DataConfig, *, seed: int) -> tuple[int, np.ndarray | None]:
@@ -43,13 +47,9 @@ def model_summary(data: DataConfig, model: ModelConfig, *, seed: int) -> str:
 
 
 def check_epochs(task: Task, client: ClientConfig) -> None:
-    """`[client] local_epochs` needs samples to pass over and minibatches to cut them into."""
+    """`[client] local_epochs` cuts an epoch's last minibatch smaller, which BatchNorm cannot
+    train on (the config's own rules are checked with the config: fedsim/config/schema.py)."""
     where = f"[client] local_epochs = {client.local_epochs:g}"
-    if client.batch_size == 0:
-        raise FedsimError(f"{where} needs batch_size > 0 to cut each epoch into minibatches (with batch_size = 0 "
-                          f"a step is already one pass over the local data: set local_steps instead)")
-    if not hasattr(task, "data"):
-        raise FedsimError(f"{where}: the quadratic task has no samples to pass over; set local_steps instead")
     if getattr(task.model, "batch_statistics", False):
         raise FedsimError(f"{where}: the module's BatchNorm would count the padding of an epoch's last, smaller "
                           f"minibatch in its batch statistics; set local_steps instead")

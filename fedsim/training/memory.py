@@ -1,17 +1,22 @@
-"""The memory a run needs, estimated before it trains: a config that cannot fit on its device
-is one error line naming the key to lower, instead of a crash (or minutes of swapping) in its
-first round.
+"""The memory a run needs, estimated before it is allocated: a config that cannot fit on its
+device is one error line naming what needs the memory and the key to lower, instead of a crash
+(or minutes of swapping) when its tensors are made.
 
-The estimate is a lower bound in float32: the task's data on the device, and for one local
-step of the largest cohort its parameters, gradients and starting points (3 copies per
-device) and the layer outputs of the devices that one call trains (the batched trainer's
-chunk, one device on the loop path). Only what needs more than `SHARE` of the device's total
-memory is refused, so a run that might fit is left to try.
+The estimate is a lower bound in float32: the algorithm's state (MIFA's table of every device's
+update, FedAWE's local models, ...: `State`, measured by setting the algorithm up on the meta
+device), the task's data on the device, and for one local step of the largest cohort its
+parameters, gradients and starting points (3 copies per device) and the layer outputs of the
+devices that one call trains (the batched trainer's chunk, one device on the loop path). It is
+checked twice: with the model's size counted on the meta device before the model is built
+(so that a module too large is never allocated), and with the trainer's layer outputs once it
+is built. Only what needs more than `SHARE` of the device's total memory is refused, so a run
+that might fit is left to try.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,6 +32,15 @@ COPIES = 3  # per device of the cohort: its parameters, their gradients, its sta
 SHARE = 0.9  # of the device's total memory, above which a run is refused
 
 
+@dataclass(frozen=True)
+class State:
+    """The algorithm's state on the run's device: what it is (`mifa's table of 100 devices x
+    60,000,000 parameters`) and its bytes (0: none worth counting)."""
+
+    what: str = ""
+    bytes: int = 0
+
+
 def device_memory(device: torch.device) -> int:
     """Total bytes of memory of `device`: a GPU's own, or the machine's."""
     if device.type == "cuda":
@@ -38,29 +52,38 @@ def device_memory(device: torch.device) -> int:
     return psutil.virtual_memory().total
 
 
-def check_memory(cfg: Config, task: Task, trainer: Trainer) -> None:
-    """FedsimError, naming the key to lower, when the run clearly cannot fit on its device."""
-    ids = np.arange(task.n_clients)
-    cohort = cfg.server.clients_per_round or task.n_clients
-    per_call, width = trainer.devices_per_call(ids[:cohort]), trainer.batch_width(ids)
-    needs = {
-        "parameters": FLOAT * COPIES * cohort * task.dim,
-        "activations": FLOAT * task.activations * width * per_call,
-        "data": task.data_bytes(),
-    }
-    total = device_memory(task.device)
+def check_memory(cfg: Config, device: torch.device, n_devices: int, dim: int, state: State,
+                 task: Task | None = None, trainer: Trainer | None = None) -> None:
+    """FedsimError, naming what needs the memory and the key to lower, when a run of `n_devices`
+    devices of a `dim`-float model clearly cannot fit on `device`; with the built `task` and
+    `trainer`, their data and layer outputs count too."""
+    cohort = cfg.server.clients_per_round or n_devices
+    needs = {"parameters": FLOAT * COPIES * cohort * dim, "state": state.bytes, "activations": 0, "data": 0}
+    per_call = width = 0
+    if task is not None and trainer is not None:
+        ids = np.arange(n_devices)
+        per_call, width = trainer.devices_per_call(ids[:cohort]), trainer.batch_width(ids)
+        needs.update(activations=FLOAT * task.activations * width * per_call, data=task.data_bytes())
+    total = device_memory(device)
     if sum(needs.values()) <= SHARE * total:
         return
     synthetic = cfg.data.dataset in ("quadratic", "logistic")  # their [data] dim sizes the model
     model = "[model] hidden" if cfg.model.name == "mlp" else "[data] dim" if synthetic else "[model] name"
     cohort_key = "[server] clients_per_round" if cfg.server.clients_per_round else "[data] clients"
+    elsewhere = ('[run] device = "cpu" (this machine\'s memory)' if device.type == "cuda"
+                 else 'a machine (or with [run] device = "cuda", a GPU) with more memory')
     lower = {"parameters": f"{model} or {cohort_key}" if cohort > 1 else model,
+             "state": f"[data] clients (fewer devices) or {model}, choose another [algorithm] name, or use {elsewhere}",
              "activations": "[client] batch_size",
              "data": {"logistic": "[data] samples", "quadratic": "[data] dim"}.get(cfg.data.dataset, "[data] dataset")}
-    where = "the GPU" if task.device.type == "cuda" else "this machine"
+    parts = [f"parameters, gradients and starts of {cohort:,} devices x {dim:,} parameters: "
+             f"{human_size(needs['parameters'])}"]
+    if state.bytes:
+        parts.append(f"{state.what}: {human_size(state.bytes)}")
+    if task is not None:
+        parts += [f"layer outputs of {per_call * width:,} samples in one call: {human_size(needs['activations'])}",
+                  f"data: {human_size(needs['data'])}"]
+    where = "the GPU" if device.type == "cuda" else "this machine"
     raise FedsimError(
-        f"a local step of the run needs about {human_size(sum(needs.values()))} of memory (parameters, gradients "
-        f"and starts of {cohort:,} devices x {task.dim:,} parameters: {human_size(needs['parameters'])}; layer "
-        f"outputs of {per_call * width:,} samples in one call: {human_size(needs['activations'])}; data: "
-        f"{human_size(needs['data'])}), more than {SHARE:.0%} of the {human_size(total)} of {where}; lower "
-        f"{lower[max(needs, key=needs.get)]}")
+        f"a local step of the run needs about {human_size(sum(needs.values()))} of memory ({'; '.join(parts)}), "
+        f"more than {SHARE:.0%} of the {human_size(total)} of {where}; lower {lower[max(needs, key=needs.get)]}")

@@ -614,6 +614,25 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
     return model
 
 
+def model_dim(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, seed: int = 0) -> int | None:
+    """The floats of the model's state (the flat vector each device trains: trainable parameters
+    and buffers), counted with its factory called on the meta device, which allocates nothing:
+    how large a model is before it is built. None where the factory cannot build there (it
+    reads its tensors' values, or fails: building it for real says why)."""
+    factory = MODELS.lookup(cfg.name, "[model] name")
+    try:
+        with torch.device("meta"):
+            built = _call_factory(factory, in_shape, n_classes, cfg, seed, f"[model] name = {cfg.name!r}")
+    except (FedsimError, ValueError):
+        return None
+    if isinstance(built, torch.nn.Module):
+        trainable = sum(p.numel() for p in built.parameters() if p.requires_grad)
+        return trainable + sum(b.numel() for b in built.buffers())
+    if isinstance(built, (list, tuple)) and built and all(isinstance(layer, Layer) for layer in built):
+        return sum(q.numel for layer in built for q in layer.params)
+    return None
+
+
 def _call_factory(factory, in_shape, n_classes: int, cfg: ModelConfig, seed: int, where: str):
     """factory(in_shape, n_classes, cfg), its random initialisation seeded by the run's seed."""
     is_class = inspect.isclass(factory)

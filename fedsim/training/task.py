@@ -25,7 +25,7 @@ from fedsim.data.partition import partition
 from fedsim.training import rng
 from fedsim.training.evaluate import chunk_size, evaluate_classifier, evaluate_per_device
 from fedsim.training.local_buffers import DeviceBuffers
-from fedsim.training.models import Model, build_model, input_shape
+from fedsim.training.models import Model, build_model, input_shape, model_dim
 from fedsim.training.modules import ModuleModel
 
 # (parameter tensors of one device, *its inputs) -> (their gradients, loss [])
@@ -313,10 +313,20 @@ def linear_cohort_step(params: tuple[Tensor, Tensor], x: Tensor, y: Tensor, weig
     return (torch.bmm(p, x), p.sum(dim=-1)), losses
 
 
+# (each device's samples [N], the floats of the model's state) -> None, or FedsimError when the
+# run cannot fit: called before the model's parameters are allocated
+Fits = Callable[[np.ndarray, int], None]
+
+
 def classification_task(dataset: Dataset, data: DataConfig, model: ModelConfig, *, seed: int,
-                        device: torch.device) -> ClassificationTask:
+                        device: torch.device, fits: Fits | None = None) -> ClassificationTask:
     """Partition `dataset` as `[data]` says (a dataset with its own clients: as they are) and
-    put it on `device` with the `[model]` network."""
+    put it on `device` with the `[model]` network, once `fits` accepts its size."""
     owner = dataset.owner_train if dataset.owner_train is not None else partition(dataset.y_train, data, seed)
-    net = build_model(model, input_shape(dataset, model), dataset.n_classes, dataset.name, seed)
-    return ClassificationTask(ClientData(dataset, owner, data.clients, device), net, seed)
+    clients = ClientData(dataset, owner, data.clients, device)
+    shape = input_shape(dataset, model)
+    dim = model_dim(model, shape, dataset.n_classes, seed) if fits is not None else None
+    if dim is not None:
+        fits(clients.sizes_np, dim)
+    net = build_model(model, shape, dataset.n_classes, dataset.name, seed)
+    return ClassificationTask(clients, net, seed)

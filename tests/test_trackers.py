@@ -237,8 +237,9 @@ def test_a_full_disk_under_tensorboard_mid_run_is_one_warning(cli_run, monkeypat
     run_dir = cli_run(tracked(rounds=6))
     table = complete(run_dir, 6)
     assert warnings_of(cli_run.last_output.err) == [
-        f"warning: {run_dir}: TensorBoard stopped logging (OSError: [Errno 28] No space left on device); the run "
-        "goes on, its own files (rounds.parquet) are complete"]
+        f"warning: {run_dir}: TensorBoard stopped logging to {run_dir / 'tensorboard'} (OSError: [Errno 28] No space "
+        "left on device); the run goes on, its own files (rounds.parquet) are complete, and manifest.json lists the "
+        "output as incomplete"]
     assert seen["calls"] == 4  # and no more after the failure
     assert_tracked(run_dir, table, tensorboard=False)  # MLflow got everything
     assert sorted(tensorboard_values(run_dir, "train_loss")) == [0, 1]
@@ -255,8 +256,8 @@ def test_an_mlflow_server_gone_mid_run_is_one_warning_within_bounded_retries(cli
     run_dir = cli_run(tracked(rounds=6))
     table = complete(run_dir, 6)
     [line] = warnings_of(cli_run.last_output.err)
-    assert line.startswith(f"warning: {run_dir}: MLflow stopped logging (MlflowException: API request to "
-                           "http://127.0.0.1:5000/api/2.0/mlflow/runs/log-batch failed")
+    assert line.startswith(f"warning: {run_dir}: MLflow stopped logging to {(run_dir.parent / 'mlruns').as_uri()} (MlflowException: "
+                           "API request to http://127.0.0.1:5000/api/2.0/mlflow/runs/log-batch failed")
     assert seen["retries"] == ["2"] * 4 and "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
     assert_tracked(run_dir, table, mlflow=False)  # TensorBoard got everything
     assert [step for step, _ in mlflow_values(run_dir, "train_loss")] == [0, 1]
@@ -271,7 +272,7 @@ def test_a_tensorboard_folder_that_is_a_file_on_resume_is_one_warning(cli_run):
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=6", "--quiet"]) == 0
     out = cli_run.capsys.readouterr()
     [line] = warnings_of(out.err)
-    assert line.startswith(f"warning: {run_dir}: TensorBoard stopped logging (FileExistsError: ")
+    assert line.startswith(f"warning: {run_dir}: TensorBoard stopped logging to {run_dir / 'tensorboard'} (FileExistsError: ")
     assert_tracked(run_dir, complete(run_dir, 6), tensorboard=False)
 
 
@@ -411,7 +412,7 @@ def test_a_real_mlflow_client_whose_server_goes_away_costs_seconds_and_one_warni
         server.stop()
     assert server.paths.count("runs/log-batch") == 4  # no request after the failure
     [line] = warnings_of(cli_run.last_output.err)
-    assert line.startswith(f"warning: {run_dir}: MLflow stopped logging (MlflowException: API request to "
-                           f"{server.uri}/api/2.0/mlflow/runs/log-batch failed with exception")
+    assert line.startswith(f"warning: {run_dir}: MLflow stopped logging to {server.uri} (MlflowException: API request "
+                           f"to {server.uri}/api/2.0/mlflow/runs/log-batch failed with exception")
     assert elapsed < 40  # MLflow's own retries would take about 4 minutes
     assert_tracked(run_dir, complete(run_dir, 6), mlflow=False)

@@ -29,7 +29,7 @@ from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock, file_fingerprint, plain_name, remove_stale_temporaries
 from fedsim.runs.replay import (TraceRecord, check_trace_file, load_trace, recorded_trace, resolve_trace_path,
                                 trace_fingerprint)
-from fedsim.results.manifest import write_manifest
+from fedsim.results.manifest import incomplete_outputs, write_manifest
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import Recorder, save_torch, write_text
@@ -208,6 +208,8 @@ class Experiment:
         self.recorder = Recorder(self.run_dir, self.task.n_clients, self.device_info())
         self.resumed = resume is not None
         self.start_round, self.start_time = 0, 0.0
+        # outputs (a tracker's log) that lack rounds, by name: the trackers complete or add to them
+        self.incomplete_outputs = incomplete_outputs(self.run_dir) if self.resumed else {}
         if resume is not None:
             self.strategy.load_state_dict(resume["strategy"])
             self.recorder.load_state_dict(resume["recorder"])

@@ -416,8 +416,9 @@ def _shown(flat: dict, key: str) -> str:
 
 
 def _has_runs(folder: Path) -> bool:
-    """Whether a study folder holds anything of its runs (any file but its lock and study.toml)."""
-    return any(f.is_file() and f.relative_to(folder).as_posix() not in (".lock", "study.toml")
+    """Whether a study folder holds anything of its runs (any file but its lock, study.toml and
+    the id of its MLflow parent run)."""
+    return any(f.is_file() and f.relative_to(folder).as_posix() not in (".lock", "study.toml", "mlflow.json")
                for f in folder.rglob("*"))
 
 

@@ -37,16 +37,14 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
 
 def _run_study_locked(study: Study, progress: bool, plotter, on_point, backend: str,
                       address: str | None) -> list[dict]:
-    end_parent = None
-    if "mlflow" in study.points[0].config.run.trackers:  # one MLflow experiment, a parent run
-        from fedsim.runs.trackers import study_parent
+    if "mlflow" not in study.points[0].config.run.trackers:
+        return _run_phases(study, progress, plotter, on_point, backend, address)
+    from fedsim.runs.trackers import study_parent
 
-        end_parent = study_parent(study.name, study.folder.parent)
-    try:
+    with study_parent(study.name, study.folder) as parent:  # one MLflow experiment, one parent run
         records = _run_phases(study, progress, plotter, on_point, backend, address)
-    finally:
-        if end_parent is not None:
-            end_parent()
+        if any(r["status"] == "interrupted" for r in records):
+            parent["status"] = "KILLED"
     return records
 
 

@@ -57,6 +57,35 @@ def check_resume_overrides(overrides: list[str]) -> None:
             )
 
 
+def check_axes_kept(folder: Path, overrides: list[str]) -> None:
+    """FedsimError for a --set of an axis (or of the warm start) of a study resumed from its
+    folder: its points are the grid it ran; other values are a new study, whose command it
+    prints (the folder's study.toml as a study file, in a new folder beside it)."""
+    from fedsim.config import parse_override
+
+    for text in overrides:
+        section, key, _ = parse_override(text)
+        if section in ("sweep", "warm_start"):
+            what = "axes" if section == "sweep" else "warm start"
+            raise FedsimError(
+                f"--set {text!r}: a study's {what} cannot change on --resume (its points are those it ran with); "
+                f"to run other values, start a new study from this one, which runs all its points in a new "
+                f"folder: `{new_study_command(folder, overrides)}`")
+
+
+def new_study_command(folder: Path, overrides: list[str]) -> str:
+    """`fedsim sweep FOLDER/study.toml --set run.name=NAME-2 --set run.out=PARENT --set ...`:
+    the study of `folder` with `overrides`, into the first free folder NAME-k beside it, typed
+    from any directory."""
+    import shlex
+
+    folder = folder.absolute()
+    name = next(f"{folder.name}-{k}" for k in range(2, 10**6) if not (folder.parent / f"{folder.name}-{k}").exists())
+    sets = [f"run.name={name}", f"run.out={folder.parent}", *overrides]
+    return " ".join(["fedsim sweep", shlex.quote(str(folder / "study.toml")),
+                     *(f"--set {shlex.quote(text)}" for text in sets)])
+
+
 def early_stops(result) -> list[str]:
     """`ALGO: stopped after R of N rounds (REASON)` for each completed run that ended short of
     its [run] rounds (the trace ran out of online devices, or max_time was reached)."""
@@ -225,6 +254,7 @@ def _cmd_sweep(args, plotter, loaded: list) -> int:
         raise FedsimError("fedsim sweep: give a study file (or scenario), or --resume STUDY_FOLDER to finish "
                           "one that was interrupted, not both")
     if args.resume is not None:
+        check_axes_kept(Path(args.resume), args.set)
         check_resume_overrides(args.set)
         if not Path(args.resume).is_dir():
             what = "a file" if Path(args.resume).exists() else "no such folder"

@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import polars as pl
@@ -365,21 +365,32 @@ class Experiment:
         write_manifest(self, EngineResult("running", "", rounds_done, sim_time), self._host_s())
 
 
-def check_unchanged(started: dict, now: dict, where: Path) -> None:
-    """FedsimError naming the first key of a resumed run's config.toml (edited by hand, say)
-    that differs from the config its checkpoint was written with (read as today's run format; a
-    key that its release did not have had today's default), RESUME_KEYS aside."""
+def first_change(started: dict, now: dict, skip: Sequence[str] = ()) -> tuple[str, str, Any, Any] | None:
+    """The first `(section, key, started value, value now)` that differs between two configs
+    as dicts (a key one lacks: today's default), the RESUME_KEYS and `skip` ("section.key")
+    aside; None where they agree."""
     started, now = json.loads(json.dumps(started)), json.loads(json.dumps(now))  # tuples -> lists
     defaults = json.loads(json.dumps(Config().to_dict()))
     for section in sorted(set(started) | set(now)):
         for key in sorted(set(started.get(section, {})) | set(now.get(section, {}))):
             default = defaults.get(section, {}).get(key)
-            old, new = started.get(section, {}).get(key, default), now.get(section, {}).get(key)
-            if old != new and f"{section}.{key}" not in RESUME_KEYS:
-                raise FedsimError(
-                    f"{where}: [{section}] {key} = {new!r}, but the run started with {old!r}; a "
-                    f"resumed run keeps its config (only {', '.join(RESUME_KEYS)} may change), "
-                    "so put it back or start a new run")
+            old, new = started.get(section, {}).get(key, default), now.get(section, {}).get(key, default)
+            if old != new and f"{section}.{key}" not in (*RESUME_KEYS, *skip):
+                return section, key, old, new
+    return None
+
+
+def check_unchanged(started: dict, now: dict, where: Path) -> None:
+    """FedsimError naming the first key of a resumed run's config.toml (edited by hand, say)
+    that differs from the config its checkpoint was written with (read as today's run format; a
+    key that its release did not have had today's default), RESUME_KEYS aside."""
+    change = first_change(started, now)
+    if change is not None:
+        section, key, old, new = change
+        raise FedsimError(
+            f"{where}: [{section}] {key} = {new!r}, but the run started with {old!r}; a "
+            f"resumed run keeps its config (only {', '.join(RESUME_KEYS)} may change), "
+            "so put it back or start a new run")
 
 
 def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,

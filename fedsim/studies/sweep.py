@@ -11,7 +11,7 @@ from fedsim.results.recorder import write_text
 from fedsim.runs.comparison import comparison_lock
 from fedsim.runs.experiment import run_state
 from fedsim.studies.lockstep import run_points_together
-from fedsim.studies.study import WARM, Study, check_same_study
+from fedsim.studies.study import WARM, Study, check_own_runs, check_same_study
 from fedsim.studies.tables import write_tables
 
 
@@ -31,6 +31,7 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
         check_same_study(study)
         for point in [*study.warm, *study.points]:  # a run of it that another process writes to
             DirectoryLock(study.folder / point.name).refuse_if_held()
+        check_own_runs(study)  # (a run that another process writes to is refused as such first)
         write_text(study.folder / "study.toml", dump_toml(study.resolved))
         return _run_study_locked(study, progress, plotter, on_point, backend, address)
 

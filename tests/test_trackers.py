@@ -472,11 +472,15 @@ def test_an_mlflow_store_that_fails_is_recorded_and_a_resume_logs_each_missing_r
 
 # --- Ctrl-C and a resumed study: one parent run, the right statuses, the tables' values ---------
 
-def assert_tables(run_dir, tensorboard=True, mlflow=True) -> None:
-    """Every numeric column of rounds.parquet, and nothing else, in the trackers: each step once."""
+def assert_tables(run_dir, tensorboard=True, mlflow=True, host_time=True) -> None:
+    """Every numeric column of rounds.parquet, and nothing else, in the trackers: each step once
+    (`host_time`: `wall_s` too, which a round run again after a kill does not repeat)."""
     table = pl.read_parquet(run_dir / "rounds.parquet")
     for column, dtype in table.schema.items():
         if column == "round" or not dtype.is_numeric():
+            continue
+        if column == "wall_s" and not host_time and mlflow:
+            assert [step for step, _ in mlflow_values(run_dir, column)] == table["round"].to_list()
             continue
         known = table.select("round", column).drop_nulls(column).filter(pl.col(column).cast(pl.Float64).is_finite())
         expected = dict(zip(known["round"].to_list(), known[column].cast(pl.Float64).to_list()))
@@ -571,3 +575,46 @@ def test_a_study_whose_point_fails_ends_its_parent_run_failed_and_is_no_complete
     assert main(["sweep", "--resume", str(tmp_path / "runs" / "st"), "--quiet"]) == 0
     for point in ("seed-0", "seed-1"):
         assert json.loads((tmp_path / "runs" / "st" / point / "manifest.json").read_text())["rounds"] == 6
+
+
+def test_kill_9_between_checkpoints_leaves_no_step_twice_in_either_tracker(tmp_path, monkeypatch):
+    """Killed before the checkpoint of round 3, the run resumes from that of round 1: rounds 2
+    and 3, logged by the killed process, are logged again to neither tracker."""
+    from fedsim.config import dump_toml
+
+    config = tracked(rounds=6)
+    config["run"].update(checkpoint_every=2, name="k", out=str(tmp_path / "runs"), progress=False, plots=False)
+    (tmp_path / "k.toml").write_text(dump_toml(config))
+    fedsim_process(["run", str(tmp_path / "k.toml"), "--quiet"], tmp_path, code=-9,
+                   FEDSIM_TEST_KILL_AT="before:checkpoint.pt:3")
+    run_dir = tmp_path / "runs" / "k"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # (fedsim's local store, read here first)
+    assert [step for step, _ in mlflow_values(run_dir, "t_end")] == [0, 1, 2, 3]
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 0
+    assert_tables(run_dir, host_time=False)  # MLflow's wall_s of rounds 2 and 3: the killed process's
+
+
+def test_a_study_report_names_each_point_whose_tracker_failed(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    from fedsim.config import dump_toml
+
+    study = tracked(rounds=3, trackers=["tensorboard"])
+    study["run"].update(name="st", out=str(tmp_path / "runs"), progress=False, plots=False)
+    study["sweep"] = {"run.seed": [0, 1]}
+    (tmp_path / "st.toml").write_text(dump_toml(study))
+    wrap, _ = failing_after(0, OSError(errno.EROFS, "Read-only file system"))
+    monkeypatch.setattr(RecordWriter, "write", wrap(RecordWriter.write))
+    assert main(["sweep", str(tmp_path / "st.toml"), "--quiet"]) == 0
+    folder = tmp_path / "runs" / "st"
+    assert warnings_of(capsys.readouterr().err) == [
+        f"warning: {folder / point}: TensorBoard stopped logging to {folder / point / 'tensorboard'} (OSError: [Errno 30] "
+        "Read-only file system); the run goes on, its own files (rounds.parquet) are complete, and manifest.json "
+        "lists the output as incomplete" for point in ("seed-0", "seed-1")]
+    assert main(["report", str(folder)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("incomplete:")]
+    assert lines == [f"incomplete: {point}: its tensorboard output ({folder / point / 'tensorboard'}) lacks rounds "
+                     "(OSError: [Errno 30] Read-only file system); rounds.parquet has them all: once that is fixed, "
+                     f"`fedsim run --resume {folder / point}` logs them" for point in ("seed-0", "seed-1")]

@@ -75,6 +75,13 @@ def _reason(err: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+def stopped_logging(entry: dict) -> str:
+    """What a warning says of an entry of the manifest's `incomplete_outputs`."""
+    label = {"tensorboard": "TensorBoard", "mlflow": "MLflow"}.get(entry.get("output"), entry.get("output"))
+    return (f"{label} stopped logging to {entry.get('path')} ({entry.get('cause')}); the run goes on, its own files "
+            "(rounds.parquet) are complete, and manifest.json lists the output as incomplete")
+
+
 def warn(text: str) -> None:
     tqdm.write(f"warning: {text}", file=sys.stderr)  # (above a progress bar, if one is drawn)
 
@@ -108,7 +115,7 @@ class _RowTracker(Callback):
     incomplete (`run.incomplete_outputs`, written to manifest.json) and the tracker logs no
     more in this process."""
 
-    label = output = ""
+    output = ""  # its name in `incomplete_outputs`
 
     def on_start(self, run, metrics):
         self.last: dict = {}
@@ -150,10 +157,9 @@ class _RowTracker(Callback):
             self.broken = True
             with contextlib.suppress(Exception):
                 self.close()  # what was logged before it, as far as it can be kept
-            where = self.where()
-            self.run.incomplete_outputs[self.output] = {"output": self.output, "path": where, "cause": _reason(err)}
-            self.warn(f"{self.label} stopped logging to {where} ({_reason(err)}); the run goes on, its own "
-                      "files (rounds.parquet) are complete, and manifest.json lists the output as incomplete")
+            entry = {"output": self.output, "path": self.where(), "cause": _reason(err)}
+            self.run.incomplete_outputs[self.output] = entry
+            self.warn(stopped_logging(entry))
             return None
 
     def warn(self, text: str) -> None:
@@ -203,7 +209,7 @@ class TensorBoardTracker(_RowTracker):
     thread of its own), so that a failure reaches `guard`; TensorBoard reads the files in name
     order, so a new one is named after those already there."""
 
-    label, output = "TensorBoard", "tensorboard"
+    output = "tensorboard"
 
     def where(self) -> str:
         return str(self.run.run_dir / "tensorboard")
@@ -339,7 +345,7 @@ class MlflowTracker(_RowTracker):
     """An MLflow run: the resolved config as params, every column as a metric with step =
     round, the run directory's files as artifacts at the end."""
 
-    label, output = "MLflow", "mlflow"
+    output = "mlflow"
 
     def limits(self):
         return _environment(RUN_HTTP, override=False)

@@ -522,3 +522,28 @@ def test_a_resume_that_changes_an_axis_prints_the_new_study_that_runs_as_printed
     grown = rounds(new / "seed-0").select(kept)  # the same point, one round more
     assert grown.head(3).equals(rounds(folder / "seed-0").select(kept)) and grown.height == 4
     assert snapshot(folder) == before and list(elsewhere.iterdir()) == []
+
+
+def test_a_second_ctrl_c_in_a_point_aborts_the_study_and_no_point_reads_as_completed(tmp_path, capsys, monkeypatch):
+    """Stepped together, a point whose round raised (here the second Ctrl-C, which aborts at
+    once) was left as if it had completed its rounds, and never resumed."""
+    from fedsim.results.recorder import Recorder
+
+    path = quadratic_study(tmp_path, "q")
+    add_round = Recorder.add_round
+
+    def ctrl_c_in_round_1(self, outcome, *args):  # in each point: the second one aborts
+        if outcome.round == 1:
+            signal.raise_signal(signal.SIGINT)
+        return add_round(self, outcome, *args)
+
+    monkeypatch.setattr(Recorder, "add_round", ctrl_c_in_round_1)
+    assert main(["sweep", str(path), "--quiet"]) == 130
+    assert "stopped by Ctrl-C; the runs finished are kept: run `fedsim sweep --resume" in capsys.readouterr().err
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    folder = tmp_path / "runs" / "q"
+    for point in ("seed-0", "seed-1"):
+        assert json.loads((folder / point / "manifest.json").read_text())["status"] != "completed"
+    assert main(["sweep", "--resume", str(folder), "--quiet"]) == 0
+    for point in ("seed-0", "seed-1"):
+        assert rounds(folder / point)["round"].to_list() == [0, 1, 2]

@@ -412,13 +412,15 @@ PLACE_KEYS = ("run.name", "run.out", "trace.path", "model.init_from")
 
 def check_own_runs(study: Study) -> None:
     """Each run already in the study folder (one with a checkpoint or manifest) is a run of
-    this study that ran with its config (the keys a resume may change aside): otherwise the folder holds another study's
+    this study that ran with the values it sets (the keys a resume may change aside): otherwise the folder holds another study's
     runs (its study.toml was replaced by another study's, or deleted), which would be skipped
     or resumed as this one's. A path (trace, warm start) must name the same file."""
     from fedsim.results.run_format import format_of, upgrade
     from fedsim.runs.experiment import first_change
 
     mine = {p.name: p for p in [*study.warm, *study.points]}
+    keys = {(section, key) for section, body in study.resolved["base"].items() if isinstance(body, dict)
+            for key in body} | {_key(axis) for axis in [*study.axes, *study.resolved.get(WARM, {})]}
     replaced = Path(study.source) == study.folder / "study.toml"
     fix = ("its study.toml is not the one these runs ran with: put that one back, or run this study from its "
            "file with another [run] name" if replaced else "give this one another [run] name, or delete the folder")
@@ -434,12 +436,18 @@ def check_own_runs(study: Study) -> None:
             ran, _ = upgrade(read_toml(config_file), format_of(run_dir), str(config_file))
         except FedsimError:
             continue  # a damaged config.toml: the run's own resume says so
-        now = mine[name].config.to_dict()
+        ran, now = _only(ran, keys), _only(mine[name].config.to_dict(), keys)  # (defaults change)
         change = first_change(ran, now, PLACE_KEYS) or _other_file(ran, now, study.folder)
         if change is not None:
             section, key, old, new = change
             raise FedsimError(f"{study.folder}: holds a different study (its run {name} ran with [{section}] {key} = "
                               f"{old!r}, the study in {study.source} gives {new!r}); {fix}")
+
+
+def _only(config: dict, keys: set[tuple[str, str]]) -> dict:
+    """The `(section, key)`s of `keys` that a config dict has."""
+    return {section: {k: v for k, v in body.items() if (section, k) in keys}
+            for section, body in config.items() if isinstance(body, dict)}
 
 
 def _other_file(ran: dict, now: dict, folder: Path) -> tuple[str, str, Any, Any] | None:

@@ -58,9 +58,9 @@ def check_resume_overrides(overrides: list[str]) -> None:
 
 
 def check_axes_kept(folder: Path, overrides: list[str]) -> None:
-    """FedsimError for a --set of an axis (or of the warm start) of a study resumed from its
-    folder: its points are the grid it ran; other values are a new study, whose command it
-    prints (the folder's study.toml as a study file, in a new folder beside it)."""
+    """FedsimError for a --set of an axis (or of the warm start) of a study given by its folder
+    (`--resume FOLDER`): its points are the grid it ran; other values are a new study, whose
+    command it prints (the folder's study.toml as a study file, in a new folder beside it)."""
     from fedsim.config import parse_override
 
     for text in overrides:
@@ -253,14 +253,16 @@ def _cmd_sweep(args, plotter, loaded: list) -> int:
     if (args.study is None) == (args.resume is None):
         raise FedsimError("fedsim sweep: give a study file (or scenario), or --resume STUDY_FOLDER to finish "
                           "one that was interrupted, not both")
+    folder = Path(args.resume or args.study)
+    if args.resume is not None and not folder.is_dir():
+        what = "a file" if folder.exists() else "no such folder"
+        raise FedsimError(f"--resume {args.resume}: {what}; --resume takes the folder of a study (the one "
+                          "`fedsim sweep` printed after 'results:'), while a study file runs as `fedsim "
+                          "sweep STUDY.toml` again (its finished points are skipped)")
+    if folder.is_dir():  # a study folder: the study it ran, on its axes
+        check_axes_kept(folder, args.set)
     if args.resume is not None:
-        check_axes_kept(Path(args.resume), args.set)
         check_resume_overrides(args.set)
-        if not Path(args.resume).is_dir():
-            what = "a file" if Path(args.resume).exists() else "no such folder"
-            raise FedsimError(f"--resume {args.resume}: {what}; --resume takes the folder of a study (the one "
-                              "`fedsim sweep` printed after 'results:'), while a study file runs as `fedsim "
-                              "sweep STUDY.toml` again (its finished points are skipped)")
     study = load_study(args.study or args.resume, args.set, yes=args.yes)
     loaded.append(study)
     warm = f" after {len(study.warm)} warm-start runs" if study.warm else ""

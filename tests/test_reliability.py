@@ -579,6 +579,9 @@ CASES = [
          r"with\); to run other values, start a new study from this one, which runs all its points in a new folder: "
          r"`fedsim sweep \S+/runs/t/study\.toml --set run\.name=t-2 --set run\.out=\S+/runs --set "
          r"'sweep\.run\.seed=\[0,1,2\]'`$", runs=swept),
+    case("sweep-folder-changes-an-axis", "sweep {tmp}/runs/t --set sweep.algorithm.name=[\"fedavg\"]",
+         r"a study's axes cannot change on --resume .*`fedsim sweep \S+/runs/t/study\.toml --set run\.name=t-2 "
+         r"--set run\.out=\S+/runs --set 'sweep\.algorithm\.name=\[\"fedavg\"\]'`$", runs=swept),
     case("sweep-resume-changes-the-warm-start", "sweep --resume {tmp}/runs/t --set warm_start.client.lr=0.5",
          r"--set 'warm_start\.client\.lr=0\.5': a study's warm start cannot change on --resume", runs=swept),
     #

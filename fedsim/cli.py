@@ -57,6 +57,35 @@ def check_resume_overrides(overrides: list[str]) -> None:
             )
 
 
+def check_axes_kept(folder: Path, overrides: list[str]) -> None:
+    """FedsimError for a --set of an axis (or of the warm start) of a study given by its folder
+    (`--resume FOLDER`): its points are the grid it ran; other values are a new study, whose
+    command it prints (the folder's study.toml as a study file, in a new folder beside it)."""
+    from fedsim.config import parse_override
+
+    for text in overrides:
+        section, key, _ = parse_override(text)
+        if section in ("sweep", "warm_start"):
+            what = "axes" if section == "sweep" else "warm start"
+            raise FedsimError(
+                f"--set {text!r}: a study's {what} cannot change on --resume (its points are those it ran with); "
+                f"to run other values, start a new study from this one, which runs all its points in a new "
+                f"folder: `{new_study_command(folder, overrides)}`")
+
+
+def new_study_command(folder: Path, overrides: list[str]) -> str:
+    """`fedsim sweep FOLDER/study.toml --set run.name=NAME-2 --set run.out=PARENT --set ...`:
+    the study of `folder` with `overrides`, into the first free folder NAME-k beside it, typed
+    from any directory."""
+    import shlex
+
+    folder = folder.absolute()
+    name = next(f"{folder.name}-{k}" for k in range(2, 10**6) if not (folder.parent / f"{folder.name}-{k}").exists())
+    sets = [f"run.name={name}", f"run.out={folder.parent}", *overrides]
+    return " ".join(["fedsim sweep", shlex.quote(str(folder / "study.toml")),
+                     *(f"--set {shlex.quote(text)}" for text in sets)])
+
+
 def early_stops(result) -> list[str]:
     """`ALGO: stopped after R of N rounds (REASON)` for each completed run that ended short of
     its [run] rounds (the trace ran out of online devices, or max_time was reached)."""
@@ -221,6 +250,14 @@ def _cmd_sweep(args, loaded: list) -> int:
     if (args.study is None) == (args.resume is None):
         raise FedsimError("fedsim sweep: give a study file (or scenario), or --resume STUDY_FOLDER to finish "
                           "one that was interrupted, not both")
+    folder = Path(args.resume or args.study)
+    if args.resume is not None and not folder.is_dir():
+        what = "a file" if folder.exists() else "no such folder"
+        raise FedsimError(f"--resume {args.resume}: {what}; --resume takes the folder of a study (the one "
+                          "`fedsim sweep` printed after 'results:'), while a study file runs as `fedsim "
+                          "sweep STUDY.toml` again (its finished points are skipped)")
+    if folder.is_dir():  # a study folder: the study it ran, on its axes
+        check_axes_kept(folder, args.set)
     if args.resume is not None:
         check_resume_overrides(args.set)
         if not Path(args.resume).is_dir():
@@ -277,7 +314,7 @@ def report_study(args) -> int:
     """`fedsim report STUDY`: mean ± 95 % CI over seeds per group of points."""
     import json
 
-    from fedsim.results.report import parse_targets
+    from fedsim.results.report import incomplete_block, parse_targets
     from fedsim.studies.study import open_study
     from fedsim.studies.tables import best_by, format_summary, study_report, study_tables
 
@@ -294,7 +331,7 @@ def report_study(args) -> int:
     if args.best_by:
         summary = best_by(summary, args.best_by, args.over, study.group_axes)
     print(json.dumps(study_report(study, tables, summary), indent=2, allow_nan=False) if args.json
-          else format_summary(study, summary))
+          else "\n\n".join([format_summary(study, summary), *incomplete_block(tables.runs)]))
     return 0
 
 

@@ -122,6 +122,29 @@ def swept_then_claimed(path: Path, run) -> None:
     recorded.write_text(recorded.read_text() + "\n" + ACCURACY_CLAIM)
 
 
+def swept(path: Path, run) -> None:
+    """runs/ (`path`) holding the quadratic study t, swept from s.toml beside it."""
+    tmp = path.parent
+    (tmp / "s.toml").write_text(quadratic_study().replace("{tmp}", str(tmp)))
+    assert main(["sweep", str(tmp / "s.toml"), "--quiet"]) == 0
+
+
+def swept_then_replaced(*change: str):
+    """runs/ holding study t, whose study.toml is then replaced by that of s.toml run with
+    `change` (--set lines) as study u."""
+    def write(path, run):
+        swept(path, run)
+        assert main(["sweep", str(path.parent / "s.toml"), "--quiet", "--set", "run.name=u", *change]) == 0
+        shutil.copy(path / "u" / "study.toml", path / "t" / "study.toml")
+    return write
+
+
+def swept_then_unrecorded(path: Path, run) -> None:
+    """runs/ holding study t without its study.toml (deleted, as a damaged one is)."""
+    swept(path, run)
+    (path / "t" / "study.toml").unlink()
+
+
 def extends_chain(path: Path, run) -> None:
     """c.toml extends e1.toml, which extends e2.toml, ... e1199.toml: 1,200 files."""
     for k in range(1199):
@@ -951,6 +974,28 @@ CASES = [
     #
     #
     # --- trackers, reports, sweeps (issue 37) ---
+    case("sweep-resume-study-toml-of-another-study", "sweep --resume {tmp}/runs/t --quiet",
+         r"runs/t: holds a different study \(its run algorithm-fedavg_seed-0 ran with \[client\] lr = 0\.1, the study in "
+         r"\S+/runs/t/study\.toml gives 0\.05\); its study\.toml is not the one these runs ran with: put that one back",
+         runs=swept_then_replaced("--set", "client.lr=0.05")),
+    case("sweep-resume-study-toml-with-other-axes", "sweep --resume {tmp}/runs/t --quiet",
+         r"runs/t: holds a different study \(its run algorithm-fedavg_seed-1 is no point of the study in "
+         r"\S+/runs/t/study\.toml\); its study\.toml is not the one these runs ran with",
+         runs=swept_then_replaced("--set", "sweep.run.seed=[0]")),
+    case("sweep-into-runs-of-another-study", "sweep {tmp}/s2.toml --quiet",
+         r"runs/t: holds a different study \(its run algorithm-fedavg_seed-0 ran with \[client\] lr = 0\.1, the study in "
+         r"\S+/s2\.toml gives 0\.05\); give this one another \[run\] name, or delete the folder",
+         runs=swept_then_unrecorded, **{"s2.toml": quadratic_study().replace("lr = 0.1", "lr = 0.05")}),
+    case("sweep-resume-changes-an-axis", "sweep --resume {tmp}/runs/t --set sweep.run.seed=[0,1,2]",
+         r"--set 'sweep\.run\.seed=\[0,1,2\]': a study's axes cannot change on --resume \(its points are those it ran "
+         r"with\); to run other values, start a new study from this one, which runs all its points in a new folder: "
+         r"`fedsim sweep \S+/runs/t/study\.toml --set run\.name=t-2 --set run\.out=\S+/runs --set "
+         r"'sweep\.run\.seed=\[0,1,2\]'`$", runs=swept),
+    case("sweep-folder-changes-an-axis", "sweep {tmp}/runs/t --set sweep.algorithm.name=[\"fedavg\"]",
+         r"a study's axes cannot change on --resume .*`fedsim sweep \S+/runs/t/study\.toml --set run\.name=t-2 "
+         r"--set run\.out=\S+/runs --set 'sweep\.algorithm\.name=\[\"fedavg\"\]'`$", runs=swept),
+    case("sweep-resume-changes-the-warm-start", "sweep --resume {tmp}/runs/t --set warm_start.client.lr=0.5",
+         r"--set 'warm_start\.client\.lr=0\.5': a study's warm start cannot change on --resume", runs=swept),
     #
     #
     #

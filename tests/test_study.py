@@ -495,3 +495,93 @@ def test_a_points_config_run_on_its_own_is_refused_and_both_printed_commands_wor
     assert main(shlex.split(finish)[1:]) == 0
     assert "lr-0.2: done, skipped" in capsys.readouterr().out
     assert files(point.parent / "lr-0.1") | files(point) == points
+
+
+def quadratic_study(folder: Path, name: str = "q", **client) -> Path:
+    """A small study of the quadratic task (seeds 0 and 1), into folder/runs/NAME."""
+    study = {"run": {"name": name, "out": str(folder / "runs"), "rounds": 3, "progress": False, "plots": False},
+             "data": {"dataset": "quadratic", "clients": 3, "targets": [[1.0, 0.0], [0.0, 1.0], [2.0, 1.0]]},
+             "client": {"batch_size": 0, "local_steps": 1, "lr": 0.1, **client},
+             "server": {"timing": "ideal", "round_duration": 1.0}, "sweep": {"run.seed": [0, 1]}}
+    path = folder / f"{name}.toml"
+    path.write_text(dump_toml(study))
+    return path
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+def test_a_study_folder_whose_study_toml_is_another_studys_is_refused_naming_a_run_and_the_key(tmp_path, capsys):
+    import shutil
+
+    sweep(quadratic_study(tmp_path, "q"))
+    sweep(quadratic_study(tmp_path, "other", lr=0.05))
+    folder = tmp_path / "runs" / "q"
+    shutil.copy(tmp_path / "runs" / "other" / "study.toml", folder / "study.toml")
+    before = snapshot(tmp_path / "runs")
+    assert main(["sweep", "--resume", str(folder), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {folder}: holds a different study (its run seed-0 ran with [client] lr = 0.1, the study in "
+                   f"{folder / 'study.toml'} gives 0.05); its study.toml is not the one these runs ran with: put that "
+                   "one back, or run this study from its file with another [run] name\n")
+    assert snapshot(tmp_path / "runs") == before
+    (folder / "study.toml").unlink()  # without one, the other study's file is refused the same way
+    assert main(["sweep", str(tmp_path / "other.toml"), "--quiet", "--set", "run.name=q"]) == 2
+    assert ("holds a different study (its run seed-0 ran with [client] lr = 0.1, the study in "
+            f"{tmp_path / 'other.toml'} gives 0.05); give this one another [run] name") in capsys.readouterr().err
+
+
+def test_a_resume_that_changes_an_axis_prints_the_new_study_that_runs_as_printed(tmp_path, capsys):
+    import re
+
+    from test_stop_and_resume import as_printed
+
+    sweep(quadratic_study(tmp_path, "q"))
+    folder = tmp_path / "runs" / "q"
+    before = snapshot(folder)
+    assert main(["sweep", "--resume", str(folder), "--set", "sweep.run.seed=[0, 1, 2]", "--set", "run.rounds=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --set 'sweep.run.seed=[0, 1, 2]': a study's axes cannot change on --resume (its "
+                          "points are those it ran with); to run other values, start a new study from this one, "
+                          "which runs all its points in a new folder: `") and err.count("\n") == 1
+    command = re.search(r"`(fedsim sweep [^`]+)`", err).group(1)
+    assert command == (f"fedsim sweep {folder / 'study.toml'} --set run.name=q-2 --set run.out={folder.parent} "
+                       "--set 'sweep.run.seed=[0, 1, 2]' --set run.rounds=4")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = as_printed(command, elsewhere)
+    assert done.returncode == 0, done.stderr
+    new = tmp_path / "runs" / "q-2"
+    assert sorted(p.name for p in new.iterdir() if p.is_dir()) == ["seed-0", "seed-1", "seed-2"]
+    assert pl.read_parquet(new / "summary.parquet")["seeds"].to_list() == [3]
+    kept = ["round", "t_end", "arrived", "train_loss"]
+    grown = rounds(new / "seed-0").select(kept)  # the same point, one round more
+    assert grown.head(3).equals(rounds(folder / "seed-0").select(kept)) and grown.height == 4
+    assert snapshot(folder) == before and list(elsewhere.iterdir()) == []
+
+
+def test_a_second_ctrl_c_in_a_point_aborts_the_study_and_no_point_reads_as_completed(tmp_path, capsys, monkeypatch):
+    """Stepped together, a point whose round raised (here the second Ctrl-C, which aborts at
+    once) was left as if it had completed its rounds, and never resumed."""
+    from fedsim.results.recorder import Recorder
+
+    path = quadratic_study(tmp_path, "q")
+    add_round = Recorder.add_round
+
+    def ctrl_c_in_round_1(self, outcome, *args):  # in each point: the second one aborts
+        if outcome.round == 1:
+            signal.raise_signal(signal.SIGINT)
+        return add_round(self, outcome, *args)
+
+    monkeypatch.setattr(Recorder, "add_round", ctrl_c_in_round_1)
+    assert main(["sweep", str(path), "--quiet"]) == 130
+    assert "stopped by Ctrl-C; the runs finished are kept: run `fedsim sweep --resume" in capsys.readouterr().err
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    folder = tmp_path / "runs" / "q"
+    for point in ("seed-0", "seed-1"):
+        assert json.loads((folder / point / "manifest.json").read_text())["status"] != "completed"
+    assert main(["sweep", "--resume", str(folder), "--quiet"]) == 0
+    for point in ("seed-0", "seed-1"):
+        assert rounds(folder / point)["round"].to_list() == [0, 1, 2]

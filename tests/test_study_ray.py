@@ -261,3 +261,29 @@ def test_sigterm_once_ray_started_is_143_and_one_line_as_in_process(tmp_path):
     assert proc.returncode == 143, proc.stderr
     assert proc.stderr == (f"stopped by SIGTERM; the runs finished are kept: run `fedsim sweep --resume "
                            f"{tmp_path / 'runs/long'}` to finish the study\n")
+
+
+def test_a_tracker_that_fails_in_a_ray_worker_is_warned_by_the_sweep(tmp_path, capsys):
+    """Ray does not pass on what its workers print: the sweep prints the warning of each
+    tracker that a point's manifest lists as incomplete."""
+    import shutil
+
+    from fedsim.config import dump_toml
+
+    study = {"run": {"name": "q", "out": str(tmp_path / "runs"), "rounds": 2, "progress": False, "plots": False,
+                     "trackers": ["tensorboard"]},
+             "data": {"dataset": "quadratic", "clients": 3, "targets": [[1.0, 0.0], [0.0, 1.0], [2.0, 1.0]]},
+             "client": {"batch_size": 0, "local_steps": 1, "lr": 0.1},
+             "server": {"timing": "ideal", "round_duration": 1.0}, "sweep": {"run.seed": [0, 1]}}
+    (tmp_path / "q.toml").write_text(dump_toml(study))
+    assert main(["sweep", str(tmp_path / "q.toml"), "--quiet"]) == 0
+    folder = tmp_path / "runs" / "q"
+    shutil.rmtree(folder / "seed-0" / "tensorboard")
+    (folder / "seed-0" / "tensorboard").write_text("not a folder")
+    capsys.readouterr()
+    assert main(["sweep", "--resume", str(folder), "--set", "run.rounds=4", "--backend", "ray", "--quiet"]) == 0
+    board = folder / "seed-0" / "tensorboard"
+    assert capsys.readouterr().err == (
+        f"warning: {folder / 'seed-0'}: TensorBoard stopped logging to {board} (FileExistsError: [Errno 17] File "
+        f"exists: '{board}'); the run goes on, its own files (rounds.parquet) are complete, and manifest.json lists "
+        "the output as incomplete\n")

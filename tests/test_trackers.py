@@ -237,8 +237,9 @@ def test_a_full_disk_under_tensorboard_mid_run_is_one_warning(cli_run, monkeypat
     run_dir = cli_run(tracked(rounds=6))
     table = complete(run_dir, 6)
     assert warnings_of(cli_run.last_output.err) == [
-        f"warning: {run_dir}: TensorBoard stopped logging (OSError: [Errno 28] No space left on device); the run "
-        "goes on, its own files (rounds.parquet) are complete"]
+        f"warning: {run_dir}: TensorBoard stopped logging to {run_dir / 'tensorboard'} (OSError: [Errno 28] No space "
+        "left on device); the run goes on, its own files (rounds.parquet) are complete, and manifest.json lists the "
+        "output as incomplete"]
     assert seen["calls"] == 4  # and no more after the failure
     assert_tracked(run_dir, table, tensorboard=False)  # MLflow got everything
     assert sorted(tensorboard_values(run_dir, "train_loss")) == [0, 1]
@@ -255,8 +256,8 @@ def test_an_mlflow_server_gone_mid_run_is_one_warning_within_bounded_retries(cli
     run_dir = cli_run(tracked(rounds=6))
     table = complete(run_dir, 6)
     [line] = warnings_of(cli_run.last_output.err)
-    assert line.startswith(f"warning: {run_dir}: MLflow stopped logging (MlflowException: API request to "
-                           "http://127.0.0.1:5000/api/2.0/mlflow/runs/log-batch failed")
+    assert line.startswith(f"warning: {run_dir}: MLflow stopped logging to {(run_dir.parent / 'mlruns').as_uri()} (MlflowException: "
+                           "API request to http://127.0.0.1:5000/api/2.0/mlflow/runs/log-batch failed")
     assert seen["retries"] == ["2"] * 4 and "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
     assert_tracked(run_dir, table, mlflow=False)  # TensorBoard got everything
     assert [step for step, _ in mlflow_values(run_dir, "train_loss")] == [0, 1]
@@ -271,7 +272,7 @@ def test_a_tensorboard_folder_that_is_a_file_on_resume_is_one_warning(cli_run):
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=6", "--quiet"]) == 0
     out = cli_run.capsys.readouterr()
     [line] = warnings_of(out.err)
-    assert line.startswith(f"warning: {run_dir}: TensorBoard stopped logging (FileExistsError: ")
+    assert line.startswith(f"warning: {run_dir}: TensorBoard stopped logging to {run_dir / 'tensorboard'} (FileExistsError: ")
     assert_tracked(run_dir, complete(run_dir, 6), tensorboard=False)
 
 
@@ -411,7 +412,209 @@ def test_a_real_mlflow_client_whose_server_goes_away_costs_seconds_and_one_warni
         server.stop()
     assert server.paths.count("runs/log-batch") == 4  # no request after the failure
     [line] = warnings_of(cli_run.last_output.err)
-    assert line.startswith(f"warning: {run_dir}: MLflow stopped logging (MlflowException: API request to "
-                           f"{server.uri}/api/2.0/mlflow/runs/log-batch failed with exception")
+    assert line.startswith(f"warning: {run_dir}: MLflow stopped logging to {server.uri} (MlflowException: API request "
+                           f"to {server.uri}/api/2.0/mlflow/runs/log-batch failed with exception")
     assert elapsed < 40  # MLflow's own retries would take about 4 minutes
     assert_tracked(run_dir, complete(run_dir, 6), mlflow=False)
+
+
+# --- an output not written is said, recorded and reported; a resume completes it ---------------
+
+def test_a_failed_tracker_under_quiet_is_one_warning_recorded_reported_and_completed_by_the_printed_command(
+        cli_run, tmp_path):
+    import re
+    import shlex
+    import shutil
+
+    run_dir = cli_run(tracked(rounds=3, trackers=["tensorboard"]))
+    folder = run_dir / "tensorboard"
+    shutil.rmtree(folder)
+    folder.write_text("not a folder")
+    proc = fedsim_process(["run", "--resume", str(run_dir), "--set", "run.rounds=6", "--quiet"], tmp_path)
+    cause = f"FileExistsError: [Errno 17] File exists: '{folder}'"
+    assert proc.stderr == (f"warning: {run_dir}: TensorBoard stopped logging to {folder} ({cause}); the run goes on, "
+                           "its own files (rounds.parquet) are complete, and manifest.json lists the output as "
+                           "incomplete\n")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "completed"
+    assert manifest["incomplete_outputs"] == [{"output": "tensorboard", "path": str(folder), "cause": cause}]
+    [line] = [line for line in fedsim_process(["report", str(run_dir)], tmp_path).stdout.splitlines()
+              if line.startswith("incomplete:")]
+    assert line.startswith(f"incomplete: fedavg: its tensorboard output ({folder}) lacks rounds ({cause}); "
+                           "rounds.parquet has them all: once that is fixed, `fedsim run --resume ")
+    doc = json.loads(fedsim_process(["report", str(run_dir), "--json"], tmp_path).stdout)
+    assert doc["runs"][0]["incomplete_outputs"] == manifest["incomplete_outputs"]
+    folder.unlink()  # fixed: the printed command logs every round
+    command = re.search(r"`(fedsim run --resume [^`]+)` logs them", line).group(1)
+    assert fedsim_process(shlex.split(command)[1:], tmp_path).stderr == ""
+    assert_tracked(run_dir, complete(run_dir, 6), mlflow=False)
+    assert json.loads((run_dir / "manifest.json").read_text())["incomplete_outputs"] == []
+    assert "incomplete" not in fedsim_process(["report", str(run_dir)], tmp_path).stdout
+
+
+def test_an_mlflow_store_that_fails_is_recorded_and_a_resume_logs_each_missing_round_once(cli_run, monkeypatch):
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    log_batch = MlflowClient.log_batch
+    wrap, seen = failing_after(3, MlflowException("(sqlite3.OperationalError) database or disk is full"))
+    monkeypatch.setattr(MlflowClient, "log_batch", wrap(log_batch))  # the params, rounds 0 and 1
+    run_dir = cli_run(tracked(rounds=4, trackers=["mlflow"]))
+    uri = (run_dir.parent / "mlruns").as_uri()
+    assert json.loads((run_dir / "manifest.json").read_text())["incomplete_outputs"] == [
+        {"output": "mlflow", "path": uri, "cause": "MlflowException: (sqlite3.OperationalError) database or disk is full"}]
+    assert [step for step, _ in mlflow_values(run_dir, "t_end")] == [0, 1]
+    monkeypatch.setattr(MlflowClient, "log_batch", log_batch)  # the disk has room again
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=6", "--quiet"]) == 0
+    assert_tables(run_dir, tensorboard=False)  # rounds 2 and 3 too, each round once
+    assert json.loads((run_dir / "manifest.json").read_text())["incomplete_outputs"] == []
+
+
+# --- Ctrl-C and a resumed study: one parent run, the right statuses, the tables' values ---------
+
+def assert_tables(run_dir, tensorboard=True, mlflow=True, host_time=True) -> None:
+    """Every numeric column of rounds.parquet, and nothing else, in the trackers: each step once
+    (`host_time`: `wall_s` too, which a round run again after a kill does not repeat)."""
+    table = pl.read_parquet(run_dir / "rounds.parquet")
+    for column, dtype in table.schema.items():
+        if column == "round" or not dtype.is_numeric():
+            continue
+        if column == "wall_s" and not host_time and mlflow:
+            assert [step for step, _ in mlflow_values(run_dir, column)] == table["round"].to_list()
+            continue
+        known = table.select("round", column).drop_nulls(column).filter(pl.col(column).cast(pl.Float64).is_finite())
+        expected = dict(zip(known["round"].to_list(), known[column].cast(pl.Float64).to_list()))
+        if mlflow:
+            assert mlflow_values(run_dir, column) == sorted(expected.items()), column
+        if tensorboard and expected:
+            assert tensorboard_values(run_dir, column) == as_float32(expected), column
+
+
+def test_a_study_stopped_by_ctrl_c_and_resumed_is_one_parent_run_and_its_points_equal_their_tables(
+        tmp_path, capsys, monkeypatch, sqlite_template):
+    import shutil
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    from fedsim.config import dump_toml
+    from fedsim.results.recorder import Recorder
+
+    db = tmp_path / "mlflow.db"
+    shutil.copy(sqlite_template, db)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    study = tracked(rounds=8)
+    study["run"].update(name="st", out=str(tmp_path / "runs"), eval_every=3, progress=False, plots=False)
+    study["sweep"] = {"run.seed": [0, 1]}
+    (tmp_path / "st.toml").write_text(dump_toml(study))
+    add_round, fired = Recorder.add_round, []
+
+    def ctrl_c_in_round_4(self, outcome, *args):  # once: the first point to reach round 4
+        if outcome.round == 4 and not fired:
+            fired.append(True)
+            signal.raise_signal(signal.SIGINT)
+        return add_round(self, outcome, *args)
+
+    monkeypatch.setattr(Recorder, "add_round", ctrl_c_in_round_4)
+    assert main(["sweep", str(tmp_path / "st.toml"), "--quiet"]) == 130
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    client = MlflowClient(f"sqlite:///{db}")
+    experiment = client.get_experiment_by_name("st").experiment_id
+    folder = tmp_path / "runs" / "st"
+
+    def runs() -> tuple:
+        found = client.search_runs([experiment])
+        [parent] = [r for r in found if r.info.run_name == "st"]
+        return parent, sorted((r for r in found if r is not parent), key=lambda r: r.info.run_name)
+
+    parent, points = runs()
+    assert parent.info.status == "KILLED" and [r.info.status for r in points] == ["KILLED", "KILLED"]
+    for point in ("seed-0", "seed-1"):  # logged: every round; not the stop's evaluation
+        rounds = pl.read_parquet(folder / point / "rounds.parquet")
+        assert rounds["round"].to_list() == [0, 1, 2, 3, 4] and rounds["test_loss"][4] is not None
+        assert [step for step, _ in mlflow_values(folder / point, "test_loss")] == [2]
+    assert main(["sweep", "--resume", str(folder), "--quiet"]) == 0
+    again, points = runs()
+    assert again.info.run_id == parent.info.run_id and again.info.status == "FINISHED"
+    assert json.loads((folder / "mlflow.json").read_text())["run_id"] == parent.info.run_id
+    assert [(r.info.run_name, r.info.status, r.data.tags["mlflow.parentRunId"]) for r in points] == [
+        ("seed-0", "FINISHED", parent.info.run_id), ("seed-1", "FINISHED", parent.info.run_id)]
+    for point in ("seed-0", "seed-1"):
+        assert pl.read_parquet(folder / point / "rounds.parquet")["test_loss"].drop_nulls().len() == 3  # 2, 5, 7
+        assert_tables(folder / point)
+
+
+def test_a_study_whose_point_fails_ends_its_parent_run_failed_and_is_no_completed_point(
+        tmp_path, capsys, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from fedsim.config import dump_toml
+    from fedsim.results.recorder import Recorder
+
+    study = tracked(rounds=6, trackers=["mlflow"])
+    study["run"].update(name="st", out=str(tmp_path / "runs"), progress=False, plots=False)
+    study["sweep"] = {"run.seed": [0, 1]}
+    (tmp_path / "st.toml").write_text(dump_toml(study))
+    add_round = Recorder.add_round
+
+    def failing_in_round_3(self, outcome, *args):
+        if outcome.round == 3:
+            raise RuntimeError("a bug in round 3")
+        return add_round(self, outcome, *args)
+
+    monkeypatch.setattr(Recorder, "add_round", failing_in_round_3)
+    with pytest.raises(RuntimeError, match="a bug in round 3"):  # (a traceback: exit status 1)
+        main(["sweep", str(tmp_path / "st.toml"), "--quiet"])
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    client = MlflowClient((tmp_path / "runs" / "mlruns").as_uri())
+    [parent] = [r for r in client.search_runs([client.get_experiment_by_name("st").experiment_id])
+                if r.info.run_name == "st"]
+    assert parent.info.status == "FAILED"
+    for point in ("seed-0", "seed-1"):  # left as a crash leaves a run: not completed, resumable
+        assert json.loads((tmp_path / "runs" / "st" / point / "manifest.json").read_text())["status"] == "running"
+    assert main(["sweep", "--resume", str(tmp_path / "runs" / "st"), "--quiet"]) == 0
+    for point in ("seed-0", "seed-1"):
+        assert json.loads((tmp_path / "runs" / "st" / point / "manifest.json").read_text())["rounds"] == 6
+
+
+def test_kill_9_between_checkpoints_leaves_no_step_twice_in_either_tracker(tmp_path, monkeypatch):
+    """Killed before the checkpoint of round 3, the run resumes from that of round 1: rounds 2
+    and 3, logged by the killed process, are logged again to neither tracker."""
+    from fedsim.config import dump_toml
+
+    config = tracked(rounds=6)
+    config["run"].update(checkpoint_every=2, name="k", out=str(tmp_path / "runs"), progress=False, plots=False)
+    (tmp_path / "k.toml").write_text(dump_toml(config))
+    fedsim_process(["run", str(tmp_path / "k.toml"), "--quiet"], tmp_path, code=-9,
+                   FEDSIM_TEST_KILL_AT="before:checkpoint.pt:3")
+    run_dir = tmp_path / "runs" / "k"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # (fedsim's local store, read here first)
+    assert [step for step, _ in mlflow_values(run_dir, "t_end")] == [0, 1, 2, 3]
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 0
+    assert_tables(run_dir, host_time=False)  # MLflow's wall_s of rounds 2 and 3: the killed process's
+
+
+def test_a_study_report_names_each_point_whose_tracker_failed(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    from fedsim.config import dump_toml
+
+    study = tracked(rounds=3, trackers=["tensorboard"])
+    study["run"].update(name="st", out=str(tmp_path / "runs"), progress=False, plots=False)
+    study["sweep"] = {"run.seed": [0, 1]}
+    (tmp_path / "st.toml").write_text(dump_toml(study))
+    wrap, _ = failing_after(0, OSError(errno.EROFS, "Read-only file system"))
+    monkeypatch.setattr(RecordWriter, "write", wrap(RecordWriter.write))
+    assert main(["sweep", str(tmp_path / "st.toml"), "--quiet"]) == 0
+    folder = tmp_path / "runs" / "st"
+    assert warnings_of(capsys.readouterr().err) == [
+        f"warning: {folder / point}: TensorBoard stopped logging to {folder / point / 'tensorboard'} (OSError: [Errno 30] "
+        "Read-only file system); the run goes on, its own files (rounds.parquet) are complete, and manifest.json "
+        "lists the output as incomplete" for point in ("seed-0", "seed-1")]
+    assert main(["report", str(folder)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("incomplete:")]
+    assert lines == [f"incomplete: {point}: its tensorboard output ({folder / point / 'tensorboard'}) lacks rounds "
+                     "(OSError: [Errno 30] Read-only file system); rounds.parquet has them all: once that is fixed, "
+                     f"`fedsim run --resume {folder / point}` logs them" for point in ("seed-0", "seed-1")]

@@ -39,6 +39,15 @@ def cuda_graphs(trainer) -> dict | None:
     return graphs.summary() if graphs is not None else None
 
 
+def incomplete_outputs(run_dir: Path) -> dict[str, dict]:
+    """The manifest's `incomplete_outputs` by output name: a tracker's log that lacks rounds of
+    rounds.parquet (`{"output": "tensorboard", "path": ..., "cause": ...}`)."""
+    from fedsim.results.status import read_manifest
+
+    listed = read_manifest(run_dir, strict=False).get("incomplete_outputs", [])
+    return {o["output"]: o for o in listed if isinstance(o, dict) and "output" in o} if isinstance(listed, list) else {}
+
+
 def write_manifest(run, result, host_s: float) -> None:
     """`run`: the Experiment; `result`: its EngineResult (status `running` while it goes)."""
     import fedsim
@@ -58,6 +67,7 @@ def write_manifest(run, result, host_s: float) -> None:
         "train_flops_per_sample": run.task.train_flops_per_sample(),
         "initial": run.recorder.initial,
         "warnings": run_warnings(run, result.status, result.sim_time),
+        "incomplete_outputs": list(run.incomplete_outputs.values()),
         "trace": {"n_devices": trace.n_devices, "horizon": trace.horizon, "wrap": trace.wrap,
                   "generator": trace.generator, "origin": trace.origin, "file": run.trace_file,
                   "fingerprint": run.trace_fingerprint, "fingerprint_of": run.fingerprint_of},

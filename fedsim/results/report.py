@@ -336,6 +336,7 @@ def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
         "participation_by": participation_by(run.devices),
         "samples": sample_spread(run.devices),
         "device_accuracy": device_accuracy(run.devices),
+        "incomplete_outputs": run.manifest.get("incomplete_outputs") or [],
     }
 
 
@@ -429,7 +430,18 @@ def format_report(doc: dict) -> str:
           percent(p["surplus_rate"]), f"{p['devices_arrived']} of {p['devices']}",
           _number(p["arrivals_gini"], ".3f"), _number(p["arrivals_cv"], ".3f")]
          for r in runs for p in [r["participation"]]]))
-    return "\n\n".join(blocks + latency_blocks(runs))
+    return "\n\n".join(blocks + latency_blocks(runs) + incomplete_block(runs))
+
+
+def incomplete_block(runs: list[dict]) -> list[str]:
+    """A line per output of a run that lacks rounds (a tracker that failed), with the command
+    that logs them once the cause is fixed; none when every output is complete."""
+    from fedsim.files import resume_command
+
+    lines = [f"incomplete: {r['name']}: its {o.get('output')} output ({o.get('path')}) lacks rounds ({o.get('cause')}); "
+             f"rounds.parquet has them all: once that is fixed, `{resume_command('run', Path(r['run_dir']))}` logs them"
+             for r in runs for o in r.get("incomplete_outputs", [])]
+    return ["\n".join(lines)] if lines else []
 
 
 SHOWN_STRAGGLERS = 10

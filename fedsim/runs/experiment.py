@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import polars as pl
@@ -29,7 +29,7 @@ from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock, file_fingerprint, human_duration, plain_name, remove_stale_temporaries
 from fedsim.runs.replay import (TraceRecord, check_trace_file, load_trace, recorded_trace, resolve_trace_path,
                                 hashes, trace_fingerprint)
-from fedsim.results.manifest import write_manifest
+from fedsim.results.manifest import incomplete_outputs, write_manifest
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import Recorder, save_torch, write_text
@@ -243,6 +243,8 @@ class Experiment:
         self.recorder = Recorder(self.run_dir, self.task.n_clients, self.device_info(), cfg.run.events)
         self.resumed = resume is not None
         self.start_round, self.start_time = (resume["round"], resume["sim_time"]) if resume else (0, 0.0)
+        # outputs (a tracker's log) that lack rounds, by name: the trackers complete or add to them
+        self.incomplete_outputs = incomplete_outputs(self.run_dir) if self.resumed else {}
         remove_stale_temporaries(self.run_dir)
         write_text(self.run_dir / "config.toml", dump_toml(cfg.to_dict()))
         env = new_environment(self.start_time)
@@ -418,21 +420,32 @@ class Experiment:
             last.update(test_loss=None, test_acc=None)  # the stop's final evaluation
 
 
-def check_unchanged(started: dict, now: dict, where: Path) -> None:
-    """FedsimError naming the first key of a resumed run's config.toml (edited by hand, say)
-    that differs from the config its checkpoint was written with (read as today's run format; a
-    key that its release did not have had today's default), RESUME_KEYS aside."""
+def first_change(started: dict, now: dict, skip: Sequence[str] = ()) -> tuple[str, str, Any, Any] | None:
+    """The first `(section, key, started value, value now)` that differs between two configs
+    as dicts (a key one lacks: today's default), the RESUME_KEYS and `skip` ("section.key")
+    aside; None where they agree."""
     started, now = json.loads(json.dumps(started)), json.loads(json.dumps(now))  # tuples -> lists
     defaults = json.loads(json.dumps(Config().to_dict()))
     for section in sorted(set(started) | set(now)):
         for key in sorted(set(started.get(section, {})) | set(now.get(section, {}))):
             default = defaults.get(section, {}).get(key)
-            old, new = started.get(section, {}).get(key, default), now.get(section, {}).get(key)
-            if old != new and f"{section}.{key}" not in RESUME_KEYS:
-                raise FedsimError(
-                    f"{where}: [{section}] {key} = {new!r}, but the run started with {old!r}; a "
-                    f"resumed run keeps its config (only {', '.join(RESUME_KEYS)} may change), "
-                    "so put it back or start a new run")
+            old, new = started.get(section, {}).get(key, default), now.get(section, {}).get(key, default)
+            if old != new and f"{section}.{key}" not in (*RESUME_KEYS, *skip):
+                return section, key, old, new
+    return None
+
+
+def check_unchanged(started: dict, now: dict, where: Path) -> None:
+    """FedsimError naming the first key of a resumed run's config.toml (edited by hand, say)
+    that differs from the config its checkpoint was written with (read as today's run format; a
+    key that its release did not have had today's default), RESUME_KEYS aside."""
+    change = first_change(started, now)
+    if change is not None:
+        section, key, old, new = change
+        raise FedsimError(
+            f"{where}: [{section}] {key} = {new!r}, but the run started with {old!r}; a "
+            f"resumed run keeps its config (only {', '.join(RESUME_KEYS)} may change), "
+            "so put it back or start a new run")
 
 
 def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True,

@@ -4,15 +4,19 @@ TensorBoard (RUN/tensorboard/) and/or MLflow, step = round.
 A tracker never breaks a run. Before anything is written, `check_trackers` makes sure each
 one can log (its library is installed, MLflow's store opens or its server answers), else one
 `error:` line. Once the run goes, a tracker that fails (disk full, server gone) says so in one
-warning line and stops logging; the run goes on and its own files stay the source of truth.
+warning line (with --quiet too: an output not written is no progress chatter) and stops
+logging; the run goes on, its own files stay the source of truth, and its manifest lists the
+output under `incomplete_outputs` until a resume has logged every round to it again.
 
 The libraries are optional extras (`pip install 'fedsim-avail[tensorboard]'`, `'fedsim-avail[mlflow]'`),
-imported only when a run asks for them. A resumed run continues the same TensorBoard log
-(steps from the checkpoint on replace those written after it; the log is flushed before each
-checkpoint, so nothing before it is lost to a kill) and the same MLflow run (its id is kept in
-RUN/mlflow.json); where that log or run is gone, a new one gets the rounds so far first. The
-points of a study are runs of one MLflow experiment, nested under a parent run of the study
-(`FEDSIM_MLFLOW_PARENT`, set by `fedsim sweep`).
+imported only when a run asks for them. A tracker holds what rounds.parquet holds: a resumed run
+continues the same TensorBoard log (steps from the last recorded round on replace those written
+after it; the log is flushed before each checkpoint, so nothing before it is lost to a kill) and
+the same MLflow run (its id is kept in RUN/mlflow.json), logging only the rounds it lacks; the
+evaluation a stop signal adds to the last round is left out, since a resume takes it back. Where
+that log or run is gone, a new one gets the rounds so far first. The points of a study are runs of
+one MLflow experiment, nested under one parent run of the study (its id kept in STUDY/mlflow.json,
+so that a resumed study goes on with it), whose status says how the study's last sweep ended.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from urllib.request import getproxies, proxy_bypass
 
 from tqdm import tqdm
 
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, Stopped
 from fedsim.results.recorder import write_json
 from fedsim.runs.callbacks import Callback
 
@@ -71,6 +75,13 @@ def _reason(err: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+def stopped_logging(entry: dict) -> str:
+    """What a warning says of an entry of the manifest's `incomplete_outputs`."""
+    label = {"tensorboard": "TensorBoard", "mlflow": "MLflow"}.get(entry.get("output"), entry.get("output"))
+    return (f"{label} stopped logging to {entry.get('path')} ({entry.get('cause')}); the run goes on, its own files "
+            "(rounds.parquet) are complete, and manifest.json lists the output as incomplete")
+
+
 def warn(text: str) -> None:
     tqdm.write(f"warning: {text}", file=sys.stderr)  # (above a progress bar, if one is drawn)
 
@@ -99,16 +110,23 @@ def _numbers(row: dict) -> dict[str, float]:
 class _RowTracker(Callback):
     """Logs each round's row once it is recorded (flushed before a checkpoint is written), and
     at the end what the end added to the last row (the evaluation of a run stopped between
-    two). Every call into the library goes through `guard`: the first failure is one warning
-    and the tracker logs no more in this process."""
+    two, unless a stop signal stopped it: a resume takes that one back). Every call into the
+    library goes through `guard`: the first failure is one warning, the output is recorded as
+    incomplete (`run.incomplete_outputs`, written to manifest.json) and the tracker logs no
+    more in this process."""
 
-    label = ""
+    output = ""  # its name in `incomplete_outputs`
 
     def on_start(self, run, metrics):
         self.last: dict = {}
-        self.run_dir, self.broken = run.run_dir, False
-        if self.guard(self.open, run):  # a new log of a resumed run: the rounds so far first
-            self.guard(self.log_rows, run.recorder.rows)
+        self.run, self.broken = run, False
+        self.logged: set[int] = set()  # rounds the log already holds (not logged again)
+        first = self.guard(self.open, run, self.output in run.incomplete_outputs)
+        if first is not None:  # a resumed run: the rounds the log lacks, from `first` on
+            self.guard(self.log_rows, [r for r in run.recorder.rows if r["round"] >= first])
+            self.guard(self.flush)
+        if not self.broken:  # every round so far is in the log
+            run.incomplete_outputs.pop(self.output, None)
         return {}
 
     def on_round(self, run, outcome, metrics):
@@ -120,11 +138,11 @@ class _RowTracker(Callback):
         return False, {}
 
     def on_end(self, run, result, metrics):
-        if run.recorder.rows:
+        if run.recorder.rows and result.status != "interrupted":
             row = run.recorder.rows[-1]
             added = {k: v for k, v in row.items() if self.last.get(k) is None and v is not None}
             if added and self.last.get("round") == row["round"]:
-                self.guard(self.log_rows, [{"round": row["round"], **added}])
+                self.guard(self.log_rows, [{"round": row["round"], **added}], True)
         self.guard(self.close)
         return {}
 
@@ -139,21 +157,28 @@ class _RowTracker(Callback):
             self.broken = True
             with contextlib.suppress(Exception):
                 self.close()  # what was logged before it, as far as it can be kept
-            self.warn(f"{self.label} stopped logging ({_reason(err)}); the run goes on, its own "
-                      "files (rounds.parquet) are complete")
+            entry = {"output": self.output, "path": self.where(), "cause": _reason(err)}
+            self.run.incomplete_outputs[self.output] = entry
+            self.warn(stopped_logging(entry))
             return None
 
     def warn(self, text: str) -> None:
-        warn(f"{self.run_dir}: {text}")
+        warn(f"{self.run.run_dir}: {text}")
 
     def limits(self):
         return contextlib.nullcontext()
 
-    def open(self, run) -> bool:
-        """Start logging; whether the log lacks the rounds before the checkpoint."""
+    def where(self) -> str:
+        """The folder or store the tracker writes to, as its warning names it."""
         raise NotImplementedError
 
-    def log_rows(self, rows: list[dict]) -> None:
+    def open(self, run, incomplete: bool) -> int | None:
+        """Start logging (`incomplete`: an earlier process of the run failed to log every round
+        here); the first of the rounds so far to log, or None (a new run has none)."""
+        raise NotImplementedError
+
+    def log_rows(self, rows: list[dict], again: bool = False) -> None:
+        """Log `rows`, those of rounds the log holds only where `again` (what the end added)."""
         raise NotImplementedError
 
     def flush(self) -> None:
@@ -184,9 +209,12 @@ class TensorBoardTracker(_RowTracker):
     thread of its own), so that a failure reaches `guard`; TensorBoard reads the files in name
     order, so a new one is named after those already there."""
 
-    label = "TensorBoard"
+    output = "tensorboard"
 
-    def open(self, run) -> bool:
+    def where(self) -> str:
+        return str(self.run.run_dir / "tensorboard")
+
+    def open(self, run, incomplete):
         Event, SessionLog, self.Summary, RecordWriter = _tensorboard_records()
         self.Event = Event
         folder = run.run_dir / "tensorboard"
@@ -195,18 +223,23 @@ class TensorBoardTracker(_RowTracker):
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{EVENTS}{stamp:010d}.{socket.gethostname()}.{os.getpid()}.fedsim"
         self.records = RecordWriter(open(path, "wb"))
-        # a resumed run starts over from its checkpoint: steps logged after it are purged
-        purge = run.start_round if run.resumed and stamps else None
+        # a resumed run logs again from its last recorded round (whose evaluation at a stop the
+        # resume took back): the steps from there on are purged; a log lacking rounds, from 0
+        rows = run.recorder.rows
+        first = None
+        if run.resumed:
+            first = rows[-1]["round"] if rows and stamps and not incomplete else 0
+        purge = first if stamps else None
         self.write(Event(wall_time=time.time(), step=purge or 0, file_version="brain.Event:2"))
         if purge is not None:
             self.write(Event(wall_time=time.time(), step=purge, session_log=SessionLog(status=SessionLog.START)))
         self.flush()
-        return run.resumed and not stamps
+        return first
 
     def write(self, event) -> None:
         self.records.write(event.SerializeToString())
 
-    def log_rows(self, rows):
+    def log_rows(self, rows, again=False):
         for row in rows:
             values = [self.Summary.Value(tag=tag, simple_value=value) for tag, value in _numbers(row).items()]
             if values:
@@ -279,60 +312,68 @@ def _experiment(client, name: str, uri: str) -> str:
     return client.create_experiment(name, artifact_location=location)
 
 
+def kept_run(client, kept: Path, uri: str, warn, fresh: str) -> str | None:
+    """The MLflow run whose id `kept` (a run's or a study's mlflow.json) records, to go on
+    logging to; None where there is none, or (with a warning ending in `fresh`) where it cannot
+    be: the file is unreadable, the run is in another store or gone."""
+    if not kept.exists():
+        return None
+    try:
+        record = json.loads(kept.read_text())
+        run_id, was = str(record["run_id"]), record.get("tracking_uri", uri)
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        warn(f"{kept.name} is unreadable ({_reason(err)}): {fresh}")
+        return None
+    if was != uri:
+        warn(f"{kept.name}: the MLflow run {run_id} is in {was}, this one logs to {uri}: {fresh}")
+        return None
+    from mlflow.exceptions import MlflowException
+
+    try:
+        stage = client.get_run(run_id).info.lifecycle_stage
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        stage = "gone"
+    if stage != "active":
+        warn(f"{kept.name}: the MLflow run {run_id} is no longer in {uri} ({stage}): {fresh}")
+        return None
+    return run_id
+
+
 class MlflowTracker(_RowTracker):
     """An MLflow run: the resolved config as params, every column as a metric with step =
     round, the run directory's files as artifacts at the end."""
 
-    label = "MLflow"
+    output = "mlflow"
 
     def limits(self):
         return _environment(RUN_HTTP, override=False)
 
-    def open(self, run) -> bool:
+    def where(self) -> str:
+        return tracking_uri(self.run.config.run.out)
+
+    def open(self, run, incomplete):
         uri = tracking_uri(run.config.run.out)
         self.client = _mlflow_client()(tracking_uri=uri)
-        self.run_id = self.kept_run(run, uri)
+        parent = os.environ.get(PARENT, "")
+        experiment_id, parent_id = parent.split(":") if parent else (None, None)
+        fresh = "a new MLflow run gets the rounds so far"
+        self.run_id = kept_run(self.client, run.run_dir / "mlflow.json", uri, self.warn, fresh) if run.resumed else None
         if self.run_id:
             self.client.update_run(self.run_id, status="RUNNING")
-            return False
-        parent = os.environ.get(PARENT, "")
-        experiment_id, parent_id = parent.split(":") if parent else (_experiment(self.client, run.config.run.name, uri), None)
+            if parent_id:  # (the study's parent run may be a new one)
+                self.client.set_tag(self.run_id, "mlflow.parentRunId", parent_id)
+            self.logged = {m.step for m in self.client.get_metric_history(self.run_id, "t_end")}
+            return 0
+        experiment_id = experiment_id or _experiment(self.client, run.config.run.name, uri)
         tags = {"mlflow.parentRunId": parent_id} if parent_id else {}
         self.run_id = self.client.create_run(experiment_id, run_name=run.run_dir.name, tags=tags).info.run_id
         write_json(run.run_dir / "mlflow.json", {"run_id": self.run_id, "tracking_uri": uri})
         params = {f"{section}.{key}": str(value)[:500] for section, body in run.config.to_dict().items()
                   for key, value in body.items()}
         self.log_params(params)
-        return run.resumed
-
-    def kept_run(self, run, uri: str) -> str | None:
-        """The MLflow run that a resumed run goes on logging to (RUN/mlflow.json), or None
-        (with a warning where it cannot: a new one is made)."""
-        kept = run.run_dir / "mlflow.json"
-        if not run.resumed or not kept.exists():
-            return None
-        fresh = "a new MLflow run gets the rounds so far"
-        try:
-            record = json.loads(kept.read_text())
-            run_id, was = str(record["run_id"]), record.get("tracking_uri", uri)
-        except (OSError, ValueError, TypeError, KeyError) as err:
-            self.warn(f"{kept.name} is unreadable ({_reason(err)}): {fresh}")
-            return None
-        if was != uri:
-            self.warn(f"{kept.name}: the run's MLflow run {run_id} is in {was}, this resume logs to {uri}: {fresh}")
-            return None
-        from mlflow.exceptions import MlflowException
-
-        try:
-            stage = self.client.get_run(run_id).info.lifecycle_stage
-        except MlflowException as err:
-            if err.error_code != "RESOURCE_DOES_NOT_EXIST":
-                raise
-            stage = "gone"
-        if stage != "active":
-            self.warn(f"{kept.name}: the MLflow run {run_id} is no longer in {uri} ({stage}): {fresh}")
-            return None
-        return run_id
+        return 0 if run.resumed else None
 
     def log_params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param
@@ -341,12 +382,12 @@ class MlflowTracker(_RowTracker):
         for lo in range(0, len(items), 100):  # MLflow takes at most 100 params a batch
             self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in items[lo:lo + 100]])
 
-    def log_rows(self, rows):
+    def log_rows(self, rows, again=False):
         from mlflow.entities import Metric
 
         now = 0  # timestamps are the host's; fedsim's time is the `t_end` metric
-        metrics = [Metric(k, v, now, row["round"]) for row in rows for k, v in _numbers(row).items()
-                   if math.isfinite(v)]
+        metrics = [Metric(k, v, now, row["round"]) for row in rows if again or row["round"] not in self.logged
+                   for k, v in _numbers(row).items() if math.isfinite(v)]
         for lo in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics a batch
             self.client.log_batch(self.run_id, metrics=metrics[lo:lo + 1000])
 
@@ -362,31 +403,49 @@ class MlflowTracker(_RowTracker):
         self.client.set_terminated(self.run_id, status=status)
 
 
-def study_parent(study_name: str, out: Path):
-    """A parent MLflow run for a study's points (in-process and local Ray workers inherit it
-    through the environment); returns a function that ends it. A store that fails once the
+@contextlib.contextmanager
+def study_parent(study_name: str, folder: Path):
+    """Within: the study's parent MLflow run, which its points are nested under (in-process
+    and local Ray workers inherit it through the environment). One per study: its id is kept
+    in STUDY/mlflow.json and a sweep that resumes the study goes on with it. Yields a dict whose
+    "status" the caller sets to KILLED when a stop signal interrupted points; an exception
+    through the block ends it KILLED (a stop signal) or FAILED. A store that fails once the
     check passed is a warning: the points are then runs of their own."""
-    uri = tracking_uri(out)
+    uri = tracking_uri(folder.parent)
     check_mlflow_store(uri)
+    kept, outcome = folder / "mlflow.json", {"status": "FINISHED"}
     try:
         with _environment(RUN_HTTP, override=False):
             client = _mlflow_client()(tracking_uri=uri)
             experiment_id = _experiment(client, study_name, uri)
-            parent = client.create_run(experiment_id, run_name=study_name).info.run_id
+            parent = kept_run(client, kept, uri, lambda text: warn(f"study {study_name}: {text}"),
+                              "a new parent run gets the points")
+            if parent:
+                client.update_run(parent, status="RUNNING")
+            else:
+                parent = client.create_run(experiment_id, run_name=study_name).info.run_id
+                write_json(kept, {"run_id": parent, "tracking_uri": uri})
     except Exception as err:
         warn(f"study {study_name}: MLflow failed to make the study's parent run ({_reason(err)}); the points "
              "log without one")
-        return lambda status="FINISHED": None
+        yield outcome
+        return
     before = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ.update({PARENT: f"{experiment_id}:{parent}", "MLFLOW_TRACKING_URI": uri})  # the points' store
-
-    def end(status: str = "FINISHED") -> None:
+    try:
+        yield outcome
+    except (Stopped, KeyboardInterrupt):
+        outcome["status"] = "KILLED"
+        raise
+    except BaseException:
+        outcome["status"] = "FAILED"
+        raise
+    finally:
         os.environ.pop(PARENT, None)
         if before is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
         try:
             with _environment(RUN_HTTP, override=False):
-                client.set_terminated(parent, status=status)
+                client.set_terminated(parent, status=outcome["status"])
         except Exception as err:
             warn(f"study {study_name}: MLflow failed to end the study's parent run ({_reason(err)})")
-    return end

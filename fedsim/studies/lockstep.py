@@ -69,29 +69,48 @@ def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | Non
     stop_signal = {"name": None}
     runs = f"the {len(experiments)} running points finish" if len(experiments) > 1 else "the running point finishes"
     notice = f"stopping: {runs} their round, then save their results and checkpoint"
-    with experiments[0].threads.scope():
-        with finish_round_on_stop_signal(stop_signal, notice):
+    try:
+        with experiments[0].threads.scope(), finish_round_on_stop_signal(stop_signal, notice):
             engines = [e.start(r, stop_signal) for e, r in zip(experiments, resumes)]
             for engine in engines:
                 if type(engine.server) is Server:
                     engine.server.gate = TrainGate(engine.env, evaluates_together(engine.server.device))
-            live = engines
-            while live:
-                for engine in live:
-                    gate = engine.server.gate
-                    while not engine.process.triggered and (gate is None or gate.pending is None):
-                        engine.env.step()
-                waiting = [e.server.gate for e in live if e.server.gate is not None and e.server.gate.pending]
-                training = [g for g in waiting if g.kind == "train"]
-                for gate, result in zip(training, train_together([g.pending for g in training])):
-                    gate.resolve(result)
-                evaluating = [g for g in waiting if g.kind == "evaluate"]
-                if evaluating:
-                    done = evaluate_together([g.pending for g in evaluating], experiments[0].threads)
-                    for gate, result in zip(evaluating, done):
-                        gate.resolve(result)
-                live = [e for e in live if not e.process.triggered]
+            step_together(engines, experiments[0].threads)
             return [e.end(plot_interrupted=False) for e in experiments]
+    except BaseException:  # a run that raised: its directory is left as a crash leaves it, free to resume
+        for experiment in experiments:
+            experiment.lock.release()
+        raise
+
+
+def step_together(engines, threads) -> None:
+    """Step each engine until it waits at its gate, then train (and evaluate) what the gates
+    hold in shared calls, until every engine is done."""
+    live = engines
+    while live:
+        for engine in live:
+            gate = engine.server.gate
+            while not engine.process.triggered and (gate is None or gate.pending is None):
+                engine.env.step()
+        waiting = [e.server.gate for e in live if e.server.gate is not None and e.server.gate.pending]
+        training = [g for g in waiting if g.kind == "train"]
+        for gate, result in zip(training, train_together([g.pending for g in training])):
+            gate.resolve(result)
+        evaluating = [g for g in waiting if g.kind == "evaluate"]
+        if evaluating:
+            for gate, result in zip(evaluating, evaluate_together([g.pending for g in evaluating], threads)):
+                gate.resolve(result)
+        raise_failure(live)
+        live = [e for e in live if not e.process.triggered]
+
+
+def raise_failure(engines) -> None:
+    """The exception of an engine whose run raised (a bug, a second Ctrl-C): stepped together,
+    an engine is left once its process is done, before SimPy would raise what ended it, and
+    its run would read as completed."""
+    for engine in engines:
+        if engine.process.triggered and not engine.process.ok:
+            raise engine.process.value
 
 
 TOGETHER = 64  # points stepped in lockstep at once by the in-process backend

@@ -234,6 +234,7 @@ def gather(ray, refs: dict, todo: list, study: Study, statuses: list, shown,
             i = refs[ref]
             point = todo[i][0]
             statuses[i], failure = outcome(ray, ref, point, study)
+            warn_incomplete(study.folder / point.name)
             if statuses[i] == "interrupted" and stopped["name"]:
                 name_the_signal(study.folder / point.name, stopped["name"])
             if failure:
@@ -241,6 +242,15 @@ def gather(ray, refs: dict, todo: list, study: Study, statuses: list, shown,
             shown.rounds_done(1)
             shown.point_finished(point.name, "failed" if failure else statuses[i])
     return failures
+
+
+def warn_incomplete(run_dir: Path) -> None:
+    """The warning of each tracker that failed in the point's worker (whose output Ray does
+    not pass on), from its manifest's `incomplete_outputs`."""
+    from fedsim.runs.trackers import stopped_logging, warn
+
+    for entry in read_manifest(run_dir, strict=False).get("incomplete_outputs") or []:
+        warn(f"{run_dir}: {stopped_logging(entry)}")
 
 
 def name_the_signal(run_dir: Path, name: str) -> None:

@@ -85,6 +85,8 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
     raw = recorded_study(path) if given else read_toml(path)
     if given:
         path = path / "study.toml"
+    elif isinstance(raw.get("base"), dict) and "axes" in raw:  # a study folder's study.toml, as a study file
+        raw = as_study_file(read_recorded(path))
     sweep = raw.pop("sweep", None)
     if not isinstance(sweep, dict):
         raise FedsimError(f"{path}: no [sweep] table; a study gives its axes there, e.g. "
@@ -165,7 +167,11 @@ def recorded_study(folder: Path) -> dict:
     if not recorded.is_file():
         raise FedsimError(f"{folder}: not a study folder (no study.toml); pass the folder that `fedsim sweep` "
                           "printed after 'results:'")
-    resolved = read_recorded(recorded)
+    return as_study_file(read_recorded(recorded))
+
+
+def as_study_file(resolved: dict) -> dict:
+    """A study.toml as recorded (base, axes, zip, warm start, claims) in a study file's shape."""
     raw = {section: dict(body) for section, body in resolved["base"].items()}
     raw["sweep"] = {**resolved["axes"], "zip": resolved.get("zip", []),
                     "gpus_per_task": resolved.get("gpus_per_task", 0.0)}
@@ -400,6 +406,69 @@ def check_same_study(study: Study) -> None:
                               f"{study.source}); give this one another [run] name, or delete the folder")
 
 
+# the keys of a point that do not tell studies apart: where the study folder is (it may move)
+PLACE_KEYS = ("run.name", "run.out", "trace.path", "model.init_from")
+
+
+def check_own_runs(study: Study) -> None:
+    """Each run already in the study folder (one with a checkpoint or manifest) is a run of
+    this study that ran with the values it sets (the keys a resume may change aside): otherwise the folder holds another study's
+    runs (its study.toml was replaced by another study's, or deleted), which would be skipped
+    or resumed as this one's. A path (trace, warm start) must name the same file."""
+    from fedsim.results.run_format import format_of, upgrade
+    from fedsim.runs.experiment import first_change
+
+    mine = {p.name: p for p in [*study.warm, *study.points]}
+    keys = {(section, key) for section, body in study.resolved["base"].items() if isinstance(body, dict)
+            for key in body} | {_key(axis) for axis in [*study.axes, *study.resolved.get(WARM, {})]}
+    replaced = Path(study.source) == study.folder / "study.toml"
+    fix = ("its study.toml is not the one these runs ran with: put that one back, or run this study from its "
+           "file with another [run] name" if replaced else "give this one another [run] name, or delete the folder")
+    for config_file in sorted([*study.folder.glob("*/config.toml"), *study.folder.glob(f"{WARM_FOLDER}/*/config.toml")]):
+        run_dir = config_file.parent
+        name = run_dir.relative_to(study.folder).as_posix()
+        if not ((run_dir / "checkpoint.pt").exists() or (run_dir / "manifest.json").exists()):
+            continue  # a run that never began: a point starts it over
+        if name not in mine:
+            raise FedsimError(f"{study.folder}: holds a different study (its run {name} is no point of the study "
+                              f"in {study.source}); {fix}")
+        try:
+            ran, _ = upgrade(read_toml(config_file), format_of(run_dir), str(config_file))
+        except FedsimError:
+            continue  # a damaged config.toml: the run's own resume says so
+        ran, now = _only(ran, keys), _only(mine[name].config.to_dict(), keys)  # (defaults change)
+        change = first_change(ran, now, PLACE_KEYS) or _other_file(ran, now, study.folder)
+        if change is not None:
+            section, key, old, new = change
+            raise FedsimError(f"{study.folder}: holds a different study (its run {name} ran with [{section}] {key} = "
+                              f"{old!r}, the study in {study.source} gives {new!r}); {fix}")
+
+
+def _only(config: dict, keys: set[tuple[str, str]]) -> dict:
+    """The `(section, key)`s of `keys` that a config dict has."""
+    return {section: {k: v for k, v in body.items() if (section, k) in keys}
+            for section, body in config.items() if isinstance(body, dict)}
+
+
+def _other_file(ran: dict, now: dict, folder: Path) -> tuple[str, str, Any, Any] | None:
+    """A trace file or warm start (`model.init_from`) that a run read and its point now names
+    another of, compared as files: the study folder, and the folder a sweep runs in, may move
+    (a file that moved is judged by the run's own checks)."""
+    for section, key in (("trace", "path"), ("model", "init_from")):
+        old, new = ran.get(section, {}).get(key), now.get(section, {}).get(key)
+        if old == new:
+            continue
+        if not (old and new):
+            same = False
+        elif Path(new).resolve().is_relative_to(folder.resolve()):  # a warm-start run of the study
+            same = Path(old).parts[-2:] == Path(new).parts[-2:]
+        else:
+            same = not (Path(old).exists() and Path(new).exists()) or Path(old).samefile(new)
+        if not same:
+            return section, key, old, new
+    return None
+
+
 def _flat(table: dict, prefix: str = "") -> dict[str, Any]:
     """`{"base": {"client": {"lr": 0.1}}}` as `{"base.client.lr": 0.1}`."""
     flat = {}
@@ -416,8 +485,9 @@ def _shown(flat: dict, key: str) -> str:
 
 
 def _has_runs(folder: Path) -> bool:
-    """Whether a study folder holds anything of its runs (any file but its lock and study.toml)."""
-    return any(f.is_file() and f.relative_to(folder).as_posix() not in (".lock", "study.toml")
+    """Whether a study folder holds anything of its runs (any file but its lock, study.toml and
+    the id of its MLflow parent run)."""
+    return any(f.is_file() and f.relative_to(folder).as_posix() not in (".lock", "study.toml", "mlflow.json")
                for f in folder.rglob("*"))
 
 

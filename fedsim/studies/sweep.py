@@ -12,7 +12,7 @@ from fedsim.results.run_format import check_readable
 from fedsim.runs.comparison import comparison_lock
 from fedsim.runs.experiment import run_state
 from fedsim.studies.lockstep import run_points_together
-from fedsim.studies.study import WARM, Study, check_same_study
+from fedsim.studies.study import WARM, Study, check_own_runs, check_same_study
 from fedsim.studies.tables import write_tables
 
 
@@ -34,22 +34,21 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
             DirectoryLock(study.folder / point.name).refuse_if_held()  # that a later release wrote
             if (study.folder / point.name).is_dir():
                 check_readable(study.folder / point.name)
+        check_own_runs(study)  # (a run that another process writes to is refused as such first)
         write_text(study.folder / "study.toml", dump_toml(study.resolved))
         return _run_study_locked(study, progress, plotter, on_point, backend, address)
 
 
 def _run_study_locked(study: Study, progress: bool, plotter, on_point, backend: str,
                       address: str | None) -> list[dict]:
-    end_parent = None
-    if "mlflow" in study.points[0].config.run.trackers:  # one MLflow experiment, a parent run
-        from fedsim.runs.trackers import study_parent
+    if "mlflow" not in study.points[0].config.run.trackers:
+        return _run_phases(study, progress, plotter, on_point, backend, address)
+    from fedsim.runs.trackers import study_parent
 
-        end_parent = study_parent(study.name, study.folder.parent)
-    try:
+    with study_parent(study.name, study.folder) as parent:  # one MLflow experiment, one parent run
         records = _run_phases(study, progress, plotter, on_point, backend, address)
-    finally:
-        if end_parent is not None:
-            end_parent()
+        if any(r["status"] == "interrupted" for r in records):
+            parent["status"] = "KILLED"
     return records
 
 

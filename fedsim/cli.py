@@ -186,6 +186,10 @@ def _cmd_run(args, ready: list[Path]) -> int:
     from fedsim.runs.experiment import is_comparison, resume
 
     if args.resume:
+        if Path(args.resume).is_dir():  # a run of a newer release is refused before a word of resuming
+            from fedsim.results.run_format import check_readable
+
+            check_readable(Path(args.resume))
         print(f"resuming {args.resume}{crash_note(Path(args.resume))}", flush=True)
         run_dir = Path(args.resume)
         if not (run_dir / "checkpoint.pt").exists() and is_comparison(run_dir):

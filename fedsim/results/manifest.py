@@ -42,7 +42,7 @@ def cuda_graphs(trainer) -> dict | None:
 def incomplete_outputs(run_dir: Path) -> dict[str, dict]:
     """The manifest's `incomplete_outputs` by output name: a tracker's log that lacks rounds of
     rounds.parquet (`{"output": "tensorboard", "path": ..., "cause": ...}`)."""
-    from fedsim.results.status import read_manifest
+    from fedsim.results.run_format import read_manifest
 
     listed = read_manifest(run_dir, strict=False).get("incomplete_outputs", [])
     return {o["output"]: o for o in listed if isinstance(o, dict) and "output" in o} if isinstance(listed, list) else {}

@@ -122,18 +122,11 @@ def swept_then_claimed(path: Path, run) -> None:
     recorded.write_text(recorded.read_text() + "\n" + ACCURACY_CLAIM)
 
 
-def swept(path: Path, run) -> None:
-    """runs/ (`path`) holding the quadratic study t, swept from s.toml beside it."""
-    tmp = path.parent
-    (tmp / "s.toml").write_text(quadratic_study().replace("{tmp}", str(tmp)))
-    assert main(["sweep", str(tmp / "s.toml"), "--quiet"]) == 0
-
-
 def swept_then_replaced(*change: str):
     """runs/ holding study t, whose study.toml is then replaced by that of s.toml run with
     `change` (--set lines) as study u."""
     def write(path, run):
-        swept(path, run)
+        swept()(path, run)
         assert main(["sweep", str(path.parent / "s.toml"), "--quiet", "--set", "run.name=u", *change]) == 0
         shutil.copy(path / "u" / "study.toml", path / "t" / "study.toml")
     return write
@@ -141,7 +134,7 @@ def swept_then_replaced(*change: str):
 
 def swept_then_unrecorded(path: Path, run) -> None:
     """runs/ holding study t without its study.toml (deleted, as a damaged one is)."""
-    swept(path, run)
+    swept()(path, run)
     (path / "t" / "study.toml").unlink()
 
 
@@ -990,12 +983,12 @@ CASES = [
          r"--set 'sweep\.run\.seed=\[0,1,2\]': a study's axes cannot change on --resume \(its points are those it ran "
          r"with\); to run other values, start a new study from this one, which runs all its points in a new folder: "
          r"`fedsim sweep \S+/runs/t/study\.toml --set run\.name=t-2 --set run\.out=\S+/runs --set "
-         r"'sweep\.run\.seed=\[0,1,2\]'`$", runs=swept),
+         r"'sweep\.run\.seed=\[0,1,2\]'`$", runs=swept()),
     case("sweep-folder-changes-an-axis", "sweep {tmp}/runs/t --set sweep.algorithm.name=[\"fedavg\"]",
          r"a study's axes cannot change on --resume .*`fedsim sweep \S+/runs/t/study\.toml --set run\.name=t-2 "
-         r"--set run\.out=\S+/runs --set 'sweep\.algorithm\.name=\[\"fedavg\"\]'`$", runs=swept),
+         r"--set run\.out=\S+/runs --set 'sweep\.algorithm\.name=\[\"fedavg\"\]'`$", runs=swept()),
     case("sweep-resume-changes-the-warm-start", "sweep --resume {tmp}/runs/t --set warm_start.client.lr=0.5",
-         r"--set 'warm_start\.client\.lr=0\.5': a study's warm start cannot change on --resume", runs=swept),
+         r"--set 'warm_start\.client\.lr=0\.5': a study's warm start cannot change on --resume", runs=swept()),
     #
     #
     #

@@ -97,16 +97,17 @@ def test_ray_backend_equals_inprocess_and_skips_done_points(tmp_path, monkeypatc
 
 def test_a_point_that_fails_in_its_worker_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    # the cohort axis: 30 of 20 devices passes the config check, then fails in the worker
-    study = write_study(tmp_path / "s.toml", "runs", axis='"server.clients_per_round"')
-    study.write_text(study.read_text().replace("[0, 1]", "[5, 30]"))
+    # more devices than digits has samples passes the config check (it needs the data), then
+    # fails in the worker
+    study = write_study(tmp_path / "s.toml", "runs", axis='"data.clients"')
+    study.write_text(study.read_text().replace("[0, 1]", "[20, 3000]"))
 
     assert main(["sweep", str(study), "--backend", "ray", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: point algorithm-fedavg_clients_per_round-30: [server] "
-                          "clients_per_round = 30 is more than the 20 devices")
+    assert err.startswith("error: point algorithm-fedavg_clients-3000: [data] clients = 3000 is more than the "
+                          "1347 training samples of 'digits'"), err
     assert "more points failed" in err  # mifa's point failed the same way
-    done = tmp_path / "runs/digits-study/algorithm-fedavg_clients_per_round-5/manifest.json"
+    done = tmp_path / "runs/digits-study/algorithm-fedavg_clients-20/manifest.json"
     assert json.loads(done.read_text())["status"] == "completed"  # the others still ran
 
 

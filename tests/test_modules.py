@@ -384,6 +384,27 @@ def test_a_transformer_layers_counted_cost_is_its_hand_count_without_a_warning(d
     assert macs == attention_layer_flops(1, 8, 8, 16, 2)[0] / 2 + 64 * 10
 
 
+def test_a_matrix_times_a_vector_is_counted():
+    """Attention pooling (`h @ q`, one score per token) is a matrix-vector product torch has no
+    formula for: 8 tokens x 8 features, then a linear map of the pooled features."""
+    from torch import nn
+
+    from fedsim.training.modules import probe_forward
+
+    class Pool(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query, self.fc = nn.Parameter(torch.randn(8)), nn.Linear(8, 10)
+
+        def forward(self, x):
+            h = x[:, 0]  # [B, 8 tokens, 8]
+            return self.fc((torch.softmax(h @ self.query, dim=1)[..., None] * h).sum(1))
+
+    module = Pool()
+    _, macs, _, _ = probe_forward(module, dict(module.named_parameters()), torch.randn(3, 1, 8, 8), "x")
+    assert macs == 8 * 8 + 8 * 10
+
+
 def test_an_lstm_layer_is_counted_as_its_matrix_products():
     """On a CPU an LSTM layer is one fused op (oneDNN) torch has no formula for: fedsim counts it
     as the products of the unfused LSTM, W_ih x and W_hh h at every step, forward and backward."""

@@ -2,13 +2,13 @@
 has none for on a CPU.
 
 torch counts matrix products and convolutions only (normalisation, activations and lookups
-are free); on a CPU, scaled-dot-product attention and the LSTM layer run as fused kernels
-that its registry lacks, so a transformer or an LSTM would lose that arithmetic. The formulas
-here count those kernels as torch counts their GPU twins (`sdpa_flop_count`,
-`sdpa_backward_flop_count`) and the matrix products the unfused LSTM does. fedsim's clock
-counts one forward pass (training = 3 x forward, docs/timing.md); the backward formulas make
-a forward-and-backward count agree with torch's on a GPU as well. Ops are looked up by name:
-each exists from some torch version on, and torch's own formula wins once it has one.
+are free), yet not a matrix times a vector; and on a CPU, scaled-dot-product attention and
+the LSTM layer run as fused kernels its registry lacks, so a transformer or an LSTM would lose
+that arithmetic. The formulas here count those kernels as torch counts their GPU twins
+(`sdpa_flop_count`, `sdpa_backward_flop_count`) and the products the unfused LSTM does.
+fedsim's clock counts one forward pass (training = 3 x forward, docs/timing.md); the backward
+formulas make a forward-and-backward count agree with torch's on a GPU as well. Ops are looked
+up by name: each exists from some torch version on, and torch's own formula wins once it has one.
 """
 
 from __future__ import annotations
@@ -23,6 +23,16 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 def _dims(x) -> tuple[int, ...]:
     """A tensor's shape (FlopCounterMode passes shapes to its formulas, older versions tensors)."""
     return tuple(x.shape) if isinstance(x, Tensor) else tuple(x)
+
+
+def matrix_vector_flops(matrix, vector, *args, **kwargs) -> int:
+    """A matrix [n, m] times a vector [m] (`h @ q` over tokens, as attention pooling does)."""
+    return 2 * math.prod(_dims(matrix))
+
+
+def matrix_vector_plus_flops(bias, matrix, vector, *args, **kwargs) -> int:
+    """A bias plus a matrix times a vector (the bias is free)."""
+    return matrix_vector_flops(matrix, vector)
 
 
 def attention_flops(query, key, value, *args, **kwargs) -> int:
@@ -56,6 +66,8 @@ def rnn_layer_backward_flops(input, w_ih, w_hh, *args, **kwargs) -> int:
 
 
 _FORMULAS = {
+    "mv": matrix_vector_flops,
+    "addmv": matrix_vector_plus_flops,
     "_scaled_dot_product_flash_attention_for_cpu": attention_flops,
     "_scaled_dot_product_flash_attention_for_cpu_backward": attention_backward_flops,
     "mkldnn_rnn_layer": rnn_layer_flops,

@@ -56,6 +56,18 @@ class PixelTransformer(nn.Module):
         return self.fc(self.layer(tokens).mean(dim=1))
 
 
+class RowLSTM(nn.Module):
+    """Digits' rows as 8 steps of 8 pixels through an LSTM (one fused layer on a CPU)."""
+
+    def __init__(self, n_classes, hidden=6):
+        super().__init__()
+        self.lstm = nn.LSTM(8, hidden, batch_first=True)
+        self.fc = nn.Linear(hidden, n_classes)
+
+    def forward(self, x):
+        return self.fc(self.lstm(x[:, 0])[0][:, -1])
+
+
 def resnet(in_shape, n_classes, cfg):
     return TinyResNet(in_shape[0], n_classes)
 
@@ -70,6 +82,10 @@ def resnet_dropout(in_shape, n_classes, cfg):
 
 def transformer(in_shape, n_classes, cfg):
     return PixelTransformer(n_classes)
+
+
+def lstm(in_shape, n_classes, cfg):
+    return RowLSTM(n_classes)
 
 
 def frozen_stem(in_shape, n_classes, cfg):
@@ -299,6 +315,138 @@ def test_an_op_the_counter_does_not_know_is_named_in_a_warning():
 
     with pytest.warns(UserWarning, match=r"FLOPs of aten\._fft_r2c are not counted.*train_flops_per_sample"):
         ModuleModel("spectral", Spectral(), (8,), 3, "[model] name = 'x:spectral'")
+
+
+def attention_layer_flops(batch: int, length: int, d: int, ff: int, heads: int) -> tuple[int, int]:
+    """(forward, backward) FLOPs of one nn.TransformerEncoderLayer on [batch, length, d], by
+    hand: its linear maps (q, k and v packed, out, the feed-forward pair; backward twice) and
+    attention's products Q K^T and weights x V (backward: torch's five, the scores recomputed)."""
+    linear = 2 * batch * length * (d * 3 * d + d * d + d * ff + ff * d)
+    per_e = 2 * batch * length * length * d  # 2 B H L S E with H x E = d
+    return linear + 2 * per_e, 2 * linear + 5 * per_e
+
+
+def test_cpu_attention_is_counted_as_torch_counts_gpu_attention():
+    """On a CPU, attention without dropout is one fused op torch has no formula for: fedsim's
+    formula gives exactly the products by hand, forward and backward, the same as torch's
+    formulas for the GPU's fused attention; a layer and bare F.scaled_dot_product_attention."""
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.flop_counter import flop_registry
+
+    from fedsim.training.flops import attention_backward_flops, attention_flops, flop_counter
+
+    aten = torch.ops.aten
+    q, k, v = torch.zeros(2, 3, 5, 4), torch.zeros(2, 3, 7, 4), torch.zeros(2, 3, 7, 6)
+    assert attention_flops(q, k, v) == 2 * 2 * 3 * 5 * 7 * (4 + 6) == \
+        flop_registry[aten._scaled_dot_product_efficient_attention](q, k, v)
+    grad = torch.zeros(2, 3, 5, 6)
+    assert attention_backward_flops(grad, q, k, v) == 2 * 2 * 3 * 5 * 7 * (3 * 4 + 2 * 6) == \
+        flop_registry[aten._scaled_dot_product_efficient_attention_backward](grad, q, k, v)
+
+    class Attend(nn.Module):  # 8 tokens of 8; q, k, v [B, 2 heads, 8, 4] from one linear map
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.fc = nn.Linear(8, 24), nn.Linear(64, 10)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(len(x), 8, 3, 2, 4).permute(2, 0, 3, 1, 4)
+            return self.fc(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(1))
+
+    def forward_backward(module, x):
+        counter = flop_counter()
+        with counter:
+            module(x.requires_grad_()).sum().backward()
+        return counter.get_total_flops()
+
+    linear = 2 * 3 * (8 * 8 * 24 + 64 * 10)
+    attention = 2 * 3 * 2 * 8 * 8 * 4  # per E: 2 B H L S
+    assert forward_backward(Attend(), torch.randn(3, 8, 8)) == 3 * linear + (2 + 5) * attention
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    assert forward_backward(layer, torch.randn(3, 8, 8)) == sum(attention_layer_flops(3, 8, 8, 16, 2))
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_transformer_layers_counted_cost_is_its_hand_count_without_a_warning(dropout):
+    """The forward fedsim counts (train mode: fused attention without dropout, attention written
+    out by keyed dropout with it) is the hand count; no op is left uncounted."""
+    import warnings
+
+    from torch import nn
+
+    from fedsim.training.modules import probe_forward
+
+    module = nn.Sequential(nn.TransformerEncoderLayer(8, 2, 16, dropout=dropout, batch_first=True),
+                           nn.Flatten(), nn.Linear(64, 10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, macs, _, _ = probe_forward(module, dict(module.state_dict()), torch.randn(3, 8, 8), "x")
+    assert macs == attention_layer_flops(1, 8, 8, 16, 2)[0] / 2 + 64 * 10
+
+
+def test_a_matrix_times_a_vector_is_counted():
+    """Attention pooling (`h @ q`, one score per token) is a matrix-vector product torch has no
+    formula for: 8 tokens x 8 features, then a linear map of the pooled features."""
+    from torch import nn
+
+    from fedsim.training.modules import probe_forward
+
+    class Pool(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query, self.fc = nn.Parameter(torch.randn(8)), nn.Linear(8, 10)
+
+        def forward(self, x):
+            h = x[:, 0]  # [B, 8 tokens, 8]
+            return self.fc((torch.softmax(h @ self.query, dim=1)[..., None] * h).sum(1))
+
+    module = Pool()
+    _, macs, _, _ = probe_forward(module, dict(module.named_parameters()), torch.randn(3, 1, 8, 8), "x")
+    assert macs == 8 * 8 + 8 * 10
+
+
+def test_an_lstm_layer_is_counted_as_its_matrix_products():
+    """On a CPU an LSTM layer is one fused op (oneDNN) torch has no formula for: fedsim counts it
+    as the products of the unfused LSTM, W_ih x and W_hh h at every step, forward and backward."""
+    from torch import nn
+
+    from fedsim.training.flops import flop_counter
+
+    lstm, x = nn.LSTM(8, 6, num_layers=2, bidirectional=True), torch.randn(5, 3, 8)
+    with torch.no_grad(), flop_counter() as counter:
+        lstm(x)
+    # 5 steps x 3 sequences x 2 directions x 4 gates of 6, from 8 inputs then from 2 x 6
+    forward = 2 * 5 * 3 * 2 * 24 * ((8 + 6) + (12 + 6))
+    assert counter.get_total_flops() == forward
+    with flop_counter() as counter:
+        lstm(x.requires_grad_())[0].sum().backward()
+    assert counter.get_total_flops() == 3 * forward
+
+
+@pytest.mark.parametrize("name, macs", [
+    ("transformer", 8 * (8 * 24 + 8 * 8 + 2 * 8 * 16) + 2 * 8 * 8 * 8 + 8 * 10),  # linear maps, attention, fc
+    ("lstm", 8 * 24 * (8 + 6) + 6 * 10),  # 8 steps of 4 gates of 6 from 8 pixels and 6 hidden, fc
+])
+def test_a_transformer_and_an_lstm_are_timed_by_their_hand_counted_flops(cli_run, user_models, name, macs):
+    """Through the CLI: no warning asks for a number, the manifest's training FLOPs are 3 x the
+    hand-counted forward, and every device computes its samples at those FLOPs / its FLOP/s."""
+    import json
+    import warnings
+
+    import polars as pl
+
+    config = {**BASE, "server": {"clients_per_round": 4}, "trace": {"source": "always"},
+              "run": {**BASE["run"], "rounds": 2, "eval_every": 2}, "model": {"name": f"user_nets:{name}"}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_dir = cli_run(config, name=name)
+    assert not [w for w in caught if "not counted" in str(w.message)]
+    flops = json.loads((run_dir / "manifest.json").read_text())["train_flops_per_sample"]
+    assert flops == 6 * macs
+    devices, events = pl.read_parquet(run_dir / "devices.parquet"), pl.read_parquet(run_dir / "events.parquet")
+    joined = events.join(devices.select("device_id", "flops"), on="device_id")
+    assert len(joined) == 8 and (joined["samples"] == 3 * 8).all()
+    np.testing.assert_allclose(joined["compute_s"], joined["samples"] * flops / joined["flops"], rtol=1e-12)
 
 
 def test_local_buffers_stay_on_the_devices_and_resume_exactly(cli_run, user_models):

@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from fedsim.errors import FedsimError, first_line
 from fedsim.training import rng
+from fedsim.training.flops import counted, flop_counter
 
 # --- keyed dropout ---------------------------------------------------------------------------
 
@@ -110,19 +110,20 @@ class _Outputs(TorchDispatchMode):
 def probe_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, where: str):
     """(logits, multiply-adds per sample, floats of outputs per sample, random ops) of
     `module`'s training-mode forward pass (with `state`, left as it was) on `samples`. The
-    multiply-adds are counted by torch's FlopCounterMode (FLOPs / 2), in training mode: the
+    multiply-adds are counted by torch's FlopCounterMode with fedsim's formulas for CPU
+    attention and LSTM layers (FLOPs / 2, fedsim/training/flops.py), in training mode: the
     cost the clock times (eval mode may take fused fast paths the counter does not know). A
     warning names any op that does arithmetic the counter cannot count (`[model]
     train_flops_per_sample` then sets the cost). Random ops are torch's own draws (keyed
     dropout draws none)."""
-    outputs, counter = _Outputs(), FlopCounterMode(display=False)
+    outputs, counter = _Outputs(), flop_counter()
     state = {n: t.clone() for n, t in state.items()}
     try:
         with torch.no_grad(), keyed_randomness(torch.zeros((), dtype=torch.int64)), counter, outputs:
             logits = functional_call(module.train(), state, (samples,))
     finally:
         module.eval()
-    unknown = sorted(str(op) for op in outputs.ops if op not in flop_registry and _HEAVY.search(str(op)))
+    unknown = sorted(str(op) for op in outputs.ops if not counted(op) and _HEAVY.search(str(op)))
     if unknown:
         warnings.warn(f"{where}: FLOPs of {', '.join(unknown)} are not counted (torch's FlopCounterMode "
                       "has no formula); the device clock under-counts this model: set [model] "

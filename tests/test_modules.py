@@ -625,3 +625,29 @@ def test_a_factory_that_reads_values_is_counted_once_built(user_models):
     import user_nets
     user_nets.reads = lambda s, n, cfg: nn.Linear(64 * int(torch.ones(1).item()), n)
     assert model_dim(ModelConfig(name="user_nets:reads"), (1, 8, 8), 10) is None
+
+
+def test_a_resumed_run_keeps_the_training_flops_it_was_timed_with(cli_run, user_models):
+    """A later release may count a module's ops otherwise (fedsim's own formulas for ops torch's
+    counter lacks): a run resumed across that goes on at the cost its manifest recorded, so its
+    clock does not change mid-run."""
+    import json
+
+    import polars as pl
+
+    from fedsim.cli import main
+
+    config = {**BASE, "server": {"clients_per_round": 4}, "trace": {"source": "always"},
+              "run": {**BASE["run"], "rounds": 2, "eval_every": 2}, "model": {"name": "user_nets:lstm"}}
+    run_dir = cli_run(config, name="lstm")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    counted = manifest["train_flops_per_sample"]
+    recorded = counted / 7  # what an earlier release counted (it left the LSTM layer out)
+    (run_dir / "manifest.json").write_text(json.dumps({**manifest, "train_flops_per_sample": recorded}))
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=4", "--quiet"]) == 0
+    assert json.loads((run_dir / "manifest.json").read_text())["train_flops_per_sample"] == recorded
+    events = pl.read_parquet(run_dir / "events.parquet").join(
+        pl.read_parquet(run_dir / "devices.parquet").select("device_id", "flops"), on="device_id")
+    resumed = events.filter(pl.col("round") >= 2)
+    assert len(resumed) == 8
+    np.testing.assert_allclose(resumed["compute_s"], resumed["samples"] * recorded / resumed["flops"], rtol=1e-12)

@@ -64,7 +64,7 @@ def write_manifest(run, result, host_s: float) -> None:
         "server_memory_bytes": run.strategy.memory_bytes(),
         "device_memory_bytes": run.strategy.device_memory_bytes(),
         "n_devices": run.task.n_clients, "model_dim": run.task.dim,
-        "train_flops_per_sample": run.task.train_flops_per_sample(),
+        "train_flops_per_sample": run.train_flops,
         "initial": run.recorder.initial,
         "warnings": run_warnings(run, result.status, result.sim_time),
         "incomplete_outputs": list(run.incomplete_outputs.values()),

@@ -155,12 +155,21 @@ class Experiment:
         self.trace_fingerprint = trace_fingerprint(self.trace) if generated else None
         self.fingerprint_of = hashes(self.trace) if generated else None
         self.device_table = self.read_device_table(cfg)
+        self.train_flops = self.recorded_train_flops() if resuming else None
+        if self.train_flops is None:
+            self.train_flops = self.task.train_flops_per_sample()
         self.timing = DeviceTiming.build(cfg.devices, self.task.n_clients, cfg.run.seed,
-                                         train_flops=self.task.train_flops_per_sample(),
+                                         train_flops=self.train_flops,
                                          table=self.device_table, where=f"device table {cfg.trace.devices_table}")
         self.strategy = self.set_up_strategy(cfg)
         if cfg.server.mode == "async":
             check_async_deadline(cfg, self.quickest_task_s())
+
+    def recorded_train_flops(self) -> float | None:
+        """The training FLOPs per sample a resumed run was timed with (its manifest's): a later
+        release may count the module's ops otherwise, and the run must go on at its own cost."""
+        recorded = read_manifest(self.run_dir, strict=False).get("train_flops_per_sample")
+        return recorded if isinstance(recorded, (int, float)) and not isinstance(recorded, bool) else None
 
     def set_up_strategy(self, cfg: Config) -> Strategy:
         """The strategy of `cfg` on this experiment's task and trace; a comparison calls this for

@@ -92,3 +92,24 @@ def test_a_lockstep_study_records_its_shared_calls(tmp_path, capsys):
         t = trainer_of(tmp_path / "runs" / "s" / f"seed-{seed}")
         assert (t["path"], t["threads"], t["calls"][0]["calls"]) == ("batched", 1, 4)
         assert "; in one call with 1 other run(s) of the study" in t["why"]
+    text = report_text(capsys, str(tmp_path / "runs" / "s"))
+    assert f"trainer: 2 of 2 points: batched on 1 thread for most of their calls (seed-0: {t['why']})" in text
+
+
+def test_the_batched_path_replayed_from_cuda_graphs_is_named_so():
+    """A GPU run's graphs (tests/test_cuda_graphs.py runs them): while they are on, the
+    manifest's path is `cuda-graphs`; once off (out of memory, a model they cannot capture), `batched`."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.training import build_task, build_trainer
+
+    task = build_task(DataConfig(dataset="digits", clients=4), ModelConfig(name="logreg"), seed=0, device=torch.device("cpu"))
+    trainer = build_trainer(task, ClientConfig(trainer="batched"), seed=0)
+    assert trainer.ran_as() == "batched"
+    trainer.graphs = SimpleNamespace(off="")
+    assert trainer.ran_as() == "cuda-graphs"
+    trainer.graphs.off = "out of GPU memory with the graphs' own memory"
+    assert trainer.ran_as() == "batched"

@@ -441,6 +441,18 @@ def trainer_block(runs: list[dict]) -> list[str]:
     return ["\n".join(lines)] if lines else []
 
 
+def points_trainer_block(runs: list[dict]) -> list[str]:
+    """A study's points by the trainer path and threads of most of their calls: a line each,
+    with the reason of its first point (one line per point would bury the summary)."""
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        if r.get("trainer") and r["trainer"].get("calls"):
+            groups.setdefault(_on(r["trainer"]["calls"][0]), []).append(r)
+    return ["\n".join(f"trainer: {len(group)} of {len(runs)} points: {on} for most of their calls "
+                      f"({group[0]['name']}: {group[0]['trainer']['why']})"
+                      for on, group in groups.items())] if groups else []
+
+
 def trainer_line(t: dict) -> str:
     """`batched on 1 thread, 40 of 42 calls (auto: ...; [run] threads = ...); 2 on loop on 1 thread`."""
     if not t.get("calls"):

@@ -534,7 +534,8 @@ def test_a_module_initialised_as_documented_runs_as_the_builtin_through_the_cli(
     builtin, module = (json.loads((r / "manifest.json").read_text()) for r in runs)
     assert builtin["initial"] == module["initial"]
     columns = ["round", "arrived", "train_loss", "test_loss", "test_acc"]
-    assert pl.read_parquet(runs[0] / "rounds.parquet")[columns].equals(pl.read_parquet(runs[1] / "rounds.parquet")[columns])
+    builtin_rounds, module_rounds = (pl.read_parquet(r / "rounds.parquet")[columns] for r in runs)
+    assert builtin_rounds.equals(module_rounds)
     saved = [torch.load(r / "model.pt") for r in runs]
     assert len(saved[0]) == len(saved[1]) == 4  # fc1, fc2 and the Sequential's 1, 3: weight and bias
     assert all(torch.equal(a, b) for a, b in zip(saved[0].values(), saved[1].values()))

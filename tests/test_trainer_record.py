@@ -106,7 +106,8 @@ def test_the_batched_path_replayed_from_cuda_graphs_is_named_so():
     from fedsim.config import ClientConfig, DataConfig, ModelConfig
     from fedsim.training import build_task, build_trainer
 
-    task = build_task(DataConfig(dataset="digits", clients=4), ModelConfig(name="logreg"), seed=0, device=torch.device("cpu"))
+    task = build_task(DataConfig(dataset="digits", clients=4), ModelConfig(name="logreg"), seed=0,
+                      device=torch.device("cpu"))
     trainer = build_trainer(task, ClientConfig(trainer="batched"), seed=0)
     assert trainer.ran_as() == "batched"
     trainer.graphs = SimpleNamespace(off="")

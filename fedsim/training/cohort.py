@@ -210,7 +210,8 @@ def _train_group(calls: list[tuple]) -> list[TrainResult]:
     step_flops = first.task.step_flops(width)
     n_parts = first.threads.parts([step_flops * len(c[2]) for c in calls])
     flops = step_flops * sum(len(c[2]) for c in calls)
-    threads, threads_why = first.threads.choice(flops) if n_parts == 1 else (1, "[run] threads = 'auto': a shared call in one-thread parts")
+    threads, threads_why = (first.threads.choice(flops) if n_parts == 1
+                            else (1, "[run] threads = 'auto': a shared call in one-thread parts"))
     for (trainer, rnd, ids, *_), path in zip(calls, trainers):
         trainer.count(path.ran_as(), threads, threads_why,
                       f"{trainer.choice(ids)[1]}; in one call with {len(calls) - 1} other run(s) of the study")

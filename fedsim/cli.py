@@ -318,7 +318,7 @@ def report_study(args) -> int:
     """`fedsim report STUDY`: mean ± 95 % CI over seeds per group of points."""
     import json
 
-    from fedsim.results.report import incomplete_block, parse_targets
+    from fedsim.results.report import incomplete_block, parse_targets, points_trainer_block
     from fedsim.studies.study import open_study
     from fedsim.studies.tables import best_by, format_summary, study_report, study_tables
 
@@ -335,7 +335,8 @@ def report_study(args) -> int:
     if args.best_by:
         summary = best_by(summary, args.best_by, args.over, study.group_axes)
     print(json.dumps(study_report(study, tables, summary), indent=2, allow_nan=False) if args.json
-          else "\n\n".join([format_summary(study, summary), *incomplete_block(tables.runs)]))
+          else "\n\n".join([format_summary(study, summary), *points_trainer_block(tables.runs),
+                              *incomplete_block(tables.runs)]))
     return 0
 
 

@@ -3,10 +3,13 @@ module's state_dict, frozen parameters stay, buffers, FLOPs counted, bad input o
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 
@@ -651,3 +654,62 @@ def test_a_resumed_run_keeps_the_training_flops_it_was_timed_with(cli_run, user_
     resumed = events.filter(pl.col("round") >= 2)
     assert len(resumed) == 8
     np.testing.assert_allclose(resumed["compute_s"], resumed["samples"] * recorded / resumed["flops"], rtol=1e-12)
+
+
+def documented_models(folder: Path) -> str:
+    """The `my_models.py` of docs/extending.md that initialises as the built-ins do, written
+    into `folder` as it stands in the docs (plus an MLP through the same helper)."""
+    docs = (Path(__file__).parents[1] / "docs" / "extending.md").read_text()
+    (snippet,) = [b for b in re.findall(r"```python\n(.*?)```", docs, re.S) if "def init_like_builtins" in b]
+    mlp = ("\n\ndef mlp(in_shape, n_classes, cfg):\n    return init_like_builtins(nn.Sequential(nn.Flatten(), "
+           "nn.Linear(64, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, n_classes)))\n")
+    return plugin_module(folder, "doc_models", snippet + mlp)
+
+
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32)])
+def test_the_documented_initialisation_starts_a_module_from_the_builtins_initial_model(tmp_path, monkeypatch, shape):
+    """docs/extending.md: the LeNet-5 module initialised by its snippet starts from the built-in
+    lenet5's initial values, bit for bit, under the same names, for every seed."""
+    from fedsim.config import ModelConfig
+    from fedsim.training.models import build_model
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = documented_models(tmp_path)
+    try:
+        for seed in (0, 3, 2**31 - 1):
+            builtin, module = (build_model(ModelConfig(name=n), shape, 10, "fashion-mnist", seed=seed)
+                               for n in ("lenet5", f"{name}:lenet5"))
+            assert torch.equal(builtin.init(seed), module.init(seed))
+            ours, theirs = (m.state_dict(m.init(seed)) for m in (builtin, module))
+            assert list(ours) == list(theirs) == [f"{layer}.{kind}" for layer in ("conv1", "conv2", "fc1", "fc2", "fc3")
+                                                  for kind in ("weight", "bias")]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            default = torch.nn.Conv2d(shape[0], 6, 5).weight  # torch's own: 1 / (3 fan_in), a sixth
+        fan_in = shape[0] * 25
+        assert default.var().item() == pytest.approx(1 / (3 * fan_in), rel=0.3)
+        assert builtin.state_dict(builtin.init(0))["conv1.weight"].var().item() == pytest.approx(2 / fan_in, rel=0.3)
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_a_module_initialised_as_documented_runs_as_the_builtin_through_the_cli(cli_run, tmp_path, monkeypatch):
+    """An MLP module through docs/extending.md's `init_like_builtins`, run by `fedsim run` on the
+    loop trainer, is the built-in mlp's run: the same initial evaluation, rounds and model.pt."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = documented_models(tmp_path)
+    try:
+        runs = [cli_run({**BASE, "client": {**BASE["client"], "trainer": "loop"},
+                         "model": {"name": model, "hidden": 32}}, name=model.replace(":", "-"))
+                for model in ("mlp", f"{name}:mlp")]
+    finally:
+        sys.modules.pop(name, None)
+    builtin, module = (json.loads((r / "manifest.json").read_text()) for r in runs)
+    assert builtin["initial"] == module["initial"]
+    columns = ["round", "arrived", "train_loss", "test_loss", "test_acc"]
+    builtin_rounds, module_rounds = (pl.read_parquet(r / "rounds.parquet")[columns] for r in runs)
+    assert builtin_rounds.equals(module_rounds)
+    saved = [torch.load(r / "model.pt") for r in runs]
+    assert len(saved[0]) == len(saved[1]) == 4  # fc1, fc2 and the Sequential's 1, 3: weight and bias
+    assert all(torch.equal(a, b) for a, b in zip(saved[0].values(), saved[1].values()))

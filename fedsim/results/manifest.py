@@ -56,7 +56,9 @@ def write_manifest(run, result, host_s: float) -> None:
     write_json(run.run_dir / "manifest.json", {
         "run_format": RUN_FORMAT, "fedsim": fedsim.__version__, "torch": torch.__version__,
         "python": platform.python_version(), "seed": config.run.seed,
-        "device": str(run.device), "threads": run.threads.summary(), "cuda_graphs": cuda_graphs(run.trainer), "git_sha": _git_sha(),
+        "device": str(run.device), "threads": run.threads.summary(),
+        "trainer": {**run.trainer.summary(), "from_round": run.start_round},
+        "cuda_graphs": cuda_graphs(run.trainer), "git_sha": _git_sha(),
         "status": result.status, "reason": result.reason, "rounds": result.rounds,
         "pid": os.getpid(), "host": socket.gethostname(),
         "sim_time_s": result.sim_time, "host_s": round(host_s, 3),

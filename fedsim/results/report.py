@@ -337,6 +337,7 @@ def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
         "samples": sample_spread(run.devices),
         "device_accuracy": device_accuracy(run.devices),
         "incomplete_outputs": run.manifest.get("incomplete_outputs") or [],
+        "trainer": run.manifest.get("trainer"),
     }
 
 
@@ -430,7 +431,43 @@ def format_report(doc: dict) -> str:
           percent(p["surplus_rate"]), f"{p['devices_arrived']} of {p['devices']}",
           _number(p["arrivals_gini"], ".3f"), _number(p["arrivals_cv"], ".3f")]
          for r in runs for p in [r["participation"]]]))
-    return "\n\n".join(blocks + latency_blocks(runs) + incomplete_block(runs))
+    return "\n\n".join(blocks + latency_blocks(runs) + trainer_block(runs) + incomplete_block(runs))
+
+
+def trainer_block(runs: list[dict]) -> list[str]:
+    """A line per run: the trainer path and torch threads of most of its training calls, of how
+    many, and why; none where no run recorded them (runs of earlier releases)."""
+    lines = [f"trainer: {r['name']}: {trainer_line(r['trainer'])}" for r in runs if r.get("trainer")]
+    return ["\n".join(lines)] if lines else []
+
+
+def points_trainer_block(runs: list[dict]) -> list[str]:
+    """A study's points by the trainer path and threads of most of their calls: a line each,
+    with the reason of its first point (one line per point would bury the summary)."""
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        if r.get("trainer") and r["trainer"].get("calls"):
+            groups.setdefault(_on(r["trainer"]["calls"][0]), []).append(r)
+    return ["\n".join(f"trainer: {len(group)} of {len(runs)} points: {on} for most of their calls "
+                      f"({group[0]['name']}: {group[0]['trainer']['why']})"
+                      for on, group in groups.items())] if groups else []
+
+
+def trainer_line(t: dict) -> str:
+    """`batched on 1 thread, 40 of 42 calls (auto: ...; [run] threads = ...); 2 on loop on 1 thread`."""
+    if not t.get("calls"):
+        return "no training call recorded"
+    total = sum(c["calls"] for c in t["calls"])
+    since = f" since the resume at round {t['from_round']}" if t.get("from_round") else ""
+    main, *others = t["calls"]
+    return (f"{_on(main)}, {main['calls']} of {total} calls{since} ({main['why']})"
+            + "".join(f"; {c['calls']} on {_on(c)}" for c in others))
+
+
+def _on(call: dict) -> str:
+    """`batched on 2 threads` (a GPU's calls: the path alone)."""
+    n = call["threads"]
+    return call["path"] + ("" if n is None else f" on {n} thread{'s' * (n != 1)}")
 
 
 def incomplete_block(runs: list[dict]) -> list[str]:

@@ -29,13 +29,21 @@ class AutoTrainer(Trainer):
         super().__init__(task, client, seed=seed, threads=threads)
         # batched where the rule prefers it and the model can (a module may not run under vmap)
         wanted = prefers_batched(task.has_conv, 2, task.device.type)
+        self.not_batched = task.batch_problem(client.batch_size) if wanted else None
         self.batched = BatchedTrainer(task, client, seed=seed, threads=self.threads) \
-            if wanted and not task.batch_problem(client.batch_size) else None
+            if wanted and not self.not_batched else None
         self.loop = LoopTrainer(task, client, seed=seed, threads=self.threads)
 
-    def path_for(self, ids) -> Trainer:
-        batched = self.batched and prefers_batched(self.task.has_conv, len(ids), self.task.device.type)
-        return self.batched if batched else self.loop
+    def choice(self, ids):
+        """The path of a cohort of `ids` by `prefers_batched`, and why (recorded in the manifest)."""
+        where = self.task.device.type
+        if self.not_batched:
+            return self.loop, f"auto: the model cannot train under vmap: {self.not_batched}"
+        if len(ids) <= 1:
+            return self.loop, "auto: one device a call, nothing to stack"
+        if self.batched is None or not prefers_batched(self.task.has_conv, len(ids), where):
+            return self.loop, "auto: a built-in convolutional model on a CPU, where a loop of convolutions is faster"
+        return self.batched, f"auto: the cohort in one call on the {where.upper()}"
 
     def devices_per_call(self, ids):
         return self.path_for(ids).devices_per_call(ids)

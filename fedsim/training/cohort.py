@@ -46,6 +46,9 @@ class BatchedTrainer(Trainer):
     def devices_per_call(self, ids):
         return min(len(ids), self.chunk_size(ids))
 
+    def ran_as(self) -> str:
+        return "cuda-graphs" if self.graphs is not None and not self.graphs.off else self.path
+
     def chunk_size(self, ids: np.ndarray) -> int:
         """Devices per batched call under the activation budget."""
         per_sample = self.task.activations
@@ -144,7 +147,7 @@ def cohort_key(trainer: Trainer, ids: np.ndarray, objective) -> tuple | None:
     """What cohorts of different runs must share to be trained in one batched call: the
     batched path, the same model (architecture and size) and loss on the same device, the same
     batch size and local-update settings. None: this cohort trains on its own."""
-    path = trainer.path_for(ids) if hasattr(trainer, "path_for") else trainer
+    path = trainer.path_for(ids)
     if not isinstance(path, BatchedTrainer) or not len(ids) or path.task.device_buffers is not None:
         return None  # (buffers kept per device: each run's own `train` keeps them)
     task, client = path.task, path.client
@@ -168,7 +171,7 @@ def train_together(calls: list[tuple]) -> list[TrainResult]:
         if key is None:
             results[i] = call[0].train(*call[1:])
             continue
-        batched = call[0].path_for(call[2]) if hasattr(call[0], "path_for") else call[0]
+        batched = call[0].path_for(call[2])
         room = batched.chunk_size(call[2])
         chunks = groups.setdefault(key, [[]])
         if sum(len(calls[j][2]) for j in chunks[-1]) + len(call[2]) > room:
@@ -201,13 +204,19 @@ def _train_group(calls: list[tuple]) -> list[TrainResult]:
     """One batched call for cohorts of the same `cohort_key`: their devices stacked run after
     run; each run draws its own inputs (its data, seed and round). Where the thread rule says
     so (`ThreadPolicy.parts`), the runs are cut into parts trained at once, one thread each."""
-    trainers = [c[0].path_for(c[2]) if hasattr(c[0], "path_for") else c[0] for c in calls]
+    trainers = [c[0].path_for(c[2]) for c in calls]
     first = trainers[0]
     width = max(t.batch_width(np.asarray(c[2])) for t, c in zip(trainers, calls))  # one width to stack
     step_flops = first.task.step_flops(width)
     n_parts = first.threads.parts([step_flops * len(c[2]) for c in calls])
+    flops = step_flops * sum(len(c[2]) for c in calls)
+    threads, threads_why = (first.threads.choice(flops) if n_parts == 1
+                            else (1, "[run] threads = 'auto': a shared call in one-thread parts"))
+    for (trainer, rnd, ids, *_), path in zip(calls, trainers):
+        trainer.count(path.ran_as(), threads, threads_why,
+                      f"{trainer.choice(ids)[1]}; in one call with {len(calls) - 1} other run(s) of the study")
     if n_parts == 1:
-        with first.threads.work(step_flops * sum(len(c[2]) for c in calls)):
+        with first.threads.work(flops):
             return _train_stacked(calls, trainers, width)
     ends = np.cumsum([len(c[2]) for c in calls])
     cuts = [0, *np.searchsorted(ends, ends[-1] * np.arange(1, n_parts) / n_parts, side="right"), len(calls)]

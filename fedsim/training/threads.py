@@ -57,6 +57,16 @@ class ThreadPolicy:
             return self.most
         return self.most if flops >= CROSSOVER_FLOPS else 1
 
+    def choice(self, flops: float) -> tuple[int | None, str]:
+        """The threads of a call of `flops` multiply-adds (None: a GPU's call) and why, for the manifest."""
+        if not self.active:
+            return None, "torch threads do not apply on a GPU"
+        if self.setting != "auto":
+            return self.most, f"[run] threads = {self.most}"
+        side = "at least" if flops >= CROSSOVER_FLOPS else "under"
+        return self.threads_for(flops), (f"[run] threads = 'auto': a call of {flops / 1e6:.3g} M multiply-adds, "
+                                         f"{side} the {CROSSOVER_FLOPS / 1e6:g} M crossover")
+
     @contextmanager
     def work(self, flops: float):
         """Run the body with the threads that a call of `flops` multiply-adds gets."""

@@ -7,6 +7,7 @@ differ by float rounding in the gradient and nothing else.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +68,8 @@ class Trainer:
         self.batch_size = client.batch_size
         self.threads = threads or ThreadPolicy(device=task.device)
         self.sizes = task.sizes.cpu().numpy()  # on the host: widths are decided without a device sync
+        self.ran: Counter[tuple[str, int | None]] = Counter()  # training calls by (path, threads)
+        self.why: dict[tuple[str, int | None], str] = {}  # the latest reason of each
 
     def train(self, rnd: int, ids: np.ndarray, start: Tensor, steps: np.ndarray, lr: float | Tensor,
               objective: LocalObjective = PLAIN) -> TrainResult:
@@ -87,12 +90,41 @@ class Trainer:
         if kept is not None:
             ids_t = torch.as_tensor(ids, device=task.device)
             start = kept.start(ids_t, start)
-        with self.threads.work(self.call_flops(ids) if self.threads.active else 0.0):
+        flops = self.call_flops(ids) if self.threads.active else 0.0
+        with self.threads.work(flops):
             end, loss_sum = self._run(rnd, ids, start, steps, lr_t, objective)
+        path, reason = self.choice(ids)
+        self.count(path.ran_as(), *self.threads.choice(flops), reason)
         result = self.result(ids, end - start, loss_sum, steps)
         if kept is not None:
             kept.keep(ids_t, end, result.deltas)
         return result
+
+    def choice(self, ids: np.ndarray) -> tuple["Trainer", str]:
+        """The path that trains devices `ids`, and why (auto chooses; any other trainer is its own path)."""
+        return self, f"[client] trainer = '{self.path}'"
+
+    def path_for(self, ids: np.ndarray) -> "Trainer":
+        return self.choice(ids)[0]
+
+    def ran_as(self) -> str:
+        """The name of this path as the manifest records it."""
+        return self.path
+
+    def count(self, path: str, threads: int | None, threads_why: str, why: str) -> None:
+        """One training call of this run: on `path` (chosen for `why`) with `threads` torch threads
+        (None on a GPU, chosen for `threads_why`)."""
+        self.ran[path, threads] += 1
+        self.why[path, threads] = f"{why}; {threads_why}"
+
+    def summary(self) -> dict:
+        """For the manifest: what trained this process's rounds (a resume counts its own part): the
+        path and threads of most calls with why, and every (path, threads) with its calls."""
+        calls = [{"path": path, "threads": threads, "calls": n, "why": self.why[path, threads]}
+                 for (path, threads), n in self.ran.most_common()]
+        main = calls[0] if calls else {"path": None, "threads": None, "why": None}
+        return {"setting": self.client.trainer, "chosen_by": "auto" if self.client.trainer == "auto" else "config",
+                "path": main["path"], "threads": main["threads"], "why": main["why"], "calls": calls}
 
     def result(self, ids: np.ndarray, deltas: Tensor, loss_sum: Tensor, steps: np.ndarray) -> TrainResult:
         """Deltas (end minus start), mean step loss and samples used of devices `ids`."""

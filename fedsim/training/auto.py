@@ -30,7 +30,7 @@ class AutoTrainer(Trainer):
         # batched where the rule prefers it and the model can (a module may not run under vmap)
         wanted = prefers_batched(task.has_conv, 2, task.device.type)
         self.batched = BatchedTrainer(task, client, seed=seed, threads=self.threads) \
-            if wanted and not task.batch_problem(client.batch_size) else None
+            if wanted and not task.batch_problem(client.batch_size, client.local_epochs) else None
         self.loop = LoopTrainer(task, client, seed=seed, threads=self.threads)
 
     def path_for(self, ids) -> Trainer:

@@ -601,3 +601,20 @@ def test_batchnorm_with_local_epochs_trains_on_the_loop_as_a_plain_loop(cli_run,
     trained = task.model.state_dict(end[0])
     for key, value in module.state_dict().items():
         assert torch.allclose(trained[key].double(), value.double(), atol=1e-5), key
+
+
+def test_an_op_that_could_draw_but_does_not_is_not_random():
+    """The one rule both trainers' check uses (fedsim/training/modules.py): torch tags CPU
+    attention as seeded for its dropout; with dropout_p = 0, or dropout outside training,
+    nothing is drawn."""
+    from fedsim.training.modules import draws_random_numbers
+
+    aten = torch.ops.aten
+    q = torch.zeros(1, 2, 3)
+    assert not draws_random_numbers(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q), {})
+    assert not draws_random_numbers(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q, 0.0), {})
+    assert draws_random_numbers(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q), {"dropout_p": 0.1})
+    assert not draws_random_numbers(aten.native_dropout.default, (q, 0.5, False), {})
+    assert draws_random_numbers(aten.native_dropout.default, (q, 0.5, True), {})
+    assert draws_random_numbers(aten.randn_like.default, (q,), {})
+    assert not draws_random_numbers(aten.mm.default, (q[0], q[0].T), {})

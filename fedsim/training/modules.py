@@ -11,7 +11,8 @@ trainer), the same under `vmap` over the cohort's stacked states (the batched tr
 Buffers are updated by the forward as in torch (train mode in local steps, eval mode for
 evaluation). Randomness must not come from torch's generator, whose draws would depend on the
 cohort's order: dropout (`F.dropout`, attention dropout) draws keyed uniforms of
-(seed, round, device, step) instead (fedsim/training/rng.py); any other random op is refused.
+(seed, round, device, step) instead (fedsim/training/rng.py); any other op that draws is refused
+(`draws_random_numbers`: one that could but draws nothing, attention at dropout_p = 0, is not).
 """
 
 from __future__ import annotations

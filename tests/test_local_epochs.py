@@ -128,9 +128,16 @@ def test_bad_epochs_are_one_line(cli_run, change, says):
     assert says in err and "\n" not in err and "Traceback" not in err, err
 
 
-def test_a_batchnorm_module_is_refused_under_epochs(user_models):  # noqa: F811
+def test_a_batchnorm_module_trains_epochs_on_the_loop(user_models):  # noqa: F811
+    """The batched call would pad an epoch's last minibatch into BatchNorm's statistics: `auto`
+    takes the loop, `batched` is refused; an epoch ending on one sample is refused on both."""
     from fedsim.errors import FedsimError
 
     task = build_task(DataConfig(clients=6), ModelConfig(name="user_nets:resnet_bn"), seed=0, device=CPU)
-    with pytest.raises(FedsimError, match="BatchNorm would count the padding"):
-        build_trainer(task, ClientConfig(batch_size=4, local_epochs=1), seed=0)
+    assert build_trainer(task, ClientConfig(batch_size=10, local_epochs=1), seed=0).path_for(np.arange(4)).path == "loop"
+    with pytest.raises(FedsimError, match="BatchNorm would count the padding of an epoch's last, smaller minibatch"):
+        build_trainer(task, ClientConfig(batch_size=10, local_epochs=1, trainer="batched"), seed=0)
+    for trainer in ("loop", "batched"):
+        with pytest.raises(FedsimError, match=r"device 1 has 225 samples, so its epochs end on a minibatch of one "
+                                              r"sample \(batch_size = 4\).*; set batch_size = 5"):
+            build_trainer(task, ClientConfig(batch_size=4, local_epochs=1, trainer=trainer), seed=0)

@@ -48,10 +48,10 @@ class TinyResNet(nn.Module):
 class PixelTransformer(nn.Module):
     """Digits' rows as 8 tokens: pixel intensities (0..16) through an embedding, summed per row."""
 
-    def __init__(self, n_classes, dim=8):
+    def __init__(self, n_classes, dim=8, dropout=0.2):
         super().__init__()
         self.emb = nn.Embedding(17, dim)
-        self.layer = nn.TransformerEncoderLayer(dim, 2, 16, dropout=0.2, batch_first=True)
+        self.layer = nn.TransformerEncoderLayer(dim, 2, 16, dropout=dropout, batch_first=True)
         self.fc = nn.Linear(dim, n_classes)
 
     def forward(self, x):
@@ -89,6 +89,35 @@ def transformer(in_shape, n_classes, cfg):
 
 def lstm(in_shape, n_classes, cfg):
     return RowLSTM(n_classes)
+
+
+def transformer_no_dropout(in_shape, n_classes, cfg):
+    return PixelTransformer(n_classes, dropout=0.0)  # CPU attention with dropout_p = 0 draws nothing
+
+
+class TypedBuffers(nn.Module):
+    """An index, a mask and a counter as buffers of their own dtypes."""
+
+    def __init__(self, n_classes):
+        super().__init__()
+        self.register_buffer("keep", torch.arange(0, 64, 2))
+        self.register_buffer("mask", torch.arange(32) % 3 != 0)
+        self.register_buffer("calls", torch.tensor(0))
+        self.fc = nn.Linear(32, n_classes)
+
+    def forward(self, x):
+        if self.training:
+            self.calls.add_(1)
+        return self.fc(x.flatten(1)[:, self.keep] * self.mask)
+
+
+def typed_buffers(in_shape, n_classes, cfg):
+    return TypedBuffers(n_classes)
+
+
+def weight_norm(in_shape, n_classes, cfg):
+    hidden = nn.utils.parametrizations.weight_norm(nn.Linear(64, 16))
+    return nn.Sequential(nn.Flatten(), hidden, nn.ReLU(), nn.Linear(16, n_classes))
 
 
 def frozen_stem(in_shape, n_classes, cfg):
@@ -180,10 +209,11 @@ def run(cli_run, name, trainer="batched", expect=0, **model):
                     "model": {"name": f"user_nets:{name}", **model}}, name=f"{name}-{trainer}", expect=expect)
 
 
-@pytest.mark.parametrize("name", ["resnet", "resnet_bn", "resnet_dropout", "transformer"])
+@pytest.mark.parametrize("name", ["resnet", "resnet_bn", "resnet_dropout", "transformer", "transformer_no_dropout"])
 def test_batched_equals_loop_through_the_engine(cli_run, user_models, name):
     """Residual + GroupNorm, BatchNorm (its running statistics averaged), dropout and an
-    embedding + transformer layer (dropout keyed per device): the same model.pt after 3
+    embedding + transformer layer (dropout keyed per device; without dropout, CPU attention
+    draws nothing and both trainers accept it): the same model.pt after 3
     rounds to float rounding, loadable into the user's module with plain torch."""
     batched, loop = run(cli_run, name), run(cli_run, name, "loop")
     a, b = torch.load(batched / "model.pt"), torch.load(loop / "model.pt")
@@ -565,19 +595,27 @@ def test_an_installed_module_factory_runs_by_its_entry_point_name(cli_run, user_
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def trained_on_the_loop(cli_run, config: dict) -> tuple[dict, str]:
+    """(model.pt of `config` under trainer = 'loop', equal to 'auto''s; the one error line of
+    'batched', which names the loop)."""
+    loop = cli_run({**config, "client": {**config["client"], "trainer": "loop"}}, name="loop")
+    auto = cli_run({**config, "client": {**config["client"], "trainer": "auto"}}, name="auto")
+    a, b = torch.load(loop / "model.pt"), torch.load(auto / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    cli_run({**config, "client": {**config["client"], "trainer": "batched"}}, name="batched", expect=2)
+    err = cli_run.last_output.err
+    assert err.count("\n") == 1 and err.startswith("error: [client] trainer = 'batched'")
+    assert "set trainer = 'loop' (or 'auto')" in err
+    return a, err
+
+
 def test_batchnorm_on_unequal_full_local_data_trains_on_the_loop(cli_run, user_models):
     """batch_size = 0 pads the cohort's full local data to the largest device; BatchNorm's
     batch statistics would take the padding in, so `auto` trains such a module on the loop
     (the same model as `loop`) and `batched` is refused in one line."""
     full = {**BASE, "client": {**BASE["client"], "batch_size": 0}, "model": {"name": "user_nets:resnet_bn"}}
-    auto = cli_run({**full, "client": {**full["client"], "trainer": "auto"}}, name="auto")
-    loop = cli_run({**full, "client": {**full["client"], "trainer": "loop"}}, name="loop")
-    a, b = torch.load(auto / "model.pt"), torch.load(loop / "model.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    cli_run({**full, "client": {**full["client"], "trainer": "batched"}}, name="batched", expect=2)
-    err = cli_run.last_output.err
-    assert err.count("\n") == 1 and err.startswith("error: [client] trainer = 'batched'")
-    assert "BatchNorm would count the padding" in err and "set trainer = 'loop' (or 'auto')" in err
+    _, err = trained_on_the_loop(cli_run, full)
+    assert "BatchNorm would count the padding of the devices' unequal full local data" in err
 
 
 def test_a_tied_weight_and_an_unsaved_buffer_go_through_model_pt(cli_run, user_models):
@@ -713,3 +751,104 @@ def test_a_module_initialised_as_documented_runs_as_the_builtin_through_the_cli(
     saved = [torch.load(r / "model.pt") for r in runs]
     assert len(saved[0]) == len(saved[1]) == 4  # fc1, fc2 and the Sequential's 1, 3: weight and bias
     assert all(torch.equal(a, b) for a, b in zip(saved[0].values(), saved[1].values()))
+@pytest.mark.parametrize("name", ["typed_buffers", "weight_norm", "frozen_stem"])
+def test_module_semantics_through_model_pt_resume_and_init_from(cli_run, user_models, name):
+    """Integer and boolean buffers (an index, a mask, a counter: read in their own dtype, saved
+    in it), a weight-norm parametrization, frozen parameters (not trained, saved): batched ==
+    loop to float rounding, model.pt loads into the module, a resumed run equals an
+    uninterrupted one, and a run started from model.pt (init_from) starts where it ended."""
+    import json
+
+    from fedsim.cli import main
+    from fedsim.config import ModelConfig
+    from fedsim.training.models import build_model
+
+    batched, loop = run(cli_run, name), run(cli_run, name, "loop")
+    a, b = torch.load(batched / "model.pt"), torch.load(loop / "model.pt")
+    start = build_model(ModelConfig(name=f"user_nets:{name}"), (1, 8, 8), 10, "digits", seed=4).module.state_dict()
+    assert list(a) == list(start)
+    getattr(user_models, name)((1, 8, 8), 10, None).load_state_dict(a)
+    for key in a:
+        assert a[key].dtype == b[key].dtype == start[key].dtype, key
+        assert torch.allclose(a[key].double(), b[key].double(), rtol=1e-4, atol=1e-5), key
+    if name == "typed_buffers":
+        assert torch.equal(a["keep"], start["keep"]) and torch.equal(a["mask"], start["mask"])
+        assert int(a["calls"]) == 9  # 3 rounds x 3 local steps, averaged
+    if name == "weight_norm":
+        assert "1.parametrizations.weight.original0" in a  # the norm g, trained with the direction v
+        assert not torch.equal(a["1.parametrizations.weight.original0"], start["1.parametrizations.weight.original0"])
+    if name == "frozen_stem":
+        assert torch.equal(a["stem.weight"], start["stem.weight"])
+    last = "3.weight" if name == "weight_norm" else "fc.weight"
+    assert not torch.equal(a[last], start[last])  # it trained
+
+    half = cli_run({**BASE, "run": {**BASE["run"], "rounds": 2, "checkpoint_every": 1},
+                    "client": {**BASE["client"], "trainer": "batched"}, "model": {"name": f"user_nets:{name}"}},
+                   name="half")
+    assert main(["run", "--resume", str(half), "--set", "run.rounds=3", "--quiet"]) == 0
+    resumed = torch.load(half / "model.pt")
+    assert all(torch.equal(resumed[k], a[k]) for k in a)
+    warm = run(cli_run, name, init_from=str(batched))
+    initial_loss = json.loads((warm / "manifest.json").read_text())["initial"]["test_loss"]
+    assert initial_loss == pytest.approx(rounds_of(batched, "test_loss")[-1], rel=1e-6)
+
+
+def test_batchnorm_with_local_epochs_trains_on_the_loop_as_a_plain_loop(cli_run, user_models):
+    """FedBN with local epochs: the loop trains each device on its own samples, an epoch's last
+    minibatch as small as it is (the batched call would pad it into BatchNorm's statistics, so
+    `auto` takes the loop and `batched` is one line); a resumed run equals an uninterrupted
+    one; a device's local steps are those of a plain PyTorch loop over the same minibatches."""
+    import torch.nn.functional as F
+
+    from fedsim.cli import main
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.training import build_task, build_trainer
+
+    epochs = {**BASE, "client": {**BASE["client"], "batch_size": 10, "local_epochs": 1.0},
+              "model": {"name": "user_nets:resnet_bn", "local_buffers": True}}
+    a, err = trained_on_the_loop(cli_run, epochs)
+    assert "an epoch's last, smaller minibatch (local_epochs = 1)" in err
+    half = cli_run({**epochs, "run": {**epochs["run"], "rounds": 2, "checkpoint_every": 1},
+                    "client": {**epochs["client"], "trainer": "loop"}}, name="half")
+    assert main(["run", "--resume", str(half), "--set", "run.rounds=3", "--quiet"]) == 0
+    resumed = torch.load(half / "model.pt")
+    assert all(torch.equal(resumed[k], a[k]) for k in a)
+
+    task = build_task(DataConfig(dataset="digits", clients=6), ModelConfig(name="user_nets:resnet_bn"), seed=4,
+                      device=torch.device("cpu"))
+    assert task.data.sizes_np[2] == 224  # an epoch: 22 minibatches of 10, then one of 4
+    start = task.init_params()[None]
+    end = start + build_trainer(task, ClientConfig(batch_size=10, local_epochs=1.0, trainer="loop"), seed=4).train(
+        1, np.array([2]), start, np.array([23]), 0.1).deltas
+    module = user_models.resnet_bn((1, 8, 8), 10, None)
+    module.load_state_dict(task.model.state_dict(start[0]))
+    sgd = torch.optim.SGD(module.parameters(), lr=0.1)
+    inputs, sizes = task.inputs(torch.tensor([2]), 1, 23, 10, 4, epochs=1.0), []
+    for step in range(23):
+        x, y, weight = (t[0] for t in inputs(step, slice(None))[:3])
+        x, y = x[weight > 0], y[weight > 0]
+        sizes.append(len(y))
+        sgd.zero_grad()
+        F.cross_entropy(module.train()(x), y).backward()
+        sgd.step()
+    assert sizes == [10] * 22 + [4]
+    trained = task.model.state_dict(end[0])
+    for key, value in module.state_dict().items():
+        assert torch.allclose(trained[key].double(), value.double(), atol=1e-5), key
+
+
+def test_an_op_that_could_draw_but_does_not_is_not_random():
+    """The one rule both trainers' check uses (fedsim/training/modules.py): torch tags CPU
+    attention as seeded for its dropout; with dropout_p = 0, or dropout outside training,
+    nothing is drawn."""
+    from fedsim.training.modules import draws_random_numbers
+
+    aten = torch.ops.aten
+    q = torch.zeros(1, 2, 3)
+    assert not draws_random_numbers(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q), {})
+    assert not draws_random_numbers(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q, 0.0), {})
+    assert draws_random_numbers(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q), {"dropout_p": 0.1})
+    assert not draws_random_numbers(aten.native_dropout.default, (q, 0.5, False), {})
+    assert draws_random_numbers(aten.native_dropout.default, (q, 0.5, True), {})
+    assert draws_random_numbers(aten.randn_like.default, (q,), {})
+    assert not draws_random_numbers(aten.mm.default, (q[0], q[0].T), {})

@@ -332,6 +332,21 @@ def nan_linear(in_shape, n_classes, cfg):
     model = linear(in_shape, n_classes, cfg)
     torch.nn.init.constant_(model[1].bias, float("nan"))
     return model
+
+
+class Noisy(Tuple):
+    def forward(self, x):
+        return self.fc(x.flatten(1) + torch.randn_like(x.flatten(1)))
+
+
+def noisy(in_shape, n_classes, cfg):
+    return Noisy(n_classes)
+
+
+def huge_buffer(in_shape, n_classes, cfg):
+    model = linear(in_shape, n_classes, cfg)
+    model.register_buffer("hash", torch.tensor([7, 2**40]))
+    return model
 """
 
 
@@ -858,20 +873,6 @@ CASES = [
     case("module-exits-on-import", RUN, r"^error: \[model\] name: 'exiting_at_import:make': importing "
          r"'exiting_at_import' called sys\.exit\(4\); a module fedsim imports must not exit",
          **{"c.toml": DIGITS + '[model]\nname = "exiting_at_import:make"\n', "exiting_at_import.py": module_file("sys.exit(4)\n")}),
-    case("forward-indexes-by-an-integer-buffer", RUN, r"'indexing:make': the module's forward runs as built, but raised "
-         r"IndexError \(tensors used as indices must be long, int.*\) with the state fedsim gives it, where every buffer "
-         r"is float32 \(fedsim averages them\): buffer 'idx' \(int64\) is a float there; keep indices and masks out of "
-         r"buffers", **{"c.toml": DIGITS + '[model]\nname = "indexing:make"\n', "indexing.py": module_file(
-             "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-             "        self.register_buffer('idx', torch.arange(0, 64, 2))\n        self.fc = nn.Linear(32, 10)\n\n"
-             "    def forward(self, x):\n        return self.fc(x.flatten(1)[:, self.idx])\n\n\n"
-             "def make(in_shape, n_classes, cfg):\n    return Net()\n")}),
-    case("forward-masks-by-a-bool-buffer", RUN, r"'masking:make': the module's forward runs as built, but raised .* buffer "
-         r"'keep' \(bool\) is a float there", **{"c.toml": DIGITS + '[model]\nname = "masking:make"\n', "masking.py": module_file(
-             "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-             "        self.register_buffer('keep', torch.ones(64, dtype=torch.bool))\n        self.fc = nn.Linear(64, 10)\n\n"
-             "    def forward(self, x):\n        return self.fc(x.flatten(1).masked_fill(~self.keep, 0.0))\n\n\n"
-             "def make(in_shape, n_classes, cfg):\n    return Net()\n")}),
     case("forward-inverts-a-float-mask", RUN, r"'inverting:make': the module's own forward raised TypeError \(~ "
          r"\(operator\.invert\) is only implemented on integer and Boolean-type tensors\) on a batch of 2 of the dataset's "
          r"inputs; fix the forward \(hint: its input is \[batch, 1, 8, 8\]\)$",
@@ -1056,8 +1057,9 @@ CASES = [
     case("module-nan-parameters", RUN, r"^error: \[model\] name = 'audit_nets:nan_linear': parameter '1\.bias' holds nan or "
          r"inf as the factory built it \(fedsim sends and averages it, and inf - inf is nan\); give it finite numbers",
          **user_module("nan_linear")),
-    case("module-returns-a-tuple", RUN, r"'audit_nets:returns_tuple': the module returns tuple for a batch of 2 inputs; it "
-         r"must return logits \[batch, 10\]", **user_module("returns_tuple")),
+    case("module-returns-a-tuple", RUN, r"'audit_nets:returns_tuple': the module returns a tuple \(\[2, 10\], \[\]\) for a "
+         r"batch of 2 inputs; it must return logits \[batch, 10\] alone: return them from forward \(or wrap the module",
+         **user_module("returns_tuple")),
     case("module-returns-too-few-classes", RUN, r"the module returns \[2, 3\] for a batch of 2 inputs; it must return logits "
          r"\[batch, 10\] \(one per class of the dataset\)", **user_module("three_classes")),
     case("module-returns-class-indices", RUN, r"^error: \[model\] name = 'audit_nets:integer_logits': the module returns "
@@ -1111,8 +1113,6 @@ CASES = [
          r"minibatches", **{"c.toml": digits(model={"name": "logreg"}, client={"local_epochs": 1.0, "batch_size": 0})}),
     case("local-epochs-negative", RUN, r"\[client\] local_epochs = -1\.0 must be >= 0 \(0 = local_steps steps",
          **{"c.toml": digits(model={"name": "logreg"}, client={"local_epochs": -1.0})}),
-    case("local-epochs-with-batchnorm", RUN, r"\[client\] local_epochs = 1: the module's BatchNorm would count the padding "
-         r"of an epoch's last, smaller minibatch", **user_module("batchnorm", client={"local_epochs": 1.0})),
     # FLASH's round rules
     case("deadline-sigma-under-ideal-timing", RUN, r"\[server\] deadline_sigma means nothing under timing = 'ideal'.*; "
          r"remove it or set timing = 'model'", **{"c.toml": config(server={"deadline_sigma": 5.0})}),
@@ -1185,6 +1185,22 @@ CASES = [
          r"device table \S+/r/devices\.parquet: has no tz_offset or group column; give a device table with one", r=run_dir()),
     case("trace-plot-of-a-run-file", "trace plot {tmp}/r/model.pt --out {tmp}/p.png", r"trace \S+/r/model\.pt: not a "
          r"readable Parquet file", r=run_dir()),
+    # --- issue 38: module semantics ---
+    case("local-epochs-with-batchnorm-batched", RUN, r"^error: \[client\] trainer = 'batched': .*its BatchNorm "
+         r"would count the padding of an epoch's last, smaller minibatch \(local_epochs = 1\) in its batch statistics\); "
+         r"set trainer = 'loop' \(or 'auto'\)$",
+         **user_module("batchnorm", client={"local_epochs": 1.0, "batch_size": 5, "trainer": "batched"})),
+    case("local-epochs-with-batchnorm-on-one-sample", RUN, r"\[client\] local_epochs = 1: device 0 has 449 samples, so its "
+         r"epochs end on a minibatch of one sample \(batch_size = 4\), on which the module's BatchNorm cannot compute "
+         r"batch statistics; set batch_size = 5 \(no device then leaves one sample\) or local_steps$",
+         **user_module("batchnorm", client={"local_epochs": 1.0, "trainer": "loop"})),
+    *[case(f"module-draws-random-numbers-{trainer}", RUN, r"^error: \[model\] name = 'audit_nets:noisy': the "
+           r"module draws random numbers other than dropout \(aten\.randn_like\); fedsim keys only F\.dropout and "
+           r"attention dropout by \(seed, round, device, step\): use nn\.Dropout$",
+           **user_module("noisy", client={"trainer": trainer})) for trainer in ("batched", "loop")],
+    case("module-integer-buffer-beyond-float32", RUN, r"'audit_nets:huge_buffer': buffer 'hash' holds the integer "
+         r"1099511627776, beyond 2\*\*24, which fedsim's float32 copy of the state \(sent and averaged\) cannot hold "
+         r"exactly; keep such numbers out of buffers", **user_module("huge_buffer")),
 ]
 
 

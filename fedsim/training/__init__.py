@@ -47,12 +47,17 @@ def model_summary(data: DataConfig, model: ModelConfig, *, seed: int) -> str:
 
 
 def check_epochs(task: Task, client: ClientConfig) -> None:
-    """`[client] local_epochs` cuts an epoch's last minibatch smaller, which BatchNorm cannot
-    train on (the config's own rules are checked with the config: fedsim/config/schema.py)."""
-    where = f"[client] local_epochs = {client.local_epochs:g}"
-    if getattr(task.model, "batch_statistics", False):
-        raise FedsimError(f"{where}: the module's BatchNorm would count the padding of an epoch's last, smaller "
-                          f"minibatch in its batch statistics; set local_steps instead")
+    """BatchNorm cannot train on a minibatch of one sample (torch raises): refused before the
+    run when an epoch of some device ends on one (its size leaves 1 over by the batch size)."""
+    sizes, batch = task.data.sizes_np, client.batch_size
+    lonely = np.flatnonzero(sizes % batch == 1) if batch > 1 else np.arange(len(sizes))
+    if len(lonely):
+        fits = next((b for b in range(batch + 1, batch + 1000) if not (sizes % b == 1).any()), None)
+        fix = f"set batch_size = {fits} (no device then leaves one sample) or local_steps" if fits and (sizes > 1).all() \
+            else "set local_steps instead"
+        raise FedsimError(f"[client] local_epochs = {client.local_epochs:g}: device {lonely[0]} has {sizes[lonely[0]]} "
+                          f"samples, so its epochs end on a minibatch of one sample (batch_size = {batch}), on which the "
+                          f"module's BatchNorm cannot compute batch statistics; {fix}")
 
 
 def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: ThreadPolicy | None = None,
@@ -62,7 +67,7 @@ def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: Threa
     trainer_class = TRAINERS.lookup(client.trainer, "[client] trainer")
     if client.batch_size < 0:
         raise FedsimError(f"[client] batch_size = {client.batch_size} must be >= 0 (0 = full local data)")
-    if client.local_epochs:
+    if client.local_epochs and task.batch_statistics:
         check_epochs(task, client)
     if task.device.type == "cuda":
         # by default float32 means float32 (as on the CPU and in the loop path), and a seed

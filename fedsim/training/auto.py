@@ -29,7 +29,7 @@ class AutoTrainer(Trainer):
         super().__init__(task, client, seed=seed, threads=threads)
         # batched where the rule prefers it and the model can (a module may not run under vmap)
         wanted = prefers_batched(task.has_conv, 2, task.device.type)
-        self.not_batched = task.batch_problem(client.batch_size) if wanted else None
+        self.not_batched = task.batch_problem(client.batch_size, client.local_epochs) if wanted else None
         self.batched = BatchedTrainer(task, client, seed=seed, threads=self.threads) \
             if wanted and not self.not_batched else None
         self.loop = LoopTrainer(task, client, seed=seed, threads=self.threads)

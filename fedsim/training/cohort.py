@@ -36,7 +36,7 @@ class BatchedTrainer(Trainer):
 
     def __init__(self, task, client, *, seed, threads=None):
         super().__init__(task, client, seed=seed, threads=threads)
-        problem = task.batch_problem(client.batch_size)
+        problem = task.batch_problem(client.batch_size, client.local_epochs)
         if problem:
             raise FedsimError(f"[client] trainer = 'batched': the model cannot train batched under torch.func.vmap "
                               f"({problem}); set trainer = 'loop' (or 'auto')")

@@ -1,7 +1,9 @@
 """The reference path: one device at a time, one step at a time.
 
 It is what the batched path is tested against, and the faster choice where the per-device
-work is large and the batching rule of a layer is slow (convolutions on a CPU).
+work is large and the batching rule of a layer is slow (convolutions on a CPU). A device
+trains on its own samples only: a module with BatchNorm takes an epoch's last, smaller
+minibatch as it is, where the batched call would pad it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,11 @@ class LoopTrainer(Trainer):
             inputs = task.inputs(ids_t[one], rnd, int(steps[j]), self.batch_size, self.seed,
                                  epochs=self.client.local_epochs)
             for s in range(int(steps[j])):
-                grads, loss = step_fn(tuple(w[0] for w in ws), *(x[0] for x in inputs(s, slice(None))))
+                step_inputs = [x[0] for x in inputs(s, slice(None))]
+                if task.batch_statistics:  # the step's own samples (x, y, weight), not an epoch's padding
+                    keep = step_inputs[2] > 0
+                    step_inputs[:3] = (t[keep] for t in step_inputs[:3])
+                grads, loss = step_fn(tuple(w[0] for w in ws), *step_inputs)
                 sgd_update_(ws, tuple(g[None] for g in grads), starts, lr[one], self.client, objective)
                 loss_sum[j] += loss.detach()
         return end, loss_sum

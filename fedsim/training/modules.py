@@ -2,7 +2,8 @@
 
 The algorithms see a model as one flat float32 vector per device: here a module's state is
 laid out by name, its trainable parameters first (in `named_parameters` order), then its
-buffers (BatchNorm's running statistics, as floats). Frozen parameters (requires_grad=False)
+buffers (BatchNorm's running statistics; an integer or boolean buffer as float32 numbers,
+rounded back to its own dtype where the forward reads it). Frozen parameters (requires_grad=False)
 are constants of the module: never trained, sent or averaged, but saved in model.pt.
 
 Training is `torch.func`: `grad_and_value` of `functional_call` on one device (the loop
@@ -10,7 +11,8 @@ trainer), the same under `vmap` over the cohort's stacked states (the batched tr
 Buffers are updated by the forward as in torch (train mode in local steps, eval mode for
 evaluation). Randomness must not come from torch's generator, whose draws would depend on the
 cohort's order: dropout (`F.dropout`, attention dropout) draws keyed uniforms of
-(seed, round, device, step) instead (fedsim/training/rng.py); any other random op is refused.
+(seed, round, device, step) instead (fedsim/training/rng.py); any other op that draws is refused
+(`draws_random_numbers`: one that could but draws nothing, attention at dropout_p = 0, is not).
 """
 
 from __future__ import annotations
@@ -88,6 +90,21 @@ def keyed_randomness(key: Tensor):
 _HEAVY = re.compile(r"mm|matmul|conv|linear|lstm|gru|rnn|attention|transformer|einsum|tensordot|fft|bilinear")
 
 
+def draws_random_numbers(func, args: tuple, kwargs: dict) -> bool:
+    """Whether an aten op draws from torch's generator with these arguments. Ops that may
+    draw (tagged nondeterministic_seeded) draw nothing with a dropout probability of 0 or
+    outside training: attention with dropout_p = 0 (CPU scaled-dot-product attention is
+    tagged for its dropout), dropout in eval mode."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    given = {a.name: a.default_value for a in func._schema.arguments if a.has_default_value()}
+    given |= {a.name: v for a, v in zip(func._schema.arguments, args)} | kwargs
+    if given.get("train", given.get("training")) is False:
+        return False
+    p = given.get("dropout_p", given.get("p") if "dropout" in func.__name__ else None)
+    return p is None or p != 0
+
+
 class _Outputs(TorchDispatchMode):
     """Records every aten op of a forward pass, the floats it outputs and the random ops."""
 
@@ -100,7 +117,7 @@ class _Outputs(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.ops.add(func._overloadpacket)
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        if draws_random_numbers(func, args, kwargs or {}):
             self.random.add(str(func._overloadpacket))
         self.floats += sum(t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])
                            if isinstance(t, Tensor) and t.is_floating_point())
@@ -164,6 +181,7 @@ class ModuleModel:
         self.dim = sum(self.numels)
         self.param_dim = sum(self.numels[:self.n_trainable])
         self.has_buffers = bool(buffers)
+        self._integers = {n: b.dtype for n, b in buffers if not b.dtype.is_floating_point}
         # layers whose training output depends on the other samples of the batch (not only on
         # their own): padding a batch would change what they compute
         self.batch_statistics = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
@@ -217,9 +235,14 @@ class ModuleModel:
         return torch.cat([(saved[n] if n in saved else own[n].detach().cpu()).reshape(-1).float() for n in self.names])
 
     # -- forward and steps ------------------------------------------------------------------------
+    def typed(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """`state` as the forward reads it: integer and boolean buffers (an index, a mask, a
+        counter) in their own dtype, from the float32 numbers fedsim sends and averages."""
+        return {n: t.round().to(self._integers[n]) if n in self._integers else t for n, t in state.items()}
+
     def forward(self, params: tuple[Tensor, ...], x: Tensor, u: Tensor | None = None) -> Tensor:
         """Logits of x [B, *in_shape] in eval mode (evaluation)."""
-        return functional_call(self.module.eval(), dict(zip(self.names, params)), (x,))
+        return functional_call(self.module.eval(), self.typed(dict(zip(self.names, params))), (x,))
 
     def predict(self, params: Tensor, x: Tensor) -> Tensor:
         """Logits of x for a flat state [d] (evaluation), as Model.predict."""
@@ -234,7 +257,7 @@ class ModuleModel:
 
     def _loss(self, params: dict, buffers: dict, key: Tensor, x: Tensor, y: Tensor, weight: Tensor,
               loss: StepLoss):
-        buffers = {n: b.clone() for n, b in buffers.items()}  # the forward updates them
+        buffers = self.typed({n: b.clone() for n, b in buffers.items()})  # the forward updates them
         with keyed_randomness(key):
             logits = functional_call(self.module, {**params, **buffers}, (x,))
         return loss(logits, y, weight), buffers
@@ -267,10 +290,15 @@ class ModuleModel:
         random numbers of its own (they would make runs depend on the order of the cohort)."""
         x = self._sample(2)
         try:
-            out, flops, floats, random = probe_forward(self.module, dict(zip(self.names, self.split(self._init))),
-                                                       x, self.where)
+            out, flops, floats, random = probe_forward(
+                self.module, self.typed(dict(zip(self.names, self.split(self._init)))), x, self.where)
         except (Exception, SystemExit) as err:
             raise self._forward_failed(err, x) from None
+        if isinstance(out, (tuple, list)):  # which element holds the logits is the module's to say
+            parts = ", ".join(str(list(t.shape)) if isinstance(t, Tensor) else type(t).__name__ for t in out)
+            raise FedsimError(f"{self.where}: the module returns a {type(out).__name__} ({parts}) for a batch of 2 "
+                              f"inputs; it must return logits [batch, {n_classes}] alone: return them from forward "
+                              "(or wrap the module in one whose forward returns the logits' element)")
         if not isinstance(out, Tensor) or tuple(out.shape) != (2, n_classes):
             got = list(out.shape) if isinstance(out, Tensor) else type(out).__name__
             raise FedsimError(f"{self.where}: the module returns {got} for a batch of 2 inputs; it must return "
@@ -287,7 +315,7 @@ class ModuleModel:
 
     def _forward_failed(self, err: BaseException, x: Tensor) -> FedsimError:
         """The line for a forward that raised: the module's own doing, or (when it runs as built,
-        with its own state) fedsim's float32 copy of an integer or boolean buffer."""
+        with its own state) its reading of state that torch.func.functional_call does not swap."""
         raised = f"{type(err).__name__} ({first_line(err)})"
         try:
             with torch.no_grad():
@@ -296,12 +324,9 @@ class ModuleModel:
             return FedsimError(f"{self.where}: the module's own forward raised {raised} on a batch of 2 of the "
                                f"dataset's inputs; fix the forward (hint: its input is [batch, "
                                f"{', '.join(map(str, self.in_shape))}])")
-        kept = [f"{name!r} ({str(dtype).removeprefix('torch.')})" for name, dtype in
-                zip(self.names[self.n_trainable:], self.dtypes[self.n_trainable:]) if not dtype.is_floating_point]
         return FedsimError(f"{self.where}: the module's forward runs as built, but raised {raised} with the state "
-                           f"fedsim gives it, where every buffer is float32 (fedsim averages them): buffer "
-                           f"{', '.join(kept) or '(none)'} is a float there; keep indices and masks out of "
-                           "buffers (a Python constant, or a tensor made in forward)")
+                           "fedsim gives it (through torch.func.functional_call); read parameters and buffers as "
+                           "module attributes, not through tensors kept elsewhere (a list or dict of them)")
 
     def batch_problem(self) -> str:
         """Why the module cannot train under vmap ('' if it can): one batched step of 2
@@ -344,6 +369,11 @@ def check_state(module: nn.Module, where: str) -> None:
             if t.is_complex():
                 raise FedsimError(f"{where}: {kind} {name!r} is {t.dtype}; fedsim trains and averages real "
                                   "numbers: keep a complex weight as two real ones (real and imaginary parts)")
+            largest = int(t.long().abs().max()) if kind == "buffer" and not t.is_floating_point() and t.numel() else 0
+            if largest > 2**24:
+                raise FedsimError(f"{where}: buffer {name!r} holds the integer {largest}, beyond 2**24, which fedsim's "
+                                  "float32 copy of the state (sent and averaged) cannot hold exactly; keep such numbers "
+                                  "out of buffers (a Python constant, or a tensor made in forward)")
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise FedsimError(f"{where}: {kind} {name!r} holds nan or inf as the factory built it (fedsim "
                                   "sends and averages it, and inf - inf is nan); give it finite numbers (a mask: "

@@ -84,6 +84,9 @@ class Task:
         return (flat,)
 
     draws_minibatches = False  # whether `inputs` draws minibatches from rng.BATCH uniforms
+    # whether a sample's output depends on the other samples of its batch (BatchNorm): the
+    # loop then trains on a step's own samples, without the padding of a smaller minibatch
+    batch_statistics = False
 
     def inputs_stack(self) -> bool:
         """Whether a round's inputs depend on the seed only through the minibatch draws, so
@@ -108,9 +111,9 @@ class Task:
     def distinct_rows(self) -> bool:
         return False
 
-    def batch_problem(self, batch_size: int = 1) -> str:
+    def batch_problem(self, batch_size: int = 1, epochs: float = 0.0) -> str:
         """Why the model cannot train batched on minibatches of `batch_size` (0: the full local
-        data) ('': it can)."""
+        data; `epochs`: local epochs) ('': it can)."""
         return ""
 
     def step_fn(self) -> StepFn:
@@ -147,6 +150,7 @@ class ClassificationTask(Task):
         self.n_clients, self.n_classes = data.n_clients, data.n_classes
         self.dim, self.device = model.dim, data.device
         self.has_conv, self.activations = model.has_conv, model.activations
+        self.batch_statistics = getattr(model, "batch_statistics", False)
 
         self.sizes, self.pooled = data.sizes, data.pooled
         if getattr(model, "local_buffers", False):
@@ -233,15 +237,19 @@ class ClassificationTask(Task):
 
         return at
 
-    def batch_problem(self, batch_size: int = 1) -> str:
+    def batch_problem(self, batch_size: int = 1, epochs: float = 0.0) -> str:
         if not isinstance(self.model, ModuleModel):
             return ""
         sizes = self.data.sizes_np
-        if batch_size == 0 and self.model.batch_statistics and sizes.min() != sizes.max():
-            # the cohort's full local data are padded to the largest, and BatchNorm's batch
-            # statistics would take in the padding (the loop trains each device on its own rows)
+        # the batched call pads the cohort's full local data to the largest, and an epoch's last,
+        # smaller minibatch to the full one: BatchNorm's batch statistics would take in the
+        # padding (the loop trains each device on its own rows: fedsim/training/loop.py)
+        if batch_size == 0 and self.batch_statistics and sizes.min() != sizes.max():
             return ("its BatchNorm would count the padding of the devices' unequal full local data "
                     "(batch_size = 0) in its batch statistics")
+        if epochs and batch_size > 0 and self.batch_statistics and (sizes % batch_size).any():
+            return (f"its BatchNorm would count the padding of an epoch's last, smaller minibatch "
+                    f"(local_epochs = {epochs:g}) in its batch statistics")
         return self.model.batch_problem()
 
     def distinct_rows(self) -> bool:

@@ -125,8 +125,10 @@ def doc_blocks(*files: str) -> list[str]:
     import re
 
     text = (Path(__file__).parent.parent / "docs" / "extending.md").read_text()
-    blocks = {block.split("\n", 1)[0].removeprefix("# "): block
-              for block in re.findall(r"```python\n(.*?)```", text, flags=re.S)}
+    titled = [(block.split("\n", 1)[0].removeprefix("# "), block)
+              for block in re.findall(r"```python\n(.*?)```", text, flags=re.S)]
+    blocks = dict(titled)
+    assert len(blocks) == len(titled), "two blocks of docs/extending.md name the same file"
     return [blocks[name] for name in files]
 
 

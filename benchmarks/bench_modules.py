@@ -38,6 +38,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -109,7 +110,7 @@ class RowTransformer(nn.Module):
 @dataclass(frozen=True)
 class Model:
     fedsim_name: str  # what [model] name says
-    module: object  # factory (in_shape, n_classes, cfg) -> the same network as an nn.Module, for the plain loop
+    module: Callable[..., nn.Module]  # factory (in_shape, n_classes, cfg) -> the same network as an nn.Module, for the plain loop
     dataset: str
     kind: str  # built-in | module
 

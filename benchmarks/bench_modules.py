@@ -80,7 +80,8 @@ class GroupNormResNet(nn.Module):
 
     def __init__(self, channels: int, n_classes: int, width: int = 16):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(channels, width, 3, padding=1, bias=False), nn.GroupNorm(4, width), nn.ReLU())
+        self.stem = nn.Sequential(nn.Conv2d(channels, width, 3, padding=1, bias=False), nn.GroupNorm(4, width),
+                                  nn.ReLU())
         self.blocks = nn.Sequential(_Block(width), _Block(width))
         self.fc = nn.Linear(width, n_classes)
 
@@ -110,7 +111,7 @@ class RowTransformer(nn.Module):
 @dataclass(frozen=True)
 class Model:
     fedsim_name: str  # what [model] name says
-    module: Callable[..., nn.Module]  # factory (in_shape, n_classes, cfg) -> the same network as an nn.Module, for the plain loop
+    module: Callable[..., nn.Module]  # (in_shape, n_classes, cfg) -> the same network, for the plain loop
     dataset: str
     kind: str  # built-in | module
 

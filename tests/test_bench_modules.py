@@ -1,0 +1,72 @@
+"""benchmarks/bench_modules.py: its records (both timings of every row, as the script writes
+them), that its plain loop does the local steps fedsim does, and its one-line errors. No
+timed assertions: its numbers are in benchmarks/RESULTS.md."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+import bench_modules as bench  # noqa: E402
+
+SCRIPT = Path(bench.__file__).resolve()
+
+
+def test_quick_run_writes_both_timings_of_each_setting(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--models", "user-transformer",
+                           "--out", "out.json"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["quick"] and result["repeats"] == 1 and result["busy"] == 0
+    assert len(result["loadavg_before"]) == len(result["loadavg_after"]) == 3
+    assert [(r["model"], r["setting"]) for r in result["records"]] == [("user-transformer", "steps"),
+                                                                      ("user-transformer", "epochs")]
+    steps, epochs = result["records"]
+    quick = bench.QUICK
+    assert steps["steps_per_round"] == quick["steps"].devices * quick["steps"].local_steps
+    assert epochs["steps_per_round"] >= quick["epochs"].devices * quick["epochs"].local_epochs
+    for rec in result["records"]:
+        assert rec["kind"] == "module" and rec["dataset"] == "digits" and rec["fedsim_path"] in ("batched", "loop")
+        assert len(rec["fedsim_s"]) == len(rec["plain_s"]) == 1
+        assert rec["fedsim_median_s"] > 0 and rec["plain_median_s"] > 0
+        assert rec["ratio"] == pytest.approx(rec["fedsim_median_s"] / rec["plain_median_s"], rel=0.01, abs=0.002)
+        assert rec["over_promise"] == (rec["fedsim_median_s"] > rec["plain_median_s"])
+    table = done.stdout.splitlines()
+    assert table[0].startswith("machine: ") and "busy processes: 0" in table[0]
+    assert sum(line.startswith("user-transformer ") for line in table) == 2
+
+
+def test_the_plain_loop_takes_fedsims_local_steps_on_each_devices_own_data():
+    """Local epochs of unequal devices: the plain loop's minibatches are each device's samples,
+    each once an epoch, as many as fedsim's steps (epochs x ceil(n / batch))."""
+    setting = bench.QUICK["epochs"]
+    pair = bench.Pair(bench.MODELS["user-mlp"], setting)
+    sizes = pair.task.data.sizes_np[pair.ids]
+    assert len(set(sizes)) > 1  # unequal devices
+    np.testing.assert_array_equal(pair.steps, setting.local_epochs * -(-sizes // setting.batch))
+    for (x, y), n, steps in zip(pair.local, sizes, pair.steps):
+        assert len(x) == len(y) == n
+        batches = pair._minibatches(int(n), int(steps), setting.batch)
+        assert len(batches) == steps
+        assert sorted(torch.cat(batches).tolist()) == sorted(list(range(n)) * setting.local_epochs)
+    assert pair._plain(warm_up=False).shape == (setting.devices, pair.task.dim)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--models", "logreg,resnet"], "error: --models: unknown name 'resnet'; choose from logreg, mlp, lenet5, "
+                                    "cnn-fmnist, user-mlp, user-lenet5, user-resnet-gn, user-transformer"),
+    (["--settings", "epoch"], "error: --settings: unknown name 'epoch'; choose from steps, epochs"),
+    (["--repeats", "-1"], "error: --repeats -1: give a number of timed rounds >= 1 (0: the default)"),
+])
+def test_bad_arguments_are_one_line_exit_2_and_nothing_written(tmp_path, args, says):
+    done = subprocess.run([sys.executable, str(SCRIPT), *args, "--out", "out.json"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and not (tmp_path / "out.json").exists()
+    assert done.stderr.strip().splitlines() == [says]

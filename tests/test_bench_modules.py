@@ -13,13 +13,29 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-import bench_modules as bench  # noqa: E402
-
-SCRIPT = Path(bench.__file__).resolve()
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+SCRIPT = BENCHMARKS / "bench_modules.py"
 
 
-def test_quick_run_writes_both_timings_of_each_setting(tmp_path):
+@pytest.fixture(scope="module")
+def bench():
+    """The script as a module. Importing it registers its models (and bench_cohort's) by name in
+    fedsim's model registry: they are taken out again, so that no other test sees them."""
+    from fedsim.config.catalog import MODELS
+
+    before = set(MODELS)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import bench_modules
+
+        yield bench_modules
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        for name in set(MODELS) - before:
+            del MODELS[name]
+
+
+def test_quick_run_writes_both_timings_of_each_setting(tmp_path, bench):
     done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--models", "user-transformer",
                            "--out", "out.json"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -43,7 +59,7 @@ def test_quick_run_writes_both_timings_of_each_setting(tmp_path):
     assert sum(line.startswith("user-transformer ") for line in table) == 2
 
 
-def test_the_plain_loop_takes_fedsims_local_steps_on_each_devices_own_data():
+def test_the_plain_loop_takes_fedsims_local_steps_on_each_devices_own_data(bench):
     """Local epochs of unequal devices: the plain loop's minibatches are each device's samples,
     each once an epoch, as many as fedsim's steps (epochs x ceil(n / batch))."""
     setting = bench.QUICK["epochs"]

@@ -264,11 +264,6 @@ def _cmd_sweep(args, loaded: list) -> int:
         check_axes_kept(folder, args.set)
     if args.resume is not None:
         check_resume_overrides(args.set)
-        if not Path(args.resume).is_dir():
-            what = "a file" if Path(args.resume).exists() else "no such folder"
-            raise FedsimError(f"--resume {args.resume}: {what}; --resume takes the folder of a study (the one "
-                              "`fedsim sweep` printed after 'results:'), while a study file runs as `fedsim "
-                              "sweep STUDY.toml` again (its finished points are skipped)")
     study = load_study(args.study or args.resume, args.set, yes=args.yes)  # checked before torch is imported
     loaded.append(study)
     plotter = shared_worker()  # started before torch's import, so that matplotlib's overlaps it

@@ -143,7 +143,8 @@ def test_the_events_log_is_written_compact_and_sorted_and_keeps_what_run_events_
     wasted = float(rounds(logs["all"])["wasted_s"].sum())
     assert full["wasted"]["wasted_s"] == pytest.approx(wasted)
     for kept, says in [("failures", 'its events log keeps only the invitations that did not arrive ([run] events = '
-                                    '"failures"): no latency of the tasks that ran to their end, no share of the work wasted'),
+                                    '"failures"): no latency of the tasks that ran to their end, no share of the work wasted, '
+                                    'no task times of stragglers'),
                        ("none", 'it kept no events log ([run] events = "none"): no latency of the tasks, no share of '
                                 'the work wasted, no task times of stragglers')]:
         doc, text = report(logs[kept])

@@ -739,7 +739,7 @@ def _check_consistency(config: Config, origin: str) -> None:
                 )
     _check_devices(config.devices, origin)
     for name in [config.algorithm.name, *config.run.algorithms]:
-        for key, bounds in ALGORITHM_RANGES.get(name, {}).items() if name in BUILT_IN_ALGORITHMS else ():
+        for key, bounds in ALGORITHM_RANGES.get(name, {}).items():
             check_option(name, key, config.algorithm.options.get(key, ALGORITHM_OPTIONS[name][key]), *bounds,
                          where=f"{origin}: ")
     _check_local_work(config, origin)

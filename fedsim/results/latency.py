@@ -28,9 +28,11 @@ def events_kept(config: dict) -> str:
     return config.get("run", {}).get("events", "all")
 
 
-def _events(run_dir: Path) -> pl.LazyFrame | None:
+def _events(run_dir: Path, kept: str) -> pl.LazyFrame | None:
+    """The events log, where it holds every invitation: statistics of a log that kept only
+    some (`kept`, `[run] events`) would be of those alone."""
     path = Path(run_dir) / "events.parquet"
-    return pl.scan_parquet(path) if path.is_file() else None
+    return pl.scan_parquet(path) if path.is_file() and kept == "all" else None
 
 
 def collect(frame: pl.LazyFrame, run_dir: Path) -> pl.DataFrame:
@@ -46,8 +48,8 @@ def latency(run_dir: Path, kept: str = "all") -> dict | None:
     """Median and p90 (linear) of each phase over the tasks that ran to their end; None without
     an events log, or one that kept only some invitations (`kept`, `[run] events`: the tasks
     that arrived are not in it)."""
-    events = _events(run_dir)
-    if events is None or kept != "all":
+    events = _events(run_dir, kept)
+    if events is None:
         return None
     ran = events.filter(pl.col("outcome").cast(pl.String).is_in(RAN_TO_END))
     row = ran.select(
@@ -82,7 +84,7 @@ def wasted_work(run_dir: Path, rounds: pl.DataFrame, devices: pl.DataFrame, kept
             return None
         wasted_s = float(rounds["wasted_s"].sum())
         return {"wasted_s": wasted_s, "per_round": wasted_s / max(len(rounds), 1), "share": None, "rows": []}
-    events = _events(run_dir)
+    events = _events(run_dir, kept)
     if events is None or "work_s" not in events.collect_schema().names():
         return None
     refused = rounds.filter(pl.col("close_reason") == "quorum")["round"] if "close_reason" in rounds.columns else []
@@ -101,13 +103,13 @@ def wasted_work(run_dir: Path, rounds: pl.DataFrame, devices: pl.DataFrame, kept
     return doc
 
 
-def stragglers(run_dir: Path, devices: pl.DataFrame) -> list[dict]:
+def stragglers(run_dir: Path, devices: pl.DataFrame, kept: str = "all") -> list[dict]:
     """Devices invited at least 5 times that arrived in fewer than 10 % of their invitations,
     most invited first (ties: the lower id), with what is known of them, their median compute
     and whole task (download + compute + upload, as planned at invitation) and the likely cause."""
     frame = devices.filter((pl.col("invitations") >= STRAGGLER_INVITED)
                            & (pl.col("arrivals") < STRAGGLER_ARRIVED_BELOW * pl.col("invitations")))
-    events = _events(run_dir)
+    events = _events(run_dir, kept)
     if events is not None and frame.height:
         compute = (events.join(frame.lazy().select("device_id"), on="device_id", how="semi")
                    .group_by("device_id").agg(pl.col("compute_s").median().alias("median_compute_s"),

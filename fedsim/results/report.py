@@ -332,7 +332,7 @@ def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
         "latency": latency(run.path, kept),
         "close_reasons": close_reasons(run.rounds),
         "wasted": wasted_work(run.path, run.rounds, run.devices, kept),
-        "stragglers": stragglers(run.path, run.devices),
+        "stragglers": stragglers(run.path, run.devices, kept),
         "participation_by": participation_by(run.devices),
         "samples": sample_spread(run.devices),
         "device_accuracy": device_accuracy(run.devices),
@@ -484,7 +484,8 @@ def incomplete_block(runs: list[dict]) -> list[str]:
 SHOWN_STRAGGLERS = 10
 NOT_KEPT = {  # what the report cannot show of a run whose events log kept less (`[run] events`)
     "failures": 'its events log keeps only the invitations that did not arrive ([run] events = "failures"): '
-                "no latency of the tasks that ran to their end, no share of the work wasted",
+                "no latency of the tasks that ran to their end, no share of the work wasted, no task times of "
+                "stragglers",
     "none": 'it kept no events log ([run] events = "none"): no latency of the tasks, no share of the work '
             "wasted, no task times of stragglers",
 }

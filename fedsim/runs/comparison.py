@@ -149,10 +149,10 @@ def finished_result(run_dir: Path, algorithm: str) -> RunResult:
 def resume_comparison(run_dir: Path, overrides: list[str] = (), progress: bool = True, plotter=None,
                       force: bool = False) -> RunResult:
     """Finish a comparison: its interrupted algorithm resumed, the ones not started run, the
-    summary and plots written as an uninterrupted comparison writes them."""
+    summary and plots written as an uninterrupted comparison writes them. (`fedsim run --resume`
+    has checked every algorithm's run format first: `check_readable`.)"""
     from fedsim.config import parse_override
 
-    check_readable(run_dir)  # every algorithm's, before any is written
     raw = run_config(run_dir)  # an earlier run format's as this one reads it (written back below)
     for text in overrides:
         section, key, value = parse_override(text)

@@ -238,6 +238,8 @@ class ModuleModel:
     def typed(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """`state` as the forward reads it: integer and boolean buffers (an index, a mask, a
         counter) in their own dtype, from the float32 numbers fedsim sends and averages."""
+        if not self._integers:  # (most modules: nothing to convert, every step)
+            return state
         return {n: t.round().to(self._integers[n]) if n in self._integers else t for n, t in state.items()}
 
     def forward(self, params: tuple[Tensor, ...], x: Tensor, u: Tensor | None = None) -> Tensor:
@@ -257,7 +259,8 @@ class ModuleModel:
 
     def _loss(self, params: dict, buffers: dict, key: Tensor, x: Tensor, y: Tensor, weight: Tensor,
               loss: StepLoss):
-        buffers = self.typed({n: b.clone() for n, b in buffers.items()})  # the forward updates them
+        # the forward updates them: float ones cloned, integer ones made anew by `typed`
+        buffers = self.typed({n: b if n in self._integers else b.clone() for n, b in buffers.items()})
         with keyed_randomness(key):
             logits = functional_call(self.module, {**params, **buffers}, (x,))
         return loss(logits, y, weight), buffers

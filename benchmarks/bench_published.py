@@ -154,7 +154,8 @@ def train_flops_per_sample(setting: Setting) -> float:
     """fedsim's own count (the device clock's): 3 x the forward pass, 2 FLOPs a multiply-add."""
     from fedsim.config import ModelConfig
     from fedsim.data.text import LEAF_LETTERS
-    from fedsim.training.models import TokenShape, build_model
+    from fedsim.training.architectures import TokenShape
+    from fedsim.training.models import build_model
 
     if "leaf" in setting.data:
         shape, classes = TokenShape(80, len(LEAF_LETTERS)), len(LEAF_LETTERS)

@@ -234,20 +234,18 @@ def test_devices_that_finish_stop_costing_work(monkeypatch):
 
 
 def test_a_cell_that_cannot_be_compiled_runs_unfused_with_one_warning(monkeypatch, capsys):
-    from fedsim.training import models
+    from fedsim.training import kernels
 
     def broken_compiler(fn, **options):
         def compiled(*args):
             raise RuntimeError("InductorError: no working C compiler (simulated)\nmore lines")
         return compiled
 
-    monkeypatch.setattr(models, "_FUSED", [])
+    monkeypatch.setattr(kernels, "_FUSED", [])
     monkeypatch.setattr(torch, "compile", broken_compiler)
     task = image_task("lstm", clients=4)
     plain = trained(task, ClientConfig(batch_size=4), [2, 1, 2, 2], graphs=False)[1]
-    for layer in task.model.layers:
-        if hasattr(layer, "fuse"):
-            layer.fuse()
+    task.model.fuse()
     for _ in range(2):
         fused = trained(task, ClientConfig(batch_size=4), [2, 1, 2, 2], graphs=False)[1]
         assert torch.equal(fused.deltas, plain.deltas)
@@ -258,7 +256,8 @@ def test_a_cell_that_cannot_be_compiled_runs_unfused_with_one_warning(monkeypatc
 
 @CUDA
 def test_the_compiled_cell_equals_the_plain_one():
-    from fedsim.training.models import fused_lstm_cell, lstm_cell
+    from fedsim.training.architectures import lstm_cell
+    from fedsim.training.kernels import fused_lstm_cell
 
     gates, c = torch.randn(3, 5, 32, device="cuda"), torch.randn(3, 5, 8, device="cuda")
     for a, b in zip(fused_lstm_cell(gates, c), lstm_cell(gates, c)):

@@ -324,10 +324,11 @@ def test_a_plugin_text_model_reads_the_token_shape(tmp_path, monkeypatch):
     """docs/extending.md: a model of one's own gets a TokenShape and starts with an Embedding
     (whose size the word vectors set when given)."""
     (tmp_path / "my_text.py").write_text(
-        "from fedsim.training.models import LSTM, Dense, Embedding\n\n"
+        "import torch\nfrom torch import nn\nfrom fedsim.training.architectures import LastHiddenLSTM\n\n"
         "def tiny(in_shape, n_classes, cfg):\n"
-        "    embed = Embedding(in_shape.vocab_size, 4, in_shape.vectors)\n"
-        "    return [embed, LSTM(embed.dim, 5, 1), Dense('out', 5, n_classes)]\n")
+        "    embed = nn.Embedding(in_shape.vocab_size, 4) if in_shape.vectors is None else \\\n"
+        "        nn.Embedding.from_pretrained(torch.as_tensor(in_shape.vectors), freeze=True)\n"
+        "    return nn.Sequential(embed, LastHiddenLSTM(embed.embedding_dim, 5, 1), nn.Linear(5, n_classes))\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     root = write_leaf(tmp_path / "s140", "sent140", [[12, 9], [11]], test_size=3)
     glove = tmp_path / "glove.txt"

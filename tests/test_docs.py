@@ -89,7 +89,7 @@ def test_the_site_builds_strictly(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     reference = (tmp_path / "site" / "reference" / "index.html").read_text(encoding="utf-8")
     for name in ["fedsim.algorithms.base.Strategy.aggregate", "fedsim.runs.callbacks.Callback.on_round",
-                 "fedsim.training.models.Layer", "fedsim.traces.generators.GeneratorSpec",
+                 "fedsim.training.models.Model", "fedsim.traces.generators.GeneratorSpec",
                  "fedsim.traces.schema.Trace.from_intervals"]:
         assert f'id="{name}"' in reference, f"the API reference lacks {name}"
 

@@ -12,7 +12,7 @@ from fedsim.config import DataConfig, ModelConfig
 from fedsim.data.datasets import Dataset
 from fedsim.training import build_task, evaluate as evaluation
 from fedsim.training.group_eval import evaluate_together, evaluation_key
-from fedsim.training.models import pool_max
+from fedsim.training.kernels import pool_max
 from fedsim.training.task import classification_task
 
 CPU = torch.device("cpu")

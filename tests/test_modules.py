@@ -252,7 +252,7 @@ def test_frozen_parameters_stay_fixed(cli_run, user_models):
 
 @pytest.mark.parametrize("name, model, says", [
     ("TinyResNet", {}, "is a class whose constructor does not take fedsim's arguments"),
-    ("not_a_model", {}, "the factory returned int 42, not a torch.nn.Module or a list of fedsim layers"),
+    ("not_a_model", {}, "the factory returned int 42, not a torch.nn.Module; return the module it builds"),
     ("flat_input", {}, "the module's own forward raised RuntimeError (mat1 and mat2 shapes cannot be multiplied "
                        "(16x8 and 10x10)) on a batch of 2 of the dataset's inputs; fix the forward (hint: its input is "
                        "[batch, 1, 8, 8])"),

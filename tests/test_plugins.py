@@ -88,15 +88,19 @@ def test_a_bad_plugin_is_one_error_line(cli_run, tmp_path, monkeypatch, module_t
 
 
 LINEAR_MODEL = '''
-from fedsim.training.models import Dense, Flatten
+import math
+
+import torch
+from torch import nn
 
 
 def wide_linear(in_shape, n_classes, cfg):
-    """Softmax regression as a plugin: flatten, one dense layer."""
-    n_in = 1
-    for size in in_shape:
-        n_in *= size
-    return [Flatten(), Dense("out", n_in, n_classes)]
+    """Softmax regression as a plugin: flatten, one dense layer, initialised as the built-ins."""
+    module = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), n_classes))
+    torch.manual_seed(torch.initial_seed())
+    nn.init.kaiming_normal_(module[1].weight, nonlinearity="relu")
+    nn.init.zeros_(module[1].bias)
+    return module
 '''
 
 

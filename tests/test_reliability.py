@@ -1040,12 +1040,12 @@ CASES = [
          r"arguments \(in_shape, n_classes, model_config\)", **user_module("two_args")),
     case("module-factory-raises", RUN, r"'audit_nets:raises': building the model failed \(RuntimeError: the weights are on "
          r"another machine\); fix the factory", **user_module("raises")),
-    case("module-factory-returns-none", RUN, r"the factory returned NoneType None, not a torch\.nn\.Module or a list of "
-         r"fedsim layers; return the model it builds", **user_module("returns_none")),
+    case("module-factory-returns-none", RUN, r"the factory returned NoneType None, not a torch\.nn\.Module; return the "
+         r"module it builds", **user_module("returns_none")),
     case("module-factory-returns-a-class", RUN, r"the factory returned type <class 'torch\.nn\.modules\.linear\.Linear'>, "
          r"not a torch\.nn\.Module", **user_module("returns_class")),
-    case("module-factory-returns-a-list-of-modules", RUN, r"the factory returned a list holding Flatten, not a "
-         r"torch\.nn\.Module or a list of fedsim layers", **user_module("returns_list")),
+    case("module-factory-returns-a-list-of-modules", RUN, r"the factory returned a list of Flatten, Linear, not a "
+         r"torch\.nn\.Module; wrap them in torch\.nn\.Sequential\(\.\.\.\)", **user_module("returns_list")),
     case("module-only-frozen-parameters", RUN, r"'audit_nets:frozen': the module has no trainable parameters \(none with "
          r"requires_grad=True\)", **user_module("frozen")),
     case("module-complex-parameters", RUN, r"^error: \[model\] name = 'audit_nets:complex_linear': parameter '1\.weight' is "
@@ -1070,8 +1070,8 @@ CASES = [
     case("module-key-of-its-own", RUN, r"unknown key \[model\] width; valid keys: dropout, hidden, init",
          **user_module("linear", width=32)),
     # local_buffers and train_flops_per_sample
-    case("local-buffers-on-a-builtin-model", RUN, r"\[model\] local_buffers = true, but a model of fedsim layers has no "
-         r"buffers; set local_buffers = false", **{"c.toml": digits(model={"name": "logreg", "local_buffers": True})}),
+    case("local-buffers-on-a-builtin-model", RUN, r"\[model\] name = 'logreg': \[model\] local_buffers = true, but the module has no "
+         r"buffers \(running statistics\) to keep on the devices; set local_buffers = false", **{"c.toml": digits(model={"name": "logreg", "local_buffers": True})}),
     case("local-buffers-on-a-module-without-buffers", RUN, r"'audit_nets:linear': \[model\] local_buffers = true, but the "
          r"module has no buffers", **user_module("linear", local_buffers=True)),
     case("local-buffers-a-word", RUN, r"\[model\] local_buffers: expected true or false, got 'yes'",

@@ -9,7 +9,7 @@ import torch
 from fedsim.config import ClientConfig, DataConfig, ModelConfig
 from fedsim.data.datasets import Dataset
 from fedsim.training import build_task, build_trainer
-from fedsim.training.models import ARCHITECTURES
+from fedsim.config.catalog import MODELS as ARCHITECTURES
 from fedsim.training.objective import LocalObjective
 from fedsim.training.task import classification_task
 

@@ -49,10 +49,9 @@ ALGORITHM_RANGES = {
 }
 BUILT_IN_ALGORITHMS = tuple(ALGORITHMS)
 
-# a model is a function (in_shape, n_classes, [model] config) -> a torch.nn.Module (or a list of
-# fedsim layers: the hand-batched built-ins)
+# a model is a function (in_shape, n_classes, [model] config) -> a torch.nn.Module
 MODELS = Registry("a function (in_shape, n_classes, model_config) -> torch.nn.Module", callable,
-                  _paths("fedsim.training.models", {
+                  _paths("fedsim.training.architectures", {
                       "logreg": "logreg", "mlp": "mlp", "lenet5": "lenet5", "cnn-svhn": "cnn_svhn",
                       "cnn-cifar": "cnn_cifar", "cnn-cinic": "cnn_cinic", "cnn-fmnist": "cnn_fmnist",
                       "cnn-cifar-wj": "cnn_cifar_wj", "cnn-femnist": "cnn_femnist", "lstm": "lstm",

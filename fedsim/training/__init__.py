@@ -76,10 +76,8 @@ def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: Threa
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.deterministic = deterministic
         torch.backends.cudnn.benchmark = not deterministic
-        if client.compile:
-            for layer in getattr(getattr(task, "model", None), "layers", ()):
-                if hasattr(layer, "fuse"):
-                    layer.fuse()
+        if client.compile and hasattr(task, "model"):
+            task.model.fuse()
     return trainer_class(task, client, seed=seed, threads=threads)
 
 

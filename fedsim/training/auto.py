@@ -12,14 +12,14 @@ from fedsim.training.loop import LoopTrainer
 from fedsim.training.trainer import Trainer
 
 
-def prefers_batched(has_conv: bool, cohort: int, device_type: str) -> bool:
+def prefers_batched(cohort_slow_on_cpu: bool, cohort: int, device_type: str) -> bool:
     """A single device: the loop (there is nothing to stack). On a GPU: batched. On a CPU:
-    batched, except for the built-in convolutional models, whose cohort convolution (one
-    grouped convolution over the cohort) is slower there than a loop of ordinary ones (an
-    nn.Module's `has_conv` is False: under vmap it is faster batched than on its loop)."""
+    batched, except for a model whose cohort form is slower there than a loop of devices (the
+    built-in convolutional models: one grouped convolution over the cohort; a module's
+    convolutions under vmap are faster batched than on its loop)."""
     if cohort <= 1:
         return False
-    return device_type != "cpu" or not has_conv
+    return device_type != "cpu" or not cohort_slow_on_cpu
 
 
 class AutoTrainer(Trainer):
@@ -28,7 +28,7 @@ class AutoTrainer(Trainer):
     def __init__(self, task, client, *, seed, threads=None):
         super().__init__(task, client, seed=seed, threads=threads)
         # batched where the rule prefers it and the model can (a module may not run under vmap)
-        wanted = prefers_batched(task.has_conv, 2, task.device.type)
+        wanted = prefers_batched(task.cohort_slow_on_cpu, 2, task.device.type)
         self.not_batched = task.batch_problem(client.batch_size, client.local_epochs) if wanted else None
         self.batched = BatchedTrainer(task, client, seed=seed, threads=self.threads) \
             if wanted and not self.not_batched else None
@@ -41,7 +41,7 @@ class AutoTrainer(Trainer):
             return self.loop, f"auto: the model cannot train under vmap: {self.not_batched}"
         if len(ids) <= 1:
             return self.loop, "auto: one device a call, nothing to stack"
-        if self.batched is None or not prefers_batched(self.task.has_conv, len(ids), where):
+        if self.batched is None or not prefers_batched(self.task.cohort_slow_on_cpu, len(ids), where):
             return self.loop, "auto: a built-in convolutional model on a CPU, where a loop of convolutions is faster"
         return self.batched, f"auto: the cohort in one call on the {where.upper()}"
 

@@ -152,8 +152,7 @@ def cohort_key(trainer: Trainer, ids: np.ndarray, objective) -> tuple | None:
         return None  # (buffers kept per device: each run's own `train` keeps them)
     task, client = path.task, path.client
     model = getattr(task, "model", None)
-    shape = (model.name, tuple(type(layer).__name__ for layer in model.layers), model.dropout_features,
-             model.shared_key()) if model is not None else (getattr(task, "noise", None),)
+    shape = model.shared_key() if model is not None else (getattr(task, "noise", None),)
     return (type(task), task.dim, shape, str(task.device), path.batch_size, client.clip,
             client.weight_decay, objective)
 

@@ -64,11 +64,10 @@ class CudaGraphSteps:
     def __init__(self, trainer):
         self.trainer = trainer
         task = trainer.task
-        self.buffers = slice(getattr(task.model, "param_dim", task.dim), task.dim) \
-            if hasattr(task, "model") else slice(task.dim, task.dim)
-        # fedsim's own layers treat samples independently: a padded batch (weight 0) changes
-        # nothing, so widths share buckets; an nn.Module may mix a batch's samples (BatchNorm)
-        self.pad_width = not hasattr(getattr(task, "model", None), "module")
+        self.buffers = slice(task.model.param_dim, task.dim) if hasattr(task, "model") else slice(task.dim, task.dim)
+        # where samples are independent a padded batch (weight 0) changes nothing for the others,
+        # so widths share buckets; a module through torch.func may mix a batch's samples (BatchNorm)
+        self.pad_width = task.samples_independent
         self.shapes: dict[tuple, _Buffers] = {}
         self.capture = task.device.type == "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None

@@ -2,7 +2,8 @@
 model in one pass over the test set.
 
 Evaluation is inference only (torch.inference_mode: no autograd bookkeeping) and runs the
-model's inference form (`Model.predict`: pooling without indices, ReLU after the pool). The
+model's inference form (`Model.predict`; on fedsim's kernels pooling without indices, ReLU
+after the pool). The
 test set goes through in chunks sized by their layer outputs: on a CPU small enough to stay in
 the cache (LeNet-5's layers took half the time of chunks of 4,096), on a GPU wide. Sums stay on the
 device (float64 losses, int64 counts) and reach the host once, at the end.

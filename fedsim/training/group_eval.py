@@ -1,10 +1,10 @@
 """Test evaluation of several runs in one batched call (the runs of a lockstep study).
 
-Runs whose models are the same architecture of fedsim layers on the same test set (the same
-tensor: runs of one dataset share it, fedsim/data/clients.py) are evaluated together: their
-parameters stacked [m, d] through `Model.predict_together`, which reads the test inputs once
-for all of them. Every other run (an nn.Module, the quadratic task, a run alone in its group)
-is evaluated on its own. Either way each run gets what `task.evaluate` gives, to float rounding.
+Runs whose models are the same architecture on fedsim's kernels (`Model.evaluation_key`) on
+the same test set (the same tensor: runs of one dataset share it, fedsim/data/clients.py) are
+evaluated together: their parameters stacked [m, d] through `Model.predict_together`, which
+reads the test inputs once for all of them. Every other run (a module through torch.func, the
+quadratic task, a run alone in its group) is evaluated on its own. Either way each run gets what `task.evaluate` gives, to float rounding.
 """
 
 from __future__ import annotations
@@ -15,19 +15,15 @@ import torch
 from torch import Tensor
 
 from fedsim.training.evaluate import chunk_size, evaluate_stacked
-from fedsim.training.models import Model
 from fedsim.training.task import ClassificationTask, Task
 from fedsim.training.threads import ThreadPolicy
 
 
 def evaluation_key(task: Task) -> tuple | None:
     """What runs must share to be evaluated in one call; None: evaluated on its own."""
-    if not isinstance(task, ClassificationTask) or not isinstance(task.model, Model):
+    if not isinstance(task, ClassificationTask) or not task.model.stacks_evaluation:
         return None
-    model, data = task.model, task.data
-    layers = tuple((type(layer).__name__, getattr(layer, "pad", None)) for layer in model.layers)
-    return (model.name, tuple(model.in_shape), layers, tuple((q.name, q.shape) for q in model.params),
-            id(data.x_test), str(data.device))
+    return (task.model.evaluation_key(), id(task.data.x_test), str(task.data.device))
 
 
 def evaluate_together(runs: Sequence[tuple[Task, Tensor]],

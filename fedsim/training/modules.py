@@ -21,8 +21,6 @@ import math
 import re
 import warnings
 from contextlib import contextmanager
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -32,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fedsim.errors import FedsimError, first_line
 from fedsim.training import rng
 from fedsim.training.flops import counted, flop_counter
+from fedsim.training.losses import StepLoss
 
 # --- keyed dropout ---------------------------------------------------------------------------
 
@@ -151,18 +150,15 @@ def probe_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, 
 
 # --- the model -------------------------------------------------------------------------------
 
-StepLoss = Callable[[Tensor, Tensor, Tensor], Tensor]  # (logits [B, C], y [B], weight [B]) -> loss []
-
-
 class ModuleModel:
-    """An nn.Module behind the flat-vector interface of fedsim/training/models.py's Model."""
+    """An nn.Module behind fedsim's Model protocol (fedsim/training/models.py)."""
 
-    layers = ()
-    dropout_features = 0
-    is_linear = False
-    # what `auto` avoids batching on a CPU is the hand-batched grouped convolution; a module's
-    # convolutions under vmap beat its own loop there (benchmarks/RESULTS.md: LeNet-5 2.5x)
-    has_conv = False
+    local_buffers = False
+    samples_independent = False  # its layers may mix a batch's samples; dropout draws follow shapes
+    draws_randomness = True  # a step's keys are the seed's
+    # a module's convolutions under vmap beat its own loop on a CPU (benchmarks/RESULTS.md: LeNet-5 2.5x)
+    cohort_slow_on_cpu = False
+    stacks_evaluation = False  # each module's state is evaluated on its own
 
     def __init__(self, name: str, module: nn.Module, in_shape: tuple[int, ...], n_classes: int, where: str):
         self.name, self.in_shape, self.where = name, in_shape, where
@@ -252,6 +248,12 @@ class ModuleModel:
 
     def predict_together(self, params: Tensor, x: Tensor) -> None:
         return None  # each module's state is evaluated on its own
+
+    def evaluation_key(self) -> None:
+        return None
+
+    def fuse(self) -> None:
+        pass  # (torch's own layers: nothing of fedsim's to compile)
 
     def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int) -> Tensor:
         """The keys [m] that a local step's dropout draws from."""

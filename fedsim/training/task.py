@@ -15,7 +15,6 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fedsim.config import DataConfig, ModelConfig
@@ -25,11 +24,8 @@ from fedsim.data.partition import partition
 from fedsim.training import rng
 from fedsim.training.evaluate import chunk_size, evaluate_classifier, evaluate_per_device
 from fedsim.training.local_buffers import DeviceBuffers
+from fedsim.training.losses import StepFn, weighted_cross_entropy
 from fedsim.training.models import Model, build_model, input_shape, model_dim
-from fedsim.training.modules import ModuleModel
-
-# (parameter tensors of one device, *its inputs) -> (their gradients, loss [])
-StepFn = Callable[..., tuple[tuple[Tensor, ...], Tensor]]
 # (local step, which of the round's devices: a slice or positions) -> their inputs [m, ...]
 StepInputs = Callable[[int, "slice | Tensor"], tuple[Tensor, ...]]
 
@@ -39,7 +35,7 @@ class Task:
     dim: int
     device: torch.device
     n_classes: int | None
-    has_conv: bool = False  # what `auto` chooses a trainer path by
+    cohort_slow_on_cpu: bool = False  # what `auto` chooses a trainer path by
     activations: int = 0  # floats of layer outputs per sample (0: no need to chunk a cohort)
     sizes: Tensor  # int64 [N + 1] samples per client; the last entry is the pooled client
     pooled: int  # id of the virtual client holding all data (= n_clients)
@@ -87,6 +83,9 @@ class Task:
     # whether a sample's output depends on the other samples of its batch (BatchNorm): the
     # loop then trains on a step's own samples, without the padding of a smaller minibatch
     batch_statistics = False
+    # whether a sample's output reads only its own input (and dropout numbers): a batch padded
+    # to a wider one computes the same for its samples (CUDA graphs share widths)
+    samples_independent = True
 
     def inputs_stack(self) -> bool:
         """Whether a round's inputs depend on the seed only through the minibatch draws, so
@@ -142,18 +141,17 @@ class Task:
 
 
 class ClassificationTask(Task):
-    """Cross-entropy on a partitioned labelled dataset, model = a flat-parameter `Model` or
-    an nn.Module's `ModuleModel`."""
+    """Cross-entropy on a partitioned labelled dataset with a `Model` (fedsim/training/models.py)."""
 
-    def __init__(self, data: ClientData, model: Model | ModuleModel, seed: int):
+    def __init__(self, data: ClientData, model: Model, seed: int):
         self.data, self.model, self.seed = data, model.to(data.device), seed
         self.n_clients, self.n_classes = data.n_clients, data.n_classes
         self.dim, self.device = model.dim, data.device
-        self.has_conv, self.activations = model.has_conv, model.activations
-        self.batch_statistics = getattr(model, "batch_statistics", False)
+        self.cohort_slow_on_cpu, self.activations = model.cohort_slow_on_cpu, model.activations
+        self.batch_statistics, self.samples_independent = model.batch_statistics, model.samples_independent
 
         self.sizes, self.pooled = data.sizes, data.pooled
-        if getattr(model, "local_buffers", False):
+        if model.local_buffers:
             self.device_buffers = DeviceBuffers(slice(model.param_dim, model.dim), self.n_clients + 1, self.device)
 
     def init_params(self) -> Tensor:
@@ -196,7 +194,7 @@ class ClassificationTask(Task):
     draws_minibatches = True
 
     def inputs_stack(self) -> bool:
-        return isinstance(self.model, Model) and not self.model.dropout_features  # (dropout keys are the seed's)
+        return not self.model.draws_randomness  # (dropout keys are the seed's)
 
     def inputs(self, ids, rnd, steps, batch_size, seed, width=None, epochs=0.0, draws=None, data=None):
         data, model = self.data if data is None else data, self.model
@@ -238,8 +236,6 @@ class ClassificationTask(Task):
         return at
 
     def batch_problem(self, batch_size: int = 1, epochs: float = 0.0) -> str:
-        if not isinstance(self.model, ModuleModel):
-            return ""
         sizes = self.data.sizes_np
         # the batched call pads the cohort's full local data to the largest, and an epoch's last,
         # smaller minibatch to the full one: BatchNorm's batch statistics would take in the
@@ -255,9 +251,8 @@ class ClassificationTask(Task):
     def distinct_rows(self) -> bool:
         """Whether a minibatch may be computed as the client's distinct samples weighted by
         their draws (`inputs` with a width under the batch size): the same loss and gradient
-        when no dropout mask differs between two draws of one sample. Not for an nn.Module: its
-        layers may mix the samples of a batch (BatchNorm)."""
-        return isinstance(self.model, Model) and not self.model.dropout_features
+        when each sample's output is its own and no dropout mask differs between two draws of it."""
+        return self.model.samples_independent and not self.model.draws_randomness
 
     def step_flops(self, batch: int) -> float:
         return 3.0 * self.model.flops * batch  # the backward pass costs about twice the forward
@@ -269,56 +264,10 @@ class ClassificationTask(Task):
         return sum(t.numel() * t.element_size() for t in (self.data.x, self.data.x_test))
 
     def step_fn(self) -> StepFn:
-        model = self.model
-        if isinstance(model, ModuleModel):
-            return model.step_fn(weighted_cross_entropy, batched=False)
-        return autograd_step(lambda ps, x, u: model.forward(ps, x, u if u.shape[-1] else None))
+        return self.model.step_fn(weighted_cross_entropy, batched=False)
 
     def cohort_step_fn(self) -> StepFn:
-        if isinstance(self.model, ModuleModel):
-            return self.model.step_fn(weighted_cross_entropy, batched=True)
-        if self.model.is_linear:
-            return linear_cohort_step
-        return autograd_step(self.model.cohort_forward)
-
-
-def weighted_cross_entropy(logits: Tensor, y: Tensor, weight: Tensor) -> Tensor:
-    """sum_b weight_b * CE(logits_b, y_b) over the last batch dimension: [..., B, C] -> [...]."""
-    ce = F.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction="none")
-    return (ce.view_as(y) * weight).sum(dim=-1)
-
-
-def autograd_step(logits_of: Callable[..., Tensor]) -> StepFn:
-    """Gradients by plain reverse mode. For a cohort the losses of the devices are summed first:
-    they share no parameters, so the gradient of the sum holds each device's own gradient."""
-    def step(params: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, u: Tensor):
-        leaves = tuple(p.detach().requires_grad_() for p in params)
-        with torch.enable_grad():
-            losses = weighted_cross_entropy(logits_of(leaves, x, u), y, weight)
-            grads = torch.autograd.grad(losses.sum(), leaves)
-        return grads, losses.detach()
-
-    return step
-
-
-def linear_cohort_step(params: tuple[Tensor, Tensor], x: Tensor, y: Tensor, weight: Tensor, u: Tensor):
-    """Softmax regression's gradient in closed form, for m devices at once: with p = softmax(Wx + b),
-    dL/dlogits = weight * (p - onehot(y)), so dW = that x^T and db its sum. The logits are kept
-    as [m, C, B], so that the reductions over the C classes run along a strided dimension, which
-    vectorises over the batch (along a last dimension of 10 they cost as much as the matmul).
-    About 4x faster than reverse mode at 10-100 devices, where a round's cost is per-call
-    overhead, not arithmetic."""
-    w, b = params
-    x = x.flatten(2)  # [m, B, F]
-    logits = torch.bmm(w, x.mT).add_(b.unsqueeze(-1))  # [m, C, B]
-    top = logits.amax(dim=1, keepdim=True)
-    p = (logits - top).exp_()
-    total = p.sum(dim=1, keepdim=True)
-    target = y.unsqueeze(1)
-    losses = ((total.log() + top - logits.gather(1, target)).squeeze(1) * weight).sum(dim=-1)
-    p.div_(total).scatter_add_(1, target, torch.full(target.shape, -1.0, device=p.device))
-    p.mul_(weight.unsqueeze(1))  # dL/dlogits [m, C, B]
-    return (torch.bmm(p, x), p.sum(dim=-1)), losses
+        return self.model.step_fn(weighted_cross_entropy, batched=True)
 
 
 # (each device's samples [N], the floats of the model's state) -> None, or FedsimError when the

@@ -1,0 +1,117 @@
+"""The built-in models are ordinary nn.Modules (issue 38): readable, loadable with plain torch,
+and trained by fedsim's kernels with exactly the numbers they always had."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedsim.config import ModelConfig
+from fedsim.config.catalog import MODELS
+from fedsim.training import architectures
+from fedsim.training.architectures import TokenShape
+from fedsim.training.kernels import KernelModel, lower
+from fedsim.training.models import build_model
+from fedsim.training.modules import ModuleModel
+
+SHAPES = {"logreg": (1, 8, 8), "mlp": (1, 8, 8), "lenet5": (1, 12, 12), "lstm": (1, 8, 8),
+          "cnn-fmnist": (1, 8, 8), "cnn-svhn": (3, 8, 8), "cnn-cifar": (3, 8, 8), "cnn-cinic": (3, 8, 8),
+          "cnn-cifar-wj": (3, 8, 8), "cnn-femnist": (1, 8, 8), "char-lstm": TokenShape(7, 12)}
+WORDS = np.random.default_rng(0).normal(size=(12, 5)).astype(np.float32)
+
+
+def inputs(shape, n=6):
+    if isinstance(shape, TokenShape):
+        return torch.randint(0, 12, (n, *shape), generator=torch.Generator().manual_seed(1))
+    return torch.rand(n, *shape, generator=torch.Generator().manual_seed(1))
+
+
+def test_every_builtin_but_resnet_is_written_here():
+    assert set(SHAPES) | {"resnet18-gn"} == set(MODELS)
+    assert {f.__name__.replace("_", "-") for f in architectures.BUILT_IN} == set(SHAPES)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_a_builtin_is_a_plain_module_that_fedsims_kernels_compute_exactly(name):
+    """The factory gives an nn.Sequential of torch layers; seeded as a run seeds it, it holds the
+    run's initial model; its own forward (eval mode) gives the logits fedsim's kernels give."""
+    cfg = ModelConfig(name=name, dropout=0.3 if name != "logreg" else 0.0, hidden=16)
+    model = build_model(cfg, SHAPES[name], 10, "tiny", seed=11)
+    assert isinstance(model, KernelModel)
+    torch.manual_seed(11)
+    module = MODELS.lookup(name, "name")(SHAPES[name], 10, cfg)
+    assert isinstance(module, nn.Sequential)
+    assert list(module.state_dict()) == list(model.state_dict(model.init(11)))
+    assert torch.equal(torch.cat([p.detach().flatten() for p in module.parameters()]), model.init(11))
+    x = inputs(SHAPES[name])
+    with torch.no_grad():
+        torch.testing.assert_close(module.eval()(x), model.predict(model.init(11), x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_initialisation_is_the_builtins_rule():
+    """Kaiming-normal dense and convolutional weights (ReLU gain, fan-in), zero biases."""
+    torch.manual_seed(3)
+    module = architectures.lenet5((1, 28, 28), 10, ModelConfig())
+    for layer in (module.conv1, module.conv2, module.fc1, module.fc3):
+        fan_in = layer.weight[0].numel()
+        assert layer.weight.std().item() == pytest.approx((2 / fan_in) ** 0.5, rel=0.25)
+        assert not layer.bias.any()
+    assert module.conv1.padding == (2, 2)  # 28x28 padded to LeNet's 32x32
+
+
+def test_word_vectors_are_a_constant_not_a_parameter():
+    cfg = ModelConfig(name="lstm")
+    shape = TokenShape(7, 12, WORDS)
+    model = build_model(cfg, shape, 3, "tiny", seed=0)
+    assert "embedding.vectors" not in model.state_dict(model.init(0))
+    assert model.dim == sum(p.numel() for p in architectures.lstm(shape, 3, cfg).parameters())
+    torch.manual_seed(0)
+    module = architectures.lstm(shape, 3, cfg)
+    x = inputs(shape)
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), model.predict(model.init(0), x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_users_sequential_of_the_same_layers_trains_through_torch_func():
+    """Lowering is for the built-ins: a user's module keeps its numbers of earlier releases."""
+    MODELS.register("user-seq-mlp", lambda s, n, cfg: nn.Sequential(nn.Flatten(), nn.Linear(64, n)))
+    try:
+        model = build_model(ModelConfig(name="user-seq-mlp"), (1, 8, 8), 10, "tiny")
+    finally:
+        del MODELS["user-seq-mlp"]
+    assert isinstance(model, ModuleModel)
+
+
+@pytest.mark.parametrize("layer", [nn.Conv2d(1, 2, 3, stride=2), nn.Conv2d(1, 2, 3, bias=False),
+                                   nn.Conv2d(1, 2, 3, padding=(1, 0)), nn.MaxPool2d(3), nn.AvgPool2d(2),
+                                   nn.Dropout2d(0.1)])
+def test_layers_without_a_kernel_are_not_lowered(layer):
+    assert lower("x", nn.Sequential(layer), (1, 8, 8)) is None
+    assert lower("x", nn.Sequential(nn.Conv2d(1, 2, 3, padding=1)), (1, 8, 8)) is not None
+
+
+def test_a_runs_model_pt_loads_into_the_builtin_with_plain_torch(cli_run, tmp_path):
+    """`fedsim run` with cnn-svhn on digits; model.pt loads (strict) into the module the factory
+    builds, and the module scores the run's final test accuracy on the test set."""
+    from fedsim.config import DataConfig
+    from fedsim.data.datasets import load_dataset
+
+    run = cli_run({"run": {"rounds": 3, "eval_every": 3},
+                   "data": {"dataset": "digits", "clients": 6},
+                   "model": {"name": "cnn-svhn"},
+                   "server": {"timing": "ideal", "clients_per_round": 3},
+                   "client": {"local_steps": 2, "batch_size": 8}}, name="cnn")
+    module = architectures.cnn_svhn((1, 8, 8), 10, ModelConfig(name="cnn-svhn"))
+    module.load_state_dict(torch.load(run / "model.pt"))
+    data = load_dataset(DataConfig(dataset="digits", clients=6), 0)
+    x = torch.as_tensor(data.x_test, dtype=torch.float32) * data.scale
+    with torch.no_grad():
+        logits = module.eval()(x.view(-1, 1, 8, 8))
+    accuracy = float((logits.argmax(1) == torch.as_tensor(data.y_test)).double().mean())
+    final = pl.read_parquet(run / "rounds.parquet").drop_nulls("test_acc")["test_acc"][-1]
+    assert accuracy == pytest.approx(final, abs=1e-9)
+    assert float(F.cross_entropy(logits, torch.as_tensor(data.y_test))) > 0

@@ -356,6 +356,33 @@ def test_a_forward_that_fails_past_the_build_time_checks_is_one_line(cli_run, us
         cli_run({**config, "client": {**config["client"], "trainer": "loop"}}, name="fixed")
 
 
+def test_the_loop_steps_a_host_read_and_a_data_dependent_shape_as_plain_pytorch():
+    """A value read on the host is a constant to the gradient, as in torch's own autograd."""
+    import torch.nn.functional as F
+
+    from fedsim.training.modules import ModuleModel
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(64, 10)
+
+        def forward(self, x):
+            x = x.flatten(1)
+            return self.fc(x) * self.fc.weight.abs().max().item() + x[x > 0.5].sum() * self.fc.bias[0]
+
+    torch.manual_seed(0)
+    net = Net()
+    model = ModuleModel("net", net, (1, 8, 8), 10, "net")
+    x, y, weight = torch.rand(5, 1, 8, 8), torch.randint(0, 10, (5,)), torch.full((5,), 0.2)
+    step = model.step_fn(lambda logits, y, w: (F.cross_entropy(logits, y, reduction="none") * w).sum(), batched=False)
+    grads, loss = step(model.split(model.init(0)), x, y, weight, torch.tensor(0))
+    plain = (F.cross_entropy(net.train()(x), y, reduction="none") * weight).sum()
+    assert torch.allclose(loss, plain.detach())
+    for got, expected in zip(grads, torch.autograd.grad(plain, [net.fc.weight, net.fc.bias])):
+        assert torch.allclose(got, expected)
+
+
 def test_state_a_forward_may_keep_trains_alike_on_both_trainers(cli_run, user_models):
     """A buffer updated in place (as BatchNorm's running statistics) and an attribute set to
     the same value at each call are not refused; the buffer counts the samples trained."""

@@ -13,6 +13,10 @@ evaluation). Randomness must not come from torch's generator, whose draws would 
 cohort's order: dropout (`F.dropout`, attention dropout) draws keyed uniforms of
 (seed, round, device, step) instead (fedsim/training/rng.py); any other op that draws is refused
 (`draws_random_numbers`: one that could but draws nothing, attention at dropout_p = 0, is not).
+A forward may update its buffers in place; one that changes a parameter, assigns a new tensor
+to the state or keeps Python state across calls is refused at build time (`_check_state_kept`);
+one that vmap cannot batch (a value read on the host, a shape that depends on the data) trains
+on the loop (`batch_problem`, `why_failed` name the call).
 """
 
 from __future__ import annotations
@@ -501,8 +505,10 @@ def why_failed(err: Exception, again: Callable[[], object]) -> str:
     if short in _HOST_READS:
         return (f"its forward calls {_HOST_READS[short]}, which reads a tensor's value on the host; keep the "
                 "value a tensor (tensor arithmetic, torch.where instead of an if)")
-    if re.search(r"dynamic|differently shaped", str(err)):  # (torch's words for it)
-        call = "x[mask] (indexing by a boolean mask)" if short == "__getitem__" else name.replace(".functional.", ".")
+    if name and re.search(r"dynamic|differently shaped", str(err)):  # (torch's words for it)
+        call = name.replace("torch.functional.", "torch.")  # (torch.unique)
+        if short == "__getitem__":
+            call = "x[mask] (indexing by a boolean mask)"
         return (f"its forward calls {call}, whose output's shape depends on the data; give it a fixed shape "
                 "(torch.where, or multiply by the mask)")
     return f"its forward raised {type(err).__name__} ({first_line(err)}){f' in {name}' if name else ''}"

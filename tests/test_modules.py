@@ -188,6 +188,51 @@ def noisy(in_shape, n_classes, cfg):
         def forward(self, x):
             return self.fc(x.flatten(1) + torch.randn_like(x.flatten(1)))
     return Noisy()
+
+
+class Linear(nn.Module):
+    """One Linear layer `fc`; its forward is `fn(self, x flattened)`."""
+
+    def __init__(self, n_classes, fn):
+        super().__init__()
+        self.fc, self.fn = nn.Linear(64, n_classes), fn
+
+    def forward(self, x):
+        return self.fn(self, x.flatten(1))
+
+
+def linear_of(fn):
+    return lambda in_shape, n_classes, cfg: Linear(n_classes, fn)
+
+
+# loop only: a shape that depends on the data, a value read on the host
+masked = linear_of(lambda self, x: self.fc(x) + 0.1 * x[x > 0.5].mean().nan_to_num())
+itemised = linear_of(lambda self, x: self.fc(x) / (1 + x.abs().max().item()))
+# fail only past the build-time checks' 2 samples: in training, in evaluation, under vmap
+trains_on_two = linear_of(lambda self, x: self.fc(x.view(2, -1) if self.training else x))
+evaluates_two = linear_of(lambda self, x: self.fc(x if self.training else x.view(2, -1)))
+reads_past_two = linear_of(lambda self, x: self.fc(x) * (x.max().item() if len(x) > 2 else 1.0))
+
+
+class Kept(nn.Module):
+    """State a forward may keep: a buffer updated in place, a Python attribute set once."""
+
+    def __init__(self, n_classes):
+        super().__init__()
+        self.fc = nn.Linear(64, n_classes)
+        self.register_buffer("seen", torch.zeros(()))
+        self.width = None
+
+    def forward(self, x):
+        self.width = x.shape[1:].numel()
+        if self.training:
+            with torch.no_grad():
+                self.seen.add_(len(x))
+        return self.fc(x.flatten(1))
+
+
+def kept(in_shape, n_classes, cfg):
+    return Kept(n_classes)
 '''
 
 BASE = {"run": {"rounds": 3, "eval_every": 3, "seed": 4}, "data": {"dataset": "digits", "clients": 6},
@@ -268,14 +313,83 @@ def test_bad_modules_are_one_line_before_training(cli_run, user_models, tmp_path
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_module_that_cannot_run_under_vmap_trains_on_the_loop(cli_run, user_models):
-    """auto takes the loop for it; batched named outright is one line."""
-    auto, loop = run(cli_run, "branchy", "auto"), run(cli_run, "branchy", "loop")
-    a, b = torch.load(auto / "model.pt"), torch.load(loop / "model.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    run(cli_run, "branchy", "batched", expect=2)
+@pytest.mark.parametrize("name, call", [
+    ("masked", "x[mask] (indexing by a boolean mask), whose output's shape depends on the data"),
+    ("itemised", "Tensor.item(), which reads a tensor's value on the host"),
+    ("branchy", "float() of a tensor, which reads a tensor's value on the host"),
+])
+def test_auto_trains_a_module_vmap_cannot_batch_as_the_loop_and_says_why(cli_run, user_models, tmp_path, name, call):
+    """The loop trains it as plain PyTorch would; `auto` takes the loop (the same numbers) and
+    the manifest says why; `batched` is one line naming the call."""
+    _, err = trained_on_the_loop(cli_run, {**BASE, "model": {"name": f"user_nets:{name}"}})
+    assert f"(its forward calls {call};" in err
+    auto, loop = tmp_path / "runs" / "auto", tmp_path / "runs" / "loop"
+    trainer = json.loads((auto / "manifest.json").read_text())["trainer"]
+    assert (trainer["setting"], trainer["path"]) == ("auto", "loop")
+    assert trainer["why"].startswith(f"auto: the model cannot train under vmap: its forward calls {call};")
+    assert pl.read_parquet(auto / "rounds.parquet").drop("wall_s").equals(
+        pl.read_parquet(loop / "rounds.parquet").drop("wall_s"))
+
+
+@pytest.mark.parametrize("name, trainer, batch_size, says", [
+    ("trains_on_two", "loop", 8, "the module cannot train on a batch of 8 samples: its forward raised RuntimeError "
+                                 "(mat1 and mat2 shapes cannot be multiplied (2x256 and 64x10)) in "
+                                 "torch.nn.functional.linear; fix the forward (it ran on a batch of 2 at build time)"),
+    ("evaluates_two", "loop", 8, "the module's forward raised RuntimeError (mat1 and mat2 shapes cannot be multiplied "
+                                 "(2x14400 and 64x10)) in evaluation (eval mode) on a batch of 450 samples; fix the "
+                                 "forward"),
+    ("reads_past_two", "auto", 8, "the module cannot train on 4 devices x 8 samples under torch.func.vmap: its "
+                                  "forward calls Tensor.item(), which reads a tensor's value on the host; keep the "
+                                  "value a tensor (tensor arithmetic, torch.where instead of an if); set [client] "
+                                  "trainer = 'loop', or fix the forward"),
+])
+def test_a_forward_that_fails_past_the_build_time_checks_is_one_line(cli_run, user_models, name, trainer, batch_size,
+                                                                     says):
+    """Such a module passes the checks on 2 samples (a forward, a batched step), then fails on
+    other widths: one line naming what failed, never a traceback from torch.func."""
+    config = {**BASE, "client": {**BASE["client"], "trainer": trainer, "batch_size": batch_size},
+              "model": {"name": f"user_nets:{name}"}}
+    cli_run(config, expect=2)
     err = cli_run.last_output.err
-    assert err.count("\n") == 1 and "cannot train batched under torch.func.vmap" in err and "trainer = 'loop'" in err
+    assert err.count("\n") == 1 and err.startswith(f"error: [model] name = 'user_nets:{name}': {says}"), err
+    if trainer == "auto":  # what the line says to set trains it
+        cli_run({**config, "client": {**config["client"], "trainer": "loop"}}, name="fixed")
+
+
+def test_the_loop_steps_a_host_read_and_a_data_dependent_shape_as_plain_pytorch():
+    """A value read on the host is a constant to the gradient, as in torch's own autograd."""
+    import torch.nn.functional as F
+
+    from fedsim.training.modules import ModuleModel
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(64, 10)
+
+        def forward(self, x):
+            x = x.flatten(1)
+            return self.fc(x) * self.fc.weight.abs().max().item() + x[x > 0.5].sum() * self.fc.bias[0]
+
+    torch.manual_seed(0)
+    net = Net()
+    model = ModuleModel("net", net, (1, 8, 8), 10, "net")
+    x, y, weight = torch.rand(5, 1, 8, 8), torch.randint(0, 10, (5,)), torch.full((5,), 0.2)
+    step = model.step_fn(lambda logits, y, w: (F.cross_entropy(logits, y, reduction="none") * w).sum(), batched=False)
+    grads, loss = step(model.split(model.init(0)), x, y, weight, torch.tensor(0))
+    plain = (F.cross_entropy(net.train()(x), y, reduction="none") * weight).sum()
+    assert torch.allclose(loss, plain.detach())
+    for got, expected in zip(grads, torch.autograd.grad(plain, [net.fc.weight, net.fc.bias])):
+        assert torch.allclose(got, expected)
+
+
+def test_state_a_forward_may_keep_trains_alike_on_both_trainers(cli_run, user_models):
+    """A buffer updated in place (as BatchNorm's running statistics) and an attribute set to
+    the same value at each call are not refused; the buffer counts the samples trained."""
+    batched, loop = run(cli_run, "kept"), run(cli_run, "kept", "loop")
+    a, b = torch.load(batched / "model.pt"), torch.load(loop / "model.pt")
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert float(a["seen"]) == 3 * 3 * 8  # 3 rounds x 3 local steps x 8 samples, averaged over the devices
 
 
 def test_init_from_a_state_dict_that_does_not_fit(cli_run, user_models, tmp_path):

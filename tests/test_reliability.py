@@ -347,6 +347,61 @@ def huge_buffer(in_shape, n_classes, cfg):
     model = linear(in_shape, n_classes, cfg)
     model.register_buffer("hash", torch.tensor([7, 2**40]))
     return model
+
+
+def forward_of(fn, **buffers):  # the factory of a module of one Linear layer fc: forward is fn(self, x flattened)
+    class Net(Tuple):
+        def __init__(self, n_classes):
+            super().__init__(n_classes)
+            for name, value in buffers.items():
+                self.register_buffer(name, value)
+
+        def forward(self, x):
+            return fn(self, x.flatten(1))
+    return lambda in_shape, n_classes, cfg: Net(n_classes)
+
+
+def _clamped(self, x):
+    self.fc.weight.data.clamp_(-1, 1)
+    return self.fc(x)
+
+
+def _nudged(self, x):
+    with torch.no_grad():
+        self.fc.bias.add_(1e-3)
+    return self.fc(x)
+
+
+def _data_set(self, x):
+    self.fc.weight.data = self.fc.weight.data.clamp(-1, 1)
+    return self.fc(x)
+
+
+def _weight_replaced(self, x):
+    self.fc.weight = nn.Parameter(self.fc.weight.detach() * 0.5)
+    return self.fc(x)
+
+
+def _buffer_replaced(self, x):
+    self.mean = 0.9 * self.mean + 0.1 * x.mean(0)
+    return self.fc(x - self.mean)
+
+
+def _counted(self, x):
+    self.calls = getattr(self, "calls", 0) + 1
+    return self.fc(x) * (1 + 0.01 * (self.calls % 3))
+
+
+clamped, nudged, data_set, weight_replaced, counted = map(
+    forward_of, (_clamped, _nudged, _data_set, _weight_replaced, _counted))
+buffer_replaced = forward_of(_buffer_replaced, mean=torch.zeros(WIDTH))
+masked = forward_of(lambda self, x: self.fc(x) + x[x > 0].sum())
+nonzero = forward_of(lambda self, x: self.fc(x) + torch.nonzero(x).shape[0] * 0.0)
+unique = forward_of(lambda self, x: self.fc(x) + torch.unique(x).sum())
+branches = forward_of(lambda self, x: self.fc(x if x.sum() > 0 else -x))
+item = forward_of(lambda self, x: self.fc(x) * x.abs().max().item())
+tolist = forward_of(lambda self, x: self.fc(x) + sum(x.mean(1).tolist()))
+as_float = forward_of(lambda self, x: self.fc(x) * float(x.std()))
 """
 
 
@@ -1201,6 +1256,38 @@ CASES = [
     case("module-integer-buffer-beyond-float32", RUN, r"'audit_nets:huge_buffer': buffer 'hash' holds the integer "
          r"1099511627776, beyond 2\*\*24, which fedsim's float32 copy of the state \(sent and averaged\) cannot hold "
          r"exactly; keep such numbers out of buffers", **user_module("huge_buffer")),
+    # --- issue 38: modules fedsim cannot train ---
+    *[case(f"module-changes-a-parameter-in-place-{trainer}", RUN, r"^error: \[model\] name = 'audit_nets:clamped': "
+           r"the module's forward changes parameter 'fc\.weight' in place \(aten\.clamp_\), behind the optimiser's "
+           r"back: .*; compute a new tensor from it instead \(w\.clamp\(-1, 1\), not w\.data\.clamp_\) or register "
+           r"a parametrization \(torch\.nn\.utils\.parametrize\)$",
+           **user_module("clamped", client={"trainer": trainer})) for trainer in ("loop", "batched", "auto")],
+    case("module-adds-to-a-parameter-under-no-grad", RUN, r"'audit_nets:nudged': the module's forward changes "
+         r"parameter 'fc\.bias' in place \(aten\.add_\)", **user_module("nudged")),
+    case("module-assigns-a-parameters-data", RUN, r"'audit_nets:data_set': the module's forward changes parameter "
+         r"'fc\.weight' in place \(\.data =\)", **user_module("data_set", client={"trainer": "loop"})),
+    case("module-replaces-a-parameter", RUN, r"'audit_nets:weight_replaced': the module's forward assigns a new "
+         r"tensor to 'fc\.weight', which fedsim never sees \(it trains and sends the tensor it passed in\); compute "
+         r"a new tensor from it in forward", **user_module("weight_replaced")),
+    case("module-replaces-a-buffer", RUN, r"'audit_nets:buffer_replaced': the module's forward assigns a new tensor "
+         r"to 'mean', .*; update it in place under torch\.no_grad\(\) \(self\.mean\.mul_\(0\.9\)\.add_\(\.\.\.\)\), as "
+         r"BatchNorm updates its running statistics$", **user_module("buffer_replaced")),
+    case("module-counts-its-calls", RUN, r"'audit_nets:counted': the module's forward changes its attribute 'calls' "
+         r"at every call \(1 -> 2\): state outside its tensors, .*; keep it in a buffer \(register_buffer, updated in "
+         r"place\) or compute it from the input$", **user_module("counted", client={"trainer": "loop"})),
+    *[case(f"module-{factory}-batched", RUN, r"^error: \[client\] trainer = 'batched': the model cannot train batched "
+           rf"under torch\.func\.vmap \(its forward calls {call}, whose output's shape depends on the data; give it a "
+           r"fixed shape \(torch\.where, or multiply by the mask\)\); set trainer = 'loop' \(or 'auto'\)$",
+           **user_module(factory, client={"trainer": "batched"}))
+      for factory, call in (("masked", r"x\[mask\] \(indexing by a boolean mask\)"), ("nonzero", r"torch\.nonzero"),
+                            ("unique", r"torch\.unique"))],
+    *[case(f"module-{factory}-batched", RUN, r"^error: \[client\] trainer = 'batched': the model cannot train batched "
+           rf"under torch\.func\.vmap \(its forward calls {call}, which reads a tensor's value on the host; keep the "
+           r"value a tensor \(tensor arithmetic, torch\.where instead of an if\)\); set trainer = 'loop' \(or 'auto'\)$",
+           **user_module(factory, client={"trainer": "batched"}))
+      for factory, call in (("item", r"Tensor\.item\(\)"), ("tolist", r"Tensor\.tolist\(\)"),
+                            ("as_float", r"float\(\) of a tensor"),
+                            ("branches", r"bool\(\) of a tensor \(an if, and, or, while on its value\)"))],
 ]
 
 

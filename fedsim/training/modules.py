@@ -13,6 +13,10 @@ evaluation). Randomness must not come from torch's generator, whose draws would 
 cohort's order: dropout (`F.dropout`, attention dropout) draws keyed uniforms of
 (seed, round, device, step) instead (fedsim/training/rng.py); any other op that draws is refused
 (`draws_random_numbers`: one that could but draws nothing, attention at dropout_p = 0, is not).
+A forward may update its buffers in place; one that changes a parameter, assigns a new tensor
+to the state or keeps Python state across calls is refused at build time (`_check_state_kept`);
+one that vmap cannot batch (a value read on the host, a shape that depends on the data) trains
+on the loop (`batch_problem`, `why_failed` name the call).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
+from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedsim.errors import FedsimError, first_line
@@ -104,19 +109,36 @@ def draws_random_numbers(func, args: tuple, kwargs: dict) -> bool:
     return p is None or p != 0
 
 
-class _Outputs(TorchDispatchMode):
-    """Records every aten op of a forward pass, the floats it outputs and the random ops."""
+def _written(func, args: tuple, kwargs: dict) -> list[Tensor]:
+    """The tensors an aten op writes into (its in-place and out= arguments)."""
+    given = [*zip(func._schema.arguments, args), *((a, kwargs[a.name]) for a in func._schema.arguments
+                                                    if a.name in kwargs)]
+    return [v for a, v in given if a.alias_info is not None and a.alias_info.is_write and isinstance(v, Tensor)]
 
-    def __init__(self):
+
+class _Outputs(TorchDispatchMode):
+    """Records every aten op of a forward pass, the floats it outputs, the random ops and the
+    ops that write into a parameter (`parameters`: storage address -> name)."""
+
+    def __init__(self, parameters: dict[int, str]):
         super().__init__()
         self.ops: set = set()
         self.random: set = set()
         self.floats = 0
+        self.parameters = parameters
+        self.written: dict[str, str] = {}  # parameter -> the first op that wrote into it
+        self.replaced: list[str] = []  # state names the forward assigned another tensor to
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if func._schema.is_mutable:
+            for t in _written(func, args, kwargs):
+                name = self.parameters.get(t.untyped_storage().data_ptr())
+                if name:
+                    self.written.setdefault(name, str(func._overloadpacket))
+        out = func(*args, **kwargs)
         self.ops.add(func._overloadpacket)
-        if draws_random_numbers(func, args, kwargs or {}):
+        if draws_random_numbers(func, args, kwargs):
             self.random.add(str(func._overloadpacket))
         self.floats += sum(t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])
                            if isinstance(t, Tensor) and t.is_floating_point())
@@ -124,28 +146,42 @@ class _Outputs(TorchDispatchMode):
 
 
 def probe_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, where: str):
-    """(logits, multiply-adds per sample, floats of outputs per sample, random ops) of
-    `module`'s training-mode forward pass (with `state`, left as it was) on `samples`. The
+    """(logits, multiply-adds per sample, floats of outputs per sample, what the forward did)
+    of `module`'s training-mode forward pass (with `state`, left as it was) on `samples`. The
     multiply-adds are counted by torch's FlopCounterMode with fedsim's formulas for CPU
     attention and LSTM layers (FLOPs / 2, fedsim/training/flops.py), in training mode: the
     cost the clock times (eval mode may take fused fast paths the counter does not know). A
     warning names any op that does arithmetic the counter cannot count (`[model]
-    train_flops_per_sample` then sets the cost). Random ops are torch's own draws (keyed
-    dropout draws none)."""
-    outputs, counter = _Outputs(), flop_counter()
+    train_flops_per_sample` then sets the cost). What the forward did (`_Outputs`): `random`,
+    torch's own draws (keyed dropout draws none); `written`, parameters it changed in place
+    (an op, or `.data =`); `replaced`, state names it assigned another tensor to."""
     state = {n: t.clone() for n, t in state.items()}
+    held = dict(module.named_parameters(remove_duplicate=False))
+    parameters = {n: state.get(n, t) for n, t in held.items()}
+    storage = {n: t.untyped_storage().data_ptr() for n, t in parameters.items()}
+    outputs, counter = _Outputs({ptr: n for n, ptr in storage.items() if ptr}), flop_counter()
+
+    def check_names(root, args, out):  # inside functional_call, while `state` stands in for the module's
+        now = dict(root.named_parameters(remove_duplicate=False)) | dict(root.named_buffers(remove_duplicate=False))
+        outputs.replaced += [n for n, t in state.items() if now.get(n) is not t]
+
+    hook = module.register_forward_hook(check_names)
     try:
         with torch.no_grad(), keyed_randomness(torch.zeros((), dtype=torch.int64)), counter, outputs:
             logits = functional_call(module.train(), state, (samples,))
     finally:
+        hook.remove()
         module.eval()
+    for n, t in parameters.items():
+        if t.untyped_storage().data_ptr() != storage[n]:
+            outputs.written.setdefault(n, ".data =")
     unknown = sorted(str(op) for op in outputs.ops if not counted(op) and _HEAVY.search(str(op)))
     if unknown:
         warnings.warn(f"{where}: FLOPs of {', '.join(unknown)} are not counted (torch's FlopCounterMode "
                       "has no formula); the device clock under-counts this model: set [model] "
                       "train_flops_per_sample", stacklevel=2)
     n = len(samples)
-    return logits, counter.get_total_flops() / 2 / n, outputs.floats // n, sorted(outputs.random)
+    return logits, counter.get_total_flops() / 2 / n, outputs.floats // n, outputs
 
 
 # --- the model -------------------------------------------------------------------------------
@@ -240,7 +276,14 @@ class ModuleModel:
 
     def forward(self, params: tuple[Tensor, ...], x: Tensor, u: Tensor | None = None) -> Tensor:
         """Logits of x [B, *in_shape] in eval mode (evaluation)."""
-        return functional_call(self.module.eval(), self.typed(dict(zip(self.names, params))), (x,))
+        try:
+            return functional_call(self.module.eval(), self.typed(dict(zip(self.names, params))), (x,))
+        except Exception as err:
+            if not from_the_module(err, x):
+                raise
+            raise FedsimError(f"{self.where}: the module's forward raised {type(err).__name__} ({first_line(err)}) "
+                              f"in evaluation (eval mode) on a batch of {len(x)} samples; fix the forward (it ran "
+                              "on a batch of 2 in training mode at build time)") from None
 
     def predict(self, params: Tensor, x: Tensor) -> Tensor:
         """Logits of x for a flat state [d] (evaluation), as Model.predict."""
@@ -267,17 +310,36 @@ class ModuleModel:
             logits = functional_call(self.module, {**params, **buffers}, (x,))
         return loss(logits, y, weight), buffers
 
-    def step_fn(self, loss: StepLoss, batched: bool):
-        """(tensors as `split` gives them, x, y, weight, key) -> (gradients of the trainable
-        tensors, loss); the buffers are updated in place. `batched`: every input has a leading
-        device dimension."""
+    def _call(self, loss: StepLoss, batched: bool):
+        """(tensors as `split` gives them, x, y, weight, key) -> (gradients, (losses, new buffers))."""
         fn = vmap(self._one, in_dims=(0, 0, 0, 0, 0, 0, None), randomness="error") if batched else self._one
         k = self.n_trainable
 
-        def step(ws, x, y, weight, key):
+        def call(ws, x, y, weight, key):
             self.module.train()
-            grads, (losses, buffers) = fn(dict(zip(self.names[:k], ws[:k])), dict(zip(self.names[k:], ws[k:])),
-                                          key, x, y, weight, loss)
+            return fn(dict(zip(self.names[:k], ws[:k])), dict(zip(self.names[k:], ws[k:])), key, x, y, weight, loss)
+
+        return call
+
+    def step_fn(self, loss: StepLoss, batched: bool):
+        """(tensors as `split` gives them, x, y, weight, key) -> (gradients of the trainable
+        tensors, loss); the buffers are updated in place. `batched`: every input has a leading
+        device dimension. A forward that fails here (on other samples or another batch width than
+        the build-time checks) is one line naming what failed."""
+        call, k = self._call(loss, batched), self.n_trainable
+
+        def step(ws, x, y, weight, key):
+            try:
+                grads, (losses, buffers) = call(ws, x, y, weight, key)
+            except Exception as err:
+                if not from_the_module(err, x):
+                    raise
+                width = f"{x.shape[0]} devices x {x.shape[1]} samples under torch.func.vmap" if batched \
+                    else f"a batch of {x.shape[0]} samples"
+                fix = "set [client] trainer = 'loop', or fix the forward" if batched else "fix the forward"
+                raise FedsimError(f"{self.where}: the module cannot train on {width}: "
+                                  f"{why_failed(err, lambda: call(ws, x, y, weight, key))}; {fix} (it ran on a "
+                                  "batch of 2 at build time)") from None
             for b, new in zip(ws[k:], buffers.values()):
                 b.copy_(new)
             return tuple(grads.values()), losses.detach()
@@ -294,9 +356,10 @@ class ModuleModel:
         dataset's shape, after checking that it runs, gives [B, n_classes] logits and draws no
         random numbers of its own (they would make runs depend on the order of the cohort)."""
         x = self._sample(2)
+        state = self.typed(dict(zip(self.names, self.split(self._init))))
+        before = plain_attributes(self.module)
         try:
-            out, flops, floats, random = probe_forward(
-                self.module, self.typed(dict(zip(self.names, self.split(self._init)))), x, self.where)
+            out, flops, floats, did = probe_forward(self.module, state, x, self.where)
         except (Exception, SystemExit) as err:
             raise self._forward_failed(err, x) from None
         if isinstance(out, (tuple, list)):  # which element holds the logits is the module's to say
@@ -312,11 +375,53 @@ class ModuleModel:
             raise FedsimError(f"{self.where}: the module returns logits of {out.dtype} for a batch of 2 inputs; it "
                               f"must return floating-point logits [batch, {n_classes}] (scores before softmax, "
                               "not class indices)")
-        if random:
+        if did.random:
             raise FedsimError(f"{self.where}: the module draws random numbers other than dropout "
-                              f"({', '.join(random)}); fedsim keys only F.dropout and attention dropout "
-                              "by (seed, round, device, step): use nn.Dropout")
+                              f"({', '.join(sorted(did.random))}); fedsim keys only F.dropout and attention "
+                              "dropout by (seed, round, device, step): use nn.Dropout")
+        self._check_state_kept(did, before, state, x)
         return flops, floats
+
+    def _check_state_kept(self, did, before: dict, state: dict[str, Tensor], x: Tensor) -> None:
+        """Refuse a forward that keeps state where fedsim cannot see it. fedsim's state is the
+        tensors it passes in: changed only by its optimiser (parameters) or in place by the
+        forward (buffers, as BatchNorm's running statistics); the rest would silently differ
+        between trainers, evaluations and resumed runs."""
+        if did.written:
+            name, op = next(iter(did.written.items()))
+            raise FedsimError(f"{self.where}: the module's forward changes parameter {name!r} in place ({op}), "
+                              "behind the optimiser's back: fedsim would train, evaluate and average a state "
+                              "the forward rewrites; compute a new tensor from it instead (w.clamp(-1, 1), not "
+                              "w.data.clamp_) or register a parametrization (torch.nn.utils.parametrize)")
+        if did.replaced:
+            name = did.replaced[0]
+            if name in self.names[:self.n_trainable]:
+                fix = ("compute a new tensor from it in forward (a local variable) or register a parametrization "
+                       "(torch.nn.utils.parametrize)")
+            else:
+                attribute = name.rpartition(".")[2]
+                fix = (f"update it in place under torch.no_grad() (self.{attribute}.mul_(0.9).add_(...)), as "
+                       "BatchNorm updates its running statistics")
+            raise FedsimError(f"{self.where}: the module's forward assigns a new tensor to {name!r}, which fedsim "
+                              f"never sees (it trains and sends the tensor it passed in); {fix}")
+        after = plain_attributes(self.module)
+        if after != before:  # once may be a lazy set-up (a cache filled on the first call); again is state
+            try:
+                with torch.no_grad(), keyed_randomness(torch.zeros((), dtype=torch.int64)):
+                    functional_call(self.module.train(), {n: t.clone() for n, t in state.items()}, (x,))
+            except (Exception, SystemExit) as err:
+                raise self._forward_failed(err, x) from None
+            finally:
+                self.module.eval()
+            again = {n: (after.get(n), v) for n, v in plain_attributes(self.module).items()
+                     if after.get(n) is not v and after.get(n) != v}
+            if again:
+                name, (old, new) = next(iter(again.items()))
+                raise FedsimError(f"{self.where}: the module's forward changes its attribute {name!r} at every call "
+                                  f"({old!r} -> {new!r}): state outside its tensors, which fedsim neither sends, "
+                                  "averages nor saves, and which counts fedsim's own calls (evaluations, one call "
+                                  "for a batched cohort); keep it in a buffer (register_buffer, updated in place) "
+                                  "or compute it from the input")
 
     def _forward_failed(self, err: BaseException, x: Tensor) -> FedsimError:
         """The line for a forward that raised: the module's own doing, or (when it runs as built,
@@ -341,16 +446,80 @@ class ModuleModel:
             device = next(self.module.parameters()).device
             x = self._sample(m * b).view(m, b, *self.in_shape).to(device)
             ws = self.split(self._init.to(device).expand(m, -1).clone())
+            call = self._call(lambda logits, y, w: F.cross_entropy(logits, y), batched=True)
+            inputs = (ws, x, torch.zeros(m, b, dtype=torch.int64, device=device), torch.ones(m, b, device=device),
+                      torch.arange(m, device=device))
             try:
-                self.step_fn(lambda logits, y, w: F.cross_entropy(logits, y), batched=True)(
-                    ws, x, torch.zeros(m, b, dtype=torch.int64, device=device), torch.ones(m, b, device=device),
-                    torch.arange(m, device=device))
+                call(*inputs)
                 self._batch_problem = ""
             except Exception as err:
-                self._batch_problem = f"{type(err).__name__}: {first_line(err)}"
+                self._batch_problem = why_failed(err, lambda: call(*inputs))
             finally:
                 self.module.eval()
         return self._batch_problem
+
+
+# --- why a forward failed in training --------------------------------------------------------
+
+def from_the_module(err: Exception, x: Tensor) -> bool:
+    """Whether an exception from a module's forward is the module's (one line for the user),
+    not fedsim's own refusal, nor memory running out, nor a failure to capture a CUDA graph
+    (which fedsim/training/cuda_graphs.py takes as "train eagerly")."""
+    return not isinstance(err, (FedsimError, MemoryError, torch.cuda.OutOfMemoryError)) and \
+        not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+class _Failing(TorchFunctionMode):
+    """Records the innermost torch call that raised, by the name a user writes (torch.nonzero,
+    torch.Tensor.item): torch's own message names an aten op, or none."""
+
+    def __init__(self):
+        super().__init__()
+        self.failed = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        try:
+            return func(*args, **(kwargs or {}))
+        except Exception:
+            self.failed = self.failed or func
+            raise
+
+
+# Python calls that read a tensor's value on the host (vmap cannot: the value differs per device)
+_HOST_READS = {"item": "Tensor.item()", "tolist": "Tensor.tolist()", "numpy": "Tensor.numpy()",
+               "__bool__": "bool() of a tensor (an if, and, or, while on its value)",
+               "__float__": "float() of a tensor", "__int__": "int() of a tensor",
+               "__index__": "a tensor as a Python index"}
+
+
+def why_failed(err: Exception, again: Callable[[], object]) -> str:
+    """What in a forward made it raise `err`: `again` (the call that raised) is repeated under
+    `_Failing` to name the torch call. Values read on the host and shapes that depend on the
+    data are what vmap cannot batch (the loop can)."""
+    failing = _Failing()
+    try:
+        with failing:
+            again()
+    except Exception as repeated:  # (the same failure, normally)
+        err = repeated
+    name = (resolve_name(failing.failed) or getattr(failing.failed, "__qualname__", "")) if failing.failed else ""
+    short = name.rpartition(".")[2]
+    if short in _HOST_READS:
+        return (f"its forward calls {_HOST_READS[short]}, which reads a tensor's value on the host; keep the "
+                "value a tensor (tensor arithmetic, torch.where instead of an if)")
+    if name and re.search(r"dynamic|differently shaped", str(err)):  # (torch's words for it)
+        call = name.replace("torch.functional.", "torch.")  # (torch.unique)
+        if short == "__getitem__":
+            call = "x[mask] (indexing by a boolean mask)"
+        return (f"its forward calls {call}, whose output's shape depends on the data; give it a fixed shape "
+                "(torch.where, or multiply by the mask)")
+    return f"its forward raised {type(err).__name__} ({first_line(err)}){f' in {name}' if name else ''}"
+
+
+def plain_attributes(module: nn.Module) -> dict[str, object]:
+    """The Python numbers and strings the module and its submodules hold (`training` aside)."""
+    return {f"{prefix}.{k}".lstrip("."): v for prefix, m in module.named_modules() for k, v in vars(m).items()
+            if isinstance(v, (int, float, str)) and k != "training"}
 
 
 def tied_names(module: nn.Module, names: list[str]) -> dict[str, str]:

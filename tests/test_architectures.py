@@ -3,6 +3,8 @@ and trained by fedsim's kernels with exactly the numbers they always had."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import polars as pl
 import pytest
@@ -115,3 +117,37 @@ def test_a_runs_model_pt_loads_into_the_builtin_with_plain_torch(cli_run, tmp_pa
     final = pl.read_parquet(run / "rounds.parquet").drop_nulls("test_acc")["test_acc"][-1]
     assert accuracy == pytest.approx(final, abs=1e-9)
     assert float(F.cross_entropy(logits, torch.as_tensor(data.y_test))) > 0
+
+
+FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path(FMNIST).exists(),
+                    reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
+def test_the_guides_scoring_snippet_runs_as_written_on_a_runs_model_pt(cli_run, tmp_path, monkeypatch):
+    """docs/extending.md's `score_lenet5.py` on a lenet5 run of Fashion-MNIST: the classes it
+    prints are those fedsim's evaluation computes with the run's model."""
+    import subprocess
+    import sys
+
+    from fedsim.config import DataConfig
+    from fedsim.data.datasets import load_dataset
+    from test_plugins import doc_blocks
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "score_lenet5.py").write_text(doc_blocks("score_lenet5.py")[0])
+    run = cli_run({"run": {"rounds": 2, "eval_every": 2},
+                   "data": {"dataset": "fashion-mnist", "root": FMNIST, "clients": 10},
+                   "model": {"name": "lenet5"},
+                   "server": {"timing": "ideal", "clients_per_round": 2},
+                   "client": {"local_steps": 5, "batch_size": 16}}, name="lenet")
+    data = load_dataset(DataConfig(dataset="fashion-mnist", root=FMNIST, clients=10), 0)
+    images = torch.as_tensor(data.x_test[:50], dtype=torch.float32).mul(data.scale)
+    torch.save(images, tmp_path / "images.pt")
+    out = subprocess.run([sys.executable, "score_lenet5.py", str(run / "model.pt"), "images.pt"],
+                         capture_output=True, text=True, check=True).stdout
+    model = build_model(ModelConfig(name="lenet5"), (1, 28, 28), 10, "fashion-mnist")
+    flat = model.load_state_dict(torch.load(run / "model.pt"))
+    with torch.inference_mode():
+        expected = model.predict(flat, images).argmax(dim=1).tolist()
+    assert json.loads(out) == expected and len(set(expected)) > 1

@@ -22,6 +22,7 @@ from functools import cached_property
 import numpy as np
 
 from fedsim.traces.round_bits import RoundBits
+from fedsim.traces.queries import TraceQueries
 from fedsim.traces.round_index import RoundIndex
 from fedsim.traces.schema import Trace
 
@@ -33,14 +34,11 @@ def availability_index(trace):
     return RoundIndex(trace) if isinstance(trace, RoundBits) else AvailabilityIndex(trace)
 
 
-class AvailabilityIndex:
+class AvailabilityIndex(TraceQueries):
     """Answers who is online when, for one trace."""
 
     def __init__(self, trace: Trace):
-        self.trace = trace
-        self.n_devices = trace.n_devices
-        self.horizon = trace.horizon
-        self._loop = trace.wrap == "loop"
+        super().__init__(trace)
         dev, start, end = trace.device_id, trace.start, trace.end
         self._dev, self._start, self._end = dev, start, end
         self._ptr = np.searchsorted(dev, np.arange(self.n_devices + 1))
@@ -48,16 +46,8 @@ class AvailabilityIndex:
         self._steps = max(1, longest).bit_length()
         self._run_end = self._run_ends()
         self._build_buckets()
-        self._last_t, self._last_online = math.nan, None
 
     # -- queries -------------------------------------------------------------------------
-
-    def online(self, t: float) -> np.ndarray:
-        """bool [N]: who is online at time t. The last answer is kept: the server asks
-        `next_online(t)` and then `online(t)` at the start of every round."""
-        if t != self._last_t:
-            self._last_t, self._last_online = t, self._online(t)
-        return self._last_online.copy()
 
     def _online(self, t: float) -> np.ndarray:
         out = np.zeros(self.n_devices, dtype=bool)
@@ -140,23 +130,7 @@ class AvailabilityIndex:
         on[on] = (t0 - tau) + self._run_end[row[on]] >= t1
         return on
 
-    def online_ids(self, t: float) -> np.ndarray:
-        """int64 [n]: ids of the devices online at t, ascending."""
-        return np.flatnonzero(self.online(t))
-
     # -- internals -----------------------------------------------------------------------
-
-    def _phase(self, t: float) -> float | None:
-        """Position of t inside the trace, or None when the trace says everyone is offline."""
-        if self._loop:
-            return float(np.mod(t, self.horizon))
-        return float(t) if 0 <= t < self.horizon else None
-
-    def _ids(self, ids) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.n_devices):
-            raise IndexError(f"device ids must be in 0..{self.n_devices - 1}")
-        return ids
 
     def _locate(self, ids: np.ndarray, tau: float):
         """Row of the last interval of each device starting at or before tau, and whether the

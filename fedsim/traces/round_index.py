@@ -13,37 +13,27 @@ import math
 
 import numpy as np
 
+from fedsim.traces.queries import TraceQueries
 from fedsim.traces.round_bits import CHUNK_BYTES, RoundBits
 
 
-class RoundIndex:
+class RoundIndex(TraceQueries):
     """AvailabilityIndex's queries for a RoundBits trace."""
 
     def __init__(self, trace: RoundBits):
-        self.trace = trace
-        self.n_devices = trace.n_devices
-        self.horizon = trace.horizon
-        self._loop = trace.wrap == "loop"
+        super().__init__(trace)
         self._d, self._rounds = trace.round_duration, trace.rounds
         self._busy = np.flatnonzero(trace.online_count > 0)
         self._reached: dict[int, np.ndarray] = {}
         self._run_from = np.zeros(self.n_devices, dtype=np.int64)  # a known run: rounds [from, stop)
         self._run_stop = np.full(self.n_devices, -1, dtype=np.int64)
         self._first_stop = np.full(self.n_devices, -1, dtype=np.int64)  # end of each device's first run
-        self._last_t, self._last_online = math.nan, None
 
     # -- queries (as AvailabilityIndex) --------------------------------------------------
 
-    def online(self, t: float) -> np.ndarray:
-        """bool [N]: who is online at time t (the last answer is kept)."""
-        if t != self._last_t:
-            r = self._round(t)
-            self._last_t = t
-            self._last_online = np.zeros(self.n_devices, bool) if r is None else self.trace.row(r)
-        return self._last_online.copy()
-
-    def online_ids(self, t: float) -> np.ndarray:
-        return np.flatnonzero(self.online(t))
+    def _online(self, t: float) -> np.ndarray:
+        r = self._round(t)
+        return np.zeros(self.n_devices, bool) if r is None else self.trace.row(r)
 
     def next_offline(self, ids, t: float) -> np.ndarray:
         """float [k]: when the current online run of each device ends (inf if never); t for a
@@ -76,11 +66,6 @@ class RoundIndex:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _phase(self, t: float) -> float | None:
-        if self._loop:
-            return float(np.mod(t, self.horizon))
-        return float(t) if 0 <= t < self.horizon else None
-
     def _round(self, t: float) -> int | None:
         tau = self._phase(t)
         return None if tau is None else self.trace.round_of(tau)
@@ -102,12 +87,6 @@ class RoundIndex:
         if k < len(rounds):
             return float((t - tau) + rounds[k] * self._d)
         return float((t - tau) + self.horizon + rounds[0] * self._d) if self._loop else math.inf
-
-    def _ids(self, ids) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.n_devices):
-            raise IndexError(f"device ids must be in 0..{self.n_devices - 1}")
-        return ids
 
     def _run_ends(self, ids: np.ndarray, t: float) -> tuple[np.ndarray, np.ndarray]:
         """Which of `ids` are online at t, and for those when their online run ends (across

@@ -40,6 +40,7 @@ class Task:
     device: torch.device
     n_classes: int | None
     has_conv: bool = False  # what `auto` chooses a trainer path by
+    func_steps: bool = False  # its steps are torch.func calls of a user's nn.Module: one thread (threads.py)
     activations: int = 0  # floats of layer outputs per sample (0: no need to chunk a cohort)
     sizes: Tensor  # int64 [N + 1] samples per client; the last entry is the pooled client
     pooled: int  # id of the virtual client holding all data (= n_clients)
@@ -151,6 +152,7 @@ class ClassificationTask(Task):
         self.dim, self.device = model.dim, data.device
         self.has_conv, self.activations = model.has_conv, model.activations
         self.batch_statistics = getattr(model, "batch_statistics", False)
+        self.func_steps = isinstance(model, ModuleModel)
 
         self.sizes, self.pooled = data.sizes, data.pooled
         if getattr(model, "local_buffers", False):

@@ -15,9 +15,9 @@ on one thread (`parts`): idle they fill the cores, loaded a part waits for a cor
 call, not once per kernel, and each run's numbers are those of its one-thread call alone.
 
 A user's nn.Module trains on one thread whatever the call's size (`module=True`: its steps
-are torch.func calls, many small kernels each): two threads gained it at most 1.2-1.5x idle,
-but beside busy processes, or only other sessions' tests, its rounds took 4-50x longer, where
-on one thread a round stays at or under a plain one-thread PyTorch loop's (bench_modules.py).
+are torch.func calls, many small kernels each). On two threads, beside busy processes or only
+other sessions' tests, its rounds took 2.5-50x as long as a plain one-thread PyTorch loop's; on
+one thread they stayed at 0.5-0.98x of it, idle and beside 2-3 busy processes (bench_modules.py).
 """
 
 from __future__ import annotations

@@ -966,3 +966,57 @@ def test_an_op_that_could_draw_but_does_not_is_not_random():
     assert draws_random_numbers(aten.native_dropout.default, (q, 0.5, True), {})
     assert draws_random_numbers(aten.randn_like.default, (q,), {})
     assert not draws_random_numbers(aten.mm.default, (q[0], q[0].T), {})
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_modules_training_calls_take_one_thread_under_auto_however_large(cli_run, user_models, two_threads):
+    """A call of 240 M multiply-adds (the counted cost raised by train_flops_per_sample): a
+    built-in model's takes both threads, a module's one (benchmarks/RESULTS.md, bench_modules),
+    and the manifest says why; `threads = 2` still pins it."""
+    big = {"train_flops_per_sample": 6e7}
+    config = {**BASE, "run": {**BASE["run"], "device": "cpu"}, "client": {**BASE["client"], "trainer": "auto"}}
+    module = cli_run({**config, "model": {"name": "user_nets:resnet", **big}}, name="module")
+    builtin = cli_run({**config, "model": {"name": "logreg", **big}}, name="builtin")
+    pinned = cli_run({**config, "model": {"name": "user_nets:resnet", **big}, "run": {**config["run"], "threads": 2}},
+                     name="pinned")
+    t = json.loads((module / "manifest.json").read_text())["trainer"]
+    assert (t["path"], t["threads"]) == ("batched", 1) and [c["threads"] for c in t["calls"]] == [1]
+    assert t["why"] == ("auto: the cohort in one call on the CPU; "
+                        "[run] threads = 'auto': an nn.Module's calls (torch.func) on one thread")
+    t = json.loads((builtin / "manifest.json").read_text())["trainer"]
+    assert (t["path"], t["threads"]) == ("batched", 2) and "at least the 22.5 M crossover" in t["why"]
+    assert json.loads((pinned / "manifest.json").read_text())["trainer"]["threads"] == 2
+
+
+def test_a_study_of_dropout_modules_trains_in_parts_each_as_alone(cli_run, user_models, two_threads, tmp_path):
+    """Two points of a dropout module in one shared call, cut into two one-thread parts run at
+    once: each part's dropout draws its own run's keys (the keyed draws are per thread), so
+    every point is bit for bit its `fedsim run` alone."""
+    from fedsim.cli import main
+    from fedsim.config import dump_toml
+
+    study = {**BASE, "run": {**BASE["run"], "name": "s", "out": str(tmp_path / "runs"), "progress": False,
+                             "plots": False, "device": "cpu"},
+             "model": {"name": "user_nets:resnet_dropout", "train_flops_per_sample": 6e6},
+             "client": {**BASE["client"], "trainer": "batched"}, "sweep": {"run.seed": [0, 1]}}
+    (tmp_path / "s.toml").write_text(dump_toml(study))
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet"]) == 0
+    for seed in (0, 1):
+        point = tmp_path / "runs" / "s" / f"seed-{seed}"
+        t = json.loads((point / "manifest.json").read_text())["trainer"]
+        assert t["why"].endswith("in one call with 1 other run(s) of the study; "
+                                 "[run] threads = 'auto': a shared call in one-thread parts")
+        alone = cli_run({**{k: v for k, v in study.items() if k != "sweep"},
+                         "run": {**study["run"], "seed": seed, "name": f"alone-{seed}"}})
+        columns = ["round", "arrived", "train_loss", "test_loss", "test_acc"]
+        assert pl.read_parquet(alone / "rounds.parquet")[columns].equals(
+            pl.read_parquet(point / "rounds.parquet")[columns])
+        a, b = torch.load(alone / "model.pt"), torch.load(point / "model.pt")
+        assert all(torch.equal(a[k], b[k]) for k in a), seed

@@ -109,6 +109,21 @@ def test_a_shared_call_of_small_runs_is_cut_into_one_thread_parts(restore_thread
     assert ran == [1, 1] and auto.summary()["calls_by_threads"] == {"1": 2}
 
 
+def test_a_modules_calls_take_one_thread_and_its_shared_calls_parts_however_large(restore_threads):
+    """A user's nn.Module (torch.func steps) stays on one thread under auto at any size, so a
+    study's shared call of such runs goes in parts even where each run alone is large; a pinned
+    count still pins it."""
+    torch.set_num_threads(2)
+    auto = ThreadPolicy("auto", CPU)
+    large = CROSSOVER_FLOPS * 10
+    assert auto.threads_for(large, module=True) == 1 and auto.threads_for(large) == 2
+    assert auto.choice(large, module=True) == (1, "[run] threads = 'auto': an nn.Module's calls (torch.func) on one thread")
+    with auto.work(large, module=True):
+        assert torch.get_num_threads() == 1
+    assert auto.parts([large, large], module=True) == 2 and auto.parts([large, large]) == 1
+    assert ThreadPolicy(2, CPU).threads_for(large, module=True) == 2
+
+
 def test_a_study_of_small_runs_trains_in_parts_and_equals_each_run_alone(tmp_path, restore_threads):
     """Eight mlp points of 10 devices (4.5 M multiply-adds a call each, 36 M together): the shared
     call goes in two one-thread parts, and every point (FedAvg, MIFA, FedAU, FedAWE) is bit for

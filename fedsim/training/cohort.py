@@ -206,16 +206,16 @@ def _train_group(calls: list[tuple]) -> list[TrainResult]:
     trainers = [c[0].path_for(c[2]) for c in calls]
     first = trainers[0]
     width = max(t.batch_width(np.asarray(c[2])) for t, c in zip(trainers, calls))  # one width to stack
-    step_flops = first.task.step_flops(width)
-    n_parts = first.threads.parts([step_flops * len(c[2]) for c in calls])
+    step_flops, module = first.task.step_flops(width), first.task.func_steps
+    n_parts = first.threads.parts([step_flops * len(c[2]) for c in calls], module)
     flops = step_flops * sum(len(c[2]) for c in calls)
-    threads, threads_why = (first.threads.choice(flops) if n_parts == 1
+    threads, threads_why = (first.threads.choice(flops, module) if n_parts == 1
                             else (1, "[run] threads = 'auto': a shared call in one-thread parts"))
     for (trainer, rnd, ids, *_), path in zip(calls, trainers):
         trainer.count(path.ran_as(), threads, threads_why,
                       f"{trainer.choice(ids)[1]}; in one call with {len(calls) - 1} other run(s) of the study")
     if n_parts == 1:
-        with first.threads.work(flops):
+        with first.threads.work(flops, module):
             return _train_stacked(calls, trainers, width)
     ends = np.cumsum([len(c[2]) for c in calls])
     cuts = [0, *np.searchsorted(ends, ends[-1] * np.arange(1, n_parts) / n_parts, side="right"), len(calls)]

@@ -276,6 +276,7 @@ class KernelModel:
     samples_independent = True  # every layer reads its own sample only
     has_buffers = local_buffers = False
     stacks_evaluation = True  # `predict_together`: several runs' parameters on one test set
+    func_steps = False  # hand-batched kernels: calls above the crossover take every thread
 
     def __init__(self, name: str, module: nn.Module, layers: list[Layer], in_shape: tuple[int, ...]):
         self.name, self.module, self.layers, self.in_shape = name, module, layers, in_shape

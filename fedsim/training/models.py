@@ -49,6 +49,7 @@ class Model(Protocol):
     draws_randomness: bool  # a step's inputs include numbers keyed by the run's seed (dropout)
     cohort_slow_on_cpu: bool  # the batched form is slower than a loop of devices on a CPU
     stacks_evaluation: bool  # `predict_together` evaluates several states in one pass
+    func_steps: bool  # its steps are torch.func calls (one thread each under auto: threads.py)
 
     def to(self, device: torch.device) -> Model: ...
     def init(self, seed: int) -> Tensor: ...

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import warnings
 from contextlib import contextmanager
 import torch
@@ -42,26 +43,32 @@ from fedsim.training.losses import StepLoss
 _DROPOUT, _SDPA = F.dropout, F.scaled_dot_product_attention
 
 
-class _Draws:
-    """The key of the forward pass running now and the random numbers it has used."""
+class _Draws(threading.local):
+    """The key of the forward pass running now in this thread and the random numbers it has
+    used (per thread: the parts of a call train at once, each on a thread of its own)."""
     key: Tensor | None = None
     used = 0
+
+
+_draws = _Draws()
+_swap = threading.Lock()  # guards `_forwards`: torch's functions are swapped while any forward runs
+_forwards = 0
 
 
 def _keyed_dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     if not training or p == 0:
         return input
-    if _Draws.key is None:
+    if _draws.key is None:
         return _DROPOUT(input, p, training, inplace)
-    u = rng.to_uniform(rng.from_keys(_Draws.key, input.numel(), _Draws.used)).view(input.shape)
-    _Draws.used += input.numel()
+    u = rng.to_uniform(rng.from_keys(_draws.key, input.numel(), _draws.used)).view(input.shape)
+    _draws.used += input.numel()
     return input * (u >= p).to(input.dtype) / (1.0 - p) if p < 1 else input * 0.0
 
 
 def _keyed_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                      enable_gqa=False):
     """scaled_dot_product_attention written out when it drops attention weights (keyed)."""
-    if dropout_p == 0 or _Draws.key is None:
+    if dropout_p == 0 or _draws.key is None:
         return _SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                      scale=scale, enable_gqa=enable_gqa)
     scores = query @ key.transpose(-2, -1) * (scale or 1.0 / math.sqrt(query.size(-1)))
@@ -78,13 +85,19 @@ def keyed_randomness(key: Tensor):
     """Dropout inside draws from `key` (one device's int64 key; batched under vmap). torch's
     dropout functions are swapped for the keyed ones while the forward runs: modules call
     them through `torch.nn.functional`, whatever module they sit in (nn.Dropout, attention)."""
-    _Draws.key, _Draws.used = key, 0
-    F.dropout, F.scaled_dot_product_attention = _keyed_dropout, _keyed_attention
+    global _forwards
+    _draws.key, _draws.used = key, 0
+    with _swap:
+        _forwards += 1
+        F.dropout, F.scaled_dot_product_attention = _keyed_dropout, _keyed_attention
     try:
         yield
     finally:
-        F.dropout, F.scaled_dot_product_attention = _DROPOUT, _SDPA
-        _Draws.key = None
+        with _swap:
+            _forwards -= 1
+            if not _forwards:
+                F.dropout, F.scaled_dot_product_attention = _DROPOUT, _SDPA
+        _draws.key = None
 
 
 # --- counting FLOPs --------------------------------------------------------------------------
@@ -195,6 +208,7 @@ class ModuleModel:
     # a module's convolutions under vmap beat its own loop on a CPU (benchmarks/RESULTS.md: LeNet-5 2.5x)
     cohort_slow_on_cpu = False
     stacks_evaluation = False  # each module's state is evaluated on its own
+    func_steps = True  # torch.func calls: one thread each under auto (fedsim/training/threads.py)
 
     def __init__(self, name: str, module: nn.Module, in_shape: tuple[int, ...], n_classes: int, where: str):
         self.name, self.in_shape, self.where = name, in_shape, where

@@ -36,6 +36,7 @@ class Task:
     device: torch.device
     n_classes: int | None
     cohort_slow_on_cpu: bool = False  # what `auto` chooses a trainer path by
+    func_steps: bool = False  # its steps are torch.func calls of a user's nn.Module: one thread (threads.py)
     activations: int = 0  # floats of layer outputs per sample (0: no need to chunk a cohort)
     sizes: Tensor  # int64 [N + 1] samples per client; the last entry is the pooled client
     pooled: int  # id of the virtual client holding all data (= n_clients)
@@ -149,6 +150,7 @@ class ClassificationTask(Task):
         self.dim, self.device = model.dim, data.device
         self.cohort_slow_on_cpu, self.activations = model.cohort_slow_on_cpu, model.activations
         self.batch_statistics, self.samples_independent = model.batch_statistics, model.samples_independent
+        self.func_steps = model.func_steps
 
         self.sizes, self.pooled = data.sizes, data.pooled
         if model.local_buffers:

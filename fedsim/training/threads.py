@@ -13,6 +13,11 @@ taken, and such a call was measured 5x slower than on one thread. So, where each
 would have one thread, the shared call is cut into independent parts, one per thread, each
 on one thread (`parts`): idle they fill the cores, loaded a part waits for a core once per
 call, not once per kernel, and each run's numbers are those of its one-thread call alone.
+
+A user's nn.Module trains on one thread whatever the call's size (`module=True`: its steps
+are torch.func calls, many small kernels each). On two threads, beside busy processes or only
+other sessions' tests, its rounds took 2.5-50x as long as a plain one-thread PyTorch loop's; on
+one thread they stayed at 0.5-0.98x of it, idle and beside 2-3 busy processes (bench_modules.py).
 """
 
 from __future__ import annotations
@@ -52,28 +57,31 @@ class ThreadPolicy:
         finally:
             torch.set_num_threads(before)
 
-    def threads_for(self, flops: float) -> int:
+    def threads_for(self, flops: float, module: bool = False) -> int:
+        """Threads of a call of `flops` multiply-adds; `module`: a user's nn.Module's (one thread)."""
         if self.setting != "auto":
             return self.most
-        return self.most if flops >= CROSSOVER_FLOPS else 1
+        return self.most if flops >= CROSSOVER_FLOPS and not module else 1
 
-    def choice(self, flops: float) -> tuple[int | None, str]:
+    def choice(self, flops: float, module: bool = False) -> tuple[int | None, str]:
         """The threads of a call of `flops` multiply-adds (None: a GPU's call) and why, for the manifest."""
         if not self.active:
             return None, "torch threads do not apply on a GPU"
         if self.setting != "auto":
             return self.most, f"[run] threads = {self.most}"
+        if module:
+            return 1, "[run] threads = 'auto': an nn.Module's calls (torch.func) on one thread"
         side = "at least" if flops >= CROSSOVER_FLOPS else "under"
         return self.threads_for(flops), (f"[run] threads = 'auto': a call of {flops / 1e6:.3g} M multiply-adds, "
                                          f"{side} the {CROSSOVER_FLOPS / 1e6:g} M crossover")
 
     @contextmanager
-    def work(self, flops: float):
+    def work(self, flops: float, module: bool = False):
         """Run the body with the threads that a call of `flops` multiply-adds gets."""
         if not self.active:
             yield
             return
-        wanted, before = self.threads_for(flops), torch.get_num_threads()
+        wanted, before = self.threads_for(flops, module), torch.get_num_threads()
         self.calls[wanted] += 1
         if wanted != before:
             torch.set_num_threads(wanted)
@@ -83,13 +91,13 @@ class ThreadPolicy:
             if wanted != before:
                 torch.set_num_threads(before)
 
-    def parts(self, member_flops: Sequence[float]) -> int:
+    def parts(self, member_flops: Sequence[float], module: bool = False) -> int:
         """Independent one-thread parts for a shared call of members of these sizes (their own
         calls alone): all threads' worth when the whole reaches the crossover and no member
         alone would get more than one thread; 1 otherwise (the call then takes `work`'s rule)."""
         if not self.active or self.setting != "auto" or self.most < 2 or len(member_flops) < 2:
             return 1
-        if max(member_flops) >= CROSSOVER_FLOPS or sum(member_flops) < CROSSOVER_FLOPS:
+        if self.threads_for(max(member_flops), module) > 1 or sum(member_flops) < CROSSOVER_FLOPS:
             return 1
         return min(self.most, len(member_flops))
 

@@ -91,10 +91,10 @@ class Trainer:
             ids_t = torch.as_tensor(ids, device=task.device)
             start = kept.start(ids_t, start)
         flops = self.call_flops(ids) if self.threads.active else 0.0
-        with self.threads.work(flops):
+        with self.threads.work(flops, task.func_steps):
             end, loss_sum = self._run(rnd, ids, start, steps, lr_t, objective)
         path, reason = self.choice(ids)
-        self.count(path.ran_as(), *self.threads.choice(flops), reason)
+        self.count(path.ran_as(), *self.threads.choice(flops, task.func_steps), reason)
         result = self.result(ids, end - start, loss_sum, steps)
         if kept is not None:
             kept.keep(ids_t, end, result.deltas)

@@ -302,6 +302,7 @@ def test_a_steps_dropout_numbers_drawn_at_once_are_the_per_call_draws_bit_for_bi
 
     now = {setting: train(client) for setting, client in clients.items()}
     assert task.model.dropout_numbers(6) > 0
+    assert task.model.activations == {"transformer": 10138, "mlp_dropout": 1818}[name]  # as before: the same chunks
     with monkeypatch.context() as patch:
         patch.setattr(modules.ModuleModel, "randomness",
                       lambda self, seed, rnd, ids, step, batch: rng.keys(seed, rng.MODULE, rnd, ids, step))

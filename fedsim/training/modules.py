@@ -49,12 +49,13 @@ class _Draws:
     where = ""
 
 
-def _next_numbers(n: int, device: torch.device) -> Tensor:
-    """The forward's next n numbers (`rng.dropout_bits`): each dropout call takes the numbers
-    after the previous call's, the numbers per-call draws of (seed, round, device, step) gave."""
+def _next_numbers(n: int) -> Tensor | None:
+    """The forward's next n numbers (`rng.dropout_bits`; None while counting them): each dropout
+    call takes the numbers after the previous call's, as per-call draws of (seed, round,
+    device, step) gave them."""
     start, _Draws.used = _Draws.used, _Draws.used + n
-    if _Draws.numbers is None:  # counting: numbers that keep every unit
-        return torch.full((n,), 2**63 - 1, dtype=torch.int64, device=device)
+    if _Draws.numbers is None:
+        return None
     drawn = _Draws.numbers.shape[-1]
     if _Draws.used > drawn:
         raise FedsimError(f"{_Draws.where}: the module's dropout in training used more random numbers "
@@ -69,11 +70,12 @@ def _keyed_dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace
         return input
     if not _Draws.on:
         return _DROPOUT(input, p, training, inplace)
-    numbers = _next_numbers(input.numel(), input.device).view(input.shape)
-    threshold = rng.keep_threshold(p)
+    numbers, threshold = _next_numbers(input.numel()), rng.keep_threshold(p)
+    if numbers is None:  # counting
+        return input
     if threshold is None:  # no uniform reaches p: every unit dropped
         return input * 0.0
-    return input * (numbers >= threshold).to(input.dtype) / (1.0 - p)
+    return input * (numbers.view(input.shape) >= threshold) / (1.0 - p)  # (bools multiply as 1.0 and 0.0)
 
 
 def _keyed_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -155,10 +157,9 @@ def probe_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, 
     attention and LSTM layers (FLOPs / 2, fedsim/training/flops.py), in training mode: the
     cost the clock times (eval mode may take fused fast paths the counter does not know). A
     warning names any op that does arithmetic the counter cannot count (`[model]
-    train_flops_per_sample` then sets the cost). A dropout number (int64, drawn before the
-    forward: two floats, and its view for the call) counts as three floats, as the numbers did
-    when the forward drew them itself: a cohort's chunks stay as they were. Random ops are
-    torch's own draws (keyed dropout draws none)."""
+    train_flops_per_sample` then sets the cost). Dropout counts six floats a number (what its
+    uniform, mask and products counted when the forward drew them itself), so that a cohort's
+    chunks stay as they were. Random ops are torch's own draws (keyed dropout draws none)."""
     outputs, counter = _Outputs(), flop_counter()
     state = {n: t.clone() for n, t in state.items()}
     try:
@@ -172,7 +173,7 @@ def probe_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, 
                       "has no formula); the device clock under-counts this model: set [model] "
                       "train_flops_per_sample", stacklevel=2)
     n = len(samples)
-    return logits, counter.get_total_flops() / 2 / n, (outputs.floats + 3 * draws.used) // n, sorted(outputs.random)
+    return logits, counter.get_total_flops() / 2 / n, (outputs.floats + 6 * draws.used) // n, sorted(outputs.random)
 
 
 def count_dropout_numbers(module: nn.Module, state: dict[str, Tensor], samples: Tensor) -> int:

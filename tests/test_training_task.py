@@ -139,6 +139,8 @@ def test_keyed_bits_and_uniforms_are_those_of_earlier_releases():
     assert torch.equal(rng.from_keys(keys, 3000), bits)
     assert torch.equal(rng.uniform_of_keys(keys, 3000), srl(bits, 40).to(torch.float32) * 2.0**-24)
     assert torch.equal(rng.dropout_bits(keys, 3000) >> 40, bits >> 40 ^ -(1 << 23))  # the sign bit flipped
+    wide = mix(keys[:3, None] + torch.arange(70_000) * rng._signed(rng._GOLDEN))  # mixed in blocks of columns
+    assert torch.equal(rng.dropout_bits(keys[:3], 70_000) >> 40, wide >> 40 ^ -(1 << 23))
 
 
 @pytest.mark.parametrize("p", [0.1, 0.2, 0.25, 1 / 3, 0.5, 0.9, (12345678 + 0.3) * 2**-24, (12345678 + 0.7) * 2**-24,

@@ -86,3 +86,20 @@ def test_bad_arguments_are_one_line_exit_2_and_nothing_written(tmp_path, args, s
                           text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 2 and not (tmp_path / "out.json").exists()
     assert done.stderr.strip().splitlines() == [says]
+
+
+def test_bench_dropout_writes_each_trainers_share_with_and_without_dropout(tmp_path):
+    """benchmarks/bench_dropout.py: a round of each trainer with and without dropout, the share
+    and (fedsim's) the draws alone; fedsim's rounds without dropout draw no numbers."""
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_dropout.py"), "--repeats", "1", "--threads", "1",
+                           "--out", "out.json"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["threads"] == "1" and len(result["loadavg_after"]) == 3
+    assert [r["row"] for r in result["records"]] == ["batched", "loop", "plain"]
+    for rec in result["records"]:
+        assert len(rec["with_s"]) == len(rec["without_s"]) == 1 and rec["threads"] == 1
+        assert rec["dropout_share"] == pytest.approx(1 - rec["without_median_s"] / rec["with_median_s"], abs=0.002)
+        assert (rec["draws_median_s"] is None) == (rec["row"] == "plain")
+    # 2 layers x (attention 4 heads x 8 x 8 + 3 dropouts of 8 tokens x (32, 64, 32)) per sample, x 16
+    assert result["records"][0]["dropout_numbers_per_step"] == 16 * 2 * (4 * 8 * 8 + 8 * (32 + 64 + 32))

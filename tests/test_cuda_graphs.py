@@ -82,6 +82,18 @@ def test_module_buffers_of_finished_devices_are_kept(user_models):  # noqa: F811
     assert_close(replayed, eager)
 
 
+def test_a_modules_dropout_numbers_have_static_rows_of_their_own(user_models):  # noqa: F811
+    """A module's step inputs carry its dropout numbers [devices, n] (n: a forward's, not the
+    batch): each replayed row takes its device's own, as an eager step does."""
+    task = build_task(DataConfig(dataset="digits", clients=11), ModelConfig(name="user_nets:transformer"), seed=0,
+                      device=torch.device("cpu"))
+    _, eager, _ = trained(task, ClientConfig(batch_size=4), STEPS, graphs=False)
+    _, replayed, trainer = trained(task, ClientConfig(batch_size=4), STEPS, graphs=True)
+    assert_close(replayed, eager)
+    (buffers,) = trainer.graphs.shapes.values()
+    assert buffers.inputs[3].shape == (12, task.model.dropout_numbers(4)) and task.model.dropout_numbers(4) > 4
+
+
 def test_lockstep_groups_replay_their_blocks():
     """Two runs' cohorts in one call (train_together) take the same graph path, block by block."""
     tasks = [image_task("mlp", clients=6, seed=s) for s in (0, 1)]

@@ -179,6 +179,23 @@ def tied_unsaved(in_shape, n_classes, cfg):
     return TiedUnsaved(n_classes)
 
 
+def mlp_dropout(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 16), nn.ReLU(),
+                         nn.Dropout(0.5), nn.Linear(16, n_classes))
+
+
+def data_dropout(in_shape, n_classes, cfg):
+    class DataDropout(nn.Module):  # drops as many numbers as its input has bright pixels
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, n_classes)
+
+        def forward(self, x):
+            bright = torch.nn.functional.dropout(x[x > 0.5], 0.5, self.training)
+            return self.fc(x.flatten(1)) + bright.sum() * 0
+    return DataDropout()
+
+
 def noisy(in_shape, n_classes, cfg):
     class Noisy(nn.Module):
         def __init__(self):
@@ -282,6 +299,86 @@ def test_a_run_is_deterministic_with_dropout(cli_run, user_models):
         name="again")
     a, b = torch.load(first / "model.pt"), torch.load(again / "model.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def per_call_dropout(input, p=0.5, training=True, inplace=False):
+    """Dropout as earlier releases drew it: each call hashed its own numbers from the device's
+    key (`ModuleModel.randomness` gave keys), after those of the calls before it."""
+    from fedsim.training import modules, rng
+
+    def srl(z, s):
+        return (z >> s) & ((1 << (64 - s)) - 1)
+
+    def mix(z):
+        z = (z ^ srl(z, 30)) * rng._signed(rng._M1)
+        z = (z ^ srl(z, 27)) * rng._signed(rng._M2)
+        return z ^ srl(z, 31)
+
+    if not training or p == 0:
+        return input
+    draws, n = modules._draws, input.numel()
+    bits = mix(draws.numbers[..., None] + (torch.arange(n) + draws.used) * rng._signed(rng._GOLDEN))
+    u = (srl(bits, 40).to(torch.float32) * 2.0**-24).view(input.shape)
+    draws.used += n
+    return input * (u >= p).to(input.dtype) / (1.0 - p) if p < 1 else input * 0.0
+
+
+@pytest.mark.parametrize("name", ["transformer", "mlp_dropout"])
+@pytest.mark.parametrize("trainer", ["batched", "loop"])
+def test_a_steps_dropout_numbers_drawn_at_once_are_the_per_call_draws_bit_for_bit(user_models, monkeypatch, name,
+                                                                                   trainer):
+    """A local step's dropout numbers are drawn for the whole cohort before the forward, each
+    dropout call taking its slice: the same masks as earlier releases' draws inside each call
+    (attention dropout and nn.Dropout of two rates), so existing runs keep their numbers. Local
+    steps and local epochs (whose last minibatch is smaller)."""
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.training import build_task, build_trainer, modules, rng
+
+    task = build_task(DataConfig(dataset="digits", clients=8), ModelConfig(name=f"user_nets:{name}"), seed=3,
+                      device=torch.device("cpu"))
+    start = task.init_params()[None].expand(5, -1).clone()
+    clients = {"steps": ClientConfig(batch_size=6, local_steps=3, trainer=trainer),
+               "epochs": ClientConfig(batch_size=6, local_epochs=1.5, trainer=trainer)}
+
+    def train(client):
+        t = build_trainer(task, client, seed=3)
+        steps = t.epoch_steps()[:5] if client.local_epochs else np.array([3, 1, 2, 0, 3])
+        return t.train(2, np.arange(5), start, steps, 0.1)
+
+    now = {setting: train(client) for setting, client in clients.items()}
+    assert task.model.dropout_numbers(6) > 0
+    assert task.model.activations == {"transformer": 10138, "mlp_dropout": 1818}[name]  # as before: the same chunks
+    with monkeypatch.context() as patch:
+        patch.setattr(modules.ModuleModel, "randomness",
+                      lambda self, seed, rnd, ids, step, batch: rng.keys(seed, rng.MODULE, rnd, ids, step))
+        patch.setattr(modules, "_keyed_dropout", per_call_dropout)
+        before = {setting: train(client) for setting, client in clients.items()}
+    for setting in clients:
+        assert torch.equal(now[setting].deltas, before[setting].deltas), setting
+        torch.testing.assert_close(now[setting].loss, before[setting].loss, rtol=0, atol=0, equal_nan=True)
+    assert not torch.equal(now["steps"].deltas[0], now["steps"].deltas[4])  # devices drew their own masks
+
+
+def test_dropout_that_depends_on_the_data_is_one_line(cli_run, user_models):
+    """A step's dropout numbers are counted on a batch of zeros: a forward that drops more (as
+    many numbers as its input has bright pixels) stops in one line instead of reusing numbers."""
+    run(cli_run, "data_dropout", "loop", expect=2)
+    err = cli_run.last_output.err
+    assert err.count("\n") == 1, err
+    assert re.fullmatch(r"error: \[model\] name = 'user_nets:data_dropout': the module's dropout in training used "
+                        r"more random numbers \([\d,]+ so far\) than on a batch of zeros of the same size \(0\); "
+                        r"fedsim draws a step's dropout numbers before its forward: keep the shapes that dropout "
+                        r"applies to independent of the data\n", err), err
+
+
+@pytest.mark.parametrize("trainer", ["batched", "loop", "auto"])
+def test_randomness_fedsim_cannot_key_is_one_line_on_every_trainer(cli_run, user_models, tmp_path, trainer):
+    run(cli_run, "noisy", trainer, expect=2)
+    assert cli_run.last_output.err == (
+        "error: [model] name = 'user_nets:noisy': the module draws random numbers other than dropout "
+        "(aten.randn_like); fedsim keys only F.dropout and attention dropout by (seed, round, device, step): "
+        "use nn.Dropout\n")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_frozen_parameters_stay_fixed(cli_run, user_models):

@@ -113,6 +113,53 @@ def test_keyed_uniforms_do_not_depend_on_the_cohort():
     assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
 
 
+def test_keyed_bits_and_uniforms_are_those_of_earlier_releases():
+    """Pinned: the bits and uniforms that runs of earlier releases trained with (their dropout,
+    their minibatches), and the previous release's formulas, bit for bit."""
+    keys = rng.keys(0, rng.MODULE, 1, torch.tensor([3, 0]), 2)
+    assert keys.tolist() == [-4403719974245602657, 2887737177358662731]
+    assert rng.from_keys(keys, 3).tolist() == [[-3698578495840942715, -319174738437512648, 297315264178005613],
+                                               [5015018692654330401, 3627976447618336399, 630871344436310001]]
+    assert rng.uniform_of_keys(keys, 3).tolist() == [[0.7994996309280396, 0.9826974868774414, 0.016117453575134277],
+                                                     [0.271864652633667, 0.1966729760169983, 0.03419959545135498]]
+    assert rng.uniform(0, rng.BATCH, 1, torch.tensor([3]), 2, 3).tolist() == \
+        [[0.3075183033943176, 0.14949721097946167, 0.1762794852256775]]
+
+    def srl(z, s):
+        return (z >> s) & ((1 << (64 - s)) - 1)
+
+    def mix(z):  # the previous release's splitmix64, op by op
+        z = (z ^ srl(z, 30)) * rng._signed(rng._M1)
+        z = (z ^ srl(z, 27)) * rng._signed(rng._M2)
+        return z ^ srl(z, 31)
+
+    keys = torch.cat([torch.randint(-2**63, 2**63 - 1, (50,), generator=torch.Generator().manual_seed(0)),
+                      torch.tensor([0, -1, -2**63, 2**63 - 1])])
+    bits = mix(keys[:, None] + torch.arange(3000) * rng._signed(rng._GOLDEN))
+    assert torch.equal(rng.from_keys(keys, 3000), bits)
+    assert torch.equal(rng.uniform_of_keys(keys, 3000), srl(bits, 40).to(torch.float32) * 2.0**-24)
+    assert torch.equal(rng.dropout_bits(keys, 3000) >> 40, bits >> 40 ^ -(1 << 23))  # the sign bit flipped
+    wide = mix(keys[:3, None] + torch.arange(70_000) * rng._signed(rng._GOLDEN))  # mixed in blocks of columns
+    assert torch.equal(rng.dropout_bits(keys[:3], 70_000) >> 40, wide >> 40 ^ -(1 << 23))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.2, 0.25, 1 / 3, 0.5, 0.9, (12345678 + 0.3) * 2**-24, (12345678 + 0.7) * 2**-24,
+                               2**-30, 1e-50, 0.0, -0.5, 1 - 2**-25, 1.0, 1.5])
+def test_a_dropout_threshold_keeps_exactly_the_uniforms_at_least_p(p):
+    """Dropout keeps a unit where its uniform u >= p (torch's float32 comparison: p rounds to
+    float32, which (k + 0.3) * 2**-24 does down); fedsim compares the integers instead. Every
+    one of the 2**24 uniforms, with the lowest and the highest bits below it."""
+    threshold = rng.keep_threshold(p)
+    for k in torch.arange(2**24).split(2**22):
+        kept = k.to(torch.float32) * 2.0**-24 >= p
+        for low in (0, 2**40 - 1):
+            numbers = (k << 40 | low) ^ -(1 << 63)
+            assert torch.equal(kept, numbers >= threshold if threshold is not None else torch.zeros_like(kept))
+    assert (threshold is None) == (p >= 1 - 2**-25)
+    uniforms, numbers = rng.uniform_of_keys(torch.arange(5), 10_000), rng.dropout_bits(torch.arange(5), 10_000)
+    assert torch.equal(uniforms >= p, numbers >= threshold if threshold is not None else torch.zeros_like(numbers > 0))
+
+
 def test_keyed_draws_of_several_steps_at_once_equal_the_draws_step_by_step():
     """The trainers draw a round's minibatches for all local steps in one call."""
     ids = torch.tensor([4, 0, 17])

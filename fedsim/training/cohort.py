@@ -275,4 +275,4 @@ def _stacked_draws(trainers: list[Trainer], calls: list[tuple], ids: list[torch.
     if not (first.task.draws_minibatches and first.batch_size > 0 and not first.client.local_epochs):
         return None
     keys = rng.stacked_keys([t.seed for t in trainers], rng.BATCH, [c[1] for c in calls], ids, range(steps))
-    return rng.to_uniform(rng.from_keys(keys, first.batch_size))
+    return rng.uniform_of_keys(keys, first.batch_size)

@@ -44,12 +44,15 @@ class _Buffers:
     """The static tensors of one cohort shape: every row's inputs, parameters and step state,
     and the graphs captured on their leading rows (one per bucket of devices still training)."""
 
-    def __init__(self, like: tuple[Tensor, ...], rows: int, width: int, dim: int, device, uses_start: bool):
-        def static(t: Tensor) -> Tensor:
-            shape = (rows, *(t.shape[1:] if t.dim() < 2 else (width, *t.shape[2:])))  # dim 1: the batch
-            return torch.zeros(shape, dtype=t.dtype, device=device)
+    def __init__(self, like: list[tuple[Tensor, ...]], rows: int, width: int | None, dim: int, device,
+                 uses_start: bool):
+        def static(ts: tuple[Tensor, ...]) -> Tensor:  # one input, of every block
+            shape = [rows, *ts[0].shape[1:]]
+            if len(shape) >= 2:  # dim 1: the batch padded to `width`; unpadded, the widest block's
+                shape[1] = width or max(t.shape[1] for t in ts)  # (or a module's dropout numbers)
+            return torch.zeros(shape, dtype=ts[0].dtype, device=device)
 
-        self.inputs = tuple(static(t) for t in like)  # x, y, weight, dropout draws / keys
+        self.inputs = tuple(static(ts) for ts in zip(*like))  # x, y, weight, dropout draws
         self.params = torch.zeros(rows, dim, device=device)
         self.start = torch.zeros(rows, dim, device=device) if uses_start else None
         self.lr = torch.zeros(rows, device=device)  # this step's: 0 where a device's steps are done
@@ -85,7 +88,8 @@ class CudaGraphSteps:
                tuple((t.dtype, tuple(t.shape[2:])) for t in first[0]), objective)
         if key not in self.shapes:
             task = self.trainer.task
-            self.shapes[key] = _Buffers(first[0], key[0], key[1], task.dim, task.device, objective.uses_start)
+            self.shapes[key] = _Buffers(first, key[0], key[1] if self.pad_width else None, task.dim, task.device,
+                                        objective.uses_start)
         try:
             return self._replay(self.shapes[key], start, steps, lr, objective, inputs, sizes, first)
         except torch.cuda.OutOfMemoryError:

@@ -10,8 +10,9 @@ Training is `torch.func`: `grad_and_value` of `functional_call` on one device (t
 trainer), the same under `vmap` over the cohort's stacked states (the batched trainer).
 Buffers are updated by the forward as in torch (train mode in local steps, eval mode for
 evaluation). Randomness must not come from torch's generator, whose draws would depend on the
-cohort's order: dropout (`F.dropout`, attention dropout) draws keyed uniforms of
-(seed, round, device, step) instead (fedsim/training/rng.py); any other op that draws is refused
+cohort's order: dropout (`F.dropout`, attention dropout) takes keyed random numbers of
+(seed, round, device, step) instead, drawn for the whole cohort in one call before each step
+(`ModuleModel.randomness`, fedsim/training/rng.py); any other op that draws is refused
 (`draws_random_numbers`: one that could but draws nothing, attention at dropout_p = 0, is not).
 A forward may update its buffers in place; one that changes a parameter, assigns a new tensor
 to the state or keeps Python state across calls is refused at build time (`_check_state_kept`);
@@ -44,10 +45,30 @@ _DROPOUT, _SDPA = F.dropout, F.scaled_dot_product_attention
 
 
 class _Draws(threading.local):
-    """The key of the forward pass running now in this thread and the random numbers it has
-    used (per thread: the parts of a call train at once, each on a thread of its own)."""
-    key: Tensor | None = None
+    """The random numbers of the forward pass running now in this thread: one device's row of a
+    step's `ModuleModel.randomness` (batched under vmap; None: count them only), how many it has
+    used, and whose they are (for the error). Per thread: the parts of a call train at once,
+    each on a thread of its own."""
+    on = False
+    numbers: Tensor | None = None
     used = 0
+    where = ""
+
+
+def _next_numbers(n: int) -> Tensor | None:
+    """The forward's next n numbers (`rng.dropout_bits`; None while counting them): each dropout
+    call takes the numbers after the previous call's, as per-call draws of (seed, round,
+    device, step) gave them."""
+    start, _draws.used = _draws.used, _draws.used + n
+    if _draws.numbers is None:
+        return None
+    drawn = _draws.numbers.shape[-1]
+    if _draws.used > drawn:
+        raise FedsimError(f"{_draws.where}: the module's dropout in training used more random numbers "
+                          f"({_draws.used:,} so far) than on a batch of zeros of the same size ({drawn:,}); fedsim "
+                          "draws a step's dropout numbers before its forward: keep the shapes that dropout "
+                          "applies to independent of the data")
+    return _draws.numbers[start:_draws.used]
 
 
 _draws = _Draws()
@@ -58,17 +79,20 @@ _forwards = 0
 def _keyed_dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     if not training or p == 0:
         return input
-    if _draws.key is None:
+    if not _draws.on:
         return _DROPOUT(input, p, training, inplace)
-    u = rng.to_uniform(rng.from_keys(_draws.key, input.numel(), _draws.used)).view(input.shape)
-    _draws.used += input.numel()
-    return input * (u >= p).to(input.dtype) / (1.0 - p) if p < 1 else input * 0.0
+    numbers, threshold = _next_numbers(input.numel()), rng.keep_threshold(p)
+    if numbers is None:  # counting
+        return input
+    if threshold is None:  # no uniform reaches p: every unit dropped
+        return input * 0.0
+    return input * (numbers.view(input.shape) >= threshold) / (1.0 - p)  # (bools multiply as 1.0 and 0.0)
 
 
 def _keyed_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                      enable_gqa=False):
     """scaled_dot_product_attention written out when it drops attention weights (keyed)."""
-    if dropout_p == 0 or _draws.key is None:
+    if dropout_p == 0 or not _draws.on:
         return _SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                      scale=scale, enable_gqa=enable_gqa)
     scores = query @ key.transpose(-2, -1) * (scale or 1.0 / math.sqrt(query.size(-1)))
@@ -81,23 +105,25 @@ def _keyed_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
 
 
 @contextmanager
-def keyed_randomness(key: Tensor):
-    """Dropout inside draws from `key` (one device's int64 key; batched under vmap). torch's
-    dropout functions are swapped for the keyed ones while the forward runs: modules call
-    them through `torch.nn.functional`, whatever module they sit in (nn.Dropout, attention)."""
+def keyed_randomness(numbers: Tensor | None, where: str = ""):
+    """Dropout inside takes its random numbers from `numbers` (one device's; batched under
+    vmap), in the order of its calls; None: it only counts them (`.used` of what it yields,
+    after the forward). torch's dropout functions are swapped for the keyed ones while any
+    forward runs: modules call them through `torch.nn.functional`, whatever module they sit in
+    (nn.Dropout, attention)."""
     global _forwards
-    _draws.key, _draws.used = key, 0
+    _draws.on, _draws.numbers, _draws.used, _draws.where = True, numbers, 0, where
     with _swap:
         _forwards += 1
         F.dropout, F.scaled_dot_product_attention = _keyed_dropout, _keyed_attention
     try:
-        yield
+        yield _draws
     finally:
         with _swap:
             _forwards -= 1
             if not _forwards:
                 F.dropout, F.scaled_dot_product_attention = _DROPOUT, _SDPA
-        _draws.key = None
+        _draws.on, _draws.numbers = False, None
 
 
 # --- counting FLOPs --------------------------------------------------------------------------
@@ -165,9 +191,11 @@ def probe_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, 
     attention and LSTM layers (FLOPs / 2, fedsim/training/flops.py), in training mode: the
     cost the clock times (eval mode may take fused fast paths the counter does not know). A
     warning names any op that does arithmetic the counter cannot count (`[model]
-    train_flops_per_sample` then sets the cost). What the forward did (`_Outputs`): `random`,
-    torch's own draws (keyed dropout draws none); `written`, parameters it changed in place
-    (an op, or `.data =`); `replaced`, state names it assigned another tensor to."""
+    train_flops_per_sample` then sets the cost). Dropout counts six floats a number (what its
+    uniform, mask and products counted when the forward drew them itself), so that a cohort's
+    chunks stay as they were. What the forward did (`_Outputs`): `random`, torch's own draws
+    (keyed dropout draws none); `written`, parameters it changed in place (an op, or `.data
+    =`); `replaced`, state names it assigned another tensor to."""
     state = {n: t.clone() for n, t in state.items()}
     held = dict(module.named_parameters(remove_duplicate=False))
     parameters = {n: state.get(n, t) for n, t in held.items()}
@@ -180,7 +208,7 @@ def probe_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, 
 
     hook = module.register_forward_hook(check_names)
     try:
-        with torch.no_grad(), keyed_randomness(torch.zeros((), dtype=torch.int64)), counter, outputs:
+        with torch.no_grad(), keyed_randomness(None) as draws, counter, outputs:
             logits = functional_call(module.train(), state, (samples,))
     finally:
         hook.remove()
@@ -194,7 +222,19 @@ def probe_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, 
                       "has no formula); the device clock under-counts this model: set [model] "
                       "train_flops_per_sample", stacklevel=2)
     n = len(samples)
-    return logits, counter.get_total_flops() / 2 / n, outputs.floats // n, outputs
+    return logits, counter.get_total_flops() / 2 / n, (outputs.floats + 6 * draws.used) // n, outputs
+
+
+def count_dropout_numbers(module: nn.Module, state: dict[str, Tensor], samples: Tensor) -> int:
+    """How many random numbers the dropout of `module`'s training-mode forward pass (with
+    `state`, left as it was) uses on `samples`."""
+    state = {n: t.clone() for n, t in state.items()}
+    try:
+        with torch.no_grad(), keyed_randomness(None) as draws:
+            functional_call(module.train(), state, (samples,))
+    finally:
+        module.eval()
+    return draws.used
 
 
 # --- the model -------------------------------------------------------------------------------
@@ -235,6 +275,7 @@ class ModuleModel:
         self.flops, self.activations = self._probe(n_classes)
         self._one = grad_and_value(self._loss, has_aux=True)
         self._batch_problem: str | None = None
+        self._numbers: dict[int, int] = {}  # batch size -> dropout numbers of a forward
         self.tied = tied_names(module, self.names)
         frozen = any(n not in self.names and n not in self.tied for n in module.state_dict())  # its own constants
         self._shared_key = (tuple(zip(self.names, self.shapes)), id(module) if frozen else None)
@@ -313,38 +354,63 @@ class ModuleModel:
         pass  # (torch's own layers: nothing of fedsim's to compile)
 
     def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int) -> Tensor:
-        """The keys [m] that a local step's dropout draws from."""
-        return rng.keys(seed, rng.MODULE, rnd, ids, step)
+        """The random numbers [m, n] of a local step's dropout, drawn for the cohort in one call:
+        the n numbers (`dropout_numbers`) a forward of `batch` samples takes, call after call."""
+        n = self.dropout_numbers(batch)
+        if not n:
+            return torch.empty(len(ids), 0, dtype=torch.int64, device=ids.device)
+        return rng.dropout_bits(rng.keys(seed, rng.MODULE, rnd, ids, step), n)
 
-    def _loss(self, params: dict, buffers: dict, key: Tensor, x: Tensor, y: Tensor, weight: Tensor,
+    def dropout_numbers(self, batch: int) -> int:
+        """Random numbers the dropout of a training forward of `batch` samples uses: counted on
+        a batch of zeros once per batch size (a forward that uses more is refused in one line)."""
+        if batch not in self._numbers:
+            device = next(self.module.parameters()).device
+            state = self.typed(dict(zip(self.names, self.split(self._init.to(device)))))
+            x = self._sample(batch).to(device)
+
+            def count() -> int:
+                return count_dropout_numbers(self.module, state, x)
+
+            try:
+                self._numbers[batch] = count()
+            except Exception as err:
+                if not from_the_module(err, x):
+                    raise
+                raise FedsimError(f"{self.where}: the module cannot train on a batch of {batch} samples: "
+                                  f"{why_failed(err, count)}; fix the forward (it ran on a batch of 2 at build "
+                                  "time)") from None
+        return self._numbers[batch]
+
+    def _loss(self, params: dict, buffers: dict, numbers: Tensor, x: Tensor, y: Tensor, weight: Tensor,
               loss: StepLoss):
         # the forward updates them: float ones cloned, integer ones made anew by `typed`
         buffers = self.typed({n: b if n in self._integers else b.clone() for n, b in buffers.items()})
-        with keyed_randomness(key):
+        with keyed_randomness(numbers, self.where):
             logits = functional_call(self.module, {**params, **buffers}, (x,))
         return loss(logits, y, weight), buffers
 
     def _call(self, loss: StepLoss, batched: bool):
-        """(tensors as `split` gives them, x, y, weight, key) -> (gradients, (losses, new buffers))."""
+        """(tensors as `split` gives them, x, y, weight, dropout numbers) -> (gradients, (losses, new buffers))."""
         fn = vmap(self._one, in_dims=(0, 0, 0, 0, 0, 0, None), randomness="error") if batched else self._one
         k = self.n_trainable
 
-        def call(ws, x, y, weight, key):
+        def call(ws, x, y, weight, numbers):
             self.module.train()
-            return fn(dict(zip(self.names[:k], ws[:k])), dict(zip(self.names[k:], ws[k:])), key, x, y, weight, loss)
+            return fn(dict(zip(self.names[:k], ws[:k])), dict(zip(self.names[k:], ws[k:])), numbers, x, y, weight, loss)
 
         return call
 
     def step_fn(self, loss: StepLoss, batched: bool):
-        """(tensors as `split` gives them, x, y, weight, key) -> (gradients of the trainable
+        """(tensors as `split` gives them, x, y, weight, dropout numbers) -> (gradients of the trainable
         tensors, loss); the buffers are updated in place. `batched`: every input has a leading
         device dimension. A forward that fails here (on other samples or another batch width than
         the build-time checks) is one line naming what failed."""
         call, k = self._call(loss, batched), self.n_trainable
 
-        def step(ws, x, y, weight, key):
+        def step(ws, x, y, weight, numbers):
             try:
-                grads, (losses, buffers) = call(ws, x, y, weight, key)
+                grads, (losses, buffers) = call(ws, x, y, weight, numbers)
             except Exception as err:
                 if not from_the_module(err, x):
                     raise
@@ -352,7 +418,7 @@ class ModuleModel:
                     else f"a batch of {x.shape[0]} samples"
                 fix = "set [client] trainer = 'loop', or fix the forward" if batched else "fix the forward"
                 raise FedsimError(f"{self.where}: the module cannot train on {width}: "
-                                  f"{why_failed(err, lambda: call(ws, x, y, weight, key))}; {fix} (it ran on a "
+                                  f"{why_failed(err, lambda: call(ws, x, y, weight, numbers))}; {fix} (it ran on a "
                                   "batch of 2 at build time)") from None
             for b, new in zip(ws[k:], buffers.values()):
                 b.copy_(new)
@@ -462,7 +528,7 @@ class ModuleModel:
             ws = self.split(self._init.to(device).expand(m, -1).clone())
             call = self._call(lambda logits, y, w: F.cross_entropy(logits, y), batched=True)
             inputs = (ws, x, torch.zeros(m, b, dtype=torch.int64, device=device), torch.ones(m, b, device=device),
-                      torch.arange(m, device=device))
+                      self.randomness(0, 0, torch.arange(m, device=device), 0, b))
             try:
                 call(*inputs)
                 self._batch_problem = ""

@@ -8,6 +8,8 @@ draws them again: all three see the same values, with no generator state to carr
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -19,6 +21,7 @@ _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xBF58476D1CE4E5B9
 _M2 = 0x94D049BB133111EB
+_BLOCK = 1 << 15  # numbers mixed at a time on a CPU: torch's grain for threads (256 KiB of int64)
 
 
 def _signed(c: int) -> int:
@@ -31,11 +34,24 @@ def _srl(z: Tensor, s: int) -> Tensor:
     return (z >> s) & ((1 << (64 - s)) - 1)
 
 
-def _mix(z: Tensor) -> Tensor:
-    """splitmix64's finaliser; int64 multiplication wraps around like uint64."""
-    z = (z ^ _srl(z, 30)) * _signed(_M1)
-    z = (z ^ _srl(z, 27)) * _signed(_M2)
-    return z ^ _srl(z, 31)
+def _mix(z: Tensor, last_shift: bool = True) -> Tensor:
+    """splitmix64's finaliser, in place on `z` (a tensor of the caller's own); int64
+    multiplication wraps around like uint64. Without its last xor-shift (z ^ z >>> 31), which
+    changes none of the top 33 bits: the same top bits, for less."""
+    shifted = torch.empty_like(z)
+
+    def xor_shift(s: int) -> None:
+        torch.bitwise_right_shift(z, s, out=shifted)
+        shifted.bitwise_and_((1 << (64 - s)) - 1)  # (a logical shift)
+        z.bitwise_xor_(shifted)
+
+    xor_shift(30)
+    z.mul_(_signed(_M1))
+    xor_shift(27)
+    z.mul_(_signed(_M2))
+    if last_shift:
+        xor_shift(31)
+    return z
 
 
 def _mix_int(z: int) -> int:
@@ -72,16 +88,51 @@ def stacked_keys(seeds: list[int], stream: int, rnds: list[int], ids: list[Tenso
     return _mix(torch.cat(ids).to(torch.int64) * _signed(_GOLDEN) ^ per_device)
 
 
-def from_keys(key: Tensor, n: int, offset: int = 0) -> Tensor:
-    """[..., n] int64 random bits number offset..offset+n-1 of each key [...]. Elementwise, so
-    it also runs inside `torch.func.vmap` on one device's key (fedsim/training/modules.py)."""
-    counter = (torch.arange(n, device=key.device, dtype=torch.int64) + offset) * _signed(_GOLDEN)
-    return _mix(key[..., None] + counter)
+def _counters(key: Tensor, n: int) -> Tensor:
+    """[..., n] int64: numbers 0..n-1 of each key [...], before mixing."""
+    return key[..., None] + torch.arange(n, device=key.device, dtype=torch.int64) * _signed(_GOLDEN)
 
 
-def to_uniform(bits: Tensor) -> Tensor:
-    """float32 uniforms in [0, 1), 24 random bits each."""
-    return _srl(bits, 40).to(torch.float32) * 2.0**-24
+def from_keys(key: Tensor, n: int) -> Tensor:
+    """[..., n] int64 random bits number 0..n-1 of each key [...]."""
+    return _mix(_counters(key, n))
+
+
+def uniform_of_keys(key: Tensor, n: int) -> Tensor:
+    """[..., n] float32 uniforms in [0, 1) of each key [...]: the top 24 of `from_keys`' bits
+    (mixed without the last xor-shift, which leaves them as they are)."""
+    z = _mix(_counters(key, n), last_shift=False)
+    z >>= 40
+    z &= 0xFFFFFF
+    return z.to(torch.float32).mul_(2.0**-24)
+
+
+def dropout_bits(key: Tensor, n: int) -> Tensor:
+    """[m, n] int64 of each key [m] in the order of `uniform_of_keys`' uniforms:
+    (uniform >= p) is (number >= `keep_threshold(p)`), a comparison of integers. They are
+    `from_keys`' bits (the top 24 as they are) with the sign bit flipped, so that their signed
+    order is the bits' unsigned order. On a CPU mixed in blocks that stay in a core's cache and
+    under torch's grain for threads (a cohort's [m, n] at once was measured 3x slower on one
+    thread, and two threads beside busy processes wait for a core at every op)."""
+    out = torch.empty(len(key), n, dtype=torch.int64, device=key.device)
+    rows, cols = (len(key), n) if key.device.type != "cpu" else (max(1, _BLOCK // max(n, 1)), min(n, _BLOCK))
+    for c in range(0, n, cols):
+        counter = torch.arange(c, min(c + cols, n), device=key.device, dtype=torch.int64) * _signed(_GOLDEN)
+        for r in range(0, len(key), rows):
+            z = torch.add(key[r:r + rows, None], counter, out=out[r:r + rows, c:c + cols])
+            _mix(z, last_shift=False).bitwise_xor_(-(1 << 63))
+    return out
+
+
+def keep_threshold(p: float) -> int | None:
+    """T with (u >= p) == (number >= T) for each uniform u of `uniform_of_keys` and its number
+    of `dropout_bits`; None when no uniform reaches p. torch compares a float32 tensor with p
+    rounded to float32, q; a uniform is k * 2**-24 for its top 24 bits k, so u >= q for the k
+    from t = ceil(q * 2**24) on (both exact), and their numbers are those >= t * 2**40 - 2**63."""
+    if not p <= 1:  # (nor nan)
+        return None
+    t = max(0, math.ceil(float(np.float32(p)) * 2**24))
+    return None if t >= 2**24 else t * 2**40 - 2**63
 
 
 def _bits(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range, n: int) -> Tensor:
@@ -92,7 +143,7 @@ def _bits(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range, n: i
 
 def uniform(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range, n: int) -> Tensor:
     """[m, n] float32 uniforms in [0, 1), 24 random bits each ([S, m, n] for a range of steps)."""
-    return to_uniform(_bits(seed, stream, rnd, ids, step, n))
+    return uniform_of_keys(keys(seed, stream, rnd, ids, step), n)
 
 
 def normal(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range, n: int) -> Tensor:

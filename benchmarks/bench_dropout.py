@@ -1,0 +1,183 @@
+"""The keyed dropout's share of a transformer's round (issue 38, "keyed randomness that costs nothing").
+
+bench_modules.py's user transformer (2 encoder layers, d_model 32, dropout 0.1, digits' rows as
+8 tokens), 10 devices x 10 local steps x minibatches of 16, trained by fedsim's batched and loop
+trainers (`[run] threads = "auto"` as a run, or `--threads N`) and by a plain one-thread PyTorch loop. Each
+round with dropout is timed against the same round without it, alternated in one process
+(A B B A ..., after a warm-up round of each):
+
+* fedsim without dropout: the keyed dropout made the identity, drawing no numbers (attention
+  still written out as with dropout): the difference is what keyed dropout costs.
+* plain without dropout: the module with every dropout rate at 0 (what torch's own dropout
+  costs, for comparison; torch then takes its fused attention kernel).
+* draws: a round's dropout numbers alone (`ModuleModel.randomness` per step, for the cohort or
+  per device as the trainer draws them), on the threads of the trainer's call.
+
+The share is 1 - without / with (and draws / with), of the medians of wall time and of the
+process's CPU time (less sensitive to other jobs). `--busy N` runs N busy processes beside it;
+the machine's load average is recorded before and after.
+
+    python benchmarks/bench_dropout.py [--repeats 7] [--threads auto|N] [--busy N] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from unittest import mock
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_modules import MODELS, SETTINGS, Pair, busy_processes, machine  # noqa: E402
+
+from fedsim.config import ClientConfig  # noqa: E402
+from fedsim.training import ThreadPolicy, build_trainer, modules, rng  # noqa: E402
+
+
+@contextmanager
+def keyed_dropout_off():
+    """fedsim's keyed dropout as the identity, and a step's randomness its keys alone."""
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(modules, "_keyed_dropout",
+                                              lambda input, p=0.5, training=True, inplace=False: input))
+        stack.enter_context(mock.patch.object(modules.ModuleModel, "randomness",
+                                              lambda self, seed, rnd, ids, step, batch: rng.keys(seed, rng.MODULE,
+                                                                                                  rnd, ids, step)))
+        yield
+
+
+def without_dropout(net: nn.Module) -> nn.Module:
+    """A copy of `net` with every dropout rate at 0."""
+    net = copy.deepcopy(net)
+    for m in net.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+        if isinstance(m, nn.MultiheadAttention):
+            m.dropout = 0.0
+    return net
+
+
+class Rows:
+    """The three trainers of one cohort: each round with and without dropout, and the draws."""
+
+    def __init__(self, threads: str):
+        self.pair = Pair(MODELS["user-transformer"], SETTINGS["steps"])
+        self.setting = self.pair.setting
+        self.trainers = {path: build_trainer(self.pair.task, ClientConfig(
+            batch_size=self.setting.batch, local_steps=self.setting.local_steps, trainer=path), seed=0,
+            threads=ThreadPolicy(threads)) for path in ("batched", "loop")}
+        self.plain_nets = {True: self.pair.work, False: without_dropout(self.pair.work)}
+
+    def round(self, row: str, dropout: bool, rnd: int) -> tuple[float, float]:
+        """(wall, CPU) seconds of a round."""
+        cpu = time.process_time()
+        if row == "plain":
+            self.pair.work = self.plain_nets[dropout]
+            return self.pair.plain_round(), time.process_time() - cpu
+        trainer, pair = self.trainers[row], self.pair
+        with pair.threads.scope(), ExitStack() as stack:
+            if not dropout:
+                stack.enter_context(keyed_dropout_off())
+            t0 = time.perf_counter()
+            trainer.train(rnd, pair.ids, pair.start, pair.steps, 0.05)
+            return time.perf_counter() - t0, time.process_time() - cpu
+
+    def draws(self, row: str, rnd: int) -> float | None:
+        """Seconds of a round's dropout numbers alone (None before they were drawn outside the forward)."""
+        if row == "plain" or not hasattr(rng, "dropout_bits"):
+            return None
+        trainer, pair, model = self.trainers[row], self.pair, self.pair.task.model
+        ids = torch.as_tensor(pair.ids)
+        cohorts = [ids] if row == "batched" else list(ids.split(1))
+        with pair.threads.scope(), trainer.threads.work(trainer.call_flops(pair.ids)):
+            t0 = time.perf_counter()
+            for step in range(self.setting.local_steps):
+                for cohort in cohorts:
+                    model.randomness(0, rnd, cohort, step, self.setting.batch)
+            return time.perf_counter() - t0
+
+    def threads(self, row: str) -> int:
+        return 1 if row == "plain" else self.trainers[row].summary()["threads"]
+
+
+def measure(rows: Rows, row: str, repeats: int) -> dict:
+    rows.round(row, True, 0), rows.round(row, False, 0), rows.draws(row, 0)  # warm-up
+    times: dict[str, list[float]] = {"with": [], "without": [], "draws": [], "with_cpu": [], "without_cpu": []}
+    for r in range(repeats):  # A B B A ...: a drift of the machine's load hits both alike
+        for side in (("with", "without") if r % 2 == 0 else ("without", "with")):
+            wall, cpu = rows.round(row, side == "with", r + 1)
+            times[side].append(wall)
+            times[f"{side}_cpu"].append(cpu)
+        drawn = rows.draws(row, r + 1)
+        if drawn is not None:
+            times["draws"].append(drawn)
+    with_s, without_s = statistics.median(times["with"]), statistics.median(times["without"])
+    draws_s = statistics.median(times["draws"]) if times["draws"] else None
+    with_cpu, without_cpu = statistics.median(times["with_cpu"]), statistics.median(times["without_cpu"])
+    return {"row": row, "threads": rows.threads(row), "devices": rows.setting.devices,
+            "local_steps": rows.setting.local_steps, "batch": rows.setting.batch,
+            "dropout_numbers_per_step": rows.pair.task.model.dropout_numbers(rows.setting.batch)
+            if hasattr(rows.pair.task.model, "dropout_numbers") else None,
+            **{f"{side}_s": [round(t, 4) for t in ts] for side, ts in times.items()},
+            "with_median_s": round(with_s, 4), "without_median_s": round(without_s, 4),
+            "draws_median_s": None if draws_s is None else round(draws_s, 4),
+            "dropout_share": round(1 - without_s / with_s, 3),
+            "dropout_share_cpu": round(1 - without_cpu / with_cpu, 3),
+            "draws_share": None if draws_s is None else round(draws_s / with_s, 3)}
+
+
+def row_text(rec: dict) -> str:
+    spread = lambda xs: f"{min(xs):.3f}-{max(xs):.3f}"  # noqa: E731
+    draws = "-" if rec["draws_median_s"] is None else f"{rec['draws_median_s']:.4f} {100 * rec['draws_share']:5.1f}%"
+    return (f"{rec['row']:<8} {rec['threads']:>2} {rec['with_median_s']:>8.3f} {spread(rec['with_s']):>13} "
+            f"{rec['without_median_s']:>8.3f} {spread(rec['without_s']):>13} {100 * rec['dropout_share']:>6.1f}% "
+            f"{100 * rec['dropout_share_cpu']:>6.1f}% {draws:>15}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7, help="timed rounds per side")
+    parser.add_argument("--threads", default="auto", help="fedsim's [run] threads (auto, or a number)")
+    parser.add_argument("--busy", type=int, default=0, help="busy processes beside the measurement")
+    parser.add_argument("--out", type=Path, help="write the records as JSON here")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.exit(2, f"error: --repeats {args.repeats}: give a number of timed rounds >= 1\n")
+    load_before = os.getloadavg()
+    busy = busy_processes(args.busy, "spin")
+    records: list[dict] = []
+    result = {"machine": machine(), "torch": torch.__version__, "threads": args.threads, "busy": args.busy,
+              "repeats": args.repeats,
+              "loadavg_before": [round(x, 2) for x in load_before], "records": records}
+    try:
+        rows = Rows(args.threads if args.threads == "auto" else int(args.threads))
+        print(f"machine: {machine()}; busy processes: {args.busy}; load before: "
+              f"{' '.join(f'{x:.2f}' for x in load_before)}; {rows.setting.devices} devices x "
+              f"{rows.setting.local_steps} steps x {rows.setting.batch}")
+        print(f"{'trainer':<8} {'th':>2} {'with s':>8} {'with spread':>13} {'without':>8} {'without spread':>13} "
+              f"{'share':>7} {'cpu sh':>7} {'draws s, share':>15}")
+        for row in ("batched", "loop", "plain"):
+            records.append(measure(rows, row, args.repeats))
+            print(row_text(records[-1]), flush=True)
+            result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+            if args.out:
+                args.out.write_text(json.dumps(result, indent=2) + "\n")
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    print(f"load after: {' '.join(f'{x:.2f}' for x in result['loadavg_after'])}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -78,14 +78,22 @@ def test_word_vectors_are_a_constant_not_a_parameter():
         torch.testing.assert_close(module(x), model.predict(model.init(0), x), rtol=1e-5, atol=1e-5)
 
 
-def test_a_users_sequential_of_the_same_layers_trains_through_torch_func():
-    """Lowering is for the built-ins: a user's module keeps its numbers of earlier releases."""
-    MODELS.register("user-seq-mlp", lambda s, n, cfg: nn.Sequential(nn.Flatten(), nn.Linear(64, n)))
+def test_a_users_sequential_of_kernel_layers_trains_on_the_kernels_under_rules_2():
+    """Training rules 2 lower a user's nn.Sequential by its layers' types (model.pt keeps the
+    module's own names); a run started under rules 1 keeps it on torch.func."""
+    MODELS.register("user-seq-mlp", lambda s, n, cfg: nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(),
+                                                                    nn.Dropout(0.1), nn.Linear(16, n)))
     try:
-        model = build_model(ModelConfig(name="user-seq-mlp"), (1, 8, 8), 10, "tiny")
+        model = build_model(ModelConfig(name="user-seq-mlp"), (1, 8, 8), 10, "tiny", seed=4)
+        old = build_model(ModelConfig(name="user-seq-mlp"), (1, 8, 8), 10, "tiny", seed=4, rules=1)
     finally:
         del MODELS["user-seq-mlp"]
-    assert isinstance(model, ModuleModel)
+    assert isinstance(model, KernelModel) and isinstance(old, ModuleModel)
+    assert list(model.state_dict(model.init(4))) == ["1.weight", "1.bias", "4.weight", "4.bias"]
+    assert torch.equal(model.init(4), old.init(4))
+    x = inputs((1, 8, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(model.predict(model.init(4), x), old.predict(old.init(4), x))
 
 
 @pytest.mark.parametrize("layer", [nn.Conv2d(1, 2, 3, stride=2), nn.Conv2d(1, 2, 3, bias=False),

@@ -146,3 +146,28 @@ def test_a_past_run_whose_config_was_edited_is_still_refused(release, tmp_path, 
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         f"error: {config}: [client] lr = 0.2, but the run started with 0.1; a resumed run keeps its config")
+
+
+MODULE_RUNS = Path(__file__).parent / "past_module_runs" / "9cd3e24"
+
+
+def test_a_users_sequential_of_a_past_release_resumes_under_its_own_training_rules(tmp_path, monkeypatch, capsys):
+    """A run of a user's nn.Sequential (with dropout) made under training rules 1 (torch.func)
+    resumes under them: rounds 3-4 are those its release computed uninterrupted, bit for bit,
+    and it goes on recording rules 1. The same config started today trains on fedsim's kernels
+    (rules 2): other numbers (float rounding, other dropout draws), recorded as such."""
+    shutil.copytree(MODULE_RUNS, tmp_path / "past")
+    monkeypatch.chdir(tmp_path / "past")  # where seqnet.py is
+    run_dir, whole = tmp_path / "past" / "module", tmp_path / "past" / "whole"
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=5", "--quiet"]) == 0
+    assert rounds(run_dir).equals(rounds(whole))
+    a, b = torch.load(run_dir / "model.pt"), torch.load(whole / "model.pt")
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((run_dir / "manifest.json").read_text())["rules"] == 1
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["rules"] == 1
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=6", "--quiet"]) == 0  # and again
+    assert json.loads((run_dir / "manifest.json").read_text())["rules"] == 1
+    today = fresh(whole / "config.toml", tmp_path / "today", 5)
+    assert json.loads((today / "manifest.json").read_text())["rules"] == 2
+    assert not rounds(today)["train_loss"].equals(rounds(whole)["train_loss"])
+    assert rounds(today)["round"].to_list() == rounds(whole)["round"].to_list()

@@ -23,21 +23,35 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
-def test_auto_gives_one_thread_below_the_crossover_and_all_from_it(restore_threads):
+def test_auto_gives_one_thread_below_the_crossover_and_half_the_cores_from_it(restore_threads):
+    """Training rules 2: a large call takes half the cores (so that a run beside other jobs never
+    waits for a core at every kernel), at least one; a module through torch.func one."""
     torch.set_num_threads(4)
     policy = ThreadPolicy("auto", CPU)
     assert policy.threads_for(0) == 1
     assert policy.threads_for(CROSSOVER_FLOPS * 0.99) == 1
-    assert policy.threads_for(CROSSOVER_FLOPS) == 4
+    assert policy.threads_for(CROSSOVER_FLOPS) == 2
+    assert policy.threads_for(CROSSOVER_FLOPS * 100, module=True) == 1
+    assert policy.choice(CROSSOVER_FLOPS)[1].endswith("crossover (half of 4 threads, at least one)")
     seen = []
     with policy.scope():
         assert torch.get_num_threads() == 1  # the server's own small work
         with policy.work(CROSSOVER_FLOPS * 10):
             seen.append(torch.get_num_threads())
         seen.append(torch.get_num_threads())
-    assert seen == [4, 1]
+    assert seen == [2, 1]
     assert torch.get_num_threads() == 4  # restored after the run
-    assert policy.summary() == {"setting": "auto", "max": 4, "calls_by_threads": {"4": 1}}
+    assert policy.summary() == {"setting": "auto", "max": 4, "calls_by_threads": {"2": 1}}
+    torch.set_num_threads(2)
+    assert ThreadPolicy("auto", CPU).threads_for(CROSSOVER_FLOPS * 100) == 1  # two cores: one
+
+
+def test_a_run_started_under_rules_1_keeps_every_thread_for_a_large_call(restore_threads):
+    torch.set_num_threads(4)
+    policy = ThreadPolicy("auto", CPU, rules=1)
+    assert policy.threads_for(CROSSOVER_FLOPS * 0.99) == 1
+    assert policy.threads_for(CROSSOVER_FLOPS) == 4
+    assert policy.threads_for(CROSSOVER_FLOPS, module=True) == 4
 
 
 def test_a_pinned_count_is_used_for_every_call(restore_threads):
@@ -93,12 +107,15 @@ def test_a_bad_thread_setting_is_one_error_line(cli_run, value):
 def test_a_shared_call_of_small_runs_is_cut_into_one_thread_parts(restore_threads):
     """Each member alone on one thread but the whole past the crossover: one part per thread;
     a member that alone gets all threads, a small whole, a pinned count or a GPU: one call."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(4)
     small = CROSSOVER_FLOPS / 4
+    assert ThreadPolicy("auto", CPU).parts([small] * 6) == 4
+    assert ThreadPolicy("auto", CPU).parts([small, CROSSOVER_FLOPS]) == 1  # that member alone takes 2 threads
+    torch.set_num_threads(2)
     auto = ThreadPolicy("auto", CPU)
     assert auto.parts([small] * 6) == 2
     assert auto.parts([small] * 3) == 1  # 0.75 x the crossover: one thread, as each run alone
-    assert auto.parts([small, CROSSOVER_FLOPS]) == 1  # that member alone takes both threads
+    assert auto.parts([small, CROSSOVER_FLOPS]) == 2  # on two cores every member alone takes one thread
     assert auto.parts([CROSSOVER_FLOPS * 2]) == 1
     assert ThreadPolicy(2, CPU).parts([small] * 6) == 1
     assert ThreadPolicy("auto", torch.device("cuda")).parts([small] * 6) == 1
@@ -113,7 +130,7 @@ def test_a_modules_calls_take_one_thread_and_its_shared_calls_parts_however_larg
     """A user's nn.Module (torch.func steps) stays on one thread under auto at any size, so a
     study's shared call of such runs goes in parts even where each run alone is large; a pinned
     count still pins it."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(4)
     auto = ThreadPolicy("auto", CPU)
     large = CROSSOVER_FLOPS * 10
     assert auto.threads_for(large, module=True) == 1 and auto.threads_for(large) == 2

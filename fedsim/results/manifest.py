@@ -54,7 +54,7 @@ def write_manifest(run, result, host_s: float) -> None:
 
     config, trace = run.config, run.trace
     write_json(run.run_dir / "manifest.json", {
-        "run_format": RUN_FORMAT, "fedsim": fedsim.__version__, "torch": torch.__version__,
+        "run_format": RUN_FORMAT, "rules": run.rules, "fedsim": fedsim.__version__, "torch": torch.__version__,
         "python": platform.python_version(), "seed": config.run.seed,
         "device": str(run.device), "threads": run.threads.summary(),
         "trainer": {**run.trainer.summary(), "from_round": run.start_round},

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from fedsim.config import Config, read_toml
 from fedsim.errors import FedsimError
 
-RUN_FORMAT = 1
+RUN_FORMAT = 2  # 2: `rules` in manifest.json and checkpoint.pt (fedsim/training/rules.py)
 # what every checkpoint.pt holds (experiment.py writes them, with more that some runs need)
 CHECKPOINT_KEYS = ("round", "sim_time", "strategy", "recorder", "host_s")
 
@@ -108,6 +108,7 @@ def _quadratic(raw: dict) -> bool:
 STEPS: dict[int, list[Change]] = {
     0: [Change("data", "partition", _quadratic, "the quadratic task has no partition; earlier releases "
                "wrote their default there")],
+    1: [],  # (format 2 adds the training rules a run started under; a run of format 1 resumes under rules 1)
 }
 
 

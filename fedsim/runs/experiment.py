@@ -44,6 +44,7 @@ from fedsim.traces.generators import known_probability_at
 from fedsim.traces.io import read_device_table
 from fedsim.traces.stats import device_online_fraction
 from fedsim.training import ThreadPolicy, build_task, build_trainer
+from fedsim.training.rules import CURRENT as CURRENT_RULES
 from fedsim.training.memory import State, check_memory
 from fedsim.training.work import check_task_steps
 from fedsim.training.schedules import learning_rate
@@ -118,14 +119,15 @@ class Experiment:
 
     def __init__(self, config: Config, run_dir: Path, progress: bool = True,
                  trace_record: TraceRecord | None = None, plotter: PlotWorker | None = None,
-                 callbacks: Sequence[Callback] = (), resuming: bool = False):
+                 callbacks: Sequence[Callback] = (), resuming: bool = False, rules: int = CURRENT_RULES):
         """`trace_record`: the generated trace of the run being resumed. A resume generates the
         trace again for its (maybe longer) extent and keeps that when it agrees with the
         recorded one; otherwise it replays the recorded trace, repeating it. `callbacks`: the user's own,
         called after the evaluation and before the recorder. `resuming`: the checkpoint holds
-        the model, so a warm start's `[model] init_from` is not read again (it may be gone)."""
+        the model, so a warm start's `[model] init_from` is not read again (it may be gone).
+        `rules`: the training rules the run started under (fedsim/training/rules.py)."""
         check_trackers(config)  # before anything is read or written: a tracker that cannot log stops here
-        self.resuming = resuming
+        self.resuming, self.rules = resuming, rules
         self.lock = DirectoryLock(run_dir)
         self.config = config = resolve_trace_path(config)
         self.run_dir = Path(run_dir)
@@ -135,11 +137,11 @@ class Experiment:
         self.evaluated: tuple[float, float | None] | None = None  # this round's, done with other runs
         self.device = resolve_device(config.run.device)
         cfg = config
-        self.task = build_task(cfg.data, cfg.model, seed=cfg.run.seed, device=self.device,
+        self.task = build_task(cfg.data, cfg.model, seed=cfg.run.seed, device=self.device, rules=rules,
                                fits=lambda sizes, dim: check_memory(cfg, self.device, len(sizes), dim,
                                                                     self.planned_state(cfg, sizes, dim)))
         check_cohort_size(cfg.server, self.task.n_clients)
-        self.threads = ThreadPolicy(cfg.run.threads, self.device)
+        self.threads = ThreadPolicy(cfg.run.threads, self.device, rules)
         self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads,
                                      deterministic=cfg.run.deterministic, tf32=cfg.run.tf32)
         check_task_steps(cfg, self.task, self.trainer)  # before a trace of the run's length is made
@@ -412,7 +414,7 @@ class Experiment:
             "round": rounds_done, "sim_time": sim_time, "strategy": self.strategy.state_dict(),
             "recorder": self.recorder.state_dict(), "host_s": self._host_s(),
             "server": self.server.state_dict(),
-            "config": self.config.to_dict(), "run_format": RUN_FORMAT,
+            "config": self.config.to_dict(), "run_format": RUN_FORMAT, "rules": self.rules,
             "model": self.model_layout,
             **({"device_buffers": self.task.device_buffers.state_dict()} if self.task.device_buffers else {}),
         }
@@ -517,7 +519,8 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
     if config.run.rounds < state["round"]:
         raise FedsimError(f"--set run.rounds={config.run.rounds}: the run already has "
                           f"{state['round']} rounds; resume can only add rounds")
-    return Experiment(config, run_dir, progress, record, plotter, callbacks, resuming=True), state
+    return Experiment(config, run_dir, progress, record, plotter, callbacks, resuming=True,
+                      rules=state.get("rules", 1)), state
 
 
 def refuse_async_without_tasks(state: dict, config: Config, checkpoint: Path) -> None:

@@ -12,20 +12,22 @@ from fedsim.data.datasets import load_dataset
 from fedsim.data.partition import partition
 from fedsim.errors import FedsimError
 from fedsim.training.quadratic import QuadraticTask
+from fedsim.training.rules import CURRENT as CURRENT_RULES
 from fedsim.training.task import Fits, Task, classification_task
 from fedsim.training.threads import ThreadPolicy
 from fedsim.training.trainer import Trainer, TrainResult
 
 
 def build_task(data: DataConfig, model: ModelConfig, *, seed: int, device: torch.device,
-               fits: Fits | None = None) -> Task:
+               fits: Fits | None = None, rules: int = CURRENT_RULES) -> Task:
     """The task of `[data]` and `[model]`, with everything on `device`; `fits(sizes, dim)` is
     asked before the model is allocated (a quadratic task's is its targets' dimension)."""
     if data.dataset == "quadratic":
         if fits is not None:
             fits(np.ones(data.clients, dtype=np.int64), len(data.targets[0]) if data.targets else data.dim)
         return QuadraticTask(data, model, seed=seed, device=device)
-    return classification_task(load_dataset(data, seed), data, model, seed=seed, device=device, fits=fits)
+    return classification_task(load_dataset(data, seed), data, model, seed=seed, device=device, fits=fits,
+                               rules=rules)
 
 
 def devices_of(data: DataConfig, *, seed: int) -> tuple[int, np.ndarray | None]:

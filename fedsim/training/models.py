@@ -9,9 +9,9 @@ Two implementations sit under the protocol:
 * `KernelModel` (fedsim/training/kernels.py): the built-ins, nn.Sequentials of layers that
   fedsim has hand-batched kernels for.
 * `ModuleModel` (fedsim/training/modules.py): any other module, through torch.func
-  (`functional_call`, `grad`, `vmap`). A user's nn.Sequential of the same layers stays here for
-  now: moving it onto the kernels changes its numbers by float rounding, which needs a
-  run-format step so that runs of earlier releases resume with their own.
+  (`functional_call`, `grad`, `vmap`). A user's nn.Sequential of layers with kernels trains on
+  the kernels from training rules 2 (fedsim/training/rules.py); a run started under rules 1
+  resumes here, with its own numbers.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from torch import Tensor
 from fedsim.config import ModelConfig
 from fedsim.config.catalog import MODELS
 from fedsim.errors import FedsimError, first_line
+from fedsim.training import rules as training_rules
 from fedsim.training.architectures import BUILT_IN, TokenShape
 from fedsim.training.kernels import KernelModel, lower
 from fedsim.training.losses import StepFn, StepLoss
@@ -86,9 +87,10 @@ TEXT_MODELS = ("lstm", "char-lstm")  # the built-ins that read token ids (throug
 
 
 def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dataset: str,
-                seed: int = 0) -> Model:
+                seed: int = 0, rules: int = training_rules.CURRENT) -> Model:
     """The `[model]` network: its factory's nn.Module, on fedsim's kernels where its layers
-    have them (fedsim/training/kernels.py), through torch.func otherwise."""
+    have them (fedsim/training/kernels.py; a user's module from training rules 2), through
+    torch.func otherwise."""
     factory = MODELS.lookup(cfg.name, "[model] name")
     if not 0 <= cfg.dropout < 1:
         raise FedsimError(f"[model] dropout = {cfg.dropout} must be in [0, 1)")
@@ -117,7 +119,7 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
     if not isinstance(built, torch.nn.Module):
         fix = "wrap them in torch.nn.Sequential(...)" if isinstance(built, (list, tuple)) else "return the module it builds"
         raise FedsimError(f"{where}: the factory returned {_describe(built)}, not a torch.nn.Module; {fix}")
-    kernels = lower(cfg.name, built, in_shape) if factory in BUILT_IN else None
+    kernels = lower(cfg.name, built, in_shape) if factory in BUILT_IN or rules >= 2 else None
     model = kernels or ModuleModel(cfg.name, built, in_shape, n_classes, where)
     if cfg.local_buffers and not model.has_buffers:
         raise FedsimError(f"{where}: [model] local_buffers = true, but the module has no buffers (running "
@@ -128,7 +130,8 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
     return model
 
 
-def model_dim(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, seed: int = 0) -> int | None:
+def model_dim(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, seed: int = 0,
+              rules: int = training_rules.CURRENT) -> int | None:
     """The floats of the model's state (the flat vector each device trains: trainable parameters
     and buffers), counted with its factory called on the meta device, which allocates nothing:
     how large a model is before it is built. None where the factory cannot build there (it
@@ -141,7 +144,7 @@ def model_dim(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, seed:
         return None
     if not isinstance(built, torch.nn.Module):
         return None
-    if factory in BUILT_IN:  # (its fixed word vectors are constants)
+    if (factory in BUILT_IN or rules >= 2) and lower(cfg.name, built, in_shape) is not None:  # (fixed vectors: constants)
         return sum(p.numel() for p in built.parameters())
     trainable = sum(p.numel() for p in built.parameters() if p.requires_grad)
     return trainable + sum(b.numel() for b in built.buffers())

@@ -22,6 +22,7 @@ from fedsim.data.clients import ClientData
 from fedsim.data.dataset import Dataset
 from fedsim.data.partition import partition
 from fedsim.training import rng
+from fedsim.training import rules as training_rules
 from fedsim.training.evaluate import chunk_size, evaluate_classifier, evaluate_per_device
 from fedsim.training.local_buffers import DeviceBuffers
 from fedsim.training.losses import StepFn, weighted_cross_entropy
@@ -278,14 +279,16 @@ Fits = Callable[[np.ndarray, int], None]
 
 
 def classification_task(dataset: Dataset, data: DataConfig, model: ModelConfig, *, seed: int,
-                        device: torch.device, fits: Fits | None = None) -> ClassificationTask:
+                        device: torch.device, fits: Fits | None = None,
+                        rules: int = training_rules.CURRENT) -> ClassificationTask:
     """Partition `dataset` as `[data]` says (a dataset with its own clients: as they are) and
-    put it on `device` with the `[model]` network, once `fits` accepts its size."""
+    put it on `device` with the `[model]` network (as training `rules` build it), once `fits`
+    accepts its size."""
     owner = dataset.owner_train if dataset.owner_train is not None else partition(dataset.y_train, data, seed)
     clients = ClientData(dataset, owner, data.clients, device)
     shape = input_shape(dataset, model)
-    dim = model_dim(model, shape, dataset.n_classes, seed) if fits is not None else None
+    dim = model_dim(model, shape, dataset.n_classes, seed, rules) if fits is not None else None
     if dim is not None:
         fits(clients.sizes_np, dim)
-    net = build_model(model, shape, dataset.n_classes, dataset.name, seed)
+    net = build_model(model, shape, dataset.n_classes, dataset.name, seed, rules)
     return ClassificationTask(clients, net, seed)

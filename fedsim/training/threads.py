@@ -14,10 +14,12 @@ would have one thread, the shared call is cut into independent parts, one per th
 on one thread (`parts`): idle they fill the cores, loaded a part waits for a core once per
 call, not once per kernel, and each run's numbers are those of its one-thread call alone.
 
-A user's nn.Module trains on one thread whatever the call's size (`module=True`: its steps
-are torch.func calls, many small kernels each). On two threads, beside busy processes or only
-other sessions' tests, its rounds took 2.5-50x as long as a plain one-thread PyTorch loop's; on
-one thread they stayed at 0.5-0.98x of it, idle and beside 2-3 busy processes (bench_modules.py).
+Under training rules 2 (fedsim/training/rules.py) a large call takes half the cores (one on
+two cores), and a user's nn.Module through torch.func one thread whatever the call's size
+(`module=True`: its steps are many small kernels each). On two threads of two cores, beside busy
+processes or only other sessions' tests, rounds took 2.5-50x as long as a plain one-thread
+PyTorch loop's; on one thread they stayed at 0.5-0.98x of it, idle and beside 2-3 busy
+processes (bench_modules.py). Runs started under rules 1 keep every thread for a large call.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from fedsim.training import rules as training_rules
+
 # Multiply-adds of one call (forward + backward of a local step over the cohort, or an
 # evaluation) from which two threads are at least 1.3x faster than one on an idle 2-core CPU
 # (benchmarks/bench_threads.py: 22.6 M, e.g. a CNN's step on one device). Below it they gain
@@ -39,9 +43,12 @@ CROSSOVER_FLOPS = 2.25e7
 class ThreadPolicy:
     """Sets torch's thread count around each call by the call's work, and counts the choices."""
 
-    def __init__(self, setting: str | int = "auto", device: torch.device = torch.device("cpu")):
-        self.setting = setting
+    def __init__(self, setting: str | int = "auto", device: torch.device = torch.device("cpu"),
+                 rules: int = training_rules.CURRENT):
+        self.setting, self.rules = setting, rules
         self.most = torch.get_num_threads() if setting == "auto" else int(setting)
+        # what a large call gets under auto (rules 1: every thread)
+        self.large = self.most if rules < 2 else max(1, self.most // 2)
         self.active = device.type == "cpu"  # a GPU's kernels do not use them
         self.calls: Counter[int] = Counter()
 
@@ -61,7 +68,9 @@ class ThreadPolicy:
         """Threads of a call of `flops` multiply-adds; `module`: a user's nn.Module's (one thread)."""
         if self.setting != "auto":
             return self.most
-        return self.most if flops >= CROSSOVER_FLOPS and not module else 1
+        if self.rules < 2:
+            return self.most if flops >= CROSSOVER_FLOPS else 1
+        return self.large if flops >= CROSSOVER_FLOPS and not module else 1
 
     def choice(self, flops: float, module: bool = False) -> tuple[int | None, str]:
         """The threads of a call of `flops` multiply-adds (None: a GPU's call) and why, for the manifest."""
@@ -69,11 +78,12 @@ class ThreadPolicy:
             return None, "torch threads do not apply on a GPU"
         if self.setting != "auto":
             return self.most, f"[run] threads = {self.most}"
-        if module:
+        if module and self.rules >= 2:
             return 1, "[run] threads = 'auto': an nn.Module's calls (torch.func) on one thread"
         side = "at least" if flops >= CROSSOVER_FLOPS else "under"
+        large = "" if flops < CROSSOVER_FLOPS or self.rules < 2 else f" (half of {self.most} threads, at least one)"
         return self.threads_for(flops), (f"[run] threads = 'auto': a call of {flops / 1e6:.3g} M multiply-adds, "
-                                         f"{side} the {CROSSOVER_FLOPS / 1e6:g} M crossover")
+                                         f"{side} the {CROSSOVER_FLOPS / 1e6:g} M crossover{large}")
 
     @contextmanager
     def work(self, flops: float, module: bool = False):

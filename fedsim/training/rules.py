@@ -1,0 +1,20 @@
+"""Training rules: the versioned choices that decide a run's numbers beyond its config.
+
+`[client] trainer = "auto"` and `[run] threads = "auto"` pick a path and a thread count by fixed
+rules, and fedsim picks the code that computes a model; two choices agree only to float
+rounding. So a change of such a rule is a new version here, recorded in every run's
+checkpoint.pt and manifest.json (`rules`): a run resumes under the rules it started with, and
+its numbers stay its own. A run of a release that recorded none started under version 1.
+
+1. Users' modules train through torch.func (fedsim/training/modules.py); a CPU call of at
+   least CROSSOVER_FLOPS multiply-adds takes every thread.
+2. A user's nn.Sequential of layers fedsim has kernels for trains on the kernels, as the
+   built-ins do (fedsim/training/kernels.py); a CPU call takes one thread below the crossover
+   and for a module through torch.func, half the cores above it (one on two cores): a call
+   whose threads outnumber the free cores waits for a core at every kernel, 2-50x slower beside
+   other jobs (benchmarks/RESULTS.md, "One thread a call").
+"""
+
+from __future__ import annotations
+
+CURRENT = 2

@@ -1,0 +1,46 @@
+#!/bin/sh
+# Makes the run of a user's nn.Sequential that tests/test_past_runs.py resumes under the training
+# rules it started with (fedsim/training/rules.py), and the same run uninterrupted:
+#   git archive SHA | tar -x -C /tmp/old-SHA
+#   sh tests/past_module_runs/make.sh SHA /tmp/old-SHA
+# writes tests/past_module_runs/SHA/{seqnet.py, module (3 rounds), whole (5 rounds)}.
+set -e
+sha=$1; code=$2
+here=$(cd "$(dirname "$0")" && pwd)
+out=$here/$sha
+rm -rf "$out"; mkdir -p "$out"
+cat > "$out/seqnet.py" <<'PY'
+from torch import nn
+
+
+def make(in_shape, n_classes, cfg):
+    """A user's MLP as an nn.Sequential of layers fedsim has kernels for, with dropout."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, n_classes))
+PY
+cat > "$out/module.toml" <<'TOML'
+[run]
+name = "module"
+rounds = 3
+eval_every = 1
+progress = false
+plots = false
+[data]
+dataset = "digits"
+clients = 12
+[model]
+name = "seqnet:make"
+[client]
+batch_size = 8
+local_steps = 3
+lr = 0.1
+[server]
+timing = "ideal"
+clients_per_round = 6
+TOML
+sed -e 's/name = "module"/name = "whole"/' -e 's/rounds = 3/rounds = 5/' "$out/module.toml" > "$out/whole.toml"
+cd "$out"
+for kind in module whole; do
+  PYTHONPATH="$code:$out" python -m fedsim run "$kind.toml" --set "run.out='$out'" --quiet > /dev/null
+  rm "$kind.toml"
+done
+rm -rf "$out/__pycache__" "$out"/*/.lock

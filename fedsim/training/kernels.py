@@ -456,14 +456,15 @@ def _kernel(name: str, layer: nn.Module, shape: tuple[int, ...]) -> Layer | None
         return Flatten()
     if type(layer) is nn.ReLU:
         return ReLU()
-    if type(layer) is nn.Linear and layer.bias is not None and len(shape) == 1:
+    if type(layer) is nn.Linear and layer.bias is not None and shape == (layer.in_features,):
         return Dense(name, layer.in_features, layer.out_features)
     if type(layer) is nn.Dropout and len(shape) == 1:
         return Dropout(shape[0], layer.p)
     if type(layer) is nn.MaxPool2d and len(shape) == 3 and _pairs(layer.kernel_size, layer.stride) == (2, 2) \
             and _pairs(layer.padding, layer.dilation) == (0, 1) and not layer.ceil_mode and not layer.return_indices:
         return MaxPool()
-    if type(layer) is nn.Conv2d and len(shape) == 3 and layer.bias is not None and layer.groups == 1 \
+    if type(layer) is nn.Conv2d and len(shape) == 3 and shape[0] == layer.in_channels and layer.bias is not None \
+            and layer.groups == 1 \
             and layer.padding_mode == "zeros" and layer.stride == (1, 1) and layer.dilation == (1, 1) \
             and isinstance(layer.padding, tuple) and layer.padding[0] == layer.padding[1] \
             and layer.kernel_size[0] == layer.kernel_size[1]:

@@ -119,8 +119,12 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
     if not isinstance(built, torch.nn.Module):
         fix = "wrap them in torch.nn.Sequential(...)" if isinstance(built, (list, tuple)) else "return the module it builds"
         raise FedsimError(f"{where}: the factory returned {_describe(built)}, not a torch.nn.Module; {fix}")
-    kernels = lower(cfg.name, built, in_shape) if factory in BUILT_IN or rules >= 2 else None
-    model = kernels or ModuleModel(cfg.name, built, in_shape, n_classes, where)
+    if factory in BUILT_IN:
+        model = lower(cfg.name, built, in_shape)
+    else:
+        model = ModuleModel(cfg.name, built, in_shape, n_classes, where)  # every check a module gets
+        if rules >= 2:
+            model = lower(cfg.name, model.module, in_shape) or model
     if cfg.local_buffers and not model.has_buffers:
         raise FedsimError(f"{where}: [model] local_buffers = true, but the module has no buffers (running "
                           "statistics) to keep on the devices; set local_buffers = false")

@@ -53,6 +53,7 @@ class _Draws(threading.local):
     numbers: Tensor | None = None
     used = 0
     where = ""
+    rates: list[float]  # while counting: each dropout call's probability, per number
 
 
 def _next_numbers(n: int) -> Tensor | None:
@@ -81,9 +82,13 @@ def _keyed_dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace
         return input
     if not _draws.on:
         return _DROPOUT(input, p, training, inplace)
-    numbers, threshold = _next_numbers(input.numel()), rng.keep_threshold(p)
+    numbers = _next_numbers(input.numel())
     if numbers is None:  # counting
+        _draws.rates.append(p)
         return input
+    if numbers.is_floating_point():  # a CPU step's divisors: 1 - p where kept, inf where dropped
+        return input / numbers.view(input.shape)
+    threshold = rng.keep_threshold(p)
     if threshold is None:  # no uniform reaches p: every unit dropped
         return input * 0.0
     return input * (numbers.view(input.shape) >= threshold) / (1.0 - p)  # (bools multiply as 1.0 and 0.0)
@@ -112,7 +117,7 @@ def keyed_randomness(numbers: Tensor | None, where: str = ""):
     forward runs: modules call them through `torch.nn.functional`, whatever module they sit in
     (nn.Dropout, attention)."""
     global _forwards
-    _draws.on, _draws.numbers, _draws.used, _draws.where = True, numbers, 0, where
+    _draws.on, _draws.numbers, _draws.used, _draws.where, _draws.rates = True, numbers, 0, where, []
     with _swap:
         _forwards += 1
         F.dropout, F.scaled_dot_product_attention = _keyed_dropout, _keyed_attention
@@ -225,16 +230,16 @@ def probe_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, 
     return logits, counter.get_total_flops() / 2 / n, (outputs.floats + 6 * draws.used) // n, outputs
 
 
-def count_dropout_numbers(module: nn.Module, state: dict[str, Tensor], samples: Tensor) -> int:
+def count_dropout_numbers(module: nn.Module, state: dict[str, Tensor], samples: Tensor) -> tuple[int, set[float]]:
     """How many random numbers the dropout of `module`'s training-mode forward pass (with
-    `state`, left as it was) uses on `samples`."""
+    `state`, left as it was) uses on `samples`, and the dropout probabilities of its calls."""
     state = {n: t.clone() for n, t in state.items()}
     try:
         with torch.no_grad(), keyed_randomness(None) as draws:
             functional_call(module.train(), state, (samples,))
     finally:
         module.eval()
-    return draws.used
+    return draws.used, set(draws.rates)
 
 
 # --- the model -------------------------------------------------------------------------------
@@ -275,7 +280,8 @@ class ModuleModel:
         self.flops, self.activations = self._probe(n_classes)
         self._one = grad_and_value(self._loss, has_aux=True)
         self._batch_problem: str | None = None
-        self._numbers: dict[int, int] = {}  # batch size -> dropout numbers of a forward
+        self._numbers: dict[int, tuple[int, set[float]]] = {}  # batch size -> dropout numbers, rates
+        self._divisors: dict[tuple, tuple[Tensor, Tensor]] = {}  # (n, device) -> (kept's divisor, threshold)
         self.tied = tied_names(module, self.names)
         frozen = any(n not in self.names and n not in self.tied for n in module.state_dict())  # its own constants
         self._shared_key = (tuple(zip(self.names, self.shapes)), id(module) if frozen else None)
@@ -355,21 +361,39 @@ class ModuleModel:
 
     def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int) -> Tensor:
         """The random numbers [m, n] of a local step's dropout, drawn for the cohort in one call:
-        the n numbers (`dropout_numbers`) a forward of `batch` samples takes, call after call."""
-        n = self.dropout_numbers(batch)
+        the n numbers (`dropout_numbers`) a forward of `batch` samples takes, call after call.
+        On a CPU, where every dropout call has one probability p, as divisors (1 - p where
+        `rng.keep_threshold` keeps a unit, inf where it drops it): each call in the forward is
+        then one division, input / (1 - p) or 0 exactly as input * mask / (1 - p) computes it,
+        forward and backward, where the mask and its products cost a quarter of a
+        transformer's step (benchmarks/RESULTS.md, "Keyed dropout"). (On a GPU, division by a
+        scalar is a product with its reciprocal: the numbers stay bits there.)"""
+        n, rates = self._dropout(batch)
         if not n:
             return torch.empty(len(ids), 0, dtype=torch.int64, device=ids.device)
-        return rng.dropout_bits(rng.keys(seed, rng.MODULE, rnd, ids, step), n)
+        bits = rng.dropout_bits(rng.keys(seed, rng.MODULE, rnd, ids, step), n)
+        if ids.device.type != "cpu" or len(rates) != 1 or rng.keep_threshold(next(iter(rates))) is None:
+            return bits
+        key = (n, ids.device)
+        if key not in self._divisors:
+            p = next(iter(rates))
+            self._divisors[key] = (torch.tensor(1.0 - p, dtype=torch.float32), rng.keep_threshold(p))
+        kept, threshold = self._divisors[key]
+        return torch.where(bits >= threshold, kept, torch.inf)
 
     def dropout_numbers(self, batch: int) -> int:
-        """Random numbers the dropout of a training forward of `batch` samples uses: counted on
-        a batch of zeros once per batch size (a forward that uses more is refused in one line)."""
+        return self._dropout(batch)[0]
+
+    def _dropout(self, batch: int) -> tuple[int, set[float]]:
+        """Random numbers the dropout of a training forward of `batch` samples uses, and its
+        calls' probabilities: counted on a batch of zeros once per batch size (a forward that
+        uses more is refused in one line)."""
         if batch not in self._numbers:
             device = next(self.module.parameters()).device
             state = self.typed(dict(zip(self.names, self.split(self._init.to(device)))))
             x = self._sample(batch).to(device)
 
-            def count() -> int:
+            def count() -> tuple[int, set[float]]:
                 return count_dropout_numbers(self.module, state, x)
 
             try:

@@ -159,3 +159,32 @@ def test_the_guides_scoring_snippet_runs_as_written_on_a_runs_model_pt(cli_run, 
     with torch.inference_mode():
         expected = model.predict(flat, images).argmax(dim=1).tolist()
     assert json.loads(out) == expected and len(set(expected)) > 1
+
+
+@pytest.mark.parametrize("name", ["lenet5", "cnn-fmnist"])
+def test_the_pool_before_its_relu_trains_exactly_as_the_modules_order(name):
+    """The kernels apply a max pool before the ReLU the module puts first (a quarter of the
+    ReLU's work): the same logits and the same gradients, bit for bit, one device and a cohort."""
+    from fedsim.training.kernels import autograd_step
+    from fedsim.training.losses import weighted_cross_entropy
+
+    model = build_model(ModelConfig(name=name, dropout=0.2), (1, 12, 12), 10, "tiny", seed=2)
+    assert [type(l).__name__ for l in model.train_layers[:3]] == ["Conv", "MaxPool", "ReLU"]
+    g = torch.Generator().manual_seed(3)
+    params = model.init(2)[None].expand(3, -1) + 0.05 * torch.randn(3, model.dim, generator=g)
+    x, y = torch.randn(3, 8, 1, 12, 12, generator=g), torch.randint(0, 10, (3, 8), generator=g)
+    weight, u = torch.full((3, 8), 1 / 8), torch.rand(3, 8, model.dropout_features, generator=g)
+
+    def module_order(ps, x, u):  # the layers as the module lists them
+        p, used = {q.name: v for q, v in zip(model.params, ps)}, 0
+        for layer in model.layers:
+            x = layer(p, x, u[:, used:used + layer.dropout])
+            used += layer.dropout
+        return x
+
+    ours = model.step_fn(weighted_cross_entropy, batched=False)
+    theirs = autograd_step(module_order, weighted_cross_entropy)
+    for k in range(3):
+        a, b = ours(model.split(params[k]), x[k], y[k], weight[k], u[k]), \
+            theirs(model.split(params[k]), x[k], y[k], weight[k], u[k])
+        assert torch.equal(a[1], b[1]) and all(torch.equal(s, t) for s, t in zip(a[0], b[0]))

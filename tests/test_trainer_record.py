@@ -50,7 +50,8 @@ def test_auto_records_the_batched_path_and_one_thread_and_the_report_says_so(cli
 def test_auto_takes_the_loop_for_a_built_in_cnn_on_a_cpu(cli_run):
     t = trainer_of(cli_run(with_keys(SMALL, model={"name": "cnn-svhn"}, run={"rounds": 2})))
     assert (t["chosen_by"], t["path"], t["threads"]) == ("auto", "loop", 1)
-    assert t["why"].startswith("auto: a built-in convolutional model on a CPU, where a loop of convolutions is faster")
+    assert t["why"].startswith("auto: convolutions on fedsim's kernels on a CPU, where a loop of them is faster "
+                               "than one grouped convolution")
 
 
 def test_auto_takes_the_loop_for_one_device_a_round(cli_run):

@@ -42,7 +42,8 @@ class AutoTrainer(Trainer):
         if len(ids) <= 1:
             return self.loop, "auto: one device a call, nothing to stack"
         if self.batched is None or not prefers_batched(self.task.cohort_slow_on_cpu, len(ids), where):
-            return self.loop, "auto: a built-in convolutional model on a CPU, where a loop of convolutions is faster"
+            return self.loop, ("auto: convolutions on fedsim's kernels on a CPU, where a loop of them is faster "
+                               "than one grouped convolution")
         return self.batched, f"auto: the cohort in one call on the {where.upper()}"
 
     def devices_per_call(self, ids):

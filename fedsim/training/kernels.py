@@ -291,7 +291,12 @@ class KernelModel:
         self.is_linear = isinstance(layers[-1], Dense) and all(isinstance(l, Flatten) for l in layers[:-1])
         shapes = _shapes(layers, in_shape)
         self.activations = sum(map(math.prod, shapes))  # layer outputs per sample
-        self.inference_layers = _inference_order(layers)
+        # training and evaluation apply a ReLU before a max pool after it: they commute exactly,
+        # forward and backward (the pool's window maximum is the same element either way, and
+        # the ReLU passes its gradient exactly where that maximum is positive), and the ReLU
+        # then reads a quarter of the values; evaluation also leaves dropout (a no-op there) out
+        self.train_layers = _pool_first(layers)
+        self.inference_layers = [layer for layer in self.train_layers if not isinstance(layer, Dropout)]
         # multiply-adds of one sample's forward pass: what the thread policy sizes a call by
         self.flops = sum(layer.flops(shape) for layer, shape in zip(layers, [in_shape, *shapes]))
 
@@ -312,7 +317,7 @@ class KernelModel:
         them); u [B, dropout_features] or None (no dropout)."""
         p = {q.name: v for q, v in zip(self.params, params)}
         used = 0
-        for layer in self.layers:
+        for layer in self.train_layers:
             x = layer(p, x, None if u is None else u[:, used:used + layer.dropout])
             used += layer.dropout
         return x
@@ -350,7 +355,7 @@ class KernelModel:
         elif x.dim() == 5:  # images: [B, m, C, H, W], the cohort layout, contiguous (convolutions
             x = x.transpose(0, 1).contiguous()  # on a strided input are ~3x slower on a CPU)
         used = 0
-        for layer in self.layers:
+        for layer in self.train_layers:
             x = layer.cohort(p, x, u[..., used:used + layer.dropout])
             used += layer.dropout
         return x
@@ -407,14 +412,13 @@ class KernelModel:
             len(ids), batch, self.dropout_features)
 
 
-def _inference_order(layers: list[Layer]) -> list[Layer]:
-    """The layers as evaluation applies them: dropout (a no-op there) left out, and a ReLU
-    before a max pool moved after it (they commute exactly; it then reads a quarter of the values)."""
+def _pool_first(layers: list[Layer]) -> list[Layer]:
+    """The layers with a ReLU before a max pool moved after it."""
     order: list[Layer] = []
     for layer in layers:
         if isinstance(layer, MaxPool) and order and isinstance(order[-1], ReLU):
             order.insert(-1, layer)
-        elif not isinstance(layer, Dropout):
+        else:
             order.append(layer)
     return order
 

@@ -51,11 +51,13 @@ def sgd_update_(ws: tuple[Tensor, ...], grads: tuple[Tensor, ...], starts: tuple
         scale = (client.clip / (norm + 1e-6)).clamp(max=1.0)
         for g in grads:
             g *= per_device(scale, g)
-    for g, w in zip(grads, ws):
-        if client.weight_decay:
-            g += client.weight_decay * w
-        g *= per_device(lr, g)
-        w -= g
+    if client.weight_decay:
+        for g, w in zip(grads, ws):
+            g += client.weight_decay * w  # (its own product first, as torch's SGD adds it)
+    # one fused call per operation over all tensors (as torch.optim.SGD's foreach step):
+    # elementwise, so each number is what a loop over the tensors computes
+    torch._foreach_mul_(grads, [per_device(lr, g) for g in grads])
+    torch._foreach_sub_(ws, grads)
 
 
 class Trainer:

@@ -55,9 +55,10 @@ def sgd_update_(ws: tuple[Tensor, ...], grads: tuple[Tensor, ...], starts: tuple
         for g, w in zip(grads, ws):
             g += client.weight_decay * w  # (its own product first, as torch's SGD adds it)
     # one fused call per operation over all tensors (as torch.optim.SGD's foreach step):
-    # elementwise, so each number is what a loop over the tensors computes
+    # elementwise, so each number is what a loop over the tensors computes; `ws` may end with
+    # buffers after the trained tensors (a module's running statistics): not stepped
     torch._foreach_mul_(grads, [per_device(lr, g) for g in grads])
-    torch._foreach_sub_(ws, grads)
+    torch._foreach_sub_(list(ws[:len(grads)]), grads)
 
 
 class Trainer:

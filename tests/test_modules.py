@@ -552,7 +552,8 @@ def test_flops_in_the_manifest_config_show_and_the_override(cli_run, user_models
     given = run(cli_run, "resnet_dropout", train_flops_per_sample=1e6)
     assert json.loads((given / "manifest.json").read_text())["train_flops_per_sample"] == 1e6
     assert main(["config", "show", str(counted / "config.toml")]) == 0
-    assert f"# the model: 242 parameters sent and averaged, {flops:,.0f} training FLOPs per sample" in capsys.readouterr().out
+    assert (f"# the model: 242 parameters sent and averaged, trained on torch.func, {flops:,.0f} training FLOPs "
+            "per sample") in capsys.readouterr().out
 
 
 def test_an_op_the_counter_does_not_know_is_named_in_a_warning():

@@ -42,7 +42,8 @@ def test_auto_records_the_batched_path_and_one_thread_and_the_report_says_so(cli
     assert "under the 22.5 M crossover" in t["why"]
     assert t["calls"] == [{"path": "batched", "threads": 1, "calls": 4, "why": t["why"]}]  # one call a round
     text = report_text(capsys, str(run_dir))
-    assert f"trainer: fedavg: batched on 1 thread, 4 of 4 calls ({t['why']})\n" in text
+    assert t["code"] == "fedsim's kernels"
+    assert f"trainer: fedavg: batched on 1 thread with fedsim's kernels, 4 of 4 calls ({t['why']})\n" in text
     (entry,) = json.loads(report_text(capsys, str(run_dir), "--json"))["runs"]
     assert entry["trainer"] == t
 
@@ -69,8 +70,8 @@ def test_a_named_trainer_and_pinned_threads_are_recorded_as_the_configs(cli_run,
     assert (t["setting"], t["chosen_by"], t["path"], t["threads"]) == ("batched", "config", "batched", 2)
     assert t["why"] == "[client] trainer = 'batched'; [run] threads = 2"
     text = report_text(capsys, str(loop), str(batched))
-    assert "trainer: fedavg (loop): loop on 1 thread, 4 of 4 calls ([client] trainer = 'loop'; " in text
-    assert "trainer: fedavg (batched): batched on 2 threads, 4 of 4 calls ([client] trainer = 'batched'; " \
+    assert "trainer: fedavg (loop): loop on 1 thread with fedsim's kernels, 4 of 4 calls ([client] trainer = 'loop'; " in text
+    assert "trainer: fedavg (batched): batched on 2 threads with fedsim's kernels, 4 of 4 calls ([client] trainer = 'batched'; " \
            "[run] threads = 2)" in text
 
 
@@ -80,7 +81,8 @@ def test_a_resumed_run_records_the_calls_of_its_resumed_part(cli_run, capsys):
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=5", "--quiet"]) == 0
     t = trainer_of(run_dir)
     assert (t["path"], t["threads"], t["from_round"], t["calls"][0]["calls"]) == ("batched", 1, 3, 2)
-    assert "batched on 1 thread, 2 of 2 calls since the resume at round 3 (auto: " in report_text(capsys, str(run_dir))
+    assert "batched on 1 thread with fedsim's kernels, 2 of 2 calls since the resume at round 3 (auto: " \
+        in report_text(capsys, str(run_dir))
 
 
 def test_a_lockstep_study_records_its_shared_calls(tmp_path, capsys):

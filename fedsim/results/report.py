@@ -454,13 +454,15 @@ def points_trainer_block(runs: list[dict]) -> list[str]:
 
 
 def trainer_line(t: dict) -> str:
-    """`batched on 1 thread, 40 of 42 calls (auto: ...; [run] threads = ...); 2 on loop on 1 thread`."""
+    """`batched on 1 thread with fedsim's kernels, 40 of 42 calls (auto: ...; [run] threads = ...);
+    2 on loop on 1 thread`."""
     if not t.get("calls"):
         return "no training call recorded"
     total = sum(c["calls"] for c in t["calls"])
     since = f" since the resume at round {t['from_round']}" if t.get("from_round") else ""
+    code = f" with {t['code']}" if t.get("code") else ""  # (runs of earlier releases: not recorded)
     main, *others = t["calls"]
-    return (f"{_on(main)}, {main['calls']} of {total} calls{since} ({main['why']})"
+    return (f"{_on(main)}{code}, {main['calls']} of {total} calls{since} ({main['why']})"
             + "".join(f"; {c['calls']} on {_on(c)}" for c in others))
 
 

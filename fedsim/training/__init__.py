@@ -44,7 +44,8 @@ def model_summary(data: DataConfig, model: ModelConfig, *, seed: int) -> str:
     """The model's size and the training cost the device clock uses (`fedsim config show`)."""
     task = build_task(data, model, seed=seed, device=torch.device("cpu"))
     given = " (as [model] train_flops_per_sample says)" if model.train_flops_per_sample else ""
-    return (f"{task.dim:,} parameters sent and averaged, {task.train_flops_per_sample():,.0f} training "
+    code = f", trained on {task.model.code}" if hasattr(task, "model") else ""
+    return (f"{task.dim:,} parameters sent and averaged{code}, {task.train_flops_per_sample():,.0f} training "
             f"FLOPs per sample{given}")
 
 

@@ -272,6 +272,7 @@ def fused_lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
 class KernelModel:
     """A module lowered to kernels (`lower`), behind fedsim's Model protocol (fedsim/training/models.py)."""
 
+    code = "fedsim's kernels"
     batch_statistics = False
     samples_independent = True  # every layer reads its own sample only
     has_buffers = local_buffers = False

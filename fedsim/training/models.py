@@ -37,6 +37,7 @@ class Model(Protocol):
     """What the trainers, the evaluator, CUDA graphs and lockstep know of a model."""
 
     name: str
+    code: str  # what computes it, as the manifest's `trainer` and the report name it
     in_shape: tuple[int, ...]
     dim: int  # floats of the flat state: trainable parameters, then buffers
     param_dim: int  # of which the trainable parameters (the first param_dim floats)

@@ -247,6 +247,7 @@ def count_dropout_numbers(module: nn.Module, state: dict[str, Tensor], samples: 
 class ModuleModel:
     """An nn.Module behind fedsim's Model protocol (fedsim/training/models.py)."""
 
+    code = "torch.func"
     local_buffers = False
     samples_independent = False  # its layers may mix a batch's samples; dropout draws follow shapes
     draws_randomness = True  # a step's keys are the seed's

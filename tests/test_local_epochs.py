@@ -141,3 +141,26 @@ def test_a_batchnorm_module_trains_epochs_on_the_loop(user_models):  # noqa: F81
         with pytest.raises(FedsimError, match=r"device 1 has 225 samples, so its epochs end on a minibatch of one "
                                               r"sample \(batch_size = 4\).*; set batch_size = 5"):
             build_trainer(task, ClientConfig(batch_size=4, local_epochs=1, trainer=trainer), seed=0)
+
+
+def test_the_loop_leaves_an_epochs_padding_out_from_training_rules_2():
+    """A device of 38 samples in minibatches of 16: steps of 16, 16 and 6 samples an epoch. Under
+    training rules 2 the loop computes the 6 alone (the padding's weight is 0: the same loss and
+    gradient to float rounding); a run started under rules 1 keeps computing the padded 16."""
+    import numpy as np
+    import torch
+
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.training import ThreadPolicy, build_task, build_trainer
+
+    task = build_task(DataConfig(dataset="digits", clients=40), ModelConfig(name="mlp", hidden=16), seed=0,
+                      device=torch.device("cpu"))
+    client = ClientConfig(batch_size=16, local_epochs=2, trainer="loop")
+    now = build_trainer(task, client, seed=0, threads=ThreadPolicy(1))
+    assert now.epoch_rows(38, 7) == [16, 16, 6, 16, 16, 6, 16] and now.epoch_rows(5, 2) == [5, 5]
+    ids = np.arange(6)
+    steps = now.epoch_steps()[ids]
+    start = task.init_params()[None].expand(6, -1).contiguous()
+    rules_2 = now.train(1, ids, start, steps, 0.1)
+    rules_1 = build_trainer(task, client, seed=0, threads=ThreadPolicy(1, rules=1)).train(1, ids, start, steps, 0.1)
+    assert torch.allclose(rules_2.deltas, rules_1.deltas, atol=1e-6) and torch.allclose(rules_2.loss, rules_1.loss)

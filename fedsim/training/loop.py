@@ -2,8 +2,9 @@
 
 It is what the batched path is tested against, and the faster choice where the per-device
 work is large and the batching rule of a layer is slow (convolutions on a CPU). A device
-trains on its own samples only: a module with BatchNorm takes an epoch's last, smaller
-minibatch as it is, where the batched call would pad it.
+trains on its own samples only: an epoch's last, smaller minibatch is taken as it is, where the
+batched call pads it (a module with BatchNorm always, whose batch statistics must not see the
+padding; any model from training rules 2, which spares the padding's arithmetic).
 """
 
 from __future__ import annotations
@@ -25,17 +26,27 @@ class LoopTrainer(Trainer):
         end = start.clone()
         loss_sum = torch.zeros(len(ids), device=task.device)
         ids_t = torch.as_tensor(ids, device=task.device)
+        own_rows = self.client.local_epochs and (task.batch_statistics or self.threads.rules >= 2)
         for j in range(len(ids)):
             one = slice(j, j + 1)
             ws, starts = task.split(end[one]), task.split(start[one])  # views: updated in place
+            device_ws = tuple(w[0] for w in ws)  # (the same views without the device dimension)
             inputs = task.inputs(ids_t[one], rnd, int(steps[j]), self.batch_size, self.seed,
                                  epochs=self.client.local_epochs)
+            rows = self.epoch_rows(int(self.sizes[ids[j]]), int(steps[j])) if own_rows else None
             for s in range(int(steps[j])):
                 step_inputs = [x[0] for x in inputs(s, slice(None))]
-                if task.batch_statistics:  # the step's own samples (x, y, weight), not an epoch's padding
-                    keep = step_inputs[2] > 0
-                    step_inputs[:3] = (t[keep] for t in step_inputs[:3])
-                grads, loss = step_fn(tuple(w[0] for w in ws), *step_inputs)
+                if rows is not None:  # the step's own samples (x, y, weight): an epoch's last, smaller
+                    step_inputs[:3] = (t[:rows[s]] for t in step_inputs[:3])  # minibatch unpadded
+                grads, loss = step_fn(device_ws, *step_inputs)
                 sgd_update_(ws, tuple(g[None] for g in grads), starts, lr[one], self.client, objective)
                 loss_sum[j] += loss.detach()
         return end, loss_sum
+
+    def epoch_rows(self, size: int, steps: int) -> list[int]:
+        """The samples of each local step of a device of `size` samples under local epochs: the
+        batch size, the rest of its data in an epoch's last minibatch (the padding
+        `ClientData.epoch_batches` puts after them is left out, known here without reading the
+        weights back from the device)."""
+        per_epoch = max(-(-size // self.batch_size), 1)
+        return [min(self.batch_size, size - (s % per_epoch) * self.batch_size) for s in range(steps)]

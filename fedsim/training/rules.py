@@ -12,7 +12,8 @@ its numbers stay its own. A run of a release that recorded none started under ve
    built-ins do (fedsim/training/kernels.py); a CPU call takes one thread below the crossover
    and for a module through torch.func, half the cores above it (one on two cores): a call
    whose threads outnumber the free cores waits for a core at every kernel, 2-50x slower beside
-   other jobs (benchmarks/RESULTS.md, "One thread a call").
+   other jobs (benchmarks/RESULTS.md, "Training rules 2"); the loop trainer computes an epoch's
+   last, smaller minibatch without its padding (fedsim/training/loop.py).
 """
 
 from __future__ import annotations

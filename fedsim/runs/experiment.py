@@ -520,7 +520,18 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
         raise FedsimError(f"--set run.rounds={config.run.rounds}: the run already has "
                           f"{state['round']} rounds; resume can only add rounds")
     return Experiment(config, run_dir, progress, record, plotter, callbacks, resuming=True,
-                      rules=state.get("rules", 1)), state
+                      rules=started_rules(state, checkpoint)), state
+
+
+def started_rules(state: dict, checkpoint: Path) -> int:
+    """The training rules a checkpointed run started under (fedsim/training/rules.py; 1 where
+    its release recorded none); one line for a value no release wrote."""
+    rules = state.get("rules", 1)
+    if type(rules) is not int or not 1 <= rules <= CURRENT_RULES:
+        raise FedsimError(f"{checkpoint}: rules = {rules!r} is not training rules this release knows (1 to "
+                          f"{CURRENT_RULES}); the file was edited or damaged: give it back the rules the run started "
+                          "under, or start the run again")
+    return rules
 
 
 def refuse_async_without_tasks(state: dict, config: Config, checkpoint: Path) -> None:

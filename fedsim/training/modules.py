@@ -282,7 +282,7 @@ class ModuleModel:
         self._one = grad_and_value(self._loss, has_aux=True)
         self._batch_problem: str | None = None
         self._numbers: dict[int, tuple[int, set[float]]] = {}  # batch size -> dropout numbers, rates
-        self._divisors: dict[tuple, tuple[Tensor, Tensor]] = {}  # (n, device) -> (kept's divisor, threshold)
+        self._divisors: dict[float, tuple[Tensor, int]] = {}  # p -> (a kept unit's divisor, threshold)
         self.tied = tied_names(module, self.names)
         frozen = any(n not in self.names and n not in self.tied for n in module.state_dict())  # its own constants
         self._shared_key = (tuple(zip(self.names, self.shapes)), id(module) if frozen else None)
@@ -341,11 +341,16 @@ class ModuleModel:
         try:
             return functional_call(self.module.eval(), self.typed(dict(zip(self.names, params))), (x,))
         except Exception as err:
-            if not from_the_module(err, x):
-                raise
-            raise FedsimError(f"{self.where}: the module's forward raised {type(err).__name__} ({first_line(err)}) "
-                              f"in evaluation (eval mode) on a batch of {len(x)} samples; fix the forward (it ran "
-                              "on a batch of 2 in training mode at build time)") from None
+            raise self._failed(err, x, f"the module's forward raised {type(err).__name__} ({first_line(err)}) in "
+                                       f"evaluation (eval mode) on a batch of {len(x)} samples; fix the forward (it "
+                                       "ran on a batch of 2 in training mode at build time)") from None
+
+    def _failed(self, err: Exception, x: Tensor, line: str) -> FedsimError:
+        """The one line of a forward that raised `err` on x past the build-time checks; `err`
+        itself where it is not the module's (`from_the_module`)."""
+        if not from_the_module(err, x):
+            raise err
+        return FedsimError(f"{self.where}: {line}")
 
     def predict(self, params: Tensor, x: Tensor) -> Tensor:
         """Logits of x for a flat state [d] (evaluation), as Model.predict."""
@@ -375,11 +380,10 @@ class ModuleModel:
         bits = rng.dropout_bits(rng.keys(seed, rng.MODULE, rnd, ids, step), n)
         if ids.device.type != "cpu" or len(rates) != 1 or rng.keep_threshold(next(iter(rates))) is None:
             return bits
-        key = (n, ids.device)
-        if key not in self._divisors:
-            p = next(iter(rates))
-            self._divisors[key] = (torch.tensor(1.0 - p, dtype=torch.float32), rng.keep_threshold(p))
-        kept, threshold = self._divisors[key]
+        p = next(iter(rates))
+        if p not in self._divisors:
+            self._divisors[p] = (torch.tensor(1.0 - p, dtype=torch.float32), rng.keep_threshold(p))
+        kept, threshold = self._divisors[p]
         return torch.where(bits >= threshold, kept, torch.inf)
 
     def dropout_numbers(self, batch: int) -> int:
@@ -400,11 +404,9 @@ class ModuleModel:
             try:
                 self._numbers[batch] = count()
             except Exception as err:
-                if not from_the_module(err, x):
-                    raise
-                raise FedsimError(f"{self.where}: the module cannot train on a batch of {batch} samples: "
-                                  f"{why_failed(err, count)}; fix the forward (it ran on a batch of 2 at build "
-                                  "time)") from None
+                raise self._failed(err, x, f"the module cannot train on a batch of {batch} samples: "
+                                           f"{why_failed(err, count)}; fix the forward (it ran on a batch of 2 at "
+                                           "build time)") from None
         return self._numbers[batch]
 
     def _loss(self, params: dict, buffers: dict, numbers: Tensor, x: Tensor, y: Tensor, weight: Tensor,
@@ -437,14 +439,12 @@ class ModuleModel:
             try:
                 grads, (losses, buffers) = call(ws, x, y, weight, numbers)
             except Exception as err:
-                if not from_the_module(err, x):
-                    raise
                 width = f"{x.shape[0]} devices x {x.shape[1]} samples under torch.func.vmap" if batched \
                     else f"a batch of {x.shape[0]} samples"
                 fix = "set [client] trainer = 'loop', or fix the forward" if batched else "fix the forward"
-                raise FedsimError(f"{self.where}: the module cannot train on {width}: "
-                                  f"{why_failed(err, lambda: call(ws, x, y, weight, numbers))}; {fix} (it ran on a "
-                                  "batch of 2 at build time)") from None
+                raise self._failed(err, x, f"the module cannot train on {width}: "
+                                           f"{why_failed(err, lambda: call(ws, x, y, weight, numbers))}; {fix} (it ran "
+                                           "on a batch of 2 at build time)") from None
             for b, new in zip(ws[k:], buffers.values()):
                 b.copy_(new)
             return tuple(grads.values()), losses.detach()

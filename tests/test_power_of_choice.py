@@ -5,6 +5,7 @@ draws them; the question's time is download + a third of a sample's compute + up
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from test_clock_closed_forms import SPS, known_speeds  # noqa: E402
 from test_server_rules import always  # noqa: E402
 
 from fedsim.cli import main  # noqa: E402
+from fedsim.traces import Trace  # noqa: E402
 
 N = len(SPS)
 # targets whose losses at x0 = 0 are all different and not ordered by id
@@ -67,34 +69,53 @@ def test_round_one_invites_the_k_candidates_of_highest_loss_after_their_answers(
     assert df["invited"][0] == 2 and df["arrived"][0] == 2 and df["wasted_s"][0] == 0.0
 
 
-def test_ideal_timing_asks_in_no_time_and_picks_by_loss_each_round(cli_run):
-    """Ideal timing: the question costs nothing; each round's invitations are the K candidates
-    of highest loss at that round's model (recomputed here from the recorded x of a one-step run)."""
-    config = quadratic_config(U, rounds=1, server={"clients_per_round": 3},
-                              algorithm="fedavg", run={"seed": 2})
+def test_ideal_timing_asks_in_no_time_and_picks_by_the_loss_at_each_rounds_model(cli_run):
+    """Ideal timing: the question costs nothing; round 2's candidates are asked at the model
+    FedAvg made of round 1's (one exact step of lr 0.1: x1 = 0.1 * mean of the invited u_i)."""
+    config = quadratic_config(U, rounds=2, server={"clients_per_round": 3}, run={"seed": 2})
     config["algorithm"].update(selection="power-of-choice")  # d = 2K = 6
     run_dir = cli_run(config, always(N))
     ev = pl.read_parquet(run_dir / "events.parquet")
-    asked = ev.filter(pl.col("outcome") == "answered")
-    candidates = candidates_by_hand(2, 0, 6)
-    np.testing.assert_array_equal(asked["device_id"], candidates)
-    assert (asked["work_s"] == 0.0).all() and (asked["invited_at"] == 0.0).all()
-    loss = 0.5 * (np.asarray(U) ** 2).sum(axis=1)
-    best = np.sort(candidates[np.argsort(-loss[candidates], kind="stable")[:3]])
-    np.testing.assert_array_equal(ev.filter(pl.col("outcome") == "arrived")["device_id"], best)
-    assert rounds(run_dir)["t_end"][0] == 1.0
+    assert (ev.filter(pl.col("outcome") == "answered")["work_s"] == 0.0).all()
+    u, x = np.asarray(U), np.zeros(2)
+    for rnd in range(2):
+        asked = ev.filter((pl.col("round") == rnd) & (pl.col("outcome") == "answered"))
+        candidates = candidates_by_hand(2, rnd, 6)
+        np.testing.assert_array_equal(asked["device_id"], candidates)
+        assert (asked["invited_at"] == float(rnd)).all()
+        loss = 0.5 * ((x - u) ** 2).sum(axis=1)
+        best = np.sort(candidates[np.argsort(-loss[candidates], kind="stable")[:3]])
+        arrived = ev.filter((pl.col("round") == rnd) & (pl.col("outcome") == "arrived"))
+        np.testing.assert_array_equal(arrived["device_id"], best)
+        x = x + 0.1 * (u[best] - x).mean(axis=0)
+    np.testing.assert_allclose(rounds(run_dir)["t_end"], [1.0, 2.0])
+
+
+def test_candidates_are_drawn_by_data_size():
+    """Device i of n_i samples is the one candidate (d = 1) with probability n_i / sum n."""
+    from fedsim.algorithms.selection import SelectPowerOfChoice
+
+    sizes = np.array([1, 3, 0, 6])
+    selector = SelectPowerOfChoice(4, 1, candidates=1, sizes=sizes)
+    draws = np.concatenate([selector.candidates(r, np.arange(4), np.random.default_rng(r)) for r in range(4000)])
+    share = np.bincount(draws, minlength=4) / len(draws)
+    np.testing.assert_allclose(share, sizes / sizes.sum(), atol=4 * np.sqrt(0.25 / 4000))  # 4 sigma
+    assert share[2] == 0.0  # (no samples, no loss: never asked)
+    np.testing.assert_array_equal(selector.candidates(0, np.array([1, 2]), np.random.default_rng(0)), [1])
+
+
+def leaving_trace() -> Trace:
+    """Every device always online, but device 6 (the highest loss) leaves at t = 1 s, before
+    its answer (1 + SPS[6]/3 + 0.5 s) is uploaded."""
+    ends = np.full(N, 1e6)
+    ends[6] = 1.0
+    return Trace.from_intervals(np.arange(N), np.zeros(N), ends, n_devices=N, horizon=1e6)
 
 
 def test_a_candidate_that_goes_offline_before_answering_is_not_invited(cli_run):
-    """Every device is a candidate (d = N); the device of highest loss (6) goes offline before
-    its answer would arrive: the server chooses when the others answered, among them."""
-    from fedsim.traces import Trace
-
-    horizon = 1e6
-    ends = np.full(N, horizon)
-    ends[6] = 1.0  # its answer would take 1 + SPS[6]/3 + 0.5 s
-    trace = Trace.from_intervals(np.arange(N), np.zeros(N), ends, n_devices=N, horizon=horizon)
-    run_dir = cli_run(poc_config(cli_run, 1, k=2, d=N), trace)
+    """Every device is a candidate (d = N); the device of highest loss does not answer: the
+    server chooses when the others answered, among them."""
+    run_dir = cli_run(poc_config(cli_run, 1, k=2, d=N), leaving_trace())
     ev = pl.read_parquet(run_dir / "events.parquet")
     asked = ev.filter(pl.col("outcome").is_in(["answered", "unanswered"]))
     assert asked.filter(pl.col("outcome") == "unanswered")["device_id"].to_list() == [6]
@@ -114,3 +135,21 @@ def test_a_resumed_run_equals_an_uninterrupted_one(cli_run):
     assert rounds(first).height == 3
     assert main(["run", "--resume", str(first), "--set", "run.rounds=6", "--quiet"]) == 0
     same_results(first, whole)
+
+
+def test_the_questions_are_no_training_tasks_for_the_report_nor_failures_for_the_log(cli_run, capsys):
+    """The report's latency and wasted work are of the training tasks alone (every invited
+    device arrived: nothing wasted, though a candidate did not answer); `[run] events =
+    "failures"` keeps the unanswered question and no answered one."""
+    logs = {}
+    for kept in ("all", "failures"):
+        config = poc_config(cli_run, 2, k=2, d=N)
+        config["run"]["events"] = kept
+        logs[kept] = cli_run(config, leaving_trace(), name=kept)
+    events = pl.read_parquet(logs["all"] / "events.parquet")
+    failures = pl.read_parquet(logs["failures"] / "events.parquet")
+    assert failures.equals(events.filter(pl.col("outcome") == "unanswered")) and failures.height == 1  # (then offline)
+    assert main(["report", str(logs["all"]), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)["runs"][0]
+    assert doc["latency"]["tasks"] == events.filter(pl.col("outcome") == "arrived").height == 4
+    assert doc["wasted"]["wasted_s"] == 0.0 and doc["wasted"]["share"] == 0.0

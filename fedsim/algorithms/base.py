@@ -151,6 +151,8 @@ class Strategy:
         return self.selector.candidates(rnd, online, rng)
 
     def answered(self, ids: np.ndarray, losses: np.ndarray) -> None:
+        """The candidates that answered in time and their losses [c] (float64), before `select`
+        is called with those candidates as the online devices."""
         self.selector.answered(ids, losses)
 
     def start_params(self, ids: np.ndarray) -> Tensor:

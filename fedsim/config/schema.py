@@ -247,8 +247,8 @@ class RunConfig:
                            zero="only [algorithm] name", check=_distinct_names)
     checkpoint_every: int = key(0, "rounds between checkpoints", non_negative=True,
                                 zero="only at the end")
-    events: str = key("all", "rows of events.parquet: every invitation, only those whose outcome is not "
-                      "arrived, or none (the report then says what it cannot show)",
+    events: str = key("all", "rows of events.parquet: every invitation, only those whose outcome is neither "
+                      "arrived nor answered, or none (the report then says what it cannot show)",
                       choices=("all", "failures", "none"))
     progress: bool = key(True, "show a progress bar")
     plots: bool = key(True, "draw the plots into plots/ at the end (fedsim plot draws them later)")

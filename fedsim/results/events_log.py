@@ -44,7 +44,7 @@ WRITE_OPTIONS = {
 
 def _table(batches: list[dict], failures_only: bool) -> pa.Table:
     """One Arrow table of several rounds' invitations, each round's by device id (only those
-    whose outcome is not arrived: `failures_only`); NaN times and staleness -1 become null,
+    whose outcome is neither arrived nor answered: `failures_only`); NaN times and staleness -1 become null,
     outcome and phase codes their names."""
     columns = event_columns(batches)
     order = np.lexsort((columns["device_id"], columns["round"]))
@@ -78,7 +78,7 @@ def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
 class EventLog:
     def __init__(self, run_dir: Path, kept: str = "all"):
         """`kept`: `[run] events`, the invitations the log keeps: "all", "failures" (those
-        whose outcome is not arrived) or "none" (no events.parquet)."""
+        whose outcome is neither arrived nor answered) or "none" (no events.parquet)."""
         self.path = Path(run_dir) / "events.parquet"
         self.spool = Path(run_dir) / ".events"
         self.kept = kept

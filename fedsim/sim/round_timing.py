@@ -83,7 +83,7 @@ class IdealRounds:
         t0 = rnd * self.duration
         return Stop(f"the trace ended at {self.trace_end:g} s") if t0 >= self.trace_end else t0
 
-    def poll(self, ids: np.ndarray, samples: np.ndarray, t0: float, model_bytes: int) -> Tasks:
+    def question(self, ids: np.ndarray, samples: np.ndarray, t0: float, model_bytes: int) -> Tasks:
         """Power-of-choice's question takes no time: every candidate answers at once."""
         zero = np.zeros(len(ids))
         return Tasks(t0, zero, zero, zero, samples, np.zeros(len(ids), dtype=bool), zero + t0)
@@ -148,7 +148,7 @@ class ModelRounds:
                            self.timing.compute_s(ids, samples, steps),
                            self.timing.upload_s(ids, self.upload_bytes), samples)
 
-    def poll(self, ids: np.ndarray, samples: np.ndarray, t0: float, model_bytes: int) -> Tasks:
+    def question(self, ids: np.ndarray, samples: np.ndarray, t0: float, model_bytes: int) -> Tasks:
         """Power-of-choice's question to each candidate: download the global model
         (`model_bytes`), a forward pass over its `samples`, upload its loss (one float32)."""
         return self._tasks(ids, t0, self.timing.download_s(ids, model_bytes), self.timing.forward_s(ids, samples),

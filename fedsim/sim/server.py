@@ -94,8 +94,8 @@ class Server:
         candidates = strategy.candidates(rnd, online, rng)
         invited_at, choices, questions, held = t0, online, {}, 0
         if candidates is not None:
-            invited_at, choices, questions = yield from self.ask(rnd, candidates, t0, max_time)
-            held = 4 * strategy.params.numel()  # the global model the question sent
+            held = 4 * strategy.params.numel()  # the global model, which the question sends
+            invited_at, choices, questions = yield from self.ask(rnd, candidates, t0, held, max_time)
         ids = np.asarray(strategy.select(rnd, choices, rng), dtype=np.int64)
         steps = np.asarray(strategy.local_steps(rnd, ids), dtype=np.int64)
         lr = strategy.client_lr(rnd)
@@ -142,7 +142,7 @@ class Server:
             train_loss=loss, wall_s=time.perf_counter() - wall0, events=events, questions=questions, extra=extra,
         )
 
-    def ask(self, rnd: int, candidates: np.ndarray, t0: float, max_time: float):
+    def ask(self, rnd: int, candidates: np.ndarray, t0: float, model_bytes: int, max_time: float):
         """Power-of-choice's question before the invitations (a SimPy sub-process): each
         candidate downloads the global model, computes its loss over its own training data (a
         forward pass, timed by its speed) and uploads it. The server chooses once every
@@ -150,7 +150,7 @@ class Server:
         among those that answered, whose losses it hands to the strategy (computed in one
         batched call). Returns (when it chose, who answered, the question's events)."""
         samples = self.client_sizes[candidates]
-        asked = self.rounds.poll(candidates, samples, t0, 4 * self.strategy.params.numel())
+        asked = self.rounds.question(candidates, samples, t0, model_bytes)
         close_at = self.rounds.close_at(rnd, t0, len(candidates), max_time)
         chosen_at = min(float(asked.ends_at.max(initial=t0)), close_at)
         answered = ~asked.dropped & (asked.ends_at <= chosen_at)

@@ -122,3 +122,20 @@ def test_a_model_without_a_shared_first_layer_is_evaluated_run_by_run():
     runs = [(task, trained(task, s)) for s, task in enumerate(tasks)]
     assert evaluation.evaluate_stacked(tasks[0].model, torch.stack([p for _, p in runs]), tasks[0].data) is None
     assert evaluate_together(runs) == [task.evaluate(params) for task, params in runs]
+
+
+@pytest.mark.parametrize("model", ["lenet5", "mlp"])
+def test_local_losses_are_each_devices_mean_loss_over_its_own_training_samples(model, monkeypatch):
+    """power-of-choice's question, batched over the candidates and cut into chunks that straddle
+    devices, equals each device's own plain forward pass over its samples."""
+    task = image_task(model)
+    params = trained(task, 2)
+    data, ids = task.data, np.array([3, 0, 2])
+    expected = []
+    with torch.no_grad():
+        for i in ids:
+            rows = data.indices[int(data.starts[i]):int(data.starts[i]) + int(data.sizes[i])]
+            logits = task.model.forward(task.model.split(params), data.x[rows])
+            expected.append(F.cross_entropy(logits, data.y[rows]).item())
+    monkeypatch.setattr(evaluation, "CPU_FLOATS", task.model.activations * 7)  # chunks of 7 samples
+    np.testing.assert_allclose(task.local_losses(ids, params), expected, rtol=1e-6)

@@ -1293,6 +1293,28 @@ CASES = [
          r"training rules this release knows \(1 to 2\); the file was edited or damaged", r=run_dir(checkpoint_says(rules=7))),
     case("resume-rules-a-string", "run --resume {tmp}/r --set run.rounds=4 --quiet", r"r/checkpoint\.pt: rules = '2' is not "
          r"training rules this release knows", r=run_dir(checkpoint_says(rules="2"))),
+    # --- issue 39: power-of-choice selection ---
+    case("power-of-choice-without-a-budget", "run quickstart --set algorithm.selection='power-of-choice'",
+         r"^error: \S+quickstart\.toml: \[algorithm\] selection = 'power-of-choice' invites the clients_per_round "
+         r"candidates with the highest loss, but \[server\] clients_per_round = 0 invites every online device; set "
+         r"clients_per_round > 0$"),
+    *[case(f"power-of-choice-candidates-{d}", "run quickstart --set algorithm.selection='power-of-choice' --set "
+           f"server.clients_per_round=10 --set algorithm.candidates={d}{more}", rf"\[algorithm\] candidates = {d} "
+           rf"must be at least the {invited} devices invited per round{why} and at most \[data\] clients = 100; give "
+           r"a value in that range, or 0 for twice the devices invited$")
+      for d, more, invited, why in ((3, "", 10, ""), (500, "", 10, ""),
+                                    (12, " --set server.overcommit=0.5", 15, r" \(clients_per_round with overcommit\)"))],
+    case("power-of-choice-candidates-without-it", "run quickstart --set algorithm.candidates=12",
+         r"\[algorithm\] candidates = 12 applies to selection = 'power-of-choice' only; remove it or set that selection$"),
+    case("power-of-choice-negative-candidates", "run quickstart --set algorithm.candidates=-1",
+         r"\[algorithm\] candidates = -1 must be >= 0"),
+    case("power-of-choice-async", "run quickstart --set algorithm.selection='power-of-choice' --set "
+         "server.clients_per_round=10 --set server.mode='async'", r"\[algorithm\] selection = 'power-of-choice' is a "
+         r"rule of synchronous rounds, not of \[server\] mode = 'async'; set mode = 'sync' or another selection$"),
+    case("power-of-choice-fedavg-wait", "run quickstart --set algorithm.selection='power-of-choice' --set "
+         "server.clients_per_round=10 --set algorithm.name='fedavg-wait'", r"\[algorithm\] selection = "
+         r"'power-of-choice' does not apply to \[algorithm\] 'fedavg-wait' \(it does not invite through the "
+         r"selection policy\); remove the selection or choose another algorithm$"),
 ]
 
 

@@ -81,6 +81,7 @@ class Context:
     # how the aggregated update reaches the model (its lr is server_lr)
     server_optimizer: ServerOptimizerConfig | None = None
     device_steps: np.ndarray | None = None  # [N] each device's steps under [client] local_epochs (None: local_steps)
+    candidates: int = 0  # power-of-choice's d ([algorithm] candidates; 0 = twice `invite`)
 
 
 class Strategy:
@@ -114,7 +115,7 @@ class Strategy:
         self.validate()
         policy = ctx.selection or self.selection
         selector = SELECTIONS.lookup(policy, "[algorithm] selection")
-        self.selector: Selector = selector(n_devices, self.budget())
+        self.selector: Selector = selector.from_context(n_devices, self.budget(), ctx)
         self.server_optimizer = ServerOptimizer(
             ctx.server_optimizer or ServerOptimizerConfig(lr=ctx.server_lr), params)
         self.init_state(params.detach().clone())
@@ -143,6 +144,16 @@ class Strategy:
     def select(self, rnd: int, online: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Ids (int64) to invite among the `online` ids."""
         return self.selector(rnd, online, rng)
+
+    def candidates(self, rnd: int, online: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
+        """Ids whose current local loss the selection policy asks for before `select`
+        (power-of-choice), or None; `answered` hands it the losses of those that reported in time."""
+        return self.selector.candidates(rnd, online, rng)
+
+    def answered(self, ids: np.ndarray, losses: np.ndarray) -> None:
+        """The candidates that answered in time and their losses [c] (float64), before `select`
+        is called with those candidates as the online devices."""
+        self.selector.answered(ids, losses)
 
     def start_params(self, ids: np.ndarray) -> Tensor:
         """The parameters [k, d] each invited device starts from (default: the global model)."""

@@ -32,6 +32,21 @@ class Selector:
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         pass
 
+    @classmethod
+    def from_context(cls, n_devices: int, k: int, ctx: Any) -> "Selector":
+        """The policy for a run's Context (`fedsim.algorithms.base.Context`): by default it
+        needs nothing of it."""
+        return cls(n_devices, k)
+
+    def candidates(self, rnd: int, online: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
+        """The devices this policy asks for their current local loss before it chooses (the
+        server times the question and hands the answers to `answered`), or None: it chooses
+        from the online devices alone."""
+        return None
+
+    def answered(self, ids: np.ndarray, losses: np.ndarray) -> None:
+        """The candidates that reported their loss in time, and the losses [c] (float64)."""
+
 
 class SelectAll(Selector):
     """Every online device (the papers' A_t = available set); ``k`` is ignored."""
@@ -109,3 +124,37 @@ class SelectLongestAbsent(Selector):
 
     def load_state_dict(self, sd):
         self.last = np.asarray(sd["last"], dtype=np.int64)
+
+
+class SelectPowerOfChoice(Selector):
+    """Power-of-choice (Cho, Wang & Joshi 2020, pow-d): `d` candidates drawn among the online
+    devices without replacement with probability proportional to their data size; each reports
+    its local loss on the current global model, and the ``k`` with the highest loss are invited
+    (ties: the lower id). Only candidates that answered are chosen from: the server passes them
+    as the online devices. Nothing is kept between rounds (the draw is the round's rng)."""
+
+    def __init__(self, n_devices: int, k: int, candidates: int = 0, sizes: np.ndarray | None = None):
+        super().__init__(n_devices, k)
+        self.d = candidates or 2 * k  # 2k: the smallest d of the paper's experiments (d = 2m)
+        self.sizes = np.ones(n_devices) if sizes is None else np.asarray(sizes, dtype=np.float64)
+        self.losses = np.full(n_devices, np.nan)  # this round's answers
+
+    @classmethod
+    def from_context(cls, n_devices, k, ctx):
+        return cls(n_devices, k, ctx.candidates, ctx.client_sizes)
+
+    def candidates(self, rnd, online, rng):
+        self.losses[:] = np.nan
+        online = online[self.sizes[online] > 0]  # (a device without data has no loss)
+        weight = self.sizes[online]
+        d = min(self.d, len(online))
+        if d == len(online):
+            return online.astype(np.int64)
+        return np.sort(rng.choice(online, size=d, replace=False, p=weight / weight.sum())).astype(np.int64)
+
+    def answered(self, ids, losses):
+        self.losses[ids] = losses
+
+    def __call__(self, rnd, online, rng):
+        order = np.lexsort((online, -self.losses[online]))  # primary: loss, highest first; then id
+        return np.sort(online[order[: self.budget(online)]]).astype(np.int64)

@@ -84,7 +84,8 @@ TRAINERS = Registry("a trainer", callable, {
 
 SELECTIONS = Registry("a selection policy", callable, _paths("fedsim.algorithms.selection", {
     "all": "SelectAll", "uniform": "SelectUniform", "regularized": "SelectRegularized",
-    "longest-absent": "SelectLongestAbsent"}))
+    "longest-absent": "SelectLongestAbsent",
+    "power-of-choice": "SelectPowerOfChoice"}))
 
 # which trace devices a run replays when the trace has more than [data] clients
 TRACE_SELECTIONS = Registry("a trace device selection", callable, _paths("fedsim.runs.replay", {

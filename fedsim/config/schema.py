@@ -247,8 +247,8 @@ class RunConfig:
                            zero="only [algorithm] name", check=_distinct_names)
     checkpoint_every: int = key(0, "rounds between checkpoints", non_negative=True,
                                 zero="only at the end")
-    events: str = key("all", "rows of events.parquet: every invitation, only those whose outcome is not "
-                      "arrived, or none (the report then says what it cannot show)",
+    events: str = key("all", "rows of events.parquet: every invitation, only those whose outcome is neither "
+                      "arrived nor answered, or none (the report then says what it cannot show)",
                       choices=("all", "failures", "none"))
     progress: bool = key(True, "show a progress bar")
     plots: bool = key(True, "draw the plots into plots/ at the end (fedsim plot draws them later)")
@@ -422,6 +422,9 @@ class AlgorithmConfig:
     server_eps: float = key(1e-3, "adam: tau, added to sqrt(v)", positive=True)
     selection: str = key("", "whom the server invites among the online devices",
                          choices=SELECTIONS, zero="the algorithm's default policy")
+    candidates: int = key(0, "power-of-choice: devices asked for their local loss each round (d), "
+                          "at least the devices invited per round", non_negative=True,
+                          zero="twice the devices invited per round, the smallest d of the paper")
     options: dict = key({}, "the algorithm's own keys, written as further [algorithm] keys")
 
 
@@ -737,6 +740,7 @@ def _check_consistency(config: Config, origin: str) -> None:
                     "needs synchronous rounds); set [server] mode = 'sync'"
                     + (" or warmup = false" if warmup else " or choose another algorithm")
                 )
+    _check_power_of_choice(config, origin)
     _check_devices(config.devices, origin)
     for name in [config.algorithm.name, *config.run.algorithms]:
         for key, bounds in ALGORITHM_RANGES.get(name, {}).items():
@@ -823,6 +827,44 @@ def _check_round_rules(config: Config, origin: str) -> None:
         raise FedsimError(f"{origin}: [server] min_selected = {server.min_selected} is more than the "
                           f"{config.data.clients} devices ([data] clients): no round could ever start; "
                           "lower it")
+
+
+def _check_power_of_choice(config: Config, origin: str) -> None:
+    """Power-of-choice chooses K of d candidates, in synchronous rounds, for algorithms that
+    invite through the selection policy; `candidates` means nothing without it."""
+    algorithm, server = config.algorithm, config.server
+    where = f"{origin}: [algorithm] selection = 'power-of-choice'"
+    if algorithm.selection != "power-of-choice":
+        if algorithm.candidates:
+            raise FedsimError(f"{origin}: [algorithm] candidates = {algorithm.candidates} applies to selection = "
+                              "'power-of-choice' only; remove it or set that selection")
+        return
+    if not server.clients_per_round:
+        raise FedsimError(f"{where} invites the clients_per_round candidates with the highest loss, but [server] "
+                          "clients_per_round = 0 invites every online device; set clients_per_round > 0")
+    if server.mode == "async":
+        raise FedsimError(f"{where} is a rule of synchronous rounds, not of [server] mode = 'async'; "
+                          "set mode = 'sync' or another selection")
+    for name in [algorithm.name, *config.run.algorithms]:
+        if name in ("fedavg-wait", "sequential-sgd"):
+            raise FedsimError(f"{where} does not apply to [algorithm] {name!r} (it does not invite through the "
+                              "selection policy); remove the selection or choose another algorithm")
+    invited = invite_budget(server)
+    if algorithm.candidates and not invited <= algorithm.candidates <= config.data.clients:
+        per_round = (f"the {invited} devices invited per round" if invited == server.clients_per_round else
+                     f"the {invited} devices invited per round (clients_per_round with overcommit)")
+        raise FedsimError(f"{origin}: [algorithm] candidates = {algorithm.candidates} must be at least {per_round} "
+                          f"and at most [data] clients = {config.data.clients}; give a value in that range, "
+                          "or 0 for twice the devices invited")
+
+
+def invite_budget(server: ServerConfig) -> int:
+    """How many devices a synchronous round invites: K, or ceil(K (1 + overcommit)) under
+    model timing (0 = every online device). Ideal timing has no stragglers to overcommit against."""
+    k = server.clients_per_round
+    if not k or server.timing == "ideal":
+        return k
+    return math.ceil(k * (1 + server.overcommit) - 1e-9)  # 10 * 1.1 is 11.000000000000002
 
 
 def _check_devices(devices: DevicesConfig, origin: str) -> None:

@@ -1,7 +1,7 @@
 """events.parquet, one row per invitation, written as the run goes with bounded memory.
 
 `[run] events` says which invitations it keeps: all, those whose outcome is not arrived
-("failures"), or none (no file). Rows gather in memory up to `ROWS_PER_PART`, then go to a
+(nor answered: "failures"), or none (no file). Rows gather in memory up to `ROWS_PER_PART`, then go to a
 closed Parquet part file in ``<run>/.events/``; a checkpoint flushes the rows gathered so far and records how many rows
 the log holds, so that a resume drops whatever a crash left beyond that count and the log of a
 resumed run equals that of an uninterrupted one. At the end of the run the parts are joined
@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fedsim.files import atomic_write
-from fedsim.sim.events import ARRIVED, OUTCOMES, PHASES, event_columns
+from fedsim.sim.events import OUTCOMES, PHASES, event_columns, failed
 
 ROWS_PER_PART = 1 << 17
 SCHEMA = pa.schema([
@@ -44,12 +44,12 @@ WRITE_OPTIONS = {
 
 def _table(batches: list[dict], failures_only: bool) -> pa.Table:
     """One Arrow table of several rounds' invitations, each round's by device id (only those
-    whose outcome is not arrived: `failures_only`); NaN times and staleness -1 become null,
+    whose outcome is neither arrived nor answered: `failures_only`); NaN times and staleness -1 become null,
     outcome and phase codes their names."""
     columns = event_columns(batches)
     order = np.lexsort((columns["device_id"], columns["round"]))
     if failures_only:
-        order = order[columns["outcome"][order] != ARRIVED]
+        order = order[failed(columns["outcome"][order])]
     columns = {name: values[order] for name, values in columns.items()}
     arrays = []
     for field in SCHEMA:
@@ -78,7 +78,7 @@ def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
 class EventLog:
     def __init__(self, run_dir: Path, kept: str = "all"):
         """`kept`: `[run] events`, the invitations the log keeps: "all", "failures" (those
-        whose outcome is not arrived) or "none" (no events.parquet)."""
+        whose outcome is neither arrived nor answered) or "none" (no events.parquet)."""
         self.path = Path(run_dir) / "events.parquet"
         self.spool = Path(run_dir) / ".events"
         self.kept = kept
@@ -91,7 +91,7 @@ class EventLog:
         """A round's invitations (sim/events.py `task_events`)."""
         n = events.get("n", 0)
         if n and self.kept == "failures":
-            n = int(np.count_nonzero(events["outcome"] != ARRIVED))
+            n = int(np.count_nonzero(failed(events["outcome"])))
         if not n or self.kept == "none":
             return
         self.pending.append(events)

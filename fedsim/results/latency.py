@@ -15,6 +15,7 @@ from fedsim.errors import FedsimError, first_line
 
 PHASES = ("download_s", "compute_s", "upload_s")
 RAN_TO_END = ("arrived", "late", "surplus")  # outcomes whose task ran all of its phases
+QUESTIONS = ("answered", "unanswered")  # power-of-choice's questions to its candidates: no training task
 CLOSE_REASONS = ("all-arrived", "quota", "deadline", "nobody-invited", "max-time", "quorum")
 STRAGGLER_INVITED = 5  # invited at least this often,
 STRAGGLER_ARRIVED_BELOW = 0.1  # and arrived in fewer than this share of the invitations
@@ -29,10 +30,12 @@ def events_kept(config: dict) -> str:
 
 
 def _events(run_dir: Path, kept: str) -> pl.LazyFrame | None:
-    """The events log, where it holds every invitation: statistics of a log that kept only
-    some (`kept`, `[run] events`) would be of those alone."""
+    """The events log's training tasks, where it holds every invitation: statistics of a log
+    that kept only some (`kept`, `[run] events`) would be of those alone."""
     path = Path(run_dir) / "events.parquet"
-    return pl.scan_parquet(path) if path.is_file() and kept == "all" else None
+    if not path.is_file() or kept != "all":
+        return None
+    return pl.scan_parquet(path).filter(~pl.col("outcome").cast(pl.String).is_in(QUESTIONS))
 
 
 def collect(frame: pl.LazyFrame, run_dir: Path) -> pl.DataFrame:

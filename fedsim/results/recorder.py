@@ -82,6 +82,7 @@ class Recorder:
             if len(ids):  # (most rounds drop nobody)
                 np.add.at(self.counters[name], ids, 1)
         self.last_round[outcome.arrived] = outcome.round
+        self.events.add(outcome.questions)
         self.events.add(outcome.events)
         return row
 

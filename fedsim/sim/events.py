@@ -12,6 +12,12 @@ or offline) or the server stopped waiting for it (the deadline), whichever came 
 is where that work stopped (download, compute, upload), "done" when the task completed. Work
 whose update the model never received (dropped, late, surplus, a round failed for its quorum)
 is the round's `wasted_s` in rounds.parquet.
+
+Power-of-choice's question to its candidates (their loss on the global model, before the
+invitations) is a row of its own per candidate, outcome "answered" (reported by the time the
+server chose) or "unanswered" (offline first, `finished` null, or not by the round's deadline),
+with `steps` 0, `samples` the samples of its forward pass, and `compute_s` that pass. Its work
+is not a training task's and not in `wasted_s`.
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ import numpy as np
 
 from fedsim.sim.round_timing import Tasks
 
-OUTCOMES = ("arrived", "dropped", "late", "surplus")  # the codes 0..3 of the outcome column
-ARRIVED, DROPPED, LATE, SURPLUS = range(4)
+# the codes 0..5 of the outcome column: a training task's, then a question's (power-of-choice)
+OUTCOMES = ("arrived", "dropped", "late", "surplus", "answered", "unanswered")
+ARRIVED, DROPPED, LATE, SURPLUS, ANSWERED, UNANSWERED = range(6)
 PHASES = ("download", "compute", "upload", "done")  # the codes 0..3 of the phase column
 COLUMNS = ("round", "device_id", "invited_at", "started", "finished", "outcome", "download_s",
            "compute_s", "upload_s", "staleness", "steps", "samples", "phase", "work_s")
@@ -33,6 +40,11 @@ def task_events(rnd: int, ids: np.ndarray, tasks: Tasks, outcome: np.ndarray, st
     waiting for each (its deadline); `wasted`: the round's arrivals were refused too (quorum)."""
     return {"n": len(ids), "round": rnd, "device_id": ids, "tasks": tasks, "outcome": outcome,
             "steps": steps, "staleness": staleness, "stop_at": stop_at, "wasted": wasted}
+
+
+def failed(outcome: np.ndarray) -> np.ndarray:
+    """Which rows `[run] events = "failures"` keeps: neither arrived nor answered."""
+    return (outcome != ARRIVED) & (outcome != ANSWERED)
 
 
 def work(tasks: Tasks, stop_at) -> tuple[np.ndarray, np.ndarray]:

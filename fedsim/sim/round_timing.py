@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from fedsim.config import ServerConfig
+from fedsim.config import ServerConfig, invite_budget
 from fedsim.sim.timing import DeviceTiming
 
 
@@ -63,13 +63,7 @@ def wait_for_count(env: simpy.Environment, index, count: int, max_time: float = 
     return None
 
 
-def invite_budget(cfg: ServerConfig) -> int:
-    """How many devices to invite per round: K, or ceil(K (1 + overcommit)) under model timing
-    (0 = every online device). Ideal timing has no stragglers to overcommit against."""
-    k = cfg.clients_per_round
-    if not k or cfg.timing == "ideal":
-        return k
-    return math.ceil(k * (1 + cfg.overcommit) - 1e-9)  # 10 * 1.1 is 11.000000000000002
+LOSS_BYTES = 4  # a device's answer to power-of-choice's question: its loss, one float32
 
 
 class IdealRounds:
@@ -89,7 +83,13 @@ class IdealRounds:
         t0 = rnd * self.duration
         return Stop(f"the trace ended at {self.trace_end:g} s") if t0 >= self.trace_end else t0
 
-    def tasks(self, rnd: int, ids: np.ndarray, samples: np.ndarray, steps: np.ndarray, t0: float) -> Tasks:
+    def question(self, ids: np.ndarray, samples: np.ndarray, t0: float, model_bytes: int) -> Tasks:
+        """Power-of-choice's question takes no time: every candidate answers at once."""
+        zero = np.zeros(len(ids))
+        return Tasks(t0, zero, zero, zero, samples, np.zeros(len(ids), dtype=bool), zero + t0)
+
+    def tasks(self, rnd: int, ids: np.ndarray, samples: np.ndarray, steps: np.ndarray, t0: float,
+              held_bytes: int = 0) -> Tasks:
         """Zero latency: the task spans the round; everyone invited arrives at its end."""
         zero, end = np.zeros(len(ids)), (rnd + 1) * self.duration
         return Tasks(t0, zero, zero + (end - t0), zero, samples, np.zeros(len(ids), dtype=bool),
@@ -140,10 +140,23 @@ class ModelRounds:
         draw = np.random.default_rng([self.seed, rnd, 0xDD1]).normal(self.cfg.deadline, self.cfg.deadline_sigma)
         return max(float(draw), 0.0)
 
-    def tasks(self, rnd: int, ids: np.ndarray, samples: np.ndarray, steps: np.ndarray, t0: float) -> Tasks:
-        download = self.timing.download_s(ids, self.download_bytes)
-        compute = self.timing.compute_s(ids, samples, steps)
-        upload = self.timing.upload_s(ids, self.upload_bytes)
+    def tasks(self, rnd: int, ids: np.ndarray, samples: np.ndarray, steps: np.ndarray, t0: float,
+              held_bytes: int = 0) -> Tasks:
+        """`held_bytes`: what the devices already hold of the invitation (the global model that
+        power-of-choice's question sent them): only the rest is downloaded."""
+        return self._tasks(ids, t0, self.timing.download_s(ids, max(self.download_bytes - held_bytes, 0)),
+                           self.timing.compute_s(ids, samples, steps),
+                           self.timing.upload_s(ids, self.upload_bytes), samples)
+
+    def question(self, ids: np.ndarray, samples: np.ndarray, t0: float, model_bytes: int) -> Tasks:
+        """Power-of-choice's question to each candidate: download the global model
+        (`model_bytes`), a forward pass over its `samples`, upload its loss (one float32)."""
+        return self._tasks(ids, t0, self.timing.download_s(ids, model_bytes), self.timing.forward_s(ids, samples),
+                           self.timing.upload_s(ids, LOSS_BYTES), samples)
+
+    def _tasks(self, ids: np.ndarray, t0: float, download: np.ndarray, compute: np.ndarray, upload: np.ndarray,
+               samples: np.ndarray) -> Tasks:
+        """Tasks of these phases started at t0, cut short where the trace takes a device away."""
         finish = t0 + (download + compute + upload)
         offline_at = self.index.next_offline(ids, t0)
         dropped = offline_at < finish

@@ -18,7 +18,7 @@ import torch
 from fedsim.algorithms.base import Arrivals, Strategy
 from fedsim.config import ServerConfig
 from fedsim.sim.device import RoundBoard, deadline, start_device_tasks
-from fedsim.sim.events import ARRIVED, DROPPED, LATE, SURPLUS, task_events, wasted_seconds
+from fedsim.sim.events import ANSWERED, ARRIVED, DROPPED, LATE, SURPLUS, UNANSWERED, task_events, wasted_seconds
 from fedsim.sim.round_timing import Stop, Tasks, round_timing
 from fedsim.sim.timing import DeviceTiming
 
@@ -41,6 +41,7 @@ class RoundOutcome:
     surplus: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     close_reason: str = ""  # all-arrived | quota | deadline | nobody-invited | max-time | quorum
     events: dict = field(default_factory=dict)  # one entry per invitation (sim/events.py)
+    questions: dict = field(default_factory=dict)  # power-of-choice: one entry per candidate asked
     extra: dict = field(default_factory=dict)  # server-side metrics (async: staleness)
 
 
@@ -90,10 +91,15 @@ class Server:
         wall0 = time.perf_counter()
         online = np.flatnonzero(self.index.online(t0))
         rng = np.random.default_rng([self.seed, rnd, 0x5E1])
-        ids = np.asarray(strategy.select(rnd, online, rng), dtype=np.int64)
+        candidates = strategy.candidates(rnd, online, rng)
+        invited_at, choices, questions, held = t0, online, {}, 0
+        if candidates is not None:
+            held = 4 * strategy.params.numel()  # the global model, which the question sends
+            invited_at, choices, questions = yield from self.ask(rnd, candidates, t0, held, max_time)
+        ids = np.asarray(strategy.select(rnd, choices, rng), dtype=np.int64)
         steps = np.asarray(strategy.local_steps(rnd, ids), dtype=np.int64)
         lr = strategy.client_lr(rnd)
-        tasks = self.rounds.tasks(rnd, ids, self.trainer.samples(ids, steps), steps, t0)
+        tasks = self.rounds.tasks(rnd, ids, self.trainer.samples(ids, steps), steps, invited_at, held)
         close_at = self.rounds.close_at(rnd, t0, len(ids), max_time)
         target = self.rounds.target(len(ids))
 
@@ -121,7 +127,7 @@ class Server:
             strategy.refuse(rnd)
             loss = None
         else:
-            arrivals = self._arrivals(rnd, t0, ids, arrived_pos, trained, result, steps, lr)
+            arrivals = self._arrivals(rnd, invited_at, ids, arrived_pos, trained, result, steps, lr)
             strategy.receive(rnd, arrivals)
             loss = float(arrivals.loss.mean()) if len(arrivals) else None
         events = task_events(rnd, ids, tasks, outcome, steps, stop_at=close_at, wasted=failed)
@@ -133,8 +139,29 @@ class Server:
             round=rnd, t_start=t_start, t_end=env.now, online=len(online), invited=ids,
             arrived=ids[arrived_pos], dropped=ids[outcome == DROPPED], late=ids[outcome == LATE],
             surplus=ids[outcome == SURPLUS], close_reason="quorum" if failed else reason,
-            train_loss=loss, wall_s=time.perf_counter() - wall0, events=events, extra=extra,
+            train_loss=loss, wall_s=time.perf_counter() - wall0, events=events, questions=questions, extra=extra,
         )
+
+    def ask(self, rnd: int, candidates: np.ndarray, t0: float, model_bytes: int, max_time: float):
+        """Power-of-choice's question before the invitations (a SimPy sub-process): each
+        candidate downloads the global model, computes its loss over its own training data (a
+        forward pass, timed by its speed) and uploads it. The server chooses once every
+        candidate has answered or gone offline, at the latest at the round's close; it chooses
+        among those that answered, whose losses it hands to the strategy (computed in one
+        batched call). Returns (when it chose, who answered, the question's events)."""
+        samples = self.client_sizes[candidates]
+        asked = self.rounds.question(candidates, samples, t0, model_bytes)
+        close_at = self.rounds.close_at(rnd, t0, len(candidates), max_time)
+        chosen_at = min(float(asked.ends_at.max(initial=t0)), close_at)
+        answered = ~asked.dropped & (asked.ends_at <= chosen_at)
+        ids = candidates[answered]
+        if len(ids):
+            self.strategy.answered(ids, self.trainer.task.local_losses(ids, self.strategy.params))
+        yield self.env.timeout(max(chosen_at - self.env.now, 0.0))
+        outcome = np.where(answered, ANSWERED, UNANSWERED).astype(np.int8)
+        events = task_events(rnd, candidates, asked, outcome, np.zeros(len(candidates), dtype=np.int64),
+                             stop_at=chosen_at)
+        return chosen_at, ids, events
 
     def _tasks_until_close(self, tasks: Tasks, order: np.ndarray, target: int, close_at: float, max_time: float):
         """The invited devices' tasks as SimPy processes until the round closes (devices with

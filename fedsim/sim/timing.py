@@ -121,6 +121,11 @@ class DeviceTiming:
     def compute_s(self, ids: np.ndarray, samples: np.ndarray, steps: np.ndarray) -> np.ndarray:
         return samples * self.seconds_per_sample[ids] + steps * self.step_overhead_s
 
+    def forward_s(self, ids: np.ndarray, samples: np.ndarray) -> np.ndarray:
+        """A forward pass over `samples` (power-of-choice's loss): a third of their training
+        compute, as the backward pass costs about twice the forward (the FLOPs fedsim counts)."""
+        return samples * self.seconds_per_sample[ids] / 3.0
+
     def columns(self) -> dict[str, np.ndarray]:
         """What devices.parquet records of each device's timing."""
         return {**self.labels, "seconds_per_sample": self.seconds_per_sample,

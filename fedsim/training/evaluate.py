@@ -74,3 +74,22 @@ def evaluate_per_device(model: Model, params: Tensor, data: ClientData) -> dict[
     count = torch.bincount(slot, minlength=devices).double()
     with np.errstate(invalid="ignore", divide="ignore"):
         return {"test_loss": (loss_sum / count).cpu().numpy()[:-1], "test_acc": (correct / count).cpu().numpy()[:-1]}
+
+
+@torch.inference_mode()
+def local_losses(model: Model, params: Tensor, data: ClientData, ids: np.ndarray) -> np.ndarray:
+    """Each device's mean cross-entropy [k] (float64) of flat parameters [d] over its own
+    training samples (power-of-choice's question to its candidates): their samples in one
+    sequence, through the model in chunks as the test set, summed per device by scatter-adds."""
+    which = torch.as_tensor(ids, dtype=torch.int64, device=data.device)
+    sizes = data.sizes[which]
+    slot = torch.repeat_interleave(torch.arange(len(ids), device=data.device), sizes)
+    first = torch.cumsum(sizes, 0) - sizes  # where each device's samples begin in the sequence
+    rows = data.indices[data.starts[which][slot] + torch.arange(len(slot), device=data.device) - first[slot]]
+    loss_sum = torch.zeros(len(ids), dtype=torch.float64, device=data.device)
+    size = chunk_size(model, data.device)
+    for lo in range(0, len(rows), size):
+        x, y = data.take(rows[lo:lo + size])
+        losses = F.cross_entropy(model.predict(params, x), y, reduction="none").double()
+        loss_sum.index_add_(0, slot[lo:lo + size], losses)
+    return (loss_sum / sizes.double()).cpu().numpy()

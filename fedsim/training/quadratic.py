@@ -58,6 +58,11 @@ class QuadraticTask(Task):
         diff = params.double()[None, :] - self.targets[: self.n_clients].double()
         return float(0.5 * (diff**2).sum(dim=1).mean()), None
 
+    def local_losses(self, ids: np.ndarray, params: Tensor) -> np.ndarray:
+        """f_i(x) of each device, in float64."""
+        diff = params.double()[None, :] - self.targets[torch.as_tensor(ids, device=self.device)].double()
+        return (0.5 * (diff**2).sum(dim=1)).cpu().numpy()
+
     def state_dict(self, params: Tensor) -> dict[str, Tensor]:
         return {"x": params.detach().cpu().clone()}
 

@@ -23,7 +23,7 @@ from fedsim.data.dataset import Dataset
 from fedsim.data.partition import partition
 from fedsim.training import rng
 from fedsim.training import rules as training_rules
-from fedsim.training.evaluate import chunk_size, evaluate_classifier, evaluate_per_device
+from fedsim.training.evaluate import chunk_size, evaluate_classifier, evaluate_per_device, local_losses
 from fedsim.training.local_buffers import DeviceBuffers
 from fedsim.training.losses import StepFn, weighted_cross_entropy
 from fedsim.training.models import Model, build_model, input_shape, model_dim
@@ -67,6 +67,11 @@ class Task:
         return {}
 
     def evaluate(self, params: Tensor) -> tuple[float, float | None]:
+        raise NotImplementedError
+
+    def local_losses(self, ids: np.ndarray, params: Tensor) -> np.ndarray:
+        """Each device's mean loss [k] (float64) of the global model `params` [d] over its own
+        training data: what power-of-choice asks its candidates."""
         raise NotImplementedError
 
     def state_dict(self, params: Tensor) -> dict[str, Tensor]:
@@ -184,6 +189,9 @@ class ClassificationTask(Task):
 
     def evaluate(self, params: Tensor) -> tuple[float, float]:
         return evaluate_classifier(self.model, self.served(params), self.data)
+
+    def local_losses(self, ids: np.ndarray, params: Tensor) -> np.ndarray:
+        return local_losses(self.model, self.served(params), self.data, ids)
 
     def state_dict(self, params: Tensor) -> dict[str, Tensor]:
         return self.model.state_dict(self.served(params))

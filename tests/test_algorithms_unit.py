@@ -64,12 +64,13 @@ def drive(name, U, avail, x0, ctx, rounds=None, strategy=None):
         ids = strategy.select(t, np.flatnonzero(avail[t]), np.random.default_rng([7, t]))
         steps = strategy.local_steps(t, ids)
         lr = strategy.client_lr(t)
-        deltas = local_sgd(U, ids, strategy.start_params(ids), steps, lr, strategy.local_objective.prox_mu)
+        start = strategy.start_params(ids)
+        deltas = local_sgd(U, ids, start, steps, lr, strategy.local_objective.prox_mu)
         k, dev = len(ids), deltas.device
         strategy.receive(t, Arrivals(ids=ids, deltas=deltas, steps=torch.as_tensor(steps, device=dev),
                                      samples=torch.ones(k, device=dev), loss=torch.zeros(k, device=dev),
                                      version=np.full(k, t), lr=torch.full((k,), lr, device=dev),
-                                     invited_at=np.full(k, float(t))))
+                                     invited_at=np.full(k, float(t)), start=start))
         metrics = strategy.metrics()
         assert keys is None or set(metrics) == keys, "metric keys must not change between rounds"
         keys = set(metrics)
@@ -118,6 +119,7 @@ CASES = {
     "fedvarp": ({}, {}, lambda U, A, P, x0, lr: ref.fedvarp(U, A, x0, lr, 2, 0.8)),
     "sequential-sgd": ({}, {"train_pooled": "pooled"},
                        lambda U, A, P, x0, lr: ref.sequential_sgd(U, A, x0, lambda t: 0.02, 2, 0.8)),
+    "fedasync": ({"alpha": 0.3}, {}, lambda U, A, P, x0, lr: ref.fedasync(U, A, x0, lr, 2, 0.3, 0.8)),
 }
 
 
@@ -224,6 +226,9 @@ def test_the_catalog_declares_each_built_in_algorithms_own_keys():
     ("amplified", {"eta": 0.0}, "eta"),
     ("fedau", {"cutoff": 0}, "cutoff"),
     ("fedavg-wait", {"S": N + 1}, "S"),
+    ("fedasync", {"alpha": 0.0}, "alpha"),
+    ("fedasync", {"alpha": 1.5}, "alpha"),
+    ("fedasync", {"staleness": "linear"}, "staleness"),
 ])
 def test_bad_options_are_one_line_errors(name, options, fragment):
     with pytest.raises(FedsimError, match=rf"\[algorithm\] {fragment} = .*{name}"):

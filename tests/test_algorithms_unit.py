@@ -319,3 +319,22 @@ def test_device_table_keeps_its_sum_and_the_last_of_repeated_ids():
     assert torch.allclose(table.mean(), table.rows.mean(0))
     assert list(table.stamp) == [-1, 3, -1, 3]
     assert table.metrics(5) == {"memory_filled": 0.5, "staleness_mean": 2.0, "staleness_max": 2.0}
+
+
+@pytest.mark.parametrize("kind, v, steps", [
+    # Δ = 2, 1, 2 with β1 = β2 = ½: m = 1, 1, 3/2 (on Δ); v by hand; step = m / (sqrt(v) + τ), τ = 1
+    ("adam", [2.0, 1.5, 2.75], [1 / (math.sqrt(2) + 1), 1 / (math.sqrt(1.5) + 1), 1.5 / (math.sqrt(2.75) + 1)]),
+    ("adagrad", [4.0, 5.0, 9.0], [1 / 3, 1 / (math.sqrt(5) + 1), 1.5 / 4]),
+    # yogi: v0 = 0 + ½·4 (v < Δ²), v1 = 2 − ½·1 (v > Δ²: it shrinks, where adagrad's grows), v2 = 1.5 + ½·4
+    ("yogi", [2.0, 1.5, 3.5], [1 / (math.sqrt(2) + 1), 1 / (math.sqrt(1.5) + 1), 1.5 / (math.sqrt(3.5) + 1)]),
+])
+def test_adaptive_server_optimizers_step_by_hand(kind, v, steps):
+    from fedsim.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerConfig
+
+    optimizer = ServerOptimizer(ServerOptimizerConfig(kind, lr=1.0, beta1=0.5, beta2=0.5, eps=1.0),
+                                torch.zeros(1, dtype=torch.float64))
+    for delta, v_expected, step_expected in zip([2.0, 1.0, 2.0], v, steps):
+        step = optimizer.step(torch.tensor([delta], dtype=torch.float64))
+        assert math.isclose(float(optimizer.v), v_expected, rel_tol=1e-12)
+        assert math.isclose(float(step), step_expected, rel_tol=1e-12)
+    assert optimizer.memory_bytes() == 2 * 8  # m and v

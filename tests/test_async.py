@@ -129,11 +129,13 @@ def test_fedbuff_discounts_stale_updates_by_one_over_sqrt_one_plus_staleness(cli
     assert np.abs(got["fedbuff"] - got["fedavg"]).max() > 1e-3
 
 
-def replay_fedasync(events: pl.DataFrame, x0, lr: float, steps: int, alpha: float, s) -> np.ndarray:
+def replay_fedasync(events: pl.DataFrame, x0, lr: float, steps: int, alpha: float, s, rho=0.0) -> np.ndarray:
     """FedAsync by hand from the recorded arrivals, one per aggregation: device i arriving in
     aggregation r with staleness τ returns x_i = x_start + Δ_i, x_start the model before
-    aggregation r − τ; the server mixes it in, x ← (1 − a) x + a x_i, a = alpha·s(τ)."""
-    U, shrink = np.asarray(TARGETS), 1.0 - (1.0 - lr) ** steps
+    aggregation r − τ; the server mixes it in, x ← (1 − a) x + a x_i, a = alpha·s(τ). With the
+    proximal term its local loss is ½‖w − u_i‖² + ρ/2‖w − x_start‖², minimised at
+    (u_i + ρ x_start)/(1 + ρ), which exact steps approach by the factor 1 − lr(1 + ρ) each."""
+    U, shrink = np.asarray(TARGETS), (1.0 - (1.0 - lr * (1 + rho)) ** steps) / (1 + rho)
     history = [np.asarray(x0, dtype=np.float64)]
     arrived = events.filter(pl.col("outcome") == "arrived").sort("round")
     assert arrived["round"].to_list() == list(range(len(arrived)))  # one arrival per aggregation
@@ -150,6 +152,7 @@ FEDASYNC_CASES = {  # staleness function and its keys -> s(τ) by hand
     "polynomial": ({"poly_a": 0.5}, lambda tau: (1.0 + tau) ** -0.5),
     "hinge": ({"staleness": "hinge", "hinge_a": 2.0, "hinge_b": 1.0},
               lambda tau: 1.0 if tau <= 1 else 1.0 / (2.0 * (tau - 1) + 1.0)),
+    "polynomial-prox": ({"poly_a": 1.5, "rho": 0.5}, lambda tau: (1.0 + tau) ** -1.5),
 }
 
 
@@ -169,7 +172,8 @@ def test_fedasync_mixes_each_returned_model_in_by_its_staleness(cli_run, tmp_pat
     events = pl.read_parquet(run_dir / "events.parquet")
     arrived = events.filter(pl.col("outcome") == "arrived").sort("round")
     assert arrived["staleness"].min() == 0 and arrived["staleness"].max() >= 3  # stale, past the hinge's b = 1
-    np.testing.assert_allclose(final_x(run_dir), replay_fedasync(events, [0.5, -0.5], 0.1, 3, 0.7, s), rtol=1e-5)
+    expected = replay_fedasync(events, [0.5, -0.5], 0.1, 3, 0.7, s, options.get("rho", 0.0))
+    np.testing.assert_allclose(final_x(run_dir), expected, rtol=1e-5)
     # the recorded mixing weight of each aggregation is alpha·s(staleness) of its arrival
     expected = [0.7 * s(tau) for tau in arrived["staleness"]]
     np.testing.assert_allclose(rounds(run_dir)["mixing"].to_numpy(), expected, rtol=1e-12)

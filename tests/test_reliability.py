@@ -1312,7 +1312,7 @@ CASES = [
       for key, value, shown, bound, extra in (
           ("alpha", 0.0, r"0\.0", r"in \(0, 1\]", {}), ("alpha", 1.5, r"1\.5", r"in \(0, 1\]", {}),
           ("poly_a", -0.5, r"-0\.5", ">= 0", {}), ("hinge_a", -1.0, r"-1\.0", ">= 0", {"staleness": "hinge"}),
-          ("hinge_b", -2.0, r"-2\.0", ">= 0", {"staleness": "hinge"}))],
+          ("hinge_b", -2.0, r"-2\.0", ">= 0", {"staleness": "hinge"}), ("rho", -0.1, r"-0\.1", ">= 0", {}))],
     case("fedasync-staleness-unknown", RUN, r"^error: \S+c\.toml: \[algorithm\] staleness = 'hinged' for 'fedasync' is "
          r"not valid; did you mean 'hinge'\? \(one of: constant, polynomial, hinge\)$",
          **{"c.toml": config(algorithm={"name": "fedasync", "staleness": "hinged"},

@@ -9,7 +9,8 @@ its update; t - tau is the staleness, the server updates since that version (the
 version arithmetic, as for FedBuff). So the update handed to the server optimizer is
 a (x_tau + Delta_i - x): with `sgd` and server_lr = 1 the paper's rule exactly.
 The staleness functions s are the paper's: constant, polynomial (1 + t - tau)^(-a) and hinge
-(1 up to b, then 1 / (a (t - tau - b) + 1)).
+(1 up to b, then 1 / (a (t - tau - b) + 1)). The devices' local loss adds the paper's
+(rho/2) ||w - x_tau||^2 (`rho`, 0 by default: plain local SGD).
 
 The server keeps only x (the start models are the devices', which the engine holds while
 their tasks run). The config runs it with `[server] mode = "async"` and `buffer = 1`, so that
@@ -24,6 +25,7 @@ import numpy as np
 from fedsim.algorithms.base import Arrivals, Strategy, nan_stats
 from fedsim.config.catalog import ALGORITHM_CHOICES, ALGORITHM_OPTIONS, ALGORITHM_RANGES
 from fedsim.errors import choice_error
+from fedsim.training.objective import LocalObjective
 
 
 def staleness_weight(function: str, staleness: np.ndarray, opt: dict) -> np.ndarray:
@@ -52,6 +54,7 @@ class FedAsync(Strategy):
 
     def init_state(self, params):
         super().init_state(params)
+        self.local_objective = LocalObjective(prox_mu=float(self.opt["rho"]))  # the paper's g_{x_tau}
         self.mixed = np.empty(0)  # the a of the last aggregation's arrivals (a metric, not state)
 
     def mixing(self, rnd: int, arrivals: Arrivals) -> np.ndarray:

@@ -51,12 +51,13 @@ ALGORITHM_RANGES = {
 # FedAsync (Xie et al. 2019): mixing alpha and its staleness function s, with the paper's
 # experiments' values (FedAsync+Poly a = 0.5; FedAsync+Hinge a = 10, b = 4)
 ALGORITHM_OPTIONS["fedasync"] = {"alpha": 0.6, "staleness": "polynomial", "poly_a": 0.5, "hinge_a": 10.0,
-                                 "hinge_b": 4.0}
+                                 "hinge_b": 4.0, "rho": 0.0}
 ALGORITHM_RANGES["fedasync"] = {
     "alpha": (0.0, 1.0, True, "the mixing weight of a fresh update: x <- (1 - alpha s) x + alpha s x_i"),
     "poly_a": (0.0, math.inf, False, "polynomial staleness: s = (1 + staleness)^(-poly_a)"),
     "hinge_a": (0.0, math.inf, False, "hinge staleness: s = 1 / (hinge_a (staleness - hinge_b) + 1) past hinge_b"),
     "hinge_b": (0.0, math.inf, False, "hinge staleness: the staleness up to which s = 1"),
+    "rho": (0.0, math.inf, False, "the devices' proximal term (rho/2)||w - x_start||^2; 0 = plain local SGD"),
 }
 # an algorithm's word-valued keys and their valid words, checked with the config
 ALGORITHM_CHOICES = {"fedasync": {"staleness": ("constant", "polynomial", "hinge")}}

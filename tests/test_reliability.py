@@ -1298,7 +1298,7 @@ CASES = [
          r"^error: --set algorithm\.server_optimizer='yogy': \[algorithm\] server_optimizer = 'yogy' is not valid; did you mean 'yogi'\? \(one of: sgd, momentum, "
          r"adam, adagrad, yogi\)$"),
     case("fedasync-in-sync-rounds", RUN, r"^error: \S+c\.toml: \[algorithm\] 'fedasync' mixes each update into the model "
-         r"as it arrives \(Xie et al\.\), which needs \[server\] mode = 'async' with buffer = 1; set them, or choose "
+         r"as it arrives \(Xie et al\.\), which needs \[server\] mode = 'async' and buffer = 1; set both, or choose "
          r"another algorithm for synchronous rounds$", **{"c.toml": config(algorithm={"name": "fedasync"})}),
     case("fedasync-in-a-sync-comparison", RUN, r"\[algorithm\] 'fedasync' mixes each update .* needs \[server\] mode = "
          r"'async'", **{"c.toml": config(run={"algorithms": ["fedavg", "fedasync"]})}),

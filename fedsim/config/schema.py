@@ -771,7 +771,7 @@ def _check_fedasync(config: Config, origin: str) -> None:
     server = config.server
     if server.mode != "async":
         raise FedsimError(f"{origin}: [algorithm] 'fedasync' mixes each update into the model as it arrives "
-                          "(Xie et al.), which needs [server] mode = 'async' with buffer = 1; set them, or "
+                          "(Xie et al.), which needs [server] mode = 'async' and buffer = 1; set both, or "
                           "choose another algorithm for synchronous rounds")
     if server.buffer != 1:
         raise FedsimError(f"{origin}: [algorithm] 'fedasync' applies every arrival on its own, so [server] buffer "

@@ -92,8 +92,9 @@ class Strategy:
     Class attributes: ``name`` (registry key), ``options`` (the algorithm's own config keys with
     typed defaults), ``selection`` (default selection policy), ``state`` (attributes that make
     up the algorithm's state: checkpointed, and counted by ``memory_bytes``; the global model
-    ``params`` and the server optimizer's state are always checkpointed). A state value is
-    a Tensor, a numpy array, a number, or a ``DeviceTable``, which also knows whether its rows
+    ``params`` and the server optimizer's state are always checkpointed), ``needs_start``
+    (whether ``aggregate`` reads each arrival's start parameters, ``Arrivals.start``). A state
+    value is a Tensor, a numpy array, a number, or a ``DeviceTable``, which also knows whether its rows
     would live on the devices in a deployment (FedAWE's local models, FedLaAvg's last
     gradients): those count in ``device_memory_bytes`` instead of the server's.
     """

@@ -33,7 +33,8 @@ def online(avail, t):
 
 
 class ServerOptimizer:
-    """The server optimizers on g = −Δ (Reddi et al. 2021; FedAdam without bias correction)."""
+    """The server optimizers on g = −Δ (Reddi et al. 2021, Algorithm 2: FedAdam, FedAdagrad, FedYogi
+    without bias correction, v from 0)."""
 
     def __init__(self, kind, lr=1.0, momentum=0.9, beta1=0.9, beta2=0.99, eps=1e-3):
         self.kind, self.lr, self.mu, self.b1, self.b2, self.eps = kind, lr, momentum, beta1, beta2, eps
@@ -47,7 +48,12 @@ class ServerOptimizer:
             self.m = self.mu * self.m + g
             return x - self.lr * self.m
         self.m = self.b1 * self.m + (1 - self.b1) * g
-        self.v = self.b2 * self.v + (1 - self.b2) * g * g
+        if self.kind == "adam":
+            self.v = self.b2 * self.v + (1 - self.b2) * g * g
+        elif self.kind == "adagrad":
+            self.v = self.v + g * g
+        else:  # yogi
+            self.v = self.v - (1 - self.b2) * g * g * np.sign(self.v - g * g)
         return x - self.lr * self.m / (np.sqrt(self.v) + self.eps)
 
 
@@ -235,3 +241,14 @@ def sequential_sgd(U, avail, x0, lr, steps, server_lr=1.0):
         x = start + server_lr * (end - start)
     return x
 
+
+
+def fedasync(U, avail, x0, lr, steps, alpha, server_lr=1.0):
+    """FedAsync driven in rounds (every arrival started from the round's model, staleness 0):
+    the arrivals mixed in one after another, x <- x + server_lr·alpha·(x_t + Δ_i − x)."""
+    x = np.array(x0, dtype=np.float64)
+    for t in range(avail.shape[0]):
+        start = x.copy()
+        for i in online(avail, t):
+            x = x + server_lr * alpha * (local_sgd(start, U[i], steps, lr(t + 1)) - x)
+    return x

@@ -121,9 +121,13 @@ def test_selecting_and_warming_up_variants_match_their_references(cli_run, rando
     {"server_optimizer": "momentum", "server_momentum": 0.7, "server_lr": 0.5},
     {"server_optimizer": "adam", "server_beta1": 0.8, "server_beta2": 0.95, "server_eps": 0.05,
      "server_lr": 0.1},
+    {"server_optimizer": "adagrad", "server_beta1": 0.8, "server_eps": 0.05, "server_lr": 0.1},
+    {"server_optimizer": "yogi", "server_beta1": 0.8, "server_beta2": 0.95, "server_eps": 0.05,
+     "server_lr": 0.1},
 ])
 def test_server_optimizers_match_their_numpy_references(cli_run, random_case, options):
-    """FedAvgM and FedAdam (fedavg + momentum / adam), and FedVARP with the same optimizer."""
+    """FedAvgM, FedAdam, FedAdagrad and FedYogi (fedavg + momentum / adam / adagrad / yogi), and
+    FedVARP with the same optimizer."""
     _, U, x0, A, _ = random_case
     lr = lambda t: 0.2  # noqa: E731
     kind = options["server_optimizer"]
@@ -137,18 +141,40 @@ def test_server_optimizers_match_their_numpy_references(cli_run, random_case, op
 
 
 def test_server_optimizer_state_is_counted_in_server_memory(cli_run):
-    """fedavg keeps x [d]; momentum adds m, adam m and v (float32, d = 2)."""
+    """fedavg keeps x [d]; momentum adds m, adam, adagrad and yogi m and v (float32, d = 2)."""
     memory = {}
-    for kind in ("sgd", "momentum", "adam"):
+    for kind in ("sgd", "momentum", "adam", "adagrad", "yogi"):
         config = qconfig([E1, E2], {"server_optimizer": kind}, rounds=3)
         run_dir = cli_run(config, name=kind)
         memory[kind] = json.loads((run_dir / "manifest.json").read_text())["server_memory_bytes"]
-    assert memory == {"sgd": 8, "momentum": 16, "adam": 24}
+    assert memory == {"sgd": 8, "momentum": 16, "adam": 24, "adagrad": 24, "yogi": 24}
+
+
+@pytest.mark.parametrize("kind", ["adagrad", "yogi"])
+def test_adaptive_server_optimizers_two_rounds_by_hand(cli_run, kind):
+    """One device, u = 1, x0 = 0, one exact step of lr ½: Δ_t = ½(1 − x_t). With β1 = β2 = ½,
+    τ = 1, η = 1: Δ0 = ½, m0 = ¼ and v0 = Δ0² = ¼ (adagrad) or ½·Δ0² = ⅛ (yogi, from v = 0), so
+    x1 = ¼ / (sqrt(v0) + 1); then Δ1 = ½(1 − x1), m1 = ½ m0 + ½ Δ1, and adagrad adds Δ1² to v
+    while yogi moves v by ½Δ1² towards Δ1² (sign(v0 − Δ1²))."""
+    config = qconfig([[1.0]], {"server_optimizer": kind, "server_beta1": 0.5, "server_beta2": 0.5,
+                               "server_eps": 1.0}, lr=0.5, rounds=2)
+    v0 = 0.25 if kind == "adagrad" else 0.125
+    x1 = 0.25 / (math.sqrt(v0) + 1.0)
+    d1 = 0.5 * (1.0 - x1)
+    m1 = 0.125 + 0.5 * d1
+    v1 = v0 + d1**2 if kind == "adagrad" else v0 - 0.5 * d1**2 * math.copysign(1.0, v0 - d1**2)
+    expected = x1 + m1 / (math.sqrt(v1) + 1.0)
+    if kind == "adagrad":  # the same in exact fractions: x1 = 1/6, Δ1 = 5/12, m1 = 1/3, v1 = 61/144
+        assert math.isclose(expected, 1 / 6 + 4 / (math.sqrt(61) + 12), rel_tol=1e-12)
+    else:  # v0 = 1/8 < Δ1²: v grows by ½Δ1² (adam's would be ½v0 + ½Δ1²)
+        assert v0 < d1**2
+    np.testing.assert_allclose(final_x(cli_run(config, name=kind)), [expected], rtol=1e-6)
 
 
 def test_the_reference_tests_cover_every_registered_algorithm():
     covered = {"fedavg", "fedavg-all", "fedavg-known-p", "fedbuff", "fedsgd", "fedprox", "fedavg-wait", "mifa",
                "fedawe", "amplified", "fedau", "fedvarp", "sequential-sgd", "fedlaavg"}
+    covered |= {"fedasync"}  # async only: replayed by hand from events.parquet in tests/test_async.py
     assert set(REGISTRY) == covered
 
 
@@ -381,8 +407,9 @@ def test_every_algorithm_name_is_accepted_by_set_and_an_unknown_one_lists_them(c
 
     path = tmp_path / "base.toml"
     path.write_text('[data]\ndataset = "quadratic"\nclients = 1\ntargets = [[1.0]]\n')
+    needs = {"fedasync": ["server.mode=async", "server.buffer=1"]}  # (its own server, refused elsewhere)
     for name in REGISTRY:
-        assert load_config(path, [f"algorithm.name={name}"]).algorithm.name == name
+        assert load_config(path, [f"algorithm.name={name}", *needs.get(name, [])]).algorithm.name == name
     cli_run(qconfig([[1.0]], {"name": "fedawee"}), expect=2)
     err = cli_run.last_output.err
     assert err.count("\n") == 1 and "did you mean 'fedawe'" in err and "sequential-sgd" in err
@@ -407,6 +434,8 @@ def test_compare_scenario_runs_the_four_algorithms(tmp_path, capsys):
     ("fedawe", {}), ("fedavg-wait", {"S": 2}), ("amplified", {"period": 4}),
     ("fedlaavg", {"beta": 0.5}), ("fedau", {"cutoff": 3}), ("fedvarp", {}),
     ("fedavg", {"server_optimizer": "adam", "server_lr": 0.3}),
+    ("fedavg", {"server_optimizer": "adagrad", "server_lr": 0.3}),
+    ("fedvarp", {"server_optimizer": "yogi", "server_lr": 0.3}),
     ("mifa", {"server_optimizer": "momentum"}),
 ])
 def test_resume_continues_the_algorithm_state_exactly(cli_run, name, options):

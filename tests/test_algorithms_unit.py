@@ -64,12 +64,13 @@ def drive(name, U, avail, x0, ctx, rounds=None, strategy=None):
         ids = strategy.select(t, np.flatnonzero(avail[t]), np.random.default_rng([7, t]))
         steps = strategy.local_steps(t, ids)
         lr = strategy.client_lr(t)
-        deltas = local_sgd(U, ids, strategy.start_params(ids), steps, lr, strategy.local_objective.prox_mu)
+        start = strategy.start_params(ids)
+        deltas = local_sgd(U, ids, start, steps, lr, strategy.local_objective.prox_mu)
         k, dev = len(ids), deltas.device
         strategy.receive(t, Arrivals(ids=ids, deltas=deltas, steps=torch.as_tensor(steps, device=dev),
                                      samples=torch.ones(k, device=dev), loss=torch.zeros(k, device=dev),
                                      version=np.full(k, t), lr=torch.full((k,), lr, device=dev),
-                                     invited_at=np.full(k, float(t))))
+                                     invited_at=np.full(k, float(t)), start=start))
         metrics = strategy.metrics()
         assert keys is None or set(metrics) == keys, "metric keys must not change between rounds"
         keys = set(metrics)
@@ -118,6 +119,7 @@ CASES = {
     "fedvarp": ({}, {}, lambda U, A, P, x0, lr: ref.fedvarp(U, A, x0, lr, 2, 0.8)),
     "sequential-sgd": ({}, {"train_pooled": "pooled"},
                        lambda U, A, P, x0, lr: ref.sequential_sgd(U, A, x0, lambda t: 0.02, 2, 0.8)),
+    "fedasync": ({"alpha": 0.3}, {}, lambda U, A, P, x0, lr: ref.fedasync(U, A, x0, lr, 2, 0.3, 0.8)),
 }
 
 
@@ -224,6 +226,9 @@ def test_the_catalog_declares_each_built_in_algorithms_own_keys():
     ("amplified", {"eta": 0.0}, "eta"),
     ("fedau", {"cutoff": 0}, "cutoff"),
     ("fedavg-wait", {"S": N + 1}, "S"),
+    ("fedasync", {"alpha": 0.0}, "alpha"),
+    ("fedasync", {"alpha": 1.5}, "alpha"),
+    ("fedasync", {"staleness": "linear"}, "staleness"),
 ])
 def test_bad_options_are_one_line_errors(name, options, fragment):
     with pytest.raises(FedsimError, match=rf"\[algorithm\] {fragment} = .*{name}"):
@@ -314,3 +319,22 @@ def test_device_table_keeps_its_sum_and_the_last_of_repeated_ids():
     assert torch.allclose(table.mean(), table.rows.mean(0))
     assert list(table.stamp) == [-1, 3, -1, 3]
     assert table.metrics(5) == {"memory_filled": 0.5, "staleness_mean": 2.0, "staleness_max": 2.0}
+
+
+@pytest.mark.parametrize("kind, v, steps", [
+    # Δ = 2, 1, 2 with β1 = β2 = ½: m = 1, 1, 3/2 (on Δ); v by hand; step = m / (sqrt(v) + τ), τ = 1
+    ("adam", [2.0, 1.5, 2.75], [1 / (math.sqrt(2) + 1), 1 / (math.sqrt(1.5) + 1), 1.5 / (math.sqrt(2.75) + 1)]),
+    ("adagrad", [4.0, 5.0, 9.0], [1 / 3, 1 / (math.sqrt(5) + 1), 1.5 / 4]),
+    # yogi: v0 = 0 + ½·4 (v < Δ²), v1 = 2 − ½·1 (v > Δ²: it shrinks, where adagrad's grows), v2 = 1.5 + ½·4
+    ("yogi", [2.0, 1.5, 3.5], [1 / (math.sqrt(2) + 1), 1 / (math.sqrt(1.5) + 1), 1.5 / (math.sqrt(3.5) + 1)]),
+])
+def test_adaptive_server_optimizers_step_by_hand(kind, v, steps):
+    from fedsim.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerConfig
+
+    optimizer = ServerOptimizer(ServerOptimizerConfig(kind, lr=1.0, beta1=0.5, beta2=0.5, eps=1.0),
+                                torch.zeros(1, dtype=torch.float64))
+    for delta, v_expected, step_expected in zip([2.0, 1.0, 2.0], v, steps):
+        step = optimizer.step(torch.tensor([delta], dtype=torch.float64))
+        assert math.isclose(float(optimizer.v), v_expected, rel_tol=1e-12)
+        assert math.isclose(float(step), step_expected, rel_tol=1e-12)
+    assert optimizer.memory_bytes() == 2 * 8  # m and v

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import final_x, quadratic_config  # noqa: E402
@@ -106,3 +107,23 @@ def test_declared_state_that_init_state_does_not_set_is_an_error(tmp_path, monke
     monkeypatch.setitem(REGISTRY, ForgetfulState.name, ForgetfulState)
     with pytest.raises(fedsim.FedsimError, match="declares state 'nesterov' but has no such attribute"):
         fedsim.run(run_config(tmp_path, "bad", 5, "forgetful"), progress=False)
+
+
+class ReturnedModels(Strategy):
+    """FedAvg written on the models the devices return (start + delta), read from
+    `Arrivals.start`: every arrival of a synchronous round started from the global model."""
+
+    name = "returned-models"
+    needs_start = True
+
+    def aggregate(self, rnd, arrivals):
+        if len(arrivals):
+            assert torch.equal(arrivals.start, self.params.expand(len(arrivals), -1))
+            self.params = (arrivals.start + arrivals.deltas).mean(0)
+
+
+def test_a_strategy_that_needs_start_gets_each_arrivals_start_parameters(tmp_path, monkeypatch):
+    monkeypatch.setitem(REGISTRY, ReturnedModels.name, ReturnedModels)
+    ours = fedsim.run(run_config(tmp_path, "returned", 20, "returned-models"), progress=False)
+    fedavg = fedsim.run(run_config(tmp_path, "fedavg", 20, "fedavg"), progress=False)
+    np.testing.assert_allclose(final_x(ours.run_dir), final_x(fedavg.run_dir), atol=1e-6)

@@ -1315,6 +1315,37 @@ CASES = [
          "server.clients_per_round=10 --set algorithm.name='fedavg-wait'", r"\[algorithm\] selection = "
          r"'power-of-choice' does not apply to \[algorithm\] 'fedavg-wait' \(it does not invite through the "
          r"selection policy\); remove the selection or choose another algorithm$"),
+    # --- issue 39: fedasync and the server optimizers adagrad, yogi ---
+    case("server-optimizer-unknown", "run quickstart --set algorithm.server_optimizer='yogy'",
+         r"^error: --set algorithm\.server_optimizer='yogy': \[algorithm\] server_optimizer = 'yogy' is not valid; did you mean 'yogi'\? \(one of: sgd, momentum, "
+         r"adam, adagrad, yogi\)$"),
+    case("fedasync-in-sync-rounds", RUN, r"^error: \S+c\.toml: \[algorithm\] 'fedasync' mixes each update into the model "
+         r"as it arrives \(Xie et al\.\), which needs \[server\] mode = 'async' and buffer = 1; set both, or choose "
+         r"another algorithm for synchronous rounds$", **{"c.toml": config(algorithm={"name": "fedasync"})}),
+    case("fedasync-in-a-sync-comparison", RUN, r"\[algorithm\] 'fedasync' mixes each update .* needs \[server\] mode = "
+         r"'async'", **{"c.toml": config(run={"algorithms": ["fedavg", "fedasync"]})}),
+    case("fedasync-with-a-buffer", RUN, r"^error: \S+c\.toml: \[algorithm\] 'fedasync' applies every arrival on its own, "
+         r"so \[server\] buffer = 10 must be 1 \(each arrival one aggregation, its staleness counted in them\); set "
+         r"\[server\] buffer = 1$", **{"c.toml": config(algorithm={"name": "fedasync"},
+                                                        server={"mode": "async", "timing": "model"})}),
+    *[case(f"fedasync-{key}-out-of-range", RUN, rf"^error: \S+c\.toml: \[algorithm\] {key} = {shown} for 'fedasync' "
+           rf"must be {bound} \(", **{"c.toml": config(algorithm={"name": "fedasync", key: value, **extra},
+                                                        server={"mode": "async", "timing": "model", "buffer": 1})})
+      for key, value, shown, bound, extra in (
+          ("alpha", 0.0, r"0\.0", r"in \(0, 1\]", {}), ("alpha", 1.5, r"1\.5", r"in \(0, 1\]", {}),
+          ("poly_a", -0.5, r"-0\.5", ">= 0", {}), ("hinge_a", -1.0, r"-1\.0", ">= 0", {"staleness": "hinge"}),
+          ("hinge_b", -2.0, r"-2\.0", ">= 0", {"staleness": "hinge"}), ("rho", -0.1, r"-0\.1", ">= 0", {}))],
+    case("fedasync-staleness-unknown", RUN, r"^error: \S+c\.toml: \[algorithm\] staleness = 'hinged' for 'fedasync' is "
+         r"not valid; did you mean 'hinge'\? \(one of: constant, polynomial, hinge\)$",
+         **{"c.toml": config(algorithm={"name": "fedasync", "staleness": "hinged"},
+                             server={"mode": "async", "timing": "model", "buffer": 1})}),
+    case("fedasync-hinge-key-for-polynomial", RUN, r"^error: \S+c\.toml: \[algorithm\] hinge_b applies to staleness = "
+         r"'hinge' only \(fedasync's staleness is 'polynomial'\); remove it or set staleness = 'hinge'$",
+         **{"c.toml": config(algorithm={"name": "fedasync", "hinge_b": 2.0},
+                             server={"mode": "async", "timing": "model", "buffer": 1})}),
+    case("fedasync-poly-key-for-constant", RUN, r"\[algorithm\] poly_a applies to staleness = 'polynomial' only",
+         **{"c.toml": config(algorithm={"name": "fedasync", "staleness": "constant", "poly_a": 1.0},
+                             server={"mode": "async", "timing": "model", "buffer": 1})}),
 ]
 
 

@@ -5,7 +5,7 @@ parameters each invited device starts, with which learning rate and how many loc
 and hands it whatever arrived by the deadline (every round, also when nothing arrived).
 
 An algorithm computes its aggregated update Delta and hands it to `apply_update`; the
-injected server optimizer (`server_optimizer.py`: sgd, momentum, adam) turns it into the step
+injected server optimizer (`server_optimizer.py`: sgd, momentum, adam, adagrad, yogi) turns it into the step
 taken. With sgd, ``server_lr`` (η_g) scales every algorithm's update: where the spec
 (docs/algorithms.md) has η_g this is exactly its role; elsewhere (MIFA, FedLaAvg, fedavg-wait,
 amplified, sequential-sgd) it is a plain multiplier that the papers keep at 1, so the default
@@ -44,6 +44,9 @@ class Arrivals:
     version: np.ndarray  # int64 [k] round whose model the device started from
     lr: Tensor  # [k] client learning rate each device used
     invited_at: np.ndarray  # float [k] simulated time each device was invited (seen online)
+    # [k, d] the parameters each device started from, for a Strategy that `needs_start` (None otherwise):
+    # the model a device returns is start + delta
+    start: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -90,8 +93,9 @@ class Strategy:
     Class attributes: ``name`` (registry key), ``options`` (the algorithm's own config keys with
     typed defaults), ``selection`` (default selection policy), ``state`` (attributes that make
     up the algorithm's state: checkpointed, and counted by ``memory_bytes``; the global model
-    ``params`` and the server optimizer's state are always checkpointed). A state value is
-    a Tensor, a numpy array, a number, or a ``DeviceTable``, which also knows whether its rows
+    ``params`` and the server optimizer's state are always checkpointed), ``needs_start``
+    (whether ``aggregate`` reads each arrival's start parameters, ``Arrivals.start``). A state
+    value is a Tensor, a numpy array, a number, or a ``DeviceTable``, which also knows whether its rows
     would live on the devices in a deployment (FedAWE's local models, FedLaAvg's last
     gradients): those count in ``device_memory_bytes`` instead of the server's.
     """
@@ -102,6 +106,9 @@ class Strategy:
     state: ClassVar[tuple[str, ...]] = ("params",)
     # option -> (lowest, highest, whether the lowest is excluded, what it means), checked by `validate`
     ranges: ClassVar[dict[str, tuple]] = {}
+    # whether `aggregate` reads `Arrivals.start` (the asynchronous server then keeps each task's
+    # start parameters until it ends, as the device would)
+    needs_start: ClassVar[bool] = False
 
     params: Tensor
     local_objective: LocalObjective = PLAIN  # terms added to the devices' local loss

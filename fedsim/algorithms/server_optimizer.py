@@ -6,9 +6,13 @@ al. 2021, "Adaptive Federated Optimization"):
 
     sgd       x <- x - lr * g
     momentum  m <- momentum * m + g;                          x <- x - lr * m
-    adam      m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;  x <- x - lr * m / (sqrt(v) + eps)
+    adam      m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;                x <- x - lr * m / (sqrt(v) + eps)
+    adagrad   m <- b1 m + (1 - b1) g;  v <- v + g^2;                            (the same step)
+    yogi      m <- b1 m + (1 - b1) g;  v <- v - (1 - b2) g^2 sign(v - g^2);     (the same step)
 
-(FedAdam: no bias correction; eps is its tau.) So FedAvgM is fedavg + momentum and FedAdam is
+(the paper's Algorithm 2: FedAdam, FedAdagrad, FedYogi; no bias correction; eps is its tau.)
+m and v start at 0 for all three: the paper allows any v_{-1} >= tau^2, and 0 is what fedsim's
+adam has always done (its runs keep their numbers). So FedAvgM is fedavg + momentum, FedAdam
 fedavg + adam, and every other algorithm can use them too. With sgd and lr = 1 the step is
 Delta itself, bit for bit.
 """
@@ -20,7 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-SERVER_OPTIMIZERS = ("sgd", "momentum", "adam")
+ADAPTIVE = ("adam", "adagrad", "yogi")  # m and v, one step rule
+SERVER_OPTIMIZERS = ("sgd", "momentum", *ADAPTIVE)
 
 
 @dataclass(frozen=True)
@@ -34,12 +39,13 @@ class ServerOptimizerConfig:
 
 
 class ServerOptimizer:
-    """The optimizer's state (momentum: m; adam: m and v, each like the model) and its rule."""
+    """The optimizer's state (momentum: m; adam, adagrad, yogi: m and v, each like the model)
+    and its rule."""
 
     def __init__(self, cfg: ServerOptimizerConfig, like: Tensor):
         self.cfg = cfg
-        self.m = torch.zeros_like(like) if cfg.name in ("momentum", "adam") else None
-        self.v = torch.zeros_like(like) if cfg.name == "adam" else None
+        self.m = torch.zeros_like(like) if cfg.name in ("momentum", *ADAPTIVE) else None
+        self.v = torch.zeros_like(like) if cfg.name in ADAPTIVE else None
 
     def step(self, delta: Tensor) -> Tensor:
         """The change to add to the model for the algorithm's update `delta` [d]."""
@@ -51,7 +57,13 @@ class ServerOptimizer:
             self.m = cfg.momentum * self.m + g
             return -cfg.lr * self.m
         self.m = cfg.beta1 * self.m + (1 - cfg.beta1) * g
-        self.v = cfg.beta2 * self.v + (1 - cfg.beta2) * g * g
+        if cfg.name == "adam":
+            self.v = cfg.beta2 * self.v + (1 - cfg.beta2) * g * g
+        elif cfg.name == "adagrad":
+            self.v = self.v + g * g
+        else:  # yogi: v moves by (1 - b2) g^2 towards g^2 (it stays >= 0)
+            g2 = g * g
+            self.v = self.v - (1 - cfg.beta2) * g2 * torch.sign(self.v - g2)
         return -cfg.lr * self.m / (self.v.sqrt() + cfg.eps)
 
     def state_dict(self) -> dict:

@@ -28,6 +28,7 @@ ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", "fedsim.algori
     "amplified": "fedsim.algorithms.amplified:Amplified",
     "fedau": "fedsim.algorithms.fedau:FedAu",
     "sequential-sgd": "fedsim.algorithms.sequential:SequentialSgd",
+    "fedasync": "fedsim.algorithms.fedasync:FedAsync",
 }, group="fedsim.algorithms")
 
 # the own config keys of the built-in algorithms with their typed defaults (each class's
@@ -47,6 +48,19 @@ ALGORITHM_RANGES = {
                   "eta": (0.0, math.inf, True, "amplification factor; 1 = FedAvg")},
     "fedau": {"cutoff": (1, math.inf, False, "K, the longest interval recorded, in rounds")},
 }
+# FedAsync (Xie et al. 2019): mixing alpha and its staleness function s, with the paper's
+# experiments' values (FedAsync+Poly a = 0.5; FedAsync+Hinge a = 10, b = 4)
+ALGORITHM_OPTIONS["fedasync"] = {"alpha": 0.6, "staleness": "polynomial", "poly_a": 0.5, "hinge_a": 10.0,
+                                 "hinge_b": 4.0, "rho": 0.0}
+ALGORITHM_RANGES["fedasync"] = {
+    "alpha": (0.0, 1.0, True, "the mixing weight of a fresh update: x <- (1 - alpha s) x + alpha s x_i"),
+    "poly_a": (0.0, math.inf, False, "polynomial staleness: s = (1 + staleness)^(-poly_a)"),
+    "hinge_a": (0.0, math.inf, False, "hinge staleness: s = 1 / (hinge_a (staleness - hinge_b) + 1) past hinge_b"),
+    "hinge_b": (0.0, math.inf, False, "hinge staleness: the staleness up to which s = 1"),
+    "rho": (0.0, math.inf, False, "the devices' proximal term (rho/2)||w - x_start||^2; 0 = plain local SGD"),
+}
+# an algorithm's word-valued keys and their valid words, checked with the config
+ALGORITHM_CHOICES = {"fedasync": {"staleness": ("constant", "polynomial", "hinge")}}
 BUILT_IN_ALGORITHMS = tuple(ALGORITHMS)
 
 # a model is a function (in_shape, n_classes, [model] config) -> a torch.nn.Module
@@ -91,5 +105,5 @@ SELECTIONS = Registry("a selection policy", callable, _paths("fedsim.algorithms.
 TRACE_SELECTIONS = Registry("a trace device selection", callable, _paths("fedsim.runs.replay", {
     "random": "select_random", "first": "select_first", "most-available": "select_most_available"}))
 
-__all__ = ["ALGORITHMS", "ALGORITHM_OPTIONS", "ALGORITHM_RANGES", "BUILT_IN_ALGORITHMS", "MODELS", "GENERATORS", "CONVERTERS", "PARTITIONS", "SCHEDULES",
+__all__ = ["ALGORITHMS", "ALGORITHM_OPTIONS", "ALGORITHM_RANGES", "ALGORITHM_CHOICES", "BUILT_IN_ALGORITHMS", "MODELS", "GENERATORS", "CONVERTERS", "PARTITIONS", "SCHEDULES",
            "TRAINERS", "SELECTIONS", "TRACE_SELECTIONS"]

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fedsim.config.catalog import (ALGORITHM_OPTIONS, ALGORITHM_RANGES, ALGORITHMS, BUILT_IN_ALGORITHMS, GENERATORS, MODELS,
+from fedsim.config.catalog import (ALGORITHM_CHOICES, ALGORITHM_OPTIONS, ALGORITHM_RANGES, ALGORITHMS, BUILT_IN_ALGORITHMS, GENERATORS, MODELS,
                                    PARTITIONS, SCHEDULES, SELECTIONS, TRACE_SELECTIONS, TRAINERS)
 from fedsim.errors import FedsimError, choice_error, did_you_mean
 from fedsim.config.registry import Registry
@@ -413,13 +413,13 @@ class AlgorithmConfig:
     name: str = key("fedavg", "the algorithm to run", names=ALGORITHMS.names)
     server_lr: float = key(1.0, "server learning rate", positive=True)
     server_optimizer: str = key("sgd", "how the aggregated update reaches the model",
-                                choices=("sgd", "momentum", "adam"))
+                                choices=("sgd", "momentum", "adam", "adagrad", "yogi"))
     server_momentum: float = key(0.9, "momentum: m <- momentum * m + g",
                                  within=(0.0, 1.0, True, False))
-    server_beta1: float = key(0.9, "adam (FedAdam): first-moment decay",
+    server_beta1: float = key(0.9, "adam, adagrad, yogi (FedAdam, FedAdagrad, FedYogi): first-moment decay",
                               within=(0.0, 1.0, True, False))
-    server_beta2: float = key(0.99, "adam: second-moment decay", within=(0.0, 1.0, True, False))
-    server_eps: float = key(1e-3, "adam: tau, added to sqrt(v)", positive=True)
+    server_beta2: float = key(0.99, "adam, yogi: second-moment decay", within=(0.0, 1.0, True, False))
+    server_eps: float = key(1e-3, "adam, adagrad, yogi: tau, added to sqrt(v)", positive=True)
     selection: str = key("", "whom the server invites among the online devices",
                          choices=SELECTIONS, zero="the algorithm's default policy")
     candidates: int = key(0, "power-of-choice: devices asked for their local loss each round (d), "
@@ -746,6 +746,11 @@ def _check_consistency(config: Config, origin: str) -> None:
         for key, bounds in ALGORITHM_RANGES.get(name, {}).items():
             check_option(name, key, config.algorithm.options.get(key, ALGORITHM_OPTIONS[name][key]), *bounds,
                          where=f"{origin}: ")
+        for key, words in ALGORITHM_CHOICES.get(name, {}).items():
+            if config.algorithm.options.get(key, ALGORITHM_OPTIONS[name][key]) not in words:
+                raise choice_error(f"{origin}: [algorithm] {key}", config.algorithm.options[key], words,
+                                   f"for {name!r} is not valid")
+    _check_fedasync(config, origin)
     _check_local_work(config, origin)
     steps = math.ceil(config.client.local_epochs) if config.client.local_epochs else config.client.local_steps
     check_run_steps(config, steps, "local_epochs" if config.client.local_epochs else "local_steps", origin)
@@ -755,6 +760,32 @@ def _check_consistency(config: Config, origin: str) -> None:
                 f"{origin}: [data] targets has {len(config.data.targets)} entries but "
                 f"[data] clients = {config.data.clients}; give one target per client"
             )
+
+
+# FedAsync's staleness keys, by the staleness function that reads them
+FEDASYNC_KEYS = {"poly_a": "polynomial", "hinge_a": "hinge", "hinge_b": "hinge"}
+
+
+def _check_fedasync(config: Config, origin: str) -> None:
+    """FedAsync mixes every arrival into the model on its own: one arrival per aggregation, so
+    that the server's version count is its t (the staleness t - tau counts every update). A
+    staleness key that the chosen function does not read is a mistake, not a no-op."""
+    if "fedasync" not in [config.algorithm.name, *config.run.algorithms]:
+        return
+    server = config.server
+    if server.mode != "async":
+        raise FedsimError(f"{origin}: [algorithm] 'fedasync' mixes each update into the model as it arrives "
+                          "(Xie et al.), which needs [server] mode = 'async' and buffer = 1; set both, or "
+                          "choose another algorithm for synchronous rounds")
+    if server.buffer != 1:
+        raise FedsimError(f"{origin}: [algorithm] 'fedasync' applies every arrival on its own, so [server] buffer "
+                          f"= {server.buffer} must be 1 (each arrival one aggregation, its staleness counted in "
+                          "them); set [server] buffer = 1")
+    staleness = config.algorithm.options.get("staleness", ALGORITHM_OPTIONS["fedasync"]["staleness"])
+    for key, reader in FEDASYNC_KEYS.items():
+        if key in config.algorithm.options and staleness != reader:
+            raise FedsimError(f"{origin}: [algorithm] {key} applies to staleness = '{reader}' only (fedasync's "
+                              f"staleness is '{staleness}'); remove it or set staleness = '{reader}'")
 
 
 def _check_local_work(config: Config, origin: str) -> None:

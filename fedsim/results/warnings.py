@@ -1,8 +1,9 @@
 """Warnings that catch a run whose results are hard to read or whose clock means little: they
 go to the manifest's `warnings` and are printed under the end-of-run table.
 
-* participation: over half of the rounds with fewer than 2 arrivals, or fewer than 10 % of the
-  devices ever arriving;
+* participation: over half of the rounds with fewer than 2 arrivals (synchronous rounds: an
+  asynchronous aggregation has its `buffer` arrivals by design, one for FedAsync), or fewer
+  than 10 % of the devices ever arriving;
 * coverage: the run saw less than 5 % of the span of a recorded (or wall-clock) trace, so its
   availability pattern (days, nights, time zones) never played out;
 * never arrived: more than 20 % of the devices invited at least 5 times never arrived, with
@@ -22,7 +23,7 @@ INVITED_AT_LEAST = 5
 
 def run_warnings(run, status: str, sim_time: float) -> list[str]:
     """`run`: the Experiment; coverage is judged once the run has ended (not while `running`)."""
-    warnings = participation_warnings(run.recorder)
+    warnings = participation_warnings(run.recorder, rounds=run.config.server.mode == "sync")
     if status != "running" and run.coverage_matters:
         warnings += coverage_warning(sim_time, run.index.horizon)
     if run.config.server.timing == "model":
@@ -30,13 +31,14 @@ def run_warnings(run, status: str, sim_time: float) -> list[str]:
     return warnings
 
 
-def participation_warnings(recorder) -> list[str]:
-    """Why a run's participation makes its results hard to read: over half of the rounds with
-    fewer than 2 arrivals, or fewer than 10 % of the devices ever arriving."""
+def participation_warnings(recorder, rounds: bool = True) -> list[str]:
+    """Why a run's participation makes its results hard to read: over half of the `rounds`
+    (synchronous ones) with fewer than 2 arrivals, or fewer than 10 % of the devices ever
+    arriving."""
     arrived = np.fromiter((row["arrived"] for row in recorder.rows), dtype=np.int64)
     warnings = []
     few = int((arrived < 2).sum())
-    if len(arrived) and few > len(arrived) / 2:
+    if rounds and len(arrived) and few > len(arrived) / 2:
         warnings.append(f"degenerate participation: {few} of {len(arrived)} rounds had fewer than "
                         "2 arrivals (check the trace's availability, the deadline and the device speeds)")
     devices = recorder.counters["arrivals"]

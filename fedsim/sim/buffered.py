@@ -29,7 +29,8 @@ version v, so all of them are trained in ONE call at that moment (the ones that 
 overrun the deadline are skipped: their fate is known when they are invited).
 
 A checkpoint holds the server's whole state (`state_dict`): the tasks in flight (who, from which
-version, their fate, their trained updates), the reports not yet read, the buffer, the
+version, their fate, their trained updates, and their start parameters for a Strategy that
+needs them), the reports not yet read, the buffer, the
 aggregation in progress (a stop at max_time ends the run inside one) and the counters. A resumed
 run restarts the tasks in flight in the order they started, to end at the very instants they
 would have ended, so it goes on exactly as the stopped run would have.
@@ -63,7 +64,7 @@ class Dispatch:
     version: int
     at: float  # simulated time of the invitation
     ids: np.ndarray
-    start: torch.Tensor | None  # [k, d] (None once trained)
+    start: torch.Tensor | None  # [k, d] (None once trained, unless the Strategy needs_start)
     steps: np.ndarray
     lr: float
     will_arrive: np.ndarray  # bool [k]
@@ -160,10 +161,8 @@ class BufferedServer(Server):
         place = {id(d): i for i, d in enumerate(live)}
         results = list({id(d.result): d.result for d in live if d.result is not None}.values())
         result_of = {id(r): i for i, r in enumerate(results)}
-        untrained = {id(d) for d in self.untrained}
-        return {
+        return {  # (a trained dispatch keeps its start only for a Strategy that needs it)
             "dispatches": [{**{f.name: getattr(d, f.name) for f in fields(Dispatch)}, "tasks": asdict(d.tasks),
-                            "start": d.start if id(d) in untrained else None,
                             "result": result_of.get(id(d.result), -1)} for d in live],
             "results": [{name: getattr(r, name).detach().clone() for name in RESULT_FIELDS} for r in results],
             "reports": [(place[id(d)], pos, outcome) for d, pos, outcome in reports],
@@ -281,8 +280,9 @@ class BufferedServer(Server):
             return
         ids = np.concatenate([d.ids[pos] for d, pos in parts])
         start = torch.cat([d.start[torch.as_tensor(pos, device=self.device)] for d, pos in parts])
-        for d in todo:
-            d.start = None  # (not needed any more)
+        if not self.strategy.needs_start:
+            for d in todo:
+                d.start = None  # (not needed any more)
         steps = np.concatenate([d.steps[pos] for d, pos in parts])
         lr = torch.cat([torch.full((len(pos),), float(d.lr), device=self.device) for d, pos in parts])
         result = self.trainer.train(rnd, ids, start, steps, lr, self.strategy.local_objective)
@@ -313,4 +313,5 @@ class BufferedServer(Server):
             version=np.array([d.version for d, _ in taken], dtype=np.int64),
             lr=torch.tensor([float(d.lr) for d, _ in taken], device=self.device),
             invited_at=np.array([d.at for d, _ in taken], dtype=np.float64),
+            start=torch.stack([d.start[pos] for d, pos in taken]) if self.strategy.needs_start else None,
         )

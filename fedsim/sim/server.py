@@ -107,7 +107,7 @@ class Server:
         # the arrivals are known now (min(target, in time)): a round short of its quorum trains nobody
         failed = min(target, int(in_time.sum())) < self.rounds.quorum(len(ids))
         trained = np.empty(0, dtype=np.int64) if failed else np.flatnonzero(in_time)
-        result = None
+        result = start = None
         if len(trained):
             start = strategy.start_params(ids)
             if len(trained) < len(ids):
@@ -127,7 +127,8 @@ class Server:
             strategy.refuse(rnd)
             loss = None
         else:
-            arrivals = self._arrivals(rnd, invited_at, ids, arrived_pos, trained, result, steps, lr)
+            arrivals = self._arrivals(rnd, invited_at, ids, arrived_pos, trained, result, steps, lr,
+                                      start if strategy.needs_start else None)
             strategy.receive(rnd, arrivals)
             loss = float(arrivals.loss.mean()) if len(arrivals) else None
         events = task_events(rnd, ids, tasks, outcome, steps, stop_at=close_at, wasted=failed)
@@ -188,9 +189,10 @@ class Server:
         outcome[arrived_pos] = ARRIVED
         return outcome
 
-    def _arrivals(self, rnd, t0, ids, arrived_pos, trained, result, steps, lr) -> Arrivals:
+    def _arrivals(self, rnd, t0, ids, arrived_pos, trained, result, steps, lr, start=None) -> Arrivals:
         """The trained rows of the devices that arrived, in arrival order (`index_select`: a
-        few times cheaper than `tensor[index]` on a cohort's small rows)."""
+        few times cheaper than `tensor[index]` on a cohort's small rows); `start`: the trained
+        devices' start parameters, for a Strategy that needs them."""
         if result is None:
             return Arrivals.none(self.strategy.params.shape[0], self.device)
         row_of = np.full(len(ids), -1, dtype=np.int64)
@@ -206,4 +208,5 @@ class Server:
             # (through float64: an lr beyond float32's range is inf, and the run diverges, not crashes)
             lr=torch.full((len(arrived_pos),), float(lr), dtype=torch.float64, device=self.device).float(),
             invited_at=np.full(len(arrived_pos), t0),
+            start=None if start is None else start.index_select(0, rows),
         )

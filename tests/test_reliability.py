@@ -1293,6 +1293,12 @@ CASES = [
          r"training rules this release knows \(1 to 2\); the file was edited or damaged", r=run_dir(checkpoint_says(rules=7))),
     case("resume-rules-a-string", "run --resume {tmp}/r --set run.rounds=4 --quiet", r"r/checkpoint\.pt: rules = '2' is not "
          r"training rules this release knows", r=run_dir(checkpoint_says(rules="2"))),
+    # --- issue 39: partial work ([client] work) ---
+    case("work-unknown", "run quickstart --set client.work='half'",
+         r"^error: --set client.work='half': \[client\] work = 'half' is not valid \(one of: full, fit-deadline\)"),
+    case("work-fit-deadline-ideal-timing", "run quickstart --set client.work='fit-deadline' --set server.timing='ideal'",
+         r"^error: .*\[client\] work = 'fit-deadline' needs device speeds, which timing = 'ideal' does not have "
+         r"\(every device finishes its task within the round\); set \[server\] timing = 'model' or work = 'full'$"),
 ]
 
 

@@ -28,6 +28,7 @@ ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", "fedsim.algori
     "amplified": "fedsim.algorithms.amplified:Amplified",
     "fedau": "fedsim.algorithms.fedau:FedAu",
     "sequential-sgd": "fedsim.algorithms.sequential:SequentialSgd",
+    "fednova": "fedsim.algorithms.fednova:FedNova",
 }, group="fedsim.algorithms")
 
 # the own config keys of the built-in algorithms with their typed defaults (each class's

@@ -12,6 +12,7 @@ import numpy as np
 import simpy
 
 from fedsim.config import ServerConfig
+from fedsim.sim.partial_work import steps_that_fit
 from fedsim.sim.timing import DeviceTiming
 
 
@@ -141,14 +142,26 @@ class ModelRounds:
         return max(float(draw), 0.0)
 
     def tasks(self, rnd: int, ids: np.ndarray, samples: np.ndarray, steps: np.ndarray, t0: float) -> Tasks:
-        download = self.timing.download_s(ids, self.download_bytes)
-        compute = self.timing.compute_s(ids, samples, steps)
-        upload = self.timing.upload_s(ids, self.upload_bytes)
+        download, compute, upload = self._phases(ids, samples, steps)
         finish = t0 + (download + compute + upload)
         offline_at = self.index.next_offline(ids, t0)
         dropped = offline_at < finish
         return Tasks(t0, download, compute, upload, samples, dropped,
                      np.where(dropped, offline_at, finish))
+
+    def _phases(self, ids: np.ndarray, samples: np.ndarray, steps: np.ndarray):
+        """Seconds of each device's download, compute and upload."""
+        return (self.timing.download_s(ids, self.download_bytes), self.timing.compute_s(ids, samples, steps),
+                self.timing.upload_s(ids, self.upload_bytes))
+
+    def steps_that_fit(self, ids: np.ndarray, full: np.ndarray, samples_of, t0: float, due: float) -> np.ndarray:
+        """`[client] work = "fit-deadline"`: the most of its `full` local steps (at least one) with
+        which each device invited at `t0` ends its task by `due`; `samples_of(ids, steps)`: the
+        training samples of those steps (sim/partial_work.py)."""
+        def finish_at(steps):
+            download, compute, upload = self._phases(ids, samples_of(ids, steps), steps)
+            return t0 + (download + compute + upload)
+        return steps_that_fit(finish_at, full, due)
 
     def close_at(self, rnd: int, t0: float, invited: int, max_time: float) -> float:
         close = t0 + (self.deadline(rnd) if invited else self.cfg.round_duration)

@@ -18,6 +18,7 @@ import torch
 from fedsim.algorithms.base import Arrivals, Strategy
 from fedsim.config import ServerConfig
 from fedsim.sim.device import RoundBoard, deadline, start_device_tasks
+from fedsim.sim.partial_work import WORK_FIT_DEADLINE, WORK_FULL
 from fedsim.sim.events import ARRIVED, DROPPED, LATE, SURPLUS, task_events, wasted_seconds
 from fedsim.sim.round_timing import Stop, Tasks, round_timing
 from fedsim.sim.timing import DeviceTiming
@@ -47,7 +48,8 @@ class RoundOutcome:
 class Server:
     def __init__(self, *, env: simpy.Environment, index, strategy: Strategy, trainer, timing: DeviceTiming,
                  cfg: ServerConfig, client_sizes: np.ndarray,
-                 seed: int, device: torch.device):
+                 seed: int, device: torch.device, work: str = WORK_FULL):
+        """`work`: `[client] work`, how much of its local steps an invited device trains."""
         self.env = env
         self.index = index
         self.strategy = strategy
@@ -56,6 +58,7 @@ class Server:
         self.client_sizes = client_sizes
         self.seed = seed
         self.device = device
+        self.fit_deadline = work == WORK_FIT_DEADLINE
         self.rounds = round_timing(cfg, index=index, timing=timing, message_bytes=strategy.message_bytes(),
                                    seed=seed)
         self.gate = None  # set when runs train together (fedsim/studies/lockstep.py)
@@ -92,6 +95,8 @@ class Server:
         rng = np.random.default_rng([self.seed, rnd, 0x5E1])
         ids = np.asarray(strategy.select(rnd, online, rng), dtype=np.int64)
         steps = np.asarray(strategy.local_steps(rnd, ids), dtype=np.int64)
+        if self.fit_deadline and len(ids):
+            steps = self.rounds.steps_that_fit(ids, steps, self.trainer.samples, t0, t0 + self.rounds.deadline(rnd))
         lr = strategy.client_lr(rnd)
         tasks = self.rounds.tasks(rnd, ids, self.trainer.samples(ids, steps), steps, t0)
         close_at = self.rounds.close_at(rnd, t0, len(ids), max_time)

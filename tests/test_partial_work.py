@@ -7,6 +7,7 @@ over 64 bit/s), so with deadline D device i fits τ_i = min(K, max(1, ⌊(D − 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -18,6 +19,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import final_x, quadratic_config, rounds, same_results  # noqa: E402
 from test_server_rules import always  # noqa: E402
 
+from fedsim.algorithms import REGISTRY  # noqa: E402
+from fedsim.algorithms.fedavg import FedAvg  # noqa: E402
+from fedsim.algorithms.fednova import FedNova  # noqa: E402
 from fedsim.cli import main  # noqa: E402
 from fedsim.sim.partial_work import steps_that_fit  # noqa: E402
 from fedsim.traces.io import write_device_table  # noqa: E402
@@ -69,6 +73,26 @@ def test_fit_deadline_steps_and_the_fixed_point_of_fedavg_and_fednova(cli_run, a
     np.testing.assert_allclose(x, fixed_point(TAU, 0.1, normalised), atol=1e-6)
     other = fixed_point(TAU, 0.1, not normalised)
     assert np.abs(x - other).max() > 0.1  # the two fixed points are apart: the test tells them apart
+
+
+CHOSEN = np.array([1, 3, 6, 15])  # τ_i of our choosing, each device's every round
+
+
+class ChosenSteps:
+    """A device's local steps fixed per device (what unequal data sizes under local_epochs give)."""
+
+    def local_steps(self, rnd, ids):
+        return CHOSEN[ids]
+
+
+@pytest.mark.parametrize("base,normalised", [(FedAvg, False), (FedNova, True)])
+def test_the_fixed_points_for_steps_of_our_choosing_under_ideal_timing(cli_run, monkeypatch, base, normalised):
+    cls = type(f"Chosen{base.__name__}", (ChosenSteps, base), {"name": f"chosen-{base.name}"})
+    monkeypatch.setitem(REGISTRY, cls.name, cls)
+    config = quadratic_config(U.tolist(), lr=0.1, steps=FULL, rounds=80, algorithm=cls.name)
+    run_dir = cli_run(config, always(len(U)), name=cls.name)
+    assert set(pl.read_parquet(run_dir / "events.parquet")["steps"]) == set(CHOSEN)
+    np.testing.assert_allclose(final_x(run_dir), fixed_point(CHOSEN, 0.1, normalised), atol=1e-6)
 
 
 def test_fednova_tends_to_the_mean_of_the_targets_as_the_learning_rate_falls(cli_run):
@@ -128,3 +152,45 @@ def test_a_fednova_run_of_fitted_steps_resumes_to_the_uninterrupted_run(cli_run,
     stopped = cli_run(config, name="stopped", extra=["--set", "run.rounds=5"])
     assert main(["run", "--resume", str(stopped), "--set", "run.rounds=12", "--quiet"]) == 0
     same_results(stopped, whole)
+
+
+def test_a_device_too_slow_for_one_step_is_named_with_its_one_step_task(cli_run):
+    """Under fit-deadline a late device attempted one step: the warning times that task (1.67
+    min at 100 s a step), not the full work of 5 steps."""
+    n = 10
+    table = {"device_id": np.arange(n), "seconds_per_sample": [1.0] * 3 + [100.0] * 7,
+             "bandwidth_bps": [1e12] * n, "latency_s": [0.0] * n}
+    write_device_table(table, cli_run.tmp / "devices.parquet")
+    config = quadratic_config([[float(i), 0.0] for i in range(n)], steps=5, rounds=5,
+                              server={"timing": "model", "deadline": 10.0},
+                              trace={"devices_table": str(cli_run.tmp / "devices.parquet")},
+                              devices={"model": "table"})
+    config["client"]["work"] = "fit-deadline"
+    run_dir = cli_run(config, always(n, horizon=100.0))
+    warnings = json.loads((run_dir / "manifest.json").read_text())["warnings"]
+    assert warnings == ["never arrived: 7 of 10 devices invited at least 5 times never arrived (35 late, 0 dropped); "
+                        "mostly late: too slow for the deadline (their median task takes 1.67 min, the deadline is "
+                        "10 s); raise [server] deadline or see [devices] in docs/timing.md"]
+    ev = pl.read_parquet(run_dir / "events.parquet")
+    assert set(ev.filter(pl.col("device_id") >= 3)["steps"]) == {1} and set(ev.filter(pl.col("device_id") < 3)["steps"]) == {5}
+
+
+def test_part_of_its_epochs_trains_alike_in_the_batched_and_the_loop_trainer(cli_run):
+    """local_epochs = 2 of 16-sample minibatches (5 a pass over 67-68 samples: 10 steps); the
+    slow devices fit fewer, a part of an epoch, whose samples are its minibatches'."""
+    config = {"run": {"rounds": 4, "eval_every": 2}, "data": {"dataset": "digits", "clients": 20},
+              "model": {"name": "logreg"}, "trace": {"source": "always"},
+              "server": {"timing": "model", "deadline": 3.0},
+              "devices": {"model": "lognormal", "seconds_per_sample": 0.01, "compute_sigma": 1.0},
+              "client": {"local_epochs": 2, "batch_size": 16, "work": "fit-deadline"}}
+    runs = {}
+    for trainer in ("batched", "loop"):
+        config["client"]["trainer"] = trainer
+        runs[trainer] = cli_run(config, name=trainer)
+    ev = pl.read_parquet(runs["batched"] / "events.parquet").filter(pl.col("outcome") == "arrived")
+    assert ev["steps"].max() == 10 and ev["steps"].min() < 5
+    partial = ev.filter(pl.col("steps") < 5)
+    assert (partial["samples"] == 16 * partial["steps"]).all()
+    assert ev.equals(pl.read_parquet(runs["loop"] / "events.parquet").filter(pl.col("outcome") == "arrived"))
+    losses = [rounds(runs[t])["test_loss"].drop_nulls().to_numpy() for t in ("batched", "loop")]
+    np.testing.assert_allclose(*losses, rtol=1e-6)

@@ -15,8 +15,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-WORK_FULL, WORK_FIT_DEADLINE = "full", "fit-deadline"
-
 
 def steps_that_fit(finish_at: Callable[[np.ndarray], np.ndarray], full: np.ndarray, due: float) -> np.ndarray:
     """Per device, the largest s in [1, full] with ``finish_at(s) <= due`` (1 where none is),

@@ -18,7 +18,6 @@ import torch
 from fedsim.algorithms.base import Arrivals, Strategy
 from fedsim.config import ServerConfig
 from fedsim.sim.device import RoundBoard, deadline, start_device_tasks
-from fedsim.sim.partial_work import WORK_FIT_DEADLINE, WORK_FULL
 from fedsim.sim.events import ARRIVED, DROPPED, LATE, SURPLUS, task_events, wasted_seconds
 from fedsim.sim.round_timing import Stop, Tasks, round_timing
 from fedsim.sim.timing import DeviceTiming
@@ -48,7 +47,7 @@ class RoundOutcome:
 class Server:
     def __init__(self, *, env: simpy.Environment, index, strategy: Strategy, trainer, timing: DeviceTiming,
                  cfg: ServerConfig, client_sizes: np.ndarray,
-                 seed: int, device: torch.device, work: str = WORK_FULL):
+                 seed: int, device: torch.device, work: str = "full"):
         """`work`: `[client] work`, how much of its local steps an invited device trains."""
         self.env = env
         self.index = index
@@ -58,7 +57,7 @@ class Server:
         self.client_sizes = client_sizes
         self.seed = seed
         self.device = device
-        self.fit_deadline = work == WORK_FIT_DEADLINE
+        self.fit_deadline = work == "fit-deadline"
         self.rounds = round_timing(cfg, index=index, timing=timing, message_bytes=strategy.message_bytes(),
                                    seed=seed)
         self.gate = None  # set when runs train together (fedsim/studies/lockstep.py)

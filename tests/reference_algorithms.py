@@ -231,6 +231,18 @@ def fedvarp(U, avail, x0, lr, steps, server_lr=1.0, optimizer=None):
     return x
 
 
+def fednova(U, avail, x0, lr, steps, server_lr=1.0):
+    """``steps`` [N]: each device's local steps τ_i. x += η_g τ_eff Σ p_i Δ_i / τ_i, p_i = 1/|A|."""
+    x = np.array(x0, dtype=np.float64)
+    for t in range(avail.shape[0]):
+        A = online(avail, t)
+        if A:
+            tau_eff = sum(steps[i] for i in A) / len(A)
+            normalised = sum((local_sgd(x, U[i], steps[i], lr(t + 1)) - x) / steps[i] for i in A) / len(A)
+            x = x + server_lr * tau_eff * normalised
+    return x
+
+
 def sequential_sgd(U, avail, x0, lr, steps, server_lr=1.0):
     """SGD on the pooled objective (1/N) Σ f_i, as many steps per round as the cohort takes."""
     x = np.array(x0, dtype=np.float64)

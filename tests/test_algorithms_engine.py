@@ -94,6 +94,7 @@ def test_every_algorithm_matches_its_numpy_reference(cli_run, random_case):
         "fedau": ref.fedau(U, A, x0, lr, 2, 4, 0.8),
         "fedvarp": ref.fedvarp(U, A, x0, lr, 2, 0.8),
         "sequential-sgd": ref.sequential_sgd(U, A, x0, lr, 2, 0.8),
+        "fednova": ref.fednova(U, A, x0, lr, [2] * N, 0.8),  # equal steps (unequal: tests/test_partial_work.py)
     }
     got = reference_run(cli_run, random_case, list(expected), "refs",
                         {"selection": "all", "mu": 0.5, "S": N, "period": 7, "eta": 3.0, "cutoff": 4})
@@ -173,7 +174,7 @@ def test_adaptive_server_optimizers_two_rounds_by_hand(cli_run, kind):
 
 def test_the_reference_tests_cover_every_registered_algorithm():
     covered = {"fedavg", "fedavg-all", "fedavg-known-p", "fedbuff", "fedsgd", "fedprox", "fedavg-wait", "mifa",
-               "fedawe", "amplified", "fedau", "fedvarp", "sequential-sgd", "fedlaavg"}
+               "fedawe", "amplified", "fedau", "fedvarp", "sequential-sgd", "fedlaavg", "fednova"}
     covered |= {"fedasync"}  # async only: replayed by hand from events.parquet in tests/test_async.py
     assert set(REGISTRY) == covered
 

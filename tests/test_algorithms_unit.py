@@ -36,11 +36,11 @@ def scenario(seed=0):
 
 
 def context(*, lr=lambda t: 0.2, steps=2, server_lr=0.8, options=None, selection="all",
-            invite=0, known_p=None, train_pooled=None, device="cpu") -> Context:
+            invite=0, known_p=None, train_pooled=None, device="cpu", device_steps=None) -> Context:
     return Context(n_devices=N, dim=D, device=torch.device(device), seed=0, server_lr=server_lr,
                    local_steps=steps, clients_per_round=invite, invite=invite,
                    options=options or {}, lr=lr, client_sizes=np.ones(N, dtype=np.int64),
-                   known_p=known_p, selection=selection, train_pooled=train_pooled)
+                   known_p=known_p, selection=selection, train_pooled=train_pooled, device_steps=device_steps)
 
 
 def local_sgd(U, ids, start, steps, lr, mu):
@@ -95,6 +95,8 @@ def inverse(t):
     return 0.3 / t
 
 
+UNEQUAL_STEPS = np.array([1, 4, 2, 7, 3])  # each device's local steps (FedNova's τ_i)
+
 # name, options, Context overrides, reference call
 CASES = {
     "fedavg": ({}, {}, lambda U, A, P, x0, lr: ref.fedavg(U, A, x0, lr, 2, 0.8)),
@@ -120,6 +122,8 @@ CASES = {
     "sequential-sgd": ({}, {"train_pooled": "pooled"},
                        lambda U, A, P, x0, lr: ref.sequential_sgd(U, A, x0, lambda t: 0.02, 2, 0.8)),
     "fedasync": ({"alpha": 0.3}, {}, lambda U, A, P, x0, lr: ref.fedasync(U, A, x0, lr, 2, 0.3, 0.8)),
+    "fednova": ({}, {"device_steps": UNEQUAL_STEPS},
+                lambda U, A, P, x0, lr: ref.fednova(U, A, x0, lr, UNEQUAL_STEPS, 0.8)),
 }
 
 

@@ -1346,6 +1346,12 @@ CASES = [
     case("fedasync-poly-key-for-constant", RUN, r"\[algorithm\] poly_a applies to staleness = 'polynomial' only",
          **{"c.toml": config(algorithm={"name": "fedasync", "staleness": "constant", "poly_a": 1.0},
                              server={"mode": "async", "timing": "model", "buffer": 1})}),
+    # --- issue 39: partial work ([client] work) ---
+    case("work-unknown", "run quickstart --set client.work='half'",
+         r"^error: --set client.work='half': \[client\] work = 'half' is not valid \(one of: full, fit-deadline\)"),
+    case("work-fit-deadline-ideal-timing", "run quickstart --set client.work='fit-deadline' --set server.timing='ideal'",
+         r"^error: .*\[client\] work = 'fit-deadline' needs device speeds, which timing = 'ideal' does not have "
+         r"\(every device finishes its task within the round\); set \[server\] timing = 'model' or work = 'full'$"),
 ]
 
 

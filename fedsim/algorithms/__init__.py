@@ -2,7 +2,7 @@
 
 One module per family: ``fedavg`` (fedavg, fedavg-all, fedavg-known-p, fedsgd, fedprox),
 ``waiting`` (fedavg-wait), ``mifa`` (mifa, fedlaavg), ``fedvarp``, ``fedawe``, ``amplified``,
-``fedau``, ``sequential`` (sequential-sgd); each is imported when a run first names it.
+``fedau``, ``sequential`` (sequential-sgd), ``fednova``; each is imported when a run first names it.
 ``selection`` holds the selection policies and ``table`` the per-device [N, d] state they share.
 """
 

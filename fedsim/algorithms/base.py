@@ -34,7 +34,9 @@ from fedsim.training.objective import PLAIN, LocalObjective
 
 @dataclass
 class Arrivals:
-    """The updates that reached the server in one round (possibly none)."""
+    """The updates that reached the server in one round (possibly none). ``steps`` are the
+    local steps each device trained: its full work (`Strategy.local_steps`), or under
+    ``[client] work = "fit-deadline"`` those that fitted its deadline (at least one)."""
 
     ids: np.ndarray  # int64 [k]
     deltas: Tensor  # [k, d] end minus start parameters
@@ -179,7 +181,8 @@ class Strategy:
 
     def local_steps(self, rnd: int, ids: np.ndarray) -> np.ndarray:
         """Local steps (int64 [k]) of each invited device: `[client] local_steps` by default, or
-        its epochs' steps under `[client] local_epochs`."""
+        its epochs' steps under `[client] local_epochs`; its full work, of which a device trains
+        only what fits its deadline under `[client] work = "fit-deadline"`."""
         if self.ctx.device_steps is not None:
             return self.ctx.device_steps[ids]
         return np.full(len(ids), self.ctx.local_steps, dtype=np.int64)

@@ -29,6 +29,7 @@ ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", "fedsim.algori
     "fedau": "fedsim.algorithms.fedau:FedAu",
     "sequential-sgd": "fedsim.algorithms.sequential:SequentialSgd",
     "fedasync": "fedsim.algorithms.fedasync:FedAsync",
+    "fednova": "fedsim.algorithms.fednova:FedNova",
 }, group="fedsim.algorithms")
 
 # the own config keys of the built-in algorithms with their typed defaults (each class's

@@ -376,6 +376,9 @@ class ServerConfig:
     concurrency: int = key(20, "async: devices kept training", positive=True)
 
 
+WORK_MODES = ("full", "fit-deadline")  # [client] work: how much of its local work an invited device does
+
+
 @dataclass
 class ClientConfig:
     """Local training on each device."""
@@ -404,6 +407,10 @@ class ClientConfig:
                             "captured once per cohort shape (false: launch every kernel eagerly)")
     compile: bool = key(True, "on a GPU, an LSTM's cell arithmetic compiled (torch.compile) into fused "
                         "kernels, forward and backward (false: a dozen kernels per time step)")
+    work: str = key("full", "full: every invited device trains all of its local steps; fit-deadline: "
+                    "only the steps that fit before the deadline at its own speed (at least one), as "
+                    "FedProx's and FedNova's variable local work (model timing; docs/timing.md)",
+                    choices=WORK_MODES)
 
 
 @dataclass
@@ -752,6 +759,7 @@ def _check_consistency(config: Config, origin: str) -> None:
                                    f"for {name!r} is not valid")
     _check_fedasync(config, origin)
     _check_local_work(config, origin)
+    _check_partial_work(config, origin)
     steps = math.ceil(config.client.local_epochs) if config.client.local_epochs else config.client.local_steps
     check_run_steps(config, steps, "local_epochs" if config.client.local_epochs else "local_steps", origin)
     if config.data.dataset == "quadratic" and config.data.targets:
@@ -800,6 +808,15 @@ def _check_local_work(config: Config, origin: str) -> None:
         raise FedsimError(f"{where} needs batch_size > 0 to cut each epoch into minibatches (with batch_size = 0 "
                           f"a step is already one pass over the local data: set local_steps instead)")
     check_cohort_size(config.server, config.data.clients, f"{origin}: ")
+
+
+def _check_partial_work(config: Config, origin: str) -> None:
+    """fit-deadline fits a device's steps to its speed: ideal timing has no speeds (every invited
+    device trains its whole task within the round)."""
+    if config.client.work == "fit-deadline" and config.server.timing == "ideal":
+        raise FedsimError(f"{origin}: [client] work = 'fit-deadline' needs device speeds, which timing = 'ideal' "
+                          "does not have (every device finishes its task within the round); set [server] "
+                          "timing = 'model' or work = 'full'")
 
 
 def check_cohort_size(server: ServerConfig, n_devices: int, where: str = "") -> None:

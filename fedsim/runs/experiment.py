@@ -264,7 +264,7 @@ class Experiment:
             env=env, index=self.index, strategy=self.strategy, trainer=self.trainer,
             timing=self.timing, cfg=cfg.server,
             client_sizes=self.task.client_sizes(),
-            seed=cfg.run.seed, device=self.device,
+            seed=cfg.run.seed, device=self.device, work=cfg.client.work,
         )
         if resume is not None:
             self.restore(resume)
@@ -367,10 +367,14 @@ class Experiment:
                             + self.timing.compute_s(ids, self.trainer.samples(ids, steps), steps)))
 
     def typical_task_s(self) -> np.ndarray:
-        """Each device's download + compute + upload of a task of `[client] local_steps` steps."""
+        """Each device's download + compute + upload of a task of `[client] local_steps` steps
+        (of one step under `[client] work = "fit-deadline"`: all a late device attempted)."""
         ids = np.arange(self.task.n_clients)
-        steps = self.trainer.epoch_steps()
-        steps = np.full(len(ids), self.config.client.local_steps) if steps is None else steps
+        if self.config.client.work == "fit-deadline":
+            steps = np.ones(len(ids), dtype=np.int64)
+        else:
+            steps = self.trainer.epoch_steps()
+            steps = np.full(len(ids), self.config.client.local_steps) if steps is None else steps
         down, up = self.strategy.message_bytes()
         return (self.timing.download_s(ids, down) + self.timing.compute_s(ids, self.trainer.samples(ids, steps), steps)
                 + self.timing.upload_s(ids, up))

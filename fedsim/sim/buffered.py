@@ -243,6 +243,8 @@ class BufferedServer(Server):
             return ids
         now = self.env.now
         steps = np.asarray(self.strategy.local_steps(rnd, ids), dtype=np.int64)
+        if self.fit_deadline:
+            steps = self.rounds.steps_that_fit(ids, steps, self.trainer.samples, now, now + self.cfg.deadline)
         tasks = self.rounds.tasks(rnd, ids, self.trainer.samples(ids, steps), steps, now)
         fate = np.where(tasks.dropped, "dropped", "arrived").astype(object)
         # still running at the deadline: late, also when the device drops (goes offline) after it

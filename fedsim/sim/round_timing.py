@@ -12,6 +12,7 @@ import numpy as np
 import simpy
 
 from fedsim.config import ServerConfig, invite_budget
+from fedsim.sim.partial_work import steps_that_fit
 from fedsim.sim.timing import DeviceTiming
 
 
@@ -144,9 +145,7 @@ class ModelRounds:
               held_bytes: int = 0) -> Tasks:
         """`held_bytes`: what the devices already hold of the invitation (the global model that
         power-of-choice's question sent them): only the rest is downloaded."""
-        return self._tasks(ids, t0, self.timing.download_s(ids, max(self.download_bytes - held_bytes, 0)),
-                           self.timing.compute_s(ids, samples, steps),
-                           self.timing.upload_s(ids, self.upload_bytes), samples)
+        return self._tasks(ids, t0, *self._phases(ids, samples, steps, held_bytes), samples)
 
     def question(self, ids: np.ndarray, samples: np.ndarray, t0: float, model_bytes: int) -> Tasks:
         """Power-of-choice's question to each candidate: download the global model
@@ -162,6 +161,21 @@ class ModelRounds:
         dropped = offline_at < finish
         return Tasks(t0, download, compute, upload, samples, dropped,
                      np.where(dropped, offline_at, finish))
+
+    def _phases(self, ids: np.ndarray, samples: np.ndarray, steps: np.ndarray, held_bytes: int = 0):
+        """Seconds of each device's download (of what it does not hold yet), compute and upload."""
+        return (self.timing.download_s(ids, max(self.download_bytes - held_bytes, 0)),
+                self.timing.compute_s(ids, samples, steps), self.timing.upload_s(ids, self.upload_bytes))
+
+    def steps_that_fit(self, ids: np.ndarray, full: np.ndarray, samples_of, t0: float, due: float,
+                       held_bytes: int = 0) -> np.ndarray:
+        """`[client] work = "fit-deadline"`: the most of its `full` local steps (at least one) with
+        which each device invited at `t0` ends its task by `due`; `samples_of(ids, steps)`: the
+        training samples of those steps (sim/partial_work.py)."""
+        def finish_at(steps):
+            download, compute, upload = self._phases(ids, samples_of(ids, steps), steps, held_bytes)
+            return t0 + (download + compute + upload)
+        return steps_that_fit(finish_at, full, due)
 
     def close_at(self, rnd: int, t0: float, invited: int, max_time: float) -> float:
         close = t0 + (self.deadline(rnd) if invited else self.cfg.round_duration)

@@ -48,7 +48,8 @@ class RoundOutcome:
 class Server:
     def __init__(self, *, env: simpy.Environment, index, strategy: Strategy, trainer, timing: DeviceTiming,
                  cfg: ServerConfig, client_sizes: np.ndarray,
-                 seed: int, device: torch.device):
+                 seed: int, device: torch.device, work: str = "full"):
+        """`work`: `[client] work`, how much of its local steps an invited device trains."""
         self.env = env
         self.index = index
         self.strategy = strategy
@@ -57,6 +58,7 @@ class Server:
         self.client_sizes = client_sizes
         self.seed = seed
         self.device = device
+        self.fit_deadline = work == "fit-deadline"
         self.rounds = round_timing(cfg, index=index, timing=timing, message_bytes=strategy.message_bytes(),
                                    seed=seed)
         self.gate = None  # set when runs train together (fedsim/studies/lockstep.py)
@@ -98,6 +100,9 @@ class Server:
             invited_at, choices, questions = yield from self.ask(rnd, candidates, t0, held, max_time)
         ids = np.asarray(strategy.select(rnd, choices, rng), dtype=np.int64)
         steps = np.asarray(strategy.local_steps(rnd, ids), dtype=np.int64)
+        if self.fit_deadline and len(ids):
+            steps = self.rounds.steps_that_fit(ids, steps, self.trainer.samples, invited_at,
+                                               t0 + self.rounds.deadline(rnd), held)
         lr = strategy.client_lr(rnd)
         tasks = self.rounds.tasks(rnd, ids, self.trainer.samples(ids, steps), steps, invited_at, held)
         close_at = self.rounds.close_at(rnd, t0, len(ids), max_time)

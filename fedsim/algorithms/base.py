@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -44,9 +44,22 @@ class Arrivals:
     version: np.ndarray  # int64 [k] round whose model the device started from
     lr: Tensor  # [k] client learning rate each device used
     invited_at: np.ndarray  # float [k] simulated time each device was invited (seen online)
+    # float [k] simulated time each update reached the server (None: not told)
+    arrived_at: np.ndarray | None = None
+    # the round's invitations whose update did not reach the server (dropped, late, surplus):
+    # their ids (int64 [m]) and the seconds the server had waited on each when it stopped
+    # (the device went offline, or the round closed): what a real server knows of them
+    missed: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    waited_s: np.ndarray = field(default_factory=lambda: np.empty(0))
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def duration_s(self) -> np.ndarray:
+        """Seconds from each arrived device's invitation to its update's arrival (NaN: not told)."""
+        if self.arrived_at is None:
+            return np.full(len(self.ids), np.nan)
+        return np.asarray(self.arrived_at, dtype=np.float64) - self.invited_at
 
     @staticmethod
     def none(dim: int, device: torch.device) -> "Arrivals":
@@ -115,6 +128,7 @@ class Strategy:
         policy = ctx.selection or self.selection
         selector = SELECTIONS.lookup(policy, "[algorithm] selection")
         self.selector: Selector = selector(n_devices, self.budget())
+        self.selector.setup(ctx)
         self.server_optimizer = ServerOptimizer(
             ctx.server_optimizer or ServerOptimizerConfig(lr=ctx.server_lr), params)
         self.init_state(params.detach().clone())
@@ -168,9 +182,9 @@ class Strategy:
 
     # --- what the engine hands back -----------------------------------------------------------
     def receive(self, rnd: int, arrivals: Arrivals) -> None:
-        """The engine's entry point after each round: the selection policy learns who arrived
+        """The engine's entry point after each round: the selection policy learns what arrived
         (a device that dropped did not participate), then the algorithm aggregates."""
-        self.selector.arrived(rnd, arrivals.ids)
+        self.selector.learn(rnd, arrivals)
         self.aggregate(rnd, arrivals)
 
     def aggregate(self, rnd: int, arrivals: Arrivals) -> None:

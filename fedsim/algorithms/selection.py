@@ -23,6 +23,16 @@ class Selector:
     def __call__(self, rnd: int, online: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         raise NotImplementedError
 
+    def setup(self, ctx) -> None:
+        """What the run tells the policy before round 0 (the Strategy's Context: its options,
+        the devices' data sizes); most policies need nothing."""
+
+    def learn(self, rnd: int, arrivals) -> None:
+        """What the server heard in round `rnd` (the Strategy's Arrivals: who arrived, with
+        their losses, samples and durations, and who was invited but missed). By default the
+        policy is told who arrived (`arrived`)."""
+        self.arrived(rnd, arrivals.ids)
+
     def arrived(self, rnd: int, ids: np.ndarray) -> None:
         """The invited devices whose update reached the server in round `rnd`."""
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.config.catalog import (ALGORITHM_OPTIONS, ALGORITHM_RANGES, ALGORITHMS, BUILT_IN_ALGORITHMS, GENERATORS, MODELS,
+                                   SELECTION_OPTIONS, SELECTION_RANGES,
                                    PARTITIONS, SCHEDULES, SELECTIONS, TRACE_SELECTIONS, TRAINERS)
 from fedsim.errors import FedsimError, choice_error, did_you_mean
 from fedsim.config.registry import Registry
@@ -487,7 +488,7 @@ class Config:
 
     def with_algorithm(self, name: str) -> "Config":
         """A copy running `name` (options of the configured algorithm that `name` lacks are dropped)."""
-        valid = algorithm_options(name)
+        valid = algorithm_options(name) | selection_options(self.algorithm.selection)
         algo = dataclasses.replace(
             self.algorithm,
             name=name,
@@ -525,6 +526,11 @@ def algorithm_options(name: str, origin: str = "") -> dict[str, Any]:
         return dict(ALGORITHM_OPTIONS.get(name, {}))
     where = f"{origin}: [algorithm] name" if origin else "[algorithm] name"
     return dict(ALGORITHMS.lookup(name, where).options)
+
+
+def selection_options(policy: str) -> dict[str, Any]:
+    """The selection policy's own [algorithm] keys with their typed defaults (none for most)."""
+    return dict(SELECTION_OPTIONS.get(policy, {}))
 
 
 def _check_type(where: str, value: Any, default: Any) -> Any:
@@ -587,6 +593,7 @@ def _declared_options(section: str, raw: dict, algorithms: list, origin: str) ->
             if not isinstance(name, str):
                 raise FedsimError(f"{origin}: algorithm names must be strings, got {name!r}")
             options.update(algorithm_options(name, origin=origin))
+        options.update(selection_options(raw.get("selection", "")))
         return options
     return None
 
@@ -742,6 +749,10 @@ def _check_consistency(config: Config, origin: str) -> None:
         for key, bounds in ALGORITHM_RANGES.get(name, {}).items():
             check_option(name, key, config.algorithm.options.get(key, ALGORITHM_OPTIONS[name][key]), *bounds,
                          where=f"{origin}: ")
+    policy = config.algorithm.selection
+    for key, bounds in SELECTION_RANGES.get(policy, {}).items():
+        check_option(policy, key, config.algorithm.options.get(key, SELECTION_OPTIONS[policy][key]), *bounds,
+                     where=f"{origin}: ")
     _check_local_work(config, origin)
     steps = math.ceil(config.client.local_epochs) if config.client.local_epochs else config.client.local_steps
     check_run_steps(config, steps, "local_epochs" if config.client.local_epochs else "local_steps", origin)

@@ -135,9 +135,12 @@ class BufferedServer(Server):
         self._train_untrained(rnd)
         taken, self.buffer, self.open = self.buffer, [], None
         arrivals = self._arrivals_of(taken)
+        resolved = agg.resolved
+        # the dropped and late tasks of this aggregation, and how long the server waited on each
+        arrivals.missed = self._ids(resolved)
+        arrivals.waited_s = np.array([d.ends_at[pos] - d.at for d, pos, _ in resolved], dtype=np.float64)
         self.strategy.receive(rnd, arrivals)
         self.ran_this_version[:] = False
-        resolved = agg.resolved
         outcome = np.array([o for _, _, o in resolved], dtype=object)  # the tasks' reports
         events = self._events(rnd, taken, resolved)
         return RoundOutcome(
@@ -313,4 +316,5 @@ class BufferedServer(Server):
             version=np.array([d.version for d, _ in taken], dtype=np.int64),
             lr=torch.tensor([float(d.lr) for d, _ in taken], device=self.device),
             invited_at=np.array([d.at for d, _ in taken], dtype=np.float64),
+            arrived_at=np.array([d.ends_at[pos] for d, pos in taken], dtype=np.float64),
         )

@@ -659,9 +659,16 @@ def _unknown_keys(raw: dict, algorithms: list, origin: str, origins: dict) -> li
         valid = [*_field_names(_SECTION_CLASSES[section]), *(extra or {})]
         owner = body.get(owner_key[1])
         scope = f" for {owner!r}" if extra is not None and owner else ""
-        unknown += [(origins.get((section, key), origin), f"[{section}] {key}{scope}", suggest(key, valid))
+        unknown += [(origins.get((section, key), origin), f"[{section}] {key}{scope}",
+                     (section == "algorithm" and _policy_of(key)) or suggest(key, valid))
                     for key in body if key not in valid]
     return unknown
+
+
+def _policy_of(key: str) -> str:
+    """For a key of a selection policy that the config does not choose: which one takes it."""
+    policy = next((p for p, keys in SELECTION_OPTIONS.items() if key in keys), "")
+    return f"it is a key of [algorithm] selection = '{policy}': set that selection, or remove it" if policy else ""
 
 
 def _unknown_error(unknown: list[tuple[str, str, str]]) -> FedsimError:

@@ -20,16 +20,19 @@ STUDIES = {
     "systems-flash": {"devices.model": ["constant", "lognormal"]},
     "systems-fedbuff": ASYNC,
     "systems-fedscale-async": ASYNC,
+    "systems-oort": {"algorithm.selection": ["uniform", "oort"]},
 }
 # each study's switch: the arm claimed faster, the other
 ARMS = {"systems-overcommit": ("server.overcommit", 0.3, 0.0), "systems-flash": ("devices.model", "constant", "lognormal"),
-        "systems-fedbuff": ("server.mode", "async", "sync"), "systems-fedscale-async": ("server.mode", "async", "sync")}
+        "systems-fedbuff": ("server.mode", "async", "sync"), "systems-fedscale-async": ("server.mode", "async", "sync"),
+        "systems-oort": ("algorithm.selection", "oort", "uniform")}
 COMMON = ["data.dataset=digits", "data.clients=60", "sweep.run.seed=[0, 1]", "run.plots=false"]
 TINY = {"systems-overcommit": ["run.rounds=6", "run.eval_every=3"],
         "systems-flash": ["run.rounds=6", "run.eval_every=3", "server.min_selected=6", "server.clients_per_round=8"],
         # time to accuracy: long enough, and a learning rate high enough, for digits to reach the targets
         "systems-fedbuff": ["run.max_time=100", "run.eval_every=1", "client.lr=0.5"],
-        "systems-fedscale-async": ["run.max_time=100", "run.eval_every=1", "client.lr=0.5"]}
+        "systems-fedscale-async": ["run.max_time=100", "run.eval_every=1", "client.lr=0.5"],
+        "systems-oort": ["run.max_time=100", "run.eval_every=1", "client.lr=0.5"]}
 
 
 @pytest.mark.parametrize("name", STUDIES)

@@ -34,7 +34,10 @@ from fedsim.training.objective import PLAIN, LocalObjective
 
 @dataclass
 class Arrivals:
-    """The updates that reached the server in one round (possibly none)."""
+    """The updates that reached the server in one round (possibly none): per arrived device its
+    id, update, steps, samples, mean training loss, model version, learning rate, and when it
+    was invited and arrived (`arrived_at`); and the invited devices whose update did not arrive
+    (`missed`), with the seconds the server waited on each (`waited_s`)."""
 
     ids: np.ndarray  # int64 [k]
     deltas: Tensor  # [k, d] end minus start parameters

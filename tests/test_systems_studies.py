@@ -87,3 +87,11 @@ def test_the_documented_cnn_variant_of_fedscale_async_is_a_valid_study():
     """docs/reproductions.md runs `fedsim sweep systems-fedscale-async --set model.name=lenet5`."""
     study = load_study("systems-fedscale-async", ["model.name=lenet5"])
     assert len(study.points) == 16 and {p.config.model.name for p in study.points} == {"lenet5"}
+
+
+def test_an_oort_key_set_on_the_oort_study_reaches_only_its_oort_points():
+    """docs/reproductions.md runs `fedsim sweep systems-oort --set algorithm.oort_round_penalty=0`:
+    the uniform points, which do not take the key, run without it."""
+    study = load_study("systems-oort", ["algorithm.oort_round_penalty=0"])
+    options = {p.config.algorithm.selection: p.config.algorithm.options for p in study.points}
+    assert options == {"uniform": {}, "oort": {"oort_round_penalty": 0.0}}

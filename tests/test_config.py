@@ -159,7 +159,7 @@ def test_each_numeric_rule_is_checked_from_the_metadata(section, f):
     ({"run": {"threads": 0}}, 'c.toml: [run] threads = 0 must be "auto" (chosen by each call\'s work) '
                               "or a number of threads >= 1"),
     ({"algorithm": {"selection": "uniformm"}}, "c.toml: [algorithm] selection = 'uniformm' is not "
-     "valid; did you mean 'uniform'? (one of: all, uniform, regularized, longest-absent, power-of-choice)"),
+     "valid; did you mean 'uniform'? (one of: all, uniform, regularized, longest-absent, power-of-choice, oort)"),
     ({"devices": {"model": "fixed"}}, "c.toml: [devices] model = 'fixed' is not valid (one of: "
      "profiles, constant, lognormal, halfnormal, table)"),
 ])

@@ -1352,6 +1352,25 @@ CASES = [
     case("work-fit-deadline-ideal-timing", "run quickstart --set client.work='fit-deadline' --set server.timing='ideal'",
          r"^error: .*\[client\] work = 'fit-deadline' needs device speeds, which timing = 'ideal' does not have "
          r"\(every device finishes its task within the round\); set \[server\] timing = 'model' or work = 'full'$"),
+    # --- issue 39: oort selection ---
+    *[case(f"oort-{key.replace('_', '-')}-out-of-range", f"run quickstart --set algorithm.selection='oort' "
+           f"--set algorithm.{key}={value}", rf"\[algorithm\] {key} = {re.escape(shown)} for 'oort' must be {bound} \(")
+      for key, value, shown, bound in (
+          ("oort_exploration_factor", "1.5", "1.5", r"in \[0, 1\]"),
+          ("oort_exploration_decay", "-0.1", "-0.1", r"in \[0, 1\]"),
+          ("oort_exploration_min", "2", "2.0", r"in \[0, 1\]"),
+          ("oort_round_threshold", "0", "0.0", r"in \(0, 100\]"),
+          ("oort_round_penalty", "-1", "-1.0", ">= 0"),
+          ("oort_clip_bound", "1.2", "1.2", r"in \[0, 1\]"),
+          ("oort_cut_off_util", "-0.5", "-0.5", r"in \[0, 1\]"),
+          ("oort_sample_window", "0.5", "0.5", ">= 1"),
+          ("oort_pacer_step", "0", "0", ">= 1"),
+          ("oort_pacer_delta", "101", "101.0", r"in \[0, 100\]"))],
+    case("oort-pacer-step-not-an-integer", "run quickstart --set algorithm.selection='oort' --set "
+         "algorithm.oort_pacer_step=2.5", r"\[algorithm\] oort_pacer_step: expected an integer, got 2\.5"),
+    case("oort-key-without-oort", "run quickstart --set algorithm.oort_round_penalty=1",
+         r"unknown key \[algorithm\] oort_round_penalty; it is a key of \[algorithm\] selection = 'oort': set "
+         r"that selection, or remove it$"),
 ]
 
 

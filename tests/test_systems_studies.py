@@ -20,16 +20,19 @@ STUDIES = {
     "systems-flash": {"devices.model": ["constant", "lognormal"]},
     "systems-fedbuff": ASYNC,
     "systems-fedscale-async": ASYNC,
+    "systems-oort": {"algorithm.selection": ["uniform", "oort"]},
 }
 # each study's switch: the arm claimed faster, the other
 ARMS = {"systems-overcommit": ("server.overcommit", 0.3, 0.0), "systems-flash": ("devices.model", "constant", "lognormal"),
-        "systems-fedbuff": ("server.mode", "async", "sync"), "systems-fedscale-async": ("server.mode", "async", "sync")}
+        "systems-fedbuff": ("server.mode", "async", "sync"), "systems-fedscale-async": ("server.mode", "async", "sync"),
+        "systems-oort": ("algorithm.selection", "oort", "uniform")}
 COMMON = ["data.dataset=digits", "data.clients=60", "sweep.run.seed=[0, 1]", "run.plots=false"]
 TINY = {"systems-overcommit": ["run.rounds=6", "run.eval_every=3"],
         "systems-flash": ["run.rounds=6", "run.eval_every=3", "server.min_selected=6", "server.clients_per_round=8"],
         # time to accuracy: long enough, and a learning rate high enough, for digits to reach the targets
         "systems-fedbuff": ["run.max_time=100", "run.eval_every=1", "client.lr=0.5"],
-        "systems-fedscale-async": ["run.max_time=100", "run.eval_every=1", "client.lr=0.5"]}
+        "systems-fedscale-async": ["run.max_time=100", "run.eval_every=1", "client.lr=0.5"],
+        "systems-oort": ["run.max_time=100", "run.eval_every=1", "client.lr=0.5"]}
 
 
 @pytest.mark.parametrize("name", STUDIES)
@@ -84,3 +87,11 @@ def test_the_documented_cnn_variant_of_fedscale_async_is_a_valid_study():
     """docs/reproductions.md runs `fedsim sweep systems-fedscale-async --set model.name=lenet5`."""
     study = load_study("systems-fedscale-async", ["model.name=lenet5"])
     assert len(study.points) == 16 and {p.config.model.name for p in study.points} == {"lenet5"}
+
+
+def test_an_oort_key_set_on_the_oort_study_reaches_only_its_oort_points():
+    """docs/reproductions.md runs `fedsim sweep systems-oort --set algorithm.oort_round_penalty=0`:
+    the uniform points, which do not take the key, run without it."""
+    study = load_study("systems-oort", ["algorithm.oort_round_penalty=0"])
+    options = {p.config.algorithm.selection: p.config.algorithm.options for p in study.points}
+    assert options == {"uniform": {}, "oort": {"oort_round_penalty": 0.0}}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -34,7 +34,10 @@ from fedsim.training.objective import PLAIN, LocalObjective
 
 @dataclass
 class Arrivals:
-    """The updates that reached the server in one round (possibly none). ``steps`` are the
+    """The updates that reached the server in one round (possibly none): per arrived device its
+    id, update, steps, samples, mean training loss, model version, learning rate, and when it
+    was invited and arrived (`arrived_at`); and the invited devices whose update did not arrive
+    (`missed`), with the seconds the server waited on each (`waited_s`). ``steps`` are the
     local steps each device trained: its full work (`Strategy.local_steps`), or under
     ``[client] work = "fit-deadline"`` those that fitted its deadline (at least one)."""
 
@@ -49,9 +52,22 @@ class Arrivals:
     # [k, d] the parameters each device started from, for a Strategy that `needs_start` (None otherwise):
     # the model a device returns is start + delta
     start: Tensor | None = None
+    # float [k] simulated time each update reached the server (None: not told)
+    arrived_at: np.ndarray | None = None
+    # the round's invitations whose update did not reach the server (dropped, late, surplus):
+    # their ids (int64 [m]) and the seconds the server had waited on each when it stopped
+    # (the device went offline, or the round closed): what a real server knows of them
+    missed: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    waited_s: np.ndarray = field(default_factory=lambda: np.empty(0))
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def duration_s(self) -> np.ndarray:
+        """Seconds from each arrived device's invitation to its update's arrival (NaN: not told)."""
+        if self.arrived_at is None:
+            return np.full(len(self.ids), np.nan)
+        return np.asarray(self.arrived_at, dtype=np.float64) - self.invited_at
 
     @staticmethod
     def none(dim: int, device: torch.device) -> "Arrivals":
@@ -124,7 +140,8 @@ class Strategy:
         self.validate()
         policy = ctx.selection or self.selection
         selector = SELECTIONS.lookup(policy, "[algorithm] selection")
-        self.selector: Selector = selector.from_context(n_devices, self.budget(), ctx)
+        self.selector: Selector = selector(n_devices, self.budget())
+        self.selector.setup(ctx)
         self.server_optimizer = ServerOptimizer(
             ctx.server_optimizer or ServerOptimizerConfig(lr=ctx.server_lr), params)
         self.init_state(params.detach().clone())
@@ -189,9 +206,9 @@ class Strategy:
 
     # --- what the engine hands back -----------------------------------------------------------
     def receive(self, rnd: int, arrivals: Arrivals) -> None:
-        """The engine's entry point after each round: the selection policy learns who arrived
+        """The engine's entry point after each round: the selection policy learns what arrived
         (a device that dropped did not participate), then the algorithm aggregates."""
-        self.selector.arrived(rnd, arrivals.ids)
+        self.selector.learn(rnd, arrivals)
         self.aggregate(rnd, arrivals)
 
     def aggregate(self, rnd: int, arrivals: Arrivals) -> None:

@@ -23,6 +23,16 @@ class Selector:
     def __call__(self, rnd: int, online: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         raise NotImplementedError
 
+    def setup(self, ctx) -> None:
+        """What the run tells the policy before round 0 (the Strategy's Context: its options,
+        the devices' data sizes); most policies need nothing."""
+
+    def learn(self, rnd: int, arrivals) -> None:
+        """What the server heard in round `rnd` (the Strategy's Arrivals: who arrived, with
+        their losses, samples and durations, and who was invited but missed). By default the
+        policy is told who arrived (`arrived`)."""
+        self.arrived(rnd, arrivals.ids)
+
     def arrived(self, rnd: int, ids: np.ndarray) -> None:
         """The invited devices whose update reached the server in round `rnd`."""
 
@@ -31,12 +41,6 @@ class Selector:
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         pass
-
-    @classmethod
-    def from_context(cls, n_devices: int, k: int, ctx: Any) -> "Selector":
-        """The policy for a run's Context (`fedsim.algorithms.base.Context`): by default it
-        needs nothing of it."""
-        return cls(n_devices, k)
 
     def candidates(self, rnd: int, online: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
         """The devices this policy asks for their current local loss before it chooses (the
@@ -139,9 +143,9 @@ class SelectPowerOfChoice(Selector):
         self.sizes = np.ones(n_devices) if sizes is None else np.asarray(sizes, dtype=np.float64)
         self.losses = np.full(n_devices, np.nan)  # this round's answers
 
-    @classmethod
-    def from_context(cls, n_devices, k, ctx):
-        return cls(n_devices, k, ctx.candidates, ctx.client_sizes)
+    def setup(self, ctx):
+        self.d = ctx.candidates or 2 * self.k
+        self.sizes = np.asarray(ctx.client_sizes, dtype=np.float64)
 
     def candidates(self, rnd, online, rng):
         self.losses[:] = np.nan

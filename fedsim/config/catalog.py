@@ -100,11 +100,37 @@ TRAINERS = Registry("a trainer", callable, {
 SELECTIONS = Registry("a selection policy", callable, _paths("fedsim.algorithms.selection", {
     "all": "SelectAll", "uniform": "SelectUniform", "regularized": "SelectRegularized",
     "longest-absent": "SelectLongestAbsent",
-    "power-of-choice": "SelectPowerOfChoice"}))
+    "power-of-choice": "SelectPowerOfChoice"}) | {
+    "oort": "fedsim.algorithms.oort:SelectOort"})
+
+# the own [algorithm] keys of the selection policies that have some (for every algorithm, beside
+# the algorithm's own keys), with their typed defaults and ranges, as for the algorithms above
+SELECTION_OPTIONS = {
+    # Oort (Lai et al. 2021) with FedScale's defaults (fedscale/cloud/config_parser.py)
+    "oort": {"oort_exploration_factor": 0.9, "oort_exploration_decay": 0.98, "oort_exploration_min": 0.3,
+             "oort_round_threshold": 30.0, "oort_round_penalty": 2.0, "oort_clip_bound": 0.9,
+             "oort_cut_off_util": 0.05, "oort_sample_window": 5.0, "oort_pacer_step": 20,
+             "oort_pacer_delta": 5.0},
+}
+SELECTION_RANGES = {
+    "oort": {"oort_exploration_factor": (0.0, 1.0, False, "share of the cohort explored at first (epsilon)"),
+             "oort_exploration_decay": (0.0, 1.0, False, "epsilon's factor per round"),
+             "oort_exploration_min": (0.0, 1.0, False, "epsilon's floor"),
+             "oort_round_threshold": (0.0, 100.0, True, "percentile of the reported durations that is the "
+                                                        "preferred round duration T; 100 = no penalty"),
+             "oort_round_penalty": (0.0, math.inf, False, "alpha of the penalty (T / t_i)^alpha"),
+             "oort_clip_bound": (0.0, 1.0, False, "quantile at which utilities are clipped"),
+             "oort_cut_off_util": (0.0, 1.0, False, "exploitation draws among utilities above this share "
+                                                    "of the K-th highest"),
+             "oort_sample_window": (1.0, math.inf, False, "exploration draws among this many times as many "
+                                                          "unexplored devices as it invites"),
+             "oort_pacer_step": (1, math.inf, False, "W, the pacer's window, in rounds"),
+             "oort_pacer_delta": (0.0, 100.0, False, "percentile points the pacer moves round_threshold by")},
+}
 
 # which trace devices a run replays when the trace has more than [data] clients
 TRACE_SELECTIONS = Registry("a trace device selection", callable, _paths("fedsim.runs.replay", {
     "random": "select_random", "first": "select_first", "most-available": "select_most_available"}))
 
 __all__ = ["ALGORITHMS", "ALGORITHM_OPTIONS", "ALGORITHM_RANGES", "ALGORITHM_CHOICES", "BUILT_IN_ALGORITHMS", "MODELS", "GENERATORS", "CONVERTERS", "PARTITIONS", "SCHEDULES",
-           "TRAINERS", "SELECTIONS", "TRACE_SELECTIONS"]
+           "TRAINERS", "SELECTIONS", "SELECTION_OPTIONS", "SELECTION_RANGES", "TRACE_SELECTIONS"]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.config.catalog import (ALGORITHM_CHOICES, ALGORITHM_OPTIONS, ALGORITHM_RANGES, ALGORITHMS, BUILT_IN_ALGORITHMS, GENERATORS, MODELS,
+                                   SELECTION_OPTIONS, SELECTION_RANGES,
                                    PARTITIONS, SCHEDULES, SELECTIONS, TRACE_SELECTIONS, TRAINERS)
 from fedsim.errors import FedsimError, choice_error, did_you_mean
 from fedsim.config.registry import Registry
@@ -497,7 +498,7 @@ class Config:
 
     def with_algorithm(self, name: str) -> "Config":
         """A copy running `name` (options of the configured algorithm that `name` lacks are dropped)."""
-        valid = algorithm_options(name)
+        valid = algorithm_options(name) | selection_options(self.algorithm.selection)
         algo = dataclasses.replace(
             self.algorithm,
             name=name,
@@ -535,6 +536,11 @@ def algorithm_options(name: str, origin: str = "") -> dict[str, Any]:
         return dict(ALGORITHM_OPTIONS.get(name, {}))
     where = f"{origin}: [algorithm] name" if origin else "[algorithm] name"
     return dict(ALGORITHMS.lookup(name, where).options)
+
+
+def selection_options(policy: str) -> dict[str, Any]:
+    """The selection policy's own [algorithm] keys with their typed defaults (none for most)."""
+    return dict(SELECTION_OPTIONS.get(policy, {}))
 
 
 def _check_type(where: str, value: Any, default: Any) -> Any:
@@ -597,6 +603,7 @@ def _declared_options(section: str, raw: dict, algorithms: list, origin: str) ->
             if not isinstance(name, str):
                 raise FedsimError(f"{origin}: algorithm names must be strings, got {name!r}")
             options.update(algorithm_options(name, origin=origin))
+        options.update(selection_options(raw.get("selection", "")))
         return options
     return None
 
@@ -662,9 +669,16 @@ def _unknown_keys(raw: dict, algorithms: list, origin: str, origins: dict) -> li
         valid = [*_field_names(_SECTION_CLASSES[section]), *(extra or {})]
         owner = body.get(owner_key[1])
         scope = f" for {owner!r}" if extra is not None and owner else ""
-        unknown += [(origins.get((section, key), origin), f"[{section}] {key}{scope}", suggest(key, valid))
+        unknown += [(origins.get((section, key), origin), f"[{section}] {key}{scope}",
+                     (section == "algorithm" and _policy_of(key)) or suggest(key, valid))
                     for key in body if key not in valid]
     return unknown
+
+
+def _policy_of(key: str) -> str:
+    """For a key of a selection policy that the config does not choose: which one takes it."""
+    policy = next((p for p, keys in SELECTION_OPTIONS.items() if key in keys), "")
+    return f"it is a key of [algorithm] selection = '{policy}': set that selection, or remove it" if policy else ""
 
 
 def _unknown_error(unknown: list[tuple[str, str, str]]) -> FedsimError:
@@ -758,6 +772,10 @@ def _check_consistency(config: Config, origin: str) -> None:
                 raise choice_error(f"{origin}: [algorithm] {key}", config.algorithm.options[key], words,
                                    f"for {name!r} is not valid")
     _check_fedasync(config, origin)
+    policy = config.algorithm.selection
+    for key, bounds in SELECTION_RANGES.get(policy, {}).items():
+        check_option(policy, key, config.algorithm.options.get(key, SELECTION_OPTIONS[policy][key]), *bounds,
+                     where=f"{origin}: ")
     _check_local_work(config, origin)
     _check_partial_work(config, origin)
     steps = math.ceil(config.client.local_epochs) if config.client.local_epochs else config.client.local_steps

@@ -14,7 +14,7 @@ from typing import Any
 import tomli_w
 
 from fedsim.config.catalog import GENERATORS
-from fedsim.config.schema import Config, algorithm_options, rule
+from fedsim.config.schema import Config, algorithm_options, rule, selection_options
 
 
 def show_config(config: Config) -> str:
@@ -54,6 +54,8 @@ def _option_lines(config: Config, section: str) -> list[str]:
         for name in dict.fromkeys([config.algorithm.name, *config.run.algorithms]):
             for k, d in algorithm_options(name, config.source).items():
                 owners.setdefault(k, []).append((f"algorithm {name!r}", d))
+        for k, d in selection_options(config.algorithm.selection).items():
+            owners.setdefault(k, []).append((f"selection {config.algorithm.selection!r}", d))
         given, lines = config.algorithm.options, []
     else:
         return []

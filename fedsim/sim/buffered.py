@@ -136,9 +136,12 @@ class BufferedServer(Server):
         self._train_untrained(rnd)
         taken, self.buffer, self.open = self.buffer, [], None
         arrivals = self._arrivals_of(taken)
+        resolved = agg.resolved
+        # the dropped and late tasks of this aggregation, and how long the server waited on each
+        arrivals.missed = self._ids(resolved)
+        arrivals.waited_s = np.array([d.ends_at[pos] - d.at for d, pos, _ in resolved], dtype=np.float64)
         self.strategy.receive(rnd, arrivals)
         self.ran_this_version[:] = False
-        resolved = agg.resolved
         outcome = np.array([o for _, _, o in resolved], dtype=object)  # the tasks' reports
         events = self._events(rnd, taken, resolved)
         return RoundOutcome(
@@ -316,4 +319,5 @@ class BufferedServer(Server):
             lr=torch.tensor([float(d.lr) for d, _ in taken], device=self.device),
             invited_at=np.array([d.at for d, _ in taken], dtype=np.float64),
             start=torch.stack([d.start[pos] for d, pos in taken]) if self.strategy.needs_start else None,
+            arrived_at=np.array([d.ends_at[pos] for d, pos in taken], dtype=np.float64),
         )

@@ -134,6 +134,8 @@ class Server:
         else:
             arrivals = self._arrivals(rnd, invited_at, ids, arrived_pos, trained, result, steps, lr,
                                       start if strategy.needs_start else None)
+            arrivals.arrived_at = tasks.ends_at[arrived_pos]
+            arrivals.missed, arrivals.waited_s = self.missed(tasks, ids, arrived_pos, env.now)
             strategy.receive(rnd, arrivals)
             loss = float(arrivals.loss.mean()) if len(arrivals) else None
         events = task_events(rnd, ids, tasks, outcome, steps, stop_at=close_at, wasted=failed)
@@ -193,6 +195,14 @@ class Server:
         outcome[in_time & ~tasks.dropped] = SURPLUS
         outcome[arrived_pos] = ARRIVED
         return outcome
+
+    @staticmethod
+    def missed(tasks: Tasks, ids: np.ndarray, arrived_pos: np.ndarray, closed_at: float):
+        """The invited devices whose update did not arrive, and the seconds the server waited on
+        each: until it went offline, or until the round closed."""
+        missing = np.ones(len(ids), dtype=bool)
+        missing[arrived_pos] = False
+        return ids[missing], np.minimum(tasks.ends_at[missing], closed_at) - tasks.invited_at
 
     def _arrivals(self, rnd, t0, ids, arrived_pos, trained, result, steps, lr, start=None) -> Arrivals:
         """The trained rows of the devices that arrived, in arrival order (`index_select`: a

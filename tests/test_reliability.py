@@ -1305,9 +1305,11 @@ CASES = [
       for d, more, invited, why in ((3, "", 10, ""), (500, "", 10, ""),
                                     (12, " --set server.overcommit=0.5", 15, r" \(clients_per_round with overcommit\)"))],
     case("power-of-choice-candidates-without-it", "run quickstart --set algorithm.candidates=12",
-         r"\[algorithm\] candidates = 12 applies to selection = 'power-of-choice' only; remove it or set that selection$"),
-    case("power-of-choice-negative-candidates", "run quickstart --set algorithm.candidates=-1",
-         r"\[algorithm\] candidates = -1 must be >= 0"),
+         r"unknown key \[algorithm\] candidates; it is a key of \[algorithm\] selection = 'power-of-choice': set "
+         r"that selection, or remove it$"),
+    case("power-of-choice-negative-candidates", "run quickstart --set algorithm.selection='power-of-choice' --set "
+         "server.clients_per_round=10 --set algorithm.candidates=-1",
+         r"\[algorithm\] candidates = -1 must be at least the 10 devices invited per round"),
     case("power-of-choice-async", "run quickstart --set algorithm.selection='power-of-choice' --set "
          "server.clients_per_round=10 --set server.mode='async'", r"\[algorithm\] selection = 'power-of-choice' is a "
          r"rule of synchronous rounds, not of \[server\] mode = 'async'; set mode = 'sync' or another selection$"),

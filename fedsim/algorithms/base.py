@@ -102,7 +102,6 @@ class Context:
     # how the aggregated update reaches the model (its lr is server_lr)
     server_optimizer: ServerOptimizerConfig | None = None
     device_steps: np.ndarray | None = None  # [N] each device's steps under [client] local_epochs (None: local_steps)
-    candidates: int = 0  # power-of-choice's d ([algorithm] candidates; 0 = twice `invite`)
 
 
 class Strategy:

@@ -144,7 +144,7 @@ class SelectPowerOfChoice(Selector):
         self.losses = np.full(n_devices, np.nan)  # this round's answers
 
     def setup(self, ctx):
-        self.d = ctx.candidates or 2 * self.k
+        self.d = int(ctx.options.get("candidates", 0)) or 2 * self.k
         self.sizes = np.asarray(ctx.client_sizes, dtype=np.float64)
 
     def candidates(self, rnd, online, rng):

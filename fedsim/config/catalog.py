@@ -106,6 +106,8 @@ SELECTIONS = Registry("a selection policy", callable, _paths("fedsim.algorithms.
 # the own [algorithm] keys of the selection policies that have some (for every algorithm, beside
 # the algorithm's own keys), with their typed defaults and ranges, as for the algorithms above
 SELECTION_OPTIONS = {
+    # power-of-choice's d (0: twice the devices invited, the smallest d of Cho et al.'s experiments)
+    "power-of-choice": {"candidates": 0},
     # Oort (Lai et al. 2021) with FedScale's defaults (fedscale/cloud/config_parser.py)
     "oort": {"oort_exploration_factor": 0.9, "oort_exploration_decay": 0.98, "oort_exploration_min": 0.3,
              "oort_round_threshold": 30.0, "oort_round_penalty": 2.0, "oort_clip_bound": 0.9,
@@ -113,6 +115,8 @@ SELECTION_OPTIONS = {
              "oort_pacer_delta": 5.0},
 }
 SELECTION_RANGES = {
+    "power-of-choice": {"candidates": (0, math.inf, False, "devices asked for their local loss each round (d), "
+                                       "at least the devices invited; 0 = twice those")},
     "oort": {"oort_exploration_factor": (0.0, 1.0, False, "share of the cohort explored at first (epsilon)"),
              "oort_exploration_decay": (0.0, 1.0, False, "epsilon's factor per round"),
              "oort_exploration_min": (0.0, 1.0, False, "epsilon's floor"),

@@ -430,9 +430,6 @@ class AlgorithmConfig:
     server_eps: float = key(1e-3, "adam, adagrad, yogi: tau, added to sqrt(v)", positive=True)
     selection: str = key("", "whom the server invites among the online devices",
                          choices=SELECTIONS, zero="the algorithm's default policy")
-    candidates: int = key(0, "power-of-choice: devices asked for their local loss each round (d), "
-                          "at least the devices invited per round", non_negative=True,
-                          zero="twice the devices invited per round, the smallest d of the paper")
     options: dict = key({}, "the algorithm's own keys, written as further [algorithm] keys")
 
 
@@ -897,13 +894,11 @@ def _check_round_rules(config: Config, origin: str) -> None:
 
 def _check_power_of_choice(config: Config, origin: str) -> None:
     """Power-of-choice chooses K of d candidates, in synchronous rounds, for algorithms that
-    invite through the selection policy; `candidates` means nothing without it."""
+    invite through the selection policy; its key `candidates` is checked against the round's
+    budget here (its range, and its absence under other policies, like every policy's keys)."""
     algorithm, server = config.algorithm, config.server
     where = f"{origin}: [algorithm] selection = 'power-of-choice'"
     if algorithm.selection != "power-of-choice":
-        if algorithm.candidates:
-            raise FedsimError(f"{origin}: [algorithm] candidates = {algorithm.candidates} applies to selection = "
-                              "'power-of-choice' only; remove it or set that selection")
         return
     if not server.clients_per_round:
         raise FedsimError(f"{where} invites the clients_per_round candidates with the highest loss, but [server] "
@@ -915,11 +910,11 @@ def _check_power_of_choice(config: Config, origin: str) -> None:
         if name in ("fedavg-wait", "sequential-sgd"):
             raise FedsimError(f"{where} does not apply to [algorithm] {name!r} (it does not invite through the "
                               "selection policy); remove the selection or choose another algorithm")
-    invited = invite_budget(server)
-    if algorithm.candidates and not invited <= algorithm.candidates <= config.data.clients:
+    invited, d = invite_budget(server), algorithm.options.get("candidates", 0)
+    if d and not invited <= d <= config.data.clients:
         per_round = (f"the {invited} devices invited per round" if invited == server.clients_per_round else
                      f"the {invited} devices invited per round (clients_per_round with overcommit)")
-        raise FedsimError(f"{origin}: [algorithm] candidates = {algorithm.candidates} must be at least {per_round} "
+        raise FedsimError(f"{origin}: [algorithm] candidates = {d} must be at least {per_round} "
                           f"and at most [data] clients = {config.data.clients}; give a value in that range, "
                           "or 0 for twice the devices invited")
 

@@ -200,7 +200,7 @@ class Experiment:
             clients_per_round=cfg.server.clients_per_round, invite=invite_budget(cfg.server),
             options=dict(cfg.algorithm.options),
             lr=lambda t: learning_rate(cfg.client, t),
-            client_sizes=sizes, selection=cfg.algorithm.selection, candidates=cfg.algorithm.candidates,
+            client_sizes=sizes, selection=cfg.algorithm.selection,
         )
 
     def _context(self, cfg: Config) -> Context:

@@ -43,13 +43,15 @@ def context(*, lr=lambda t: 0.2, steps=2, server_lr=0.8, options=None, selection
                    known_p=known_p, selection=selection, train_pooled=train_pooled)
 
 
-def local_sgd(U, ids, start, steps, lr, mu):
-    """Exact local SGD of every cohort member at once (the engine's trainer, in miniature)."""
+def local_sgd(U, ids, start, steps, lr, objective):
+    """Exact local SGD of every cohort member at once on the quadratic loss plus the Strategy's
+    local objective (the engine's trainer, in miniature)."""
     u = torch.as_tensor(U[ids], dtype=torch.float32, device=start.device)
     w, anchor = start.clone(), start.clone()
+    linear = 0.0 if objective.linear is None else objective.linear
     for s in range(int(steps.max(initial=0))):
         active = torch.as_tensor(steps > s, device=start.device).unsqueeze(1)
-        w = torch.where(active, w - lr * ((w - u) + mu * (w - anchor)), w)
+        w = torch.where(active, w - lr * ((w - u) + objective.prox_mu * (w - anchor) + linear), w)
     return w - start
 
 
@@ -64,7 +66,7 @@ def drive(name, U, avail, x0, ctx, rounds=None, strategy=None):
         ids = strategy.select(t, np.flatnonzero(avail[t]), np.random.default_rng([7, t]))
         steps = strategy.local_steps(t, ids)
         lr = strategy.client_lr(t)
-        deltas = local_sgd(U, ids, strategy.start_params(ids), steps, lr, strategy.local_objective.prox_mu)
+        deltas = local_sgd(U, ids, strategy.start_params(ids), steps, lr, strategy.local_objective_of(ids))
         k, dev = len(ids), deltas.device
         strategy.receive(t, Arrivals(ids=ids, deltas=deltas, steps=torch.as_tensor(steps, device=dev),
                                      samples=torch.ones(k, device=dev), loss=torch.zeros(k, device=dev),
@@ -118,6 +120,8 @@ CASES = {
     "fedvarp": ({}, {}, lambda U, A, P, x0, lr: ref.fedvarp(U, A, x0, lr, 2, 0.8)),
     "sequential-sgd": ({}, {"train_pooled": "pooled"},
                        lambda U, A, P, x0, lr: ref.sequential_sgd(U, A, x0, lambda t: 0.02, 2, 0.8)),
+    "scaffold": ({}, {}, lambda U, A, P, x0, lr: ref.scaffold(U, A, x0, lr, 2, 0.8)),
+    "feddyn": ({"alpha": 0.3}, {}, lambda U, A, P, x0, lr: ref.feddyn(U, A, x0, lr, 2, 0.3, 0.8)),
 }
 
 
@@ -174,7 +178,8 @@ def memory(name, n, d, options=None):
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_memory_grows_as_the_spec_says(name):
-    """O(N·d) server state only for MIFA and FedVARP; FedLaAvg and FedAWE keep theirs on devices."""
+    """O(N·d) server state only for MIFA and FedVARP; FedLaAvg, FedAWE, SCAFFOLD and FedDyn keep
+    theirs on devices."""
     d = 1000
     small, big = memory(name, 10, d), memory(name, 20, d)
     server_growth, device_growth = big[0] - small[0], big[1] - small[1]
@@ -182,7 +187,7 @@ def test_memory_grows_as_the_spec_says(name):
         assert server_growth >= 4 * 10 * d
     else:
         assert server_growth <= 64 * 10, f"{name}: server memory must be O(d) + O(N)"
-    if name in ("fedlaavg", "fedawe"):
+    if name in ("fedlaavg", "fedawe", "scaffold", "feddyn"):
         assert device_growth >= 4 * 10 * d
     else:
         assert device_growth == 0
@@ -199,8 +204,8 @@ def test_the_state_planned_on_the_meta_device_is_the_state_set_up(name):
     ctx.n_devices, ctx.dim = n, d
     state = planned_state(name, ctx)
     assert state.bytes == sum(memory(name, n, d)) and state.what.startswith(f"{name}'s state (its ")
-    if name in ("mifa", "fedvarp", "fedlaavg", "fedawe"):
-        table = "local" if name == "fedawe" else "table"
+    if name in ("mifa", "fedvarp", "fedlaavg", "fedawe", "scaffold", "feddyn"):
+        table = {"fedawe": "local", "scaffold": "controls", "feddyn": "gradients"}.get(name, "table")
         assert state.what == f"{name}'s state (its {table} of {n:,} devices x {d:,} parameters)"
 
 
@@ -223,6 +228,7 @@ def test_the_catalog_declares_each_built_in_algorithms_own_keys():
     ("amplified", {"period": 0}, "period"),
     ("amplified", {"eta": 0.0}, "eta"),
     ("fedau", {"cutoff": 0}, "cutoff"),
+    ("feddyn", {"alpha": 0.0}, "alpha"),
     ("fedavg-wait", {"S": N + 1}, "S"),
 ])
 def test_bad_options_are_one_line_errors(name, options, fragment):

@@ -28,6 +28,8 @@ ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", "fedsim.algori
     "amplified": "fedsim.algorithms.amplified:Amplified",
     "fedau": "fedsim.algorithms.fedau:FedAu",
     "sequential-sgd": "fedsim.algorithms.sequential:SequentialSgd",
+    "scaffold": "fedsim.algorithms.scaffold:Scaffold",
+    "feddyn": "fedsim.algorithms.feddyn:FedDyn",
 }, group="fedsim.algorithms")
 
 # the own config keys of the built-in algorithms with their typed defaults (each class's
@@ -36,6 +38,7 @@ ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", "fedsim.algori
 ALGORITHM_OPTIONS = {"fedprox": {"mu": 0.01}, "fedavg-wait": {"S": 0}, "mifa": {"warmup": False},
                      "fedlaavg": {"beta": 0.0}, "fedawe": {"clip": 0.0}, "amplified": {"period": 500, "eta": 10.0},
                      "fedau": {"cutoff": 50}}
+ALGORITHM_OPTIONS["feddyn"] = {"alpha": 0.01}
 # the ranges of those keys: (lowest, highest, whether the lowest is excluded, what the key
 # means), checked with the config and again when the algorithm is set up (each class's `ranges`)
 ALGORITHM_RANGES = {
@@ -47,6 +50,8 @@ ALGORITHM_RANGES = {
                   "eta": (0.0, math.inf, True, "amplification factor; 1 = FedAvg")},
     "fedau": {"cutoff": (1, math.inf, False, "K, the longest interval recorded, in rounds")},
 }
+ALGORITHM_RANGES["feddyn"] = {"alpha": (0.0, math.inf, True, "weight of the dynamic regulariser (the paper "
+                                                            "tries 0.1, 0.01, 0.001)")}
 BUILT_IN_ALGORITHMS = tuple(ALGORITHMS)
 
 # a model is a function (in_shape, n_classes, [model] config) -> a torch.nn.Module

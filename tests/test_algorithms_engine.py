@@ -464,7 +464,7 @@ def test_compare_scenario_runs_the_four_algorithms(tmp_path, capsys):
     ("fedawe", {}), ("fedavg-wait", {"S": 2}), ("amplified", {"period": 4}),
     ("fedlaavg", {"beta": 0.5}), ("fedau", {"cutoff": 3}), ("fedvarp", {}),
     ("fedavg", {"server_optimizer": "adam", "server_lr": 0.3}),
-    ("mifa", {"server_optimizer": "momentum"}),
+    ("mifa", {"server_optimizer": "momentum"}), ("scaffold", {}), ("feddyn", {"alpha": 0.5}),
 ])
 def test_resume_continues_the_algorithm_state_exactly(cli_run, name, options):
     """Stopped after 15 rounds (mid-wait, mid-period) and resumed to 30: the same rounds

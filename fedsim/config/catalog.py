@@ -50,8 +50,8 @@ ALGORITHM_RANGES = {
                   "eta": (0.0, math.inf, True, "amplification factor; 1 = FedAvg")},
     "fedau": {"cutoff": (1, math.inf, False, "K, the longest interval recorded, in rounds")},
 }
-ALGORITHM_RANGES["feddyn"] = {"alpha": (0.0, math.inf, True, "weight of the dynamic regulariser (the paper "
-                                                            "tries 0.1, 0.01, 0.001)")}
+ALGORITHM_RANGES["feddyn"] = {"alpha": (0.0, math.inf, True, "weight of the dynamic regulariser; the paper "
+                                                            "tries 0.1, 0.01 and 0.001")}
 BUILT_IN_ALGORITHMS = tuple(ALGORITHMS)
 
 # a model is a function (in_shape, n_classes, [model] config) -> a torch.nn.Module

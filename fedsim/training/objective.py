@@ -22,10 +22,11 @@ class LocalObjective:
     whatever its rows (cohorts of equal objectives may train stacked, their rows stacked too)."""
 
     prox_mu: float = 0.0  # weight of the proximal term; 0 = off
-    linear: Tensor | None = field(default=None, repr=False)  # [k, d] g_i of each device of the cohort, in
-    # the order of its ids (None = off)
+    # [k, d]: g_i of each device of the cohort, in the order of its ids; None = off
+    linear: Tensor | None = field(default=None, repr=False)
 
     def key(self) -> tuple:
+        """What equal objectives share."""
         return (self.prox_mu, self.linear is not None)
 
     def __eq__(self, other) -> bool:

@@ -36,8 +36,8 @@ def sgd_update_(ws: tuple[Tensor, ...], grads: tuple[Tensor, ...], starts: tuple
     Order as in torch: the objective's proximal term (mu/2)||w - start||^2 and its
     per-device linear term <g_i, w> are part of the local loss (`starts` are read only when
     `objective.uses_start`; `linear` holds the m devices' rows of `objective.linear`, split
-    like ws, empty when it is off), the per-device clipping (clip_grad_norm_, L2 over all tensors) acts on that loss gradient,
-    weight decay is added by the optimizer after. Terms that are off are skipped, so that with
+    like ws, empty when it is off), the per-device clipping (clip_grad_norm_, L2 over all
+    tensors) acts on that loss gradient, weight decay is added by the optimizer after. Terms that are off are skipped, so that with
     all of them off a step is exactly w - lr * grad in float32. In place, on views of the
     flat parameters, because fresh [m, d] buffers every step cost more than the arithmetic
     on a CPU (page faults).

@@ -19,12 +19,12 @@ import math
 import numpy as np
 
 
-def local_sgd(w, u, steps, lr, mu=0.0):
-    """``steps`` exact gradient steps on ½‖w − u‖² (+ mu/2 ‖w − w_start‖²)."""
+def local_sgd(w, u, steps, lr, mu=0.0, g=0.0):
+    """``steps`` exact gradient steps on ½‖w − u‖² (+ mu/2 ‖w − w_start‖² + <g, w>)."""
     anchor = np.array(w, dtype=np.float64)
     w = anchor.copy()
     for _ in range(steps):
-        w = w - lr * ((w - u) + mu * (w - anchor))
+        w = w - lr * ((w - u) + mu * (w - anchor) + g)
     return w
 
 
@@ -263,4 +263,44 @@ def fedasync(U, avail, x0, lr, steps, alpha, server_lr=1.0):
         start = x.copy()
         for i in online(avail, t):
             x = x + server_lr * alpha * (local_sgd(start, U[i], steps, lr(t + 1)) - x)
+    return x
+
+
+def scaffold(U, avail, x0, lr, steps, server_lr=1.0):
+    """Option II with the server's c kept as its own vector (the engine keeps c = mean c_i);
+    ``steps`` an int or each device's [N]."""
+    N = U.shape[0]
+    K = np.broadcast_to(steps, (N,))
+    x = np.array(x0, dtype=np.float64)
+    c, ci = np.zeros_like(x), np.zeros_like(U, dtype=np.float64)
+    for t in range(avail.shape[0]):
+        A = online(avail, t)
+        if not A:
+            continue
+        lr_t = lr(t + 1)
+        y = {i: local_sgd(x, U[i], K[i], lr_t, g=c - ci[i]) for i in A}
+        fresh = {i: ci[i] - c + (x - y[i]) / (K[i] * lr_t) for i in A}
+        x = x + server_lr * sum(y[i] - x for i in A) / len(A)
+        c = c + sum(fresh[i] - ci[i] for i in A) / N
+        for i in A:
+            ci[i] = fresh[i]
+    return x
+
+
+def feddyn(U, avail, x0, lr, steps, alpha, server_lr=1.0):
+    """Acar et al. Algorithm 1 with local SGD steps for the device's minimisation; ``steps`` an
+    int or each device's [N]."""
+    N = U.shape[0]
+    K = np.broadcast_to(steps, (N,))
+    x = np.array(x0, dtype=np.float64)
+    h, hi = np.zeros_like(x), np.zeros_like(U, dtype=np.float64)
+    for t in range(avail.shape[0]):
+        A = online(avail, t)
+        if not A:
+            continue
+        y = {i: local_sgd(x, U[i], K[i], lr(t + 1), mu=alpha, g=-hi[i]) for i in A}
+        for i in A:
+            hi[i] = hi[i] - alpha * (y[i] - x)
+        h = h - alpha * sum(y[i] - x for i in A) / N
+        x = x + server_lr * (sum(y[i] for i in A) / len(A) - h / alpha - x)
     return x

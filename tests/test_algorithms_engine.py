@@ -95,9 +95,11 @@ def test_every_algorithm_matches_its_numpy_reference(cli_run, random_case):
         "fedvarp": ref.fedvarp(U, A, x0, lr, 2, 0.8),
         "sequential-sgd": ref.sequential_sgd(U, A, x0, lr, 2, 0.8),
         "fednova": ref.fednova(U, A, x0, lr, [2] * N, 0.8),  # equal steps (unequal: tests/test_partial_work.py)
+        "scaffold": ref.scaffold(U, A, x0, lr, 2, 0.8),
+        "feddyn": ref.feddyn(U, A, x0, lr, 2, 0.3, 0.8),
     }
     got = reference_run(cli_run, random_case, list(expected), "refs",
-                        {"selection": "all", "mu": 0.5, "S": N, "period": 7, "eta": 3.0, "cutoff": 4})
+                        {"selection": "all", "mu": 0.5, "S": N, "period": 7, "eta": 3.0, "cutoff": 4, "alpha": 0.3})
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-4, atol=1e-5, err_msg=name)
         assert not np.allclose(expected[name], x0, atol=1e-3), name
@@ -174,7 +176,8 @@ def test_adaptive_server_optimizers_two_rounds_by_hand(cli_run, kind):
 
 def test_the_reference_tests_cover_every_registered_algorithm():
     covered = {"fedavg", "fedavg-all", "fedavg-known-p", "fedbuff", "fedsgd", "fedprox", "fedavg-wait", "mifa",
-               "fedawe", "amplified", "fedau", "fedvarp", "sequential-sgd", "fedlaavg", "fednova"}
+               "fedawe", "amplified", "fedau", "fedvarp", "sequential-sgd", "fedlaavg", "fednova",
+               "scaffold", "feddyn"}
     covered |= {"fedasync"}  # async only: replayed by hand from events.parquet in tests/test_async.py
     assert set(REGISTRY) == covered
 
@@ -285,6 +288,60 @@ def test_larger_amplification_ends_nearer_the_optimum():
     assert all(np.diff(dist) < 0), dist
 
 
+# --- SCAFFOLD and FedDyn: the optimum is a fixed point of every round ---------------------------
+
+STEPS = np.array([1, 2, 3, 5, 8, 4])  # each device's local steps (heterogeneous)
+
+
+@pytest.fixture
+def heterogeneous_steps(monkeypatch):
+    """fedavg, scaffold and feddyn whose device i takes STEPS[i] local steps (`hetero-NAME`)."""
+    for name in ("fedavg", "scaffold", "feddyn"):
+        base = REGISTRY[name]
+        cls = type(f"Hetero{base.__name__}", (base,), {"name": f"hetero-{name}",
+                                                     "local_steps": lambda self, rnd, ids: STEPS[ids]})
+        monkeypatch.setitem(REGISTRY, cls.name, cls)
+
+
+def test_scaffold_and_feddyn_reach_the_optimum_for_any_local_steps(cli_run, heterogeneous_steps):
+    """Full participation, device i takes τ_i = STEPS[i] exact steps of lr η. FedAvg's fixed
+    point is Σ w_i u_i / Σ w_i with w_i = 1 − (1 − η)^τ_i (objective inconsistency); SCAFFOLD's
+    and FedDyn's is the optimum mean u_i: at x*, c_i = ∇f_i(x*) (h_i = ∇f_i(x*)) a device's
+    corrected gradient is 0, so it does not move, and c = mean c_i = ∇F(x*) = 0. (FedDyn gets
+    there at a rate that grows with alpha: 1e-3 away after 150 rounds at alpha = 0.3, 1e-9 at 1.)"""
+    U = np.random.default_rng(4).normal(size=(len(STEPS), 2)).round(3) * 2
+    lr = 0.1
+    names = ["hetero-fedavg", "hetero-scaffold", "hetero-feddyn"]
+    config = qconfig(U.tolist(), {"selection": "all", "alpha": 1.0}, lr=lr, rounds=150,
+                     trace={"source": "always"}, algorithms=names)
+    run_dir = cli_run(config, name="hetero")
+    x = {name: final_x(run_dir / name) for name in names}
+    w = 1 - (1 - lr) ** STEPS
+    biased = (w[:, None] * U).sum(0) / w.sum()
+    np.testing.assert_allclose(x["hetero-fedavg"], biased, atol=1e-5)
+    for name in names[1:]:
+        np.testing.assert_allclose(x[name], U.mean(0), atol=1e-5, err_msg=name)
+    assert np.abs(biased - U.mean(0)).max() > 0.1  # the two fixed points are far apart
+
+
+def test_scaffold_and_feddyn_stay_unbiased_under_intermittent_availability(cli_run, heterogeneous_steps):
+    """Bernoulli(p_i) availability with exact gradients. The fixed point (x*, c_i = ∇f_i(x*))
+    above does not depend on who arrives: every round's update leaves it where it is, the absent
+    devices' stale c_i included. So SCAFFOLD and FedDyn converge to the optimum mean u_i (the
+    random product of the rounds' contractions: 1e-13 after 300 rounds in float64, the engine's
+    float32 rounding aside), where FedAvg settles off it (its fixed point moves with the cohort)."""
+    p = [0.9, 0.7, 0.5, 0.3, 0.2, 0.1]
+    U = np.random.default_rng(4).normal(size=(len(STEPS), 2)).round(3) * 2
+    names = ["hetero-fedavg", "hetero-scaffold", "hetero-feddyn"]
+    trace = generate("bernoulli", len(p), seed=3, rounds=300, round_duration=1.0, p=p)
+    config = qconfig(U.tolist(), {"selection": "all", "alpha": 1.0}, lr=0.3, rounds=300, algorithms=names)
+    run_dir = cli_run(config, trace, name="bernoulli")
+    x = {name: final_x(run_dir / name) for name in names}
+    for name in names[1:]:
+        np.testing.assert_allclose(x[name], U.mean(0), atol=1e-5, err_msg=name)
+    assert np.abs(x["hetero-fedavg"] - U.mean(0)).max() > 0.1
+
+
 # --- waiting cost (004 §5.1) ------------------------------------------------------------------
 
 def max_geometric_moments(p: np.ndarray) -> tuple[float, float]:
@@ -378,11 +435,12 @@ def test_amplified_with_eta_one_is_fedavg(cli_run):
 def test_batched_trainer_is_the_loop_trainer(cli_run):
     """Noisy gradients (keyed by seed, round, device) so the two trainers must agree draw by draw."""
     results = []
+    names = ["fedawe", "mifa", "scaffold", "feddyn"]
     for trainer in ("batched", "loop"):
-        x = equivalence_run(cli_run, ["fedawe", "mifa"], trainer, random_trace(),
+        x = equivalence_run(cli_run, names, trainer, random_trace(), {"alpha": 0.5},
                             data={"noise": 0.5}, client={"trainer": trainer})
         results.append(x)
-    for name in ("fedawe", "mifa"):
+    for name in names:
         np.testing.assert_allclose(results[0][name], results[1][name], atol=1e-5, err_msg=name)
 
 
@@ -438,6 +496,7 @@ def test_compare_scenario_runs_the_four_algorithms(tmp_path, capsys):
     ("fedavg", {"server_optimizer": "adagrad", "server_lr": 0.3}),
     ("fedvarp", {"server_optimizer": "yogi", "server_lr": 0.3}),
     ("mifa", {"server_optimizer": "momentum"}),
+    ("scaffold", {}), ("feddyn", {"alpha": 0.5}),
 ])
 def test_resume_continues_the_algorithm_state_exactly(cli_run, name, options):
     """Stopped after 15 rounds (mid-wait, mid-period) and resumed to 30: the same rounds

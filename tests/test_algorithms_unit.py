@@ -43,13 +43,15 @@ def context(*, lr=lambda t: 0.2, steps=2, server_lr=0.8, options=None, selection
                    known_p=known_p, selection=selection, train_pooled=train_pooled, device_steps=device_steps)
 
 
-def local_sgd(U, ids, start, steps, lr, mu):
-    """Exact local SGD of every cohort member at once (the engine's trainer, in miniature)."""
+def local_sgd(U, ids, start, steps, lr, objective):
+    """Exact local SGD of every cohort member at once on the quadratic loss plus the Strategy's
+    local objective (the engine's trainer, in miniature)."""
     u = torch.as_tensor(U[ids], dtype=torch.float32, device=start.device)
     w, anchor = start.clone(), start.clone()
+    linear = 0.0 if objective.linear is None else objective.linear
     for s in range(int(steps.max(initial=0))):
         active = torch.as_tensor(steps > s, device=start.device).unsqueeze(1)
-        w = torch.where(active, w - lr * ((w - u) + mu * (w - anchor)), w)
+        w = torch.where(active, w - lr * ((w - u) + objective.prox_mu * (w - anchor) + linear), w)
     return w - start
 
 
@@ -65,7 +67,7 @@ def drive(name, U, avail, x0, ctx, rounds=None, strategy=None):
         steps = strategy.local_steps(t, ids)
         lr = strategy.client_lr(t)
         start = strategy.start_params(ids)
-        deltas = local_sgd(U, ids, start, steps, lr, strategy.local_objective.prox_mu)
+        deltas = local_sgd(U, ids, start, steps, lr, strategy.local_objective_of(ids))
         k, dev = len(ids), deltas.device
         strategy.receive(t, Arrivals(ids=ids, deltas=deltas, steps=torch.as_tensor(steps, device=dev),
                                      samples=torch.ones(k, device=dev), loss=torch.zeros(k, device=dev),
@@ -121,9 +123,11 @@ CASES = {
     "fedvarp": ({}, {}, lambda U, A, P, x0, lr: ref.fedvarp(U, A, x0, lr, 2, 0.8)),
     "sequential-sgd": ({}, {"train_pooled": "pooled"},
                        lambda U, A, P, x0, lr: ref.sequential_sgd(U, A, x0, lambda t: 0.02, 2, 0.8)),
-    "fedasync": ({"alpha": 0.3}, {}, lambda U, A, P, x0, lr: ref.fedasync(U, A, x0, lr, 2, 0.3, 0.8)),
+    "fedasync": ({"mixing": 0.3}, {}, lambda U, A, P, x0, lr: ref.fedasync(U, A, x0, lr, 2, 0.3, 0.8)),
     "fednova": ({}, {"device_steps": UNEQUAL_STEPS},
                 lambda U, A, P, x0, lr: ref.fednova(U, A, x0, lr, UNEQUAL_STEPS, 0.8)),
+    "scaffold": ({}, {}, lambda U, A, P, x0, lr: ref.scaffold(U, A, x0, lr, 2, 0.8)),
+    "feddyn": ({"alpha": 0.3}, {}, lambda U, A, P, x0, lr: ref.feddyn(U, A, x0, lr, 2, 0.3, 0.8)),
 }
 
 
@@ -180,7 +184,8 @@ def memory(name, n, d, options=None):
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_memory_grows_as_the_spec_says(name):
-    """O(N·d) server state only for MIFA and FedVARP; FedLaAvg and FedAWE keep theirs on devices."""
+    """O(N·d) server state only for MIFA and FedVARP; FedLaAvg, FedAWE, SCAFFOLD and FedDyn keep
+    theirs on devices."""
     d = 1000
     small, big = memory(name, 10, d), memory(name, 20, d)
     server_growth, device_growth = big[0] - small[0], big[1] - small[1]
@@ -188,7 +193,7 @@ def test_memory_grows_as_the_spec_says(name):
         assert server_growth >= 4 * 10 * d
     else:
         assert server_growth <= 64 * 10, f"{name}: server memory must be O(d) + O(N)"
-    if name in ("fedlaavg", "fedawe"):
+    if name in ("fedlaavg", "fedawe", "scaffold", "feddyn"):
         assert device_growth >= 4 * 10 * d
     else:
         assert device_growth == 0
@@ -205,8 +210,8 @@ def test_the_state_planned_on_the_meta_device_is_the_state_set_up(name):
     ctx.n_devices, ctx.dim = n, d
     state = planned_state(name, ctx)
     assert state.bytes == sum(memory(name, n, d)) and state.what.startswith(f"{name}'s state (its ")
-    if name in ("mifa", "fedvarp", "fedlaavg", "fedawe"):
-        table = "local" if name == "fedawe" else "table"
+    if name in ("mifa", "fedvarp", "fedlaavg", "fedawe", "scaffold", "feddyn"):
+        table = {"fedawe": "local", "scaffold": "controls", "feddyn": "gradients"}.get(name, "table")
         assert state.what == f"{name}'s state (its {table} of {n:,} devices x {d:,} parameters)"
 
 
@@ -229,9 +234,10 @@ def test_the_catalog_declares_each_built_in_algorithms_own_keys():
     ("amplified", {"period": 0}, "period"),
     ("amplified", {"eta": 0.0}, "eta"),
     ("fedau", {"cutoff": 0}, "cutoff"),
+    ("feddyn", {"alpha": 0.0}, "alpha"),
     ("fedavg-wait", {"S": N + 1}, "S"),
-    ("fedasync", {"alpha": 0.0}, "alpha"),
-    ("fedasync", {"alpha": 1.5}, "alpha"),
+    ("fedasync", {"mixing": 0.0}, "mixing"),
+    ("fedasync", {"mixing": 1.5}, "mixing"),
     ("fedasync", {"staleness": "linear"}, "staleness"),
 ])
 def test_bad_options_are_one_line_errors(name, options, fragment):

@@ -70,6 +70,28 @@ def test_async_with_everyone_in_every_buffer_is_synchronous_fedavg(cli_run):
     np.testing.assert_allclose(df["t_end"].to_numpy(), 3.0 * np.arange(1, 21))
 
 
+@pytest.mark.parametrize("algorithm", ["scaffold", "feddyn"])
+def test_async_per_device_objectives_with_everyone_in_every_buffer_are_their_synchronous_runs(
+        cli_run, monkeypatch, algorithm):
+    """The trainers' per-device terms on the asynchronous path: with everyone in every buffer
+    (all fresh), each aggregation is the synchronous round. Device i takes i + 1 local steps,
+    so that the corrections move the model away from FedAvg's."""
+    for name in (algorithm, "fedavg"):
+        cls = type(f"Uneven{name}", (REGISTRY[name],), {"name": f"uneven-{name}",
+                                                        "local_steps": lambda self, rnd, ids: ids + 1})
+        monkeypatch.setitem(REGISTRY, cls.name, cls)
+    sync = quadratic_config(TARGETS, lr=0.1, steps=3, rounds=20, algorithm=f"uneven-{algorithm}")
+    x_sync = final_x(cli_run(sync, always(4), name="sync"))
+    config = async_config(20, concurrency=4, buffer=4)
+    config["algorithm"]["name"] = f"uneven-{algorithm}"
+    run_dir = cli_run(config, always(4), name="async")
+    np.testing.assert_allclose(final_x(run_dir), x_sync, atol=1e-6)
+    assert (rounds(run_dir)["staleness"] == 0).all()
+    config["algorithm"]["name"] = "uneven-fedavg"
+    fedavg = final_x(cli_run(config, always(4), name="fedavg"))
+    assert np.abs(fedavg - x_sync).max() > 1e-3  # (the terms made a difference)
+
+
 def two_speeds_config(tmp_path) -> dict:
     """Devices 0, 1 take 3 s per task, devices 2, 3 take 9 s: the slow ones arrive stale."""
     from fedsim.traces.io import write_device_table
@@ -161,7 +183,7 @@ def fedasync_config(tmp_path, options: dict) -> dict:
     config["server"]["buffer"] = 1
     config["run"]["rounds"] = 30
     config["model"] = {"init": [0.5, -0.5]}
-    config["algorithm"] = {"name": "fedasync", "alpha": 0.7, **options}
+    config["algorithm"] = {"name": "fedasync", "mixing": 0.7, **options}
     return config
 
 
@@ -174,7 +196,7 @@ def test_fedasync_mixes_each_returned_model_in_by_its_staleness(cli_run, tmp_pat
     assert arrived["staleness"].min() == 0 and arrived["staleness"].max() >= 3  # stale, past the hinge's b = 1
     expected = replay_fedasync(events, [0.5, -0.5], 0.1, 3, 0.7, s, options.get("rho", 0.0))
     np.testing.assert_allclose(final_x(run_dir), expected, rtol=1e-5)
-    # the recorded mixing weight of each aggregation is alpha·s(staleness) of its arrival
+    # the recorded mixing weight of each aggregation is mixing·s(staleness) of its arrival
     expected = [0.7 * s(tau) for tau in arrived["staleness"]]
     np.testing.assert_allclose(rounds(run_dir)["mixing"].to_numpy(), expected, rtol=1e-12)
     # one arrival an aggregation is FedAsync's design, not a participation to warn about

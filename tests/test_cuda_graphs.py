@@ -61,6 +61,19 @@ def test_padded_masked_steps_equal_the_eager_path(model):
     assert [key[0] for key in trainer.graphs.shapes] == [12]
 
 
+def test_a_per_device_linear_term_follows_its_device_through_the_sorted_rows():
+    """The graphs' rows are sorted by steps: each device's row of the term goes with it."""
+    task = image_task("mlp", clients=11)
+    terms = 0.05 * torch.randn(len(STEPS), task.dim, generator=torch.Generator().manual_seed(9))
+    objective = LocalObjective(prox_mu=0.1, linear=terms)
+    _, eager, _ = trained(task, ClientConfig(batch_size=5, clip=1.0), STEPS, graphs=False, objective=objective)
+    _, replayed, _ = trained(task, ClientConfig(batch_size=5, clip=1.0), STEPS, graphs=True, objective=objective)
+    _, plain, _ = trained(task, ClientConfig(batch_size=5, clip=1.0), STEPS, graphs=True,
+                          objective=LocalObjective(prox_mu=0.1))
+    assert_close(replayed, eager)
+    assert float((replayed.deltas - plain.deltas).norm()) > 1e-3  # the term moved the devices
+
+
 def test_full_batches_share_a_width_bucket():
     """batch_size 0: each cohort's width is its largest local data; padded samples weigh 0."""
     task = image_task("mlp", clients=11)

@@ -101,6 +101,18 @@ def test_a_strategy_that_sends_other_bytes_moves_them(cli_run, tmp_path, monkeyp
     np.testing.assert_allclose(joined["download_s"], joined["latency_s"] + 8 * 4 * dim / joined["downlink_bps"])
 
 
+def test_scaffold_moves_its_control_variate_with_the_model_each_way(cli_run):
+    """SCAFFOLD's task carries the model and c down, the update and c_i's change up: 8 d bytes
+    each way; FedDyn's h_i stays on the device: the model each way."""
+    for name, factor in (("scaffold", 2), ("feddyn", 1)):
+        run_dir = cli_run(image_config("mlp", algorithm={"name": name}), name=name)
+        devices, events = frames(run_dir)
+        size = factor * 4 * json.loads((run_dir / "manifest.json").read_text())["model_dim"]
+        joined = events.join(devices, on="device_id")
+        np.testing.assert_allclose(joined["download_s"], joined["latency_s"] + 8 * size / joined["downlink_bps"])
+        np.testing.assert_allclose(joined["upload_s"], joined["latency_s"] + 8 * size / joined["uplink_bps"])
+
+
 def test_profiles_draw_each_class_around_its_medians_in_its_share():
     n = 40_000
     names = list(profiles.NAMES)

@@ -23,6 +23,8 @@ PAPERS = {
                       "trace.dynamics": {"stationary", "staircase", "sine", "interleaved-sine"}}, []),
     "paper-wangji": ({"algorithm.name": {"amplified", "fedavg", "fedavg-wait"}},
                      ["algorithm.S=10", "warm_start.run.rounds=2"]),
+    "baselines-stragglers": ({"algorithm.name": {"mifa", "scaffold", "fedavg", "fedau"},
+                              "trace.p_min": {0.5, 0.2, 0.1, 0.05}}, ["sweep.run.seed=[0, 1]"]),
 }
 TINY = ["run.rounds=4", "run.eval_every=2", "data.dataset=digits", "data.clients=10", "sweep.run.seed=[0]",
         "run.plots=false"]

@@ -1334,7 +1334,7 @@ CASES = [
            rf"must be {bound} \(", **{"c.toml": config(algorithm={"name": "fedasync", key: value, **extra},
                                                         server={"mode": "async", "timing": "model", "buffer": 1})})
       for key, value, shown, bound, extra in (
-          ("alpha", 0.0, r"0\.0", r"in \(0, 1\]", {}), ("alpha", 1.5, r"1\.5", r"in \(0, 1\]", {}),
+          ("mixing", 0.0, r"0\.0", r"in \(0, 1\]", {}), ("mixing", 1.5, r"1\.5", r"in \(0, 1\]", {}),
           ("poly_a", -0.5, r"-0\.5", ">= 0", {}), ("hinge_a", -1.0, r"-1\.0", ">= 0", {"staleness": "hinge"}),
           ("hinge_b", -2.0, r"-2\.0", ">= 0", {"staleness": "hinge"}), ("rho", -0.1, r"-0\.1", ">= 0", {}))],
     case("fedasync-staleness-unknown", RUN, r"^error: \S+c\.toml: \[algorithm\] staleness = 'hinged' for 'fedasync' is "
@@ -1373,6 +1373,27 @@ CASES = [
     case("oort-key-without-oort", "run quickstart --set algorithm.oort_round_penalty=1",
          r"unknown key \[algorithm\] oort_round_penalty; it is a key of \[algorithm\] selection = 'oort': set "
          r"that selection, or remove it$"),
+    # --- issue 39: scaffold and feddyn ---
+    *(case(f"{algorithm}-state-beyond-memory", f"run quickstart --set model.name=wide_i39:make --set run.algorithms=[] "
+           f"--set algorithm.name={algorithm} --set server.clients_per_round=1 --quiet",
+           rf"^error: a local step of the run needs about 4\.9\d TB of memory \(parameters, gradients and starts of 1 "
+           rf"devices x 11,718,750,010 parameters: 141 GB; {algorithm}'s state \(its {table} of 100 devices x "
+           rf"11,718,750,010 parameters\): 4\.\d+ TB\), more than 90% of the \S+ [GT]B of this machine; lower \[data\] clients "
+           rf"\(fewer devices\) or \[model\] name, choose another \[algorithm\] name, or use .*with more memory$",
+           **{"wide_i39.py": "from torch import nn\n\n\ndef make(in_shape, n_classes, cfg):\n"
+                             "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 10**10 // 64), nn.Linear(10**10 // 64, n_classes))\n"})
+      for algorithm, table in (("scaffold", "controls"), ("feddyn", "gradients"))),
+    case("feddyn-alpha-zero", "run quickstart --set run.algorithms=[] --set algorithm.name=feddyn --set algorithm.alpha=0 "
+         "--quiet", r"^error: \S+quickstart\.toml: \[algorithm\] alpha = 0\.0 for 'feddyn' must be > 0 \(weight of the "
+         r"dynamic regulariser; the paper tries 0\.1, 0\.01 and 0\.001\)$"),
+    case("feddyn-alpha-in-a-comparison", "run quickstart --set run.algorithms=['fedavg','feddyn'] --set algorithm.alpha=-1 "
+         "--quiet", r"^error: \S+quickstart\.toml: \[algorithm\] alpha = -1\.0 for 'feddyn' must be > 0"),
+    case("feddyn-alpha-a-string", "run quickstart --set run.algorithms=[] --set algorithm.name=feddyn "
+         "--set algorithm.alpha=big --quiet", r"^error: --set algorithm\.alpha=big: \[algorithm\] alpha: expected a "
+         r"number, got 'big' \(str\)$"),
+    case("scaffold-has-no-alpha", "run quickstart --set run.algorithms=[] --set algorithm.name=scaffold "
+         "--set algorithm.alpha=0.1 --quiet", r"^error: --set algorithm\.alpha=0\.1: unknown key \[algorithm\] alpha "
+         r"for 'scaffold'; valid keys: name, selection, server_"),
 ]
 
 

@@ -27,14 +27,16 @@ def image_task(model: str, shape=(1, 8, 8), clients=4, dropout=0.0, seed=0, devi
                                ModelConfig(name=model, dropout=dropout, hidden=16), seed=seed, device=device)
 
 
-def run_both(task, client: ClientConfig, steps, lr, prox_mu=0.0, rnd=3):
+def run_both(task, client: ClientConfig, steps, lr, prox_mu=0.0, rnd=3, linear=0.0):
+    """The two paths from the same starts; `linear`: the scale of a random per-device linear term."""
     ids = np.arange(len(steps))
     rng = torch.Generator().manual_seed(5)
     start = task.init_params()[None] + 0.01 * torch.randn(len(steps), task.dim, generator=rng)
+    terms = linear * torch.randn(len(steps), task.dim, generator=rng) if linear else None
     out = {}
     for path in ("batched", "loop"):
         trainer = build_trainer(task, ClientConfig(**{**vars(client), "trainer": path}), seed=7)
-        out[path] = trainer.train(rnd, ids, start, np.asarray(steps), lr, LocalObjective(prox_mu=prox_mu))
+        out[path] = trainer.train(rnd, ids, start, np.asarray(steps), lr, LocalObjective(prox_mu=prox_mu, linear=terms))
     return start, out["batched"], out["loop"]
 
 
@@ -104,15 +106,46 @@ def test_batched_equals_loop_text_models(model, tmp_path):
 
 @pytest.mark.parametrize("option", [
     dict(weight_decay=0.01), dict(clip=0.05), dict(batch_size=0), dict(prox=0.5),
+    dict(linear=0.05), dict(linear=0.05, prox=0.5, clip=0.05, weight_decay=0.01),
 ])
 def test_batched_equals_loop_sgd_options(option):
-    prox = option.pop("prox", 0.0)
+    prox, linear = option.pop("prox", 0.0), option.pop("linear", 0.0)
     task = build_task(DataConfig(dataset="digits", clients=6, partition="dirichlet", alpha=0.5),
                       ModelConfig(name="mlp", hidden=16, dropout=0.1), seed=0, device=CPU)
     steps = [4, 2, 0, 1, 4, 3]
     client = ClientConfig(**{"batch_size": 8, **option})
-    start, a, b = run_both(task, client, steps, 0.1, prox_mu=prox)
+    start, a, b = run_both(task, client, steps, 0.1, prox_mu=prox, linear=linear)
     assert_same(start, a, b, steps)
+
+
+def test_the_linear_term_in_chunks_equals_the_loop(monkeypatch):
+    """A cohort cut into chunks of devices (a small activation budget) takes each chunk's own
+    rows of the per-device term."""
+    import fedsim.training.cohort as cohort
+
+    monkeypatch.setattr(cohort, "ACTIVATION_BUDGET", 2000)
+    task = build_task(DataConfig(dataset="digits", clients=6), ModelConfig(name="mlp", hidden=16), seed=0, device=CPU)
+    steps = [4, 2, 0, 1, 4, 3]
+    assert build_trainer(task, ClientConfig(batch_size=8, trainer="batched"), seed=7).chunk_size(np.arange(6)) < 6
+    start, a, b = run_both(task, ClientConfig(batch_size=8), steps, 0.1, linear=0.05)
+    assert_same(start, a, b, steps)
+
+
+@pytest.mark.parametrize("path", ["batched", "loop"])
+def test_the_linear_term_adds_its_row_to_every_gradient(path):
+    """Quadratic task, exact gradients: a step is w − lr (w − u_i + g_i), for every device its own g_i."""
+    task = build_task(DataConfig(dataset="quadratic", clients=3, targets=[[1.0, 2.0], [0.0, -1.0], [3.0, 3.0]]),
+                      ModelConfig(), seed=0, device=CPU)
+    trainer = build_trainer(task, ClientConfig(batch_size=0, trainer=path), seed=0)
+    u = torch.tensor([[1.0, 2.0], [0.0, -1.0], [3.0, 3.0]])
+    g = torch.tensor([[0.5, -0.5], [1.0, 0.0], [-2.0, 0.25]])
+    start = torch.tensor([[0.0, 0.0], [1.0, 1.0], [-1.0, 2.0]])
+    result = trainer.train(0, np.array([2, 0, 1]), start, np.array([1, 2, 1]), 0.1, LocalObjective(linear=g))
+    expected = start.clone()
+    for s in range(2):
+        moving = torch.tensor([s < 1, True, s < 1]).unsqueeze(1)
+        expected = torch.where(moving, expected - 0.1 * (expected - u[[2, 0, 1]] + g), expected)
+    torch.testing.assert_close(start + result.deltas, expected)
 
 
 def test_clip_bounds_every_step():

@@ -184,6 +184,12 @@ class Strategy:
         """The parameters [k, d] each invited device starts from (default: the global model)."""
         return self.params.unsqueeze(0).expand(len(ids), -1)
 
+    def local_objective_of(self, ids: np.ndarray) -> LocalObjective:
+        """The terms the trainers add to the local loss of the invited devices `ids`, asked
+        when they train: `local_objective`, the same for all, by default; an algorithm with
+        per-device terms (SCAFFOLD's, FedDyn's) gives their rows in the order of `ids`."""
+        return self.local_objective
+
     def message_bytes(self) -> tuple[int, int]:
         """Bytes the server sends an invited device and the device sends back: what the
         download and the upload of its task move under model timing. Default: the flat

@@ -2,7 +2,7 @@
 
 On each arrival the server mixes the model the device returns into the global one:
 
-    x <- (1 - a) x + a x_i,   a = alpha * s(t - tau),   x_i = x_tau + Delta_i
+    x <- (1 - a) x + a x_i,   a = mixing * s(t - tau) (the paper's alpha: `mixing`),   x_i = x_tau + Delta_i
 
 x_i is the device's start model (the global model of version tau, when it was invited) plus
 its update; t - tau is the staleness, the server updates since that version (the engine's
@@ -40,7 +40,7 @@ def staleness_weight(function: str, staleness: np.ndarray, opt: dict) -> np.ndar
 
 
 class FedAsync(Strategy):
-    """x <- x + step(a (x_start + Delta - x)) for each arrival, a = alpha * s(staleness)."""
+    """x <- x + step(a (x_start + Delta - x)) for each arrival, a = mixing * s(staleness)."""
 
     name = "fedasync"
     options, ranges = ALGORITHM_OPTIONS["fedasync"], ALGORITHM_RANGES["fedasync"]
@@ -58,8 +58,8 @@ class FedAsync(Strategy):
         self.mixed = np.empty(0)  # the a of the last aggregation's arrivals (a metric, not state)
 
     def mixing(self, rnd: int, arrivals: Arrivals) -> np.ndarray:
-        """a_t of each arrival: alpha * s(t - tau), t - tau from the version arithmetic."""
-        return self.opt["alpha"] * staleness_weight(self.opt["staleness"], rnd - arrivals.version, self.opt)
+        """a_t of each arrival: mixing * s(t - tau), t - tau from the version arithmetic."""
+        return self.opt["mixing"] * staleness_weight(self.opt["staleness"], rnd - arrivals.version, self.opt)
 
     def aggregate(self, rnd, arrivals):
         self.mixed = self.mixing(rnd, arrivals)

@@ -30,6 +30,8 @@ ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", "fedsim.algori
     "sequential-sgd": "fedsim.algorithms.sequential:SequentialSgd",
     "fedasync": "fedsim.algorithms.fedasync:FedAsync",
     "fednova": "fedsim.algorithms.fednova:FedNova",
+    "scaffold": "fedsim.algorithms.scaffold:Scaffold",
+    "feddyn": "fedsim.algorithms.feddyn:FedDyn",
 }, group="fedsim.algorithms")
 
 # the own config keys of the built-in algorithms with their typed defaults (each class's
@@ -38,6 +40,7 @@ ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", "fedsim.algori
 ALGORITHM_OPTIONS = {"fedprox": {"mu": 0.01}, "fedavg-wait": {"S": 0}, "mifa": {"warmup": False},
                      "fedlaavg": {"beta": 0.0}, "fedawe": {"clip": 0.0}, "amplified": {"period": 500, "eta": 10.0},
                      "fedau": {"cutoff": 50}}
+ALGORITHM_OPTIONS["feddyn"] = {"alpha": 0.01}
 # the ranges of those keys: (lowest, highest, whether the lowest is excluded, what the key
 # means), checked with the config and again when the algorithm is set up (each class's `ranges`)
 ALGORITHM_RANGES = {
@@ -49,12 +52,12 @@ ALGORITHM_RANGES = {
                   "eta": (0.0, math.inf, True, "amplification factor; 1 = FedAvg")},
     "fedau": {"cutoff": (1, math.inf, False, "K, the longest interval recorded, in rounds")},
 }
-# FedAsync (Xie et al. 2019): mixing alpha and its staleness function s, with the paper's
+# FedAsync (Xie et al. 2019): the mixing weight (the paper's alpha; `alpha` is FedDyn's) and its staleness function s, with the paper's
 # experiments' values (FedAsync+Poly a = 0.5; FedAsync+Hinge a = 10, b = 4)
-ALGORITHM_OPTIONS["fedasync"] = {"alpha": 0.6, "staleness": "polynomial", "poly_a": 0.5, "hinge_a": 10.0,
+ALGORITHM_OPTIONS["fedasync"] = {"mixing": 0.6, "staleness": "polynomial", "poly_a": 0.5, "hinge_a": 10.0,
                                  "hinge_b": 4.0, "rho": 0.0}
 ALGORITHM_RANGES["fedasync"] = {
-    "alpha": (0.0, 1.0, True, "the mixing weight of a fresh update: x <- (1 - alpha s) x + alpha s x_i"),
+    "mixing": (0.0, 1.0, True, "the paper's alpha, the weight of a fresh update: x <- (1 - mixing s) x + mixing s x_i"),
     "poly_a": (0.0, math.inf, False, "polynomial staleness: s = (1 + staleness)^(-poly_a)"),
     "hinge_a": (0.0, math.inf, False, "hinge staleness: s = 1 / (hinge_a (staleness - hinge_b) + 1) past hinge_b"),
     "hinge_b": (0.0, math.inf, False, "hinge staleness: the staleness up to which s = 1"),
@@ -62,6 +65,8 @@ ALGORITHM_RANGES["fedasync"] = {
 }
 # an algorithm's word-valued keys and their valid words, checked with the config
 ALGORITHM_CHOICES = {"fedasync": {"staleness": ("constant", "polynomial", "hinge")}}
+ALGORITHM_RANGES["feddyn"] = {"alpha": (0.0, math.inf, True, "weight of the dynamic regulariser; the paper "
+                                                            "tries 0.1, 0.01 and 0.001")}
 BUILT_IN_ALGORITHMS = tuple(ALGORITHMS)
 
 # a model is a function (in_shape, n_classes, [model] config) -> a torch.nn.Module

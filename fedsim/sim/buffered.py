@@ -290,7 +290,8 @@ class BufferedServer(Server):
                 d.start = None  # (not needed any more)
         steps = np.concatenate([d.steps[pos] for d, pos in parts])
         lr = torch.cat([torch.full((len(pos),), float(d.lr), device=self.device) for d, pos in parts])
-        result = self.trainer.train(rnd, ids, start, steps, lr, self.strategy.local_objective)
+        # (asked now: the Strategy has not changed since these devices were invited, it aggregates next)
+        result = self.trainer.train(rnd, ids, start, steps, lr, self.strategy.local_objective_of(ids))
         offset = 0
         for d, pos in parts:
             d.rows = np.full(len(d.ids), -1, dtype=np.int64)

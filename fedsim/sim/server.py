@@ -75,7 +75,7 @@ class Server:
         """The cohort's local training: at once, or, when this run trains together with others,
         once the driver has trained every waiting run's cohort in one call."""
         if self.gate is None:
-            return self.trainer.train(rnd, ids, start, steps, lr, self.strategy.local_objective)
+            return self.trainer.train(rnd, ids, start, steps, lr, self.strategy.local_objective_of(ids))
         return (yield self.gate.request(self, rnd, ids, start, steps, lr))
 
     def round(self, rnd: int, max_time: float = 0.0):

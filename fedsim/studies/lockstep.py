@@ -47,7 +47,8 @@ class TrainGate:
         self.event: simpy.Event | None = None
 
     def request(self, server: Server, rnd, ids, start, steps, lr) -> simpy.Event:
-        return self._wait("train", (server.trainer, rnd, ids, start, steps, lr, server.strategy.local_objective))
+        objective = server.strategy.local_objective_of(ids)
+        return self._wait("train", (server.trainer, rnd, ids, start, steps, lr, objective))
 
     def request_evaluation(self, task, params) -> simpy.Event:
         return self._wait("evaluate", (task, params))

@@ -16,6 +16,7 @@ from fedsim.data.clients import stack_clients
 from fedsim.errors import FedsimError
 from fedsim.training import rng
 from fedsim.training.cuda_graphs import CudaGraphSteps
+from fedsim.training.objective import LocalObjective
 from fedsim.training.trainer import Trainer, TrainResult, sgd_update_
 
 ACTIVATION_BUDGET = 2**27  # floats of layer outputs per batched call on a CPU (512 MiB)
@@ -86,7 +87,7 @@ class BatchedTrainer(Trainer):
             most = int(steps[part].max(initial=0))
             inputs = self.task.inputs(ids_t[part], rnd, most, self.batch_size, self.seed, width,
                                       self.client.local_epochs)
-            end[part], loss_sum[part] = local_sgd(self, start[part], steps[part], lr[part], objective,
+            end[part], loss_sum[part] = local_sgd(self, start[part], steps[part], lr[part], objective.rows(part),
                                                   [inputs], [len(ids_t[part])])
         return end, loss_sum
 
@@ -122,7 +123,8 @@ def local_sgd(trainer: BatchedTrainer, start, steps: np.ndarray, lr, objective, 
         ws = trainer.task.split(w)
         grads, loss = trainer.step_fn(ws, *batch)
         starts = trainer.task.split(start[rows]) if objective.uses_start else ()
-        sgd_update_(ws, grads, starts, lr[rows], trainer.client, objective)
+        linear = trainer.task.split(objective.linear[rows]) if objective.per_device else ()
+        sgd_update_(ws, grads, starts, lr[rows], trainer.client, objective, linear)
         if isinstance(rows, torch.Tensor):
             end[rows] = w
         loss_sum[rows] += loss
@@ -246,7 +248,8 @@ def _train_stacked(calls: list[tuple], trainers: list[Trainer], width: int) -> l
                                 None if draws is None else draws[:s, lo:hi])
                   for t, i, c, s, lo, hi in zip(trainers, ids_t, calls, most, offsets[:-1], offsets[1:])]
         blocks = ks
-    end, loss_sum = local_sgd(trainers[0], start, steps, lr, calls[0][6], inputs, blocks)
+    objective = LocalObjective.stacked([c[6].on(device) for c in calls])
+    end, loss_sum = local_sgd(trainers[0], start, steps, lr, objective, inputs, blocks)
     deltas = end - start  # every run's in one subtraction
     return [t.result(c[2], deltas[lo:hi], loss_sum[lo:hi], np.asarray(c[4], dtype=np.int64))
             for t, c, lo, hi in zip(trainers, calls, offsets[:-1], offsets[1:])]

@@ -45,7 +45,7 @@ class _Buffers:
     and the graphs captured on their leading rows (one per bucket of devices still training)."""
 
     def __init__(self, like: list[tuple[Tensor, ...]], rows: int, width: int | None, dim: int, device,
-                 uses_start: bool):
+                 uses_start: bool, per_device: bool):
         def static(ts: tuple[Tensor, ...]) -> Tensor:  # one input, of every block
             shape = [rows, *ts[0].shape[1:]]
             if len(shape) >= 2:  # dim 1: the batch padded to `width`; unpadded, the widest block's
@@ -55,6 +55,7 @@ class _Buffers:
         self.inputs = tuple(static(ts) for ts in zip(*like))  # x, y, weight, dropout draws
         self.params = torch.zeros(rows, dim, device=device)
         self.start = torch.zeros(rows, dim, device=device) if uses_start else None
+        self.linear = torch.zeros(rows, dim, device=device) if per_device else None  # the objective's g_i
         self.lr = torch.zeros(rows, device=device)  # this step's: 0 where a device's steps are done
         self.active = torch.zeros(rows, device=device)
         self.loss_sum = torch.zeros(rows, device=device)
@@ -89,7 +90,7 @@ class CudaGraphSteps:
         if key not in self.shapes:
             task = self.trainer.task
             self.shapes[key] = _Buffers(first, key[0], key[1] if self.pad_width else None, task.dim, task.device,
-                                        objective.uses_start)
+                                        objective.uses_start, objective.per_device)
         try:
             return self._replay(self.shapes[key], start, steps, lr, objective, inputs, sizes, first)
         except torch.cuda.OutOfMemoryError:
@@ -126,7 +127,8 @@ class CudaGraphSteps:
         ws = task.split(params)
         grads, loss = trainer.step_fn(ws, *(t[:rows] for t in g.inputs))
         starts = task.split(g.start[:rows]) if objective.uses_start else ()
-        sgd_update_(ws, grads, starts, g.lr[:rows], trainer.client, objective)
+        linear = task.split(g.linear[:rows]) if g.linear is not None else ()
+        sgd_update_(ws, grads, starts, g.lr[:rows], trainer.client, objective, linear)
         if kept is not None:  # a device whose steps are done keeps its buffers
             params[:, self.buffers] = torch.where(active[:, None] > 0, params[:, self.buffers], kept)
         g.loss_sum[:rows] += loss * active
@@ -165,6 +167,9 @@ class CudaGraphSteps:
         g.params[:k] = start[order_t]
         if g.start is not None:
             g.start[:k] = g.params[:k]
+        if g.linear is not None:  # (padding rows: 0, and they step at lr 0 anyway)
+            g.linear.zero_()
+            g.linear[:k] = objective.linear[order_t]
         g.loss_sum.zero_()
         active = np.zeros((int(sorted_steps[0]), len(g.lr)), dtype=np.float32)
         active[:, :k] = np.arange(active.shape[0])[:, None] < sorted_steps[None, :]

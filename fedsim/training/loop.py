@@ -30,6 +30,7 @@ class LoopTrainer(Trainer):
         for j in range(len(ids)):
             one = slice(j, j + 1)
             ws, starts = task.split(end[one]), task.split(start[one])  # views: updated in place
+            linear = task.split(objective.linear[one]) if objective.per_device else ()
             device_ws = tuple(w[0] for w in ws)  # (the same views without the device dimension)
             inputs = task.inputs(ids_t[one], rnd, int(steps[j]), self.batch_size, self.seed,
                                  epochs=self.client.local_epochs)
@@ -39,7 +40,7 @@ class LoopTrainer(Trainer):
                 if rows is not None:  # the step's own samples (x, y, weight): an epoch's last, smaller
                     step_inputs[:3] = (t[:rows[s]] for t in step_inputs[:3])  # minibatch unpadded
                 grads, loss = step_fn(device_ws, *step_inputs)
-                sgd_update_(ws, tuple(g[None] for g in grads), starts, lr[one], self.client, objective)
+                sgd_update_(ws, tuple(g[None] for g in grads), starts, lr[one], self.client, objective, linear)
                 loss_sum[j] += loss.detach()
         return end, loss_sum
 

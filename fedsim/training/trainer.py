@@ -28,14 +28,16 @@ class TrainResult:
 
 
 def sgd_update_(ws: tuple[Tensor, ...], grads: tuple[Tensor, ...], starts: tuple[Tensor, ...],
-                lr: Tensor, client: ClientConfig, objective: LocalObjective) -> None:
+                lr: Tensor, client: ClientConfig, objective: LocalObjective,
+                linear: tuple[Tensor, ...] = ()) -> None:
     """One SGD step, in place, of m devices' parameter tensors ws (each [m, ...]); the loss
     gradients `grads` are overwritten.
 
-    Order as in torch: the objective's proximal term (mu/2)||w - start||^2 is part of the
-    local loss (`starts` are read only when `objective.uses_start`), the
-    per-device clipping (clip_grad_norm_, L2 over all tensors) acts on that loss gradient,
-    weight decay is added by the optimizer after. Terms that are off are skipped, so that with
+    Order as in torch: the objective's proximal term (mu/2)||w - start||^2 and its
+    per-device linear term <g_i, w> are part of the local loss (`starts` are read only when
+    `objective.uses_start`; `linear` holds the m devices' rows of `objective.linear`, split
+    like ws, empty when it is off), the per-device clipping (clip_grad_norm_, L2 over all
+    tensors) acts on that loss gradient, weight decay is added by the optimizer after. Terms that are off are skipped, so that with
     all of them off a step is exactly w - lr * grad in float32. In place, on views of the
     flat parameters, because fresh [m, d] buffers every step cost more than the arithmetic
     on a CPU (page faults).
@@ -46,6 +48,8 @@ def sgd_update_(ws: tuple[Tensor, ...], grads: tuple[Tensor, ...], starts: tuple
     if objective.prox_mu:
         for g, w, s in zip(grads, ws, starts):
             g += objective.prox_mu * (w - s)
+    for g, c in zip(grads, linear):
+        g += c
     if client.clip > 0:
         norm = torch.stack([g.flatten(1).square().sum(dim=1) for g in grads]).sum(dim=0).sqrt()
         scale = (client.clip / (norm + 1e-6)).clamp(max=1.0)
@@ -85,6 +89,10 @@ class Trainer:
         if start.shape != (k, task.dim) or steps.shape != (k,) or (k and steps.min() < 0):
             raise ValueError(f"train: need start [{k}, {task.dim}] and steps [{k}] >= 0, "
                              f"got {tuple(start.shape)} and {steps.shape}")
+        objective = objective.on(task.device)
+        if objective.per_device and objective.linear.shape != (k, task.dim):
+            raise ValueError(f"train: need the objective's linear term [{k}, {task.dim}], "
+                             f"got {tuple(objective.linear.shape)}")
         lr_t = torch.as_tensor(lr, dtype=torch.float32, device=task.device).expand(k)
         start = start.to(task.device, torch.float32)
         if k == 0:

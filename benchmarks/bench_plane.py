@@ -7,7 +7,9 @@ wall time, the wall time of the shared training calls, and the CPU time of the d
 thread (the control plane: servers, strategies, recorders; the shared training call runs in
 pool threads).
 `--sequential` also runs the same runs one after another (the same difference): the lockstep
-study's speedup per run-round with startup taken out, the figure of issue 31's part 5.
+study's speedup per run-round with startup taken out, the figure of issue 31's part 5; and
+the speedup lockstep would reach if only its shared training calls were left (no control
+plane at all): the ceiling of batching the control plane.
 `--profile` runs the long study under cProfile and prints where a run-round's time goes in
 microseconds (cumulative, profiler overhead included). `--code DIR` imports fedsim from DIR
 (another checkout); `--alternate DIR DIR ...` measures each checkout in turn, `--repeat` times,
@@ -35,9 +37,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 # (label, file suffix, function) of the profile: cumulative time per run-round
 PARTS = [("training (train_together)", "training/cohort.py", "train_together"),
          ("server round (all but training)", "sim/server.py", "round"),
-         ("  online devices", "traces/index.py", "online"),
+         ("  online devices", "traces/queries.py", "online"),
          ("  strategy select", "algorithms/base.py", "select"),
+         ("  strategy start parameters", "algorithms/base.py", "start_params"),
          ("  strategy receive (aggregate)", "algorithms/base.py", "receive"),
+         ("    device tables (MIFA, FedVARP)", "algorithms/table.py", "write"),
+         ("    server optimizer step", "algorithms/server_optimizer.py", "step"),
          ("  arrivals (rows, tensors)", "sim/server.py", "_arrivals"),
          ("  outcomes", "sim/server.py", "outcomes"),
          ("  wasted seconds (events)", "sim/events.py", "wasted_seconds"),
@@ -53,26 +58,29 @@ def study(runs: int, rounds: int, out: Path, how: str = "together") -> tuple[flo
     """Wall seconds of `runs` runs of `rounds` rounds in lockstep (bench_study.py's configs; or
     `how` = "sequential": one after another); the CPU seconds of the driving thread: the
     control plane, as the shared training call runs in pool threads (its one-thread parts), and
-    less at the mercy of other jobs than wall time; and the wall seconds of the shared calls."""
+    less at the mercy of other jobs than wall time; and the wall seconds of the training calls
+    (the shared calls in lockstep, each run's own one after another)."""
     import bench_study
     from fedsim.studies import lockstep
+    from fedsim.training.trainer import Trainer
 
-    training, shared_call = [0.0], lockstep.train_together
+    owner, name = (lockstep, "train_together") if how == "together" else (Trainer, "train")
+    training, call = [0.0], getattr(owner, name)
 
-    def timed(calls):
+    def timed(*args, **kwargs):
         t0 = time.perf_counter()
         try:
-            return shared_call(calls)
+            return call(*args, **kwargs)
         finally:
             training[0] += time.perf_counter() - t0
 
-    lockstep.train_together = timed
+    setattr(owner, name, timed)
     try:
         cpu = time.thread_time()
         wall = getattr(bench_study, how)(bench_study.configs(runs, rounds, "cpu", out), out)[0]
         return wall, time.thread_time() - cpu, training[0]
     finally:
-        lockstep.train_together = shared_call
+        setattr(owner, name, call)
 
 
 def alternate(args) -> dict:
@@ -96,7 +104,8 @@ def alternate(args) -> dict:
               "machine": machine()}
     for code, done in runs.items():
         for key in ("us_per_run_round_best", "training_us_per_run_round_best", "driver_cpu_us_per_run_round_best",
-                    "sequential_us_per_run_round_best"):
+                    "sequential_us_per_run_round_best", "sequential_training_us_per_run_round",
+                    "speedup_if_only_training_were_left"):
             if key in done[0]:
                 values = [d[key] for d in done]
                 record[f"{code}: {key.replace('_best', '')} median"] = round(statistics.median(values), 1)
@@ -175,10 +184,14 @@ def main() -> None:
         record["training_us_per_run_round"] = [round(x, 1) for x in trained]
         record["training_us_per_run_round_best"] = round(min(trained), 1)
         if args.sequential:
-            alone = [study(args.runs, rounds, Path(tmp) / f"seq{rounds}", "sequential")[0]
+            alone = [study(args.runs, rounds, Path(tmp) / f"seq{rounds}", "sequential")
                      for rounds in (args.rounds, args.short)]
-            record["sequential_us_per_run_round_best"] = round(1e6 * (alone[0] - alone[1]) / extra, 1)
+            record["sequential_us_per_run_round_best"] = round(1e6 * (alone[0][0] - alone[1][0]) / extra, 1)
+            record["sequential_training_us_per_run_round"] = round(1e6 * (alone[0][2] - alone[1][2]) / extra, 1)
             record["speedup_per_run_round"] = round(record["sequential_us_per_run_round_best"] / min(per), 2)
+            # what lockstep would reach if its control plane cost nothing: the shared training alone
+            record["speedup_if_only_training_were_left"] = round(
+                record["sequential_us_per_run_round_best"] / record["training_us_per_run_round_best"], 2)
         if args.profile:
             record["profile"] = profile(args.runs, args.rounds, Path(tmp) / "profiled")
     record["loadavg_before"] = [round(x, 2) for x in load_before]

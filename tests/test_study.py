@@ -233,6 +233,48 @@ def test_per_device_objectives_stepped_together_equal_their_runs_alone(tmp_path)
     assert min(moved) > 1e-4  # the terms made a difference (against fedavg of the same seed)
 
 
+def test_runs_that_replay_one_trace_share_its_index_and_numbers_are_unchanged(tmp_path, monkeypatch):
+    """A lockstep group's runs of one seed replay one generated trace and share its index (who
+    is online is looked up once a round for all of them); another seed's trace, or another
+    generator's, is another index. Round-indexed bits under ideal timing and intervals under
+    model timing with drops: every point equals the same group stepped without sharing bit
+    for bit, and its run alone (who was online, invited, arrived, dropped; the model)."""
+    from fedsim.config import config_from_dict
+    from fedsim.runs.experiment import Experiment
+    from fedsim.studies import lockstep
+
+    def config(algorithm, seed, trace, **server):
+        return config_from_dict({
+            "run": {"rounds": 6, "eval_every": 3, "seed": seed, "name": f"{algorithm}-{seed}-{trace}",
+                    "out": str(tmp_path), "progress": False, "plots": False},
+            "data": {"dataset": "digits", "clients": 12}, "model": {"name": "logreg"},
+            "client": {"local_steps": 2, "batch_size": 8}, "algorithm": {"name": algorithm},
+            "server": {"clients_per_round": 4, **server}, "devices": {"model": "lognormal", "seconds_per_sample": 0.5},
+            "trace": {"source": "bernoulli", "p": 0.5} if trace == "bits" else
+                     {"source": "markov", "mean_on": 60.0, "mean_off": 30.0, "days": 1.0}})
+
+    configs = [config(a, s, "bits", timing="ideal") for a in ("fedavg", "mifa", "fedau") for s in (0, 1)]
+    configs += [config(a, 0, "intervals", deadline=20.0) for a in ("fedavg", "fedvarp")]
+    experiments = [Experiment(c, tmp_path / "shared" / c.run.name) for c in configs]
+    shared = lockstep.run_together(experiments)
+    index = {c.run.name: e.index for c, e in zip(configs, experiments)}
+    assert index["fedavg-0-bits"] is index["mifa-0-bits"] is index["fedau-0-bits"]
+    assert index["fedavg-1-bits"] is index["mifa-1-bits"] is index["fedau-1-bits"]
+    assert index["fedavg-0-intervals"] is index["fedvarp-0-intervals"]
+    assert len({id(i) for i in index.values()}) == 3
+    monkeypatch.setattr(lockstep, "share_indexes", lambda experiments: None)
+    apart = lockstep.run_together([Experiment(c, tmp_path / "apart" / c.run.name) for c in configs])
+    for c, one, other in zip(configs, shared, apart):
+        alone = Experiment(c, tmp_path / "alone" / c.run.name).run()
+        assert one.status == other.status == alone.status == "completed"
+        assert torch.equal(one.params, other.params), c.run.name
+        assert one.rounds.drop("wall_s").equals(other.rounds.drop("wall_s")), c.run.name
+        np.testing.assert_allclose(one.params.numpy(), alone.params.numpy(), rtol=1e-5, atol=1e-6)
+        columns = ["round", "t_start", "t_end", "online", "invited", "arrived", "dropped", "late"]
+        assert one.rounds[columns].equals(alone.rounds[columns]), c.run.name
+    assert sum(int(r.rounds["dropped"].sum()) for r in shared[6:]) > 0  # the intervals took devices away mid-task
+
+
 def test_a_warm_start_phase_runs_once_per_seed_and_starts_every_point(tmp_path, capsys):
     path = write_study(tmp_path, {"algorithm.name": ["fedavg", "mifa"], "client.lr": [0.01, 0.1], "run.seed": [0, 1]},
                        warm_start={"algorithm.name": "fedavg", "client.lr": 0.3, "run.rounds": 6})

@@ -22,6 +22,7 @@ from fedsim.sim.engine import finish_round_on_stop_signal
 from fedsim.sim.server import Server
 from fedsim.studies.point import clear_for_new_run, run_point
 from fedsim.studies.progress import StudyProgress
+from fedsim.traces.index import same_availability
 from fedsim.training.cohort import train_together
 from fedsim.training.group_eval import evaluate_together
 
@@ -72,6 +73,7 @@ def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | Non
     notice = f"stopping: {runs} their round, then save their results and checkpoint"
     try:
         with experiments[0].threads.scope(), finish_round_on_stop_signal(stop_signal, notice):
+            share_indexes(experiments)
             engines = [e.start(r, stop_signal) for e, r in zip(experiments, resumes)]
             for engine in engines:
                 if type(engine.server) is Server:
@@ -82,6 +84,21 @@ def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | Non
         for experiment in experiments:
             experiment.lock.release()
         raise
+
+
+def share_indexes(experiments: Sequence[Experiment]) -> None:
+    """Runs that replay the same trace share one availability index: who is online at a
+    round's start is looked up once for all of them (the index keeps its last answer, and
+    lockstep runs ask at the same instants under ideal timing), and the group holds one
+    index, not one per run. The index's answers depend on the trace alone, so each run's
+    numbers are its own."""
+    kept = []
+    for experiment in experiments:
+        same = next((index for index in kept if same_availability(index.trace, experiment.trace)), None)
+        if same is None:
+            kept.append(experiment.index)
+        else:
+            experiment.index = same
 
 
 def step_together(engines, threads) -> None:

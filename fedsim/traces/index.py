@@ -34,6 +34,17 @@ def availability_index(trace):
     return RoundIndex(trace) if isinstance(trace, RoundBits) else AvailabilityIndex(trace)
 
 
+def same_availability(a, b) -> bool:
+    """Whether traces `a` and `b` say the same about who is online when, so that one index
+    answers for both (the runs of a study that replay one trace share it): the same kind,
+    devices, extent and wrap, and equal intervals or bits."""
+    if (type(a), a.n_devices, a.horizon, a.wrap) != (type(b), b.n_devices, b.horizon, b.wrap):
+        return False
+    if isinstance(a, RoundBits):
+        return a.round_duration == b.round_duration and np.array_equal(a.bits, b.bits)
+    return all(np.array_equal(getattr(a, part), getattr(b, part)) for part in ("device_id", "start", "end"))
+
+
 class AvailabilityIndex(TraceQueries):
     """Answers who is online when, for one trace."""
 

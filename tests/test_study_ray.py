@@ -145,6 +145,56 @@ def test_worker_outcomes_come_back_as_plain_data(tmp_path, monkeypatch):
     assert (tmp_path / "runs/p1/error.txt").read_text() == "Traceback ..."
 
 
+def test_a_point_whose_node_dies_again_and_again_is_one_error_line(tmp_path, capsys):
+    """The driver runs a point whose node died again (from its folder: state None) three
+    times, a warning each; the fourth death is the point's error line, with the resume command."""
+    from ray.exceptions import NodeDiedError
+
+    def died(ref):
+        raise NodeDiedError("Task failed because the node it was running on is dead or unavailable. "
+                            "Node IP: 10.0.0.7, node ID: 5f2e.")
+
+    fake_ray = SimpleNamespace(get=died, wait=lambda left, num_returns, timeout: (left[:1], left[1:]))
+    shown = SimpleNamespace(rounds_done=lambda n: None, point_finished=lambda name, status: None)
+    submitted = []
+
+    def submit(i: int, state):
+        submitted.append((i, state))
+        return f"task {len(submitted)}"
+
+    study = SimpleNamespace(folder=tmp_path / "runs")
+    statuses = [None]
+    failures = study_ray.gather(fake_ray, {"task 0": 0}, submit, [(SimpleNamespace(name="p1"), "new")], study,
+                                statuses, shown, {"name": ""})
+    assert submitted == [(0, None)] * 3 and statuses == [None]
+    assert failures == [(0, f"point p1: its Ray node (10.0.0.7) died while it ran (4 times); run `fedsim sweep --resume "
+                            f"{tmp_path / 'runs'}` to run it again from its last checkpoint")]
+    assert capsys.readouterr().err == 3 * ("warning: point p1: its Ray node (10.0.0.7) died while it ran; it runs "
+                                           "again on a node that is left, from its last checkpoint\n")
+
+def test_a_point_run_again_waits_until_its_lost_process_lets_go_of_its_folder(tmp_path, monkeypatch):
+    import threading
+
+    from fedsim.files import DirectoryLock
+
+    monkeypatch.setattr("torch.set_num_threads", lambda n: None)  # not this test process's threads
+    config = load_study(str(write_study(tmp_path / "s.toml", str(tmp_path / "runs")))).points[0].config
+    run_dir = tmp_path / "p"
+    lost = DirectoryLock(run_dir)
+    lost.acquire("the point's process on the dead node")
+    threading.Timer(1.0, lost.release).start()
+    started = time.monotonic()
+    assert study_ray.state_once_let_go(config, run_dir) == "new"
+    assert time.monotonic() - started >= 1.0
+
+    lost.acquire("the point's process on the dead node")  # and it never lets go
+    monkeypatch.setattr(study_ray, "LOST_WRITER_S", 0.5)
+    kind, message = study_ray.run_task(config.to_dict(), config.source, str(run_dir), None, str(tmp_path))
+    assert kind == "error" and message == (f"{run_dir}: in use by process {os.getpid()} on {socket.gethostname()} "
+                                           "(the point's process on the dead node); wait until it ends (or stop it), "
+                                           "then try again")
+    lost.release()
+
 def test_more_gpus_per_task_than_the_cluster_has_is_refused():
     cpu_only = SimpleNamespace(cluster_resources=lambda: {"CPU": 2.0})
     study_ray.check_gpus(cpu_only, 0)

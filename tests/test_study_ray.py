@@ -387,11 +387,12 @@ class Cluster:
         self.head = self.worker = None
 
     def node(self, name: str, *args: str) -> subprocess.Popen:
-        log = open(self.folder / f"{name}.log", "w")
-        proc = subprocess.Popen(["ray", "start", "--block", "--num-cpus=1", f'--resources={{"{name}": 1}}',
-                                 "--object-store-memory=78643200", "--disable-usage-stats",
-                                 f"--dashboard-agent-listen-port={free_port()}", *args],
-                                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]  # `ray`, of this Python's Ray
+        with open(self.folder / f"{name}.log", "w") as log:
+            proc = subprocess.Popen([*ray_cli, "start", "--block", "--num-cpus=1", f'--resources={{"{name}": 1}}',
+                                     "--object-store-memory=78643200", "--disable-usage-stats",
+                                     f"--dashboard-agent-listen-port={free_port()}", *args],
+                                    env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         end = time.monotonic() + 60
         while "Ray runtime started" not in (self.folder / f"{name}.log").read_text():
             if proc.poll() is not None or time.monotonic() > end:
@@ -412,7 +413,8 @@ class Cluster:
         return self
 
     def worker_raylet(self) -> int:
-        return next(pid for pid in session(self.worker.pid) if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet")
+        return next(pid for pid in session(self.worker.pid)
+                    if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet")
 
     def stop(self) -> None:
         for proc in (self.worker, self.head):
@@ -516,6 +518,26 @@ def test_a_worker_node_killed_mid_study_loses_nothing(cluster, tmp_path):
     assert len({m["ray_node"] for m in manifests.values()}) == 1  # both finished on the head
     assert main(["sweep", str(write_cluster_study(tmp_path, "here", rounds=4000, every=500)), "--quiet"]) == 0
     same_tables(folder, tmp_path / "here/on-a-cluster")
+
+
+def test_a_cluster_that_refuses_this_process_its_token_is_one_line_within_10_s(cluster, tmp_path, monkeypatch, capfd):
+    """The cluster has token authentication; this process has no token (RAY_AUTH_MODE unset)."""
+    cluster.up()
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    study = write_cluster_study(tmp_path, "ray", rounds=2, every=1)
+    started = time.monotonic()
+    assert main(["sweep", str(study), "--backend", "ray", "--address", cluster.address]) == 2
+    assert time.monotonic() - started < 10
+    assert capfd.readouterr().err == (f"error: --address {cluster.address}: the Ray cluster there uses token "
+                                      "authentication and refused this process; set RAY_AUTH_MODE=token and give it "
+                                      "the head's token (the same ~/.ray/auth_token, or RAY_AUTH_TOKEN)\n")
+    assert not (tmp_path / "ray").exists()
+    # as the message says (cluster.env: RAY_AUTH_MODE=token, RAY_AUTH_TOKEN), in a process of its
+    # own, as a user's sweep is (Ray reads the mode once a process)
+    done = cluster.sweep(study, "--quiet")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert manifest(tmp_path / "ray/on-a-cluster/seed-0")["status"] == "completed"
 
 
 def test_the_address_of_a_stopped_head_is_one_line_within_10_s(cluster, tmp_path, capsys):

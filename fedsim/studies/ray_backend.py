@@ -98,6 +98,7 @@ def check_backend(address: str | None) -> None:
     address, where = cluster_address(address)
     if address:
         check_reachable(address, where)
+        check_admitted(address, where)
 
 
 def cluster_address(address: str | None) -> tuple[str | None, str]:
@@ -211,6 +212,41 @@ def check_reachable(address: str, where: str) -> None:
                           "local Ray") from None
 
 
+def check_admitted(address: str, where: str) -> None:
+    """A cluster with token authentication refuses a process without its token, and Ray tries
+    again for 20 s, printing a line each time: ask the head once, quietly, and say why."""
+    if address in ("auto", "local") or address.startswith("ray://"):  # no head's GCS to ask here
+        return
+    try:
+        from ray._raylet import GcsClient
+        from ray.exceptions import AuthenticationError
+    except ImportError:  # a Ray without token authentication (or another inside): ray.init says it
+        return
+    try:
+        with fd2_silenced():  # Ray's C++ client writes its warning there itself
+            GcsClient(address=address)
+    except AuthenticationError:
+        raise FedsimError(f"{where}: the Ray cluster there uses token authentication and refused this "
+                          "process; set RAY_AUTH_MODE=token and give it the head's token (the same "
+                          "~/.ray/auth_token, or RAY_AUTH_TOKEN)") from None
+    except Exception:  # anything else: ray.init tries again and says what is wrong
+        return
+
+
+@contextmanager
+def fd2_silenced():
+    """Nothing written to file descriptor 2 (stderr, as C++ code writes it) reaches it within."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def check_gpus(ray, per_task: float) -> None:
     """A task asking for more GPUs than the cluster has would wait forever: refuse it."""
     if per_task > 0:
@@ -304,8 +340,8 @@ def gather(ray, refs: dict, submit, todo: list, study: Study, statuses: list, sh
                     refs[again] = i
                     left.append(again)
                     continue
-                status, failure = None, (f"{died} ({losses[i] + 1} times); run `{resume_command('sweep', study.folder)}` "
-                                         "to run it again from its last checkpoint")
+                resume = resume_command("sweep", study.folder)
+                status, failure = None, f"{died} ({losses[i] + 1} times); run `{resume}` to run it again from its last checkpoint"
             statuses[i] = status
             warn_incomplete(study.folder / point.name)
             if statuses[i] == "interrupted" and stopped["name"]:

@@ -1394,6 +1394,11 @@ CASES = [
     case("scaffold-has-no-alpha", "run quickstart --set run.algorithms=[] --set algorithm.name=scaffold "
          "--set algorithm.alpha=0.1 --quiet", r"^error: --set algorithm\.alpha=0\.1: unknown key \[algorithm\] alpha "
          r"for 'scaffold'; valid keys: name, selection, server_"),
+    # --- issue 40: studies on a Ray cluster ---
+    case("ray-address-nobody-answers", "sweep {tmp}/s.toml --backend ray --address 127.0.0.1:1",
+         r"^error: (--address 127\.0\.0\.1:1: no Ray cluster answers there \(Connection refused\); start one with "
+         r"`ray start --head`, or leave out --address and RAY_ADDRESS for a local Ray|the Ray backend needs ray: .*)$",
+         **{"s.toml": 'base = "quickstart"\n[run]\nout = "runs"\n[sweep]\n"run.seed" = [0, 1]\n'}),
 ]
 
 

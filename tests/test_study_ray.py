@@ -1,8 +1,10 @@
 """`fedsim sweep --backend ray`: the points run as Ray tasks on a local Ray and give exactly the
 run directories and summary of the in-process backend; failures come back as one line."""
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -143,6 +145,56 @@ def test_worker_outcomes_come_back_as_plain_data(tmp_path, monkeypatch):
     assert (tmp_path / "runs/p1/error.txt").read_text() == "Traceback ..."
 
 
+def test_a_point_whose_node_dies_again_and_again_is_one_error_line(tmp_path, capsys):
+    """The driver runs a point whose node died again (from its folder: state None) three
+    times, a warning each; the fourth death is the point's error line, with the resume command."""
+    from ray.exceptions import NodeDiedError
+
+    def died(ref):
+        raise NodeDiedError("Task failed because the node it was running on is dead or unavailable. "
+                            "Node IP: 10.0.0.7, node ID: 5f2e.")
+
+    fake_ray = SimpleNamespace(get=died, wait=lambda left, num_returns, timeout: (left[:1], left[1:]))
+    shown = SimpleNamespace(rounds_done=lambda n: None, point_finished=lambda name, status: None)
+    submitted = []
+
+    def submit(i: int, state):
+        submitted.append((i, state))
+        return f"task {len(submitted)}"
+
+    study = SimpleNamespace(folder=tmp_path / "runs")
+    statuses = [None]
+    failures = study_ray.gather(fake_ray, {"task 0": 0}, submit, [(SimpleNamespace(name="p1"), "new")], study,
+                                statuses, shown, {"name": ""})
+    assert submitted == [(0, None)] * 3 and statuses == [None]
+    assert failures == [(0, f"point p1: its Ray node (10.0.0.7) died while it ran (4 times); run `fedsim sweep --resume "
+                            f"{tmp_path / 'runs'}` to run it again from its last checkpoint")]
+    assert capsys.readouterr().err == 3 * ("warning: point p1: its Ray node (10.0.0.7) died while it ran; it runs "
+                                           "again on a node that is left, from its last checkpoint\n")
+
+def test_a_point_run_again_waits_until_its_lost_process_lets_go_of_its_folder(tmp_path, monkeypatch):
+    import threading
+
+    from fedsim.files import DirectoryLock
+
+    monkeypatch.setattr("torch.set_num_threads", lambda n: None)  # not this test process's threads
+    config = load_study(str(write_study(tmp_path / "s.toml", str(tmp_path / "runs")))).points[0].config
+    run_dir = tmp_path / "p"
+    lost = DirectoryLock(run_dir)
+    lost.acquire("the point's process on the dead node")
+    threading.Timer(1.0, lost.release).start()
+    started = time.monotonic()
+    assert study_ray.state_once_let_go(config, run_dir) == "new"
+    assert time.monotonic() - started >= 1.0
+
+    lost.acquire("the point's process on the dead node")  # and it never lets go
+    monkeypatch.setattr(study_ray, "LOST_WRITER_S", 0.5)
+    kind, message = study_ray.run_task(config.to_dict(), config.source, str(run_dir), None, str(tmp_path))
+    assert kind == "error" and message == (f"{run_dir}: in use by process {os.getpid()} on {socket.gethostname()} "
+                                           "(the point's process on the dead node); wait until it ends (or stop it), "
+                                           "then try again")
+    lost.release()
+
 def test_more_gpus_per_task_than_the_cluster_has_is_refused():
     cpu_only = SimpleNamespace(cluster_resources=lambda: {"CPU": 2.0})
     study_ray.check_gpus(cpu_only, 0)
@@ -167,14 +219,7 @@ def test_an_address_where_no_cluster_answers_is_one_line_not_a_hang(tmp_path, mo
 
 # -- a sweep process stopped or hurt from outside ---------------------------------------------
 
-LONG = """
-[run]
-name = "long"
-out = "runs"
-eval_every = 1000
-progress = false
-plots = false
-
+QUADRATIC = """
 [data]
 dataset = "quadratic"
 clients = 2
@@ -185,7 +230,16 @@ batch_size = 0
 
 [server]
 timing = "ideal"
+"""
 
+LONG = """
+[run]
+name = "long"
+out = "runs"
+eval_every = 1000
+progress = false
+plots = false
+""" + QUADRATIC + """
 [sweep]
 "run.seed" = [0, 1]
 "run.rounds" = [2, 100000]
@@ -288,3 +342,211 @@ def test_a_tracker_that_fails_in_a_ray_worker_is_warned_by_the_sweep(tmp_path, c
         f"warning: {folder / 'seed-0'}: TensorBoard stopped logging to {board} (FileExistsError: [Errno 17] File "
         f"exists: '{board}'); the run goes on, its own files (rounds.parquet) are complete, and manifest.json lists "
         "the output as incomplete\n")
+
+
+# -- a real cluster of two Ray nodes on this machine (`ray start`, as on real machines) -------
+
+CLUSTER_STUDY = """
+[run]
+name = "on-a-cluster"
+out = "{out}"
+rounds = {rounds}
+eval_every = {every}
+checkpoint_every = {every}
+progress = false
+plots = false
+""" + QUADRATIC + """
+[sweep]
+"run.seed" = [0, 1]
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """A Ray head and a worker node, each `ray start --block` with one CPU and its own resource
+    in a session of its own: stopped by killing its process group (never `ray stop`, which
+    stops every Ray on the machine). Token authentication with a token of its own, as a user's
+    cluster has it where Ray enables it."""
+
+    def __init__(self, folder: Path):
+        import secrets
+        import tempfile
+
+        self.folder = folder
+        self.temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+                    "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+        self.env.pop("RAY_ADDRESS", None)
+        self.head = self.worker = None
+
+    def node(self, name: str, *args: str) -> subprocess.Popen:
+        ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]  # `ray`, of this Python's Ray
+        with open(self.folder / f"{name}.log", "w") as log:
+            proc = subprocess.Popen([*ray_cli, "start", "--block", "--num-cpus=1", f'--resources={{"{name}": 1}}',
+                                     "--object-store-memory=78643200", "--disable-usage-stats",
+                                     f"--dashboard-agent-listen-port={free_port()}", *args],
+                                    env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        end = time.monotonic() + 60
+        while "Ray runtime started" not in (self.folder / f"{name}.log").read_text():
+            if proc.poll() is not None or time.monotonic() > end:
+                self.stop()
+                pytest.fail(f"`ray start` of the {name} failed: {(self.folder / f'{name}.log').read_text()[-3000:]}")
+            time.sleep(0.2)
+        return proc
+
+    def up(self) -> "Cluster":
+        """Both nodes running (started again where a test took one down)."""
+        if self.head is None or self.head.poll() is not None:
+            self.stop()
+            self.head = self.node("head", "--head", f"--port={self.port}", f"--temp-dir={self.temp}",
+                                  "--include-dashboard=false", f"--dashboard-port={free_port()}",
+                                  f"--ray-client-server-port={free_port()}")
+        if self.worker is None or self.worker.poll() is not None:
+            self.worker = self.node("worker", f"--address={self.address}")
+        return self
+
+    def worker_raylet(self) -> int:
+        return next(pid for pid in session(self.worker.pid)
+                    if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet")
+
+    def stop(self) -> None:
+        for proc in (self.worker, self.head):
+            if proc is not None:
+                for pid in session(proc.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                proc.wait()
+        self.head = self.worker = None
+
+    def sweep(self, study: Path, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "fedsim", "sweep", str(study), "--backend", "ray",
+                               "--address", self.address, *args],
+                              cwd=study.parent, env=self.env, capture_output=True, text=True, timeout=120)
+
+
+def session(sid: int) -> list[int]:
+    """The processes of session `sid` (a node's `ray start` and all it started)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getsid(int(entry)) == sid:
+                    found.append(int(entry))
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if sys.platform != "linux":
+        pytest.skip("the nodes' processes are found in /proc")
+    made = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield made
+    finally:
+        made.stop()
+        shutil.rmtree(made.temp, ignore_errors=True)
+
+
+def write_cluster_study(folder: Path, out: str, rounds: int, every: int) -> Path:
+    path = folder / f"{out}.toml"
+    path.write_text(CLUSTER_STUDY.format(out=folder / out, rounds=rounds, every=every))
+    return path
+
+
+def same_tables(a: Path, b: Path) -> None:
+    """The study's tables and each point's rounds equal, but for the host seconds a round took."""
+    for table in ("study.parquet", "summary.parquet", "seed-0/rounds.parquet", "seed-1/rounds.parquet"):
+        ours, theirs = (pl.read_parquet(folder / table).drop("wall_s", strict=False) for folder in (a, b))
+        assert ours.equals(theirs), table
+
+
+def test_a_study_on_a_two_node_cluster_spreads_its_points_and_equals_in_process(cluster, tmp_path):
+    cluster.up()
+    study = write_cluster_study(tmp_path, "ray", rounds=200, every=50)
+    done = cluster.sweep(study)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    folder = tmp_path / "ray/on-a-cluster"
+    manifests = [json.loads((folder / p / "manifest.json").read_text()) for p in ("seed-0", "seed-1")]
+    assert [m["status"] for m in manifests] == ["completed", "completed"]
+    # one CPU a node: the two points ran side by side, one on each node
+    assert len({m["ray_node"] for m in manifests}) == 2 and all(len(m["ray_node"]) == 56 for m in manifests)
+
+    assert main(["sweep", str(write_cluster_study(tmp_path, "here", rounds=200, every=50)), "--quiet"]) == 0
+    same_tables(folder, tmp_path / "here/on-a-cluster")
+
+
+def test_a_worker_node_killed_mid_study_loses_nothing(cluster, tmp_path):
+    """SIGKILL of the worker node's raylet while a point runs there, past its first checkpoint:
+    the point runs again on the head from that checkpoint, and the study equals an undisturbed one."""
+    cluster.up()
+    study = write_cluster_study(tmp_path, "ray", rounds=4000, every=500)
+    sweep = subprocess.Popen([sys.executable, "-m", "fedsim", "sweep", str(study), "--backend", "ray",
+                              "--address", cluster.address], cwd=tmp_path, env=cluster.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folder = tmp_path / "ray/on-a-cluster"
+    doomed_session = cluster.worker.pid
+
+    def doomed() -> str | None:
+        """The point running on the worker node past its first checkpoint."""
+        for point in ("seed-0", "seed-1"):
+            m = manifest(folder / point)
+            with contextlib.suppress(OSError):
+                if m.get("status") == "running" and m["rounds"] >= 500 and os.getsid(m["pid"]) == doomed_session:
+                    return point
+        return None
+
+    wait_until(doomed, sweep, timeout=90)
+    lost = doomed()
+    os.kill(cluster.worker_raylet(), signal.SIGKILL)
+    out, err = sweep.communicate(timeout=90)
+    assert sweep.returncode == 0, err
+    assert err.startswith(f"warning: point {lost}: its Ray node (") and err.endswith(
+        ") died while it ran; it runs again on a node that is left, from its last checkpoint\n"), err
+    assert err.count("\n") == 1 and f"{lost}: completed" in out
+
+    manifests = {p: manifest(folder / p) for p in ("seed-0", "seed-1")}
+    assert {m["status"] for m in manifests.values()} == {"completed"}
+    assert manifests[lost]["trainer"]["from_round"] >= 500  # resumed from its checkpoint, not run afresh
+    assert len({m["ray_node"] for m in manifests.values()}) == 1  # both finished on the head
+    assert main(["sweep", str(write_cluster_study(tmp_path, "here", rounds=4000, every=500)), "--quiet"]) == 0
+    same_tables(folder, tmp_path / "here/on-a-cluster")
+
+
+def test_a_cluster_that_refuses_this_process_its_token_is_one_line_within_10_s(cluster, tmp_path, monkeypatch, capfd):
+    """The cluster has token authentication; this process has no token (RAY_AUTH_MODE unset)."""
+    cluster.up()
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    study = write_cluster_study(tmp_path, "ray", rounds=2, every=1)
+    started = time.monotonic()
+    assert main(["sweep", str(study), "--backend", "ray", "--address", cluster.address]) == 2
+    assert time.monotonic() - started < 10
+    assert capfd.readouterr().err == (f"error: --address {cluster.address}: the Ray cluster there uses token "
+                                      "authentication and refused this process; set RAY_AUTH_MODE=token and give it "
+                                      "the head's token (the same ~/.ray/auth_token, or RAY_AUTH_TOKEN)\n")
+    assert not (tmp_path / "ray").exists()
+    # as the message says (cluster.env: RAY_AUTH_MODE=token, RAY_AUTH_TOKEN), in a process of its
+    # own, as a user's sweep is (Ray reads the mode once a process)
+    done = cluster.sweep(study, "--quiet")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert manifest(tmp_path / "ray/on-a-cluster/seed-0")["status"] == "completed"
+
+
+def test_the_address_of_a_stopped_head_is_one_line_within_10_s(cluster, tmp_path, capsys):
+    cluster.up()
+    cluster.stop()
+    study = write_cluster_study(tmp_path, "ray", rounds=2, every=1)
+    started = time.monotonic()
+    assert main(["sweep", str(study), "--backend", "ray", "--address", cluster.address]) == 2
+    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --address {cluster.address}: no Ray cluster answers there") and err.count("\n") == 1
+    assert not (tmp_path / "ray").exists()

@@ -7,15 +7,18 @@ in-process backend steps its points in lockstep instead, to the same results). W
 the run directories straight into the study folder, so on a cluster every node needs fedsim
 installed and the study folder on a shared filesystem, mounted at the same path. Ctrl-C or
 SIGTERM cancels the tasks: the running points finish their round and keep a checkpoint, and
-running the study again resumes them. What Ray itself prints in the driver (its warnings, a
-dead worker's report) is left out: a point that fails is one `error:` line naming it.
+running the study again resumes them. A point whose node dies (Ray's NodeDiedError) runs again
+as a new task on a node that is left, from its last checkpoint; a worker process that dies on a
+live node (killed, out of memory) is an error instead, as running it again would likely kill it
+again. What Ray itself prints in the driver (its warnings, a dead worker's report) is left out:
+a point that fails is one `error:` line naming it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -24,17 +27,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedsim.errors import FedsimError, STOP_SIGNALS, Stopped, first_line, on_stop_signals
-from fedsim.files import atomic_write, resume_command
+from fedsim.files import resume_command
+from fedsim.results.recorder import write_json
 from fedsim.results.run_format import read_manifest
 from fedsim.studies.point import run_point
 from fedsim.studies.study import Point, Study
 
 WAIT_S = 1.0  # how often the driver wakes up while it waits (so Ctrl-C is seen at once)
+NODE_LOSSES = 3  # times a point runs again after its node died, before it is an error
+LOST_WRITER_S = 120.0  # how long a point run again waits for its lost process to let go of its folder
 
 
-def run_task(raw_config: dict, origin: str, run_dir: str, state: str, cwd: str) -> tuple:
+def run_task(raw_config: dict, origin: str, run_dir: str, state: str | None, cwd: str) -> tuple:
     """One point, in a Ray worker: ("ok", status), ("error", message) for a FedsimError, or
-    ("bug", message, traceback) for anything else, so nothing Ray-specific crosses back."""
+    ("bug", message, traceback) for anything else, so nothing Ray-specific crosses back.
+    `state` None: a point whose node died, run again from what its folder holds."""
     import torch
 
     from fedsim.config import config_from_dict
@@ -45,11 +52,61 @@ def run_task(raw_config: dict, origin: str, run_dir: str, state: str, cwd: str) 
     (Path(run_dir) / "error.txt").unlink(missing_ok=True)  # an earlier failure's traceback
     try:
         config = config_from_dict(raw_config, origin=origin)
-        return "ok", run_point(config, Path(run_dir), state, progress=False)
+        if state is None:
+            state = state_once_let_go(config, Path(run_dir))
+        status = run_point(config, Path(run_dir), state, progress=False)
+        record_node(Path(run_dir))
+        return "ok", status
     except FedsimError as err:
         return "error", str(err)
     except Exception as err:  # a bug: its traceback goes to the point's folder
         return "bug", f"{type(err).__name__}: {err}", traceback.format_exc()
+
+
+def state_once_let_go(config, run_dir: Path) -> str:
+    """The state of a point whose node died, read once the process that ran it there has let go
+    of its folder (on one machine it outlives its raylet by a second or two; on a shared
+    filesystem a dead client's lock lasts until its lease ends); after LOST_WRITER_S the
+    point's run refuses the folder with one line naming that process."""
+    import time
+
+    from fedsim.files import DirectoryLock
+    from fedsim.runs.experiment import run_state
+
+    end = time.monotonic() + LOST_WRITER_S
+    while DirectoryLock(run_dir).held() and time.monotonic() < end:
+        time.sleep(0.5)
+    return run_state(run_dir, config)
+
+
+def record_node(run_dir: Path) -> None:
+    """The Ray node that ran the point, in its manifest (`ray_node`): with the `host` there, it
+    tells where each point of a study ran (`ray list nodes` names the node)."""
+    import ray
+
+    manifest = read_manifest(run_dir, strict=False)
+    if manifest:
+        write_json(run_dir / "manifest.json", {**manifest, "ray_node": ray.get_runtime_context().get_node_id()})
+
+
+def check_backend(address: str | None) -> None:
+    """Before a sweep writes anything: ray is installed, and the cluster asked for answers."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise FedsimError("the Ray backend needs ray: pip install 'fedsim-avail[ray]'") from None
+    address, where = cluster_address(address)
+    if address:
+        check_reachable(address, where)
+        check_admitted(address, where)
+
+
+def cluster_address(address: str | None) -> tuple[str | None, str]:
+    """The cluster to join (--address, else RAY_ADDRESS; None: a local Ray) and the flag or
+    variable that gave it, as a message names it."""
+    if address:
+        return address, f"--address {address}"
+    return os.environ.get("RAY_ADDRESS") or None, f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}"
 
 
 def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None = None,
@@ -57,34 +114,34 @@ def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None 
     """Run every point of `todo` ((point, state) pairs) that is not done as a Ray task; one
     status per entry, in order (a done point's status is read from its manifest), and the
     signal that stopped them ("" if none)."""
-    try:
-        import ray
-    except ImportError:
-        raise FedsimError("the Ray backend needs ray: pip install 'fedsim-avail[ray]'") from None
+    import ray
+
     statuses = [run_point(p.config, study.folder / p.name, "done") if state == "done" else None
                 for p, state in todo]
     pending = [i for i, (_, state) in enumerate(todo) if state != "done"]
     if not pending:
         return statuses, ""
-    where = f"--address {address}" if address else f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}"
+    address, where = cluster_address(address)
     with main_thread_output():
         with keeping_our_sigterm_handler(ray):
-            started = start_ray(ray, address or os.environ.get("RAY_ADDRESS"), where)
+            started = start_ray(ray, address, where)
         try:
             check_gpus(ray, study.gpus_per_task)
             task = ray.remote(run_task).options(num_cpus=1, num_gpus=study.gpus_per_task, max_retries=0)
             with stop_signals() as stopped:
                 cwd = os.getcwd()
-                refs = {}
-                for i in pending:
-                    point, state = todo[i]
+
+                def submit(i: int, state: str | None):
+                    point = todo[i][0]
                     run_dir = str((study.folder / point.name).resolve())
-                    refs[task.remote(point.config.to_dict(), point.config.source, run_dir, state, cwd)] = i
+                    return task.remote(point.config.to_dict(), point.config.source, run_dir, state, cwd)
+
+                refs = {submit(i, todo[i][1]): i for i in pending}
                 from fedsim.studies.progress import StudyProgress
 
                 shown = StudyProgress([1] * len(pending), len(todo), len(todo) - len(pending), progress,
                                       label=study.name, unit="point")
-                failures = gather(ray, refs, todo, study, statuses, shown, stopped)
+                failures = gather(ray, refs, submit, todo, study, statuses, shown, stopped)
                 shown.close()
         finally:
             if started:
@@ -121,15 +178,15 @@ def start_ray(ray, address: str | None, where: str) -> bool:
     local Ray on every core; whether this call started Ray (and so shuts it down)."""
     if ray.is_initialized():
         return False
-    if address:
-        check_reachable(address, where)
     options = {"ignore_reinit_error": True, "log_to_driver": False, "include_dashboard": False,
                "logging_level": logging.ERROR}
     try:
         if address:
             ray.init(address=address, **options)
         else:
-            ray.init(num_cpus=os.cpu_count() or 1, **options)
+            # "local": a new Ray of its own, even where `ray start` left a cluster (or its stale
+            # address file) on this machine, which Ray would join otherwise
+            ray.init(address="local", num_cpus=os.cpu_count() or 1, **options)
     except (ConnectionError, ValueError, RuntimeError) as err:
         where = where if address else "a local Ray"
         first = first_line(err)
@@ -153,6 +210,41 @@ def check_reachable(address: str, where: str) -> None:
         raise FedsimError(f"{where}: no Ray cluster answers there ({err.strerror or err}); start one "
                           "with `ray start --head`, or leave out --address and RAY_ADDRESS for a "
                           "local Ray") from None
+
+
+def check_admitted(address: str, where: str) -> None:
+    """A cluster with token authentication refuses a process without its token, and Ray tries
+    again for 20 s, printing a line each time: ask the head once, quietly, and say why."""
+    if address in ("auto", "local") or address.startswith("ray://"):  # no head's GCS to ask here
+        return
+    try:
+        from ray._raylet import GcsClient
+        from ray.exceptions import AuthenticationError
+    except ImportError:  # a Ray without token authentication (or another inside): ray.init says it
+        return
+    try:
+        with fd2_silenced():  # Ray's C++ client writes its warning there itself
+            GcsClient(address=address)
+    except AuthenticationError:
+        raise FedsimError(f"{where}: the Ray cluster there uses token authentication and refused this "
+                          "process; set RAY_AUTH_MODE=token and give it the head's token (the same "
+                          "~/.ray/auth_token, or RAY_AUTH_TOKEN)") from None
+    except Exception:  # anything else: ray.init tries again and says what is wrong
+        return
+
+
+@contextmanager
+def fd2_silenced():
+    """Nothing written to file descriptor 2 (stderr, as C++ code writes it) reaches it within."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def check_gpus(ray, per_task: float) -> None:
@@ -208,12 +300,17 @@ def main_thread_output():
         sys.stdout, sys.stderr = streams
 
 
-def gather(ray, refs: dict, todo: list, study: Study, statuses: list, shown,
+def gather(ray, refs: dict, submit, todo: list, study: Study, statuses: list, shown,
            stopped: dict) -> list[tuple[int, str]]:
     """Wait for the tasks, filling `statuses`; (index, error line) of the points that failed.
-    Once a stop signal is `stopped`, the tasks are cancelled (a running point finishes its
-    round and checkpoints, status interrupted); a second signal kills them and aborts."""
+    A point whose node died is `submit`ted again (up to NODE_LOSSES times), to run on from
+    what its folder holds. Once a stop signal is `stopped`, the tasks are cancelled (a running
+    point finishes its round and checkpoints, status interrupted); a second signal kills them
+    and aborts."""
+    from fedsim.runs.trackers import warn
+
     failures: list[tuple[int, str]] = []
+    losses = dict.fromkeys(refs.values(), 0)
     left = list(refs)
     cancelled = False
     while left:
@@ -233,7 +330,19 @@ def gather(ray, refs: dict, todo: list, study: Study, statuses: list, shown,
         for ref in ready:
             i = refs[ref]
             point = todo[i][0]
-            statuses[i], failure = outcome(ray, ref, point, study)
+            status, failure = outcome(ray, ref, point, study)
+            if status == "lost":
+                died = f"point {point.name}: its Ray node ({failure}) died while it ran"
+                if losses[i] < NODE_LOSSES and not stopped["name"]:
+                    losses[i] += 1
+                    warn(f"{died}; it runs again on a node that is left, from its last checkpoint")
+                    again = submit(i, None)
+                    refs[again] = i
+                    left.append(again)
+                    continue
+                resume = resume_command("sweep", study.folder)
+                status, failure = None, f"{died} ({losses[i] + 1} times); run `{resume}` to run it again from its last checkpoint"
+            statuses[i] = status
             warn_incomplete(study.folder / point.name)
             if statuses[i] == "interrupted" and stopped["name"]:
                 name_the_signal(study.folder / point.name, stopped["name"])
@@ -259,18 +368,21 @@ def name_the_signal(run_dir: Path, name: str) -> None:
     manifest = read_manifest(run_dir, strict=False)
     reason = str(manifest.get("reason", ""))
     if manifest.get("status") == "interrupted" and "Ctrl-C" in reason and name != "Ctrl-C":
-        text = json.dumps({**manifest, "reason": reason.replace("Ctrl-C", name)}, indent=2, default=str) + "\n"
-        atomic_write(run_dir / "manifest.json", lambda tmp: Path(tmp).write_text(text))
+        write_json(run_dir / "manifest.json", {**manifest, "reason": reason.replace("Ctrl-C", name)})
 
 
 def outcome(ray, ref, point: Point, study: Study) -> tuple[str | None, str | None]:
-    """(status, None) of a finished task, or (None, the error line naming its point)."""
-    from ray.exceptions import RayError, TaskCancelledError, WorkerCrashedError
+    """(status, None) of a finished task, (None, the error line naming its point), or ("lost",
+    the node's address) where the task's node died."""
+    from ray.exceptions import NodeDiedError, RayError, TaskCancelledError, WorkerCrashedError
 
     try:
         result = ray.get(ref)
     except TaskCancelledError:  # cancelled before it started, or before its run's first round
         return "interrupted", None
+    except NodeDiedError as err:  # its node's raylet died (the machine lost, preempted, ...)
+        node = re.search(r"node IP: ([^,\s]+)", str(err), re.IGNORECASE)
+        return "lost", node[1] if node else "its address unknown"
     except WorkerCrashedError:  # its process was killed (by hand, by the kernel for memory, ...)
         return None, (f"point {point.name}: its Ray worker died while it ran (killed, or out of memory); "
                       f"run `{resume_command('sweep', study.folder)}` to run it again from its last checkpoint")

@@ -28,6 +28,10 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
     `backend = "ray"` they run as Ray tasks (fedsim/studies/ray_backend.py)."""
     if backend not in BACKENDS:
         raise FedsimError(f"--backend {backend!r} is not one of: {', '.join(BACKENDS)}")
+    if backend == "ray":
+        from fedsim.studies.ray_backend import check_backend  # Ray is imported only when asked
+
+        check_backend(address)
     with comparison_lock(study.folder, "fedsim sweep"):  # one sweep of a study at a time
         check_same_study(study)
         for point in [*study.warm, *study.points]:  # a run of it that another process writes to, or

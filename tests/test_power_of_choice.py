@@ -153,3 +153,20 @@ def test_the_questions_are_no_training_tasks_for_the_report_nor_failures_for_the
     doc = json.loads(capsys.readouterr().out)["runs"][0]
     assert doc["latency"]["tasks"] == events.filter(pl.col("outcome") == "arrived").height == 4
     assert doc["wasted"]["wasted_s"] == 0.0 and doc["wasted"]["share"] == 0.0
+
+
+def test_tasks_that_fit_the_deadline_but_start_after_the_question_are_named_as_such(cli_run):
+    """Deadline 5 s: the K = 2 of highest loss (devices 6 and 2, tasks of 4 and 4.5 s) would
+    arrive, but the question waits for its slowest candidate (2.83 s) and their tasks end at
+    5.83 and 6.33 s: late every round, and the warning says why (not "too slow")."""
+    config = poc_config(cli_run, 6, d=N)
+    config["server"]["deadline"] = 5.0
+    run_dir = cli_run(config, always(N))
+    ev = pl.read_parquet(run_dir / "events.parquet")
+    trained = ev.filter(~pl.col("outcome").is_in(["answered", "unanswered"]))
+    assert set(trained["device_id"]) == {2, 6} and (trained["outcome"] == "late").all()
+    warning = ("never arrived: 2 of 2 devices invited at least 5 times never arrived (12 late, 0 dropped); mostly "
+               "late although their median task (4.25 s) fits the deadline (5 s): their tasks started late, after "
+               "power-of-choice's question, which waits for its slowest candidate; lower [algorithm] candidates "
+               "or raise [server] deadline")
+    assert warning in json.loads((run_dir / "manifest.json").read_text())["warnings"]

@@ -65,10 +65,14 @@ def never_arrived_warning(counters: dict, typical_task_s: np.ndarray, deadline: 
     if not invited.any() or never.sum() <= NEVER_ARRIVED_ABOVE * invited.sum():
         return []
     late, dropped = int(counters["late"][never].sum()), int(counters["drops"][never].sum())
-    if late >= dropped:
-        cause = (f"mostly late: too slow for the deadline (their median task takes "
-                 f"{human_duration(float(np.median(typical_task_s[never])))}, the deadline is {human_duration(deadline)}); "
-                 "raise [server] deadline or see [devices] in docs/timing.md")
+    task_s = float(np.median(typical_task_s[never]))
+    if late >= dropped and task_s > deadline:
+        cause = (f"mostly late: too slow for the deadline (their median task takes {human_duration(task_s)}, the "
+                 f"deadline is {human_duration(deadline)}); raise [server] deadline or see [devices] in docs/timing.md")
+    elif late >= dropped:  # a task that fits the deadline, started late: after power-of-choice's question
+        cause = (f"mostly late although their median task ({human_duration(task_s)}) fits the deadline "
+                 f"({human_duration(deadline)}): their tasks started late, after power-of-choice's question, "
+                 "which waits for its slowest candidate; lower [algorithm] candidates or raise [server] deadline")
     else:
         cause = ("mostly dropped: offline before finishing (availability: their online sessions are "
                  "shorter than their tasks)")

@@ -1,0 +1,93 @@
+"""Every built-in algorithm and selection policy inside a lockstep study equals its `fedsim run`
+alone (issue 40, part 3): the same devices invited and arrived every round, the same losses and
+the same model. Rounds and counts must be identical; the numbers agree to float rounding only,
+as MKL's results can depend on where a run's rows start in the group's stacked tensor
+(benchmarks/RESULTS.md, "One server step for a lockstep group")."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import rounds  # noqa: E402
+
+from fedsim.cli import main  # noqa: E402
+from fedsim.config import dump_toml  # noqa: E402
+from fedsim.config.catalog import BUILT_IN_ALGORITHMS  # noqa: E402
+
+SYNC_ALGORITHMS = [name for name in BUILT_IN_ALGORITHMS if name != "fedasync"]  # (async only: trains alone)
+EXACT = ["round", "online", "invited", "arrived", "late"]
+NUMBERS = ["train_loss", "test_loss", "test_acc"]
+
+
+def study(folder: Path, base: dict, axes: dict) -> Path:
+    raw = {**base, "run": {**base["run"], "name": "s", "out": str(folder / "runs")}, "sweep": axes}
+    path = folder / "s.toml"
+    path.write_text(dump_toml(raw))
+    return path
+
+
+def assert_points_equal_their_runs_alone(path: Path, tmp_path: Path) -> int:
+    assert main(["sweep", str(path), "--quiet"]) == 0
+    points = sorted(p for p in (tmp_path / "runs" / "s").iterdir() if (p / "manifest.json").exists())
+    for point in points:
+        alone = tmp_path / "alone" / point.name
+        config = (point / "config.toml").read_text().replace(f'out = "{point.parent}"', f'out = "{alone.parent}"')
+        (tmp_path / "alone.toml").write_text(config)
+        assert main(["run", str(tmp_path / "alone.toml"), "--quiet"]) == 0
+        mine, theirs = rounds(point), rounds(alone)
+        assert mine[EXACT].equals(theirs[EXACT]), point.name
+        for column in NUMBERS:
+            np.testing.assert_allclose(mine[column].to_numpy(), theirs[column].to_numpy(), rtol=1e-5, atol=1e-7,
+                                       err_msg=f"{point.name}: {column}")
+        a, b = torch.load(point / "model.pt"), torch.load(alone / "model.pt")
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=f"{point.name}: {key}")
+    return len(points)
+
+
+def test_every_synchronous_algorithm_in_a_lockstep_study_equals_its_run_alone(tmp_path):
+    base = {"run": {"rounds": 6, "eval_every": 3, "progress": False, "plots": False},
+            "data": {"dataset": "digits", "clients": 12}, "model": {"name": "logreg"},
+            "trace": {"source": "bernoulli", "p": 0.6},
+            "server": {"clients_per_round": 4, "timing": "ideal"},
+            "client": {"local_steps": 2, "batch_size": 8, "lr": 0.2}}
+    assert assert_points_equal_their_runs_alone(study(tmp_path, base, {"algorithm.name": SYNC_ALGORITHMS}),
+                                                tmp_path) == len(SYNC_ALGORITHMS)
+
+
+def test_availability_aware_selection_and_partial_work_in_a_lockstep_study_equal_their_runs_alone(tmp_path):
+    """Model timing: Oort learns reported durations, power-of-choice asks its candidates first,
+    devices do the work that fits the deadline; beside FedNova and SCAFFOLD, which read the
+    steps the devices managed."""
+    base = {"run": {"rounds": 6, "eval_every": 3, "progress": False, "plots": False},
+            "data": {"dataset": "digits", "clients": 16}, "model": {"name": "logreg"},
+            "trace": {"source": "markov", "mean_on": 120.0, "mean_off": 30.0, "days": 1.0},
+            "server": {"clients_per_round": 4, "deadline": 12.0},
+            "devices": {"model": "lognormal", "seconds_per_sample": 0.1, "compute_sigma": 1.0},
+            "client": {"local_steps": 6, "batch_size": 8, "lr": 0.2, "work": "fit-deadline"}}
+    axes = {"algorithm.name": ["fedavg", "fednova", "scaffold"],
+            "algorithm.selection": ["uniform", "oort", "power-of-choice"]}
+    assert assert_points_equal_their_runs_alone(study(tmp_path, base, axes), tmp_path) == 9
+    events = pl.read_parquet(tmp_path / "runs" / "s" / "algorithm-fednova_selection-power-of-choice" / "events.parquet")
+    trained = events.filter(pl.col("outcome") == "arrived")["steps"]
+    assert 1 <= trained.min() < trained.max() <= 6  # partial work: the slow devices did fewer steps
+    assert (events["outcome"] == "answered").sum() > 0  # power-of-choice's question, in the log
+
+
+@pytest.mark.parametrize("name", ["fedasync"])
+def test_the_asynchronous_algorithm_in_a_study_equals_its_run_alone(tmp_path, name):
+    base = {"run": {"rounds": 8, "eval_every": 4, "progress": False, "plots": False},
+            "data": {"dataset": "digits", "clients": 12}, "model": {"name": "logreg"},
+            "trace": {"source": "markov", "mean_on": 120.0, "mean_off": 30.0, "days": 1.0},
+            "server": {"mode": "async", "buffer": 1, "concurrency": 4, "deadline": 30.0},
+            "devices": {"model": "lognormal", "seconds_per_sample": 0.1},
+            "client": {"local_steps": 2, "batch_size": 8, "lr": 0.2}}
+    assert assert_points_equal_their_runs_alone(study(tmp_path, base, {"algorithm.name": [name, "fedbuff"]}),
+                                                tmp_path) == 2

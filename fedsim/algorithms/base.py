@@ -27,7 +27,7 @@ from fedsim.algorithms.selection import Selector
 from fedsim.algorithms.server_optimizer import ServerOptimizer, ServerOptimizerConfig
 from fedsim.config.catalog import ALGORITHMS, SELECTIONS
 from fedsim.config import algorithm_options, check_option  # noqa: F401  (algorithm_options: re-exported)
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, choice_error
 from fedsim.training.memory import State
 from fedsim.training.objective import PLAIN, LocalObjective
 
@@ -123,6 +123,8 @@ class Strategy:
     state: ClassVar[tuple[str, ...]] = ("params",)
     # option -> (lowest, highest, whether the lowest is excluded, what it means), checked by `validate`
     ranges: ClassVar[dict[str, tuple]] = {}
+    # word-valued option -> its valid words, checked by `validate`
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {}
     # whether `aggregate` reads `Arrivals.start` (the asynchronous server then keeps each task's
     # start parameters until it ends, as the device would)
     needs_start: ClassVar[bool] = False
@@ -153,9 +155,12 @@ class Strategy:
 
     def validate(self) -> None:
         """Check the algorithm's own options (``self.opt``); raise FedsimError on a bad value.
-        By default each key of ``ranges`` lies in its range."""
+        By default each key of ``ranges`` lies in its range and each of ``choices`` is one of its words."""
         for key, bounds in self.ranges.items():
             check_option(self.name, key, self.opt[key], *bounds)
+        for key, words in self.choices.items():
+            if self.opt[key] not in words:
+                raise choice_error(f"[algorithm] {key}", self.opt[key], words, f"for {self.name!r} is not valid")
 
     def init_state(self, params: Tensor) -> None:
         """Create the algorithm's state from the initial global model (flat [d])."""

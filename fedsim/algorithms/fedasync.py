@@ -24,7 +24,6 @@ import numpy as np
 
 from fedsim.algorithms.base import Arrivals, Strategy, nan_stats
 from fedsim.config.catalog import ALGORITHM_CHOICES, ALGORITHM_OPTIONS, ALGORITHM_RANGES
-from fedsim.errors import choice_error
 from fedsim.training.objective import LocalObjective
 
 
@@ -43,14 +42,8 @@ class FedAsync(Strategy):
     """x <- x + step(a (x_start + Delta - x)) for each arrival, a = mixing * s(staleness)."""
 
     name = "fedasync"
-    options, ranges = ALGORITHM_OPTIONS["fedasync"], ALGORITHM_RANGES["fedasync"]
+    options, ranges, choices = ALGORITHM_OPTIONS["fedasync"], ALGORITHM_RANGES["fedasync"], ALGORITHM_CHOICES["fedasync"]
     needs_start = True
-
-    def validate(self):
-        super().validate()
-        words = ALGORITHM_CHOICES["fedasync"]["staleness"]
-        if self.opt["staleness"] not in words:
-            raise choice_error("[algorithm] staleness", self.opt["staleness"], words, "for 'fedasync' is not valid")
 
     def init_state(self, params):
         super().init_state(params)

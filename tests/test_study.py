@@ -653,3 +653,32 @@ def test_a_second_ctrl_c_in_a_point_aborts_the_study_and_no_point_reads_as_compl
     assert main(["sweep", "--resume", str(folder), "--quiet"]) == 0
     for point in ("seed-0", "seed-1"):
         assert rounds(folder / point)["round"].to_list() == [0, 1, 2]
+
+
+def test_points_that_cannot_train_in_one_call_run_as_groups_with_one_note(tmp_path, capsys, monkeypatch):
+    """Points of two models interleaved in the grid run as two lockstep groups, one after the
+    other (here 2 points at a time): each run trains with the other run of its model, and one
+    note line says how the study split and why."""
+    from fedsim.studies import lockstep
+
+    monkeypatch.setattr(lockstep, "TOGETHER", 2)
+    path = write_study(tmp_path, {"run.seed": [0, 1], "model.name": ["logreg", "mlp"]})
+    assert main(["sweep", str(path)]) == 0
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert notes == ["note: the 4 points run as 2 lockstep groups (2 and 2 points), one after another: runs "
+                     "that differ in model.name ('logreg', 'mlp') cannot train in one call"]
+    for point in ("seed-0_name-logreg", "seed-1_name-logreg", "seed-0_name-mlp", "seed-1_name-mlp"):
+        manifest = json.loads((tmp_path / "runs" / "s" / point / "manifest.json").read_text())
+        assert "in one call with 1 other run(s) of the study" in manifest["trainer"]["why"], point
+
+
+def test_a_study_that_shares_one_step_prints_no_note_and_async_points_are_their_own_group(tmp_path, capsys):
+    path = write_study(tmp_path, {"run.seed": [0, 1]})
+    assert main(["sweep", str(path)]) == 0
+    assert "note:" not in capsys.readouterr().err
+    path = write_study(tmp_path, {"server.mode": ["sync", "async"], "run.seed": [0, 1]}, name="modes",
+                       server={"timing": "model"})
+    assert main(["sweep", str(path)]) == 0
+    assert ("note: the 4 points run as 2 lockstep groups (2 and 2 points), one after another: runs that differ "
+            "in server.mode ('sync', 'async') cannot train in one call") in capsys.readouterr().err.splitlines()

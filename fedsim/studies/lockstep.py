@@ -11,6 +11,7 @@ Asynchronous runs train on their own (their server has no gate).
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Sequence
 
 import simpy
@@ -133,23 +134,68 @@ def raise_failure(engines) -> None:
 
 TOGETHER = 64  # points stepped in lockstep at once by the in-process backend
 
+# The config keys whose values the runs of a lockstep group share, so that their cohorts can
+# train in one call (training/cohort.py `cohort_key`: the dataset, the model and its shape, the
+# batch and local-update settings, the device; an asynchronous run trains on its own). Points
+# that differ in one of them never share a call: a study runs them as separate groups.
+SHARED_KEYS = ("data.dataset", "data.root", "data.vocab_size", "data.tokens", "data.feature_column",
+               "data.label_column", "data.classes", "data.dim", "data.noise", "model.name", "model.hidden",
+               "model.dropout", "model.word_vectors", "model.local_buffers", "client.batch_size",
+               "client.trainer", "client.clip", "client.weight_decay", "run.device", "server.mode")
+
+
+def _value(config, dotted: str):
+    section, key = dotted.split(".")
+    value = getattr(getattr(config, section), key)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def lockstep_groups(points: list[Point]) -> tuple[list[list[Point]], str]:
+    """`points` in groups whose runs can share a step (equal `SHARED_KEYS`), in the order of
+    their first point, and one line saying how they split and why ("" for one group)."""
+    groups: dict[tuple, list[Point]] = {}
+    for point in points:
+        groups.setdefault(tuple(_value(point.config, k) for k in SHARED_KEYS), []).append(point)
+    if len(groups) < 2:
+        return list(groups.values()), ""
+    keys = list(groups)
+    differ = [f"{name} ({', '.join(dict.fromkeys(_shown(key[i]) for key in keys))})"
+              for i, name in enumerate(SHARED_KEYS) if len({key[i] for key in keys}) > 1]
+    sizes = [str(len(g)) for g in groups.values()]
+    return list(groups.values()), (f"note: the {len(points)} points run as {len(groups)} lockstep groups "
+                                   f"({', '.join(sizes[:-1])} and {sizes[-1]} points), one after another: runs "
+                                   f"that differ in {' or '.join(differ)} cannot train in one call")
+
+
+def _shown(value) -> str:
+    """A config value as the study file writes it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, str) else str(value)
+
 
 def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=None,
                         progress: bool = True) -> tuple[list[str], str]:
-    """The in-process backend: the points not done, `TOGETHER` at a time, in lockstep with
-    their cohorts trained in shared batched calls (fedsim/studies/lockstep.py); stops after a group
-    that a signal interrupted. Their statuses, and what stopped them ("" if nothing did)."""
+    """The in-process backend: the points not done, in the groups that can share a step
+    (`lockstep_groups`, one note line when there are several), `TOGETHER` at a time, in
+    lockstep with their cohorts trained in shared batched calls; stops after a group that a
+    signal interrupted. Their statuses, and what stopped them ("" if nothing did)."""
     statuses: dict[str, str] = {}
     stopped_by = ""
-    waiting = [(p, s) for p, s in todo if s != "done"]
+    state_of = {p.name: s for p, s in todo}
+    groups, why = lockstep_groups([p for p, s in todo if s != "done"])
+    if why and progress:
+        print(why, file=sys.stderr, flush=True)
+    waiting = [(p, state_of[p.name]) for group in groups for p in group]
     shown = StudyProgress([p.config.run.rounds for p, _ in waiting], len(todo), len(todo) - len(waiting),
                           progress and bool(waiting), label=study.name)
     callbacks = [shown.callback()]
     for p, s in todo:
         if s == "done":
             statuses[p.name] = run_point(p.config, study.folder / p.name, s)
-    for lo in range(0, len(waiting), TOGETHER):
-        group = waiting[lo:lo + TOGETHER]
+    batches = [[(p, state_of[p.name]) for p in group[lo:lo + TOGETHER]]
+               for group in groups for lo in range(0, len(group), TOGETHER)]
+    for group in batches:
         experiments, resumes = [], []
         for point, state in group:
             try:

@@ -91,3 +91,24 @@ def test_the_asynchronous_algorithm_in_a_study_equals_its_run_alone(tmp_path, na
             "client": {"local_steps": 2, "batch_size": 8, "lr": 0.2}}
     assert assert_points_equal_their_runs_alone(study(tmp_path, base, {"algorithm.name": [name, "fedbuff"]}),
                                                 tmp_path) == 2
+
+
+def test_a_recorded_trace_with_flash_round_rules_in_a_lockstep_study_equals_its_runs_alone(tmp_path):
+    """A diurnal trace generated to Parquet and replayed from the file (`source = "file"`), under
+    FLASH's round rules (a drawn deadline, a minimum of devices online, a quorum) and overcommit:
+    the algorithms with device tables and per-device terms step together and equal their runs alone."""
+    trace = tmp_path / "diurnal.parquet"
+    assert main(["trace", "generate", "diurnal", "--devices", "20", "--days", "2", "--seed", "3",
+                 "--out", str(trace)]) == 0
+    base = {"run": {"rounds": 8, "eval_every": 4, "progress": False, "plots": False},
+            "data": {"dataset": "digits", "clients": 20}, "model": {"name": "mlp", "hidden": 16},
+            "trace": {"source": "file", "path": str(trace), "offset": 36000.0},  # from 10 am: 4 online, then fewer
+            "server": {"clients_per_round": 5, "overcommit": 0.4, "deadline": 300.0, "deadline_sigma": 60.0,
+                       "min_selected": 6, "update_frac": 0.4},
+            "devices": {"model": "lognormal", "seconds_per_sample": 1.0, "compute_sigma": 0.8},
+            "client": {"local_steps": 3, "batch_size": 8, "lr": 0.2}}
+    axes = {"algorithm.name": ["fedavg", "mifa", "fedvarp", "scaffold"], "run.seed": [0, 1]}
+    assert assert_points_equal_their_runs_alone(study(tmp_path, base, axes), tmp_path) == 8
+    shown = rounds(tmp_path / "runs" / "s" / "algorithm-mifa_seed-1")
+    assert shown["wait_s"].max() > 3600  # the first round waited hours for min_selected devices online
+    assert set(shown["close_reason"]) & {"quota", "deadline", "quorum"}

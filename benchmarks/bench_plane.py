@@ -10,6 +10,9 @@ pool threads).
 study's speedup per run-round with startup taken out, the figure of issue 31's part 5; and
 the speedup lockstep would reach if only its shared training calls were left (no control
 plane at all): the ceiling of batching the control plane.
+`--processes N [N ...]` also runs the study as `fedsim sweep --processes N` (a study file of the
+same runs, its points stepped in lockstep by N worker processes side by side; N = 1: in the
+sweep's own process), each at --rounds and --short rounds: the same difference, per run-round.
 `--profile` runs the long study under cProfile and prints where a run-round's time goes in
 microseconds (cumulative, profiler overhead included). `--code DIR` imports fedsim from DIR
 (another checkout); `--alternate DIR DIR ...` measures each checkout in turn, `--repeat` times,
@@ -17,7 +20,7 @@ each in its own process, and records the medians: on a shared machine, code befo
 see the same minutes.
 
     python benchmarks/bench_plane.py [--runs 16] [--rounds 60] [--short 10] [--repeat 3]
-                                     [--sequential] [--profile] [--code DIR]
+                                     [--sequential] [--processes N ...] [--profile] [--code DIR]
                                      [--alternate DIR DIR ...] [--json FILE]
 """
 
@@ -83,6 +86,28 @@ def study(runs: int, rounds: int, out: Path, how: str = "together") -> tuple[flo
         setattr(owner, name, call)
 
 
+def sweep(runs: int, rounds: int, out: Path, processes: int) -> float:
+    """Wall seconds of `fedsim sweep --processes N` over bench_study.py's runs (a study file of
+    them: its algorithms x seeds), with the process's start."""
+    import subprocess
+
+    from bench_study import ALGORITHMS
+    from fedsim.config import dump_toml
+
+    out.mkdir(parents=True)
+    study = {"run": {"name": "s", "out": str(out), "rounds": rounds, "eval_every": rounds, "progress": False,
+                     "plots": False, "device": "cpu"},
+             "data": {"dataset": "digits", "clients": 100}, "model": {"name": "mlp"},
+             "server": {"timing": "ideal", "clients_per_round": 10},
+             "client": {"local_steps": 5, "batch_size": 32, "lr": 0.1},
+             "sweep": {"algorithm.name": ALGORITHMS, "run.seed": list(range(runs // len(ALGORITHMS)))}}
+    (out / "s.toml").write_text(dump_toml(study))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "fedsim", "sweep", str(out / "s.toml"), "--quiet", "--processes",
+                    str(processes)], check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
 def alternate(args) -> dict:
     """Each checkout of --alternate measured in turn, --repeat times, in its own process."""
     import statistics
@@ -141,6 +166,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sequential", action="store_true", help="also the runs one after another")
+    parser.add_argument("--processes", type=int, nargs="+", default=[], metavar="N",
+                        help="also `fedsim sweep --processes N` of the same runs")
     parser.add_argument("--code", type=Path, help="import fedsim from this checkout")
     parser.add_argument("--alternate", type=Path, nargs="+", metavar="DIR", help="checkouts measured in turn")
     parser.add_argument("--json", type=Path)
@@ -192,6 +219,15 @@ def main() -> None:
             # what lockstep would reach if its control plane cost nothing: the shared training alone
             record["speedup_if_only_training_were_left"] = round(
                 record["sequential_us_per_run_round_best"] / record["training_us_per_run_round_best"], 2)
+        for n in args.processes:
+            walls = [[sweep(args.runs, rounds, Path(tmp) / f"sweep{n}-{i}-{rounds}", n)
+                      for rounds in (args.rounds, args.short)] for i in range(args.repeat)]
+            record[f"sweep_processes_{n}_us_per_run_round"] = [round(1e6 * (a - b) / extra, 1) for a, b in walls]
+            best = min(1e6 * (a - b) / extra for a, b in walls)
+            record[f"sweep_processes_{n}_us_per_run_round_best"] = round(best, 1)
+            if args.sequential:
+                record[f"sweep_processes_{n}_speedup_per_run_round"] = round(
+                    record["sequential_us_per_run_round_best"] / best, 2)
         if args.profile:
             record["profile"] = profile(args.runs, args.rounds, Path(tmp) / "profiled")
     record["loadavg_before"] = [round(x, 2) for x in load_before]

@@ -278,7 +278,7 @@ def _cmd_sweep(args, loaded: list) -> int:
         print(f"  {point.name}: {what}", flush=True)
 
     records = run_study(study, progress=not args.quiet, plotter=plotter, on_point=on_point,
-                        backend=args.backend, address=args.address)
+                        backend=args.backend, address=args.address, processes=args.processes)
     if plotter is not None:
         plotter.finish()
     stopped = [r for r in records if r["status"] == "interrupted"]
@@ -478,6 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "lockstep (their training shares batched calls); ray: points as Ray tasks "
                         "(pip install 'fedsim-avail[ray]')")
     p.add_argument("--address", help="Ray: the cluster to join (default: RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--processes", type=int, default=0, metavar="N",
+                   help="inprocess: step the points in N worker processes side by side, each its share in "
+                        "lockstep (default: one per 8 points, at most one per core; 1 on a GPU)")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("plot", help="(re)draw the plots of a run directory")

@@ -1399,6 +1399,15 @@ CASES = [
          r"^error: (--address 127\.0\.0\.1:1: no Ray cluster answers there \(Connection refused\); start one with "
          r"`ray start --head`, or leave out --address and RAY_ADDRESS for a local Ray|the Ray backend needs ray: .*)$",
          **{"s.toml": 'base = "quickstart"\n[run]\nout = "runs"\n[sweep]\n"run.seed" = [0, 1]\n'}),
+    # --- issue 40: lockstep shares in worker processes ---
+    case("sweep-processes-with-ray", "sweep {tmp}/s.toml --backend ray --processes 2",
+         r"^error: --processes 2: applies to the in-process backend \(Ray runs each point as a task of its own\); "
+         r"leave it out with --backend ray$",
+         **{"s.toml": 'base = "quickstart"\n[run]\nout = "runs"\n[sweep]\n"run.seed" = [0, 1]\n'}),
+    case("sweep-processes-negative", "sweep {tmp}/s.toml --processes -1",
+         r"^error: --processes -1: not a number of processes; give 1 or more, or leave it out \(one per 8 points, "
+         r"at most one per core\)$",
+         **{"s.toml": 'base = "quickstart"\n[run]\nout = "runs"\n[sweep]\n"run.seed" = [0, 1]\n'}),
 ]
 
 

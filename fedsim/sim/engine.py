@@ -108,16 +108,17 @@ def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int
 def finish_round_on_stop_signal(stop_signal: dict, notice: str = "stopping after this round"):
     """The first Ctrl-C or SIGTERM (`kill`, `timeout`, a batch scheduler's time limit) lets the
     round in progress finish, so that the run stops at a round boundary with its results and a
-    consistent checkpoint to resume from (`notice`, on stderr, says what it waits for); a
-    second one aborts at once (Stopped), leaving the last periodic checkpoint in place. Nested
+    consistent checkpoint to resume from (`notice`, on stderr, says what it waits for: "" for
+    nothing); a second one aborts at once (Stopped), leaving the last periodic checkpoint in place. Nested
     (a comparison's algorithm, a study's group of points), the signal reaches the enclosing
     one too: it stops the comparison or study after this run."""
     def handler(signum, frame):
         if stop_signal["name"]:
             raise Stopped(STOP_SIGNALS[signum])
         stop_signal["name"] = STOP_SIGNALS[signum]
-        fresh_line = "\n" if sys.stderr.isatty() else ""  # off the progress bar
-        print(f"{fresh_line}{notice} ({stop_signal['name']} again to abort)", file=sys.stderr, flush=True)
+        if notice:
+            fresh_line = "\n" if sys.stderr.isatty() else ""  # off the progress bar
+            print(f"{fresh_line}{notice} ({stop_signal['name']} again to abort)", file=sys.stderr, flush=True)
 
     handler.stop_signal = stop_signal
     with on_stop_signals(handler) as previous:

@@ -11,7 +11,7 @@ Asynchronous runs train on their own (their server has no gate).
 
 from __future__ import annotations
 
-import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import simpy
@@ -21,8 +21,7 @@ from fedsim.errors import FedsimError
 from fedsim.runs.experiment import Experiment, RunResult, prepare_resume, resume_overrides
 from fedsim.sim.engine import finish_round_on_stop_signal
 from fedsim.sim.server import Server
-from fedsim.studies.point import clear_for_new_run, run_point
-from fedsim.studies.progress import StudyProgress
+from fedsim.studies.point import clear_for_new_run
 from fedsim.traces.index import same_availability
 from fedsim.training.cohort import train_together
 from fedsim.training.group_eval import evaluate_together
@@ -65,13 +64,15 @@ class TrainGate:
         self.event.succeed(result)
 
 
-def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | None] = ()) -> list[RunResult]:
+def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | None] = (),
+                 announce_stop: bool = True) -> list[RunResult]:
     """Run `experiments` (each from its checkpoint state in `resumes`, if given) in lockstep;
-    their results, in order. Ctrl-C or SIGTERM stops every run after its round in progress."""
+    their results, in order. Ctrl-C or SIGTERM stops every run after its round in progress
+    (`announce_stop`: with a line saying so; a worker process leaves that to the sweep)."""
     resumes = list(resumes) or [None] * len(experiments)
     stop_signal = {"name": None}
     runs = f"the {len(experiments)} running points finish" if len(experiments) > 1 else "the running point finishes"
-    notice = f"stopping: {runs} their round, then save their results and checkpoint"
+    notice = f"stopping: {runs} their round, then save their results and checkpoint" if announce_stop else ""
     try:
         with experiments[0].threads.scope(), finish_round_on_stop_signal(stop_signal, notice):
             share_indexes(experiments)
@@ -174,44 +175,34 @@ def _shown(value) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=None,
-                        progress: bool = True) -> tuple[list[str], str]:
-    """The in-process backend: the points not done, in the groups that can share a step
-    (`lockstep_groups`, one note line when there are several), `TOGETHER` at a time, in
-    lockstep with their cohorts trained in shared batched calls; stops after a group that a
-    signal interrupted. Their statuses, and what stopped them ("" if nothing did)."""
+def run_batches(folder: Path, waiting: list[tuple[Point, str]], plotter, callbacks,
+                announce_stop: bool = True) -> tuple[dict[str, str], str]:
+    """`waiting` ((point, state) pairs, in their groups' order) stepped in lockstep, `TOGETHER`
+    points of one group at a time; each point's status, and the signal that stopped them ("" if
+    none: a signal stops them after the batch it interrupted)."""
+    groups, _ = lockstep_groups([p for p, _ in waiting])
+    state_of = {p.name: s for p, s in waiting}
     statuses: dict[str, str] = {}
-    stopped_by = ""
-    state_of = {p.name: s for p, s in todo}
-    groups, why = lockstep_groups([p for p, s in todo if s != "done"])
-    if why and progress:
-        print(why, file=sys.stderr, flush=True)
-    waiting = [(p, state_of[p.name]) for group in groups for p in group]
-    shown = StudyProgress([p.config.run.rounds for p, _ in waiting], len(todo), len(todo) - len(waiting),
-                          progress and bool(waiting), label=study.name)
-    callbacks = [shown.callback()]
-    for p, s in todo:
-        if s == "done":
-            statuses[p.name] = run_point(p.config, study.folder / p.name, s)
-    batches = [[(p, state_of[p.name]) for p in group[lo:lo + TOGETHER]]
-               for group in groups for lo in range(0, len(group), TOGETHER)]
-    for group in batches:
-        experiments, resumes = [], []
-        for point, state in group:
-            try:
-                experiment, resume_state = _prepare(point, state, study.folder / point.name, plotter, callbacks)
-            except FedsimError as err:  # a check of the run's build (memory, cohort size): name the point
-                raise FedsimError(f"point {point.name}: {err}") from None
-            experiments.append(experiment)
-            resumes.append(resume_state)
-        for (point, _), result in zip(group, run_together(experiments, resumes)):
-            statuses[point.name] = result.status
-            if result.status == "interrupted":
-                stopped_by = result.reason
-        if stopped_by:
-            break
-    shown.close()
-    return [statuses.get(p.name, "interrupted") for p, _ in todo], stopped_by
+    for group in groups:
+        for lo in range(0, len(group), TOGETHER):
+            batch = group[lo:lo + TOGETHER]
+            experiments, resumes = [], []
+            for point in batch:
+                try:
+                    experiment, resume_state = _prepare(point, state_of[point.name], folder / point.name, plotter,
+                                                        callbacks)
+                except FedsimError as err:  # a check of the run's build (memory, cohort size): name the point
+                    raise FedsimError(f"point {point.name}: {err}") from None
+                experiments.append(experiment)
+                resumes.append(resume_state)
+            stopped_by = ""
+            for point, result in zip(batch, run_together(experiments, resumes, announce_stop)):
+                statuses[point.name] = result.status
+                if result.status == "interrupted":
+                    stopped_by = result.reason
+            if stopped_by:
+                return statuses, stopped_by
+    return statuses, ""
 
 
 def _prepare(point: Point, state: str, run_dir, plotter, callbacks) -> tuple[Experiment, dict | None]:

@@ -11,7 +11,7 @@ from fedsim.results.recorder import write_text
 from fedsim.results.run_format import check_readable
 from fedsim.runs.comparison import comparison_lock
 from fedsim.runs.experiment import run_state
-from fedsim.studies.lockstep import run_points_together
+from fedsim.studies.processes import run_points_together
 from fedsim.studies.study import WARM, Study, check_own_runs, check_same_study
 from fedsim.studies.tables import write_tables
 
@@ -20,14 +20,21 @@ BACKENDS = ("inprocess", "ray")
 
 
 def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
-              backend: str = "inprocess", address: str | None = None) -> list[dict]:
+              backend: str = "inprocess", address: str | None = None, processes: int = 0) -> list[dict]:
     """Run (or finish) the warm-start runs, then every point; returns one record per run:
     its name, axis values, state before, status after and `stopped_by` (the Ctrl-C or SIGTERM
     that interrupted the study, "" if none). The study stops after a run that was
-    interrupted. In-process, points run in lockstep; with
+    interrupted. In-process, points run in lockstep (in `processes` worker processes side by
+    side, 0: as many as pay; fedsim/studies/processes.py); with
     `backend = "ray"` they run as Ray tasks (fedsim/studies/ray_backend.py)."""
     if backend not in BACKENDS:
         raise FedsimError(f"--backend {backend!r} is not one of: {', '.join(BACKENDS)}")
+    if processes < 0:
+        raise FedsimError(f"--processes {processes}: not a number of processes; give 1 or more, or leave it out "
+                          "(one per 8 points, at most one per core)")
+    if processes and backend == "ray":
+        raise FedsimError(f"--processes {processes}: applies to the in-process backend (Ray runs each point as a "
+                          "task of its own); leave it out with --backend ray")
     if backend == "ray":
         from fedsim.studies.ray_backend import check_backend  # Ray is imported only when asked
 
@@ -40,23 +47,24 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
                 check_readable(study.folder / point.name)
         check_own_runs(study)  # (a run that another process writes to is refused as such first)
         write_text(study.folder / "study.toml", dump_toml(study.resolved))
-        return _run_study_locked(study, progress, plotter, on_point, backend, address)
+        return _run_study_locked(study, progress, plotter, on_point, backend, address, processes)
 
 
 def _run_study_locked(study: Study, progress: bool, plotter, on_point, backend: str,
-                      address: str | None) -> list[dict]:
+                      address: str | None, processes: int) -> list[dict]:
     if "mlflow" not in study.points[0].config.run.trackers:
-        return _run_phases(study, progress, plotter, on_point, backend, address)
+        return _run_phases(study, progress, plotter, on_point, backend, address, processes)
     from fedsim.runs.trackers import study_parent
 
     with study_parent(study.name, study.folder) as parent:  # one MLflow experiment, one parent run
-        records = _run_phases(study, progress, plotter, on_point, backend, address)
+        records = _run_phases(study, progress, plotter, on_point, backend, address, processes)
         if any(r["status"] == "interrupted" for r in records):
             parent["status"] = "KILLED"
     return records
 
 
-def _run_phases(study: Study, progress: bool, plotter, on_point, backend: str, address: str | None) -> list[dict]:
+def _run_phases(study: Study, progress: bool, plotter, on_point, backend: str, address: str | None,
+                processes: int) -> list[dict]:
     """The warm-start runs, then the points; the tables and plots once all are done."""
     records = []
     for phase in (study.warm, study.points):
@@ -69,7 +77,7 @@ def _run_phases(study: Study, progress: bool, plotter, on_point, backend: str, a
 
             statuses, stopped_by = run_points(study, todo, address, progress)
         else:
-            statuses, stopped_by = run_points_together(study, todo, plotter, progress)
+            statuses, stopped_by = run_points_together(study, todo, plotter, progress, processes)
         records += [{"point": p.name, **p.values, "was": state, "status": status, "stopped_by": stopped_by}
                     for (p, state), status in zip(todo, statuses)]
         if any(r["status"] == "interrupted" for r in records):

@@ -24,6 +24,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedsim.errors import FedsimError, STOP_SIGNALS, Stopped, on_stop_signals
 from fedsim.files import resume_command
@@ -31,6 +32,9 @@ from fedsim.runs.callbacks import Callback
 from fedsim.studies.lockstep import lockstep_groups, run_batches
 from fedsim.studies.point import run_point
 from fedsim.studies.progress import StudyProgress
+
+if TYPE_CHECKING:
+    from fedsim.studies.study import Point, Study
 
 POINTS_PER_PROCESS = 8  # a share smaller than this loses more to its process's start than it gains
 REPORT_EVERY_S = 0.25  # how often a worker reports the rounds its points have done
@@ -81,8 +85,7 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
     lockstep with their cohorts trained in shared batched calls (fedsim/studies/lockstep.py);
     in this process, or in shares stepped by worker processes side by side (`processes`:
     `fedsim sweep --processes`, 0: `worker_processes`). Stops after a group that a signal
-    interrupted. Their
-    statuses, and what stopped them ("" if nothing did)."""
+    interrupted. Their statuses, and what stopped them ("" if nothing did)."""
     state_of = {p.name: s for p, s in todo}
     groups, why = lockstep_groups([p for p, s in todo if s != "done"])
     if why and progress:
@@ -101,7 +104,7 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
     return [statuses.get(p.name, "interrupted") for p, _ in todo], stopped_by
 
 
-def run_shares(study, parts: list[list[tuple]], shown) -> tuple[dict[str, str], str]:
+def run_shares(study: Study, parts: list[list[tuple]], shown: StudyProgress) -> tuple[dict[str, str], str]:
     """Each of `parts` ((point, state) pairs) stepped by a worker process, its rounds and ends
     shown on `shown` (StudyProgress); each point's status, and the signal that stopped them
     ("" if none). A worker's error stops the others after their round and is raised once they
@@ -134,7 +137,7 @@ def run_shares(study, parts: list[list[tuple]], shown) -> tuple[dict[str, str], 
     return statuses, stopped["name"]
 
 
-def _start(study, part: list[tuple], threads: int) -> subprocess.Popen:
+def _start(study: Study, part: list[tuple], threads: int) -> subprocess.Popen:
     """A worker process for `part`, its points handed over on its stdin."""
     job = {"cwd": os.getcwd(), "threads": threads, "folder": str(study.folder.absolute()),
            "points": [(p.name, p.config.to_dict(), p.config.source, state) for p, state in part]}
@@ -167,7 +170,8 @@ def _gather(workers, shown, statuses: dict, failure: list, stopped: dict, study)
                 live -= 1
                 if not getattr(worker, "finished", False) and not failure and not stopped["name"]:
                     left = [name for name in worker.points if name not in statuses]
-                    failure.append(f"the worker process of points {', '.join(left)} ended without its results "
+                    named = ", ".join(left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
+                    failure.append(f"the worker process of points {named} ended without its results "
                                    f"(killed, or out of memory?); run `{resume_command('sweep', study.folder)}` "
                                    "to run them again from their last checkpoints")
                     _signal_all(workers, signal.SIGTERM)

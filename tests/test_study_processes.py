@@ -164,9 +164,11 @@ def test_a_killed_worker_is_one_error_line_whose_command_finishes_the_study(tmp_
     folder = (tmp_path / "runs" / "long").absolute()
     command = f"fedsim sweep --resume {folder}"
     assert err == (f"error: the worker process of points seed-0, seed-1 ended without its results (killed, or out "
-                   f"of memory?); run `{command}` to run them again from their last checkpoints\n")
+                   f"of memory?); run `{command}` to run them again from their last checkpoints, or `{command} "
+                   "--processes 1` to run the study in one process (one copy of its data)\n")
     assert {manifest(r)["status"] for r in runs[2:]} == {"interrupted"}  # the other worker stopped at a round's end
-    finished = run_as_printed(command, Path("/"))
+    # (the first command, as a stopped sweep prints it, is run as printed by the SIGTERM test above)
+    finished = run_as_printed(f"{command} --processes 1", Path("/"))
     assert finished.returncode == 0, finished.stderr
     assert {manifest(r)["status"] for r in runs} == {"completed"}
     assert all(manifest(r)["rounds"] == 4000 for r in runs)

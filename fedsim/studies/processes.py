@@ -171,9 +171,11 @@ def _gather(workers, shown, statuses: dict, failure: list, stopped: dict, study)
                 if not getattr(worker, "finished", False) and not failure and not stopped["name"]:
                     left = [name for name in worker.points if name not in statuses]
                     named = ", ".join(left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
-                    failure.append(f"the worker process of points {named} ended without its results "
-                                   f"(killed, or out of memory?); run `{resume_command('sweep', study.folder)}` "
-                                   "to run them again from their last checkpoints")
+                    resume = resume_command("sweep", study.folder)
+                    failure.append(f"the worker process of points {named} ended without its results (killed, or "
+                                   f"out of memory?); run `{resume}` to run them again from their last checkpoints, "
+                                   f"or `{resume} --processes 1` to run the study in one process (one copy of "
+                                   "its data)")
                     _signal_all(workers, signal.SIGTERM)
                 continue
             report = json.loads(line)

@@ -666,7 +666,7 @@ def test_points_that_cannot_train_in_one_call_run_as_groups_with_one_note(tmp_pa
     assert main(["sweep", str(path)]) == 0
     err = capsys.readouterr().err
     notes = [line for line in err.splitlines() if line.startswith("note:")]
-    assert notes == ["note: the 4 points run as 2 lockstep groups (2 and 2 points), one after another: runs "
+    assert notes == ["note: the 4 points run as 2 lockstep groups (2 and 2 points): runs "
                      "that differ in model.name ('logreg', 'mlp') cannot train in one call"]
     for point in ("seed-0_name-logreg", "seed-1_name-logreg", "seed-0_name-mlp", "seed-1_name-mlp"):
         manifest = json.loads((tmp_path / "runs" / "s" / point / "manifest.json").read_text())
@@ -680,5 +680,5 @@ def test_a_study_that_shares_one_step_prints_no_note_and_async_points_are_their_
     path = write_study(tmp_path, {"server.mode": ["sync", "async"], "run.seed": [0, 1]}, name="modes",
                        server={"timing": "model"})
     assert main(["sweep", str(path)]) == 0
-    assert ("note: the 4 points run as 2 lockstep groups (2 and 2 points), one after another: runs that differ "
+    assert ("note: the 4 points run as 2 lockstep groups (2 and 2 points): runs that differ "
             "in server.mode ('sync', 'async') cannot train in one call") in capsys.readouterr().err.splitlines()

@@ -164,7 +164,7 @@ def lockstep_groups(points: list[Point]) -> tuple[list[list[Point]], str]:
               for i, name in enumerate(SHARED_KEYS) if len({key[i] for key in keys}) > 1]
     sizes = [str(len(g)) for g in groups.values()]
     return list(groups.values()), (f"note: the {len(points)} points run as {len(groups)} lockstep groups "
-                                   f"({', '.join(sizes[:-1])} and {sizes[-1]} points), one after another: runs "
+                                   f"({', '.join(sizes[:-1])} and {sizes[-1]} points): runs "
                                    f"that differ in {' or '.join(differ)} cannot train in one call")
 
 

@@ -57,6 +57,9 @@ PARTS = [("training (train_together)", "training/cohort.py", "train_together"),
          ("SimPy steps", "simpy/core.py", "step")]
 
 
+DEVICE = "cpu"  # --device
+
+
 def study(runs: int, rounds: int, out: Path, how: str = "together") -> tuple[float, float, float]:
     """Wall seconds of `runs` runs of `rounds` rounds in lockstep (bench_study.py's configs; or
     `how` = "sequential": one after another); the CPU seconds of the driving thread: the
@@ -80,7 +83,7 @@ def study(runs: int, rounds: int, out: Path, how: str = "together") -> tuple[flo
     setattr(owner, name, timed)
     try:
         cpu = time.thread_time()
-        wall = getattr(bench_study, how)(bench_study.configs(runs, rounds, "cpu", out), out)[0]
+        wall = getattr(bench_study, how)(bench_study.configs(runs, rounds, DEVICE, out), out)[0]
         return wall, time.thread_time() - cpu, training[0]
     finally:
         setattr(owner, name, call)
@@ -96,7 +99,7 @@ def sweep(runs: int, rounds: int, out: Path, processes: int) -> float:
 
     out.mkdir(parents=True)
     study = {"run": {"name": "s", "out": str(out), "rounds": rounds, "eval_every": rounds, "progress": False,
-                     "plots": False, "device": "cpu"},
+                     "plots": False, "device": DEVICE},
              "data": {"dataset": "digits", "clients": 100}, "model": {"name": "mlp"},
              "server": {"timing": "ideal", "clients_per_round": 10},
              "client": {"local_steps": 5, "batch_size": 32, "lr": 0.1},
@@ -119,7 +122,8 @@ def alternate(args) -> dict:
             for code in args.alternate:
                 out = Path(tmp) / f"{i}-{len(runs[str(code)])}-{code.name}.json"
                 command = [sys.executable, __file__, "--runs", str(args.runs), "--rounds", str(args.rounds),
-                           "--short", str(args.short), "--repeat", "1", "--code", str(code), "--json", str(out)]
+                           "--short", str(args.short), "--repeat", "1", "--code", str(code), "--json", str(out),
+                           "--device", args.device]
                 subprocess.run(command + (["--sequential"] if args.sequential else []), check=True,
                                stdout=subprocess.DEVNULL)
                 runs[str(code)].append(json.loads(out.read_text()))
@@ -170,8 +174,11 @@ def main() -> None:
                         help="also `fedsim sweep --processes N` of the same runs")
     parser.add_argument("--code", type=Path, help="import fedsim from this checkout")
     parser.add_argument("--alternate", type=Path, nargs="+", metavar="DIR", help="checkouts measured in turn")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (every study of the benchmark)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
     for code in [*(args.alternate or []), *([args.code] if args.code else [])]:
         if not (code / "fedsim" / "__init__.py").is_file():  # (before any import of fedsim: --code picks which)
             print(f"error: {code} is not a fedsim checkout (no fedsim/__init__.py); give a folder made by "
@@ -193,7 +200,7 @@ def main() -> None:
 
     load_before = os.getloadavg()
     record = {"code": str(Path(fedsim.__file__).parent.parent), "runs": args.runs, "rounds": args.rounds,
-              "short": args.short, "machine": machine()}
+              "short": args.short, "device": args.device, "machine": machine()}
     with tempfile.TemporaryDirectory() as tmp:
         study(4, 2, Path(tmp) / "warm")
         per, plane, trained = [], [], []

@@ -10,7 +10,8 @@
 # FEMNIST and ResNet-18 also with cuDNN's fastest kernels and TF32, Shakespeare also unfused),
 # cohort (bench_cohort's GPU rows: resnet18-gn at FLUTE's round, module vs built-in, graphs vs
 # eager), paper (bench_paper_scale on CUDA), study (bench_study: 32 runs in lockstep vs one
-# after another).
+# after another), workers (bench_plane: the same 32 runs as `fedsim sweep --processes 1, 2, 4`
+# on the GPU: whether lockstep shares in worker processes should share one GPU; auto keeps one).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 RESULTS=$(realpath -m "$OUT")
@@ -52,6 +53,9 @@ for stage in "$@"; do
     study)
       timeout 90 python3 $B/bench_study.py --device cuda --runs 32 --rounds 100 --json "$OUT/study32.json" \
         2>&1 | tee "$OUT/study.log" ;;
+    workers)
+      timeout 240 python3 $B/bench_plane.py --device cuda --runs 32 --rounds 110 --short 10 --repeat 1 \
+        --processes 1 2 4 --json "$OUT/workers32.json" 2>&1 | tee "$OUT/workers.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
   tar -czf "$RESULTS/gpu_results.tgz" -C "$OUT" .

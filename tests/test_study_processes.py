@@ -189,3 +189,28 @@ def test_a_ctrl_c_while_the_workers_start_stops_the_sweep_in_one_line_and_its_co
     finished = as_printed(command, Path("/"))
     assert finished.returncode == 0, finished.stderr
     assert all(manifest(tmp_path / "runs" / "long" / f"seed-{s}")["status"] == "completed" for s in range(4))
+
+
+def test_workers_of_a_killed_sweep_stop_after_their_round_and_the_study_resumes(tmp_path):
+    """SIGKILL of the sweep itself: its workers (sessions of their own) find nobody to report to,
+    stop as a SIGTERM stops them (their points checkpoint), and leave nothing running."""
+    sweep = start_sweep(tmp_path)
+    runs = wait_until_all_run(tmp_path, sweep)
+    workers = {manifest(r)["pid"] for r in runs}
+    assert len(workers) == 2 and sweep.pid not in workers
+    sweep.kill()
+    sweep.communicate(timeout=60)
+    def alive(pid: int) -> bool:  # (a zombie has ended: only its parent has yet to read its status)
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+
+    end = time.monotonic() + 60
+    while any(alive(pid) for pid in workers):
+        assert time.monotonic() < end, "a worker outlived its sweep"
+        time.sleep(0.2)
+    assert all(manifest(r)["status"] == "interrupted" and (r / "checkpoint.pt").exists() for r in runs)
+    finished = run_as_printed(f"fedsim sweep --resume {(tmp_path / 'runs' / 'long').absolute()}", Path("/"))
+    assert finished.returncode == 0, finished.stderr
+    assert {manifest(r)["status"] for r in runs} == {"completed"}

@@ -224,14 +224,21 @@ def _end(worker: subprocess.Popen) -> None:
 
 class _Reporter(Callback):
     """A point's rounds and end, written to the sweep as JSON lines (the rounds at most every
-    REPORT_EVERY_S)."""
+    REPORT_EVERY_S). A sweep that is gone (killed) stops the worker as a SIGTERM would: its
+    points finish their round and checkpoint, and `fedsim sweep --resume` goes on from there."""
 
     def __init__(self, out):
-        self.out, self.rounds, self.last = out, 0, time.monotonic()
+        self.out, self.rounds, self.last, self.orphan = out, 0, time.monotonic(), False
 
     def send(self, **report) -> None:
-        self.out.write(json.dumps(report) + "\n")
-        self.out.flush()
+        if self.orphan:
+            return
+        try:
+            self.out.write(json.dumps(report) + "\n")
+            self.out.flush()
+        except BrokenPipeError:
+            self.orphan = True
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_start(self, run, metrics):
         self.rounds += run.start_round
@@ -278,7 +285,10 @@ def serve() -> None:
         reporter.send(error=str(err))
     except Exception:  # a bug: its traceback goes to the sweep
         reporter.send(bug=traceback.format_exc())
-    out.close()
+    try:
+        out.close()
+    except BrokenPipeError:
+        pass
     sys.stderr.flush()
     os._exit(0)
 

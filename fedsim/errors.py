@@ -4,6 +4,7 @@ their messages."""
 
 import difflib
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -57,6 +58,13 @@ class Stopped(BaseException):
 
 def raise_stopped(signum, frame):
     raise Stopped(STOP_SIGNALS[signum])
+
+
+def say_stopping(line: str) -> None:
+    """The line a first stop signal prints (what the command waits for), on stderr, off a
+    progress bar on a terminal."""
+    fresh_line = "\n" if sys.stderr.isatty() else ""
+    print(f"{fresh_line}{line}", file=sys.stderr, flush=True)
 
 
 @contextmanager

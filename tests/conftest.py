@@ -93,3 +93,26 @@ def same_results(run_dir: Path, whole: Path) -> None:
     assert (ended["status"], ended["rounds"], ended["sim_time_s"]) == \
         (wanted["status"], wanted["rounds"], wanted["sim_time_s"])
     assert not list(run_dir.glob(".*.tmp*"))
+
+
+# the body of a study (or run) of the quadratic task, its rounds cost nothing: for tests that stop
+# or hurt a sweep from outside
+QUADRATIC = """
+[data]
+dataset = "quadratic"
+clients = 2
+targets = [[1.0, 0.0], [0.0, 1.0]]
+
+[client]
+batch_size = 0
+
+[server]
+timing = "ideal"
+"""
+
+
+def manifest(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "manifest.json").read_text())
+    except (OSError, ValueError):  # not written yet, or being replaced
+        return {}

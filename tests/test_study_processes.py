@@ -5,7 +5,6 @@ command finishes the study."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,12 +18,12 @@ import polars as pl
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import QUADRATIC, manifest  # noqa: E402
+from test_stop_and_resume import as_printed, environment  # noqa: E402
 from test_study import write_study  # noqa: E402
 
 from fedsim.cli import main  # noqa: E402
 from fedsim.studies import processes  # noqa: E402
-
-ROOT = Path(__file__).parents[1]
 
 
 def test_points_in_worker_processes_equal_the_points_in_one_process(tmp_path, capsys):
@@ -43,9 +42,9 @@ def test_points_in_worker_processes_equal_the_points_in_one_process(tmp_path, ca
         one.select("point", "round", "online", "invited", "arrived"))
     for column in ("train_loss", "test_loss", "test_acc"):
         np.testing.assert_allclose(two[column].to_numpy(), one[column].to_numpy(), rtol=1e-5, atol=1e-7)
-    manifest = json.loads((tmp_path / "runs" / "two" / "algorithm-mifa_seed-1" / "manifest.json").read_text())
-    assert manifest["threads"]["max"] == 1  # two workers on this machine's cores: one thread each at most
-    assert manifest["status"] == "completed"
+    written = manifest(tmp_path / "runs" / "two" / "algorithm-mifa_seed-1")
+    assert written["threads"]["max"] == 1  # two workers on this machine's cores: one thread each at most
+    assert written["status"] == "completed"
 
 
 def points(n: int, device: str = "cpu", trackers=()) -> list:
@@ -82,18 +81,7 @@ eval_every = 1000
 rounds = 4000
 progress = false
 plots = false
-
-[data]
-dataset = "quadratic"
-clients = 2
-targets = [[1.0, 0.0], [0.0, 1.0]]
-
-[client]
-batch_size = 0
-
-[server]
-timing = "ideal"
-
+""" + QUADRATIC + """
 [sweep]
 "run.seed" = [0, 1, 2, 3]
 """
@@ -102,16 +90,8 @@ timing = "ideal"
 def start_sweep(folder: Path) -> subprocess.Popen:
     folder.mkdir(exist_ok=True)
     (folder / "s.toml").write_text(STUDY)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-m", "fedsim", "sweep", "s.toml", "--processes", "2"], cwd=folder,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def manifest(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "manifest.json").read_text())
-    except (OSError, ValueError):  # not written yet, or being replaced
-        return {}
+                            env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_until_all_run(folder: Path, sweep: subprocess.Popen, timeout: float = 120.0) -> list[Path]:
@@ -123,14 +103,6 @@ def wait_until_all_run(folder: Path, sweep: subprocess.Popen, timeout: float = 1
             pytest.fail(f"the sweep ended or hung first: {sweep.communicate()}")
         time.sleep(0.1)
     return runs
-
-
-def run_as_printed(command: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    fedsim, *args = command.split()
-    assert fedsim == "fedsim"
-    return subprocess.run([sys.executable, "-m", "fedsim", *args, "--quiet"], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 def test_sigterm_stops_the_workers_after_their_round_and_the_printed_resume_finishes_the_study(tmp_path):
@@ -146,7 +118,7 @@ def test_sigterm_stops_the_workers_after_their_round_and_the_printed_resume_fini
     assert f"study interrupted by SIGTERM (0 of 4 runs finished); run `{command}` to finish it" in out
     assert all(manifest(r)["status"] == "interrupted" and (r / "checkpoint.pt").exists() for r in runs)
     assert all("SIGTERM" in manifest(r)["reason"] for r in runs)
-    finished = run_as_printed(command, Path("/"))  # from another directory
+    finished = as_printed(command, Path("/"))  # from another directory
     assert finished.returncode == 0, finished.stderr
     whole = start_sweep(tmp_path / "whole")
     assert whole.wait(timeout=300) == 0, whole.communicate()
@@ -168,7 +140,7 @@ def test_a_killed_worker_is_one_error_line_whose_command_finishes_the_study(tmp_
                    "--processes 1` to run the study in one process (one copy of its data)\n")
     assert {manifest(r)["status"] for r in runs[2:]} == {"interrupted"}  # the other worker stopped at a round's end
     # (the first command, as a stopped sweep prints it, is run as printed by the SIGTERM test above)
-    finished = run_as_printed(f"{command} --processes 1", Path("/"))
+    finished = as_printed(f"{command} --processes 1", Path("/"))
     assert finished.returncode == 0, finished.stderr
     assert {manifest(r)["status"] for r in runs} == {"completed"}
     assert all(manifest(r)["rounds"] == 4000 for r in runs)
@@ -177,7 +149,7 @@ def test_a_killed_worker_is_one_error_line_whose_command_finishes_the_study(tmp_
 def test_a_ctrl_c_while_the_workers_start_stops_the_sweep_in_one_line_and_its_command_finishes_it(tmp_path):
     """The signal reaches the workers before their handlers are in place: they hold it until
     then (no traceback), stop, and the sweep says what a stop before the rounds says."""
-    from test_stop_and_resume import as_printed, signalled
+    from test_stop_and_resume import signalled
 
     (tmp_path / "s.toml").write_text(STUDY.replace("rounds = 4000", "rounds = 40"))
     proc = signalled(["sweep", "s.toml", "--processes", "2"], tmp_path, "fedsim.studies.processes._gather",
@@ -211,6 +183,6 @@ def test_workers_of_a_killed_sweep_stop_after_their_round_and_the_study_resumes(
         assert time.monotonic() < end, "a worker outlived its sweep"
         time.sleep(0.2)
     assert all(manifest(r)["status"] == "interrupted" and (r / "checkpoint.pt").exists() for r in runs)
-    finished = run_as_printed(f"fedsim sweep --resume {(tmp_path / 'runs' / 'long').absolute()}", Path("/"))
+    finished = as_printed(f"fedsim sweep --resume {(tmp_path / 'runs' / 'long').absolute()}", Path("/"))
     assert finished.returncode == 0, finished.stderr
     assert {manifest(r)["status"] for r in runs} == {"completed"}

@@ -18,6 +18,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from conftest import QUADRATIC, manifest  # noqa: E402
 from fedsim.studies import ray_backend as study_ray
 from fedsim.cli import main
 from fedsim.config import read_toml
@@ -219,19 +220,6 @@ def test_an_address_where_no_cluster_answers_is_one_line_not_a_hang(tmp_path, mo
 
 # -- a sweep process stopped or hurt from outside ---------------------------------------------
 
-QUADRATIC = """
-[data]
-dataset = "quadratic"
-clients = 2
-targets = [[1.0, 0.0], [0.0, 1.0]]
-
-[client]
-batch_size = 0
-
-[server]
-timing = "ideal"
-"""
-
 LONG = """
 [run]
 name = "long"
@@ -255,13 +243,6 @@ def start_sweep(tmp_path: Path) -> subprocess.Popen:
                                                         os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-m", "fedsim", "sweep", "s.toml", "--backend", "ray"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def manifest(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "manifest.json").read_text())
-    except (OSError, ValueError):  # not written yet, or being replaced
-        return {}
 
 
 def wait_until(condition, sweep: subprocess.Popen, timeout: float = 120.0) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import signal
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from heapq import heappush
@@ -13,7 +12,7 @@ from typing import Callable, Generator
 import simpy
 import torch
 
-from fedsim.errors import STOP_SIGNALS, Stopped, on_stop_signals
+from fedsim.errors import STOP_SIGNALS, Stopped, on_stop_signals, say_stopping
 from fedsim.sim.round_timing import Stop
 from fedsim.sim.server import RoundOutcome, Server
 
@@ -117,8 +116,7 @@ def finish_round_on_stop_signal(stop_signal: dict, notice: str = "stopping after
             raise Stopped(STOP_SIGNALS[signum])
         stop_signal["name"] = STOP_SIGNALS[signum]
         if notice:
-            fresh_line = "\n" if sys.stderr.isatty() else ""  # off the progress bar
-            print(f"{fresh_line}{notice} ({stop_signal['name']} again to abort)", file=sys.stderr, flush=True)
+            say_stopping(f"{notice} ({stop_signal['name']} again to abort)")
 
     handler.stop_signal = stop_signal
     with on_stop_signals(handler) as previous:

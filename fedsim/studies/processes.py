@@ -26,12 +26,11 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedsim.errors import FedsimError, STOP_SIGNALS, Stopped, on_stop_signals
+from fedsim.errors import FedsimError, STOP_SIGNALS, Stopped, on_stop_signals, raise_stopped, say_stopping
 from fedsim.files import resume_command
-from fedsim.runs.callbacks import Callback
 from fedsim.studies.lockstep import lockstep_groups, run_batches
 from fedsim.studies.point import run_point
-from fedsim.studies.progress import StudyProgress
+from fedsim.studies.progress import PointProgress, StudyProgress
 
 if TYPE_CHECKING:
     from fedsim.studies.study import Point, Study
@@ -121,10 +120,9 @@ def run_shares(study: Study, parts: list[list[tuple]], shown: StudyProgress) -> 
         _signal_all(workers, signum)
         if not first:
             raise Stopped(STOP_SIGNALS[signum])
-        fresh_line = "\n" if sys.stderr.isatty() else ""  # off the progress bar
         running = sum(len(part) for part in parts) - len(statuses)
-        print(f"{fresh_line}stopping: the {running} running points finish their round, then save their results "
-              f"and checkpoint ({stopped['name']} again to abort)", file=sys.stderr, flush=True)
+        say_stopping(f"stopping: the {running} running points finish their round, then save their results and "
+                     f"checkpoint ({stopped['name']} again to abort)")
 
     try:
         with on_stop_signals(stop):
@@ -222,10 +220,11 @@ def _end(worker: subprocess.Popen) -> None:
 
 # --- the worker ---------------------------------------------------------------------------------
 
-class _Reporter(Callback):
-    """A point's rounds and end, written to the sweep as JSON lines (the rounds at most every
-    REPORT_EVERY_S). A sweep that is gone (killed) stops the worker as a SIGTERM would: its
-    points finish their round and checkpoint, and `fedsim sweep --resume` goes on from there."""
+class _Reports:
+    """What a worker's points report, as `StudyProgress` takes it (`PointProgress` calls it):
+    JSON lines to the sweep, the rounds at most every REPORT_EVERY_S. A sweep that is gone
+    (killed) stops the worker as a SIGTERM would: its points finish their round and checkpoint,
+    and `fedsim sweep --resume` goes on from there."""
 
     def __init__(self, out):
         self.out, self.rounds, self.last, self.orphan = out, 0, time.monotonic(), False
@@ -240,21 +239,15 @@ class _Reporter(Callback):
             self.orphan = True
             os.kill(os.getpid(), signal.SIGTERM)
 
-    def on_start(self, run, metrics):
-        self.rounds += run.start_round
-        return {}
-
-    def on_round(self, run, outcome, metrics):
-        self.rounds += 1
+    def rounds_done(self, n: int) -> None:
+        self.rounds += n
         if time.monotonic() - self.last >= REPORT_EVERY_S:
             self.send(rounds=self.rounds)
             self.rounds, self.last = 0, time.monotonic()
-        return False, {}
 
-    def on_end(self, run, result, metrics):
-        self.send(rounds=self.rounds, ended=run.run_dir.name, status=result.status)
+    def point_finished(self, name: str, status: str) -> None:
+        self.send(rounds=self.rounds, ended=name, status=status)
         self.rounds = 0
-        return {}
 
 
 def serve() -> None:
@@ -262,9 +255,9 @@ def serve() -> None:
     original one: anything else printed goes to stderr)."""
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    reporter = _Reporter(out)
+    reporter = _Reports(out)
     try:
-        with on_stop_signals(_raise_stopped):  # (a run's rounds finish theirs: lockstep.run_together)
+        with on_stop_signals(raise_stopped):  # (a run's rounds finish theirs: lockstep.run_together)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, list(STOP_SIGNALS))  # (blocked by `_start`)
             job = pickle.loads(sys.stdin.buffer.read())
             import torch
@@ -277,7 +270,7 @@ def serve() -> None:
             points = [(Point(name, {}, config_from_dict(raw, origin=origin)), state)
                       for name, raw, origin, state in job["points"]]
             folder = Path(job["folder"])
-            statuses, stopped_by = run_batches(folder, points, None, [reporter], announce_stop=False)
+            statuses, stopped_by = run_batches(folder, points, None, [PointProgress(reporter)], announce_stop=False)
         reporter.send(statuses=statuses, stopped_by=stopped_by)
     except Stopped as stop:
         reporter.send(aborted=stop.name)
@@ -291,10 +284,6 @@ def serve() -> None:
         pass
     sys.stderr.flush()
     os._exit(0)
-
-
-def _raise_stopped(signum, frame):
-    raise Stopped(STOP_SIGNALS[signum])
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ class StudyProgress:
         self._postfix()
 
     def callback(self) -> Callback:
-        return _PointProgress(self)
+        return PointProgress(self)
 
     def rounds_done(self, n: int) -> None:
         if self.bar is not None:
@@ -49,8 +49,9 @@ class StudyProgress:
             self.bar.set_postfix_str(f"points {self.done}/{self.total}", refresh=False)
 
 
-class _PointProgress(Callback):
-    """A point's rounds and its end, reported to the study's progress."""
+class PointProgress(Callback):
+    """A point's rounds and its end, reported to the study's progress (a StudyProgress, or
+    anything with its `rounds_done` and `point_finished`: a worker process's reports)."""
 
     def __init__(self, progress: StudyProgress):
         self.progress = progress

@@ -26,7 +26,7 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedsim.errors import FedsimError, STOP_SIGNALS, Stopped, first_line, on_stop_signals
+from fedsim.errors import FedsimError, STOP_SIGNALS, Stopped, first_line, on_stop_signals, say_stopping
 from fedsim.files import resume_command
 from fedsim.results.recorder import write_json
 from fedsim.results.run_format import read_manifest
@@ -316,9 +316,7 @@ def gather(ray, refs: dict, submit, todo: list, study: Study, statuses: list, sh
     while left:
         if stopped["name"] and not cancelled:
             cancelled = True
-            fresh_line = "\n" if sys.stderr.isatty() else ""  # off the progress bar
-            print(f"{fresh_line}stopping: the running points finish their round ({stopped['name']} again to "
-                  "abort)", file=sys.stderr, flush=True)
+            say_stopping(f"stopping: the running points finish their round ({stopped['name']} again to abort)")
             for ref in left:
                 ray.cancel(ref)
         try:

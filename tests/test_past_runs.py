@@ -15,6 +15,7 @@ import torch
 from conftest import quadratic_config
 from fedsim.cli import main
 from fedsim.results.run_format import RUN_FORMAT, upgrade
+from fedsim.training.rules import CURRENT as CURRENT_RULES
 
 PAST = Path(__file__).parent / "past_runs"
 RELEASES = sorted(d.name for d in PAST.iterdir() if d.is_dir())
@@ -148,26 +149,42 @@ def test_a_past_run_whose_config_was_edited_is_still_refused(release, tmp_path, 
         f"error: {config}: [client] lr = 0.2, but the run started with 0.1; a resumed run keeps its config")
 
 
-MODULE_RUNS = Path(__file__).parent / "past_module_runs" / "9cd3e24"
+MODULE_RUNS = Path(__file__).parent / "past_module_runs"
 
 
-def test_a_users_sequential_of_a_past_release_resumes_under_its_own_training_rules(tmp_path, monkeypatch, capsys):
-    """A run of a user's nn.Sequential (with dropout) made under training rules 1 (torch.func)
-    resumes under them: rounds 3-4 are those its release computed uninterrupted, bit for bit,
-    and it goes on recording rules 1. The same config started today trains on fedsim's kernels
-    (rules 2): other numbers (float rounding, other dropout draws), recorded as such."""
-    shutil.copytree(MODULE_RUNS, tmp_path / "past")
+def resumes_under_its_own_rules(release: str, rules: int, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """Resume the run that `release` made under training `rules` (its
+    3 rounds) to 5 and 6: rounds 4-5 are those the release computed uninterrupted, bit for bit,
+    and the run goes on recording its rules. Returns (that run uninterrupted, the same config
+    started today)."""
+    shutil.copytree(MODULE_RUNS / release, tmp_path / "past")
     monkeypatch.chdir(tmp_path / "past")  # where seqnet.py is
     run_dir, whole = tmp_path / "past" / "module", tmp_path / "past" / "whole"
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=5", "--quiet"]) == 0
     assert rounds(run_dir).equals(rounds(whole))
     a, b = torch.load(run_dir / "model.pt"), torch.load(whole / "model.pt")
     assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
-    assert json.loads((run_dir / "manifest.json").read_text())["rules"] == 1
-    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["rules"] == 1
+    assert json.loads((run_dir / "manifest.json").read_text())["rules"] == rules
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["rules"] == rules
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=6", "--quiet"]) == 0  # and again
-    assert json.loads((run_dir / "manifest.json").read_text())["rules"] == 1
+    assert json.loads((run_dir / "manifest.json").read_text())["rules"] == rules
     today = fresh(whole / "config.toml", tmp_path / "today", 5)
-    assert json.loads((today / "manifest.json").read_text())["rules"] == 2
-    assert not rounds(today)["train_loss"].equals(rounds(whole)["train_loss"])
+    assert json.loads((today / "manifest.json").read_text())["rules"] == CURRENT_RULES
     assert rounds(today)["round"].to_list() == rounds(whole)["round"].to_list()
+    return whole, today
+
+
+def test_a_users_sequential_of_a_past_release_resumes_under_its_own_training_rules(tmp_path, monkeypatch):
+    """Made under training rules 1 (9cd3e24: torch.func): the same config started today trains
+    on fedsim's kernels, with other numbers (float rounding, other dropout draws)."""
+    whole, today = resumes_under_its_own_rules("9cd3e24", 1, tmp_path, monkeypatch)
+    assert not rounds(today)["train_loss"].equals(rounds(whole)["train_loss"])
+
+
+def test_a_run_of_training_rules_2_resumes_with_its_devices_parameters_unaligned(tmp_path, monkeypatch):
+    """Made under training rules 2 (c977a51; logreg on digits): a call's devices' parameters lay
+    650 floats apart, every other one off a 16-byte boundary; today's rules put each on a 64-byte
+    boundary, which changes such a run's numbers by float rounding, so the resumed run keeps the
+    layout it started with."""
+    whole, today = resumes_under_its_own_rules("c977a51", 2, tmp_path, monkeypatch)
+    assert not torch.equal(torch.load(today / "model.pt")["fc1.weight"], torch.load(whole / "model.pt")["fc1.weight"])

@@ -202,9 +202,8 @@ def test_points_stepped_together_equal_their_runs_alone(tmp_path):
     for c, result in zip(configs, together):
         alone = Experiment(c, tmp_path / "alone" / c.run.name).run()
         assert result.status == alone.status == "completed"
-        np.testing.assert_allclose(result.params.numpy(), alone.params.numpy(), rtol=1e-5, atol=1e-6)
-        columns = ["round", "invited", "arrived", "late", "test_acc"]
-        assert result.rounds[columns].equals(alone.rounds[columns]), c.run.name
+        assert torch.equal(result.params, alone.params), c.run.name  # bit for bit (training rules 3)
+        assert result.rounds.drop("wall_s").equals(alone.rounds.drop("wall_s")), c.run.name
 
 
 def test_per_device_objectives_stepped_together_equal_their_runs_alone(tmp_path):
@@ -228,7 +227,7 @@ def test_per_device_objectives_stepped_together_equal_their_runs_alone(tmp_path)
     for c, result in zip(configs, together):
         alone = Experiment(c, tmp_path / "alone" / c.run.name).run()
         assert result.status == alone.status == "completed"
-        np.testing.assert_allclose(result.params.numpy(), alone.params.numpy(), rtol=1e-5, atol=1e-6)
+        assert torch.equal(result.params, alone.params), c.run.name  # bit for bit (training rules 3)
     moved = [float((r.params - together[k % 2].params).norm()) for k, r in enumerate(together) if k >= 2]
     assert min(moved) > 1e-4  # the terms made a difference (against fedavg of the same seed)
 
@@ -269,7 +268,7 @@ def test_runs_that_replay_one_trace_share_its_index_and_numbers_are_unchanged(tm
         assert one.status == other.status == alone.status == "completed"
         assert torch.equal(one.params, other.params), c.run.name
         assert one.rounds.drop("wall_s").equals(other.rounds.drop("wall_s")), c.run.name
-        np.testing.assert_allclose(one.params.numpy(), alone.params.numpy(), rtol=1e-5, atol=1e-6)
+        assert torch.equal(one.params, alone.params), c.run.name
         columns = ["round", "t_start", "t_end", "online", "invited", "arrived", "dropped", "late"]
         assert one.rounds[columns].equals(alone.rounds[columns]), c.run.name
     assert sum(int(r.rounds["dropped"].sum()) for r in shared[6:]) > 0  # the intervals took devices away mid-task

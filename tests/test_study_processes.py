@@ -38,10 +38,7 @@ def test_points_in_worker_processes_equal_the_points_in_one_process(tmp_path, ca
     assert main(["sweep", str(path), "--processes", "1", "--quiet"]) == 0
     two, one = (pl.read_parquet(tmp_path / "runs" / name / "study.parquet").sort("point", "round")
                 for name in ("two", "one"))
-    assert two.select("point", "round", "online", "invited", "arrived").equals(
-        one.select("point", "round", "online", "invited", "arrived"))
-    for column in ("train_loss", "test_loss", "test_acc"):
-        np.testing.assert_allclose(two[column].to_numpy(), one[column].to_numpy(), rtol=1e-5, atol=1e-7)
+    assert two.drop("wall_s").equals(one.drop("wall_s"))  # bit for bit: each run's arithmetic is its own
     written = manifest(tmp_path / "runs" / "two" / "algorithm-mifa_seed-1")
     assert written["threads"]["max"] == 1  # two workers on this machine's cores: one thread each at most
     assert written["status"] == "completed"

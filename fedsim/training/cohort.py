@@ -16,6 +16,7 @@ from fedsim.data.clients import stack_clients
 from fedsim.errors import FedsimError
 from fedsim.training import rng
 from fedsim.training.cuda_graphs import CudaGraphSteps
+from fedsim.training.rules import row_stride
 from fedsim.training.objective import LocalObjective
 from fedsim.training.trainer import Trainer, TrainResult, sgd_update_
 
@@ -102,9 +103,9 @@ def local_sgd(trainer: BatchedTrainer, start, steps: np.ndarray, lr, objective, 
         replayed = trainer.graphs.local_sgd(start, steps, lr, objective, inputs, sizes)
         if replayed is not None:
             return replayed
-    device = start.device
+    device, dim = start.device, start.shape[1]
     offsets = np.cumsum([0, *sizes])
-    end = start.clone()
+    end = _aligned_copy(start, row_stride(dim, trainer.threads.rules))
     loss_sum = torch.zeros(len(steps), device=device)
     stacked: dict[int, tuple] = {}  # field -> (its blocks' pieces, their cat): reused while they are the same
     for s in range(int(steps.max(initial=0))):
@@ -120,7 +121,7 @@ def local_sgd(trainer: BatchedTrainer, start, steps: np.ndarray, lr, objective, 
         batch = parts[0] if len(parts) == 1 else tuple(_cat(f, pieces, stacked) for f, pieces in enumerate(zip(*parts)))
         rows = slice(None) if len(active) == len(steps) else torch.as_tensor(active, device=device)
         w = end[rows]
-        ws = trainer.task.split(w)
+        ws = trainer.task.split(w[:, :dim])
         grads, loss = trainer.step_fn(ws, *batch)
         starts = trainer.task.split(start[rows]) if objective.uses_start else ()
         linear = trainer.task.split(objective.linear[rows]) if objective.per_device else ()
@@ -128,7 +129,17 @@ def local_sgd(trainer: BatchedTrainer, start, steps: np.ndarray, lr, objective, 
         if isinstance(rows, torch.Tensor):
             end[rows] = w
         loss_sum[rows] += loss
-    return end, loss_sum
+    return end[:, :dim], loss_sum
+
+
+def _aligned_copy(start: torch.Tensor, stride: int) -> torch.Tensor:
+    """A copy of the devices' parameters `start` [M, d] with its rows `stride` floats apart
+    (`rules.row_stride`), so that each device's numbers are the same at any row of a call."""
+    if stride == start.shape[1]:
+        return start.clone()
+    end = start.new_zeros(len(start), stride)
+    end[:, :start.shape[1]] = start
+    return end
 
 
 def _cat(field: int, pieces: tuple[torch.Tensor, ...], stacked: dict) -> torch.Tensor:
@@ -156,15 +167,17 @@ def cohort_key(trainer: Trainer, ids: np.ndarray, objective) -> tuple | None:
     model = getattr(task, "model", None)
     shape = model.shared_key() if model is not None else (getattr(task, "noise", None),)
     return (type(task), task.dim, shape, str(task.device), path.batch_size, client.clip,
-            client.weight_decay, objective)
+            client.weight_decay, objective, row_stride(task.dim, path.threads.rules))
 
 
 def train_together(calls: list[tuple]) -> list[TrainResult]:
     """The cohorts of several runs, each `(trainer, rnd, ids, start, steps, lr, objective)` as
     `Trainer.train` takes them: those that can share a batched call (`cohort_key`, up to the
     activation budget) in one, the others on their own. Each device's arithmetic is the
-    same as in its own run's call (the calls batch over devices), so results equal separate
-    calls up to float rounding (BLAS may block a larger batch differently)."""
+    same as in its own run's call (the calls batch over devices, and its parameters lie on a
+    64-byte boundary at any row: `rules.row_stride`), so on the CPU results equal separate calls
+    bit for bit (up to a layer whose activations per device are not a multiple of 64 bytes,
+    docs/studies.md); on a GPU to float rounding (a larger batch may take other kernels)."""
     results: list[TrainResult | None] = [None] * len(calls)
     groups: dict[tuple, list[list[int]]] = {}
     for i, call in enumerate(calls):

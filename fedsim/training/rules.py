@@ -14,8 +14,20 @@ its numbers stay its own. A run of a release that recorded none started under ve
    whose threads outnumber the free cores waits for a core at every kernel, 2-50x slower beside
    other jobs (benchmarks/RESULTS.md, "Training rules 2"); the loop trainer computes an epoch's
    last, smaller minibatch without its padding (fedsim/training/loop.py).
+3. In a batched training call each device's parameters start on a 64-byte boundary (`row_stride`):
+   MKL computes a matrix product with a weight at another alignment in another order, so a
+   device's numbers depended on its row in the call, and a lockstep study's points (whose
+   devices are stacked run after run) differed from their runs alone by float rounding.
 """
 
 from __future__ import annotations
 
-CURRENT = 2
+CURRENT = 3
+
+ROW_FLOATS = 16  # 64 bytes of float32: a cache line, and the widest alignment a BLAS kernel asks
+
+
+def row_stride(dim: int, rules: int) -> int:
+    """The floats from one device's parameters to the next in a batched call: `dim` rounded up
+    to `ROW_FLOATS` from rules 3 (every row aligned as the first is), `dim` before."""
+    return dim if rules < 3 else -(-dim // ROW_FLOATS) * ROW_FLOATS

@@ -1,11 +1,13 @@
 #!/bin/sh
-# Makes the run of a user's nn.Sequential that tests/test_past_runs.py resumes under the training
-# rules it started with (fedsim/training/rules.py), and the same run uninterrupted:
+# Makes the run of a user's nn.Sequential (or of MODEL, a built-in) that tests/test_past_runs.py
+# resumes under the training rules it started with (fedsim/training/rules.py), and the same run
+# uninterrupted:
 #   git archive SHA | tar -x -C /tmp/old-SHA
-#   sh tests/past_module_runs/make.sh SHA /tmp/old-SHA
+#   sh tests/past_module_runs/make.sh SHA /tmp/old-SHA [MODEL]
 # writes tests/past_module_runs/SHA/{seqnet.py, module (3 rounds), whole (5 rounds)}.
+# 9cd3e24 (rules 1) is the nn.Sequential; c977a51 (rules 2) is logreg.
 set -e
-sha=$1; code=$2
+sha=$1; code=$2; model=${3:-seqnet:make}
 here=$(cd "$(dirname "$0")" && pwd)
 out=$here/$sha
 rm -rf "$out"; mkdir -p "$out"
@@ -17,7 +19,7 @@ def make(in_shape, n_classes, cfg):
     """A user's MLP as an nn.Sequential of layers fedsim has kernels for, with dropout."""
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, n_classes))
 PY
-cat > "$out/module.toml" <<'TOML'
+cat > "$out/module.toml" <<TOML
 [run]
 name = "module"
 rounds = 3
@@ -28,7 +30,7 @@ plots = false
 dataset = "digits"
 clients = 12
 [model]
-name = "seqnet:make"
+name = "$model"
 [client]
 batch_size = 8
 local_steps = 3

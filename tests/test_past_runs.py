@@ -181,10 +181,11 @@ def test_a_users_sequential_of_a_past_release_resumes_under_its_own_training_rul
     assert not rounds(today)["train_loss"].equals(rounds(whole)["train_loss"])
 
 
-def test_a_run_of_training_rules_2_resumes_with_its_devices_parameters_unaligned(tmp_path, monkeypatch):
-    """Made under training rules 2 (c977a51; logreg on digits): a call's devices' parameters lay
-    650 floats apart, every other one off a 16-byte boundary; today's rules put each on a 64-byte
-    boundary, which changes such a run's numbers by float rounding, so the resumed run keeps the
-    layout it started with."""
+def test_a_run_of_training_rules_2_resumes_under_them(tmp_path, monkeypatch):
+    """Made under training rules 2 (c977a51; mlp on digits): a call's devices' parameters lay
+    4,810 floats apart (every other one 8 bytes off a 16-byte boundary) and their gradient came
+    by reverse mode; today's rules put each on a 64-byte boundary and compute the MLP's gradient
+    in closed form, which changes such a run's numbers by float rounding, so the resumed run
+    keeps the rules it started with."""
     whole, today = resumes_under_its_own_rules("c977a51", 2, tmp_path, monkeypatch)
     assert not torch.equal(torch.load(today / "model.pt")["fc1.weight"], torch.load(whole / "model.pt")["fc1.weight"])

@@ -232,3 +232,51 @@ def test_distinct_rows_are_the_drawn_minibatch():
                          seed=0, device=CPU)
     assert not dropout.distinct_rows()
     assert build_trainer(dropout, ClientConfig(batch_size=32, trainer="batched"), seed=0).batch_width(np.arange(5)) == 32
+
+
+DENSE_STACKS = {  # nn.Sequentials that are dense layers with ReLUs and dropout between them
+    "softmax regression": lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10)),
+    "mlp": lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 37), torch.nn.ReLU(),
+                                       torch.nn.Linear(37, 10)),
+    "three layers, dropout after one": lambda: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.ReLU(), torch.nn.Dropout(0.0), torch.nn.Linear(20, 12),
+        torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(12, 10)),
+}
+
+
+@pytest.mark.parametrize("name", DENSE_STACKS)
+def test_a_dense_stacks_gradient_in_closed_form_equals_reverse_mode(name):
+    """Training rules 3: the gradient of dense layers with ReLUs (and dropout) between them, in
+    closed form, equals reverse mode through the same kernels to float rounding, every tensor
+    and every device's loss (dropout with the same uniforms)."""
+    from fedsim.training.kernels import autograd_step, dense_cohort_step, lower
+    from fedsim.training.losses import weighted_cross_entropy
+
+    model = lower(name, DENSE_STACKS[name](), (1, 8, 8))
+    step = model.step_fn(weighted_cross_entropy, batched=True)
+    assert step.__qualname__.startswith(dense_cohort_step.__name__)
+    g = torch.Generator().manual_seed(0)
+    m, batch = 7, 9
+    params = model.split(0.3 * torch.randn(m, model.dim, generator=g))
+    x, y = torch.randn(m, batch, 1, 8, 8, generator=g), torch.randint(0, 10, (m, batch), generator=g)
+    weight, u = torch.rand(m, batch, generator=g), torch.rand(m, batch, model.dropout_features, generator=g)
+    (mine, losses), (theirs, their_losses) = step(params, x, y, weight, u), \
+        autograd_step(model.cohort_forward, weighted_cross_entropy)(params, x, y, weight, u)
+    assert [t.shape for t in mine] == [t.shape for t in theirs]
+    for a, b in zip(mine, theirs):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=1e-6)
+        assert a.abs().max() > 0
+    torch.testing.assert_close(losses, their_losses, rtol=1e-5, atol=1e-6)
+
+
+def test_an_mlp_under_training_rules_2_keeps_reverse_mode_and_dropout_before_a_relu_is_not_a_dense_stack():
+    from fedsim.training.kernels import lower
+    from fedsim.training.losses import weighted_cross_entropy
+    from fedsim.training.models import build_model
+
+    old = build_model(ModelConfig(name="mlp"), (1, 8, 8), 10, "digits", rules=2)
+    assert old.step_fn(weighted_cross_entropy, batched=True).__qualname__.startswith("autograd_step")
+    odd = lower("odd", torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.Dropout(0.2),
+                                           torch.nn.ReLU(), torch.nn.Linear(20, 10)), (1, 8, 8))
+    assert odd.dense_dropout is None
+    assert odd.step_fn(weighted_cross_entropy, batched=True).__qualname__.startswith("autograd_step")

@@ -159,7 +159,8 @@ def _same_objects(a: tuple, b: tuple) -> bool:
 def cohort_key(trainer: Trainer, ids: np.ndarray, objective) -> tuple | None:
     """What cohorts of different runs must share to be trained in one batched call: the
     batched path, the same model (architecture and size) and loss on the same device, the same
-    batch size and local-update settings. None: this cohort trains on its own."""
+    batch size and local-update settings, the same training rules. None: this cohort trains on
+    its own."""
     path = trainer.path_for(ids)
     if not isinstance(path, BatchedTrainer) or not len(ids) or path.task.device_buffers is not None:
         return None  # (buffers kept per device: each run's own `train` keeps them)
@@ -167,7 +168,7 @@ def cohort_key(trainer: Trainer, ids: np.ndarray, objective) -> tuple | None:
     model = getattr(task, "model", None)
     shape = model.shared_key() if model is not None else (getattr(task, "noise", None),)
     return (type(task), task.dim, shape, str(task.device), path.batch_size, client.clip,
-            client.weight_decay, objective, row_stride(task.dim, path.threads.rules))
+            client.weight_decay, objective, path.threads.rules)  # (the rules decide the step and layout)
 
 
 def train_together(calls: list[tuple]) -> list[TrainResult]:

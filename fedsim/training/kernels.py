@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from fedsim.errors import first_line
 from fedsim.training import rng
+from fedsim.training import rules as training_rules
 from fedsim.training.architectures import FixedEmbedding, LastHiddenLSTM, as_sequence, last_hidden, lstm_cell
 from fedsim.training.losses import StepFn, StepLoss, weighted_cross_entropy
 
@@ -278,6 +279,7 @@ class KernelModel:
     has_buffers = local_buffers = False
     stacks_evaluation = True  # `predict_together`: several runs' parameters on one test set
     func_steps = False  # hand-batched kernels: calls above the crossover take every thread
+    rules = training_rules.CURRENT  # the training rules the run started under (fedsim/training/rules.py)
 
     def __init__(self, name: str, module: nn.Module, layers: list[Layer], in_shape: tuple[int, ...]):
         self.name, self.module, self.layers, self.in_shape = name, module, layers, in_shape
@@ -288,8 +290,10 @@ class KernelModel:
         # a CPU's cohort convolution (one grouped convolution) is slower than a loop of ordinary ones
         self.cohort_slow_on_cpu = any(isinstance(layer, Conv) for layer in layers)
         self.draws_randomness = bool(self.dropout_features)
-        # softmax regression (Flatten, Dense): the batched trainer has its gradient in closed form
+        # softmax regression (Flatten, Dense): the batched trainer has its gradient in closed form,
+        # and from training rules 3 so has a stack of dense layers with ReLUs between them
         self.is_linear = isinstance(layers[-1], Dense) and all(isinstance(l, Flatten) for l in layers[:-1])
+        self.dense_dropout = _dense_relu_stack(layers)
         shapes = _shapes(layers, in_shape)
         self.activations = sum(map(math.prod, shapes))  # layer outputs per sample
         # training and evaluation apply a ReLU before a max pool after it: they commute exactly,
@@ -364,8 +368,9 @@ class KernelModel:
     def step_fn(self, loss: StepLoss, batched: bool) -> StepFn:
         """(tensors as `split` gives them, x, y, weight, dropout uniforms) -> (gradients, losses);
         `batched`: every input has a leading device dimension."""
-        if batched and self.is_linear and loss is weighted_cross_entropy:
-            return linear_cohort_step
+        if batched and loss is weighted_cross_entropy and self.dense_dropout is not None and \
+                (self.is_linear or self.rules >= 3):
+            return dense_cohort_step(self.dense_dropout)
         if batched:
             return autograd_step(self.cohort_forward, loss)
         return autograd_step(lambda ps, x, u: self.forward(ps, x, u if u.shape[-1] else None), loss)
@@ -411,6 +416,26 @@ class KernelModel:
             return self._no_draws[shape]
         return rng.uniform(seed, rng.DROPOUT, rnd, ids, step, batch * self.dropout_features).view(
             len(ids), batch, self.dropout_features)
+
+
+def _dense_relu_stack(layers: list[Layer]) -> tuple[float | None, ...] | None:
+    """For a model that is (Flatten,) Dense, then (ReLU, Dropout?, Dense) any number of times: the
+    dropout rate after each hidden layer (None: no dropout layer), as `dense_cohort_step` takes
+    them; else None."""
+    rest = layers[isinstance(layers[0], Flatten):]
+    if not rest or not isinstance(rest[0], Dense):
+        return None
+    rates, i = [], 1
+    while i < len(rest):
+        if not isinstance(rest[i], ReLU):
+            return None
+        rate = rest[i + 1].rate if i + 1 < len(rest) and isinstance(rest[i + 1], Dropout) else None
+        i += 1 if rate is None else 2
+        if i >= len(rest) or not isinstance(rest[i], Dense):
+            return None
+        rates.append(rate)
+        i += 1
+    return tuple(rates)
 
 
 def _pool_first(layers: list[Layer]) -> list[Layer]:
@@ -505,21 +530,47 @@ def autograd_step(logits_of: Callable[..., Tensor], loss: StepLoss) -> StepFn:
     return step
 
 
-def linear_cohort_step(params: tuple[Tensor, Tensor], x: Tensor, y: Tensor, weight: Tensor, u: Tensor):
-    """Softmax regression's gradient in closed form, for m devices at once: with p = softmax(Wx + b),
-    dL/dlogits = weight * (p - onehot(y)), so dW = that x^T and db its sum. The logits are kept
-    as [m, C, B], so that the reductions over the C classes run along a strided dimension, which
-    vectorises over the batch (along a last dimension of 10 they cost as much as the matmul).
-    About 4x faster than reverse mode at 10-100 devices, where a round's cost is per-call
-    overhead, not arithmetic."""
-    w, b = params
-    x = x.flatten(2)  # [m, B, F]
-    logits = torch.bmm(w, x.mT).add_(b.unsqueeze(-1))  # [m, C, B]
-    top = logits.amax(dim=1, keepdim=True)
-    p = (logits - top).exp_()
-    total = p.sum(dim=1, keepdim=True)
-    target = y.unsqueeze(1)
-    losses = ((total.log() + top - logits.gather(1, target)).squeeze(1) * weight).sum(dim=-1)
-    p.div_(total).scatter_add_(1, target, torch.full(target.shape, -1.0, device=p.device))
-    p.mul_(weight.unsqueeze(1))  # dL/dlogits [m, C, B]
-    return (torch.bmm(p, x), p.sum(dim=-1)), losses
+def dense_cohort_step(dropout: tuple[float | None, ...] = ()) -> StepFn:
+    """The gradient of a stack of dense layers with ReLUs between them (softmax regression, the
+    MLP), each ReLU followed by inverted dropout at the rate `dropout[i]` (None: none), in closed
+    form, for m devices at once. With p = softmax(logits), dL/dlogits = weight * (p - onehot(y));
+    each dense layer's dW is its output's gradient times its input (transposed), db that
+    gradient's sum, and its input's gradient that gradient times W, back through the dropout's
+    mask and the ReLU. The logits are kept as [m, C, B], so that the reductions over the C classes
+    run along a strided dimension, which vectorises over the batch (along a last dimension of 10
+    they cost as much as the matmul). Softmax regression: about 4x faster than reverse mode at
+    10-100 devices; the MLP (training rules 3): 1.5-2x (benchmarks/RESULTS.md, "The MLP's
+    gradient in closed form"), where reverse mode's cost is per-call overhead, not arithmetic."""
+    def step(params: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, u: Tensor):
+        x = x.flatten(2)  # [m, B, F]
+        inputs, kept, used = [x], [], 0  # each dense layer's input [m, B, features]; dropout masks
+        for w, b, rate in zip(params[0:-2:2], params[1:-2:2], dropout):
+            hidden = torch.relu(torch.baddbmm(b.unsqueeze(1), inputs[-1], w.mT))
+            if rate is not None:  # as the Dropout kernel: x * (u >= rate) / (1 - rate)
+                keep = (u[..., used:used + hidden.shape[-1]] >= rate).to(hidden.dtype)
+                used += hidden.shape[-1]
+                kept.append(keep)
+                hidden = hidden * keep / (1.0 - rate)
+            else:
+                kept.append(None)
+            inputs.append(hidden)
+        w, b = params[-2:]
+        logits = torch.bmm(w, inputs[-1].mT).add_(b.unsqueeze(-1))  # [m, C, B]
+        top = logits.amax(dim=1, keepdim=True)
+        p = (logits - top).exp_()
+        total = p.sum(dim=1, keepdim=True)
+        target = y.unsqueeze(1)
+        losses = ((total.log() + top - logits.gather(1, target)).squeeze(1) * weight).sum(dim=-1)
+        p.div_(total).scatter_add_(1, target, torch.full(target.shape, -1.0, device=p.device))
+        p.mul_(weight.unsqueeze(1))  # dL/dlogits [m, C, B]
+        grads = [torch.bmm(p, inputs[-1]), p.sum(dim=-1)]
+        out = p.mT  # the gradient of the last layer's output [m, B, C]
+        for i in range(len(inputs) - 1, 0, -1):  # back through each hidden layer, its dropout and ReLU
+            out = torch.bmm(out, params[2 * i])  # [m, B, H]
+            if kept[i - 1] is not None:
+                out.mul_(kept[i - 1]).div_(1.0 - dropout[i - 1])
+            out.masked_fill_(~(inputs[i] > 0), 0.0)
+            grads[:0] = [torch.bmm(out.mT, inputs[i - 1]), out.sum(dim=1)]
+        return tuple(grads), losses
+
+    return step

@@ -17,7 +17,10 @@ its numbers stay its own. A run of a release that recorded none started under ve
 3. In a batched training call each device's parameters start on a 64-byte boundary (`row_stride`):
    MKL computes a matrix product with a weight at another alignment in another order, so a
    device's numbers depended on its row in the call, and a lockstep study's points (whose
-   devices are stacked run after run) differed from their runs alone by float rounding.
+   devices are stacked run after run) differed from their runs alone by float rounding. A stack
+   of dense layers with ReLUs (and dropout) between them, the MLP, has its gradient in closed form
+   in a batched call (`kernels.dense_cohort_step`, as softmax regression always had) instead of
+   by reverse mode: 1.3x faster a round alone.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 #   git archive SHA | tar -x -C /tmp/old-SHA
 #   sh tests/past_module_runs/make.sh SHA /tmp/old-SHA [MODEL]
 # writes tests/past_module_runs/SHA/{seqnet.py, module (3 rounds), whole (5 rounds)}.
-# 9cd3e24 (rules 1) is the nn.Sequential; c977a51 (rules 2) is logreg.
+# 9cd3e24 (rules 1) is the nn.Sequential; c977a51 (rules 2) is mlp.
 set -e
 sha=$1; code=$2; model=${3:-seqnet:make}
 here=$(cd "$(dirname "$0")" && pwd)

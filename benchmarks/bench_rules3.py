@@ -1,16 +1,17 @@
-"""A run alone per round, before and after training rules 3 (each device's parameters on a
-64-byte boundary in a batched call: fedsim/training/rules.py).
+"""A run alone per round, before and after training rules 3 (fedsim/training/rules.py).
 
-Under rules 2 a call's devices' parameters lay one model's size apart, so most of them sat off a
-16-byte boundary, where MKL takes another (and, as measured here, slower) path through a matrix
-product with the weight. Each checkout of `--alternate` runs the same fedavg run alone
-(digits, 100 devices, 10 a round, 5 local steps of 32, ideal timing) at `--rounds` and at
-`--short` rounds, each in its own process, in turn, `--repeat` times; the difference over the
-extra rounds is a round's cost with startup and the end taken out. Medians are recorded.
+Rules 3 lay each device's parameters on a 64-byte boundary in a batched call (under rules 2 they
+lay one model's size apart, so most sat off a 16-byte boundary, where MKL sums a matrix product
+with the weight in another order), and compute the gradient of a stack of dense layers with
+ReLUs between them (the MLP) in closed form instead of by reverse mode. Each checkout of
+`--alternate` runs the same fedavg run alone (digits, 100 devices, 10 a round, 5 local steps of
+32, ideal timing) at `--rounds` and at `--short` rounds, each in its own process, in turn,
+`--repeat` times; the difference over the extra rounds is a round's cost with startup and the
+end taken out. Medians are recorded.
 
     git archive c977a51 | tar -x -C /tmp/old      # the release before rules 3
-    python benchmarks/bench_alignment.py --alternate /tmp/old . [--models logreg mlp] [--repeat 3]
-                                         [--rounds 210] [--short 10] [--json FILE]
+    python benchmarks/bench_rules3.py --alternate /tmp/old . [--models logreg mlp mlp-37]
+                                      [--repeat 3] [--rounds 210] [--short 10] [--json FILE]
 """
 
 from __future__ import annotations

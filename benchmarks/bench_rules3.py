@@ -12,6 +12,10 @@ end taken out. Medians are recorded.
     git archive c977a51 | tar -x -C /tmp/old      # the release before rules 3
     python benchmarks/bench_rules3.py --alternate /tmp/old . [--models logreg mlp mlp-37]
                                       [--repeat 3] [--rounds 210] [--short 10] [--json FILE]
+
+`--steps` instead times one batched step of the mlp (hidden 64, batch 32, one thread) under
+rules 2 (reverse mode) and rules 3 (closed form) in this checkout, at 10 and 160 devices
+(medians of 200 steps).
 """
 
 from __future__ import annotations
@@ -58,6 +62,30 @@ def per_round_ms(code: Path, model: str, rounds: int, short: int) -> float:
     return 1e3 * (one(rounds) - one(short)) / (rounds - short)
 
 
+def step_us(rules: int, devices: int, repeats: int = 200) -> float:
+    """Median microseconds of one batched step of the mlp under training `rules`."""
+    import torch
+
+    from fedsim.config import ModelConfig
+    from fedsim.training.losses import weighted_cross_entropy
+    from fedsim.training.models import build_model
+
+    torch.set_num_threads(1)
+    model = build_model(ModelConfig(name="mlp"), (1, 8, 8), 10, "digits", rules=rules)
+    step = model.step_fn(weighted_cross_entropy, batched=True)
+    g = torch.Generator().manual_seed(0)
+    params = model.split(0.1 * torch.randn(devices, model.dim, generator=g))
+    x, y = torch.randn(devices, 32, 1, 8, 8, generator=g), torch.randint(0, 10, (devices, 32), generator=g)
+    weight, u = torch.rand(devices, 32, generator=g), torch.empty(devices, 32, 0)
+    times = []
+    for i in range(repeats + 5):
+        t0 = time.perf_counter()
+        step(params, x, y, weight, u)
+        if i >= 5:
+            times.append(time.perf_counter() - t0)
+    return 1e6 * statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--alternate", type=Path, nargs="+", default=[Path(__file__).parent.parent], metavar="DIR")
@@ -66,8 +94,17 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--steps", action="store_true", help="time one mlp step under rules 2 and 3")
     parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.steps:
+        rows = [{"devices": m, "rules_2_us": round(step_us(2, m)), "rules_3_us": round(step_us(3, m))} for m in (10, 160)]
+        for row in rows:
+            print(f"{row['devices']:>4} devices: reverse mode (rules 2) {row['rules_2_us']:>6} us, closed form (rules 3) "
+                  f"{row['rules_3_us']:>6} us, {row['rules_2_us'] / row['rules_3_us']:.2f}x")
+        if args.json:
+            args.json.write_text(json.dumps({"steps": rows}, indent=2) + "\n")
+        return
     if args.one:
         print(seconds(Path(args.one[0]), args.one[1], int(args.one[2])))
         return

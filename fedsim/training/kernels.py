@@ -539,7 +539,7 @@ def dense_cohort_step(dropout: tuple[float | None, ...] = ()) -> StepFn:
     mask and the ReLU. The logits are kept as [m, C, B], so that the reductions over the C classes
     run along a strided dimension, which vectorises over the batch (along a last dimension of 10
     they cost as much as the matmul). Softmax regression: about 4x faster than reverse mode at
-    10-100 devices; the MLP (training rules 3): 1.5-2x (benchmarks/RESULTS.md, "The MLP's
+    10-100 devices; the MLP (training rules 3): 2-2.6x a step (benchmarks/RESULTS.md, "The MLP's
     gradient in closed form"), where reverse mode's cost is per-call overhead, not arithmetic."""
     def step(params: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, u: Tensor):
         x = x.flatten(2)  # [m, B, F]
@@ -569,7 +569,7 @@ def dense_cohort_step(dropout: tuple[float | None, ...] = ()) -> StepFn:
             out = torch.bmm(out, params[2 * i])  # [m, B, H]
             if kept[i - 1] is not None:
                 out.mul_(kept[i - 1]).div_(1.0 - dropout[i - 1])
-            out.masked_fill_(~(inputs[i] > 0), 0.0)
+            out = torch.ops.aten.threshold_backward(out, inputs[i], 0)  # the ReLU's (as reverse mode's)
             grads[:0] = [torch.bmm(out.mT, inputs[i - 1]), out.sum(dim=1)]
         return tuple(grads), losses
 

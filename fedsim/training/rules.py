@@ -20,7 +20,8 @@ its numbers stay its own. A run of a release that recorded none started under ve
    devices are stacked run after run) differed from their runs alone by float rounding. A stack
    of dense layers with ReLUs (and dropout) between them, the MLP, has its gradient in closed form
    in a batched call (`kernels.dense_cohort_step`, as softmax regression always had) instead of
-   by reverse mode: 1.3x faster a round alone.
+   by reverse mode: an mlp run 1.5x faster a round (benchmarks/RESULTS.md, "The MLP's gradient
+   in closed form").
 """
 
 from __future__ import annotations

@@ -218,6 +218,23 @@ def test_an_address_where_no_cluster_answers_is_one_line_not_a_hang(tmp_path, mo
     assert not ray.is_initialized()
 
 
+
+def test_a_port_that_takes_connections_but_is_no_ray_head_is_one_line_within_10_s(tmp_path, monkeypatch, capsys):
+    """Another service on the port, or a head killed a moment ago whose port still takes a
+    connection: ray.init would try its GCS for minutes."""
+    monkeypatch.chdir(tmp_path)
+    study = write_study(tmp_path / "s.toml", "runs")
+    with socket.socket() as listening:  # accepts TCP, answers nothing
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        address = f"127.0.0.1:{listening.getsockname()[1]}"
+        started = time.monotonic()
+        assert main(["sweep", str(study), "--backend", "ray", "--address", address]) == 2
+        assert time.monotonic() - started < 10
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --address {address}: no Ray cluster answers there (") and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists() and not ray.is_initialized()
+
 # -- a sweep process stopped or hurt from outside ---------------------------------------------
 
 LONG = """
@@ -398,12 +415,20 @@ class Cluster:
                     if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet")
 
     def stop(self) -> None:
+        """Both nodes killed, and the head's port closed (its GCS dies a moment after the kill)."""
         for proc in (self.worker, self.head):
             if proc is not None:
                 for pid in session(proc.pid):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 proc.wait()
+        end = time.monotonic() + 10
+        while self.head is not None and time.monotonic() < end:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+            except OSError:
+                break
+            time.sleep(0.05)
         self.head = self.worker = None
 
     def sweep(self, study: Path, *args: str) -> subprocess.CompletedProcess:

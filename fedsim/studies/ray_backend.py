@@ -205,46 +205,55 @@ def check_reachable(address: str, where: str) -> None:
         raise FedsimError(f"{where}: not HOST:PORT; give the head node's address, e.g. 10.0.0.5:6379 "
                           "(the port of `ray start --head`)")
     try:
-        socket.create_connection((host, int(port)), timeout=10).close()
+        socket.create_connection((host, int(port)), timeout=3).close()
     except OSError as err:
         raise FedsimError(f"{where}: no Ray cluster answers there ({err.strerror or err}); start one "
                           "with `ray start --head`, or leave out --address and RAY_ADDRESS for a "
                           "local Ray") from None
 
 
+ANSWER_S = 7  # how long the head's GCS may take to answer before the address is refused
+
+# The head asked once, in a process of its own: exit 3, a cluster with token authentication
+# refused us; 4, the GCS failed (its first line on stdout); 0, it answered (or a Ray without it)
+_ASK_HEAD = """import sys
+try:
+    from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError
+except ImportError:
+    sys.exit(0)
+try:
+    GcsClient(address=sys.argv[1])
+except AuthenticationError:
+    sys.exit(3)
+except Exception as err:
+    print((str(err).strip().splitlines() or [type(err).__name__])[0])
+    sys.exit(4)
+"""
+
+
 def check_admitted(address: str, where: str) -> None:
-    """A cluster with token authentication refuses a process without its token, and Ray tries
-    again for 20 s, printing a line each time: ask the head once, quietly, and say why."""
+    """Ask the head's GCS once, in a process of its own given `ANSWER_S` seconds: a cluster with
+    token authentication refuses a process without its token (ray.init tries again for 20 s,
+    printing a line each time), and a port that takes connections with no GCS answering behind
+    it (a head that has just stopped, another service) keeps ray.init trying for minutes."""
+    import subprocess
+
     if address in ("auto", "local") or address.startswith("ray://"):  # no head's GCS to ask here
         return
     try:
-        from ray._raylet import GcsClient
-        from ray.exceptions import AuthenticationError
-    except ImportError:  # a Ray without token authentication (or another inside): ray.init says it
-        return
-    try:
-        with fd2_silenced():  # Ray's C++ client writes its warning there itself
-            GcsClient(address=address)
-    except AuthenticationError:
+        asked = subprocess.run([sys.executable, "-c", _ASK_HEAD, address], capture_output=True, text=True,
+                               timeout=ANSWER_S)
+    except subprocess.TimeoutExpired:
+        asked = None
+    if asked is not None and asked.returncode == 3:
         raise FedsimError(f"{where}: the Ray cluster there uses token authentication and refused this "
                           "process; set RAY_AUTH_MODE=token and give it the head's token (the same "
-                          "~/.ray/auth_token, or RAY_AUTH_TOKEN)") from None
-    except Exception:  # anything else: ray.init tries again and says what is wrong
-        return
-
-
-@contextmanager
-def fd2_silenced():
-    """Nothing written to file descriptor 2 (stderr, as C++ code writes it) reaches it within."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+                          "~/.ray/auth_token, or RAY_AUTH_TOKEN)")
+    if asked is None or asked.returncode == 4:
+        why = f"no Ray head replied within {ANSWER_S} s" if asked is None else asked.stdout.strip()
+        raise FedsimError(f"{where}: no Ray cluster answers there ({why}); start one with `ray start "
+                          "--head`, or leave out --address and RAY_ADDRESS for a local Ray")
 
 
 def check_gpus(ray, per_task: float) -> None:

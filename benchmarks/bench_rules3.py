@@ -14,8 +14,8 @@ end taken out. Medians are recorded.
                                       [--repeat 3] [--rounds 210] [--short 10] [--json FILE]
 
 `--steps` instead times one batched step of the mlp (hidden 64, batch 32, one thread) under
-rules 2 (reverse mode) and rules 3 (closed form) in this checkout, at 10 and 160 devices
-(medians of 200 steps).
+rules 2 (reverse mode) and rules 3 (closed form) in this checkout, at 10, 160 and 1,000 devices
+(medians of 200 steps), on `--device` (cpu or cuda: benchmarks/gpu_checks.sh rules3).
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def per_round_ms(code: Path, model: str, rounds: int, short: int) -> float:
     return 1e3 * (one(rounds) - one(short)) / (rounds - short)
 
 
-def step_us(rules: int, devices: int, repeats: int = 200) -> float:
-    """Median microseconds of one batched step of the mlp under training `rules`."""
+def step_us(rules: int, devices: int, device: str = "cpu", repeats: int = 200) -> float:
+    """Median microseconds of one batched step of the mlp under training `rules` on `device`."""
     import torch
 
     from fedsim.config import ModelConfig
@@ -74,13 +74,16 @@ def step_us(rules: int, devices: int, repeats: int = 200) -> float:
     model = build_model(ModelConfig(name="mlp"), (1, 8, 8), 10, "digits", rules=rules)
     step = model.step_fn(weighted_cross_entropy, batched=True)
     g = torch.Generator().manual_seed(0)
-    params = model.split(0.1 * torch.randn(devices, model.dim, generator=g))
+    params = model.split(0.1 * torch.randn(devices, model.dim, generator=g).to(device))
     x, y = torch.randn(devices, 32, 1, 8, 8, generator=g), torch.randint(0, 10, (devices, 32), generator=g)
     weight, u = torch.rand(devices, 32, generator=g), torch.empty(devices, 32, 0)
+    x, y, weight, u = (t.to(device) for t in (x, y, weight, u))
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times = []
     for i in range(repeats + 5):
         t0 = time.perf_counter()
         step(params, x, y, weight, u)
+        sync()
         if i >= 5:
             times.append(time.perf_counter() - t0)
     return 1e6 * statistics.median(times)
@@ -95,10 +98,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--steps", action="store_true", help="time one mlp step under rules 2 and 3")
+    parser.add_argument("--device", default="cpu", help="--steps: cpu or cuda")
     parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps:
-        rows = [{"devices": m, "rules_2_us": round(step_us(2, m)), "rules_3_us": round(step_us(3, m))} for m in (10, 160)]
+        rows = [{"devices": m, "device": args.device, "rules_2_us": round(step_us(2, m, args.device)),
+                 "rules_3_us": round(step_us(3, m, args.device))} for m in (10, 160, 1000)]
         for row in rows:
             print(f"{row['devices']:>4} devices: reverse mode (rules 2) {row['rules_2_us']:>6} us, closed form (rules 3) "
                   f"{row['rules_3_us']:>6} us, {row['rules_2_us'] / row['rules_3_us']:.2f}x")

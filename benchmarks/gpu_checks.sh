@@ -11,7 +11,8 @@
 # cohort (bench_cohort's GPU rows: resnet18-gn at FLUTE's round, module vs built-in, graphs vs
 # eager), paper (bench_paper_scale on CUDA), study (bench_study: 32 runs in lockstep vs one
 # after another), workers (bench_plane: the same 32 runs as `fedsim sweep --processes 1, 2, 4`
-# on the GPU: whether lockstep shares in worker processes should share one GPU; auto keeps one).
+# on the GPU: whether lockstep shares in worker processes should share one GPU; auto keeps one),
+# rules3 (bench_rules3 --steps: the MLP's step by reverse mode and in closed form on CUDA).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 RESULTS=$(realpath -m "$OUT")
@@ -56,6 +57,9 @@ for stage in "$@"; do
     workers)
       timeout 240 python3 $B/bench_plane.py --device cuda --runs 32 --rounds 110 --short 10 --repeat 1 \
         --processes 1 2 4 --json "$OUT/workers32.json" 2>&1 | tee "$OUT/workers.log" ;;
+    rules3)
+      timeout 60 python3 $B/bench_rules3.py --steps --device cuda --json "$OUT/rules3_steps.json" \
+        2>&1 | tee "$OUT/rules3.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
   tar -czf "$RESULTS/gpu_results.tgz" -C "$OUT" .

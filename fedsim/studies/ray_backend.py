@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import socket
+import subprocess
 import sys
 import threading
 import traceback
@@ -237,8 +238,6 @@ def check_admitted(address: str, where: str) -> None:
     token authentication refuses a process without its token (ray.init tries again for 20 s,
     printing a line each time), and a port that takes connections with no GCS answering behind
     it (a head that has just stopped, another service) keeps ray.init trying for minutes."""
-    import subprocess
-
     if address in ("auto", "local") or address.startswith("ray://"):  # no head's GCS to ask here
         return
     try:

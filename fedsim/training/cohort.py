@@ -16,8 +16,8 @@ from fedsim.data.clients import stack_clients
 from fedsim.errors import FedsimError
 from fedsim.training import rng
 from fedsim.training.cuda_graphs import CudaGraphSteps
-from fedsim.training.rules import row_stride
 from fedsim.training.objective import LocalObjective
+from fedsim.training.rules import row_stride
 from fedsim.training.trainer import Trainer, TrainResult, sgd_update_
 
 ACTIVATION_BUDGET = 2**27  # floats of layer outputs per batched call on a CPU (512 MiB)
@@ -177,8 +177,9 @@ def train_together(calls: list[tuple]) -> list[TrainResult]:
     activation budget) in one, the others on their own. Each device's arithmetic is the
     same as in its own run's call (the calls batch over devices, and its parameters lie on a
     64-byte boundary at any row: `rules.row_stride`), so on the CPU results equal separate calls
-    bit for bit (up to a layer whose activations per device are not a multiple of 64 bytes,
-    docs/studies.md); on a GPU to float rounding (a larger batch may take other kernels)."""
+    bit for bit (but perhaps a model trained by reverse mode whose activations per device are
+    not a multiple of 64 bytes, docs/studies.md); on a GPU to float rounding (a larger batch may
+    take other kernels)."""
     results: list[TrainResult | None] = [None] * len(calls)
     groups: dict[tuple, list[list[int]]] = {}
     for i, call in enumerate(calls):

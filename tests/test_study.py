@@ -681,3 +681,25 @@ def test_a_study_that_shares_one_step_prints_no_note_and_async_points_are_their_
     assert main(["sweep", str(path)]) == 0
     assert ("note: the 4 points run as 2 lockstep groups (2 and 2 points): runs that differ "
             "in server.mode ('sync', 'async') cannot train in one call") in capsys.readouterr().err.splitlines()
+
+
+def test_a_study_on_a_scenario_that_replays_a_file_drops_the_scenarios_generator_keys(tmp_path, capsys):
+    """As `fedsim run quickstart --set trace.source=file` does: the quick start's diurnal keys
+    (p_min, ...) are dropped where the study replays a file; written in the study, they stay an
+    error."""
+    from fedsim.studies.study import load_study
+
+    assert main(["trace", "generate", "diurnal", "--devices", "12", "--days", "2",
+                 "--out", str(tmp_path / "t.parquet")]) == 0
+    study = tmp_path / "s.toml"
+    body = ('base = "quickstart"\n[run]\nname = "s"\nrounds = 2\n[data]\nclients = 12\n'
+            '[trace]\nsource = "file"\npath = "t.parquet"\n[sweep]\n"run.seed" = [0, 1]\n')
+    study.write_text(body)
+    points = load_study(str(study)).points
+    assert len(points) >= 2 and {p.config.trace.source for p in points} == {"file"}
+    assert main(["sweep", str(study), "--quiet"]) == 0
+    study.write_text(body.replace('path = "t.parquet"\n', 'path = "t.parquet"\np_min = 0.1\n'))
+    capsys.readouterr()
+    assert main(["sweep", str(study), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: base config {study}: unknown key [trace] p_min for 'file'") and err.count("\n") == 1, err

@@ -28,7 +28,7 @@ from typing import Any
 from fedsim.config import (AlgorithmConfig, Config, DataConfig, algorithm_options, config_from_dict, is_study,
                            parse_override, plain_folder_name, read_toml, scenario_names, scenario_path,
                            selection_options)
-from fedsim.config.layers import SET, layered_config
+from fedsim.config.layers import SET, Layered, drop_unselected, layered_config
 from fedsim.errors import FedsimError
 
 MAX_POINTS = 10_000  # more need --yes
@@ -96,7 +96,7 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
     if not isinstance(warm, dict):
         raise FedsimError(f'{path}: {WARM} = {warm!r} must be a table of "section.key" = value')
     claims = raw.pop("claims", [])
-    base, origins = _base(raw, path)
+    base, origins, only_base = _base(raw, path)
     set_keys, set_by = [], {}  # set_by: (sweep or warm_start, key) -> the --set that gave it
     for text in overrides:
         section, key, value = parse_override(text)
@@ -107,12 +107,16 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
         else:
             base.setdefault(section, {})[key] = value
             set_keys.append((text, f"{section}.{key}"))
+            only_base.discard((section, key))
         (set_by if section in ("sweep", WARM) else origins)[(section, key)] = f"{SET} {text}"
     zips = sweep.pop("zip", [])
     gpus = sweep.pop("gpus_per_task", 0.0)
     if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
         raise FedsimError(f"{path}: [sweep] gpus_per_task = {gpus!r} must be a number >= 0")
     axes = _axes(sweep, base, path)
+    if isinstance(base.get("trace"), dict) and "trace.source" not in axes:
+        # a base's keys for another trace generator than the study's are dropped, as from a run's config
+        base["trace"] = drop_unselected(Layered({"trace": base["trace"]}, origins, only_base))["trace"]
     for axis in axes:  # an axis sets its key in every point
         origins[_key(axis)] = set_by.get(("sweep", axis), f"axis {axis} of [sweep] in {path}")
     if "algorithm.name" not in sweep and "algorithm.name" in axes:  # the axis of [run] algorithms
@@ -276,15 +280,17 @@ def _warm_runs(raws: list, warm: dict, axes: dict[str, list], chosen: tuple[list
     return points, [names[k] for k in keys]
 
 
-def _base(raw: dict, path: Path) -> tuple[dict, dict]:
+def _base(raw: dict, path: Path) -> tuple[dict, dict, set]:
     """The study's base config: `base` (a file beside the study or a scenario), then the
     study's own sections over it; `[run] algorithms` becomes an axis of algorithm names.
-    With it, where each (section, key) was set ("base config FILE"), for error lines."""
+    With it, where each (section, key) was set ("base config FILE"), for error lines, and the
+    keys that only the base gave."""
     base_name = raw.pop("base", None)
     if base_name is None:  # `extends`, as in a run's config, is the same
         base_name = raw.pop("extends", None)
     base: dict = {}
     origins: dict[tuple[str, str], str] = {}
+    only_base: set[tuple[str, str]] = set()
     if base_name is not None:
         if not isinstance(base_name, str):
             raise FedsimError(f"{path}: base = {base_name!r} must be a config file or scenario name")
@@ -292,8 +298,8 @@ def _base(raw: dict, path: Path) -> tuple[dict, dict]:
         base_path = beside if beside.exists() else study_path(base_name)
         base = read_toml(base_path)
         if not is_study(base):  # a base may extend another one
-            layered = layered_config(base_path)
-            base = layered.raw
+            layered = layered_config(base_path, file_is_base=True)
+            base, only_base = layered.raw, layered.bases
             origins = {key: f"base config {label}" for key, label in layered.origins.items()}
         if is_study(base):
             raise FedsimError(f"{path}: base = {base_name!r} is a study, and a base is a config; run that "
@@ -305,7 +311,8 @@ def _base(raw: dict, path: Path) -> tuple[dict, dict]:
                               "`base`, config sections and [sweep])")
         base.setdefault(section, {}).update(body)
         origins.update({(section, key): f"base config {path}" for key in body})
-    return base, origins
+        only_base -= {(section, key) for key in body}
+    return base, origins, only_base
 
 
 # keys that one study cannot vary per point, and what to use instead

@@ -188,3 +188,49 @@ def test_the_pool_before_its_relu_trains_exactly_as_the_modules_order(name):
         a, b = ours(model.split(params[k]), x[k], y[k], weight[k], u[k]), \
             theirs(model.split(params[k]), x[k], y[k], weight[k], u[k])
         assert torch.equal(a[1], b[1]) and all(torch.equal(s, t) for s, t in zip(a[0], b[0]))
+
+
+@pytest.mark.parametrize("name,shape", [("logreg", (1, 8, 8)), ("mlp", (1, 8, 8)), ("lenet5", (1, 12, 12)),
+                                        ("cnn-fmnist", (1, 8, 8)), ("cnn-svhn", (3, 9, 9))])
+def test_one_devices_step_is_torch_autograd_through_the_module_bit_for_bit(name, shape):
+    """The loop's step (reverse mode written out by the kernels, each max pool on a
+    channels-last copy and before its ReLU) gives the loss and gradients of torch's autograd
+    through the built-in nn.Module itself, bit for bit. A blank band in the images makes
+    pooling windows tie (a convolution of zeros is its bias): the gradient goes where torch's
+    sends it; 9x9 images pool with a row and a column left over."""
+    from fedsim.training.kernels import reverse_step
+    from fedsim.training.losses import weighted_cross_entropy
+
+    cfg = ModelConfig(name=name, hidden=16)
+    model = build_model(cfg, shape, 10, "tiny", seed=4)
+    step = model.step_fn(weighted_cross_entropy, batched=False)
+    assert step.__qualname__.startswith(reverse_step.__name__)
+    torch.manual_seed(4)
+    module = MODELS.lookup(name, "name")(shape, 10, cfg)
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.rand(8, *shape, generator=g), torch.randint(0, 10, (8,), generator=g)
+    x[:, :, : shape[1] // 2] = 0.0
+    weight = torch.rand(8, generator=g)
+    loss = (F.cross_entropy(module(x), y, reduction="none") * weight).sum()
+    expected = torch.autograd.grad(loss, list(module.parameters()))
+    grads, ours = step(model.split(model.init(4)), x, y, weight, torch.empty(8, 0))
+    assert torch.equal(ours, loss.detach())
+    assert len(grads) == len(expected) and all(torch.equal(a, b) for a, b in zip(grads, expected))
+
+
+@pytest.mark.parametrize("shape", [(16, 32, 28, 28), (3, 6, 9, 7), (2, 60, 10, 10)])
+def test_the_channels_last_pool_is_torchs_max_pool_forward_and_backward(shape):
+    """Training's 2x2 max pool on a CPU (a channels-last copy through torch's kernel) gives
+    max_pool2d's output and input gradient, ties and odd sizes included."""
+    from fedsim.training.kernels import max_pool_2x2
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.relu(torch.randn(*shape, generator=g))  # zeros tie
+    x[:, :, :3] = 0.5
+    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, expected = max_pool_2x2(ours), F.max_pool2d(theirs, 2)
+    grad = torch.randn(expected.shape, generator=g)
+    out.backward(grad)
+    expected.backward(grad)
+    assert torch.equal(out, expected) and out.is_contiguous()
+    assert torch.equal(ours.grad, theirs.grad)

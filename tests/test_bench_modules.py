@@ -103,3 +103,19 @@ def test_bench_dropout_writes_each_trainers_share_with_and_without_dropout(tmp_p
         assert (rec["draws_median_s"] is None) == (rec["row"] == "plain")
     # 2 layers x (attention 4 heads x 8 x 8 + 3 dropouts of 8 tokens x (32, 64, 32)) per sample, x 16
     assert result["records"][0]["dropout_numbers_per_step"] == 16 * 2 * (4 * 8 * 8 + 8 * (32 + 64 + 32))
+
+
+def test_bench_loop_step_times_three_ways_to_the_same_gradients(tmp_path):
+    """benchmarks/bench_loop_step.py: a row per model of the module's autograd, the kernels'
+    autograd and the written-out step, which it checks give the same gradients bit for bit
+    before timing them; the pools' table with --pools."""
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_loop_step.py"), "--models", "logreg,lenet5",
+                           "--steps", "1", "--repeat", "1", "--pools", "--json", "out.json"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert [r["model"] for r in result["steps"]] == ["logreg", "lenet5"]
+    assert all(r["module"] > 0 and r["autograd"] > 0 and r["written out"] > 0 for r in result["steps"])
+    assert [tuple(r["shape"]) for r in result["pools"]] == [(16, 32, 28, 28), (16, 32, 14, 14), (16, 6, 28, 28),
+                                                           (16, 16, 10, 10)]
+    assert sum(line.startswith(("logreg ", "lenet5 ")) for line in done.stdout.splitlines()) == 2

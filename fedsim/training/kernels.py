@@ -11,7 +11,9 @@ convolution) rather than with `torch.func.vmap`, which any other module gets
 (fedsim/training/modules.py): on a 2-core CPU that is up to 2.3x faster for softmax
 regression and the MLP (benchmarks/RESULTS.md, "nn.Module twins"). Dropout randomness comes
 from keyed uniforms instead of torch's global generator. `split` gives views of the flat
-vector, so training updates it in place.
+vector, so training updates it in place. One device's step (the loop trainer) is reverse mode
+written out layer by layer (`Layer.backward`, `reverse_step`) with autograd's own kernels: its
+numbers, without its graph.
 
 Cohort layouts: vectors are [m, B, features]; images are [B, m, C, H, W], so that a
 convolution over the cohort is one grouped convolution with m groups on the view
@@ -51,6 +53,7 @@ class Layer:
 
     params: tuple[Param, ...] = ()  # (name, shape) of each parameter, in the module's order
     dropout: int = 0  # dropout uniforms this layer consumes per sample
+    writes_backward = False  # has `forward_saving` and `backward` (`reverse_step`)
 
     def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The shape of one sample's output for an input of `shape`."""
@@ -74,6 +77,17 @@ class Layer:
         (evaluation on a shared test set), in the cohort layout; None: not written for it."""
         return None
 
+    def forward_saving(self, p: dict[str, Tensor], x: Tensor, u: Tensor | None) -> tuple[Tensor, object]:
+        """The layer on one device, as `__call__`, and what its `backward` reads."""
+        raise NotImplementedError
+
+    def backward(self, p: dict[str, Tensor], grad: Tensor, saved, input_grad: bool) \
+            -> tuple[Tensor | None, tuple[Tensor, ...]]:
+        """The gradients of the layer's input (None unless `input_grad`) and of its parameters,
+        from its output's gradient: the kernels, operands and order of autograd's own backward
+        of `__call__`, so that `reverse_step` gives reverse mode's numbers bit for bit."""
+        raise NotImplementedError
+
 
 class Dense(Layer):
     """Fully connected: `name.weight` [n_out, n_in] (Kaiming init) and `name.bias`."""
@@ -96,6 +110,14 @@ class Dense(Layer):
 
     def flops(self, shape):
         return self.params[0].numel
+
+    writes_backward = True
+
+    def forward_saving(self, p, x, u):
+        return self(p, x, u), x
+
+    def backward(self, p, grad, x, input_grad):  # addmm's: the weight's as (grad^T x), its input's grad W
+        return grad.mm(p[self.w]) if input_grad else None, (grad.t().mm(x), grad.sum(0))
 
 
 class Conv(Layer):
@@ -126,29 +148,100 @@ class Conv(Layer):
         _, h, w = self.out_shape(shape)
         return self.params[0].numel * h * w
 
+    writes_backward = True
+
+    def forward_saving(self, p, x, u):
+        return self(p, x, u), x
+
+    def backward(self, p, grad, x, input_grad):
+        w = p[self.w]
+        dx, dw, db = torch.ops.aten.convolution_backward(grad, x, w, [w.shape[0]], [1, 1], [self.pad] * 2, [1, 1],
+                                                         False, [0, 0], 1, [input_grad, True, True])
+        return dx, (dw, db)
+
 
 class ReLU(Layer):
     """max(x, 0)."""
 
+    writes_backward = True
+
     def __call__(self, p, x, u):
         return torch.relu(x)
+
+    def forward_saving(self, p, x, u):
+        out = torch.relu(x)
+        return out, out
+
+    def backward(self, p, grad, out, input_grad):
+        return torch.ops.aten.threshold_backward(grad, out, 0), ()
 
 
 class MaxPool(Layer):
     """2x2 max pooling, stride 2: [c, h, w] -> [c, h // 2, w // 2]. Without autograd (evaluation)
-    as `pool_max`: the same numbers, ~6x faster on a CPU."""
+    as `pool_max`: the same numbers, ~6x faster on a CPU; in training on a CPU as
+    `MaxPoolChannelsLast`: the same numbers and gradients, 3x faster for a CNN's first pool."""
 
     def out_shape(self, shape):
         c, h, w = shape
         return (c, h // 2, w // 2)
 
     def __call__(self, p, x, u):
-        return F.max_pool2d(x, 2) if torch.is_grad_enabled() else pool_max(x)
+        return max_pool_2x2(x) if torch.is_grad_enabled() else pool_max(x)
 
     def cohort(self, p, x, u):
         if not torch.is_grad_enabled():
             return pool_max(x)
-        return F.max_pool2d(x.flatten(1, 2), 2).unflatten(1, x.shape[1:3])
+        return max_pool_2x2(x.flatten(1, 2)).unflatten(1, x.shape[1:3])
+
+    writes_backward = True
+
+    def forward_saving(self, p, x, u):
+        out, indices = _pool_channels_last(x) if x.device.type == "cpu" else \
+            torch.ops.aten.max_pool2d_with_indices(x, [2, 2], [2, 2])
+        return out, (x, indices)
+
+    def backward(self, p, grad, saved, input_grad):
+        return _pool_backward(grad, *saved), ()
+
+
+def max_pool_2x2(x: Tensor) -> Tensor:
+    """max_pool2d(x, 2) of a batch [B, C, H, W] for training: on a CPU through the channels-last
+    kernel (`MaxPoolChannelsLast`), elsewhere as it is."""
+    return MaxPoolChannelsLast.apply(x) if x.device.type == "cpu" else F.max_pool2d(x, 2)
+
+
+def _pool_channels_last(x: Tensor) -> tuple[Tensor, Tensor]:
+    """max_pool2d_with_indices(x, 2) of [B, C, H, W] computed on a channels-last copy: the same
+    output and indices, in the default layout."""
+    out, indices = torch.ops.aten.max_pool2d_with_indices(x.contiguous(memory_format=torch.channels_last),
+                                                          [2, 2], [2, 2])
+    return out.contiguous(), indices.contiguous()
+
+
+def _pool_backward(grad: Tensor, x: Tensor, indices: Tensor) -> Tensor:
+    return torch.ops.aten.max_pool2d_with_indices_backward(grad.contiguous(), x, [2, 2], [2, 2], [0, 0], [1, 1],
+                                                           False, indices)
+
+
+class MaxPoolChannelsLast(torch.autograd.Function):
+    """2x2 max pooling whose forward runs on a channels-last copy of its input: on a CPU, torch's
+    max_pool2d with indices over [B, C, H, W] in the default layout scans one window at a time
+    (1.3 ms of a 9 ms cnn-fmnist step for its first pool, a quarter of the step), while its
+    channels-last kernel vectorises over the channels (a copy there and back included, 3x
+    faster; benchmarks/RESULTS.md, "The loop's convolutional step"). The output and the
+    indices are those of the default layout's kernel element for element (both take a window's
+    first largest value), and the backward is that kernel's backward with them: a model's
+    numbers do not change."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        out, indices = _pool_channels_last(x)
+        ctx.save_for_backward(x, indices)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return _pool_backward(grad, *ctx.saved_tensors)
 
 
 def pool_max(x: Tensor) -> Tensor:
@@ -174,6 +267,14 @@ class Flatten(Layer):
             return x.flatten(2).transpose(0, 1)
         return x
 
+    writes_backward = True
+
+    def forward_saving(self, p, x, u):
+        return x.flatten(1), x.shape
+
+    def backward(self, p, grad, shape, input_grad):
+        return grad.reshape(shape), ()
+
 
 class Dropout(Layer):
     """Inverted dropout driven by the uniforms `u` [B, features] (None at evaluation)."""
@@ -185,6 +286,15 @@ class Dropout(Layer):
         if u is None:
             return x
         return x * (u >= self.rate).to(x.dtype) / (1.0 - self.rate)
+
+    writes_backward = True
+
+    def forward_saving(self, p, x, u):
+        keep = (u >= self.rate).to(x.dtype)
+        return x * keep / (1.0 - self.rate), keep
+
+    def backward(self, p, grad, keep, input_grad):  # the division's backward, then the product's
+        return grad / (1.0 - self.rate) * keep, ()
 
 
 class Embedding(Layer):
@@ -373,6 +483,8 @@ class KernelModel:
             return dense_cohort_step(self.dense_dropout)
         if batched:
             return autograd_step(self.cohort_forward, loss)
+        if loss is weighted_cross_entropy and all(layer.writes_backward for layer in self.train_layers):
+            return reverse_step(self.params, self.train_layers)
         return autograd_step(lambda ps, x, u: self.forward(ps, x, u if u.shape[-1] else None), loss)
 
     def batch_problem(self) -> str:
@@ -526,6 +638,35 @@ def autograd_step(logits_of: Callable[..., Tensor], loss: StepLoss) -> StepFn:
             losses = loss(logits_of(leaves, x, u), y, weight)
             grads = torch.autograd.grad(losses.sum(), leaves)
         return grads, losses.detach()
+
+    return step
+
+
+def reverse_step(params: list[Param], layers: list[Layer]) -> StepFn:
+    """One device's gradients by reverse mode written out (`Layer.forward_saving` and
+    `Layer.backward`), the loss as `weighted_cross_entropy` computes it: the kernels autograd
+    runs, on the same operands in the same order, so the numbers are reverse mode's bit for bit,
+    without building and walking its graph at every step (LeNet-5's step on one thread: 15 %
+    faster, the MLP's 2x; benchmarks/RESULTS.md, "The loop's convolutional step")."""
+    first = next(i for i, layer in enumerate(layers) if layer.params)  # no gradient before it
+
+    def step(tensors: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, u: Tensor):
+        p = {q.name: v for q, v in zip(params, tensors)}
+        saved, used = [], 0
+        for layer in layers:
+            x, keep = layer.forward_saving(p, x, u[:, used:used + layer.dropout] if layer.dropout else None)
+            saved.append(keep)
+            used += layer.dropout
+        log_p = torch.log_softmax(x, 1)  # cross_entropy as torch composes it: log_softmax, then nll_loss
+        ce, total = torch.ops.aten.nll_loss_forward(log_p, y, None, 0, -100)
+        loss = (ce * weight).sum(dim=-1)
+        grad = torch.ops.aten.nll_loss_backward(weight, log_p, y, None, 0, -100, total)
+        grad = torch.ops.aten._log_softmax_backward_data(grad, log_p, 1, log_p.dtype)
+        grads: list[Tensor] = []
+        for i in range(len(layers) - 1, first - 1, -1):
+            grad, own = layers[i].backward(p, grad, saved.pop(), i > first)  # (freed as autograd frees
+            grads[:0] = own  # them: memory that the next layer's gradients reuse, still in cache)
+        return tuple(grads), loss
 
     return step
 

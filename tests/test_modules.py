@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_plugins import plugin_module, rounds_of  # noqa: E402
@@ -1130,3 +1131,48 @@ def test_a_study_of_dropout_modules_trains_in_parts_each_as_alone(cli_run, user_
             pl.read_parquet(point / "rounds.parquet")[columns])
         a, b = torch.load(alone / "model.pt"), torch.load(point / "model.pt")
         assert all(torch.equal(a[k], b[k]) for k in a), seed
+
+
+class _Counted(nn.Module):
+    """BatchNorm (running statistics, an integer counter), a boolean mask buffer, a tied weight
+    used twice, an unused layer, dropout before the head, pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.a, self.b = nn.Linear(64, 32), nn.Linear(32, 32)
+        self.b.weight = nn.Parameter(self.a.weight[:, :32].detach().clone())
+        self.c = nn.Linear(32, 32)
+        self.c.weight = self.b.weight
+        self.unused, self.head, self.drop = nn.Linear(3, 3), nn.Linear(32, 10), nn.Dropout(0.3)
+        self.register_buffer("mask", torch.ones(10, dtype=torch.bool))
+
+    def forward(self, x):
+        h = nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2).flatten(1)
+        h = torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(h))))))
+        return self.head(self.drop(h)).masked_fill(~self.mask, -1e9)
+
+
+def test_one_devices_step_by_autograd_is_torch_funcs_grad_bit_for_bit():
+    """Training rules 4 differentiate one device's step of a module by autograd instead of
+    torch.func's grad: for this module (buffers updated in the forward, ties, an unused layer,
+    keyed dropout) the gradients, the loss and the new buffers are the same, bit for bit."""
+    from fedsim.training.losses import weighted_cross_entropy
+    from fedsim.training.modules import ModuleModel
+
+    torch.manual_seed(0)
+    model = ModuleModel("counted", _Counted(), (1, 8, 8), 10, "test")
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.rand(16, 1, 8, 8, generator=g), torch.randint(0, 10, (16,), generator=g)
+    weight, numbers = torch.rand(16, generator=g), model.randomness(0, 1, torch.tensor([3]), 0, 16)[0]
+    results = []
+    for rules in (3, 4):
+        model.rules = rules
+        state = model.init(0)
+        grads, loss = model.step_fn(weighted_cross_entropy, batched=False)(model.split(state), x, y, weight, numbers)
+        results.append((grads, loss, state))
+    (old, old_loss, old_state), (new, new_loss, new_state) = results
+    assert not torch.equal(new_state, model.init(0))  # the running statistics moved
+    assert torch.equal(old_state, new_state) and torch.equal(old_loss, new_loss)
+    assert len(old) == len(new) == model.n_trainable and all(torch.equal(a, b) for a, b in zip(old, new))
+    assert not new[model.names.index("unused.weight")].any()  # (an unused parameter's gradient: zeros)

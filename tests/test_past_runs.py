@@ -189,3 +189,12 @@ def test_a_run_of_training_rules_2_resumes_under_them(tmp_path, monkeypatch):
     keeps the rules it started with."""
     whole, today = resumes_under_its_own_rules("c977a51", 2, tmp_path, monkeypatch)
     assert not torch.equal(torch.load(today / "model.pt")["fc1.weight"], torch.load(whole / "model.pt")["fc1.weight"])
+
+
+def test_a_run_of_training_rules_3_resumes_under_them(tmp_path, monkeypatch):
+    """Made under training rules 3 (f999e93; a user's network with GroupNorm, written as a class,
+    on the loop trainer): one device's step came from torch.func's grad, which decomposes
+    GroupNorm's backward; today's rules differentiate it by autograd, whose numbers differ by
+    float rounding, so the resumed run keeps the rules it started with."""
+    whole, today = resumes_under_its_own_rules("f999e93", 3, tmp_path, monkeypatch)
+    assert not torch.equal(torch.load(today / "model.pt")["conv.weight"], torch.load(whole / "model.pt")["conv.weight"])

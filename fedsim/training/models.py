@@ -28,7 +28,7 @@ from fedsim.config.catalog import MODELS
 from fedsim.errors import FedsimError, first_line
 from fedsim.training import rules as training_rules
 from fedsim.training.architectures import BUILT_IN, TokenShape
-from fedsim.training.kernels import KernelModel, lower
+from fedsim.training.kernels import lower
 from fedsim.training.losses import StepFn, StepLoss
 from fedsim.training.modules import ModuleModel
 
@@ -126,8 +126,7 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
         model = ModuleModel(cfg.name, built, in_shape, n_classes, where)  # every check a module gets
         if rules >= 2:
             model = lower(cfg.name, model.module, in_shape) or model
-    if isinstance(model, KernelModel):
-        model.rules = rules
+    model.rules = rules
     if cfg.local_buffers and not model.has_buffers:
         raise FedsimError(f"{where}: [model] local_buffers = true, but the module has no buffers (running "
                           "statistics) to keep on the devices; set local_buffers = false")

@@ -22,11 +22,16 @@ its numbers stay its own. A run of a release that recorded none started under ve
    in a batched call (`kernels.dense_cohort_step`, as softmax regression always had) instead of
    by reverse mode: an mlp run 1.5x faster a round (benchmarks/RESULTS.md, "The MLP's gradient
    in closed form").
+4. One device's step of a module through torch.func (the loop trainer; a cohort of one) is
+   differentiated by autograd instead of torch.func's `grad`: the same kernels for most modules
+   (LeNet-5, a transformer, BatchNorm, tied weights: bit for bit), but torch.func decomposes
+   some backwards (GroupNorm's), whose numbers then differ by float rounding; a step 1.2-1.7x
+   faster (benchmarks/RESULTS.md, "The loop's convolutional step").
 """
 
 from __future__ import annotations
 
-CURRENT = 3
+CURRENT = 4
 
 ROW_FLOATS = 16  # 64 bytes of float32: a cache line, and the widest alignment a BLAS kernel asks
 

@@ -3,11 +3,12 @@
 # resumes under the training rules it started with (fedsim/training/rules.py), and the same run
 # uninterrupted:
 #   git archive SHA | tar -x -C /tmp/old-SHA
-#   sh tests/past_module_runs/make.sh SHA /tmp/old-SHA [MODEL]
-# writes tests/past_module_runs/SHA/{seqnet.py, module (3 rounds), whole (5 rounds)}.
-# 9cd3e24 (rules 1) is the nn.Sequential; c977a51 (rules 2) is mlp.
+#   sh tests/past_module_runs/make.sh SHA /tmp/old-SHA [MODEL] [CLIENT (a [client] line)]
+# writes tests/past_module_runs/SHA/{seqnet.py, gnnet.py, module (3 rounds), whole (5 rounds)}.
+# 9cd3e24 (rules 1) is the nn.Sequential; c977a51 (rules 2) is mlp; f999e93 (rules 3) is
+# gnnet:make (a class with GroupNorm) with CLIENT = 'trainer = "loop"'.
 set -e
-sha=$1; code=$2; model=${3:-seqnet:make}
+sha=$1; code=$2; model=${3:-seqnet:make}; client=${4:-}
 here=$(cd "$(dirname "$0")" && pwd)
 out=$here/$sha
 rm -rf "$out"; mkdir -p "$out"
@@ -18,6 +19,25 @@ from torch import nn
 def make(in_shape, n_classes, cfg):
     """A user's MLP as an nn.Sequential of layers fedsim has kernels for, with dropout."""
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, n_classes))
+PY
+cat > "$out/gnnet.py" <<'PY'
+from torch import nn
+
+
+class GroupNormNet(nn.Module):
+    """A user's small convolutional network with GroupNorm, written as a class."""
+
+    def __init__(self, n_classes):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(1, 8, 3, padding=1), nn.GroupNorm(2, 8)
+        self.fc = nn.Linear(8 * 4 * 4, n_classes)
+
+    def forward(self, x):
+        return self.fc(nn.functional.max_pool2d(self.norm(self.conv(x)).relu(), 2).flatten(1))
+
+
+def make(in_shape, n_classes, cfg):
+    return GroupNormNet(n_classes)
 PY
 cat > "$out/module.toml" <<TOML
 [run]
@@ -32,6 +52,7 @@ clients = 12
 [model]
 name = "$model"
 [client]
+$client
 batch_size = 8
 local_steps = 3
 lr = 0.1

@@ -1,8 +1,9 @@
 """A fedsim round against a plain one-thread PyTorch loop doing the same local steps (issue 38).
 
 For each model -- the built-ins (logreg, mlp, lenet5, cnn-fmnist) and models a user brings as
-nn.Modules (an MLP, LeNet-5, a small GroupNorm ResNet, a 2-layer transformer encoder with
-dropout 0.1 reading digits' rows as 8 tokens) -- two timings of one round's training,
+nn.Modules (an MLP, LeNet-5 as an nn.Sequential and as a class with its own forward, a small
+GroupNorm ResNet, a 2-layer transformer encoder with dropout 0.1 reading digits' rows as 8
+tokens) -- two timings of one round's training,
 alternated in one process (A B B A A B ..., after one warm-up round of one step per device):
 
 * fedsim: one `Trainer.train` call on the cohort, built as `fedsim run` builds it (the task of
@@ -65,6 +66,22 @@ def _cnn_fmnist_module(in_shape, n_classes, cfg):
                          nn.Linear(128, n_classes))
 
 
+class LeNet5(nn.Module):
+    """LeNet-5 as a class with its own forward, as users usually write it (functional ReLUs and
+    pools, `x.view(x.size(0), -1)`)."""
+
+    def __init__(self, n_classes: int):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 6, 5, padding=2), nn.Conv2d(6, 16, 5)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(400, 120), nn.Linear(120, 84), nn.Linear(84, n_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = x.view(x.size(0), -1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
 class _Block(nn.Module):
     def __init__(self, c: int):
         super().__init__()
@@ -117,7 +134,7 @@ class Model:
 
 
 # user modules are registered under names of their own (a user would write "file:factory")
-USER = {"user-mlp": _mlp_module, "user-lenet5": _lenet5_module,
+USER = {"user-mlp": _mlp_module, "user-lenet5": _lenet5_module, "user-lenet5-class": lambda s, n, cfg: LeNet5(n),
         "user-resnet-gn": lambda s, n, cfg: GroupNormResNet(s[0], n),
         "user-transformer": lambda s, n, cfg: RowTransformer(n)}
 for _name, _factory in USER.items():
@@ -131,6 +148,7 @@ MODELS = {
     "cnn-fmnist": Model("cnn-fmnist", _cnn_fmnist_module, "fashion-mnist", "built-in"),
     "user-mlp": Model("user-mlp", _mlp_module, "fashion-mnist", "module"),
     "user-lenet5": Model("user-lenet5", _lenet5_module, "fashion-mnist", "module"),
+    "user-lenet5-class": Model("user-lenet5-class", USER["user-lenet5-class"], "fashion-mnist", "module"),
     "user-resnet-gn": Model("user-resnet-gn", USER["user-resnet-gn"], "digits", "module"),
     "user-transformer": Model("user-transformer", USER["user-transformer"], "digits", "module"),
 }

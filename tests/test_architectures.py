@@ -16,7 +16,7 @@ from fedsim.config import ModelConfig
 from fedsim.config.catalog import MODELS
 from fedsim.training import architectures
 from fedsim.training.architectures import TokenShape
-from fedsim.training.kernels import KernelModel, lower
+from fedsim.training.kernels import KernelModel, lower, lower_traced
 from fedsim.training.models import build_model
 from fedsim.training.modules import ModuleModel
 
@@ -234,3 +234,158 @@ def test_the_channels_last_pool_is_torchs_max_pool_forward_and_backward(shape):
     expected.backward(grad)
     assert torch.equal(out, expected) and out.is_contiguous()
     assert torch.equal(ours.grad, theirs.grad)
+
+
+class _ClassLeNet(nn.Module):
+    """LeNet-5 as users write it: attributes declared in another order than the forward uses
+    them, functional ReLUs and pools, a flatten."""
+
+    def __init__(self, n_classes=10):
+        super().__init__()
+        self.fc = nn.Linear(16 * 2 * 2, n_classes)
+        self.conv1, self.conv2 = nn.Conv2d(1, 6, 3, padding=1), nn.Conv2d(6, 16, 3, padding=1)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(torch.relu(self.conv2(x)), (2, 2))
+        return self.fc(torch.flatten(x, 1))
+
+
+class _Tutorial(nn.Module):
+    """The PyTorch tutorial's form (a pool module, `x.view(-1, features)`), with a nested
+    Sequential."""
+
+    def __init__(self, n_classes=10):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU())
+        self.pool, self.fc1, self.fc2 = nn.MaxPool2d(2, 2), nn.Linear(4 * 4 * 4, 12), nn.Linear(12, n_classes)
+
+    def forward(self, x):
+        x = self.pool(self.features(x)).view(-1, 4 * 4 * 4)
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+class _SizeView(_ClassLeNet):
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(x.view(x.size(0), -1))
+
+
+class _Residual(_ClassLeNet):
+    def forward(self, x):
+        h = F.relu(self.conv1(x))
+        return self.fc(F.max_pool2d(F.max_pool2d(self.conv2(h) + h.sum(1, keepdim=True), 2), 2).flatten(1))
+
+
+class _LogSoftmax(_ClassLeNet):
+    def forward(self, x):
+        return F.log_softmax(super().forward(x), dim=1)
+
+
+class _WithNorm(_ClassLeNet):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm2d(6)
+
+    def forward(self, x):
+        return super().forward(self.norm(x.expand(-1, 6, -1, -1))[:, :1])
+
+
+def _registered(name, factory):
+    MODELS.register(name, factory)
+    return name
+
+
+@pytest.mark.parametrize("cls", [_ClassLeNet, _Tutorial, _SizeView])
+def test_a_users_class_whose_forward_is_a_chain_of_kernel_layers_trains_on_the_kernels_under_rules_4(cls):
+    """Training rules 4 read a module written as a class (its forward traced by torch.fx) and
+    train it on the kernels when the forward is a chain of layers they know: its own names in
+    model.pt, its own initial values, its own logits. A run started under rules 3 keeps it on
+    torch.func."""
+    name = _registered("user-class", lambda s, n, cfg: cls(n))
+    try:
+        model = build_model(ModelConfig(name=name), (1, 8, 8), 10, "tiny", seed=4)
+        old = build_model(ModelConfig(name=name), (1, 8, 8), 10, "tiny", seed=4, rules=3)
+    finally:
+        del MODELS[name]
+    assert isinstance(model, KernelModel) and isinstance(old, ModuleModel)
+    assert model.state_dict(model.init(4)).keys() == old.state_dict(old.init(4)).keys()
+    saved = model.state_dict(model.init(4))
+    assert all(torch.equal(saved[k], v) for k, v in old.state_dict(old.init(4)).items())
+    x = inputs((1, 8, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(model.predict(model.init(4), x), old.predict(old.init(4), x))
+
+
+@pytest.mark.parametrize("cls", [_Residual, _LogSoftmax, _WithNorm])
+def test_a_class_whose_forward_is_not_such_a_chain_trains_through_torch_func(cls):
+    """A branch (a residual sum), a layer the kernels do not know (log_softmax), buffers
+    (BatchNorm): the module is not lowered."""
+    name = _registered("user-class", lambda s, n, cfg: cls())
+    try:
+        assert isinstance(build_model(ModelConfig(name=name), (1, 8, 8), 10, "tiny", seed=4), ModuleModel)
+    finally:
+        del MODELS[name]
+
+
+def test_a_run_of_a_users_class_lenet_trains_on_the_kernels_and_its_model_pt_loads_into_the_class(
+        cli_run, tmp_path, monkeypatch):
+    """Through the CLI (`[model] name = "file:factory"`): the manifest names fedsim's kernels as
+    the code and the loop as the path on a CPU; model.pt loads (strict) into the user's class,
+    which scores the run's final test accuracy."""
+    from fedsim.config import DataConfig
+    from fedsim.data.datasets import load_dataset
+
+    (tmp_path / "netdef.py").write_text(
+        "import torch\nimport torch.nn.functional as F\nfrom torch import nn\n\n\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self, n_classes):\n"
+        "        super().__init__()\n"
+        "        self.conv1, self.conv2 = nn.Conv2d(1, 6, 3, padding=1), nn.Conv2d(6, 16, 3, padding=1)\n"
+        "        self.fc = nn.Linear(16 * 2 * 2, n_classes)\n\n"
+        "    def forward(self, x):\n"
+        "        x = F.max_pool2d(F.relu(self.conv1(x)), 2)\n"
+        "        x = F.max_pool2d(F.relu(self.conv2(x)), 2)\n"
+        "        return self.fc(x.view(x.size(0), -1))\n\n\n"
+        "def make(in_shape, n_classes, cfg):\n"
+        "    return Net(n_classes)\n")
+    monkeypatch.chdir(tmp_path)
+    run = cli_run({"run": {"rounds": 3, "eval_every": 3}, "data": {"dataset": "digits", "clients": 6},
+                   "model": {"name": "netdef:make"}, "server": {"timing": "ideal", "clients_per_round": 3},
+                   "client": {"local_steps": 2, "batch_size": 8}}, name="classnet")
+    trainer = json.loads((run / "manifest.json").read_text())["trainer"]
+    assert trainer["code"] == "fedsim's kernels" and trainer["path"] == "loop"
+    sys_path = __import__("sys").path
+    sys_path.insert(0, str(tmp_path))
+    try:
+        module = __import__("netdef").Net(10)
+    finally:
+        sys_path.remove(str(tmp_path))
+    module.load_state_dict(torch.load(run / "model.pt"))
+    data = load_dataset(DataConfig(dataset="digits", clients=6), 0)
+    x = torch.as_tensor(data.x_test, dtype=torch.float32) * data.scale
+    with torch.no_grad():
+        logits = module.eval()(x.view(-1, 1, 8, 8))
+    accuracy = float((logits.argmax(1) == torch.as_tensor(data.y_test)).double().mean())
+    final = pl.read_parquet(run / "rounds.parquet").drop_nulls("test_acc")["test_acc"][-1]
+    assert accuracy == pytest.approx(final, abs=1e-9)
+
+
+class _TrainsOtherwise(_ClassLeNet):
+    """A forward that reads self.training: a chain in evaluation, another computation in training."""
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        if self.training:
+            x = x * 2.0
+        return self.fc(torch.flatten(F.max_pool2d(F.relu(self.conv2(x)), 2), 1))
+
+
+def test_a_class_whose_training_forward_differs_from_its_evaluation_trains_through_torch_func():
+    """The trace is read in both modes: the kernels would compute the evaluation's chain in
+    training too."""
+    for mode in (True, False):
+        module = _TrainsOtherwise().train(mode)
+        assert lower_traced("x", module, (1, 8, 8)) is None and module.training == mode
+    assert lower_traced("x", _ClassLeNet().eval(), (1, 8, 8)) is not None

@@ -346,8 +346,9 @@ def test_a_steps_dropout_numbers_drawn_at_once_are_the_per_call_draws_bit_for_bi
     from fedsim.config import ClientConfig, DataConfig, ModelConfig
     from fedsim.training import build_task, build_trainer, modules, rng
 
+    # (training rules 3: mlp_dropout through torch.func; from rules 4 its chain trains on the kernels)
     task = build_task(DataConfig(dataset="digits", clients=8), ModelConfig(name=f"user_nets:{name}"), seed=3,
-                      device=torch.device("cpu"))
+                      device=torch.device("cpu"), rules=3)
     start = task.init_params()[None].expand(5, -1).clone()
     clients = {"steps": ClientConfig(batch_size=6, local_steps=3, trainer=trainer),
                "epochs": ClientConfig(batch_size=6, local_epochs=1.5, trainer=trainer)}

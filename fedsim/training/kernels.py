@@ -3,8 +3,9 @@ train, chosen by layer type.
 
 A module made only of layers these kernels know (nn.Flatten, nn.Linear, nn.Conv2d, nn.ReLU,
 nn.MaxPool2d(2), nn.Dropout, nn.Embedding, and the built-ins' LastHiddenLSTM and FixedEmbedding,
-in an nn.Sequential) is lowered here to a `KernelModel`: a pure function of one flat float32
-parameter vector per device. Each layer applies itself two ways: `__call__` to one device's
+in an nn.Sequential, or a class whose forward is a chain of them: `lower_traced`) is lowered
+here to a `KernelModel`: a pure function of one flat float32 parameter vector per device.
+Each layer applies itself two ways: `__call__` to one device's
 batch (evaluation, the loop trainer) and `cohort` to the batches of m devices with stacked
 parameters [m, ...] (the batched trainer), written by hand (batched matmuls, one grouped
 convolution) rather than with `torch.func.vmap`, which any other module gets
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -510,7 +512,8 @@ class KernelModel:
 
     def init(self, seed: int) -> Tensor:
         """The parameters the factory built (its initialisation seeded by the run's seed)."""
-        return torch.cat([p.detach().reshape(-1).float() for p in self.module.parameters()])
+        own = dict(self.module.named_parameters())  # (by name: a module's own order may not be its layers')
+        return torch.cat([own[q.name].detach().reshape(-1).float() for q in self.params])
 
     def state_dict(self, flat: Tensor) -> dict[str, Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.unflatten(flat).items()}
@@ -592,6 +595,116 @@ def lower(name: str, module: nn.Module, in_shape: tuple[int, ...]) -> KernelMode
     return KernelModel(name, module, layers, in_shape)
 
 
+def lower_traced(name: str, module: nn.Module, in_shape: tuple[int, ...]) -> KernelModel | None:
+    """The kernels of a module written as a class whose forward is a chain of layers the kernels
+    know (as `lower` takes them in an nn.Sequential: submodules, or `F.relu`, `torch.relu`,
+    `F.max_pool2d(x, 2)`, `torch.flatten(x, 1)`, `x.flatten(1)`, `x.view(x.size(0), -1)`,
+    `x.view(-1, features)`, `x.relu()`), each step reading the one before: how a LeNet-5 is
+    usually written. Read from `torch.fx.symbolic_trace`, and kept only where the kernels give
+    the module's own logits; None for any other module (control flow, a branch, buffers, frozen
+    or shared parameters, a call the kernels do not know), which trains through torch.func."""
+    if isinstance(module, nn.Sequential) or any(not p.requires_grad for p in module.parameters()) \
+            or next(module.buffers(), None) is not None:
+        return None
+    training = module.training
+    try:  # the forward as it trains and as it evaluates: one chain (a forward may read self.training)
+        chains = [_chain(module.train(mode), in_shape) for mode in (True, False)]
+    finally:
+        module.train(training)
+    layers = chains[0]
+    if layers is None or chains[1] is None or _described(layers) != _described(chains[1]):
+        return None
+    names = sorted(n for n, _ in module.named_parameters(remove_duplicate=False))
+    if names != sorted(q.name for layer in layers for q in layer.params):
+        return None  # (a parameter the chain leaves out, or one used twice)
+    lowered = KernelModel(name, module, layers, in_shape)
+    return lowered if _same_logits(lowered, module) else None
+
+
+def _described(layers: list[Layer]) -> list[tuple]:
+    return [(type(layer).__name__, [q.name for q in layer.params], getattr(layer, "rate", None)) for layer in layers]
+
+
+def _chain(module: nn.Module, in_shape: tuple[int, ...]) -> list[Layer] | None:
+    """The kernels of the module's traced forward (in its present mode) if it is a chain of them."""
+    try:
+        graph = torch.fx.symbolic_trace(module).graph
+    except Exception:  # (whatever fx cannot trace: the module trains as it is)
+        return None
+    layers: list[Layer] = []
+    shape, last = tuple(in_shape), None
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            if last is not None:
+                return None  # (a second input)
+            last = node
+            continue
+        if node.op == "output":
+            if node.args[0] is not last:
+                return None
+            break
+        if _batch_size(node, last):
+            continue  # (read by a view of `last`)
+        if not node.args or node.args[0] is not last or sum(not _batch_size(u, node) for u in node.users) > 1 \
+                or any(isinstance(a, torch.fx.Node) and not _batch_size(a, last)
+                       for a in (*node.args[1:], *node.kwargs.values())):
+            return None  # (not a chain)
+        kernel = _traced_kernel(module, node, shape)
+        if kernel is None:
+            return None
+        layers.append(kernel)
+        shape, last = kernel.out_shape(shape), node
+    return layers or None
+
+
+def _same_logits(lowered: KernelModel, module: nn.Module) -> bool:
+    """Whether the kernels compute the module's own forward (eval mode) on a probe batch: what
+    the trace reads is the forward's calls, and this checks that nothing else it does was missed."""
+    shape, training = lowered.in_shape, module.training
+    g = torch.Generator().manual_seed(0)
+    vocab = getattr(shape, "vocab_size", None)
+    x = torch.randint(0, vocab, (4, *shape), generator=g) if vocab else torch.rand(4, *shape, generator=g)
+    try:
+        with torch.no_grad():
+            theirs, ours = module.eval()(x), lowered.predict(lowered.init(0), x)
+    except Exception:
+        return False
+    finally:
+        module.train(training)
+    return theirs.shape == ours.shape and torch.allclose(theirs, ours, rtol=1e-4, atol=1e-5)
+
+
+def _batch_size(node, of) -> bool:
+    """Whether a traced `node` is `of.size(0)`, the batch size (as `x.view(x.size(0), -1)` reads it)."""
+    return node.op == "call_method" and node.target == "size" and node.args == (of, 0) and not node.kwargs
+
+
+def _traced_kernel(module: nn.Module, node, shape: tuple[int, ...]) -> Layer | None:
+    """The kernel of one traced call (`lower_traced`), or None."""
+    args, kwargs = node.args[1:], node.kwargs
+    if node.op == "call_module":
+        return _kernel(node.target, module.get_submodule(node.target), shape) if not args and not kwargs else None
+    call = (node.op, node.target)
+    if call in (("call_function", F.relu), ("call_function", torch.relu), ("call_method", "relu")):
+        return ReLU() if not args and set(kwargs) <= {"inplace"} else None  # (in place or not: a chain's own)
+    if node.op == "call_method" and node.target in ("view", "reshape") and len(args) == 2 and not kwargs:
+        batch, features = args
+        whole = (isinstance(batch, torch.fx.Node) or batch == -1) and features in (-1, math.prod(shape)) \
+            and not batch == features == -1
+        return Flatten() if whole else None
+    if call in (("call_function", torch.flatten), ("call_method", "flatten")):
+        start, end = (list(args) + [kwargs.get("start_dim", 0), kwargs.get("end_dim", -1)][len(args):])[:2]
+        return Flatten() if (start, end) == (1, -1) and not set(kwargs) - {"start_dim", "end_dim"} else None
+    if call == ("call_function", F.max_pool2d) and len(shape) == 3:
+        given = dict(zip(("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"), args))
+        given.update(kwargs)
+        kernel, stride = given.get("kernel_size"), given.get("stride") or given.get("kernel_size")
+        plain = (_pairs(kernel, stride) == (2, 2) and _pairs(given.get("padding", 0), given.get("dilation", 1)) == (0, 1)
+                 and not given.get("ceil_mode", False) and not given.get("return_indices", False))
+        return MaxPool() if plain else None
+    return None
+
+
 def _kernel(name: str, layer: nn.Module, shape: tuple[int, ...]) -> Layer | None:
     """The kernel of one layer reading one sample of `shape`, or None."""
     if type(layer) is nn.Flatten and layer.start_dim == 1 and layer.end_dim == -1:
@@ -623,7 +736,8 @@ def _kernel(name: str, layer: nn.Module, shape: tuple[int, ...]) -> Layer | None
 
 
 def _pairs(a, b) -> tuple:
-    one = lambda v: v if isinstance(v, int) else (v[0] if v[0] == v[1] else None)  # noqa: E731
+    one = lambda v: v if isinstance(v, int) else (  # noqa: E731
+        v[0] if isinstance(v, (tuple, list)) and len(v) == 2 and v[0] == v[1] else None)
     return one(a), one(b)
 
 

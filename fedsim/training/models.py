@@ -10,8 +10,9 @@ Two implementations sit under the protocol:
   fedsim has hand-batched kernels for.
 * `ModuleModel` (fedsim/training/modules.py): any other module, through torch.func
   (`functional_call`, `grad`, `vmap`). A user's nn.Sequential of layers with kernels trains on
-  the kernels from training rules 2 (fedsim/training/rules.py); a run started under rules 1
-  resumes here, with its own numbers.
+  the kernels from training rules 2 (fedsim/training/rules.py), a class whose forward is a
+  chain of them from rules 4; a run started under earlier rules resumes here, with its own
+  numbers.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from fedsim.config.catalog import MODELS
 from fedsim.errors import FedsimError, first_line
 from fedsim.training import rules as training_rules
 from fedsim.training.architectures import BUILT_IN, TokenShape
-from fedsim.training.kernels import lower
+from fedsim.training.kernels import lower, lower_traced
 from fedsim.training.losses import StepFn, StepLoss
 from fedsim.training.modules import ModuleModel
 
@@ -126,6 +127,8 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
         model = ModuleModel(cfg.name, built, in_shape, n_classes, where)  # every check a module gets
         if rules >= 2:
             model = lower(cfg.name, model.module, in_shape) or model
+        if rules >= 4 and isinstance(model, ModuleModel):
+            model = lower_traced(cfg.name, model.module, in_shape) or model
     model.rules = rules
     if cfg.local_buffers and not model.has_buffers:
         raise FedsimError(f"{where}: [model] local_buffers = true, but the module has no buffers (running "

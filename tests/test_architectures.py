@@ -107,15 +107,22 @@ def test_layers_without_a_kernel_are_not_lowered(layer):
 def test_a_runs_model_pt_loads_into_the_builtin_with_plain_torch(cli_run, tmp_path):
     """`fedsim run` with cnn-svhn on digits; model.pt loads (strict) into the module the factory
     builds, and the module scores the run's final test accuracy on the test set."""
-    from fedsim.config import DataConfig
-    from fedsim.data.datasets import load_dataset
-
     run = cli_run({"run": {"rounds": 3, "eval_every": 3},
                    "data": {"dataset": "digits", "clients": 6},
                    "model": {"name": "cnn-svhn"},
                    "server": {"timing": "ideal", "clients_per_round": 3},
                    "client": {"local_steps": 2, "batch_size": 8}}, name="cnn")
     module = architectures.cnn_svhn((1, 8, 8), 10, ModelConfig(name="cnn-svhn"))
+    logits, labels = scores_the_runs_final_accuracy(module, run)
+    assert float(F.cross_entropy(logits, labels)) > 0
+
+
+def scores_the_runs_final_accuracy(module: nn.Module, run) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load the run's model.pt (strict) into `module`, score digits' test set with it: its
+    accuracy is the run's final test accuracy. The logits and the labels."""
+    from fedsim.config import DataConfig
+    from fedsim.data.datasets import load_dataset
+
     module.load_state_dict(torch.load(run / "model.pt"))
     data = load_dataset(DataConfig(dataset="digits", clients=6), 0)
     x = torch.as_tensor(data.x_test, dtype=torch.float32) * data.scale
@@ -124,7 +131,7 @@ def test_a_runs_model_pt_loads_into_the_builtin_with_plain_torch(cli_run, tmp_pa
     accuracy = float((logits.argmax(1) == torch.as_tensor(data.y_test)).double().mean())
     final = pl.read_parquet(run / "rounds.parquet").drop_nulls("test_acc")["test_acc"][-1]
     assert accuracy == pytest.approx(final, abs=1e-9)
-    assert float(F.cross_entropy(logits, torch.as_tensor(data.y_test))) > 0
+    return logits, torch.as_tensor(data.y_test)
 
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
@@ -334,9 +341,6 @@ def test_a_run_of_a_users_class_lenet_trains_on_the_kernels_and_its_model_pt_loa
     """Through the CLI (`[model] name = "file:factory"`): the manifest names fedsim's kernels as
     the code and the loop as the path on a CPU; model.pt loads (strict) into the user's class,
     which scores the run's final test accuracy."""
-    from fedsim.config import DataConfig
-    from fedsim.data.datasets import load_dataset
-
     (tmp_path / "netdef.py").write_text(
         "import torch\nimport torch.nn.functional as F\nfrom torch import nn\n\n\n"
         "class Net(nn.Module):\n"
@@ -362,14 +366,7 @@ def test_a_run_of_a_users_class_lenet_trains_on_the_kernels_and_its_model_pt_loa
         module = __import__("netdef").Net(10)
     finally:
         sys_path.remove(str(tmp_path))
-    module.load_state_dict(torch.load(run / "model.pt"))
-    data = load_dataset(DataConfig(dataset="digits", clients=6), 0)
-    x = torch.as_tensor(data.x_test, dtype=torch.float32) * data.scale
-    with torch.no_grad():
-        logits = module.eval()(x.view(-1, 1, 8, 8))
-    accuracy = float((logits.argmax(1) == torch.as_tensor(data.y_test)).double().mean())
-    final = pl.read_parquet(run / "rounds.parquet").drop_nulls("test_acc")["test_acc"][-1]
-    assert accuracy == pytest.approx(final, abs=1e-9)
+    scores_the_runs_final_accuracy(module, run)
 
 
 class _TrainsOtherwise(_ClassLeNet):

@@ -276,7 +276,15 @@ class _SizeView(_ClassLeNet):
     def forward(self, x):
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc(x.view(x.size(0), -1))
+        return self.fc(F.dropout(x.view(x.size(0), -1), 0.25, self.training))
+
+
+class _AlwaysDrops(_ClassLeNet):
+    """F.dropout's `training` left at its default: it drops in evaluation too."""
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        return self.fc(F.dropout(torch.flatten(F.max_pool2d(F.relu(self.conv2(x)), 2), 1), 0.25))
 
 
 class _Residual(_ClassLeNet):
@@ -285,9 +293,10 @@ class _Residual(_ClassLeNet):
         return self.fc(F.max_pool2d(F.max_pool2d(self.conv2(h) + h.sum(1, keepdim=True), 2), 2).flatten(1))
 
 
-class _LogSoftmax(_ClassLeNet):
+class _AvgPooled(_ClassLeNet):
     def forward(self, x):
-        return F.log_softmax(super().forward(x), dim=1)
+        x = F.avg_pool2d(F.relu(self.conv1(x)), 2)
+        return self.fc(torch.flatten(F.max_pool2d(F.relu(self.conv2(x)), 2), 1))
 
 
 class _WithNorm(_ClassLeNet):
@@ -325,10 +334,10 @@ def test_a_users_class_whose_forward_is_a_chain_of_kernel_layers_trains_on_the_k
         torch.testing.assert_close(model.predict(model.init(4), x), old.predict(old.init(4), x))
 
 
-@pytest.mark.parametrize("cls", [_Residual, _LogSoftmax, _WithNorm])
+@pytest.mark.parametrize("cls", [_Residual, _AvgPooled, _WithNorm, _AlwaysDrops])
 def test_a_class_whose_forward_is_not_such_a_chain_trains_through_torch_func(cls):
-    """A branch (a residual sum), a layer the kernels do not know (log_softmax), buffers
-    (BatchNorm): the module is not lowered."""
+    """A branch (a residual sum), a layer the kernels do not know (average pooling), buffers
+    (BatchNorm), dropout in evaluation too: the module is not lowered."""
     name = _registered("user-class", lambda s, n, cfg: cls())
     try:
         assert isinstance(build_model(ModelConfig(name=name), (1, 8, 8), 10, "tiny", seed=4), ModuleModel)
@@ -386,3 +395,52 @@ def test_a_class_whose_training_forward_differs_from_its_evaluation_trains_throu
         module = _TrainsOtherwise().train(mode)
         assert lower_traced("x", module, (1, 8, 8)) is None and module.training == mode
     assert lower_traced("x", _ClassLeNet().eval(), (1, 8, 8)) is not None
+
+
+class _ExamplesNet(nn.Module):
+    """pytorch/examples' MNIST network in small: dropout on the pooled images, log-probabilities out."""
+
+    def __init__(self, n_classes=10):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 4, 3, 1), nn.Conv2d(4, 8, 3, 1)
+        self.dropout1, self.dropout2 = nn.Dropout(0.25), nn.Dropout(0.5)
+        self.fc1, self.fc2 = nn.Linear(8 * 2 * 2, 16), nn.Linear(16, n_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        x = torch.flatten(self.dropout1(x), 1)
+        return F.log_softmax(self.fc2(self.dropout2(F.relu(self.fc1(x)))), dim=1)
+
+
+def test_dropout_on_images_and_log_probabilities_train_on_the_kernels_under_rules_4():
+    """pytorch/examples' MNIST network (dropout on images, log_softmax out) is lowered; its
+    loop step written out equals reverse mode through the kernels, dropout included, bit for
+    bit, and a cohort's batched step agrees with the loop's. An nn.Sequential with those layers
+    started under rules 3 stays on torch.func."""
+    from fedsim.training.kernels import autograd_step
+    from fedsim.training.losses import weighted_cross_entropy
+
+    name = _registered("user-examples", lambda s, n, cfg: _ExamplesNet(n))
+    try:
+        model = build_model(ModelConfig(name=name), (1, 8, 8), 10, "tiny", seed=2)
+    finally:
+        del MODELS[name]
+    assert isinstance(model, KernelModel) and model.dropout_features == 8 * 2 * 2 + 16
+    g = torch.Generator().manual_seed(3)
+    params = model.init(2)[None].expand(3, -1) + 0.05 * torch.randn(3, model.dim, generator=g)
+    x, y = torch.rand(3, 8, 1, 8, 8, generator=g), torch.randint(0, 10, (3, 8), generator=g)
+    weight, u = torch.full((3, 8), 1 / 8), torch.rand(3, 8, model.dropout_features, generator=g)
+    written = model.step_fn(weighted_cross_entropy, batched=False)
+    reverse = autograd_step(lambda ps, x, u: model.forward(ps, x, u), weighted_cross_entropy)
+    for k in range(3):
+        a, b = written(model.split(params[k]), x[k], y[k], weight[k], u[k]), \
+            reverse(model.split(params[k]), x[k], y[k], weight[k], u[k])
+        assert torch.equal(a[1], b[1]) and all(torch.equal(s, t) for s, t in zip(a[0], b[0]))
+    cohort, _ = model.step_fn(weighted_cross_entropy, batched=True)(model.split(params), x, y, weight, u)
+    for k in range(3):
+        one, _ = written(model.split(params[k]), x[k], y[k], weight[k], u[k])
+        for s, t in zip(cohort, one):
+            torch.testing.assert_close(s[k], t, rtol=1e-4, atol=1e-6)
+    sequential = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Dropout(0.25), nn.Flatten(), nn.Linear(144, 10),
+                               nn.LogSoftmax(dim=1))
+    assert lower("x", sequential, (1, 8, 8), rules=3) is None and lower("x", sequential, (1, 8, 8)) is not None

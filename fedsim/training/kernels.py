@@ -279,7 +279,8 @@ class Flatten(Layer):
 
 
 class Dropout(Layer):
-    """Inverted dropout driven by the uniforms `u` [B, features] (None at evaluation)."""
+    """Inverted dropout driven by the uniforms `u` [B, features] (None at evaluation): a sample's
+    features, or an image's values in their order (C, H, W)."""
 
     def __init__(self, features: int, rate: float):
         self.dropout, self.rate = features, rate
@@ -287,16 +288,38 @@ class Dropout(Layer):
     def __call__(self, p, x, u):
         if u is None:
             return x
-        return x * (u >= self.rate).to(x.dtype) / (1.0 - self.rate)
+        return x * (u.view(x.shape) >= self.rate).to(x.dtype) / (1.0 - self.rate)
+
+    def cohort(self, p, x, u):
+        if u is not None and x.dim() == 5:  # images [B, m, C, H, W]; the uniforms are [m, B, C * H * W]
+            u = u.transpose(0, 1).reshape(x.shape)
+        return self(p, x, u)
 
     writes_backward = True
 
     def forward_saving(self, p, x, u):
-        keep = (u >= self.rate).to(x.dtype)
+        keep = (u.view(x.shape) >= self.rate).to(x.dtype)
         return x * keep / (1.0 - self.rate), keep
 
     def backward(self, p, grad, keep, input_grad):  # the division's backward, then the product's
         return grad / (1.0 - self.rate) * keep, ()
+
+
+class LogSoftmax(Layer):
+    """log softmax over the classes (a module that returns log-probabilities: the loss's own
+    log softmax then leaves them as they are, up to rounding)."""
+
+    writes_backward = True
+
+    def __call__(self, p, x, u):
+        return torch.log_softmax(x, -1)
+
+    def forward_saving(self, p, x, u):
+        out = torch.log_softmax(x, -1)
+        return out, out
+
+    def backward(self, p, grad, out, input_grad):
+        return torch.ops.aten._log_softmax_backward_data(grad, out, out.dim() - 1, out.dtype), ()
 
 
 class Embedding(Layer):
@@ -575,16 +598,18 @@ def _shapes(layers: list[Layer], shape: tuple[int, ...]) -> list[tuple[int, ...]
 
 # --- lowering a module ---------------------------------------------------------------------------
 
-def lower(name: str, module: nn.Module, in_shape: tuple[int, ...]) -> KernelModel | None:
+def lower(name: str, module: nn.Module, in_shape: tuple[int, ...],
+          rules: int = training_rules.CURRENT) -> KernelModel | None:
     """The kernels of an nn.Sequential whose every layer has one (see the module docstring), as
     the layer is configured (stride-1 square convolutions with symmetric zero padding and a bias,
-    2x2 pooling, dense layers with a bias, dropout on vectors); None for any other module."""
+    2x2 pooling, dense layers with a bias, dropout on vectors, and from training rules 4 on
+    images, log softmax); None for any other module."""
     if not isinstance(module, nn.Sequential) or any(p.requires_grad is False for p in module.parameters()):
         return None
     layers: list[Layer] = []
     shape = tuple(in_shape)
     for child, layer in module.named_children():
-        kernel = _kernel(child, layer, shape)
+        kernel = _kernel(child, layer, shape, rules)
         if kernel is None:
             return None
         layers.append(kernel)
@@ -595,12 +620,13 @@ def lower(name: str, module: nn.Module, in_shape: tuple[int, ...]) -> KernelMode
     return KernelModel(name, module, layers, in_shape)
 
 
-def lower_traced(name: str, module: nn.Module, in_shape: tuple[int, ...]) -> KernelModel | None:
+def lower_traced(name: str, module: nn.Module, in_shape: tuple[int, ...],
+                 rules: int = training_rules.CURRENT) -> KernelModel | None:
     """The kernels of a module written as a class whose forward is a chain of layers the kernels
     know (as `lower` takes them in an nn.Sequential: submodules, or `F.relu`, `torch.relu`,
     `F.max_pool2d(x, 2)`, `torch.flatten(x, 1)`, `x.flatten(1)`, `x.view(x.size(0), -1)`,
-    `x.view(-1, features)`, `x.relu()`), each step reading the one before: how a LeNet-5 is
-    usually written. Read from `torch.fx.symbolic_trace`, and kept only where the kernels give
+    `x.view(-1, features)`, `x.relu()`, `F.dropout(x, p, self.training)` on vectors), each step
+    reading the one before: how a LeNet-5 is usually written. Read from `torch.fx.symbolic_trace`, and kept only where the kernels give
     the module's own logits; None for any other module (control flow, a branch, buffers, frozen
     or shared parameters, a call the kernels do not know), which trains through torch.func."""
     if isinstance(module, nn.Sequential) or any(not p.requires_grad for p in module.parameters()) \
@@ -608,7 +634,7 @@ def lower_traced(name: str, module: nn.Module, in_shape: tuple[int, ...]) -> Ker
         return None
     training = module.training
     try:  # the forward as it trains and as it evaluates: one chain (a forward may read self.training)
-        chains = [_chain(module.train(mode), in_shape) for mode in (True, False)]
+        chains = [_chain(module.train(mode), in_shape, rules) for mode in (True, False)]
     finally:
         module.train(training)
     layers = chains[0]
@@ -625,7 +651,7 @@ def _described(layers: list[Layer]) -> list[tuple]:
     return [(type(layer).__name__, [q.name for q in layer.params], getattr(layer, "rate", None)) for layer in layers]
 
 
-def _chain(module: nn.Module, in_shape: tuple[int, ...]) -> list[Layer] | None:
+def _chain(module: nn.Module, in_shape: tuple[int, ...], rules: int) -> list[Layer] | None:
     """The kernels of the module's traced forward (in its present mode) if it is a chain of them."""
     try:
         graph = torch.fx.symbolic_trace(module).graph
@@ -649,7 +675,7 @@ def _chain(module: nn.Module, in_shape: tuple[int, ...]) -> list[Layer] | None:
                 or any(isinstance(a, torch.fx.Node) and not _batch_size(a, last)
                        for a in (*node.args[1:], *node.kwargs.values())):
             return None  # (not a chain)
-        kernel = _traced_kernel(module, node, shape)
+        kernel = _traced_kernel(module, node, shape, rules)
         if kernel is None:
             return None
         layers.append(kernel)
@@ -679,11 +705,12 @@ def _batch_size(node, of) -> bool:
     return node.op == "call_method" and node.target == "size" and node.args == (of, 0) and not node.kwargs
 
 
-def _traced_kernel(module: nn.Module, node, shape: tuple[int, ...]) -> Layer | None:
+def _traced_kernel(module: nn.Module, node, shape: tuple[int, ...], rules: int) -> Layer | None:
     """The kernel of one traced call (`lower_traced`), or None."""
     args, kwargs = node.args[1:], node.kwargs
     if node.op == "call_module":
-        return _kernel(node.target, module.get_submodule(node.target), shape) if not args and not kwargs else None
+        return _kernel(node.target, module.get_submodule(node.target), shape, rules) if not args and not kwargs \
+            else None
     call = (node.op, node.target)
     if call in (("call_function", F.relu), ("call_function", torch.relu), ("call_method", "relu")):
         return ReLU() if not args and set(kwargs) <= {"inplace"} else None  # (in place or not: a chain's own)
@@ -695,6 +722,17 @@ def _traced_kernel(module: nn.Module, node, shape: tuple[int, ...]) -> Layer | N
     if call in (("call_function", torch.flatten), ("call_method", "flatten")):
         start, end = (list(args) + [kwargs.get("start_dim", 0), kwargs.get("end_dim", -1)][len(args):])[:2]
         return Flatten() if (start, end) == (1, -1) and not set(kwargs) - {"start_dim", "end_dim"} else None
+    if call == ("call_function", F.dropout) and len(shape) in (1, 3):  # as nn.Dropout: dropping only in training
+        given = dict(zip(("p", "training", "inplace"), args))
+        given.update(kwargs)
+        rate, training = given.get("p", 0.5), given.get("training", True)
+        return Dropout(math.prod(shape), float(rate)) if isinstance(rate, (int, float)) and 0 <= rate < 1 \
+            and training is module.training and set(given) <= {"p", "training", "inplace"} else None
+    if call in (("call_function", F.log_softmax), ("call_function", torch.log_softmax),
+                ("call_method", "log_softmax")) and len(shape) == 1:
+        given = dict(zip(("dim", "_stacklevel", "dtype"), args))
+        given.update(kwargs)
+        return LogSoftmax() if given.get("dim") in (1, -1) and given.get("dtype") is None else None
     if call == ("call_function", F.max_pool2d) and len(shape) == 3:
         given = dict(zip(("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"), args))
         given.update(kwargs)
@@ -705,16 +743,19 @@ def _traced_kernel(module: nn.Module, node, shape: tuple[int, ...]) -> Layer | N
     return None
 
 
-def _kernel(name: str, layer: nn.Module, shape: tuple[int, ...]) -> Layer | None:
-    """The kernel of one layer reading one sample of `shape`, or None."""
+def _kernel(name: str, layer: nn.Module, shape: tuple[int, ...], rules: int) -> Layer | None:
+    """The kernel of one layer reading one sample of `shape`, or None (dropout on images and
+    log softmax from training rules 4)."""
     if type(layer) is nn.Flatten and layer.start_dim == 1 and layer.end_dim == -1:
         return Flatten()
     if type(layer) is nn.ReLU:
         return ReLU()
     if type(layer) is nn.Linear and layer.bias is not None and shape == (layer.in_features,):
         return Dense(name, layer.in_features, layer.out_features)
-    if type(layer) is nn.Dropout and len(shape) == 1:
-        return Dropout(shape[0], layer.p)
+    if type(layer) is nn.Dropout and (len(shape) == 1 or len(shape) == 3 and rules >= 4):
+        return Dropout(math.prod(shape), layer.p)
+    if type(layer) is nn.LogSoftmax and len(shape) == 1 and layer.dim in (1, -1) and rules >= 4:
+        return LogSoftmax()
     if type(layer) is nn.MaxPool2d and len(shape) == 3 and _pairs(layer.kernel_size, layer.stride) == (2, 2) \
             and _pairs(layer.padding, layer.dilation) == (0, 1) and not layer.ceil_mode and not layer.return_indices:
         return MaxPool()

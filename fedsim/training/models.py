@@ -126,9 +126,9 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
     else:
         model = ModuleModel(cfg.name, built, in_shape, n_classes, where)  # every check a module gets
         if rules >= 2:
-            model = lower(cfg.name, model.module, in_shape) or model
+            model = lower(cfg.name, model.module, in_shape, rules) or model
         if rules >= 4 and isinstance(model, ModuleModel):
-            model = lower_traced(cfg.name, model.module, in_shape) or model
+            model = lower_traced(cfg.name, model.module, in_shape, rules) or model
     model.rules = rules
     if cfg.local_buffers and not model.has_buffers:
         raise FedsimError(f"{where}: [model] local_buffers = true, but the module has no buffers (running "
@@ -153,7 +153,7 @@ def model_dim(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, seed:
         return None
     if not isinstance(built, torch.nn.Module):
         return None
-    if (factory in BUILT_IN or rules >= 2) and lower(cfg.name, built, in_shape) is not None:  # (fixed vectors: constants)
+    if (factory in BUILT_IN or rules >= 2) and lower(cfg.name, built, in_shape, rules) is not None:  # (fixed vectors: constants)
         return sum(p.numel() for p in built.parameters())
     trainable = sum(p.numel() for p in built.parameters() if p.requires_grad)
     return trainable + sum(b.numel() for b in built.buffers())

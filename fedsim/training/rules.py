@@ -25,7 +25,8 @@ its numbers stay its own. A run of a release that recorded none started under ve
 4. A user's module written as a class whose forward is a chain of layers fedsim has kernels for
    (a LeNet-5 with functional ReLUs and pools, read by torch.fx: `kernels.lower_traced`) trains on
    the kernels, as an nn.Sequential of them does from rules 2 (a class LeNet-5 on a CPU: 0.89-0.94x a
-   plain loop's round, 1.01-1.17x through torch.func). One device's step of a module through
+   plain loop's round, 1.01-1.17x through torch.func); dropout on images and log softmax have
+   kernels (in an nn.Sequential too). One device's step of a module through
    torch.func (the loop trainer; a cohort of one) is differentiated by autograd instead of
    torch.func's `grad`: the same kernels for most modules (LeNet-5, a transformer, BatchNorm,
    tied weights: bit for bit), but torch.func decomposes some backwards (GroupNorm's), whose

@@ -444,3 +444,23 @@ def test_dropout_on_images_and_log_probabilities_train_on_the_kernels_under_rule
     sequential = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Dropout(0.25), nn.Flatten(), nn.Linear(144, 10),
                                nn.LogSoftmax(dim=1))
     assert lower("x", sequential, (1, 8, 8), rules=3) is None and lower("x", sequential, (1, 8, 8)) is not None
+
+
+@pytest.mark.parametrize("shape, window", [((4, 8, 15, 13), dict(kernel_size=3, stride=2, padding=1)),
+                                           ((4, 8, 15, 13), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+                                           ((2, 3, 9, 9), dict(kernel_size=(3, 2), stride=(1, 2))),
+                                           ((2, 3, 12, 12), dict(kernel_size=3, stride=1, dilation=2))])
+def test_a_modules_own_pooling_on_channels_last_is_torchs_for_any_window(shape, window):
+    """The loop's stand-in for a module's `F.max_pool2d` (overlapping windows, padding, ceil
+    mode, dilation): torch's output and input gradient, ties included."""
+    from fedsim.training.kernels import max_pool2d_channels_last
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.relu(torch.randn(*shape, generator=g))
+    x[:, :, :3] = 0.5
+    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, expected = max_pool2d_channels_last(ours, **window), F.max_pool2d(theirs, **window)
+    grad = torch.randn(expected.shape, generator=g)
+    out.backward(grad)
+    expected.backward(grad)
+    assert torch.equal(out, expected) and torch.equal(ours.grad, theirs.grad)

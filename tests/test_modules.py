@@ -1136,7 +1136,8 @@ def test_a_study_of_dropout_modules_trains_in_parts_each_as_alone(cli_run, user_
 
 class _Counted(nn.Module):
     """BatchNorm (running statistics, an integer counter), a boolean mask buffer, a tied weight
-    used twice, an unused layer, dropout before the head, pooling."""
+    used twice, an unused layer, dropout before the head, pooling (the loop's on channels-last
+    copies: fedsim's own `F.max_pool2d` while the loop's forward runs)."""
 
     def __init__(self):
         super().__init__()
@@ -1146,10 +1147,11 @@ class _Counted(nn.Module):
         self.c = nn.Linear(32, 32)
         self.c.weight = self.b.weight
         self.unused, self.head, self.drop = nn.Linear(3, 3), nn.Linear(32, 10), nn.Dropout(0.3)
+        self.pool = nn.MaxPool2d(3, stride=1, padding=1)  # (overlapping windows)
         self.register_buffer("mask", torch.ones(10, dtype=torch.bool))
 
     def forward(self, x):
-        h = nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2).flatten(1)
+        h = self.pool(nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)).flatten(1)
         h = torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(h))))))
         return self.head(self.drop(h)).masked_fill(~self.mask, -1e9)
 
@@ -1177,3 +1179,34 @@ def test_one_devices_step_by_autograd_is_torch_funcs_grad_bit_for_bit():
     assert torch.equal(old_state, new_state) and torch.equal(old_loss, new_loss)
     assert len(old) == len(new) == model.n_trainable and all(torch.equal(a, b) for a, b in zip(old, new))
     assert not new[model.names.index("unused.weight")].any()  # (an unused parameter's gradient: zeros)
+
+
+def test_auto_loops_over_a_modules_convolutions_on_images_of_16x16_or_more_under_rules_4():
+    """On a CPU a module's convolutions under vmap are one grouped convolution, slower than a loop
+    of them on 28x28 images (faster on 8x8 ones): `auto` takes the loop there from training rules
+    4, and says why in the manifest's words; rules 3 kept the batched call."""
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.config.catalog import MODELS
+    from fedsim.data.datasets import Dataset
+    from fedsim.training import build_trainer
+    from fedsim.training.task import classification_task
+
+    def net(in_shape, n_classes, cfg):
+        return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(4 * in_shape[1] * in_shape[2], n_classes))
+
+    MODELS.register("bn-conv", net)
+    try:
+        paths = {}
+        for side, rules in ((28, 4), (28, 3), (8, 4)):
+            x = np.random.default_rng(0).integers(0, 256, size=(60, 1, side, side), dtype=np.uint8)
+            data = Dataset("images", x, np.arange(60) % 10, x[:10], np.arange(10), 10, scale=1 / 255)
+            task = classification_task(data, DataConfig(dataset="images", clients=6), ModelConfig(name="bn-conv"),
+                                       seed=0, device=torch.device("cpu"), rules=rules)
+            trainer = build_trainer(task, ClientConfig(batch_size=4, local_steps=1), seed=0)
+            paths[side, rules] = trainer.choice(np.arange(3))
+    finally:
+        del MODELS["bn-conv"]
+    assert paths[28, 4][0].path == "loop" and paths[28, 4][1] == (
+        "auto: convolutions on torch.func on a CPU, where a loop of them is faster than one grouped convolution")
+    assert paths[28, 3][0].path == paths[8, 4][0].path == "batched"

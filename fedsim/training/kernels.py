@@ -212,17 +212,18 @@ def max_pool_2x2(x: Tensor) -> Tensor:
     return MaxPoolChannelsLast.apply(x) if x.device.type == "cpu" else F.max_pool2d(x, 2)
 
 
-def _pool_channels_last(x: Tensor) -> tuple[Tensor, Tensor]:
-    """max_pool2d_with_indices(x, 2) of [B, C, H, W] computed on a channels-last copy: the same
-    output and indices, in the default layout."""
-    out, indices = torch.ops.aten.max_pool2d_with_indices(x.contiguous(memory_format=torch.channels_last),
-                                                          [2, 2], [2, 2])
+_WINDOW_2X2 = ([2, 2], [2, 2], [0, 0], [1, 1], False)  # kernel, stride, padding, dilation, ceil_mode
+
+
+def _pool_channels_last(x: Tensor, window: tuple = _WINDOW_2X2) -> tuple[Tensor, Tensor]:
+    """max_pool2d_with_indices of [B, C, H, W] over `window` computed on a channels-last copy:
+    the same output and indices, in the default layout."""
+    out, indices = torch.ops.aten.max_pool2d_with_indices(x.contiguous(memory_format=torch.channels_last), *window)
     return out.contiguous(), indices.contiguous()
 
 
-def _pool_backward(grad: Tensor, x: Tensor, indices: Tensor) -> Tensor:
-    return torch.ops.aten.max_pool2d_with_indices_backward(grad.contiguous(), x, [2, 2], [2, 2], [0, 0], [1, 1],
-                                                           False, indices)
+def _pool_backward(grad: Tensor, x: Tensor, indices: Tensor, window: tuple = _WINDOW_2X2) -> Tensor:
+    return torch.ops.aten.max_pool2d_with_indices_backward(grad.contiguous(), x, *window, indices)
 
 
 class MaxPoolChannelsLast(torch.autograd.Function):
@@ -236,14 +237,25 @@ class MaxPoolChannelsLast(torch.autograd.Function):
     numbers do not change."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        out, indices = _pool_channels_last(x)
+    def forward(ctx, x: Tensor, window: tuple = _WINDOW_2X2) -> Tensor:
+        out, indices = _pool_channels_last(x, window)
         ctx.save_for_backward(x, indices)
+        ctx.window = window
         return out
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        return _pool_backward(grad, *ctx.saved_tensors)
+    def backward(ctx, grad: Tensor):
+        return _pool_backward(grad, *ctx.saved_tensors, ctx.window), None
+
+
+def max_pool2d_channels_last(x: Tensor, kernel_size, stride=None, padding=0, dilation=1,
+                             ceil_mode: bool = False) -> Tensor:
+    """`F.max_pool2d` of a CPU batch [B, C, H, W] with any window, through `MaxPoolChannelsLast`:
+    the same output and input gradient (a module's own pooling on the loop trainer)."""
+    pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
+    window = (pair(kernel_size), pair(kernel_size if stride is None or stride == [] else stride), pair(padding),
+              pair(dilation), bool(ceil_mode))
+    return MaxPoolChannelsLast.apply(x, window)
 
 
 def pool_max(x: Tensor) -> Tensor:

@@ -40,11 +40,16 @@ from fedsim.errors import FedsimError, first_line
 from fedsim.training import rng
 from fedsim.training import rules as training_rules
 from fedsim.training.flops import counted, flop_counter
+from fedsim.training.kernels import max_pool2d_channels_last
 from fedsim.training.losses import StepLoss
+
+# images of at least this many pixels make a module's convolutions slower batched than looped on
+# a CPU (`ModuleModel.cohort_slow_on_cpu`)
+CONV_LOOP_PIXELS = 16 * 16
 
 # --- keyed dropout ---------------------------------------------------------------------------
 
-_DROPOUT, _SDPA = F.dropout, F.scaled_dot_product_attention
+_DROPOUT, _SDPA, _MAX_POOL2D = F.dropout, F.scaled_dot_product_attention, F.max_pool2d
 
 
 class _Draws(threading.local):
@@ -53,6 +58,7 @@ class _Draws(threading.local):
     used, and whose they are (for the error). Per thread: the parts of a call train at once,
     each on a thread of its own."""
     on = False
+    loop = False  # the forward is one device's, outside vmap (the loop trainer)
     numbers: Tensor | None = None
     used = 0
     where = ""
@@ -112,25 +118,35 @@ def _keyed_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     return _keyed_dropout(torch.softmax(scores, dim=-1), dropout_p) @ value
 
 
+def _loop_max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                     return_indices=False):
+    """`F.max_pool2d`, on the loop trainer's CPU forward through torch's channels-last kernel
+    (`kernels.max_pool2d_channels_last`): the same output and gradient, 2-3x faster a pool."""
+    if _draws.loop and input.device.type == "cpu" and input.dim() == 4 and not return_indices:
+        return max_pool2d_channels_last(input, kernel_size, stride, padding, dilation, ceil_mode)
+    return _MAX_POOL2D(input, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode,
+                       return_indices=return_indices)
+
+
 @contextmanager
 def keyed_randomness(numbers: Tensor | None, where: str = ""):
     """Dropout inside takes its random numbers from `numbers` (one device's; batched under
     vmap), in the order of its calls; None: it only counts them (`.used` of what it yields,
     after the forward). torch's dropout functions are swapped for the keyed ones while any
     forward runs: modules call them through `torch.nn.functional`, whatever module they sit in
-    (nn.Dropout, attention)."""
+    (nn.Dropout, attention); max pooling too (`_loop_max_pool2d`, for the loop's forwards)."""
     global _forwards
     _draws.on, _draws.numbers, _draws.used, _draws.where, _draws.rates = True, numbers, 0, where, []
     with _swap:
         _forwards += 1
-        F.dropout, F.scaled_dot_product_attention = _keyed_dropout, _keyed_attention
+        F.dropout, F.scaled_dot_product_attention, F.max_pool2d = _keyed_dropout, _keyed_attention, _loop_max_pool2d
     try:
         yield _draws
     finally:
         with _swap:
             _forwards -= 1
             if not _forwards:
-                F.dropout, F.scaled_dot_product_attention = _DROPOUT, _SDPA
+                F.dropout, F.scaled_dot_product_attention, F.max_pool2d = _DROPOUT, _SDPA, _MAX_POOL2D
         _draws.on, _draws.numbers = False, None
 
 
@@ -254,8 +270,6 @@ class ModuleModel:
     local_buffers = False
     samples_independent = False  # its layers may mix a batch's samples; dropout draws follow shapes
     draws_randomness = True  # a step's keys are the seed's
-    # a module's convolutions under vmap beat its own loop on a CPU (benchmarks/RESULTS.md: LeNet-5 2.5x)
-    cohort_slow_on_cpu = False
     stacks_evaluation = False  # each module's state is evaluated on its own
     func_steps = True  # torch.func calls: one thread each under auto (fedsim/training/threads.py)
     rules = training_rules.CURRENT  # the training rules the run started under (fedsim/training/rules.py)
@@ -290,6 +304,16 @@ class ModuleModel:
         self.tied = tied_names(module, self.names)
         frozen = any(n not in self.names and n not in self.tied for n in module.state_dict())  # its own constants
         self._shared_key = (tuple(zip(self.names, self.shapes)), id(module) if frozen else None)
+        self._convolves_images = len(in_shape) == 3 and in_shape[1] * in_shape[2] >= CONV_LOOP_PIXELS \
+            and any(isinstance(m, nn.Conv2d) for m in module.modules())
+
+    @property
+    def cohort_slow_on_cpu(self) -> bool:
+        """From training rules 4: a module with 2-d convolutions over images of 16x16 pixels or
+        more, which vmap makes one grouped convolution over the cohort, slower on a CPU than a
+        loop of the devices' own (a BatchNorm CNN on 28x28 images: 1.3x a loop's round; on 8x8
+        images the batched call is faster: benchmarks/RESULTS.md, "A module written as a class")."""
+        return self.rules >= 4 and self._convolves_images
 
     # -- the flat layout ------------------------------------------------------------------------
     def shared_key(self) -> tuple:
@@ -426,9 +450,13 @@ class ModuleModel:
         """`_one` (torch.func's `grad_and_value` of `_loss`) by autograd: the same gradients, the
         loss and new buffers, bit for bit, without torch.func's per-call transforms."""
         leaves = {n: t.detach().requires_grad_() for n, t in params.items()}
-        with torch.enable_grad():
-            losses, buffers = self._loss(leaves, buffers, numbers, x, y, weight, loss)
-            grads = torch.autograd.grad(losses, list(leaves.values()), allow_unused=True, materialize_grads=True)
+        _draws.loop = True
+        try:
+            with torch.enable_grad():
+                losses, buffers = self._loss(leaves, buffers, numbers, x, y, weight, loss)
+                grads = torch.autograd.grad(losses, list(leaves.values()), allow_unused=True, materialize_grads=True)
+        finally:
+            _draws.loop = False
         return dict(zip(leaves, grads)), (losses.detach(), {n: b.detach() for n, b in buffers.items()})
 
     def _call(self, loss: StepLoss, batched: bool):

@@ -31,7 +31,8 @@ its numbers stay its own. A run of a release that recorded none started under ve
    torch.func's `grad`: the same kernels for most modules (LeNet-5, a transformer, BatchNorm,
    tied weights: bit for bit), but torch.func decomposes some backwards (GroupNorm's), whose
    numbers then differ by float rounding; a step 1.2-1.7x faster (benchmarks/RESULTS.md, "A
-   module written as a class").
+   module written as a class"). On a CPU `auto` trains a module with convolutions over images
+   of 16x16 pixels or more on the loop (`ModuleModel.cohort_slow_on_cpu`).
 """
 
 from __future__ import annotations

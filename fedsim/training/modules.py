@@ -447,8 +447,9 @@ class ModuleModel:
 
     def _reverse(self, params: dict, buffers: dict, numbers: Tensor, x: Tensor, y: Tensor, weight: Tensor,
                  loss: StepLoss):
-        """`_one` (torch.func's `grad_and_value` of `_loss`) by autograd: the same gradients, the
-        loss and new buffers, bit for bit, without torch.func's per-call transforms."""
+        """`_one` (torch.func's `grad_and_value` of `_loss`) by autograd, without torch.func's
+        per-call transforms: the same gradients, loss and new buffers, bit for bit for most
+        modules (to float rounding where torch.func decomposes a backward: GroupNorm's)."""
         leaves = {n: t.detach().requires_grad_() for n, t in params.items()}
         _draws.loop = True
         try:

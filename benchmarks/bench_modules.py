@@ -3,7 +3,8 @@
 For each model -- the built-ins (logreg, mlp, lenet5, cnn-fmnist) and models a user brings as
 nn.Modules (an MLP, LeNet-5 as an nn.Sequential and as a class with its own forward, a small
 GroupNorm ResNet, a 2-layer transformer encoder with dropout 0.1 reading digits' rows as 8
-tokens) -- two timings of one round's training,
+tokens, a CNN with BatchNorm (local steps only: local epochs end on one-sample minibatches,
+which fedsim refuses for BatchNorm) and with GroupNorm, pytorch/examples' MNIST network) -- two timings of one round's training,
 alternated in one process (A B B A A B ..., after one warm-up round of one step per device):
 
 * fedsim: one `Trainer.train` call on the cohort, built as `fedsim run` builds it (the task of
@@ -82,6 +83,39 @@ class LeNet5(nn.Module):
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
+class NormCNN(nn.Module):
+    """Two 3x3 convolutions (16, 32 channels) with BatchNorm or GroupNorm, 2x2 pools: a
+    convolutional module that stays on torch.func (its normalisation has no kernel)."""
+
+    def __init__(self, n_classes: int, norm: str):
+        super().__init__()
+        make = (lambda c: nn.BatchNorm2d(c)) if norm == "batch" else (lambda c: nn.GroupNorm(4, c))
+        self.conv1, self.norm1 = nn.Conv2d(1, 16, 3, padding=1), make(16)
+        self.conv2, self.norm2 = nn.Conv2d(16, 32, 3, padding=1), make(32)
+        self.fc = nn.Linear(32 * 7 * 7, n_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.norm1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.norm2(self.conv2(x))), 2)
+        return self.fc(torch.flatten(x, 1))
+
+
+class ExamplesNet(nn.Module):
+    """pytorch/examples' MNIST network (mnist/main.py): dropout on the pooled images, a 9216 x 128
+    dense layer, log-probabilities out."""
+
+    def __init__(self, n_classes: int):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 32, 3, 1), nn.Conv2d(32, 64, 3, 1)
+        self.dropout1, self.dropout2 = nn.Dropout(0.25), nn.Dropout(0.5)
+        self.fc1, self.fc2 = nn.Linear(9216, 128), nn.Linear(128, n_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        x = F.relu(self.fc1(torch.flatten(self.dropout1(x), 1)))
+        return F.log_softmax(self.fc2(self.dropout2(x)), dim=1)
+
+
 class _Block(nn.Module):
     def __init__(self, c: int):
         super().__init__()
@@ -131,12 +165,15 @@ class Model:
     module: Callable[..., nn.Module]  # (in_shape, n_classes, cfg) -> the same network, for the plain loop
     dataset: str
     kind: str  # built-in | module
+    settings: tuple[str, ...] = ("steps", "epochs")  # where it can train (BatchNorm: not on epochs' one-sample tails)
 
 
 # user modules are registered under names of their own (a user would write "file:factory")
 USER = {"user-mlp": _mlp_module, "user-lenet5": _lenet5_module, "user-lenet5-class": lambda s, n, cfg: LeNet5(n),
         "user-resnet-gn": lambda s, n, cfg: GroupNormResNet(s[0], n),
-        "user-transformer": lambda s, n, cfg: RowTransformer(n)}
+        "user-transformer": lambda s, n, cfg: RowTransformer(n),
+        "user-bn-cnn": lambda s, n, cfg: NormCNN(n, "batch"), "user-gn-cnn": lambda s, n, cfg: NormCNN(n, "group"),
+        "user-mnist-example": lambda s, n, cfg: ExamplesNet(n)}
 for _name, _factory in USER.items():
     if _name not in REGISTRY:
         REGISTRY.register(_name, _factory)
@@ -151,6 +188,9 @@ MODELS = {
     "user-lenet5-class": Model("user-lenet5-class", USER["user-lenet5-class"], "fashion-mnist", "module"),
     "user-resnet-gn": Model("user-resnet-gn", USER["user-resnet-gn"], "digits", "module"),
     "user-transformer": Model("user-transformer", USER["user-transformer"], "digits", "module"),
+    "user-bn-cnn": Model("user-bn-cnn", USER["user-bn-cnn"], "fashion-mnist", "module", ("steps",)),
+    "user-gn-cnn": Model("user-gn-cnn", USER["user-gn-cnn"], "fashion-mnist", "module"),
+    "user-mnist-example": Model("user-mnist-example", USER["user-mnist-example"], "fashion-mnist", "module"),
 }
 
 
@@ -326,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{'model':<17} {'setting':<7} {'dev':>3} {'steps':>5} {'path':<8} {'th':>2} {'fedsim s':>8} "
               f"{'fedsim spread':>13} {'plain s':>8} {'plain spread':>13} {'ratio':>7}")
         for setting_name in settings:
-            for name in models:
+            for name in (m for m in models if setting_name in MODELS[m].settings):
                 rec = measure(name, setting_name, table[setting_name], repeats)
                 records.append(rec)
                 print(row_text(rec), flush=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import polars as pl
 import pytest
@@ -164,3 +166,19 @@ def test_the_loop_leaves_an_epochs_padding_out_from_training_rules_2():
     rules_2 = now.train(1, ids, start, steps, 0.1)
     rules_1 = build_trainer(task, client, seed=0, threads=ThreadPolicy(1, rules=1)).train(1, ids, start, steps, 0.1)
     assert torch.allclose(rules_2.deltas, rules_1.deltas, atol=1e-6) and torch.allclose(rules_2.loss, rules_1.loss)
+
+
+def test_a_cnn_with_dropout_trains_local_epochs_on_the_loop_its_last_minibatch_with_its_own_numbers(cli_run):
+    """Through the CLI: a built-in CNN with dropout on a CPU (the loop, `auto`) under local epochs
+    whose last minibatches are smaller. The loop takes an epoch's last minibatch unpadded, its
+    dropout uniforms too (it failed on their shapes), and equals the batched trainer to float
+    rounding."""
+    config = {"run": {"rounds": 2, "eval_every": 2}, "data": {"dataset": "digits", "clients": 8},
+              "model": {"name": "cnn-svhn", "dropout": 0.3},
+              "server": {"timing": "ideal", "clients_per_round": 4},
+              "client": {"local_epochs": 1, "batch_size": 16}}
+    loop = cli_run(config, name="loop")
+    batched = cli_run({**config, "client": {**config["client"], "trainer": "batched"}}, name="batched")
+    assert json.loads((loop / "manifest.json").read_text())["trainer"]["path"] == "loop"
+    a, b = pl.read_parquet(loop / "rounds.parquet"), pl.read_parquet(batched / "rounds.parquet")
+    np.testing.assert_allclose(a["train_loss"].to_numpy(), b["train_loss"].to_numpy(), rtol=1e-4)

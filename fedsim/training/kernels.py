@@ -638,9 +638,10 @@ def lower_traced(name: str, module: nn.Module, in_shape: tuple[int, ...],
     know (as `lower` takes them in an nn.Sequential: submodules, or `F.relu`, `torch.relu`,
     `F.max_pool2d(x, 2)`, `torch.flatten(x, 1)`, `x.flatten(1)`, `x.view(x.size(0), -1)`,
     `x.view(-1, features)`, `x.relu()`, `F.dropout(x, p, self.training)` on vectors), each step
-    reading the one before: how a LeNet-5 is usually written. Read from `torch.fx.symbolic_trace`, and kept only where the kernels give
-    the module's own logits; None for any other module (control flow, a branch, buffers, frozen
-    or shared parameters, a call the kernels do not know), which trains through torch.func."""
+    reading the one before: how a LeNet-5 is usually written. Read from
+    `torch.fx.symbolic_trace`, and kept only where the kernels give the module's own logits; None
+    for any other module (control flow, a branch, buffers, frozen or shared parameters, a call
+    the kernels do not know), which trains through torch.func."""
     if isinstance(module, nn.Sequential) or any(not p.requires_grad for p in module.parameters()) \
             or next(module.buffers(), None) is not None:
         return None

@@ -27,6 +27,9 @@ class LoopTrainer(Trainer):
         loss_sum = torch.zeros(len(ids), device=task.device)
         ids_t = torch.as_tensor(ids, device=task.device)
         own_rows = self.client.local_epochs and (task.batch_statistics or self.threads.rules >= 2)
+        # a step's inputs one per sample (x, y, weight; fedsim's kernels' dropout uniforms too: a
+        # module's numbers are the forward's, drawn for the batch it is given)
+        per_sample = 4 if task.samples_independent else 3
         for j in range(len(ids)):
             one = slice(j, j + 1)
             ws, starts = task.split(end[one]), task.split(start[one])  # views: updated in place
@@ -37,8 +40,8 @@ class LoopTrainer(Trainer):
             rows = self.epoch_rows(int(self.sizes[ids[j]]), int(steps[j])) if own_rows else None
             for s in range(int(steps[j])):
                 step_inputs = [x[0] for x in inputs(s, slice(None))]
-                if rows is not None:  # the step's own samples (x, y, weight): an epoch's last, smaller
-                    step_inputs[:3] = (t[:rows[s]] for t in step_inputs[:3])  # minibatch unpadded
+                if rows is not None:  # the step's own samples: an epoch's last, smaller minibatch unpadded
+                    step_inputs[:per_sample] = (t[:rows[s]] for t in step_inputs[:per_sample])
                 grads, loss = step_fn(device_ws, *step_inputs)
                 sgd_update_(ws, tuple(g[None] for g in grads), starts, lr[one], self.client, objective, linear)
                 loss_sum[j] += loss.detach()

@@ -7,6 +7,7 @@ import json
 import math
 import signal
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -703,3 +704,37 @@ def test_a_study_on_a_scenario_that_replays_a_file_drops_the_scenarios_generator
     assert main(["sweep", str(study), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: base config {study}: unknown key [trace] p_min for 'file'") and err.count("\n") == 1, err
+
+
+def test_a_study_with_the_trace_source_as_an_axis_drops_each_generators_keys_where_another_runs(tmp_path, capsys,
+                                                                                            monkeypatch):
+    """The quick start's `p_min` (its base) and one written in the study reach the bernoulli
+    points only; the file points replay the file. The recorded study resumes from another
+    directory the same way; a key that no generator of the study takes stays an error."""
+    from fedsim.studies.study import load_study
+
+    assert main(["trace", "generate", "bernoulli", "--devices", "100", "--rounds", "30", "--round-duration", "60",
+                 "--out", str(tmp_path / "t.parquet"), "--set", "p=0.3"]) == 0
+    study = tmp_path / "s.toml"
+    body = ('base = "quickstart"\n[run]\nname = "s"\nrounds = 2\n[trace]\npath = "t.parquet"\n'
+            '[sweep]\n"trace.source" = ["bernoulli", "file"]\n')
+    study.write_text(body)
+    points = {p.config.trace.source: p.config.trace for p in load_study(str(study)).points}
+    assert points["bernoulli"].options == {"p_min": 0.05} and points["file"].options == {}
+    study.write_text(body.replace('path = "t.parquet"\n', 'path = "t.parquet"\np_min = 0.2\n'))
+    points = {p.config.trace.source: p.config.trace for p in load_study(str(study)).points}
+    assert points["bernoulli"].options == {"p_min": 0.2} and points["file"].options == {}
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", str(study), "--quiet"]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["sweep", "--resume", str(tmp_path / "runs" / "s"), "--set", "run.rounds=3", "--quiet"]) == 0
+    for point, p_min in (("algorithm-mifa_source-bernoulli", 0.2), ("algorithm-mifa_source-file", None)):
+        config = tomllib.loads((tmp_path / "runs" / "s" / point / "config.toml").read_text())
+        assert config["trace"].get("p_min") == p_min and config["run"]["rounds"] == 3, config
+    study.write_text(body.replace('path = "t.parquet"\n', 'path = "t.parquet"\np_mni = 0.2\n'))
+    capsys.readouterr()
+    assert main(["sweep", str(study), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key [trace] p_mni" in err and err.count("\n") == 1, err

@@ -27,6 +27,7 @@ from fedsim.config.schema import (
     suggest,
     algorithm_options,
     selection_options,
+    trace_options,
     config_from_dict,
     MODEL_DEFAULTS,
     parse_override,

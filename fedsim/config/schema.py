@@ -535,6 +535,12 @@ def algorithm_options(name: str, origin: str = "") -> dict[str, Any]:
     return dict(ALGORITHMS.lookup(name, where).options)
 
 
+def trace_options(source: str) -> dict[str, Any]:
+    """The trace generator's own config keys with their typed defaults (none for a trace file;
+    FedsimError if unknown)."""
+    return _declared_options("trace", {"source": source}, [], "[trace] source")
+
+
 def selection_options(policy: str) -> dict[str, Any]:
     """The selection policy's own [algorithm] keys with their typed defaults (none for most)."""
     return dict(SELECTION_OPTIONS.get(policy, {}))

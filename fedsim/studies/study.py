@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedsim.config import (AlgorithmConfig, Config, DataConfig, algorithm_options, config_from_dict, is_study,
-                           parse_override, plain_folder_name, read_toml, scenario_names, scenario_path,
-                           selection_options)
+from fedsim.config import (AlgorithmConfig, Config, DataConfig, TraceConfig, algorithm_options, config_from_dict,
+                           is_study, parse_override, plain_folder_name, read_toml, scenario_names, scenario_path,
+                           selection_options, trace_options)
 from fedsim.config.layers import SET, Layered, drop_unselected, layered_config
 from fedsim.errors import FedsimError
 
@@ -138,8 +138,7 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
         raise FedsimError(f"{path}: [run] name = {name!r} is not a plain folder name; give a name without "
                           "'/', '\\' or line breaks (the study folder is [run] out / name)")
     folder = given or Path(base.get("run", {}).get("out", "runs")) / name
-    algorithms = _study_algorithms(base, axes, warm)
-    selections = _study_algorithms(base, axes, warm, "selection")
+    chosen = _study_choices(base, axes, warm)
     raws = []
     for values in grid:
         raw_point = {section: dict(body) for section, body in base.items()}
@@ -147,12 +146,12 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
             _set(raw_point, axis, value)
         raws.append((_point_name(values, axes), values, raw_point))
     warm_origins = {**origins, **{_key(key): set_by.get((WARM, key), f"[{WARM}] {key} in {path}") for key in warm}}
-    warm_points, warm_of = _warm_runs(raws, warm, axes, (algorithms, selections), folder, path, warm_origins)
+    warm_points, warm_of = _warm_runs(raws, warm, axes, chosen, folder, path, warm_origins)
     for (point_name, values, raw_point), warm_name in zip(raws, warm_of):
         if warm_name is not None:
             _set(raw_point, "model.init_from", str(folder / warm_name))
         raw_point.setdefault("run", {}).update(name=point_name, out=str(folder))
-        _own_algorithm_keys(raw_point, algorithms, selections)
+        _own_keys(raw_point, chosen)
     points = _checked(raws, origins, path, "point")
     _unique_names(points, path)
     resolved = {"base": base, "axes": axes, "zip": zips, **({WARM: warm} if warm else {}),
@@ -221,36 +220,47 @@ def _checked(raws: list, origins: dict, path: Path, kind: str) -> list[Point]:
     return points
 
 
-def _study_algorithms(base: dict, axes: dict[str, list], warm: dict, key: str = "name") -> list[str]:
-    """Every algorithm name (or selection policy, `key`) the study runs (strings only:
+# the keys whose value decides which options a section takes: ((section, key), default)
+CHOOSERS = ((("algorithm", "name"), AlgorithmConfig.name), (("algorithm", "selection"), AlgorithmConfig.selection),
+            (("trace", "source"), TraceConfig.source))
+OPTIONS_OF = {("algorithm", "name"): algorithm_options, ("algorithm", "selection"): selection_options,
+              ("trace", "source"): trace_options}
+
+
+def _study_choices(base: dict, axes: dict[str, list], warm: dict) -> dict[tuple[str, str], list[str]]:
+    """Every algorithm name, selection policy and trace source the study runs (strings only:
     config_from_dict judges the rest)."""
-    names = [base.get("algorithm", {}).get(key, getattr(AlgorithmConfig, key)), warm.get(f"algorithm.{key}"),
-             *axes.get(f"algorithm.{key}", [])]
-    return [n for n in dict.fromkeys(names) if isinstance(n, str)]
+    chosen = {}
+    for (section, key), default in CHOOSERS:
+        names = [base.get(section, {}).get(key, default), warm.get(f"{section}.{key}"),
+                 *axes.get(f"{section}.{key}", [])]
+        chosen[(section, key)] = [n for n in dict.fromkeys(names) if isinstance(n, str)]
+    return chosen
 
 
-def _own_algorithm_keys(raw: dict, algorithms: list[str], selections: list[str] = ()) -> None:
-    """Drop the [algorithm] keys that only another algorithm or selection policy of the study
-    has (MIFA's `warmup` from a FedAvg point, Oort's keys from a uniform one), as a comparison
-    of `[run] algorithms` does; a key that none of the study's has stays, and is an error."""
-    section = raw.get("algorithm", {})
-    name = section.get("name", AlgorithmConfig.name)
-    try:
-        own = algorithm_options(name) | selection_options(section.get("selection", ""))
-        others = {key for other in algorithms for key in algorithm_options(other)}
-        others |= {key for policy in selections if isinstance(policy, str) for key in selection_options(policy)}
-    except FedsimError:
-        return  # an unknown name: config_from_dict says so
-    for key in [k for k in section if k in others and k not in own]:
-        del section[key]
+def _own_keys(raw: dict, chosen: dict[tuple[str, str], list[str]]) -> None:
+    """Drop the [algorithm] and [trace] keys that only another algorithm, selection policy or
+    trace generator of the study takes (MIFA's `warmup` from a FedAvg point, Oort's keys from a
+    uniform one, a generator's `p_min` from a trace-file point), as a comparison of
+    `[run] algorithms` does; a key that none of the study's takes stays, and is an error."""
+    for section_name in ("algorithm", "trace"):
+        section = raw.get(section_name, {})
+        choosers = [(owner, default) for owner, default in CHOOSERS if owner[0] == section_name]
+        try:
+            own = {k for owner, default in choosers for k in OPTIONS_OF[owner](section.get(owner[1], default))}
+            others = {k for owner, _ in choosers for name in chosen[owner] for k in OPTIONS_OF[owner](name)}
+        except FedsimError:
+            continue  # an unknown name: config_from_dict says so
+        for key in [k for k in section if k in others and k not in own]:
+            del section[key]
 
 
-def _warm_runs(raws: list, warm: dict, axes: dict[str, list], chosen: tuple[list, list], folder: Path,
+def _warm_runs(raws: list, warm: dict, axes: dict[str, list], chosen: dict, folder: Path,
                path: Path, origins: dict) -> tuple[list[Point], list[str | None]]:
     """The warm-start runs (one per distinct config: each point's with the [warm_start] keys
     set) and, per point, its run's folder name under the study folder (None: no warm start).
     A run is named by the axes that tell the runs apart (`warm-start/seed-0`). `chosen`: the
-    study's algorithm names and selection policies."""
+    study's algorithm names, selection policies and trace sources (`_study_choices`)."""
     if not warm:
         return [], [None] * len(raws)
     keys, runs = [], {}
@@ -258,7 +268,7 @@ def _warm_runs(raws: list, warm: dict, axes: dict[str, list], chosen: tuple[list
         raw_warm = {section: dict(body) for section, body in raw_point.items()}
         for key, value in warm.items():
             _set(raw_warm, key, value)
-        _own_algorithm_keys(raw_warm, *chosen)
+        _own_keys(raw_warm, chosen)
         key = json.dumps(raw_warm, sort_keys=True, default=str)
         keys.append(key)
         runs.setdefault(key, (raw_warm, []))[1].append(values)

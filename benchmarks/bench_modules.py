@@ -8,8 +8,8 @@ which fedsim refuses for BatchNorm) and with GroupNorm, pytorch/examples' MNIST 
 alternated in one process (A B B A A B ..., after one warm-up round of one step per device):
 
 * fedsim: one `Trainer.train` call on the cohort, built as `fedsim run` builds it (the task of
-  `[data]` and `[model]`, `[client] trainer = "auto"`, `[run] threads = "auto"`, inside the
-  run's thread scope); that call is all a round trains, so the round's training is timed
+  `[data]` and `[model]`, `[client] trainer = "auto"` (or `--trainer`), `[run] threads =
+  "auto"`, inside the run's thread scope); that call is all a round trains, so the round's training is timed
   without the run's startup, evaluation and files (the server's own bookkeeping is measured
   by bench_plane.py).
 * plain: what a user would write on one thread (torch.set_num_threads(1), no vmap): for each
@@ -25,7 +25,7 @@ cohort speedup -- at 10+ devices for the small models). `--busy N` runs N busy p
 it (a shared machine). The machine's load average is recorded before and after.
 
     python benchmarks/bench_modules.py [--quick] [--models a,b] [--settings steps,epochs]
-        [--repeats 5] [--busy N] [--busy-kind spin|matmul] [--out FILE]
+        [--trainer auto|batched|loop] [--repeats 5] [--busy N] [--busy-kind spin|matmul] [--out FILE]
 """
 
 from __future__ import annotations
@@ -229,14 +229,14 @@ def dataset_of(data: DataConfig) -> Dataset:
 class Pair:
     """One model under one setting: the fedsim trainer and the plain loop on the same cohort."""
 
-    def __init__(self, model: Model, setting: Setting):
+    def __init__(self, model: Model, setting: Setting, trainer: str = "auto"):
         data = setting.data(model.dataset)
         dataset = dataset_of(data)
         self.dataset = dataset.name
         self.task = classification_task(dataset, data, ModelConfig(name=model.fedsim_name), seed=0,
                                         device=torch.device("cpu"))
         client = ClientConfig(batch_size=setting.batch, local_steps=setting.local_steps or 1,
-                              local_epochs=setting.local_epochs, trainer="auto")
+                              local_epochs=setting.local_epochs, trainer=trainer)
         self.threads = ThreadPolicy("auto")
         self.trainer = build_trainer(self.task, client, seed=0, threads=self.threads)
         self.ids = np.sort(np.random.default_rng(0).choice(self.task.n_clients, setting.devices, replace=False))
@@ -297,8 +297,8 @@ class Pair:
         return chunks[:steps]
 
 
-def measure(name: str, setting_name: str, setting: Setting, repeats: int) -> dict:
-    pair = Pair(MODELS[name], setting)
+def measure(name: str, setting_name: str, setting: Setting, repeats: int, trainer: str = "auto") -> dict:
+    pair = Pair(MODELS[name], setting, trainer)
     pair.fedsim_round(0, warm_up=True)
     pair.plain_round(warm_up=True)
     times: dict[str, list[float]] = {"fedsim": [], "plain": []}
@@ -310,7 +310,7 @@ def measure(name: str, setting_name: str, setting: Setting, repeats: int) -> dic
     # (rounded as recorded, so that the flag agrees with the medians the record shows)
     fed, plain = round(statistics.median(times["fedsim"]), 4), round(statistics.median(times["plain"]), 4)
     return {"model": name, "kind": MODELS[name].kind, "dataset": pair.dataset,
-            "setting": setting_name, "devices": setting.devices, "batch": setting.batch,
+            "setting": setting_name, "trainer": trainer, "devices": setting.devices, "batch": setting.batch,
             "local_steps": setting.local_steps, "local_epochs": setting.local_epochs,
             "steps_per_round": int(pair.steps.sum()), "dim": pair.task.dim,
             "fedsim_path": summary["path"], "fedsim_threads": summary["threads"],
@@ -341,6 +341,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of " + ", ".join(MODELS))
     parser.add_argument("--settings", default=",".join(SETTINGS), help="steps, epochs or both")
     parser.add_argument("--repeats", type=int, default=0, help="timed rounds per side (default 5; --quick 1)")
+    parser.add_argument("--trainer", choices=["auto", "batched", "loop"], default="auto",
+                        help="fedsim's [client] trainer (default auto, what a run chooses)")
     parser.add_argument("--busy", type=int, default=0, help="busy processes beside the measurement")
     parser.add_argument("--busy-kind", choices=["spin", "matmul"], default="spin")
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
@@ -358,7 +360,8 @@ def main(argv: list[str] | None = None) -> dict:
     busy = busy_processes(args.busy, args.busy_kind)
     records: list[dict] = []
     result = {"machine": machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-              "busy": args.busy, "busy_kind": args.busy_kind, "repeats": repeats, "quick": args.quick,
+              "trainer": args.trainer, "busy": args.busy, "busy_kind": args.busy_kind, "repeats": repeats,
+              "quick": args.quick,
               "loadavg_before": [round(x, 2) for x in load_before], "records": records}
     try:
         print(f"machine: {machine()}; busy processes: {args.busy} ({args.busy_kind}); "
@@ -367,7 +370,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"{'fedsim spread':>13} {'plain s':>8} {'plain spread':>13} {'ratio':>7}")
         for setting_name in settings:
             for name in (m for m in models if setting_name in MODELS[m].settings):
-                rec = measure(name, setting_name, table[setting_name], repeats)
+                rec = measure(name, setting_name, table[setting_name], repeats, args.trainer)
                 records.append(rec)
                 print(row_text(rec), flush=True)
                 result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]

@@ -59,6 +59,17 @@ def test_quick_run_writes_both_timings_of_each_setting(tmp_path, bench):
     assert sum(line.startswith("user-transformer ") for line in table) == 2
 
 
+def test_the_trainer_a_user_names_is_the_one_measured(tmp_path):
+    """`--trainer loop`: a module auto trains batched (the transformer) runs on the loop."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--models", "user-transformer", "--settings",
+                           "steps", "--trainer", "loop", "--out", "out.json"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["trainer"] == "loop" and [(r["trainer"], r["fedsim_path"]) for r in result["records"]] == \
+        [("loop", "loop")]
+
+
 def test_the_plain_loop_takes_fedsims_local_steps_on_each_devices_own_data(bench):
     """Local epochs of unequal devices: the plain loop's minibatches are each device's samples,
     each once an epoch, as many as fedsim's steps (epochs x ceil(n / batch))."""

@@ -171,6 +171,17 @@ def test_keyed_draws_of_several_steps_at_once_equal_the_draws_step_by_step():
     assert rng.uniform(3, rng.BATCH, 7, ids, range(0), 6).shape == (0, 3, 6)
 
 
+def test_the_keys_of_a_few_devices_mixed_as_python_ints_are_the_cohorts_keys():
+    """A loop's device's keys are mixed in Python (`rng._FEW`), a cohort's in torch: the same bits."""
+    ids = torch.tensor([0, 3, 17, 2**31 + 5, 2**62 + 1] + list(range(100, 120)))
+    assert len(ids) > rng._FEW
+    for step in (0, 9, range(3)):
+        cohort = rng.keys(5, rng.MODULE, 12, ids, step)
+        for j in (0, 3, 4, 20):
+            assert torch.equal(rng.keys(5, rng.MODULE, 12, ids[j:j + 1], step), cohort[..., j:j + 1])
+        assert torch.equal(rng.keys(5, rng.MODULE, 12, ids[:4], step), cohort[..., :4])
+
+
 def test_stacked_keys_of_several_runs_equal_each_runs_own_keys():
     """Lockstep draws the minibatches of all runs' devices in one call: each run's columns are
     its own draws, bit for bit, whatever the other runs' seeds, rounds and cohort sizes."""

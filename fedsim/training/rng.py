@@ -21,6 +21,7 @@ _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xBF58476D1CE4E5B9
 _M2 = 0x94D049BB133111EB
+_FEW = 16  # keys mixed as Python ints up to this many (a dozen torch calls cost more on a CPU)
 _BLOCK = 1 << 15  # numbers mixed at a time on a CPU: torch's grain for threads (256 KiB of int64)
 
 
@@ -72,9 +73,13 @@ def keys(seed: int, stream: int, rnd: int, ids: Tensor, step: int | range) -> Te
     """int64 [m] keys of devices `ids` at local step `step` ([S, m] for a range of steps):
     what `from_keys` draws a device's numbers of that step from."""
     steps = step if isinstance(step, range) else [step]
-    base = torch.tensor([_signed(_base(seed, stream, rnd, s)) for s in steps], dtype=torch.int64,
-                        device=ids.device)
-    h = _mix(ids.to(torch.int64) * _signed(_GOLDEN) ^ base[:, None])
+    bases = [_base(seed, stream, rnd, s) for s in steps]
+    if ids.device.type == "cpu" and len(ids) * len(steps) <= _FEW:  # (the loop's one device)
+        h = torch.tensor([_signed(_mix_int(i * _GOLDEN ^ b)) for b in bases for i in ids.tolist()],
+                         dtype=torch.int64).view(len(bases), len(ids))
+    else:
+        base = torch.tensor([_signed(b) for b in bases], dtype=torch.int64, device=ids.device)
+        h = _mix(ids.to(torch.int64) * _signed(_GOLDEN) ^ base[:, None])
     return h if isinstance(step, range) else h[0]
 
 

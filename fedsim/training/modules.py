@@ -6,10 +6,11 @@ buffers (BatchNorm's running statistics; an integer or boolean buffer as float32
 rounded back to its own dtype where the forward reads it). Frozen parameters (requires_grad=False)
 are constants of the module: never trained, sent or averaged, but saved in model.pt.
 
-Training is `functional_call` of the module on the state: on one device (the loop trainer)
-differentiated by autograd, over the cohort's stacked states (the batched trainer) by
-`torch.func`'s `grad_and_value` under `vmap` (before training rules 4, one device by
-torch.func's `grad` too: the same numbers for most modules, at 1.2-1.7x the time a step).
+Training over the cohort's stacked states (the batched trainer) is `functional_call` of the
+module differentiated by `torch.func`'s `grad_and_value` under `vmap`; one device's (the loop
+trainer) is a plain PyTorch step of a working copy of the module whose tensors take the
+device's state (before training rules 4, `functional_call` under torch.func's `grad` too: the
+same numbers for most modules, at 1.2-1.7x the time a step).
 Buffers are updated by the forward as in torch (train mode in local steps, eval mode for
 evaluation). Randomness must not come from torch's generator, whose draws would depend on the
 cohort's order: dropout (`F.dropout`, attention dropout) takes keyed random numbers of

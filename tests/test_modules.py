@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -1158,8 +1159,10 @@ class _Counted(nn.Module):
 
 def test_one_devices_step_by_autograd_is_torch_funcs_grad_bit_for_bit():
     """Training rules 4 differentiate one device's step of a module by autograd instead of
-    torch.func's grad: for this module (buffers updated in the forward, ties, an unused layer,
-    keyed dropout) the gradients, the loss and the new buffers are the same, bit for bit."""
+    torch.func's grad, on a working copy of the module (or, for a module that cannot be copied,
+    swapped in by functional_call): for this module (buffers updated in the forward, ties, an
+    unused layer, keyed dropout) the gradients, the loss and the new buffers are the same, bit
+    for bit."""
     from fedsim.training.losses import weighted_cross_entropy
     from fedsim.training.modules import ModuleModel
 
@@ -1169,16 +1172,21 @@ def test_one_devices_step_by_autograd_is_torch_funcs_grad_bit_for_bit():
     x, y = torch.rand(16, 1, 8, 8, generator=g), torch.randint(0, 10, (16,), generator=g)
     weight, numbers = torch.rand(16, generator=g), model.randomness(0, 1, torch.tensor([3]), 0, 16)[0]
     results = []
-    for rules in (3, 4):
+    for rules, copied in ((3, None), (4, True), (4, False)):  # rules 4 on a working copy, or swapped in
         model.rules = rules
+        if copied is False:
+            model.module.lock = threading.Lock()  # (a module that cannot be deep-copied)
+            model._working.clear()
         state = model.init(0)
         grads, loss = model.step_fn(weighted_cross_entropy, batched=False)(model.split(state), x, y, weight, numbers)
+        assert copied is None or (model._working[threading.get_ident()] is not None) == copied
         results.append((grads, loss, state))
-    (old, old_loss, old_state), (new, new_loss, new_state) = results
-    assert not torch.equal(new_state, model.init(0))  # the running statistics moved
-    assert torch.equal(old_state, new_state) and torch.equal(old_loss, new_loss)
-    assert len(old) == len(new) == model.n_trainable and all(torch.equal(a, b) for a, b in zip(old, new))
-    assert not new[model.names.index("unused.weight")].any()  # (an unused parameter's gradient: zeros)
+    (old, old_loss, old_state), *later = results
+    for new, new_loss, new_state in later:
+        assert not torch.equal(new_state, model.init(0))  # the running statistics moved
+        assert torch.equal(old_state, new_state) and torch.equal(old_loss, new_loss)
+        assert len(old) == len(new) == model.n_trainable and all(torch.equal(a, b) for a, b in zip(old, new))
+        assert not new[model.names.index("unused.weight")].any()  # (an unused parameter's gradient: zeros)
 
 
 def test_auto_loops_over_a_modules_convolutions_on_images_of_16x16_or_more_under_rules_4():

@@ -449,17 +449,22 @@ class ModuleModel:
             logits = functional_call(self.module, {**params, **buffers}, (x,))
         return loss(logits, y, weight), buffers
 
-    def _working_copy(self) -> tuple[nn.Module, list[Tensor]]:
+    def _working_copy(self) -> tuple[nn.Module, list[Tensor]] | None:
         """The loop's own copy of the module, in training mode, and its tensors in `names` order
         (one per thread: the parts of a lockstep call train at once). Its frozen parameters are
-        the module's own (a resumed run loads them there)."""
-        kept = self._working.get(threading.get_ident())
-        if kept is None:
+        the module's own (a resumed run loads them there). None for a module that cannot be
+        copied (one holding a lock or a file)."""
+        thread = threading.get_ident()
+        if thread not in self._working:
             frozen = {id(p): p for p in self.module.parameters() if not p.requires_grad}
-            work = copy.deepcopy(self.module, frozen).train()
-            tensors = dict(work.named_parameters()) | dict(work.named_buffers())
-            kept = self._working[threading.get_ident()] = (work, [tensors[n] for n in self.names])
-        return kept
+            try:
+                work = copy.deepcopy(self.module, frozen).train()
+            except Exception:
+                self._working[thread] = None
+            else:
+                tensors = dict(work.named_parameters()) | dict(work.named_buffers())
+                self._working[thread] = (work, [tensors[n] for n in self.names])
+        return self._working[thread]
 
     def _loop_step(self, ws: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, numbers: Tensor,
                    loss: StepLoss):
@@ -469,8 +474,10 @@ class ModuleModel:
         `grad_and_value` over `functional_call`) bit for bit for most modules (to float rounding
         where torch.func decomposes a backward: GroupNorm's), without functional_call swapping
         every tensor in and out each step (a transformer's loop round: 1.4x a plain loop's)."""
-        work, tensors = self._working_copy()
-        k = self.n_trainable
+        working, k = self._working_copy(), self.n_trainable
+        if working is None:
+            return self._swapped_step(ws, x, y, weight, numbers, loss)
+        work, tensors = working
         with torch.no_grad():
             torch._foreach_copy_(tensors[:k], list(ws[:k]))
             for name, own, w in zip(self.names[k:], tensors[k:], ws[k:]):
@@ -485,6 +492,25 @@ class ModuleModel:
         with torch.no_grad():
             for own, w in zip(tensors[k:], ws[k:]):
                 w.copy_(own)
+        return grads, losses.detach()
+
+    def _swapped_step(self, ws: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, numbers: Tensor,
+                      loss: StepLoss):
+        """`_loop_step` for a module that cannot be copied: its state swapped in by
+        `functional_call` each step, differentiated by autograd (the same numbers, slower)."""
+        k = self.n_trainable
+        leaves = {n: t.detach().requires_grad_() for n, t in zip(self.names, ws[:k])}
+        if not self.module.training:
+            self.module.train()
+        _draws.loop = True
+        try:
+            with torch.enable_grad():
+                losses, buffers = self._loss(leaves, dict(zip(self.names[k:], ws[k:])), numbers, x, y, weight, loss)
+                grads = torch.autograd.grad(losses, list(leaves.values()), allow_unused=True, materialize_grads=True)
+        finally:
+            _draws.loop = False
+        for b, new in zip(ws[k:], buffers.values()):
+            b.copy_(new.detach())
         return grads, losses.detach()
 
     def _call(self, loss: StepLoss, batched: bool):

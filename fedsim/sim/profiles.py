@@ -55,10 +55,6 @@ BY_NAME = {c.name: c for c in CLASSES}
 NAMES = tuple(BY_NAME)
 
 
-def class_names() -> list[str]:
-    return list(NAMES)
-
-
 def draw_classes(names: list[str], weights: list[float], n: int, seed: int) -> np.ndarray:
     """Each device's class (an index into `names`) drawn from the mix (`weights`, else the
     classes' shares; equal shares where those are all 0)."""

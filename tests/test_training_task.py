@@ -160,6 +160,18 @@ def test_a_dropout_threshold_keeps_exactly_the_uniforms_at_least_p(p):
     assert torch.equal(uniforms >= p, numbers >= threshold if threshold is not None else torch.zeros_like(numbers > 0))
 
 
+@pytest.mark.parametrize("m, n", [(1, 40_960), (3, 70_000), (10, 5_000), (2, 1), (5, 32_768)])
+def test_dropout_divisors_made_block_by_block_are_the_numbers_compared_with_the_threshold(m, n):
+    """A CPU step's divisors (`dropout_bits(..., divisors=...)`, made from each block in cache)
+    are (1 - p) where a number reaches the threshold and inf where it does not, one for one."""
+    key = torch.randint(-2**62, 2**62, (m,), generator=torch.Generator().manual_seed(m))
+    for p in (0.1, 0.5):
+        threshold, kept = rng.keep_threshold(p), torch.tensor(1 - p, dtype=torch.float32)
+        numbers = rng.dropout_bits(key, n)
+        assert torch.equal(rng.dropout_bits(key, n, divisors=(threshold, kept)),
+                           torch.where(numbers >= threshold, kept, torch.inf))
+
+
 def test_keyed_draws_of_several_steps_at_once_equal_the_draws_step_by_step():
     """The trainers draw a round's minibatches for all local steps in one call."""
     ids = torch.tensor([4, 0, 17])

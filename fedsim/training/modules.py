@@ -302,7 +302,7 @@ class ModuleModel:
         self._one = grad_and_value(self._loss, has_aux=True)
         self._batch_problem: str | None = None
         self._numbers: dict[int, tuple[int, set[float]]] = {}  # batch size -> dropout numbers, rates
-        self._divisors: dict[float, tuple[Tensor, int]] = {}  # p -> (a kept unit's divisor, threshold)
+        self._divisors: dict[float, tuple[int, Tensor]] = {}  # p -> (threshold, a kept unit's divisor)
         self._working: dict[int, tuple[nn.Module, list[Tensor]]] = {}  # thread -> the loop's module (`_working_copy`)
         self.tied = tied_names(module, self.names)
         frozen = any(n not in self.names and n not in self.tied for n in module.state_dict())  # its own constants
@@ -409,14 +409,13 @@ class ModuleModel:
         n, rates = self._dropout(batch)
         if not n:
             return torch.empty(len(ids), 0, dtype=torch.int64, device=ids.device)
-        bits = rng.dropout_bits(rng.keys(seed, rng.MODULE, rnd, ids, step), n)
+        keys = rng.keys(seed, rng.MODULE, rnd, ids, step)
         if ids.device.type != "cpu" or len(rates) != 1 or rng.keep_threshold(next(iter(rates))) is None:
-            return bits
+            return rng.dropout_bits(keys, n)
         p = next(iter(rates))
         if p not in self._divisors:
-            self._divisors[p] = (torch.tensor(1.0 - p, dtype=torch.float32), rng.keep_threshold(p))
-        kept, threshold = self._divisors[p]
-        return torch.where(bits >= threshold, kept, torch.inf)
+            self._divisors[p] = (rng.keep_threshold(p), torch.tensor(1.0 - p, dtype=torch.float32))
+        return rng.dropout_bits(keys, n, divisors=self._divisors[p])
 
     def dropout_numbers(self, batch: int) -> int:
         return self._dropout(batch)[0]

@@ -8,6 +8,7 @@ draws them again: all three see the same values, with no generator state to carr
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -23,6 +24,9 @@ _M1 = 0xBF58476D1CE4E5B9
 _M2 = 0x94D049BB133111EB
 _FEW = 16  # keys mixed as Python ints up to this many (a dozen torch calls cost more on a CPU)
 _BLOCK = 1 << 15  # numbers mixed at a time on a CPU: torch's grain for threads (256 KiB of int64)
+
+
+_INF = torch.tensor(float("inf"))  # (a dropped unit's divisor)
 
 
 def _signed(c: int) -> int:
@@ -112,21 +116,36 @@ def uniform_of_keys(key: Tensor, n: int) -> Tensor:
     return z.to(torch.float32).mul_(2.0**-24)
 
 
-def dropout_bits(key: Tensor, n: int) -> Tensor:
+def dropout_bits(key: Tensor, n: int, divisors: tuple[int, Tensor] | None = None) -> Tensor:
     """[m, n] int64 of each key [m] in the order of `uniform_of_keys`' uniforms:
     (uniform >= p) is (number >= `keep_threshold(p)`), a comparison of integers. They are
     `from_keys`' bits (the top 24 as they are) with the sign bit flipped, so that their signed
     order is the bits' unsigned order. On a CPU mixed in blocks that stay in a core's cache and
     under torch's grain for threads (a cohort's [m, n] at once was measured 3x slower on one
-    thread, and two threads beside busy processes wait for a core at every op)."""
-    out = torch.empty(len(key), n, dtype=torch.int64, device=key.device)
+    thread, and two threads beside busy processes wait for a core at every op).
+    `divisors` = (threshold, kept): float32 instead, `kept` (a 0-d tensor) where a number is
+    >= threshold and inf where it is not (a CPU step's dropout divisors), made from each block
+    while it is in cache."""
+    out = torch.empty(len(key), n, dtype=torch.int64 if divisors is None else torch.float32, device=key.device)
     rows, cols = (len(key), n) if key.device.type != "cpu" else (max(1, _BLOCK // max(n, 1)), min(n, _BLOCK))
+    bits = out if divisors is None else torch.empty(min(rows, len(key)), cols, dtype=torch.int64, device=key.device)
     for c in range(0, n, cols):
-        counter = torch.arange(c, min(c + cols, n), device=key.device, dtype=torch.int64) * _signed(_GOLDEN)
+        counter = _counter(c, min(c + cols, n), key.device)
         for r in range(0, len(key), rows):
-            z = torch.add(key[r:r + rows, None], counter, out=out[r:r + rows, c:c + cols])
+            mine = out[r:r + rows, c:c + cols]
+            z = mine if divisors is None else bits[:mine.shape[0], :mine.shape[1]]
+            torch.add(key[r:r + rows, None], counter, out=z)
             _mix(z, last_shift=False).bitwise_xor_(-(1 << 63))
+            if divisors is not None:
+                torch.where(z >= divisors[0], divisors[1], _INF, out=mine)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _counter(start: int, stop: int, device: torch.device) -> Tensor:
+    """int64 counters start..stop-1 times the golden gamma, as `dropout_bits` adds them to its keys
+    (the same for every step of a batch size: made once)."""
+    return torch.arange(start, stop, device=device, dtype=torch.int64) * _signed(_GOLDEN)
 
 
 def keep_threshold(p: float) -> int | None:

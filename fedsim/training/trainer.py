@@ -61,7 +61,8 @@ def sgd_update_(ws: tuple[Tensor, ...], grads: tuple[Tensor, ...], starts: tuple
     # one fused call per operation over all tensors (as torch.optim.SGD's foreach step):
     # elementwise, so each number is what a loop over the tensors computes; `ws` may end with
     # buffers after the trained tensors (a module's running statistics): not stepped
-    torch._foreach_mul_(grads, [per_device(lr, g) for g in grads])
+    one = lr.numel() == 1 and lr.device.type == "cpu"  # the loop's device: lr as a number, the same products
+    torch._foreach_mul_(grads, float(lr) if one else [per_device(lr, g) for g in grads])
     torch._foreach_sub_(list(ws[:len(grads)]), grads)
 
 

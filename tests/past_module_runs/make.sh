@@ -4,9 +4,10 @@
 # uninterrupted:
 #   git archive SHA | tar -x -C /tmp/old-SHA
 #   sh tests/past_module_runs/make.sh SHA /tmp/old-SHA [MODEL] [CLIENT (a [client] line)]
-# writes tests/past_module_runs/SHA/{seqnet.py, gnnet.py, module (3 rounds), whole (5 rounds)}.
+# writes tests/past_module_runs/SHA/{seqnet.py, gnnet.py, attnnet.py, module (3 rounds), whole (5 rounds)}.
 # 9cd3e24 (rules 1) is the nn.Sequential; c977a51 (rules 2) is mlp; f999e93 (rules 3) is
-# gnnet:make (a class with GroupNorm) with CLIENT = 'trainer = "loop"'.
+# gnnet:make (a class with GroupNorm) with CLIENT = 'trainer = "loop"'; SHA5 (rules 4) is
+# attnnet:make (a transformer layer with dropout, batched).
 set -e
 sha=$1; code=$2; model=${3:-seqnet:make}; client=${4:-}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -38,6 +39,27 @@ class GroupNormNet(nn.Module):
 
 def make(in_shape, n_classes, cfg):
     return GroupNormNet(n_classes)
+PY
+cat > "$out/attnnet.py" <<'PY'
+import torch
+from torch import nn
+
+
+class RowAttention(nn.Module):
+    """A user's transformer encoder layer with dropout, reading digits' 8 rows as 8 tokens."""
+
+    def __init__(self, n_classes):
+        super().__init__()
+        self.read_in, self.position = nn.Linear(8, 16), nn.Parameter(torch.zeros(8, 16))
+        self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+        self.fc = nn.Linear(16, n_classes)
+
+    def forward(self, x):
+        return self.fc(self.layer(self.read_in(x[:, 0]) + self.position).mean(dim=1))
+
+
+def make(in_shape, n_classes, cfg):
+    return RowAttention(n_classes)
 PY
 cat > "$out/module.toml" <<TOML
 [run]

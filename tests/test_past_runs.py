@@ -198,3 +198,12 @@ def test_a_run_of_training_rules_3_resumes_under_them(tmp_path, monkeypatch):
     float rounding, so the resumed run keeps the rules it started with."""
     whole, today = resumes_under_its_own_rules("f999e93", 3, tmp_path, monkeypatch)
     assert not torch.equal(torch.load(today / "model.pt")["conv.weight"], torch.load(whole / "model.pt")["conv.weight"])
+
+
+def test_a_run_of_training_rules_4_resumes_under_them(tmp_path, monkeypatch):
+    """Made under training rules 4 (0a75614; a user's transformer layer with dropout over 8
+    tokens, batched): its attention's softmax ran along the scores' last dimension; today's rules
+    take it along the other dimension of the transposed scores on a CPU, whose numbers differ by
+    float rounding, so the resumed run keeps the rules it started with."""
+    whole, today = resumes_under_its_own_rules("0a75614", 4, tmp_path, monkeypatch)
+    assert not torch.equal(torch.load(today / "model.pt")["fc.weight"], torch.load(whole / "model.pt")["fc.weight"])

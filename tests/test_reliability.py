@@ -1290,7 +1290,7 @@ CASES = [
                             ("branches", r"bool\(\) of a tensor \(an if, and, or, while on its value\)"))],
     # --- issue 38: training rules ---
     case("resume-rules-unknown", "run --resume {tmp}/r --set run.rounds=4 --quiet", r"r/checkpoint\.pt: rules = 7 is not "
-         r"training rules this release knows \(1 to 4\); the file was edited or damaged", r=run_dir(checkpoint_says(rules=7))),
+         r"training rules this release knows \(1 to 5\); the file was edited or damaged", r=run_dir(checkpoint_says(rules=7))),
     case("resume-rules-a-string", "run --resume {tmp}/r --set run.rounds=4 --quiet", r"r/checkpoint\.pt: rules = '2' is not "
          r"training rules this release knows", r=run_dir(checkpoint_says(rules="2"))),
     # --- issue 39: power-of-choice selection ---

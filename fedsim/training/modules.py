@@ -48,6 +48,7 @@ from fedsim.training.losses import StepLoss
 # images of at least this many pixels make a module's convolutions slower batched than looped on
 # a CPU (`ModuleModel.cohort_slow_on_cpu`)
 CONV_LOOP_PIXELS = 16 * 16
+SHORT_KEYS = 16  # attention over fewer keys takes its softmax along another dimension (`_attention_weights`)
 
 # --- keyed dropout ---------------------------------------------------------------------------
 
@@ -61,6 +62,7 @@ class _Draws(threading.local):
     each on a thread of its own."""
     on = False
     loop = False  # the forward is one device's, outside vmap (the loop trainer)
+    rules = training_rules.CURRENT  # the training rules of the forward's run
     numbers: Tensor | None = None
     used = 0
     where = ""
@@ -117,7 +119,20 @@ def _keyed_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         scores = scores.masked_fill(~causal, float("-inf"))
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
-    return _keyed_dropout(torch.softmax(scores, dim=-1), dropout_p) @ value
+    return _keyed_dropout(_attention_weights(scores), dropout_p) @ value
+
+
+def _attention_weights(scores: Tensor) -> Tensor:
+    """softmax(scores) over the keys. From training rules 5, on a CPU over fewer than
+    `SHORT_KEYS` keys along the other dimension of the transposed scores: torch's CPU softmax
+    along a last dimension shorter than 16 is not vectorised (forward and backward 3-4x the
+    time; a transformer reading 8 tokens: 12 % of its batched step), along another one it is.
+    The same sums in another order: float rounding. (A forward that only counts, `probe_forward`,
+    takes torch's: the chunks that a module's batched calls are cut into stay as they were.)"""
+    if _draws.numbers is not None and _draws.rules >= 5 and scores.device.type == "cpu" \
+            and scores.shape[-1] < SHORT_KEYS:
+        return torch.softmax(scores.transpose(-2, -1), dim=-2).transpose(-2, -1)
+    return torch.softmax(scores, dim=-1)
 
 
 def _loop_max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
@@ -131,7 +146,7 @@ def _loop_max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilatio
 
 
 @contextmanager
-def keyed_randomness(numbers: Tensor | None, where: str = ""):
+def keyed_randomness(numbers: Tensor | None, where: str = "", rules: int = training_rules.CURRENT):
     """Dropout inside takes its random numbers from `numbers` (one device's; batched under
     vmap), in the order of its calls; None: it only counts them (`.used` of what it yields,
     after the forward). torch's dropout functions are swapped for the keyed ones while any
@@ -139,6 +154,7 @@ def keyed_randomness(numbers: Tensor | None, where: str = ""):
     (nn.Dropout, attention); max pooling too (`_loop_max_pool2d`, for the loop's forwards)."""
     global _forwards
     _draws.on, _draws.numbers, _draws.used, _draws.where, _draws.rates = True, numbers, 0, where, []
+    _draws.rules = rules
     with _swap:
         _forwards += 1
         F.dropout, F.scaled_dot_product_attention, F.max_pool2d = _keyed_dropout, _keyed_attention, _loop_max_pool2d
@@ -444,7 +460,7 @@ class ModuleModel:
               loss: StepLoss):
         # the forward updates them: float ones cloned, integer ones made anew by `typed`
         buffers = self.typed({n: b if n in self._integers else b.clone() for n, b in buffers.items()})
-        with keyed_randomness(numbers, self.where):
+        with keyed_randomness(numbers, self.where, self.rules):
             logits = functional_call(self.module, {**params, **buffers}, (x,))
         return loss(logits, y, weight), buffers
 
@@ -483,7 +499,7 @@ class ModuleModel:
                 own.copy_(w.round() if name in self._integers else w)
         _draws.loop = True
         try:
-            with torch.enable_grad(), keyed_randomness(numbers, self.where):
+            with torch.enable_grad(), keyed_randomness(numbers, self.where, self.rules):
                 losses = loss(work(x), y, weight)
                 grads = torch.autograd.grad(losses, tensors[:k], allow_unused=True, materialize_grads=True)
         finally:

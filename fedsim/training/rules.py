@@ -33,11 +33,16 @@ its numbers stay its own. A run of a release that recorded none started under ve
    numbers then differ by float rounding; a step 1.2-1.7x faster (benchmarks/RESULTS.md, "A
    module written as a class"). On a CPU `auto` trains a module with convolutions over images
    of 16x16 pixels or more on the loop (`ModuleModel.cohort_slow_on_cpu`).
+5. On a CPU, attention with dropout over fewer than 16 keys takes its softmax along the other
+   dimension of the transposed scores (`modules._attention_weights`): torch's CPU softmax along a
+   last dimension shorter than 16 is not vectorised, 3-4x the time forward and backward (a
+   transformer reading digits' 8 rows as tokens: 12 % of its batched step); the same sums in
+   another order, so the numbers differ by float rounding.
 """
 
 from __future__ import annotations
 
-CURRENT = 4
+CURRENT = 5
 
 ROW_FLOATS = 16  # 64 bytes of float32: a cache line, and the widest alignment a BLAS kernel asks
 

@@ -4,9 +4,10 @@
 # uninterrupted:
 #   git archive SHA | tar -x -C /tmp/old-SHA
 #   sh tests/past_module_runs/make.sh SHA /tmp/old-SHA [MODEL] [CLIENT (a [client] line)]
-# writes tests/past_module_runs/SHA/{seqnet.py, gnnet.py, attnnet.py, module (3 rounds), whole (5 rounds)}.
+# writes tests/past_module_runs/SHA/{the module's file (seqnet.py, gnnet.py, attnnet.py), module (3 rounds),
+# whole (5 rounds)}.
 # 9cd3e24 (rules 1) is the nn.Sequential; c977a51 (rules 2) is mlp; f999e93 (rules 3) is
-# gnnet:make (a class with GroupNorm) with CLIENT = 'trainer = "loop"'; SHA5 (rules 4) is
+# gnnet:make (a class with GroupNorm) with CLIENT = 'trainer = "loop"'; 0a75614 (rules 4) is
 # attnnet:make (a transformer layer with dropout, batched).
 set -e
 sha=$1; code=$2; model=${3:-seqnet:make}; client=${4:-}
@@ -61,6 +62,9 @@ class RowAttention(nn.Module):
 def make(in_shape, n_classes, cfg):
     return RowAttention(n_classes)
 PY
+for file in seqnet gnnet attnnet; do  # only the module the run trains
+  [ "${model%%:*}" = "$file" ] || rm "$out/$file.py"
+done
 cat > "$out/module.toml" <<TOML
 [run]
 name = "module"

@@ -319,7 +319,7 @@ class ModuleModel:
         self._batch_problem: str | None = None
         self._numbers: dict[int, tuple[int, set[float]]] = {}  # batch size -> dropout numbers, rates
         self._divisors: dict[float, tuple[int, Tensor]] = {}  # p -> (threshold, a kept unit's divisor)
-        self._working: dict[int, tuple[nn.Module, list[Tensor]]] = {}  # thread -> the loop's module (`_working_copy`)
+        self._working: dict[int, tuple[nn.Module, list[Tensor]] | None] = {}  # thread -> `_working_copy`
         self.tied = tied_names(module, self.names)
         frozen = any(n not in self.names and n not in self.tied for n in module.state_dict())  # its own constants
         self._shared_key = (tuple(zip(self.names, self.shapes)), id(module) if frozen else None)

@@ -24,9 +24,7 @@ _M1 = 0xBF58476D1CE4E5B9
 _M2 = 0x94D049BB133111EB
 _FEW = 16  # keys mixed as Python ints up to this many (a dozen torch calls cost more on a CPU)
 _BLOCK = 1 << 15  # numbers mixed at a time on a CPU: torch's grain for threads (256 KiB of int64)
-
-
-_INF = torch.tensor(float("inf"))  # (a dropped unit's divisor)
+_INF = torch.tensor(float("inf"))  # a dropped unit's divisor
 
 
 def _signed(c: int) -> int:

@@ -1189,6 +1189,40 @@ def test_one_devices_step_by_autograd_is_torch_funcs_grad_bit_for_bit():
         assert not new[model.names.index("unused.weight")].any()  # (an unused parameter's gradient: zeros)
 
 
+class _GainHook(nn.Module):
+    """A forward hook that is a closure over the module: it reads the module's own gain."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.gain = nn.Linear(64, 10), nn.Parameter(torch.tensor(2.0))
+        self.fc.register_forward_hook(lambda layer, inputs, out: out * self.gain)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+
+
+def test_a_module_whose_hook_is_a_closure_steps_with_the_devices_state_on_the_loop():
+    """A working copy's closures would read the module itself (its initial gain): such a module
+    steps on the loop by functional_call, with the device's gain, as torch.func's step does."""
+    from fedsim.training.losses import weighted_cross_entropy
+    from fedsim.training.modules import ModuleModel
+
+    model = ModuleModel("gain", _GainHook(), (1, 8, 8), 10, "test")
+    g = torch.Generator().manual_seed(1)
+    x, y, weight = torch.rand(8, 1, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g), torch.full((8,), 0.125)
+    state = model.init(0)
+    state[model.names.index("gain")] = 3.0  # the device's gain, not the module's 2.0
+    results = []
+    for rules in (3, 4):
+        model.rules = rules
+        grads, loss = model.step_fn(weighted_cross_entropy, batched=False)(model.split(state), x, y, weight,
+                                                                          torch.empty(0))
+        results.append((grads, loss))
+    assert model._working[threading.get_ident()] is None
+    (old, old_loss), (new, new_loss) = results
+    assert torch.equal(old_loss, new_loss) and all(torch.equal(a, b) for a, b in zip(old, new))
+
+
 def test_auto_loops_over_a_modules_convolutions_on_images_of_16x16_or_more_under_rules_4():
     """On a CPU a module's convolutions under vmap are one grouped convolution, slower than a loop
     of them on 28x28 images (faster on 8x8 ones): `auto` takes the loop there from training rules

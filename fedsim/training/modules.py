@@ -26,6 +26,7 @@ on the loop (`batch_problem`, `why_failed` name the call).
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import re
 import threading
@@ -166,6 +167,12 @@ def keyed_randomness(numbers: Tensor | None, where: str = "", rules: int = train
             if not _forwards:
                 F.dropout, F.scaled_dot_product_attention, F.max_pool2d = _DROPOUT, _SDPA, _MAX_POOL2D
         _draws.on, _draws.numbers = False, None
+
+
+def _hooks(module: nn.Module) -> tuple[dict, ...]:
+    """The hooks a module's forward and backward call."""
+    return tuple(getattr(module, name, {}) for name in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks",
+                                                        "_backward_hooks"))
 
 
 # --- counting FLOPs --------------------------------------------------------------------------
@@ -468,13 +475,17 @@ class ModuleModel:
         """The loop's own copy of the module, in training mode, and its tensors in `names` order
         (one per thread: the parts of a lockstep call train at once). Its frozen parameters are
         the module's own (a resumed run loads them there). None for a module that cannot be
-        copied (one holding a lock or a file)."""
+        copied (one holding a lock or a file) or whose hooks are closures, which would read the
+        module itself, not the copy (a bound method is bound to the copy)."""
         thread = threading.get_ident()
         if thread not in self._working:
             frozen = {id(p): p for p in self.module.parameters() if not p.requires_grad}
             try:
                 work = copy.deepcopy(self.module, frozen).train()
             except Exception:
+                work = None
+            if work is None or any(getattr(hook, "__closure__", None) or isinstance(hook, functools.partial)
+                                   for m in work.modules() for hooks in _hooks(m) for hook in hooks.values()):
                 self._working[thread] = None
             else:
                 tensors = dict(work.named_parameters()) | dict(work.named_buffers())

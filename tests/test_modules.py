@@ -1102,7 +1102,7 @@ def test_a_modules_training_calls_take_one_thread_under_auto_however_large(cli_r
     t = json.loads((module / "manifest.json").read_text())["trainer"]
     assert (t["path"], t["threads"]) == ("batched", 1) and [c["threads"] for c in t["calls"]] == [1]
     assert t["why"] == ("auto: the cohort in one call on the CPU; "
-                        "[run] threads = 'auto': an nn.Module's calls (torch.func) on one thread")
+                        "[run] threads = 'auto': an nn.Module's calls (many small kernels) on one thread")
     t = json.loads((builtin / "manifest.json").read_text())["trainer"]
     assert (t["path"], t["threads"]) == ("batched", 2) and "at least the 22.5 M crossover (half of 4" in t["why"]
     assert json.loads((pinned / "manifest.json").read_text())["trainer"]["threads"] == 2

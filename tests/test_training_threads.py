@@ -134,7 +134,7 @@ def test_a_modules_calls_take_one_thread_and_its_shared_calls_parts_however_larg
     auto = ThreadPolicy("auto", CPU)
     large = CROSSOVER_FLOPS * 10
     assert auto.threads_for(large, module=True) == 1 and auto.threads_for(large) == 2
-    assert auto.choice(large, module=True) == (1, "[run] threads = 'auto': an nn.Module's calls (torch.func) on one thread")
+    assert auto.choice(large, module=True) == (1, "[run] threads = 'auto': an nn.Module's calls (many small kernels) on one thread")
     with auto.work(large, module=True):
         assert torch.get_num_threads() == 1
     assert auto.parts([large, large], module=True) == 2 and auto.parts([large, large]) == 1

@@ -79,7 +79,7 @@ class ThreadPolicy:
         if self.setting != "auto":
             return self.most, f"[run] threads = {self.most}"
         if module and self.rules >= 2:
-            return 1, "[run] threads = 'auto': an nn.Module's calls (torch.func) on one thread"
+            return 1, "[run] threads = 'auto': an nn.Module's calls (many small kernels) on one thread"
         side = "at least" if flops >= CROSSOVER_FLOPS else "under"
         large = "" if flops < CROSSOVER_FLOPS or self.rules < 2 else f" (half of {self.most} threads, at least one)"
         return self.threads_for(flops), (f"[run] threads = 'auto': a call of {flops / 1e6:.3g} M multiply-adds, "

@@ -1223,6 +1223,28 @@ def test_a_module_whose_hook_is_a_closure_steps_with_the_devices_state_on_the_lo
     assert torch.equal(old_loss, new_loss) and all(torch.equal(a, b) for a, b in zip(old, new))
 
 
+def test_auto_loops_over_a_module_whose_op_vmap_runs_device_by_device_under_rules_5(cli_run, user_models):
+    """torch's CPU LSTM has no batching rule in torch.func.vmap, which then runs it device by
+    device behind the cohort's call (a 2-layer LSTM's round 2.4x a plain loop's): `auto` trains
+    such a module on the loop from training rules 5, and the manifest names the op; rules 4 kept
+    the batched call."""
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.training import build_task, build_trainer
+
+    run_dir = cli_run({**BASE, "client": {**BASE["client"], "trainer": "auto"}, "model": {"name": "user_nets:lstm"}},
+                      name="lstm-auto")
+    trainer = json.loads((run_dir / "manifest.json").read_text())["trainer"]
+    assert trainer["path"] == "loop", trainer
+    assert re.search(r"^auto: aten::\S+ has no batching rule in torch.func.vmap, which runs it device by device: a "
+                     r"loop of devices is faster on a CPU", trainer["why"]), trainer["why"]
+    paths = {}
+    for rules in (4, 5):
+        task = build_task(DataConfig(dataset="digits", clients=6), ModelConfig(name="user_nets:lstm"), seed=0,
+                          device=torch.device("cpu"), rules=rules)
+        paths[rules] = build_trainer(task, ClientConfig(batch_size=4, local_steps=1), seed=0).choice(np.arange(3))[0]
+    assert paths[4].path == "batched" and paths[5].path == "loop"
+
+
 def test_auto_loops_over_a_modules_convolutions_on_images_of_16x16_or_more_under_rules_4():
     """On a CPU a module's convolutions under vmap are one grouped convolution, slower than a loop
     of them on 28x28 images (faster on 8x8 ones): `auto` takes the loop there from training rules

@@ -12,11 +12,13 @@ from fedsim.training.loop import LoopTrainer
 from fedsim.training.trainer import Trainer
 
 
-def prefers_batched(cohort_slow_on_cpu: bool, cohort: int, device_type: str) -> bool:
+def prefers_batched(cohort_slow_on_cpu: str, cohort: int, device_type: str) -> bool:
     """A single device: the loop (there is nothing to stack). On a GPU: batched. On a CPU:
-    batched, except for a model whose cohort form is slower there than a loop of devices (one
-    grouped convolution over the cohort: the convolutional models on fedsim's kernels, and from
-    training rules 4 a module's convolutions over images of 16x16 pixels or more)."""
+    batched, except for a model whose cohort form is slower there than a loop of devices
+    (`cohort_slow_on_cpu` says why: one grouped convolution over the cohort, for the
+    convolutional models on fedsim's kernels and from training rules 4 a module's convolutions
+    over images of 16x16 pixels or more; from rules 5 a module's op that vmap runs device by
+    device)."""
     if cohort <= 1:
         return False
     return device_type != "cpu" or not cohort_slow_on_cpu
@@ -42,8 +44,7 @@ class AutoTrainer(Trainer):
         if len(ids) <= 1:
             return self.loop, "auto: one device a call, nothing to stack"
         if self.batched is None or not prefers_batched(self.task.cohort_slow_on_cpu, len(ids), where):
-            return self.loop, (f"auto: convolutions on {self.task.model.code} on a CPU, where a loop of them is "
-                               "faster than one grouped convolution")
+            return self.loop, f"auto: {self.task.cohort_slow_on_cpu}"
         return self.batched, f"auto: the cohort in one call on the {where.upper()}"
 
     def devices_per_call(self, ids):

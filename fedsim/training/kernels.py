@@ -417,6 +417,11 @@ def fused_lstm_cell(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
     return _FUSED[0](gates, c)
 
 
+def convolutions_loop(code: str) -> str:
+    """Why `auto` trains convolutions on a CPU on the loop (`cohort_slow_on_cpu`)."""
+    return f"convolutions on {code} on a CPU, where a loop of them is faster than one grouped convolution"
+
+
 class KernelModel:
     """A module lowered to kernels (`lower`), behind fedsim's Model protocol (fedsim/training/models.py)."""
 
@@ -435,7 +440,7 @@ class KernelModel:
         self.dropout_features = sum(layer.dropout for layer in layers)
         self._no_draws: dict[tuple, Tensor] = {}  # (m, batch, 0, device) -> the empty dropout draw
         # a CPU's cohort convolution (one grouped convolution) is slower than a loop of ordinary ones
-        self.cohort_slow_on_cpu = any(isinstance(layer, Conv) for layer in layers)
+        self.cohort_slow_on_cpu = convolutions_loop(self.code) if any(isinstance(layer, Conv) for layer in layers) else ""
         self.draws_randomness = bool(self.dropout_features)
         # softmax regression (Flatten, Dense): the batched trainer has its gradient in closed form,
         # and from training rules 3 so has a stack of dense layers with ReLUs between them

@@ -50,7 +50,7 @@ class Model(Protocol):
     batch_statistics: bool  # a layer mixes the samples of a batch (BatchNorm): never pad a batch
     samples_independent: bool  # a sample's output reads its own input and dropout numbers only
     draws_randomness: bool  # a step's inputs include numbers keyed by the run's seed (dropout)
-    cohort_slow_on_cpu: bool  # the batched form is slower than a loop of devices on a CPU
+    cohort_slow_on_cpu: str  # why the batched form is slower than a loop of devices on a CPU ('': it is not)
     stacks_evaluation: bool  # `predict_together` evaluates several states in one pass
     func_steps: bool  # its steps are torch.func calls (one thread each under auto: threads.py)
 

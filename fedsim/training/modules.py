@@ -43,12 +43,14 @@ from fedsim.errors import FedsimError, first_line
 from fedsim.training import rng
 from fedsim.training import rules as training_rules
 from fedsim.training.flops import counted, flop_counter
-from fedsim.training.kernels import max_pool2d_channels_last
+from fedsim.training.kernels import convolutions_loop, max_pool2d_channels_last
 from fedsim.training.losses import StepLoss
 
 # images of at least this many pixels make a module's convolutions slower batched than looped on
 # a CPU (`ModuleModel.cohort_slow_on_cpu`)
 CONV_LOOP_PIXELS = 16 * 16
+# torch's warning of an op vmap has no batching rule for (it runs the op device by device)
+_UNBATCHED = re.compile(r"not yet implemented the batching rule for (\S+?)\.? ")
 SHORT_KEYS = 16  # attention over fewer keys takes its softmax along another dimension (`_attention_weights`)
 
 # --- keyed dropout ---------------------------------------------------------------------------
@@ -323,7 +325,7 @@ class ModuleModel:
         self._init = torch.cat([t.detach().reshape(-1).float() for _, t in trainable + buffers])
         self.flops, self.activations = self._probe(n_classes)
         self._one = grad_and_value(self._loss, has_aux=True)
-        self._batch_problem: str | None = None
+        self._vmap_checked: tuple[str, list[str]] | None = None  # (`_vmap_probe`)
         self._numbers: dict[int, tuple[int, set[float]]] = {}  # batch size -> dropout numbers, rates
         self._divisors: dict[float, tuple[int, Tensor]] = {}  # p -> (threshold, a kept unit's divisor)
         self._working: dict[int, tuple[nn.Module, list[Tensor]] | None] = {}  # thread -> `_working_copy`
@@ -334,12 +336,20 @@ class ModuleModel:
             and any(isinstance(m, nn.Conv2d) for m in module.modules())
 
     @property
-    def cohort_slow_on_cpu(self) -> bool:
-        """From training rules 4: a module with 2-d convolutions over images of 16x16 pixels or
-        more, which vmap makes one grouped convolution over the cohort, slower on a CPU than a
-        loop of the devices' own (a BatchNorm CNN on 28x28 images: 1.3x a loop's round; on 8x8
-        images the batched call is faster: benchmarks/RESULTS.md, "A module written as a class")."""
-        return self.rules >= 4 and self._convolves_images
+    def cohort_slow_on_cpu(self) -> str:
+        """Why a loop of devices is faster on a CPU than the cohort in one vmap call ('' where it
+        is not). From training rules 4: 2-d convolutions over images of 16x16 pixels or more,
+        which vmap makes one grouped convolution over the cohort (a BatchNorm CNN on 28x28
+        images: 1.3x a loop's round; on 8x8 images the batched call is faster:
+        benchmarks/RESULTS.md, "A module written as a class"). From rules 5: an op that vmap has
+        no batching rule for, which it runs device by device behind the cohort's call (torch's
+        LSTM on a CPU: a 2-layer LSTM's round 2.4x a plain loop's, 1.2x on the loop)."""
+        if self.rules >= 4 and self._convolves_images:
+            return convolutions_loop(self.code)
+        if self.rules >= 5 and next(self.module.parameters()).device.type == "cpu" and self._vmap_probe()[1]:
+            return (f"{', '.join(self._vmap_probe()[1])} has no batching rule in torch.func.vmap, which runs it "
+                    "device by device: a loop of devices is faster on a CPU")
+        return ""
 
     # -- the flat layout ------------------------------------------------------------------------
     def shared_key(self) -> tuple:
@@ -671,9 +681,14 @@ class ModuleModel:
                            "module attributes, not through tensors kept elsewhere (a list or dict of them)")
 
     def batch_problem(self) -> str:
-        """Why the module cannot train under vmap ('' if it can): one batched step of 2
-        devices tells (once; the batched trainer asks before training)."""
-        if self._batch_problem is None:
+        """Why the module cannot train under vmap ('' if it can)."""
+        return self._vmap_probe()[0]
+
+    def _vmap_probe(self) -> tuple[str, list[str]]:
+        """One batched step of 2 devices (once; the batched trainer asks before training): why
+        it failed ('' if it ran), and the ops that vmap ran device by device (torch warns of each
+        op it has no batching rule for)."""
+        if self._vmap_checked is None:
             m, b = 2, 2
             device = next(self.module.parameters()).device
             x = self._sample(m * b).view(m, b, *self.in_shape).to(device)
@@ -681,14 +696,18 @@ class ModuleModel:
             call = self._call(lambda logits, y, w: F.cross_entropy(logits, y), batched=True)
             inputs = (ws, x, torch.zeros(m, b, dtype=torch.int64, device=device), torch.ones(m, b, device=device),
                       self.randomness(0, 0, torch.arange(m, device=device), 0, b))
-            try:
-                call(*inputs)
-                self._batch_problem = ""
-            except Exception as err:
-                self._batch_problem = why_failed(err, lambda: call(*inputs))
-            finally:
-                self.module.eval()
-        return self._batch_problem
+            problem = ""
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    call(*inputs)
+                except Exception as err:
+                    problem = why_failed(err, lambda: call(*inputs))
+                finally:
+                    self.module.eval()
+            unbatched = (_UNBATCHED.search(str(w.message)) for w in caught)
+            self._vmap_checked = (problem, sorted({found.group(1) for found in unbatched if found}))
+        return self._vmap_checked
 
 
 # --- why a forward failed in training --------------------------------------------------------

@@ -36,7 +36,7 @@ class Task:
     dim: int
     device: torch.device
     n_classes: int | None
-    cohort_slow_on_cpu: bool = False  # what `auto` chooses a trainer path by
+    cohort_slow_on_cpu: str = ""  # why `auto` takes the loop on a CPU ('': the cohort in one call)
     func_steps: bool = False  # its steps are torch.func calls of a user's nn.Module: one thread (threads.py)
     activations: int = 0  # floats of layer outputs per sample (0: no need to chunk a cohort)
     sizes: Tensor  # int64 [N + 1] samples per client; the last entry is the pooled client
@@ -154,7 +154,7 @@ class ClassificationTask(Task):
         self.data, self.model, self.seed = data, model.to(data.device), seed
         self.n_clients, self.n_classes = data.n_clients, data.n_classes
         self.dim, self.device = model.dim, data.device
-        self.cohort_slow_on_cpu, self.activations = model.cohort_slow_on_cpu, model.activations
+        self.activations = model.activations
         self.batch_statistics, self.samples_independent = model.batch_statistics, model.samples_independent
         self.func_steps = model.func_steps
 
@@ -164,6 +164,10 @@ class ClassificationTask(Task):
 
     def init_params(self) -> Tensor:
         return self.model.init(self.seed).to(self.device)
+
+    @property
+    def cohort_slow_on_cpu(self) -> str:
+        return self.model.cohort_slow_on_cpu  # (asked only where it decides: a module may probe vmap for it)
 
     def label_distribution(self) -> np.ndarray:
         return self.data.label_distribution()

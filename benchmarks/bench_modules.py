@@ -3,9 +3,10 @@
 For each model -- the built-ins (logreg, mlp, lenet5, cnn-fmnist) and models a user brings as
 nn.Modules (an MLP, LeNet-5 as an nn.Sequential and as a class with its own forward, a small
 GroupNorm ResNet, a 2-layer transformer encoder with dropout 0.1 reading digits' rows as 8
-tokens, a CNN with BatchNorm (local steps only: local epochs end on one-sample minibatches,
-which fedsim refuses for BatchNorm) and with GroupNorm, pytorch/examples' MNIST network) -- two timings of one round's training,
-alternated in one process (A B B A A B ..., after one warm-up round of one step per device):
+tokens, a 2-layer LSTM of 128 units reading them as 8 steps, a CNN with BatchNorm (local steps
+only: local epochs end on one-sample minibatches, which fedsim refuses for BatchNorm) and with
+GroupNorm, pytorch/examples' MNIST network) -- two timings of one round's training, alternated
+in one process (A B B A A B ..., after one warm-up round of one step per device):
 
 * fedsim: one `Trainer.train` call on the cohort, built as `fedsim run` builds it (the task of
   `[data]` and `[model]`, `[client] trainer = "auto"` (or `--trainer`), `[run] threads =
@@ -159,6 +160,18 @@ class RowTransformer(nn.Module):
         return self.fc(h.mean(dim=1))
 
 
+class RowLSTM(nn.Module):
+    """Digits' 8 rows as 8 steps of 8 pixels through a 2-layer LSTM of 128 units."""
+
+    def __init__(self, n_classes: int, hidden: int = 128):
+        super().__init__()
+        self.lstm = nn.LSTM(8, hidden, num_layers=2, batch_first=True)
+        self.fc = nn.Linear(hidden, n_classes)
+
+    def forward(self, x):
+        return self.fc(self.lstm(x[:, 0])[0][:, -1])
+
+
 @dataclass(frozen=True)
 class Model:
     fedsim_name: str  # what [model] name says
@@ -173,7 +186,7 @@ USER = {"user-mlp": _mlp_module, "user-lenet5": _lenet5_module, "user-lenet5-cla
         "user-resnet-gn": lambda s, n, cfg: GroupNormResNet(s[0], n),
         "user-transformer": lambda s, n, cfg: RowTransformer(n),
         "user-bn-cnn": lambda s, n, cfg: NormCNN(n, "batch"), "user-gn-cnn": lambda s, n, cfg: NormCNN(n, "group"),
-        "user-mnist-example": lambda s, n, cfg: ExamplesNet(n)}
+        "user-mnist-example": lambda s, n, cfg: ExamplesNet(n), "user-lstm": lambda s, n, cfg: RowLSTM(n)}
 for _name, _factory in USER.items():
     if _name not in REGISTRY:
         REGISTRY.register(_name, _factory)
@@ -191,6 +204,7 @@ MODELS = {
     "user-bn-cnn": Model("user-bn-cnn", USER["user-bn-cnn"], "fashion-mnist", "module", ("steps",)),
     "user-gn-cnn": Model("user-gn-cnn", USER["user-gn-cnn"], "fashion-mnist", "module"),
     "user-mnist-example": Model("user-mnist-example", USER["user-mnist-example"], "fashion-mnist", "module"),
+    "user-lstm": Model("user-lstm", USER["user-lstm"], "digits", "module"),
 }
 
 

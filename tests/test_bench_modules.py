@@ -89,7 +89,7 @@ def test_the_plain_loop_takes_fedsims_local_steps_on_each_devices_own_data(bench
 @pytest.mark.parametrize("args, says", [
     (["--models", "logreg,resnet"], "error: --models: unknown name 'resnet'; choose from logreg, mlp, lenet5, "
                                     "cnn-fmnist, user-mlp, user-lenet5, user-lenet5-class, user-resnet-gn, "
-                                    "user-transformer, user-bn-cnn, user-gn-cnn, user-mnist-example"),
+                                    "user-transformer, user-bn-cnn, user-gn-cnn, user-mnist-example, user-lstm"),
     (["--settings", "epoch"], "error: --settings: unknown name 'epoch'; choose from steps, epochs"),
     (["--repeats", "-1"], "error: --repeats -1: give a number of timed rounds >= 1 (0: the default)"),
 ])

@@ -41,6 +41,7 @@ from fedsim.training.losses import weighted_cross_entropy  # noqa: E402
 from fedsim.training.models import build_model  # noqa: E402
 
 SHAPE = (1, 28, 28)
+STEPPED = ("lenet5", "cnn-fmnist", "mlp", "logreg")  # built-ins whose loop step is written out, on 28x28 images
 POOLS = [(16, 32, 28, 28), (16, 32, 14, 14), (16, 6, 28, 28), (16, 16, 10, 10)]
 
 
@@ -95,13 +96,16 @@ def pool_calls(shape: tuple[int, ...]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="lenet5,cnn-fmnist,mlp,logreg")
+    parser.add_argument("--models", default=",".join(STEPPED), help="comma-separated subset of " + ", ".join(STEPPED))
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--pools", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    for name in args.models.split(","):
+        if name not in STEPPED:
+            parser.exit(2, f"error: --models: unknown name '{name}'; choose from {', '.join(STEPPED)}\n")
     torch.set_num_threads(1)
     record = {"machine": machine(), "load_before": os.getloadavg(), "batch": args.batch, "steps": [], "pools": []}
     print(f"{record['machine']}; load {record['load_before'][0]:.2f}; one thread; minibatch {args.batch}")

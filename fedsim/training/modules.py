@@ -346,10 +346,10 @@ class ModuleModel:
         LSTM on a CPU: a 2-layer LSTM's round 2.4x a plain loop's, 1.2x on the loop)."""
         if self.rules >= 4 and self._convolves_images:
             return convolutions_loop(self.code)
-        if self.rules >= 5 and next(self.module.parameters()).device.type == "cpu" and self._vmap_probe()[1]:
-            return (f"{', '.join(self._vmap_probe()[1])} has no batching rule in torch.func.vmap, which runs it "
-                    "device by device: a loop of devices is faster on a CPU")
-        return ""
+        unbatched = self._vmap_probe()[1] if self.rules >= 5 and next(self.module.parameters()).device.type == "cpu" \
+            else []
+        return (f"{', '.join(unbatched)} has no batching rule in torch.func.vmap, which runs it device by device: "
+                "a loop of devices is faster on a CPU") if unbatched else ""
 
     # -- the flat layout ------------------------------------------------------------------------
     def shared_key(self) -> tuple:
@@ -509,44 +509,33 @@ class ModuleModel:
         buffers (updated by the forward) copied back. The numbers of `_one` (torch.func's
         `grad_and_value` over `functional_call`) bit for bit for most modules (to float rounding
         where torch.func decomposes a backward: GroupNorm's), without functional_call swapping
-        every tensor in and out each step (a transformer's loop round: 1.4x a plain loop's)."""
+        every tensor in and out each step (a transformer's loop round: 1.4x a plain loop's). A
+        module without a working copy gets the state swapped in by functional_call (the same
+        numbers, slower)."""
         working, k = self._working_copy(), self.n_trainable
-        if working is None:
-            return self._swapped_step(ws, x, y, weight, numbers, loss)
-        work, tensors = working
-        with torch.no_grad():
-            torch._foreach_copy_(tensors[:k], list(ws[:k]))
-            for name, own, w in zip(self.names[k:], tensors[k:], ws[k:]):
-                own.copy_(w.round() if name in self._integers else w)
+        if working is not None:
+            forward, tensors = working
+            with torch.no_grad():
+                torch._foreach_copy_(tensors[:k], list(ws[:k]))
+                for name, own, w in zip(self.names[k:], tensors[k:], ws[k:]):
+                    own.copy_(w.round() if name in self._integers else w)
+        else:
+            if not self.module.training:
+                self.module.train()
+            buffers = {n: w if n in self._integers else w.clone() for n, w in zip(self.names[k:], ws[k:])}
+            tensors = [w.detach().requires_grad_() for w in ws[:k]] + list(self.typed(buffers).values())
+            state = dict(zip(self.names, tensors))
+            forward = lambda x: functional_call(self.module, state, (x,))  # noqa: E731
         _draws.loop = True
         try:
             with torch.enable_grad(), keyed_randomness(numbers, self.where, self.rules):
-                losses = loss(work(x), y, weight)
+                losses = loss(forward(x), y, weight)
                 grads = torch.autograd.grad(losses, tensors[:k], allow_unused=True, materialize_grads=True)
         finally:
             _draws.loop = False
         with torch.no_grad():
             for own, w in zip(tensors[k:], ws[k:]):
                 w.copy_(own)
-        return grads, losses.detach()
-
-    def _swapped_step(self, ws: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, numbers: Tensor,
-                      loss: StepLoss):
-        """`_loop_step` for a module that cannot be copied: its state swapped in by
-        `functional_call` each step, differentiated by autograd (the same numbers, slower)."""
-        k = self.n_trainable
-        leaves = {n: t.detach().requires_grad_() for n, t in zip(self.names, ws[:k])}
-        if not self.module.training:
-            self.module.train()
-        _draws.loop = True
-        try:
-            with torch.enable_grad():
-                losses, buffers = self._loss(leaves, dict(zip(self.names[k:], ws[k:])), numbers, x, y, weight, loss)
-                grads = torch.autograd.grad(losses, list(leaves.values()), allow_unused=True, materialize_grads=True)
-        finally:
-            _draws.loop = False
-        for b, new in zip(ws[k:], buffers.values()):
-            b.copy_(new.detach())
         return grads, losses.detach()
 
     def _call(self, loss: StepLoss, batched: bool):

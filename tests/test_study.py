@@ -738,3 +738,44 @@ def test_a_study_with_the_trace_source_as_an_axis_drops_each_generators_keys_whe
     assert main(["sweep", str(study), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "unknown key [trace] p_mni" in err and err.count("\n") == 1, err
+
+
+def test_a_group_whose_points_do_not_fit_in_memory_together_runs_in_batches_that_do(tmp_path, capsys, monkeypatch):
+    """Each point fits alone, but a lockstep batch holds its points' cohorts and algorithm state
+    at once: the group runs as many at a time as fit (in a worker process, in its share of the
+    memory), says so in one note, and every point's numbers are those of the group run at once."""
+    from fedsim.studies import lockstep
+    from fedsim.training import memory
+
+    path = write_study(tmp_path, {"algorithm.name": ["mifa"], "run.seed": [0, 1, 2]})
+    needs = []
+    run_together = lockstep.run_together
+    monkeypatch.setattr(lockstep, "run_together",
+                        lambda experiments, *a: needs.extend(e.memory_needs for e in experiments) or
+                        run_together(experiments, *a))
+    sweep(path)  # the machine's own memory: one batch of the three
+    reference = tmp_path / "runs" / "s"
+    alone, held = sum(needs[0].values()), memory.held_in_lockstep(needs[0])
+    assert len(needs) == 3 and held > 0
+    fits_two = (alone + 1.5 * held) / memory.SHARE  # two points beside each other, not three
+    for share, total in ((1.0, fits_two), (0.5, 2 * fits_two)):
+        monkeypatch.setattr(memory, "device_memory", lambda device, total=total: int(total))
+        monkeypatch.setattr(memory, "PROCESS_SHARE", [share])  # (a worker process's, set from its job)
+        out = tmp_path / f"share-{share}"
+        assert main(["sweep", str(path), "--set", f"run.out={out}"]) == 0
+        notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+        where = "this machine's" if share == 1 else "this worker process's share (0.5) of 90% of this machine's"
+        assert len(notes) == 1 and notes[0].startswith(
+            "note: the 3 points of a lockstep group run in batches that fit in memory (2 in the first): beside each "
+            "other their cohorts' parameters and algorithms' state (up to "), notes
+        assert f"a point) must fit in {'90% of ' if share == 1 else ''}{where}" in notes[0]
+        for seed, others in ((0, 1), (1, 1), (2, 0)):
+            point = f"algorithm-mifa_seed-{seed}"
+            why = json.loads((out / "s" / point / "manifest.json").read_text())["trainer"]["why"]
+            assert (f"in one call with {others} other run(s)" in why) if others else ("other run(s)" not in why), why
+            for table in ("rounds.parquet", "devices.parquet"):
+                assert pl.read_parquet(out / "s" / point / table).drop("wall_s", strict=False).equals(
+                    pl.read_parquet(reference / point / table).drop("wall_s", strict=False)), (point, table)
+            assert all(torch.equal(a, b) for a, b in zip(
+                torch.load(out / "s" / point / "model.pt").values(),
+                torch.load(reference / point / "model.pt").values()))

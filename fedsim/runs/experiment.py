@@ -177,8 +177,8 @@ class Experiment:
         """The strategy of `cfg` on this experiment's task and trace; a comparison calls this for
         every algorithm first, so that one that cannot run here fails before any has run."""
         task = self.task  # its state is allocated only once it is known to fit
-        check_memory(cfg, self.device, task.n_clients, task.dim,
-                     self.planned_state(cfg, task.client_sizes(), task.dim), task, self.trainer)
+        self.memory_needs = check_memory(cfg, self.device, task.n_clients, task.dim,
+                                         self.planned_state(cfg, task.client_sizes(), task.dim), task, self.trainer)
         strategy = make_strategy(cfg.algorithm.name, origin=cfg.source)
         if cfg.model.init_from and not self.resuming:  # the run it starts from: of a format this release reads
             read_manifest(model_file(cfg).parent, strict=False)

@@ -11,6 +11,7 @@ Asynchronous runs train on their own (their server has no gate).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -18,11 +19,13 @@ import simpy
 import torch
 
 from fedsim.errors import FedsimError
+from fedsim.files import human_size
 from fedsim.runs.experiment import Experiment, RunResult, prepare_resume, resume_overrides
 from fedsim.sim.engine import finish_round_on_stop_signal
 from fedsim.sim.server import Server
 from fedsim.studies.point import clear_for_new_run
 from fedsim.traces.index import same_availability
+from fedsim.training.memory import NoRoomBeside, beside, budget_text, held_in_lockstep
 from fedsim.training.cohort import train_together
 from fedsim.training.group_eval import evaluate_together
 
@@ -176,25 +179,22 @@ def _shown(value) -> str:
 
 
 def run_batches(folder: Path, waiting: list[tuple[Point, str]], plotter, callbacks,
-                announce_stop: bool = True) -> tuple[dict[str, str], str]:
-    """`waiting` ((point, state) pairs, in their groups' order) stepped in lockstep, `TOGETHER`
-    points of one group at a time; each point's status, and the signal that stopped them ("" if
-    none: a signal stops them after the batch it interrupted)."""
+                announce_stop: bool = True, notes: bool = True) -> tuple[dict[str, str], str]:
+    """`waiting` ((point, state) pairs, in their groups' order) stepped in lockstep, up to `TOGETHER`
+    points of one group at a time, as many as fit in memory beside each other (`_next_batch`);
+    each point's status, and the signal that stopped them ("" if none: a signal stops them
+    after the batch it interrupted). `notes`: a line when a group runs in smaller batches."""
     groups, _ = lockstep_groups([p for p, _ in waiting])
     state_of = {p.name: s for p, s in waiting}
     statuses: dict[str, str] = {}
     for group in groups:
-        for lo in range(0, len(group), TOGETHER):
-            batch = group[lo:lo + TOGETHER]
-            experiments, resumes = [], []
-            for point in batch:
-                try:
-                    experiment, resume_state = _prepare(point, state_of[point.name], folder / point.name, plotter,
-                                                        callbacks)
-                except FedsimError as err:  # a check of the run's build (memory, cohort size): name the point
-                    raise FedsimError(f"point {point.name}: {err}") from None
-                experiments.append(experiment)
-                resumes.append(resume_state)
+        left, noted = list(group), False
+        while left:
+            experiments, resumes = _next_batch(left, state_of, folder, plotter, callbacks)
+            if len(experiments) < min(len(left), TOGETHER) and notes and not noted:
+                print(_memory_note(len(group), experiments), file=sys.stderr, flush=True)
+                noted = True
+            batch, left = left[:len(experiments)], left[len(experiments):]
             stopped_by = ""
             for point, result in zip(batch, run_together(experiments, resumes, announce_stop)):
                 statuses[point.name] = result.status
@@ -203,6 +203,35 @@ def run_batches(folder: Path, waiting: list[tuple[Point, str]], plotter, callbac
             if stopped_by:
                 return statuses, stopped_by
     return statuses, ""
+
+
+def _next_batch(points: list[Point], state_of: dict, folder: Path, plotter,
+                callbacks) -> tuple[list[Experiment], list[dict | None]]:
+    """The experiments (and checkpoint states) of the first of `points` that step together: up to
+    `TOGETHER`, and no more than fit in this process's memory beside each other (their cohorts'
+    parameters and their algorithms' state are held at once); the first always."""
+    experiments, resumes, held = [], [], 0
+    for point in points[:TOGETHER]:
+        try:
+            with beside(held):
+                experiment, resume_state = _prepare(point, state_of[point.name], folder / point.name, plotter,
+                                                    callbacks)
+        except NoRoomBeside:  # it runs in the next batch
+            break
+        except FedsimError as err:  # a check of the run's build (memory, cohort size): name the point
+            raise FedsimError(f"point {point.name}: {err}") from None
+        experiments.append(experiment)
+        resumes.append(resume_state)
+        held += held_in_lockstep(experiment.memory_needs)
+    return experiments, resumes
+
+
+def _memory_note(points: int, batch: list[Experiment]) -> str:
+    """One line saying that a group's points run a few at a time, and why."""
+    each = human_size(max(held_in_lockstep(e.memory_needs) for e in batch))
+    return (f"note: the {points} points of a lockstep group run in batches that fit in memory ({len(batch)} in the "
+            f"first): beside each other their cohorts' parameters and algorithms' state (up to {each} a point) must "
+            f"fit in {budget_text(batch[0].device)}; each point's numbers are the same")
 
 
 def _prepare(point: Point, state: str, run_dir, plotter, callbacks) -> tuple[Experiment, dict | None]:

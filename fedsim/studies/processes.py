@@ -95,21 +95,22 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
     statuses = {p.name: run_point(p.config, study.folder / p.name, s) for p, s in todo if s == "done"}
     workers = worker_processes([p for p, _ in waiting], processes)
     if workers > 1:
-        ran, stopped_by = run_shares(study, shares(waiting, workers), shown)
+        ran, stopped_by = run_shares(study, shares(waiting, workers), shown, progress)
     else:
-        ran, stopped_by = run_batches(study.folder, waiting, plotter, [shown.callback()])
+        ran, stopped_by = run_batches(study.folder, waiting, plotter, [shown.callback()], notes=progress)
     statuses.update(ran)
     shown.close()
     return [statuses.get(p.name, "interrupted") for p, _ in todo], stopped_by
 
 
-def run_shares(study: Study, parts: list[list[tuple]], shown: StudyProgress) -> tuple[dict[str, str], str]:
+def run_shares(study: Study, parts: list[list[tuple]], shown: StudyProgress,
+               notes: bool = True) -> tuple[dict[str, str], str]:
     """Each of `parts` ((point, state) pairs) stepped by a worker process, its rounds and ends
-    shown on `shown` (StudyProgress); each point's status, and the signal that stopped them
+    shown on `shown` (StudyProgress), its notes printed if `notes`; each point's status, and the signal that stopped them
     ("" if none). A worker's error stops the others after their round and is raised once they
     have checkpointed."""
     threads = max(1, usable_cores() // len(parts))
-    workers = [_start(study, part, threads) for part in parts]
+    workers = [_start(study, part, threads, len(parts), notes) for part in parts]
     statuses: dict[str, str] = {}
     stopped = {"name": ""}
     failure: list[str] = []
@@ -135,9 +136,11 @@ def run_shares(study: Study, parts: list[list[tuple]], shown: StudyProgress) -> 
     return statuses, stopped["name"]
 
 
-def _start(study: Study, part: list[tuple], threads: int) -> subprocess.Popen:
-    """A worker process for `part`, its points handed over on its stdin."""
-    job = {"cwd": os.getcwd(), "threads": threads, "folder": str(study.folder.absolute()),
+def _start(study: Study, part: list[tuple], threads: int, workers: int, notes: bool) -> subprocess.Popen:
+    """A worker process for `part`, its points handed over on its stdin; it steps them in batches
+    that fit in its share (1 / `workers`) of the machine's memory."""
+    job = {"cwd": os.getcwd(), "threads": threads, "memory_share": 1 / workers, "notes": notes,
+           "folder": str(study.folder.absolute()),
            "points": [(p.name, p.config.to_dict(), p.config.source, state) for p, state in part]}
     # the worker starts with the stop signals blocked (a mask survives exec): one passed on while
     # it starts waits until its handlers are in place (`serve`), instead of killing it mid-import
@@ -265,12 +268,16 @@ def serve() -> None:
             from fedsim.config import config_from_dict
             from fedsim.studies.study import Point
 
+            from fedsim.training.memory import PROCESS_SHARE
+
             torch.set_num_threads(job["threads"])
+            PROCESS_SHARE[0] = job["memory_share"]
             os.chdir(job["cwd"])
             points = [(Point(name, {}, config_from_dict(raw, origin=origin)), state)
                       for name, raw, origin, state in job["points"]]
             folder = Path(job["folder"])
-            statuses, stopped_by = run_batches(folder, points, None, [PointProgress(reporter)], announce_stop=False)
+            statuses, stopped_by = run_batches(folder, points, None, [PointProgress(reporter)], announce_stop=False,
+                                               notes=job["notes"])
         reporter.send(statuses=statuses, stopped_by=stopped_by)
     except Stopped as stop:
         reporter.send(aborted=stop.name)

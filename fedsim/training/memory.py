@@ -11,11 +11,17 @@ checked twice: with the model's size counted on the meta device before the model
 (so that a module too large is never allocated), and with the trainer's layer outputs once it
 is built. Only what needs more than `SHARE` of the device's total memory is refused, so a run
 that might fit is left to try.
+
+A lockstep study holds the runs it steps together at once: a run built `beside` others must also
+fit with their parameters and state (`NoRoomBeside`: the study steps it in a later batch), in
+the process's share of the machine (a sweep's worker process: 1 / the workers).
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +36,41 @@ from fedsim.training.trainer import Trainer
 FLOAT = 4  # bytes of a float32
 COPIES = 3  # per device of the cohort: its parameters, their gradients, its starting point
 SHARE = 0.9  # of the device's total memory, above which a run is refused
+PROCESS_SHARE = [1.0]  # this process's part of the machine's memory (a sweep's worker: 1 / the workers)
+_BESIDE: ContextVar[int] = ContextVar("beside", default=0)  # bytes held by the runs a new one steps beside
+
+
+class NoRoomBeside(Exception):
+    """A run that fits alone, but not beside the runs that a lockstep batch holds already."""
+
+
+@contextmanager
+def beside(held: int):
+    """Runs built in this block are stepped beside runs that hold `held` bytes."""
+    token = _BESIDE.set(held)
+    try:
+        yield
+    finally:
+        _BESIDE.reset(token)
+
+
+def held_in_lockstep(needs: dict[str, int]) -> int:
+    """What a run of `needs` (`check_memory`) holds beside the other runs of its lockstep batch:
+    its cohort's parameters and its algorithm's state (the data and one call's layer outputs are
+    the group's, shared)."""
+    return needs["parameters"] + needs["state"]
+
+
+def budget(device: torch.device) -> float:
+    """Bytes that the runs of this process may hold beside each other."""
+    return SHARE * device_memory(device) * PROCESS_SHARE[0]
+
+
+def budget_text(device: torch.device) -> str:
+    """`budget` in words: "90% of this machine's 24.0 GB"."""
+    whose = "the GPU's" if device.type == "cuda" else "this machine's"
+    text = f"{SHARE:.0%} of {whose} {human_size(device_memory(device))}"
+    return text if PROCESS_SHARE[0] == 1 else f"this worker process's share ({PROCESS_SHARE[0]:.2g}) of {text}"
 
 
 @dataclass(frozen=True)
@@ -53,10 +94,11 @@ def device_memory(device: torch.device) -> int:
 
 
 def check_memory(cfg: Config, device: torch.device, n_devices: int, dim: int, state: State,
-                 task: Task | None = None, trainer: Trainer | None = None) -> None:
-    """FedsimError, naming what needs the memory and the key to lower, when a run of `n_devices`
-    devices of a `dim`-float model clearly cannot fit on `device`; with the built `task` and
-    `trainer`, their data and layer outputs count too."""
+                 task: Task | None = None, trainer: Trainer | None = None) -> dict[str, int]:
+    """The bytes a run of `n_devices` devices of a `dim`-float model needs, by part; FedsimError,
+    naming what needs the memory and the key to lower, when it clearly cannot fit on `device`
+    (with the built `task` and `trainer`, their data and layer outputs count too); NoRoomBeside
+    when it fits alone but not beside the runs of its lockstep batch (`beside`)."""
     cohort = cfg.server.clients_per_round or n_devices
     needs = {"parameters": FLOAT * COPIES * cohort * dim, "state": state.bytes, "activations": 0, "data": 0}
     per_call = width = 0
@@ -66,7 +108,9 @@ def check_memory(cfg: Config, device: torch.device, n_devices: int, dim: int, st
         needs.update(activations=FLOAT * task.activations * width * per_call, data=task.data_bytes())
     total = device_memory(device)
     if sum(needs.values()) <= SHARE * total:
-        return
+        if _BESIDE.get() and sum(needs.values()) + _BESIDE.get() > budget(device):
+            raise NoRoomBeside
+        return needs
     synthetic = cfg.data.dataset in ("quadratic", "logistic")  # their [data] dim sizes the model
     model = "[model] hidden" if cfg.model.name == "mlp" else "[data] dim" if synthetic else "[model] name"
     cohort_key = "[server] clients_per_round" if cfg.server.clients_per_round else "[data] clients"

@@ -25,14 +25,21 @@ fedsim / plain; `!` flags a ratio above 1.0 (the promise: <= 1.0x everywhere, <=
 cohort speedup -- at 10+ devices for the small models). `--busy N` runs N busy processes beside
 it (a shared machine). The machine's load average is recorded before and after.
 
+On a GPU (`--device cuda`) both sides train there: fedsim as a run on the GPU builds it, the plain
+loop as a user would write it for a GPU (the module, its data and the minibatches' rows on the
+device; each side's round timed to the GPU's last kernel). `--devices 10,100,1000` measures the
+table at those cohort sizes (the datasets then have at least as many clients).
+
     python benchmarks/bench_modules.py [--quick] [--models a,b] [--settings steps,epochs]
-        [--trainer auto|batched|loop] [--repeats 5] [--busy N] [--busy-kind spin|matmul] [--out FILE]
+        [--trainer auto|batched|loop] [--repeats 5] [--busy N] [--busy-kind spin|matmul]
+        [--device cpu|cuda] [--devices N,N] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import statistics
@@ -218,11 +225,11 @@ class Setting:
     def data(self, dataset: str) -> DataConfig:
         """Clients of ~600 (Fashion-MNIST) or ~67 (digits) samples, iid for local steps; of
         unequal sizes for local epochs (the one-class partition's normal sizes, spread 0.5,
-        mean ~100 or ~67)."""
+        mean ~100 or ~67); at least one client per device of the cohort."""
         if self.local_epochs:
-            return DataConfig(dataset=dataset, clients=600 if dataset == "fashion-mnist" else 20,
+            return DataConfig(dataset=dataset, clients=max(600 if dataset == "fashion-mnist" else 20, self.devices),
                               partition="one-class", size_sigma=0.5)
-        return DataConfig(dataset=dataset, clients=100 if dataset == "fashion-mnist" else 20)
+        return DataConfig(dataset=dataset, clients=max(100 if dataset == "fashion-mnist" else 20, self.devices))
 
 
 SETTINGS = {"steps": Setting(10, 16, local_steps=10), "epochs": Setting(20, 16, local_epochs=2)}
@@ -243,15 +250,15 @@ def dataset_of(data: DataConfig) -> Dataset:
 class Pair:
     """One model under one setting: the fedsim trainer and the plain loop on the same cohort."""
 
-    def __init__(self, model: Model, setting: Setting, trainer: str = "auto"):
+    def __init__(self, model: Model, setting: Setting, trainer: str = "auto", device: str = "cpu"):
         data = setting.data(model.dataset)
         dataset = dataset_of(data)
-        self.dataset = dataset.name
+        self.dataset, self.device = dataset.name, torch.device(device)
         self.task = classification_task(dataset, data, ModelConfig(name=model.fedsim_name), seed=0,
-                                        device=torch.device("cpu"))
+                                        device=self.device)
         client = ClientConfig(batch_size=setting.batch, local_steps=setting.local_steps or 1,
                               local_epochs=setting.local_epochs, trainer=trainer)
-        self.threads = ThreadPolicy("auto")
+        self.threads = ThreadPolicy("auto", self.device)
         self.trainer = build_trainer(self.task, client, seed=0, threads=self.threads)
         self.ids = np.sort(np.random.default_rng(0).choice(self.task.n_clients, setting.devices, replace=False))
         epoch_steps = self.trainer.epoch_steps()
@@ -262,7 +269,7 @@ class Pair:
         d = self.task.data
         rows = [d.indices[d.starts[i]:d.starts[i] + d.sizes[i]] for i in self.ids]
         self.local = [(d.x[r], d.y[r]) for r in rows]
-        self.net = model.module(tuple(d.shape), d.n_classes, ModelConfig(name=model.fedsim_name))
+        self.net = model.module(tuple(d.shape), d.n_classes, ModelConfig(name=model.fedsim_name)).to(self.device)
         self.work = copy.deepcopy(self.net)  # each device trains this copy of the global model
         self.generator = torch.Generator().manual_seed(0)
 
@@ -271,7 +278,13 @@ class Pair:
         with self.threads.scope():
             t0 = time.perf_counter()
             self.trainer.train(rnd, self.ids, self.start, steps, LR)
+            self.synchronize()
             return time.perf_counter() - t0
+
+    def synchronize(self) -> None:
+        """Wait for the GPU's last kernel (a round's time is its kernels', not their launches')."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def plain_round(self, warm_up: bool = False) -> float:
         before = torch.get_num_threads()
@@ -279,6 +292,7 @@ class Pair:
         try:
             t0 = time.perf_counter()
             self._plain(warm_up)
+            self.synchronize()
             return time.perf_counter() - t0
         finally:
             torch.set_num_threads(before)
@@ -304,15 +318,16 @@ class Pair:
         """Local steps: `steps` minibatches drawn with replacement; local epochs: a shuffle an
         epoch, cut into minibatches (the last one smaller)."""
         if not self.setting.local_epochs:
-            return list(torch.randint(n, (steps, batch), generator=self.generator))
+            return list(torch.randint(n, (steps, batch), generator=self.generator).to(self.device))
         per_epoch = -(-n // batch)
         chunks = [c for _ in range(-(-steps // per_epoch))
-                  for c in torch.randperm(n, generator=self.generator).split(batch)]
+                  for c in torch.randperm(n, generator=self.generator).to(self.device).split(batch)]
         return chunks[:steps]
 
 
-def measure(name: str, setting_name: str, setting: Setting, repeats: int, trainer: str = "auto") -> dict:
-    pair = Pair(MODELS[name], setting, trainer)
+def measure(name: str, setting_name: str, setting: Setting, repeats: int, trainer: str = "auto",
+            device: str = "cpu") -> dict:
+    pair = Pair(MODELS[name], setting, trainer, device)
     pair.fedsim_round(0, warm_up=True)
     pair.plain_round(warm_up=True)
     times: dict[str, list[float]] = {"fedsim": [], "plain": []}
@@ -324,7 +339,8 @@ def measure(name: str, setting_name: str, setting: Setting, repeats: int, traine
     # (rounded as recorded, so that the flag agrees with the medians the record shows)
     fed, plain = round(statistics.median(times["fedsim"]), 4), round(statistics.median(times["plain"]), 4)
     return {"model": name, "kind": MODELS[name].kind, "dataset": pair.dataset,
-            "setting": setting_name, "trainer": trainer, "devices": setting.devices, "batch": setting.batch,
+            "setting": setting_name, "trainer": trainer, "device": device, "devices": setting.devices,
+            "batch": setting.batch,
             "local_steps": setting.local_steps, "local_epochs": setting.local_epochs,
             "steps_per_round": int(pair.steps.sum()), "dim": pair.task.dim,
             "fedsim_path": summary["path"], "fedsim_threads": summary["threads"],
@@ -343,7 +359,7 @@ def busy_processes(n: int, kind: str) -> list[subprocess.Popen]:
 def row_text(rec: dict) -> str:
     spread = lambda xs: f"{min(xs):.3f}-{max(xs):.3f}"  # noqa: E731
     flag = "!" if rec["over_promise"] else ""
-    return (f"{rec['model']:<17} {rec['setting']:<7} {rec['devices']:>3} {rec['steps_per_round']:>5} "
+    return (f"{rec['model']:<17} {rec['setting']:<7} {rec['devices']:>4} {rec['steps_per_round']:>5} "
             f"{rec['fedsim_path'] or '':<8} {rec['fedsim_threads'] or '':>2} {rec['fedsim_median_s']:>8.3f} "
             f"{spread(rec['fedsim_s']):>13} {rec['plain_median_s']:>8.3f} {spread(rec['plain_s']):>13} "
             f"{rec['ratio']:>6.2f}x{flag}")
@@ -359,6 +375,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="fedsim's [client] trainer (default auto, what a run chooses)")
     parser.add_argument("--busy", type=int, default=0, help="busy processes beside the measurement")
     parser.add_argument("--busy-kind", choices=["spin", "matmul"], default="spin")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both sides train")
+    parser.add_argument("--devices", default="", help="comma-separated cohort sizes (default: each setting's)")
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
     args = parser.parse_args(argv)
     models, settings = args.models.split(","), args.settings.split(",")
@@ -370,26 +388,36 @@ def main(argv: list[str] | None = None) -> dict:
     if args.repeats < 0:
         parser.exit(2, f"error: --repeats {args.repeats}: give a number of timed rounds >= 1 (0: the default)\n")
     repeats = args.repeats or (1 if args.quick else 5)
+    try:
+        sizes = [int(n) for n in args.devices.split(",")] if args.devices else []
+    except ValueError:
+        sizes = [0]
+    if any(n < 1 for n in sizes):
+        parser.exit(2, f"error: --devices {args.devices}: give cohort sizes >= 1, comma-separated (10,100,1000)\n")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.exit(2, "error: --device cuda: torch sees no GPU here; leave --device out to measure on the CPU\n")
     load_before = os.getloadavg()
     busy = busy_processes(args.busy, args.busy_kind)
     records: list[dict] = []
     result = {"machine": machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-              "trainer": args.trainer, "busy": args.busy, "busy_kind": args.busy_kind, "repeats": repeats,
+              "trainer": args.trainer, "device": args.device, "busy": args.busy, "busy_kind": args.busy_kind, "repeats": repeats,
               "quick": args.quick,
               "loadavg_before": [round(x, 2) for x in load_before], "records": records}
     try:
         print(f"machine: {machine()}; busy processes: {args.busy} ({args.busy_kind}); "
               f"load before: {' '.join(f'{x:.2f}' for x in load_before)}")
-        print(f"{'model':<17} {'setting':<7} {'dev':>3} {'steps':>5} {'path':<8} {'th':>2} {'fedsim s':>8} "
+        print(f"{'model':<17} {'setting':<7} {'dev':>4} {'steps':>5} {'path':<8} {'th':>2} {'fedsim s':>8} "
               f"{'fedsim spread':>13} {'plain s':>8} {'plain spread':>13} {'ratio':>7}")
         for setting_name in settings:
-            for name in (m for m in models if setting_name in MODELS[m].settings):
-                rec = measure(name, setting_name, table[setting_name], repeats, args.trainer)
-                records.append(rec)
-                print(row_text(rec), flush=True)
-                result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
-                if args.out:  # after every row: a long run stopped early keeps what it measured
-                    args.out.write_text(json.dumps(result, indent=2) + "\n")
+            base = table[setting_name]
+            for setting in [dataclasses.replace(base, devices=n) for n in sizes] or [base]:
+                for name in (m for m in models if setting_name in MODELS[m].settings):
+                    rec = measure(name, setting_name, setting, repeats, args.trainer, args.device)
+                    records.append(rec)
+                    print(row_text(rec), flush=True)
+                    result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+                    if args.out:  # after every row: a long run stopped early keeps what it measured
+                        args.out.write_text(json.dumps(result, indent=2) + "\n")
     finally:
         for p in busy:
             p.kill()

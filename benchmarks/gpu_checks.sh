@@ -12,7 +12,9 @@
 # eager), paper (bench_paper_scale on CUDA), study (bench_study: 32 runs in lockstep vs one
 # after another), workers (bench_plane: the same 32 runs as `fedsim sweep --processes 1, 2, 4`
 # on the GPU: whether lockstep shares in worker processes should share one GPU; auto keeps one),
-# rules3 (bench_rules3 --steps: the MLP's step by reverse mode and in closed form on CUDA).
+# rules3 (bench_rules3 --steps: the MLP's step by reverse mode and in closed form on CUDA),
+# modules (bench_modules on CUDA: issue 38's table, fedsim against a plain GPU loop of the same steps,
+# the issue's user modules at 10 and 100 devices, then 1000; rows are written as they finish).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 RESULTS=$(realpath -m "$OUT")
@@ -60,6 +62,10 @@ for stage in "$@"; do
     rules3)
       timeout 60 python3 $B/bench_rules3.py --steps --device cuda --json "$OUT/rules3_steps.json" \
         2>&1 | tee "$OUT/rules3.log" ;;
+    modules)
+      M="python3 $B/bench_modules.py --device cuda --settings steps --models user-mlp,user-lenet5,user-resnet-gn,user-transformer"
+      timeout 150 $M --devices 10,100 --repeats 3 --out "$OUT/modules_cuda.json" 2>&1 | tee "$OUT/modules.log"
+      timeout 150 $M --devices 1000 --repeats 1 --out "$OUT/modules_cuda_1000.json" 2>&1 | tee -a "$OUT/modules.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
   tar -czf "$RESULTS/gpu_results.tgz" -C "$OUT" .

@@ -70,6 +70,17 @@ def test_the_trainer_a_user_names_is_the_one_measured(tmp_path):
         [("loop", "loop")]
 
 
+def test_cohort_sizes_a_user_names_are_measured_each_with_a_client_per_device(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--models", "user-transformer", "--settings",
+                           "steps", "--devices", "2,25", "--out", "out.json"], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["device"] == "cpu"
+    steps = [(r["devices"], r["steps_per_round"], r["device"]) for r in result["records"]]
+    assert steps == [(2, 4, "cpu"), (25, 50, "cpu")]  # (--quick: 2 local steps; digits is cut in 20 clients, here 25)
+
+
 def test_the_plain_loop_takes_fedsims_local_steps_on_each_devices_own_data(bench):
     """Local epochs of unequal devices: the plain loop's minibatches are each device's samples,
     each once an epoch, as many as fedsim's steps (epochs x ceil(n / batch))."""
@@ -92,6 +103,8 @@ def test_the_plain_loop_takes_fedsims_local_steps_on_each_devices_own_data(bench
                                     "user-transformer, user-bn-cnn, user-gn-cnn, user-mnist-example, user-lstm"),
     (["--settings", "epoch"], "error: --settings: unknown name 'epoch'; choose from steps, epochs"),
     (["--repeats", "-1"], "error: --repeats -1: give a number of timed rounds >= 1 (0: the default)"),
+    (["--devices", "10,ten"], "error: --devices 10,ten: give cohort sizes >= 1, comma-separated (10,100,1000)"),
+    (["--devices", "0"], "error: --devices 0: give cohort sizes >= 1, comma-separated (10,100,1000)"),
 ])
 def test_bad_arguments_are_one_line_exit_2_and_nothing_written(tmp_path, args, says):
     done = subprocess.run([sys.executable, str(SCRIPT), *args, "--out", "out.json"], capture_output=True,

@@ -2,13 +2,14 @@
 against the same runs one after another in one process, and with Ray.
 
 16 runs by default (4 algorithms x 4 seeds; digits, mlp, 100 devices, 10 a round, 300
-rounds, ideal timing); `--runs 32` for 8 seeds. Prints a table; --json FILE writes it.
+rounds, ideal timing); `--runs 32` for 8 seeds; `--model lenet5 --dataset fashion-mnist` for
+runs whose cohorts train on the loop trainer on a CPU (a model's convolutions on 28x28 images). Prints a table; --json FILE writes it.
 `--load K` runs K CPU-burning processes beside it (a shared machine); the load averages
 before and after are recorded. `--profile` also runs the lockstep study under cProfile and
 prints where its host time goes (training, SimPy, selection, strategy, callbacks, events).
 
     python benchmarks/bench_study.py [--runs 16|32] [--rounds 300] [--ray] [--device cpu|cuda]
-                                     [--load K] [--profile] [--json FILE]
+                                     [--model mlp] [--dataset digits] [--load K] [--profile] [--json FILE]
 """
 
 from __future__ import annotations
@@ -31,15 +32,15 @@ from bench_cohort import machine  # noqa: E402
 ALGORITHMS = ["fedavg", "mifa", "fedau", "fedvarp"]
 
 
-def configs(runs: int, rounds: int, device: str, out: Path):
+def configs(runs: int, rounds: int, device: str, out: Path, model: str = "mlp", dataset: str = "digits"):
     from fedsim.config import config_from_dict
 
     seeds = runs // len(ALGORITHMS)
     return [config_from_dict({
         "run": {"name": f"{a}-{s}", "out": str(out), "rounds": rounds, "eval_every": rounds,
                 "seed": s, "progress": False, "plots": False, "device": device},
-        "data": {"dataset": "digits", "clients": 100},
-        "model": {"name": "mlp"},
+        "data": {"dataset": dataset, "clients": 100},
+        "model": {"name": model},
         "server": {"timing": "ideal", "clients_per_round": 10},
         "client": {"local_steps": 5, "batch_size": 32, "lr": 0.1},
         "algorithm": {"name": a},
@@ -116,6 +117,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model", default="mlp", help="every run's [model] name")
+    parser.add_argument("--dataset", default="digits", help="every run's [data] dataset")
     parser.add_argument("--ray", action="store_true", help="also through the Ray backend")
     parser.add_argument("--load", type=int, default=0, help="CPU-burning processes beside it")
     parser.add_argument("--profile", action="store_true", help="also profile the lockstep study")
@@ -151,7 +154,7 @@ def measure(args) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        cfgs = configs(args.runs, args.rounds, args.device, out)
+        cfgs = configs(args.runs, args.rounds, args.device, out, args.model, args.dataset)
         seq_s, seq = sequential(cfgs, out)
         tog_s, tog = together(cfgs, out)
         pairs = [(a.params.cpu().numpy(), b.params.cpu().numpy()) for a, b in zip(seq, tog)]
@@ -159,7 +162,8 @@ def measure(args) -> dict:
         # other kernels, so runs agree to float rounding, amplified over the rounds)
         worst = max(float(np.max(np.abs(a - b) / (np.abs(a) + 1e-6))) for a, b in pairs)
         worst_norm = max(float(np.linalg.norm(a - b) / np.linalg.norm(a)) for a, b in pairs)
-        record = {"runs": args.runs, "rounds": args.rounds, "device": args.device,
+        record = {"runs": args.runs, "rounds": args.rounds, "device": args.device, "model": args.model,
+                  "dataset": args.dataset, "paths": sorted({json.loads((r.run_dir / "manifest.json").read_text())["trainer"]["path"] for r in tog}),
                   "sequential_s": round(seq_s, 2), "together_s": round(tog_s, 2),
                   "speedup": round(seq_s / tog_s, 2),
                   "per_run_round_ms_sequential": round(1000 * seq_s / (args.runs * args.rounds), 3),

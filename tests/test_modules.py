@@ -77,6 +77,12 @@ def resnet(in_shape, n_classes, cfg):
     return TinyResNet(in_shape[0], n_classes)
 
 
+def wide_conv(in_shape, n_classes, cfg):
+    """Two convolutions of 64 channels: a step of 8 samples is some 57 M multiply-adds."""
+    return nn.Sequential(nn.Conv2d(in_shape[0], 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, n_classes))
+
+
 def resnet_bn(in_shape, n_classes, cfg):
     return TinyResNet(in_shape[0], n_classes, "bn")
 
@@ -1274,3 +1280,29 @@ def test_auto_loops_over_a_modules_convolutions_on_images_of_16x16_or_more_under
     assert paths[28, 4][0].path == "loop" and paths[28, 4][1] == (
         "auto: convolutions on torch.func on a CPU, where a loop of them is faster than one grouped convolution")
     assert paths[28, 3][0].path == paths[8, 4][0].path == "batched"
+
+
+def test_a_studys_points_on_the_loop_train_side_by_side_and_equal_their_runs_alone(cli_run, user_models, tmp_path):
+    """Cohorts that cannot share a batched call (here the loop trainer's) train in one-thread
+    parts side by side on the cores, not one after another on one: each point equals its
+    `fedsim run` bit for bit, and its manifest says how it trained."""
+    from fedsim.cli import main
+    from fedsim.config import dump_toml
+
+    client = {**BASE["client"], "trainer": "loop"}
+    model = {"name": "user_nets:wide_conv"}
+    study = {**BASE, "run": {**BASE["run"], "name": "side", "out": str(tmp_path / "runs"), "progress": False},
+             "client": client, "model": model, "sweep": {"run.seed": [0, 1]}}
+    (tmp_path / "side.toml").write_text(dump_toml(study))
+    assert main(["sweep", "side.toml", "--quiet"]) == 0
+    for seed in (0, 1):
+        point = tmp_path / "runs" / "side" / f"seed-{seed}"
+        alone = cli_run({**BASE, "run": {**BASE["run"], "seed": seed}, "client": client, "model": model},
+                        name=f"alone-{seed}")
+        a, b = torch.load(point / "model.pt"), torch.load(alone / "model.pt")
+        assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a), seed
+        assert pl.read_parquet(point / "rounds.parquet").drop("wall_s").equals(
+            pl.read_parquet(alone / "rounds.parquet").drop("wall_s"))
+        why = json.loads((point / "manifest.json").read_text())["trainer"]["why"]
+        if torch.get_num_threads() >= 2:  # (a machine of one core has nothing to train side by side on)
+            assert "; with 1 other run(s) of the study in 2 one-thread parts side by side;" in why, why

@@ -18,6 +18,7 @@ from fedsim.training import rng
 from fedsim.training.cuda_graphs import CudaGraphSteps
 from fedsim.training.objective import LocalObjective
 from fedsim.training.rules import row_stride
+from fedsim.training.threads import at_once
 from fedsim.training.trainer import Trainer, TrainResult, sgd_update_
 
 ACTIVATION_BUDGET = 2**27  # floats of layer outputs per batched call on a CPU (512 MiB)
@@ -182,10 +183,11 @@ def train_together(calls: list[tuple]) -> list[TrainResult]:
     take other kernels)."""
     results: list[TrainResult | None] = [None] * len(calls)
     groups: dict[tuple, list[list[int]]] = {}
+    alone: list[int] = []  # cohorts that train in calls of their own
     for i, call in enumerate(calls):
         key = cohort_key(call[0], call[2], call[6])
         if key is None:
-            results[i] = call[0].train(*call[1:])
+            alone.append(i)
             continue
         batched = call[0].path_for(call[2])
         room = batched.chunk_size(call[2])
@@ -196,11 +198,33 @@ def train_together(calls: list[tuple]) -> list[TrainResult]:
     for chunks in groups.values():
         for members in chunks:
             if len(members) == 1:
-                results[members[0]] = calls[members[0]][0].train(*calls[members[0]][1:])
+                alone.append(members[0])
             else:
                 for i, result in zip(members, _train_group_or_split([calls[i] for i in members])):
                     results[i] = result
+    for i, result in zip(alone, _train_side_by_side([calls[i] for i in alone])):
+        results[i] = result
     return results
+
+
+def _train_side_by_side(calls: list[tuple]) -> list[TrainResult]:
+    """Cohorts that train in calls of their own (on the loop trainer, say: a module's convolutions
+    on a CPU), each as alone; on a CPU where each would take one thread and together they reach
+    the thread rule's crossover (`ThreadPolicy.parts`), in parts side by side, one thread each
+    (a run's arithmetic is its one-thread call's either way), rather than one after another on
+    one core."""
+    policy = calls[0][0].threads if calls else None
+    module = all(c[0].task.func_steps for c in calls)
+    n_parts = policy.parts([c[0].call_flops(np.asarray(c[2])) for c in calls], module) if policy else 1
+    if n_parts == 1:
+        return [c[0].train(*c[1:]) for c in calls]
+    company = f"; with {len(calls) - 1} other run(s) of the study in {n_parts} one-thread parts side by side"
+    ends = np.cumsum([np.sum(c[4]) for c in calls])  # (device-steps: the runs share the model)
+    cuts = [0, *np.searchsorted(ends, ends[-1] * np.arange(1, n_parts) / n_parts, side="right"), len(calls)]
+    parts = [calls[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:]) if hi > lo]
+    done = at_once([lambda part=part: [c[0].train(*c[1:], company=company) for c in part] for part in parts],
+                   policy.most)
+    return [result for part in done for result in part]
 
 
 def _train_group_or_split(calls: list[tuple]) -> list[TrainResult]:

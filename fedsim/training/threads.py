@@ -114,9 +114,7 @@ class ThreadPolicy:
     def run_parts(self, jobs: Sequence[Callable[[], object]]) -> list:
         """`jobs` (the parts of a shared call) at once, each on one thread; their results."""
         self.calls[1] += len(jobs)
-        if len(jobs) == 1:
-            return [jobs[0]()]
-        return list(_pool(self.most).map(_one_thread, jobs))
+        return at_once(jobs, self.most)
 
     def summary(self) -> dict:
         """For the manifest: the setting, the most threads a call may get, calls per thread count."""
@@ -125,6 +123,13 @@ class ThreadPolicy:
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def at_once(jobs: Sequence[Callable[[], object]], workers: int) -> list:
+    """`jobs` at once on a pool of `workers` threads, each job on one torch thread; their results."""
+    if len(jobs) == 1:
+        return [jobs[0]()]
+    return list(_pool(workers).map(_one_thread, jobs))
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:

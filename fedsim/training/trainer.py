@@ -80,9 +80,10 @@ class Trainer:
         self.why: dict[tuple[str, int | None], str] = {}  # the latest reason of each
 
     def train(self, rnd: int, ids: np.ndarray, start: Tensor, steps: np.ndarray, lr: float | Tensor,
-              objective: LocalObjective = PLAIN) -> TrainResult:
+              objective: LocalObjective = PLAIN, company: str = "") -> TrainResult:
         """Local SGD of devices `ids` from `start` [k, d] for `steps` [k] steps at `lr` (scalar or
-        [k]) on the task's loss plus the algorithm's `objective` terms."""
+        [k]) on the task's loss plus the algorithm's `objective` terms. `company`: how it trained
+        beside other runs of a study, for the manifest's reason."""
         task = self.task
         ids = np.asarray(ids, dtype=np.int64)
         steps = np.asarray(steps, dtype=np.int64)
@@ -106,7 +107,7 @@ class Trainer:
         with self.threads.work(flops, task.func_steps):
             end, loss_sum = self._run(rnd, ids, start, steps, lr_t, objective)
         path, reason = self.choice(ids)
-        self.count(path.ran_as(), *self.threads.choice(flops, task.func_steps), reason)
+        self.count(path.ran_as(), *self.threads.choice(flops, task.func_steps), reason + company)
         result = self.result(ids, end - start, loss_sum, steps)
         if kept is not None:
             kept.keep(ids_t, end, result.deltas)

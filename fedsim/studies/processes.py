@@ -106,9 +106,9 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
 def run_shares(study: Study, parts: list[list[tuple]], shown: StudyProgress,
                notes: bool = True) -> tuple[dict[str, str], str]:
     """Each of `parts` ((point, state) pairs) stepped by a worker process, its rounds and ends
-    shown on `shown` (StudyProgress), its notes printed if `notes`; each point's status, and the signal that stopped them
-    ("" if none). A worker's error stops the others after their round and is raised once they
-    have checkpointed."""
+    shown on `shown` (StudyProgress), its notes printed if `notes`; each point's status, and
+    the signal that stopped them ("" if none). A worker's error stops the others after their
+    round and is raised once they have checkpointed."""
     threads = max(1, usable_cores() // len(parts))
     workers = [_start(study, part, threads, len(parts), notes) for part in parts]
     statuses: dict[str, str] = {}
@@ -267,7 +267,6 @@ def serve() -> None:
 
             from fedsim.config import config_from_dict
             from fedsim.studies.study import Point
-
             from fedsim.training.memory import PROCESS_SHARE
 
             torch.set_num_threads(job["threads"])

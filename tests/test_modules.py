@@ -19,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_plugins import plugin_module, rounds_of  # noqa: E402
 
 USER_MODELS = '''
+import threading
+
 import torch
 from torch import nn
 
@@ -75,6 +77,12 @@ class RowLSTM(nn.Module):
 
 def resnet(in_shape, n_classes, cfg):
     return TinyResNet(in_shape[0], n_classes)
+
+
+def uncopyable(in_shape, n_classes, cfg):
+    module = TinyResNet(in_shape[0], n_classes)
+    module.lock = threading.Lock()  # (no working copy: the loop swaps each device's state into the module)
+    return module
 
 
 def wide_conv(in_shape, n_classes, cfg):
@@ -1306,3 +1314,28 @@ def test_a_studys_points_on_the_loop_train_side_by_side_and_equal_their_runs_alo
         why = json.loads((point / "manifest.json").read_text())["trainer"]["why"]
         if torch.get_num_threads() >= 2:  # (a machine of one core has nothing to train side by side on)
             assert "; with 1 other run(s) of the study in 2 one-thread parts side by side;" in why, why
+
+
+@pytest.mark.parametrize("model", ["lstm", "user_nets:resnet", "user_nets:uncopyable"])
+def test_a_loop_cohort_in_parts_side_by_side_equals_one_device_after_another(cli_run, user_models, monkeypatch,
+                                                                            model):
+    """The loop trainer's devices in one-thread parts side by side (the thread rule's crossover
+    set to 0 here, so that these small steps are cut too): fedsim's kernels through autograd (the
+    built-in LSTM), a module on working copies and one without (its state swapped into the module
+    itself, one part at a time): model.pt and the rounds bit for bit those of `[run] threads = 1`,
+    which trains one device after another."""
+    from fedsim.training import threads
+
+    if torch.get_num_threads() < 2:
+        pytest.skip("one core: no parts to train side by side")
+    monkeypatch.setattr(threads, "CROSSOVER_FLOPS", 0.0)
+    config = {**BASE, "client": {**BASE["client"], "trainer": "loop"}, "model": {"name": model}}
+    one = cli_run({**config, "run": {**BASE["run"], "threads": 1}}, name="one")
+    parts = cli_run(config, name="parts")
+    a, b = torch.load(one / "model.pt"), torch.load(parts / "model.pt")
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert pl.read_parquet(one / "rounds.parquet").drop("wall_s").equals(
+        pl.read_parquet(parts / "rounds.parquet").drop("wall_s"))
+    why = json.loads((parts / "manifest.json").read_text())["trainer"]["why"]
+    assert why.endswith(f"; the devices in {min(4, torch.get_num_threads())} one-thread parts side by side"), why
+    assert "parts" not in json.loads((one / "manifest.json").read_text())["trainer"]["why"]

@@ -9,7 +9,9 @@ padding; any model from training rules 2, which spares the padding's arithmetic)
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+from torch import Tensor
 
 from fedsim.training.trainer import Trainer, sgd_update_
 
@@ -21,18 +23,39 @@ class LoopTrainer(Trainer):
         return 1
 
     def _run(self, rnd, ids, start, steps, lr, objective):
+        ids_t = torch.as_tensor(ids, device=self.task.device)
+        jobs = [lambda part=part: self._train_devices(part, rnd, ids, ids_t, start, steps, lr, objective)
+                for part in self._parts(ids, steps)]
+        if len(jobs) == 1:
+            return jobs[0]()
+        done = self.threads.run_parts(jobs)
+        return torch.cat([end for end, _ in done]), torch.cat([loss_sum for _, loss_sum in done])
+
+    def _parts(self, ids, steps) -> list[range]:
+        """The devices in one-thread parts side by side, where the thread rule cuts a call of
+        their steps (`ThreadPolicy.parts`: each device alone would take one thread, together
+        they reach the crossover), balanced by their steps; one part otherwise."""
+        self.parts = self.threads.parts([self.call_flops(ids[:1])] * len(ids), self.task.func_steps)
+        ends = np.cumsum(steps)
+        cuts = [0, *np.searchsorted(ends, ends[-1] * np.arange(1, self.parts) / self.parts, side="right"), len(ids)]
+        return [range(lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:]) if hi > lo]
+
+    def _train_devices(self, devices: range, rnd, ids, ids_t, start, steps, lr, objective) -> tuple[Tensor, Tensor]:
+        """The local steps of `devices` (a range of indices into `ids`), one device after another:
+        their end parameters and loss sums. Each part trains a tensor of its own (a tensor's
+        views share one version counter: another part's in-place update of its own rows would
+        read as a change to the values this part's autograd saved)."""
         task = self.task
         step_fn = task.step_fn()
-        end = start.clone()
-        loss_sum = torch.zeros(len(ids), device=task.device)
-        ids_t = torch.as_tensor(ids, device=task.device)
+        end = start[devices.start:devices.stop].clone()
+        loss_sum = torch.zeros(len(devices), device=task.device)
         own_rows = self.client.local_epochs and (task.batch_statistics or self.threads.rules >= 2)
         # a step's inputs one per sample (x, y, weight; fedsim's kernels' dropout uniforms too: a
         # module's numbers are the forward's, drawn for the batch it is given)
         per_sample = 4 if task.samples_independent else 3
-        for j in range(len(ids)):
-            one = slice(j, j + 1)
-            ws, starts = task.split(end[one]), task.split(start[one])  # views: updated in place
+        for i, j in enumerate(devices):
+            one, own = slice(j, j + 1), slice(i, i + 1)
+            ws, starts = task.split(end[own]), task.split(start[one])  # views: updated in place
             linear = task.split(objective.linear[one]) if objective.per_device else ()
             device_ws = tuple(w[0] for w in ws)  # (the same views without the device dimension)
             inputs = task.inputs(ids_t[one], rnd, int(steps[j]), self.batch_size, self.seed,
@@ -44,7 +67,7 @@ class LoopTrainer(Trainer):
                     step_inputs[:per_sample] = (t[:rows[s]] for t in step_inputs[:per_sample])
                 grads, loss = step_fn(device_ws, *step_inputs)
                 sgd_update_(ws, tuple(g[None] for g in grads), starts, lr[one], self.client, objective, linear)
-                loss_sum[j] += loss.detach()
+                loss_sum[i] += loss.detach()
         return end, loss_sum
 
     def epoch_rows(self, size: int, steps: int) -> list[int]:

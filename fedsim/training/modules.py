@@ -31,7 +31,7 @@ import math
 import re
 import threading
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -329,6 +329,9 @@ class ModuleModel:
         self._numbers: dict[int, tuple[int, set[float]]] = {}  # batch size -> dropout numbers, rates
         self._divisors: dict[float, tuple[int, Tensor]] = {}  # p -> (threshold, a kept unit's divisor)
         self._working: dict[int, tuple[nn.Module, list[Tensor]] | None] = {}  # thread -> `_working_copy`
+        # the module itself: functional_call swaps its tensors (and sets its mode) for a call, so
+        # the threads that train a run's devices side by side (loop.py) take turns with it
+        self._module_lock = threading.RLock()
         self.tied = tied_names(module, self.names)
         frozen = any(n not in self.names and n not in self.tied for n in module.state_dict())  # its own constants
         self._shared_key = (tuple(zip(self.names, self.shapes)), id(module) if frozen else None)
@@ -404,7 +407,8 @@ class ModuleModel:
     def forward(self, params: tuple[Tensor, ...], x: Tensor, u: Tensor | None = None) -> Tensor:
         """Logits of x [B, *in_shape] in eval mode (evaluation)."""
         try:
-            return functional_call(self.module.eval(), self.typed(dict(zip(self.names, params))), (x,))
+            with self._module_lock:
+                return functional_call(self.module.eval(), self.typed(dict(zip(self.names, params))), (x,))
         except Exception as err:
             raise self._failed(err, x, f"the module's forward raised {type(err).__name__} ({first_line(err)}) in "
                                        f"evaluation (eval mode) on a batch of {len(x)} samples; fix the forward (it "
@@ -466,7 +470,8 @@ class ModuleModel:
                 return count_dropout_numbers(self.module, state, x)
 
             try:
-                self._numbers[batch] = count()
+                with self._module_lock:
+                    self._numbers[batch] = count()
             except Exception as err:
                 raise self._failed(err, x, f"the module cannot train on a batch of {batch} samples: "
                                            f"{why_failed(err, count)}; fix the forward (it ran on a batch of 2 at "
@@ -477,7 +482,7 @@ class ModuleModel:
               loss: StepLoss):
         # the forward updates them: float ones cloned, integer ones made anew by `typed`
         buffers = self.typed({n: b if n in self._integers else b.clone() for n, b in buffers.items()})
-        with keyed_randomness(numbers, self.where, self.rules):
+        with keyed_randomness(numbers, self.where, self.rules), self._module_lock:
             logits = functional_call(self.module, {**params, **buffers}, (x,))
         return loss(logits, y, weight), buffers
 
@@ -489,18 +494,22 @@ class ModuleModel:
         module itself, not the copy (a bound method is bound to the copy)."""
         thread = threading.get_ident()
         if thread not in self._working:
-            frozen = {id(p): p for p in self.module.parameters() if not p.requires_grad}
-            try:
-                work = copy.deepcopy(self.module, frozen).train()
-            except Exception:
-                work = None
-            if work is None or any(getattr(hook, "__closure__", None) or isinstance(hook, functools.partial)
-                                   for m in work.modules() for hooks in _hooks(m) for hook in hooks.values()):
-                self._working[thread] = None
-            else:
-                tensors = dict(work.named_parameters()) | dict(work.named_buffers())
-                self._working[thread] = (work, [tensors[n] for n in self.names])
+            with self._module_lock:
+                self._working[thread] = self._copy()
         return self._working[thread]
+
+    def _copy(self) -> tuple[nn.Module, list[Tensor]] | None:
+        """`_working_copy`'s copy of the module (None: it cannot have one)."""
+        frozen = {id(p): p for p in self.module.parameters() if not p.requires_grad}
+        try:
+            work = copy.deepcopy(self.module, frozen).train()
+        except Exception:
+            return None
+        if any(getattr(hook, "__closure__", None) or isinstance(hook, functools.partial)
+               for m in work.modules() for hooks in _hooks(m) for hook in hooks.values()):
+            return None
+        tensors = dict(work.named_parameters()) | dict(work.named_buffers())
+        return work, [tensors[n] for n in self.names]
 
     def _loop_step(self, ws: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, numbers: Tensor,
                    loss: StepLoss):
@@ -520,15 +529,15 @@ class ModuleModel:
                 for name, own, w in zip(self.names[k:], tensors[k:], ws[k:]):
                     own.copy_(w.round() if name in self._integers else w)
         else:
-            if not self.module.training:
-                self.module.train()
             buffers = {n: w if n in self._integers else w.clone() for n, w in zip(self.names[k:], ws[k:])}
             tensors = [w.detach().requires_grad_() for w in ws[:k]] + list(self.typed(buffers).values())
             state = dict(zip(self.names, tensors))
-            forward = lambda x: functional_call(self.module, state, (x,))  # noqa: E731
+            forward = lambda x: functional_call(  # noqa: E731  (train() walks every submodule: only when needed)
+                self.module if self.module.training else self.module.train(), state, (x,))
         _draws.loop = True
-        try:
-            with torch.enable_grad(), keyed_randomness(numbers, self.where, self.rules):
+        try:  # (the module itself, without a working copy, is one thread's at a time)
+            with torch.enable_grad(), keyed_randomness(numbers, self.where, self.rules), \
+                    (self._module_lock if working is None else nullcontext()):
                 losses = loss(forward(x), y, weight)
                 grads = torch.autograd.grad(losses, tensors[:k], allow_unused=True, materialize_grads=True)
         finally:

@@ -12,7 +12,10 @@ all threads on one call need every core at every kernel: beside other jobs a cor
 taken, and such a call was measured 5x slower than on one thread. So, where each run alone
 would have one thread, the shared call is cut into independent parts, one per thread, each
 on one thread (`parts`): idle they fill the cores, loaded a part waits for a core once per
-call, not once per kernel, and each run's numbers are those of its one-thread call alone.
+call, not once per kernel, and each run's numbers are those of its one-thread call alone. The
+loop trainer cuts a cohort's devices into such parts the same way (each device's steps are its
+own one-thread arithmetic), and lockstep the runs that train in calls of their own. A part
+never cuts itself again (`in_part`).
 
 Under training rules 2 (fedsim/training/rules.py) a large call takes half the cores (one on
 two cores), and a user's nn.Module through torch.func one thread whatever the call's size
@@ -28,6 +31,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Callable, Sequence
+
+import threading
 
 import torch
 
@@ -105,7 +110,7 @@ class ThreadPolicy:
         """Independent one-thread parts for a shared call of members of these sizes (their own
         calls alone): all threads' worth when the whole reaches the crossover and no member
         alone would get more than one thread; 1 otherwise (the call then takes `work`'s rule)."""
-        if not self.active or self.setting != "auto" or self.most < 2 or len(member_flops) < 2:
+        if not self.active or self.setting != "auto" or self.most < 2 or len(member_flops) < 2 or in_part():
             return 1
         if self.threads_for(max(member_flops), module) > 1 or sum(member_flops) < CROSSOVER_FLOPS:
             return 1
@@ -138,7 +143,17 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return _POOLS[workers]
 
 
+_PART = threading.local()
+
+
+def in_part() -> bool:
+    """Whether this thread runs a part (whose work is not cut into parts again: the pool's
+    threads would wait for each other)."""
+    return getattr(_PART, "on", False)
+
+
 def _one_thread(job: Callable[[], object]):
     """A part in a pool thread: torch's thread count is per OS thread for OpenMP, so set it here."""
     torch.set_num_threads(1)
+    _PART.on = True
     return job()

@@ -70,6 +70,7 @@ class Trainer:
     """Runs the local SGD of a cohort; subclasses implement `_run` (the path)."""
 
     path = ""
+    parts = 1  # one-thread parts that the last call's devices trained in side by side (the loop's)
 
     def __init__(self, task: Task, client: ClientConfig, *, seed: int, threads: ThreadPolicy | None = None):
         self.task, self.client, self.seed = task, client, seed
@@ -107,7 +108,10 @@ class Trainer:
         with self.threads.work(flops, task.func_steps):
             end, loss_sum = self._run(rnd, ids, start, steps, lr_t, objective)
         path, reason = self.choice(ids)
-        self.count(path.ran_as(), *self.threads.choice(flops, task.func_steps), reason + company)
+        threads, threads_why = self.threads.choice(flops, task.func_steps)
+        if path.parts > 1:
+            threads_why += f"; the devices in {path.parts} one-thread parts side by side"
+        self.count(path.ran_as(), threads, threads_why, reason + company)
         result = self.result(ids, end - start, loss_sum, steps)
         if kept is not None:
             kept.keep(ids_t, end, result.deltas)

@@ -44,18 +44,21 @@ def test_points_in_worker_processes_equal_the_points_in_one_process(tmp_path, ca
     assert written["status"] == "completed"
 
 
-def points(n: int, device: str = "cpu", trackers=()) -> list:
+def points(n: int, device: str = "cpu", trackers=(), mode: str = "sync") -> list:
     run = SimpleNamespace(device=device, trackers=list(trackers), rounds=10)
-    return [SimpleNamespace(config=SimpleNamespace(run=run)) for _ in range(n)]
+    return [SimpleNamespace(config=SimpleNamespace(run=run, server=SimpleNamespace(mode=mode))) for _ in range(n)]
 
 
-def test_a_study_gets_a_worker_process_per_8_points_at_most_one_per_core(monkeypatch):
+def test_a_study_gets_a_worker_process_per_8_points_or_2_async_ones_at_most_one_per_core(monkeypatch):
     monkeypatch.setattr(processes, "usable_cores", lambda: 4)
     assert [processes.worker_processes(points(n)) for n in (1, 15, 16, 24, 64, 200)] == [1, 1, 2, 3, 4, 4]
     assert processes.worker_processes(points(64, device="cuda")) == 1  # one GPU: not measured shared yet
     assert processes.worker_processes(points(64, trackers=["mlflow"])) == 1  # the parent run is the sweep's
     assert processes.worker_processes(points(3), asked=8) == 3  # never more than the points
     assert processes.worker_processes(points(64), asked=1) == 1
+    # asynchronous points share no call in lockstep: a worker per 2 of them
+    assert [processes.worker_processes(points(n, mode="async")) for n in (1, 2, 4, 6, 64)] == [1, 1, 2, 3, 4]
+    assert processes.worker_processes(points(8) + points(2, mode="async")) == 2
 
 
 def test_shares_are_neighbours_of_about_equal_rounds():

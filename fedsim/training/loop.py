@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedsim.training.threads import at_once
 from fedsim.training.trainer import Trainer, sgd_update_
 
 
@@ -28,7 +29,7 @@ class LoopTrainer(Trainer):
                 for part in self._parts(ids, steps)]
         if len(jobs) == 1:
             return jobs[0]()
-        done = self.threads.run_parts(jobs)
+        done = at_once(jobs, self.threads.most)  # (one call of `threads.work`'s count, in parts)
         return torch.cat([end for end, _ in done]), torch.cat([loss_sum for _, loss_sum in done])
 
     def _parts(self, ids, steps) -> list[range]:

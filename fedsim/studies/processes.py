@@ -53,8 +53,9 @@ def usable_cores() -> int:
 def worker_processes(points: list, asked: int = 0) -> int:
     """How many processes step `points` (Point objects, not done): `asked` (`fedsim sweep
     --processes N`, 0: auto), at most one per point. Auto: one per POINTS_PER_PROCESS points (per
-    ASYNC_PER_PROCESS asynchronous ones), at most one per core; one where a point trains on a GPU (one device shared by processes is not
-    measured yet) or logs to MLflow (its study's parent run lives in the sweep's process)."""
+    ASYNC_PER_PROCESS asynchronous ones), at most one per core; one where a point trains on a GPU
+    (one device shared by processes is not measured yet) or logs to MLflow (its study's parent
+    run lives in the sweep's process)."""
     if asked:
         return max(1, min(asked, len(points)))
     import torch

@@ -18,7 +18,7 @@ from fedsim.training import rng
 from fedsim.training.cuda_graphs import CudaGraphSteps
 from fedsim.training.objective import LocalObjective
 from fedsim.training.rules import row_stride
-from fedsim.training.threads import at_once
+from fedsim.training.threads import at_once, balanced_parts
 from fedsim.training.trainer import Trainer, TrainResult, sgd_update_
 
 ACTIVATION_BUDGET = 2**27  # floats of layer outputs per batched call on a CPU (512 MiB)
@@ -219,9 +219,8 @@ def _train_side_by_side(calls: list[tuple]) -> list[TrainResult]:
     if n_parts == 1:
         return [c[0].train(*c[1:]) for c in calls]
     company = f"; with {len(calls) - 1} other run(s) of the study in {n_parts} one-thread parts side by side"
-    ends = np.cumsum([np.sum(c[4]) for c in calls])  # (device-steps: the runs share the model)
-    cuts = [0, *np.searchsorted(ends, ends[-1] * np.arange(1, n_parts) / n_parts, side="right"), len(calls)]
-    parts = [calls[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:]) if hi > lo]
+    # (balanced by device-steps: the runs share the model)
+    parts = [calls[r.start:r.stop] for r in balanced_parts([np.sum(c[4]) for c in calls], n_parts)]
     done = at_once([lambda part=part: [c[0].train(*c[1:], company=company) for c in part] for part in parts],
                    policy.most)
     return [result for part in done for result in part]
@@ -258,9 +257,8 @@ def _train_group(calls: list[tuple]) -> list[TrainResult]:
     if n_parts == 1:
         with first.threads.work(flops, module):
             return _train_stacked(calls, trainers, width)
-    ends = np.cumsum([len(c[2]) for c in calls])
-    cuts = [0, *np.searchsorted(ends, ends[-1] * np.arange(1, n_parts) / n_parts, side="right"), len(calls)]
-    parts = [(calls[lo:hi], trainers[lo:hi]) for lo, hi in zip(cuts[:-1], cuts[1:]) if hi > lo]
+    parts = [(calls[r.start:r.stop], trainers[r.start:r.stop])
+             for r in balanced_parts([len(c[2]) for c in calls], n_parts)]
     done = first.threads.run_parts([lambda c=c, t=t: _train_stacked(c, t, width) for c, t in parts])
     return [result for part in done for result in part]
 

@@ -9,11 +9,10 @@ padding; any model from training rules 2, which spares the padding's arithmetic)
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from fedsim.training.threads import at_once
+from fedsim.training.threads import at_once, balanced_parts
 from fedsim.training.trainer import Trainer, sgd_update_
 
 
@@ -37,9 +36,7 @@ class LoopTrainer(Trainer):
         their steps (`ThreadPolicy.parts`: each device alone would take one thread, together
         they reach the crossover), balanced by their steps; one part otherwise."""
         self.parts = self.threads.parts([self.call_flops(ids[:1])] * len(ids), self.task.func_steps)
-        ends = np.cumsum(steps)
-        cuts = [0, *np.searchsorted(ends, ends[-1] * np.arange(1, self.parts) / self.parts, side="right"), len(ids)]
-        return [range(lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:]) if hi > lo]
+        return balanced_parts(steps, self.parts)
 
     def _train_devices(self, devices: range, rnd, ids, ids_t, start, steps, lr, objective) -> tuple[Tensor, Tensor]:
         """The local steps of `devices` (a range of indices into `ids`), one device after another:

@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 
 import threading
 
+import numpy as np
 import torch
 
 from fedsim.training import rules as training_rules
@@ -128,6 +129,13 @@ class ThreadPolicy:
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def balanced_parts(work: Sequence[float], parts: int) -> list[range]:
+    """Items of `work` in at most `parts` runs of neighbours with about equal work each."""
+    ends = np.cumsum(work)
+    cuts = [0, *np.searchsorted(ends, ends[-1] * np.arange(1, parts) / parts, side="right"), len(work)]
+    return [range(lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:]) if hi > lo]
 
 
 def at_once(jobs: Sequence[Callable[[], object]], workers: int) -> list:

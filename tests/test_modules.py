@@ -569,8 +569,8 @@ def test_flops_in_the_manifest_config_show_and_the_override(cli_run, user_models
     given = run(cli_run, "resnet_dropout", train_flops_per_sample=1e6)
     assert json.loads((given / "manifest.json").read_text())["train_flops_per_sample"] == 1e6
     assert main(["config", "show", str(counted / "config.toml")]) == 0
-    assert (f"# the model: 242 parameters sent and averaged, trained on torch.func, {flops:,.0f} training FLOPs "
-            "per sample") in capsys.readouterr().out
+    assert (f"# the model: 242 parameters sent and averaged, trained on torch.func (a cohort in one call) or "
+            f"torch's autograd (one device at a time), {flops:,.0f} training FLOPs per sample") in capsys.readouterr().out
 
 
 def test_an_op_the_counter_does_not_know_is_named_in_a_warning():
@@ -1240,15 +1240,19 @@ def test_a_module_whose_hook_is_a_closure_steps_with_the_devices_state_on_the_lo
 def test_auto_loops_over_a_module_whose_op_vmap_runs_device_by_device_under_rules_5(cli_run, user_models):
     """torch's CPU LSTM has no batching rule in torch.func.vmap, which then runs it device by
     device behind the cohort's call (a 2-layer LSTM's round 2.4x a plain loop's): `auto` trains
-    such a module on the loop from training rules 5, and the manifest names the op; rules 4 kept
-    the batched call."""
+    such a module on the loop from training rules 5, and the manifest names the op and the code
+    of the loop's step; rules 4 kept the batched call."""
     from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.results.report import trainer_line
     from fedsim.training import build_task, build_trainer
 
     run_dir = cli_run({**BASE, "client": {**BASE["client"], "trainer": "auto"}, "model": {"name": "user_nets:lstm"}},
                       name="lstm-auto")
     trainer = json.loads((run_dir / "manifest.json").read_text())["trainer"]
     assert trainer["path"] == "loop", trainer
+    # the loop's step is autograd through a copy of the module (torch.func is the batched call's)
+    assert trainer["code"] == "torch's autograd"
+    assert re.match(r"loop on 1 thread with torch's autograd, \d+ of \d+ calls \(auto: ", trainer_line(trainer))
     assert re.search(r"^auto: aten::\S+ has no batching rule in torch.func.vmap, which runs it device by device: a "
                      r"loop of devices is faster on a CPU", trainer["why"]), trainer["why"]
     paths = {}

@@ -44,7 +44,9 @@ def model_summary(data: DataConfig, model: ModelConfig, *, seed: int) -> str:
     """The model's size and the training cost the device clock uses (`fedsim config show`)."""
     task = build_task(data, model, seed=seed, device=torch.device("cpu"))
     given = " (as [model] train_flops_per_sample says)" if model.train_flops_per_sample else ""
-    code = f", trained on {task.model.code}" if hasattr(task, "model") else ""
+    model = getattr(task, "model", None)
+    code = "" if model is None else f", trained on {model.code}" if model.code == model.loop_code else \
+        f", trained on {model.code} (a cohort in one call) or {model.loop_code} (one device at a time)"
     return (f"{task.dim:,} parameters sent and averaged{code}, {task.train_flops_per_sample():,.0f} training "
             f"FLOPs per sample{given}")
 

@@ -425,7 +425,7 @@ def convolutions_loop(code: str) -> str:
 class KernelModel:
     """A module lowered to kernels (`lower`), behind fedsim's Model protocol (fedsim/training/models.py)."""
 
-    code = "fedsim's kernels"
+    code = loop_code = "fedsim's kernels"
     batch_statistics = False
     samples_independent = True  # every layer reads its own sample only
     has_buffers = local_buffers = False

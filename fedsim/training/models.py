@@ -38,7 +38,8 @@ class Model(Protocol):
     """What the trainers, the evaluator, CUDA graphs and lockstep know of a model."""
 
     name: str
-    code: str  # what computes it, as the manifest's `trainer` and the report name it
+    code: str  # what computes a cohort's step, as the manifest's `trainer` and the report name it
+    loop_code: str  # what computes one device's step (the loop trainer)
     in_shape: tuple[int, ...]
     dim: int  # floats of the flat state: trainable parameters, then buffers
     param_dim: int  # of which the trainable parameters (the first param_dim floats)

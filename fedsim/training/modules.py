@@ -301,6 +301,11 @@ class ModuleModel:
     func_steps = True  # torch.func calls: one thread each under auto (fedsim/training/threads.py)
     rules = training_rules.CURRENT  # the training rules the run started under (fedsim/training/rules.py)
 
+    @property
+    def loop_code(self) -> str:
+        """One device's step: autograd through the module (a working copy of it) from rules 4."""
+        return "torch's autograd" if self.rules >= 4 else self.code
+
     def __init__(self, name: str, module: nn.Module, in_shape: tuple[int, ...], n_classes: int, where: str):
         self.name, self.in_shape, self.where = name, in_shape, where
         check_state(module, where)

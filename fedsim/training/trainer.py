@@ -137,14 +137,14 @@ class Trainer:
     def summary(self) -> dict:
         """For the manifest: what trained this process's rounds (a resume counts its own part): the
         path and threads of most calls with why, every (path, threads) with its calls, and the
-        code that computes the model (fedsim's kernels or torch.func)."""
+        code that computes that path's step (fedsim's kernels, torch.func, torch's autograd)."""
         calls = [{"path": path, "threads": threads, "calls": n, "why": self.why[path, threads]}
                  for (path, threads), n in self.ran.most_common()]
         main = calls[0] if calls else {"path": None, "threads": None, "why": None}
         model = getattr(self.task, "model", None)  # (the quadratic task has none)
         return {"setting": self.client.trainer, "chosen_by": "auto" if self.client.trainer == "auto" else "config",
                 "path": main["path"], "threads": main["threads"], "why": main["why"], "calls": calls,
-                "code": model.code if model is not None else None}
+                "code": None if model is None else model.loop_code if main["path"] == "loop" else model.code}
 
     def result(self, ids: np.ndarray, deltas: Tensor, loss_sum: Tensor, steps: np.ndarray) -> TrainResult:
         """Deltas (end minus start), mean step loss and samples used of devices `ids`."""

@@ -207,3 +207,17 @@ def test_a_run_of_training_rules_4_resumes_under_them(tmp_path, monkeypatch):
     float rounding, so the resumed run keeps the rules it started with."""
     whole, today = resumes_under_its_own_rules("0a75614", 4, tmp_path, monkeypatch)
     assert not torch.equal(torch.load(today / "model.pt")["fc.weight"], torch.load(whole / "model.pt")["fc.weight"])
+
+
+def test_a_run_of_training_rules_5_resumes_under_them(tmp_path, monkeypatch):
+    """Made under training rules 5 (1c5672e; a user's vision transformer whose patch embedding is
+    a convolution, on 16x16 images): `auto` trained it on the loop (convolutions over images of
+    16x16 pixels or more); today's rules train it batched (its convolution is 9 % of its
+    multiply-adds), whose numbers differ by float rounding, so the resumed run keeps its rules."""
+    whole, today = resumes_under_its_own_rules("1c5672e", 5, tmp_path, monkeypatch)
+
+    def path(run_dir: Path) -> str:
+        return json.loads((run_dir / "manifest.json").read_text())["trainer"]["path"]
+
+    assert path(whole) == path(tmp_path / "past" / "module") == "loop" and path(today) == "batched"
+    assert not torch.equal(torch.load(today / "model.pt")["fc.weight"], torch.load(whole / "model.pt")["fc.weight"])

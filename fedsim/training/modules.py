@@ -47,8 +47,10 @@ from fedsim.training.kernels import convolutions_loop, max_pool2d_channels_last
 from fedsim.training.losses import StepLoss
 
 # images of at least this many pixels make a module's convolutions slower batched than looped on
-# a CPU (`ModuleModel.cohort_slow_on_cpu`)
+# a CPU (`ModuleModel.cohort_slow_on_cpu`), from training rules 6 where they are at least this
+# share of its forward's multiply-adds (CNNs: 86-99 %; a vision transformer's patch embedding: 7 %)
 CONV_LOOP_PIXELS = 16 * 16
+CONV_LOOP_SHARE = 0.5
 # torch's warning of an op vmap has no batching rule for (it runs the op device by device)
 _UNBATCHED = re.compile(r"not yet implemented the batching rule for (\S+?)\.? ")
 SHORT_KEYS = 16  # attention over fewer keys takes its softmax along another dimension (`_attention_weights`)
@@ -218,6 +220,7 @@ class _Outputs(TorchDispatchMode):
         self.parameters = parameters
         self.written: dict[str, str] = {}  # parameter -> the first op that wrote into it
         self.replaced: list[str] = []  # state names the forward assigned another tensor to
+        self.convolution_flops = 0.0  # multiply-adds per sample of its convolutions (`probe_forward`)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -273,6 +276,8 @@ def probe_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, 
                       "has no formula); the device clock under-counts this model: set [model] "
                       "train_flops_per_sample", stacklevel=2)
     n = len(samples)
+    outputs.convolution_flops = sum(flops for op, flops in counter.get_flop_counts().get("Global", {}).items()
+                                    if "convolution" in str(op)) / 2 / n
     return logits, counter.get_total_flops() / 2 / n, (outputs.floats + 6 * draws.used) // n, outputs
 
 
@@ -349,10 +354,13 @@ class ModuleModel:
         is not). From training rules 4: 2-d convolutions over images of 16x16 pixels or more,
         which vmap makes one grouped convolution over the cohort (a BatchNorm CNN on 28x28
         images: 1.3x a loop's round; on 8x8 images the batched call is faster:
-        benchmarks/RESULTS.md, "A module written as a class"). From rules 5: an op that vmap has
+        benchmarks/RESULTS.md, "A module written as a class"); from rules 6 only where they are
+        at least half of the forward's multiply-adds (a vision transformer whose patch embedding
+        is 7 % of them: 0.61-0.75x a plain loop's round batched, 0.81-1.01x on the loop;
+        "Training rules 6"). From rules 5: an op that vmap has
         no batching rule for, which it runs device by device behind the cohort's call (torch's
         LSTM on a CPU: a 2-layer LSTM's round 2.4x a plain loop's, 1.2x on the loop)."""
-        if self.rules >= 4 and self._convolves_images:
+        if self.rules >= 4 and self._convolves_images and (self.rules < 6 or self._convolution_share >= CONV_LOOP_SHARE):
             return convolutions_loop(self.code)
         unbatched = self._vmap_probe()[1] if self.rules >= 5 and next(self.module.parameters()).device.type == "cpu" \
             else []
@@ -598,7 +606,7 @@ class ModuleModel:
 
     def _probe(self, n_classes: int) -> tuple[float, int]:
         """(multiply-adds, floats of outputs) per sample of a forward pass on 2 inputs of the
-        dataset's shape, after checking that it runs, gives [B, n_classes] logits and draws no
+        dataset's shape (and the convolutions' share of those multiply-adds), after checking that it runs, gives [B, n_classes] logits and draws no
         random numbers of its own (they would make runs depend on the order of the cohort)."""
         x = self._sample(2)
         state = self.typed(dict(zip(self.names, self.split(self._init))))
@@ -625,6 +633,7 @@ class ModuleModel:
                               f"({', '.join(sorted(did.random))}); fedsim keys only F.dropout and attention "
                               "dropout by (seed, round, device, step): use nn.Dropout")
         self._check_state_kept(did, before, state, x)
+        self._convolution_share = did.convolution_flops / flops if flops else 0.0
         return flops, floats
 
     def _check_state_kept(self, did, before: dict, state: dict[str, Tensor], x: Tensor) -> None:

@@ -41,11 +41,16 @@ its numbers stay its own. A run of a release that recorded none started under ve
    loop when vmap has no batching rule for one of its ops and runs it device by device behind the
    cohort's call (`ModuleModel.cohort_slow_on_cpu`; torch's LSTM: a 2-layer LSTM's round 2.4x a
    plain loop's batched, 1.1x on the loop).
+6. On a CPU `auto` trains a module with convolutions over images of 16x16 pixels or more on the
+   loop only where those convolutions are at least half of its forward's multiply-adds (CNNs:
+   86-99 %): a vision transformer whose patch embedding is a convolution (7 %) trains batched,
+   0.61-0.75x a plain loop's round against 0.81-1.01x on the loop (benchmarks/RESULTS.md,
+   "Training rules 6").
 """
 
 from __future__ import annotations
 
-CURRENT = 5
+CURRENT = 6
 
 ROW_FLOATS = 16  # 64 bytes of float32: a cache line, and the widest alignment a BLAS kernel asks
 

@@ -3,14 +3,16 @@
 # resumes under the training rules it started with (fedsim/training/rules.py), and the same run
 # uninterrupted:
 #   git archive SHA | tar -x -C /tmp/old-SHA
-#   sh tests/past_module_runs/make.sh SHA /tmp/old-SHA [MODEL] [CLIENT (a [client] line)]
-# writes tests/past_module_runs/SHA/{the module's file (seqnet.py, gnnet.py, attnnet.py), module (3 rounds),
-# whole (5 rounds)}.
+#   sh tests/past_module_runs/make.sh SHA /tmp/old-SHA [MODEL] [CLIENT (a [client] line)] [DATA]
+# writes tests/past_module_runs/SHA/{the module's file (seqnet.py, gnnet.py, attnnet.py, vitnet.py),
+# module (3 rounds), whole (5 rounds)}; digits, or with DATA = images random 16x16 grey images in
+# a Parquet file (SHA/images/train.parquet).
 # 9cd3e24 (rules 1) is the nn.Sequential; c977a51 (rules 2) is mlp; f999e93 (rules 3) is
 # gnnet:make (a class with GroupNorm) with CLIENT = 'trainer = "loop"'; 0a75614 (rules 4) is
-# attnnet:make (a transformer layer with dropout, batched).
+# attnnet:make (a transformer layer with dropout, batched); 1c5672e (rules 5) is vitnet:make (a
+# vision transformer with a convolution as its patch embedding, on the loop) with DATA = images.
 set -e
-sha=$1; code=$2; model=${3:-seqnet:make}; client=${4:-}
+sha=$1; code=$2; model=${3:-seqnet:make}; client=${4:-}; data=${5:-digits}
 here=$(cd "$(dirname "$0")" && pwd)
 out=$here/$sha
 rm -rf "$out"; mkdir -p "$out"
@@ -62,7 +64,41 @@ class RowAttention(nn.Module):
 def make(in_shape, n_classes, cfg):
     return RowAttention(n_classes)
 PY
-for file in seqnet gnnet attnnet; do  # only the module the run trains
+cat > "$out/vitnet.py" <<'PY'
+import torch
+from torch import nn
+
+
+class PatchNet(nn.Module):
+    """A user's small vision transformer: 4x4 patches of 16x16 images embedded by a strided
+    convolution (9 % of its multiply-adds), one encoder layer with dropout."""
+
+    def __init__(self, n_classes):
+        super().__init__()
+        self.patch, self.position = nn.Conv2d(1, 16, 4, stride=4), nn.Parameter(torch.zeros(16, 16))
+        self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+        self.fc = nn.Linear(16, n_classes)
+
+    def forward(self, x):
+        return self.fc(self.layer(self.patch(x).flatten(2).transpose(1, 2) + self.position).mean(dim=1))
+
+
+def make(in_shape, n_classes, cfg):
+    return PatchNet(n_classes)
+PY
+if [ "$data" = images ]; then
+  PYTHONPATH="$here/..:$code" python -c "from pathlib import Path; from leaf_files import write_image_parquet; \
+write_image_parquet(Path('$out/images/train.parquet'), [10] * 12, (16, 16), 4, distinct=32)"
+  data_keys='dataset = "parquet"
+root = "images"
+client_column = "client"
+label_column = "label"
+feature_column = "image"
+test_fraction = 0.2'
+else
+  data_keys='dataset = "digits"'
+fi
+for file in seqnet gnnet attnnet vitnet; do  # only the module the run trains
   [ "${model%%:*}" = "$file" ] || rm "$out/$file.py"
 done
 cat > "$out/module.toml" <<TOML
@@ -73,7 +109,7 @@ eval_every = 1
 progress = false
 plots = false
 [data]
-dataset = "digits"
+$data_keys
 clients = 12
 [model]
 name = "$model"
@@ -92,4 +128,4 @@ for kind in module whole; do
   PYTHONPATH="$code:$out" python -m fedsim run "$kind.toml" --set "run.out='$out'" --quiet > /dev/null
   rm "$kind.toml"
 done
-rm -rf "$out/__pycache__" "$out"/*/.lock
+rm -rf "$out/__pycache__" "$out"/*/.lock "$out/images/.fedsim-cache"

@@ -165,6 +165,16 @@ def run_stop_hint(run_dir: Path | None, fresh: bool) -> str:
     return " before the run started; nothing was written"
 
 
+def use_recorded_plugin_folders(folder: Path) -> None:
+    """The folders the runs in `folder` imported their plugin files from, on the import path: a
+    resume from another directory (the command fedsim printed) finds them."""
+    from fedsim.config.registry import use_plugin_folders
+    from fedsim.results.run_format import recorded_plugin_folders
+
+    if folder.is_dir():
+        use_plugin_folders(recorded_plugin_folders(folder))
+
+
 def _cmd_run(args, ready: list[Path]) -> int:
     from fedsim.config import load_config
     from fedsim.config.layers import draws_plots
@@ -179,6 +189,7 @@ def _cmd_run(args, ready: list[Path]) -> int:
     config = None if args.resume else load_config(args.config, args.set)
     if args.resume:
         check_resume_overrides(args.set)
+        use_recorded_plugin_folders(Path(args.resume))
     plots = draws_plots(Path(args.resume) / "config.toml", args.set) if args.resume else config.run.plots
     # started before torch's import, so that matplotlib's overlaps it; none for a run without plots
     plotter = shared_worker() if plots else None
@@ -262,6 +273,7 @@ def _cmd_sweep(args, loaded: list) -> int:
                           "sweep STUDY.toml` again (its finished points are skipped)")
     if folder.is_dir():  # a study folder: the study it ran, on its axes
         check_axes_kept(folder, args.set)
+        use_recorded_plugin_folders(folder)
     if args.resume is not None:
         check_resume_overrides(args.set)
     study = load_study(args.study or args.resume, args.set, yes=args.yes)  # checked before torch is imported

@@ -88,7 +88,8 @@ def same_results(run_dir: Path, whole: Path) -> None:
     assert rounds.equals(pl.read_parquet(whole / "rounds.parquet").drop("wall_s"))
     for table in ("devices.parquet", "events.parquet"):
         assert pl.read_parquet(run_dir / table).equals(pl.read_parquet(whole / table)), table
-    assert torch.equal(torch.load(run_dir / "model.pt")["x"], torch.load(whole / "model.pt")["x"])
+    model, wanted_model = torch.load(run_dir / "model.pt"), torch.load(whole / "model.pt")
+    assert list(model) == list(wanted_model) and all(torch.equal(model[k], wanted_model[k]) for k in model)
     ended, wanted = (json.loads((d / "manifest.json").read_text()) for d in (run_dir, whole))
     assert (ended["status"], ended["rounds"], ended["sim_time_s"]) == \
         (wanted["status"], wanted["rounds"], wanted["sim_time_s"])

@@ -158,6 +158,47 @@ def test_a_signal_in_the_first_round_finishes_it_and_the_printed_resume_finishes
     assert (manifest["status"], manifest["rounds"]) == ("completed", 6)
 
 
+MODULE_FILE = """
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, n_classes):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, 16), nn.Linear(16, n_classes)
+
+    def forward(self, x):
+        return self.fc2(self.fc1(x.flatten(1)).relu())
+
+
+def make(in_shape, n_classes, cfg):
+    return Net(n_classes)
+"""
+MODULE_RUN = {"run": {"name": "m", "rounds": 6, "eval_every": 2, "progress": False, "plots": False},
+              "data": {"dataset": "digits", "clients": 8}, "model": {"name": "mynet:make"},
+              "server": {"timing": "ideal", "clients_per_round": 3}, "client": {"local_steps": 2, "batch_size": 8}}
+
+
+def test_a_run_of_a_module_beside_its_config_resumes_by_its_printed_command_from_another_directory(tmp_path):
+    """`[model] name = "mynet:make"` is imported from the directory the run started in; the run
+    records that folder (manifest.json's `plugin_folders`), so the printed resume imports it
+    from anywhere, and finishes as the run would have uninterrupted."""
+    (tmp_path / "mynet.py").write_text(MODULE_FILE)
+    (tmp_path / "m.toml").write_text(dump_toml(MODULE_RUN))
+    assert fedsim(["run", "m.toml", "--quiet", "--set", "run.name=whole"], tmp_path).returncode == 0
+    proc = signalled(["run", "m.toml"], tmp_path, "round", signal.SIGINT)
+    assert proc.returncode == 130, proc.stderr
+    run_dir = tmp_path / "runs" / "m"
+    assert json.loads((run_dir / "manifest.json").read_text())["plugin_folders"] == [str(tmp_path.resolve())]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = as_printed(hint(proc.stdout, "run"), elsewhere)
+    assert done.returncode == 0, done.stderr
+    same_results(run_dir, tmp_path / "runs" / "whole")
+    assert json.loads((tmp_path / "runs" / "whole" / "manifest.json").read_text())["plugin_folders"] == \
+        [str(tmp_path.resolve())]
+
+
 ASYNC = {"run": {"name": "a", "rounds": 12, "eval_every": 4, "progress": False, "plots": False},
          "data": {"dataset": "quadratic", "clients": 6},
          "trace": {"source": "markov", "mean_on": 12.0, "mean_off": 6.0, "days": 1.0},
@@ -226,6 +267,24 @@ def test_an_interrupted_study_finishes_by_its_printed_command_from_another_direc
     again = as_printed(command, tmp_path)  # finished: from the directory it was made in
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("done, skipped") == 4 and "results:" in again.stdout
+
+
+def test_a_study_of_a_module_beside_it_finishes_by_its_printed_command_from_another_directory(tmp_path):
+    """Each point records the folder its model's file was imported from; `fedsim sweep --resume`
+    puts the folders its points recorded on the import path (before the study is read)."""
+    (tmp_path / "mynet.py").write_text(MODULE_FILE)
+    (tmp_path / "s.toml").write_text(dump_toml({**STUDY, "data": MODULE_RUN["data"], "model": MODULE_RUN["model"],
+                                                "client": MODULE_RUN["client"]}))
+    proc = signalled(["sweep", "s.toml", "--set", "run.name=mine"], tmp_path, "round", signal.SIGINT)
+    assert proc.returncode == 130, proc.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = as_printed(hint(proc.stdout, "sweep"), elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("resuming") == 4
+    assert fedsim(["sweep", "s.toml", "--quiet", "--set", "run.name=whole"], tmp_path).returncode == 0
+    assert pl.read_parquet(tmp_path / "runs" / "mine" / "summary.parquet").equals(
+        pl.read_parquet(tmp_path / "runs" / "whole" / "summary.parquet"))
 
 
 def test_a_moved_study_folder_resumes_where_it_is_now(tmp_path, reference):

@@ -18,9 +18,16 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fedsim.errors import FedsimError, choice_error, first_line
+
+# top-level module -> the folder it was imported from, where that folder was the working
+# directory (a plugin file beside the config): a run records those its config names
+# (manifest.json's `plugin_folders`), and its resume puts them on the import path, so that the
+# resume command fedsim prints works from any directory
+FROM_WORKING_DIRECTORY: dict[str, str] = {}
 
 
 class Registry(MutableMapping):
@@ -97,9 +104,15 @@ class Registry(MutableMapping):
         return obj
 
     def _from_module(self, name: str, where: str) -> Any:
-        if os.getcwd() not in sys.path:  # `fedsim` run as a script does not look there itself
-            sys.path.append(os.getcwd())
-        return self._load(name, where, f"{name!r}")
+        cwd = os.getcwd()
+        if cwd not in sys.path:  # `fedsim` run as a script does not look there itself
+            sys.path.append(cwd)
+        obj = self._load(name, where, f"{name!r}")
+        top = name.partition(":")[0].split(".")[0]
+        root = _import_root(sys.modules.get(top))
+        if root is not None and root == Path(cwd).resolve():
+            FROM_WORKING_DIRECTORY[top] = str(root)
+        return obj
 
     @staticmethod
     def _load(target: str, where: str, what: str) -> Any:
@@ -135,3 +148,41 @@ class Registry(MutableMapping):
             else:
                 raise FedsimError(f"{where}: {what}: module {module_name!r} has no {attr!r}")
         return obj
+
+
+def _import_root(module) -> Path | None:
+    """The folder on the import path that holds the top-level `module` (None: it has no file)."""
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    path = Path(file).resolve()
+    return path.parent.parent if hasattr(module, "__path__") else path.parent
+
+
+def plugin_folders(values: Any) -> list[str]:
+    """The working-directory folders (`FROM_WORKING_DIRECTORY`) of the plugin modules that
+    `values` (a config as nested dicts and lists) names as "module:Name"."""
+    names: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, Mapping):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif isinstance(value, str) and ":" in value:
+            names.add(value.partition(":")[0].split(".")[0])
+
+    walk(values)
+    return sorted({FROM_WORKING_DIRECTORY[n] for n in names if n in FROM_WORKING_DIRECTORY})
+
+
+def use_plugin_folders(folders: list[str]) -> None:
+    """Put folders that runs recorded (`plugin_folders`) on the import path of this process and
+    of the processes it starts (a study's workers), after what is there: the plugins a run
+    imported from the directory it started in import again when it resumes from another."""
+    for folder in folders:
+        if folder not in sys.path and os.path.isdir(folder):
+            sys.path.append(folder)
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), folder]))

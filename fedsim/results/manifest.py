@@ -7,6 +7,7 @@ nobody holds the run directory's lock belongs to a run that crashed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import platform
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from fedsim.config.registry import plugin_folders
 from fedsim.results.recorder import write_json
 from fedsim.results.run_format import RUN_FORMAT
 from fedsim.results.warnings import run_warnings
@@ -73,5 +75,6 @@ def write_manifest(run, result, host_s: float) -> None:
         "trace": {"n_devices": trace.n_devices, "horizon": trace.horizon, "wrap": trace.wrap,
                   "generator": trace.generator, "origin": trace.origin, "file": run.trace_file,
                   "fingerprint": run.trace_fingerprint, "fingerprint_of": run.fingerprint_of},
+        "plugin_folders": plugin_folders(dataclasses.asdict(config)),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })

@@ -38,6 +38,15 @@ def checked_format(record: dict, path: Path) -> int:
     return value
 
 
+def recorded_plugin_folders(folder: Path) -> list[str]:
+    """The `plugin_folders` that the runs in `folder` recorded (a run, a comparison's or a
+    study's runs, a study's warm starts): where their plugin files were imported from."""
+    manifests = [folder, *folder.glob("*/"), *folder.glob("*/*/")]
+    found = {f for run_dir in manifests for f in read_manifest(run_dir, strict=False).get("plugin_folders", [])
+             if isinstance(f, str)}
+    return sorted(found)
+
+
 def read_manifest(run_dir: Path, *, strict: bool = True) -> dict:
     """A run directory's manifest.json ({} where there is none), its run format checked. A
     damaged one (cut, or not a JSON object) is one line when `strict`; otherwise it reads as

@@ -25,6 +25,7 @@ from leaf_files import write_leaf  # noqa: E402
 
 from fedsim.cli import main  # noqa: E402
 from fedsim.config import dump_toml  # noqa: E402
+from fedsim.training.rules import CURRENT as CURRENT_RULES  # noqa: E402
 
 META = {"fedsim.trace.version": "1", "n_devices": "3", "horizon": "100.0"}
 GOOD = {"device_id": [0, 1, 2], "start": [0.0, 10.0, 5.0], "end": [50.0, 90.0, 100.0]}
@@ -1289,8 +1290,9 @@ CASES = [
                             ("as_float", r"float\(\) of a tensor"),
                             ("branches", r"bool\(\) of a tensor \(an if, and, or, while on its value\)"))],
     # --- issue 38: training rules ---
-    case("resume-rules-unknown", "run --resume {tmp}/r --set run.rounds=4 --quiet", r"r/checkpoint\.pt: rules = 7 is not "
-         r"training rules this release knows \(1 to 5\); the file was edited or damaged", r=run_dir(checkpoint_says(rules=7))),
+    case("resume-rules-unknown", "run --resume {tmp}/r --set run.rounds=4 --quiet", r"r/checkpoint\.pt: rules = 99 is not "
+         rf"training rules this release knows \(1 to {CURRENT_RULES}\); the file was edited or damaged",
+         r=run_dir(checkpoint_says(rules=99))),
     case("resume-rules-a-string", "run --resume {tmp}/r --set run.rounds=4 --quiet", r"r/checkpoint\.pt: rules = '2' is not "
          r"training rules this release knows", r=run_dir(checkpoint_says(rules="2"))),
     # --- issue 39: power-of-choice selection ---

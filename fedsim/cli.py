@@ -274,6 +274,8 @@ def _cmd_sweep(args, loaded: list) -> int:
     if folder.is_dir():  # a study folder: the study it ran, on its axes
         check_axes_kept(folder, args.set)
         use_recorded_plugin_folders(folder)
+    elif folder.name == "study.toml":  # a study folder's file (a new study from it, as fedsim prints)
+        use_recorded_plugin_folders(folder.parent)
     if args.resume is not None:
         check_resume_overrides(args.set)
     study = load_study(args.study or args.resume, args.set, yes=args.yes)  # checked before torch is imported

@@ -195,8 +195,8 @@ def test_a_run_of_a_module_beside_its_config_resumes_by_its_printed_command_from
     done = as_printed(hint(proc.stdout, "run"), elsewhere)
     assert done.returncode == 0, done.stderr
     same_results(run_dir, tmp_path / "runs" / "whole")
-    assert json.loads((tmp_path / "runs" / "whole" / "manifest.json").read_text())["plugin_folders"] == \
-        [str(tmp_path.resolve())]
+    for finished in (run_dir, tmp_path / "runs" / "whole"):  # resumed, and uninterrupted
+        assert json.loads((finished / "manifest.json").read_text())["plugin_folders"] == [str(tmp_path.resolve())]
 
 
 ASYNC = {"run": {"name": "a", "rounds": 12, "eval_every": 4, "progress": False, "plots": False},
@@ -285,6 +285,16 @@ def test_a_study_of_a_module_beside_it_finishes_by_its_printed_command_from_anot
     assert fedsim(["sweep", "s.toml", "--quiet", "--set", "run.name=whole"], tmp_path).returncode == 0
     assert pl.read_parquet(tmp_path / "runs" / "mine" / "summary.parquet").equals(
         pl.read_parquet(tmp_path / "runs" / "whole" / "summary.parquet"))
+    # other seeds: a new study from this one, by the command fedsim prints, from elsewhere too
+    refused = fedsim(["sweep", "--resume", str(tmp_path / "runs" / "mine"), "--set", "sweep.run.seed=[2]"], elsewhere)
+    assert refused.returncode == 2
+    command = re.search(r"new folder: `(fedsim sweep [^`]+)`", refused.stderr).group(1)
+    again = as_printed(command, elsewhere)
+    assert again.returncode == 0, again.stderr
+    manifests = [json.loads(m.read_text()) for m in (tmp_path / "runs").glob("mine*/*/manifest.json")]
+    assert len(manifests) == 6 and all(m["status"] == "completed" for m in manifests)
+    # a resumed point records its folder again (for a resume of the new study, from anywhere)
+    assert all(m["plugin_folders"] == [str(tmp_path.resolve())] for m in manifests)
 
 
 def test_a_moved_study_folder_resumes_where_it_is_now(tmp_path, reference):

@@ -29,6 +29,7 @@ from fedsim.errors import FedsimError, choice_error, first_line
 # (manifest.json's `plugin_folders`), and its resume puts them on the import path, so that the
 # resume command fedsim prints works from any directory
 FROM_WORKING_DIRECTORY: dict[str, str] = {}
+_RECORDED: set[str] = set()  # folders that `use_plugin_folders` put on the import path
 
 
 class Registry(MutableMapping):
@@ -111,8 +112,8 @@ class Registry(MutableMapping):
         obj = self._load(name, where, f"{name!r}")
         top = name.partition(":")[0].split(".")[0]
         root = _import_root(sys.modules.get(top))
-        if root is not None and root == Path(cwd).resolve():
-            FROM_WORKING_DIRECTORY[top] = str(root)
+        if root is not None and (root == Path(cwd).resolve() or str(root) in _RECORDED):
+            FROM_WORKING_DIRECTORY[top] = str(root)  # (a resumed run records it again)
         return obj
 
     @staticmethod
@@ -204,6 +205,7 @@ def use_plugin_folders(folders: list[str]) -> None:
     of the processes it starts (a study's workers), after what is there: the plugins a run
     imported from the directory it started in import again when it resumes from another."""
     for folder in folders:
+        _RECORDED.add(folder)
         if folder not in sys.path and os.path.isdir(folder):
             sys.path.append(folder)
             os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), folder]))

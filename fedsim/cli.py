@@ -185,6 +185,8 @@ def _cmd_run(args, ready: list[Path]) -> int:
             f"fedsim run {args.config} --resume {args.resume}: give a config or --resume "
             "RUN_DIR, not both (a resumed run uses the config.toml in its directory)"
         )
+    if args.config is not None and (Path(args.config).parent / "manifest.json").is_file():
+        use_recorded_plugin_folders(Path(args.config).parent)  # a run's (a study point's) config.toml
     # the whole config is checked before torch is imported or any data is read
     config = None if args.resume else load_config(args.config, args.set)
     if args.resume:

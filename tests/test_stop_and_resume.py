@@ -197,6 +197,10 @@ def test_a_run_of_a_module_beside_its_config_resumes_by_its_printed_command_from
     same_results(run_dir, tmp_path / "runs" / "whole")
     for finished in (run_dir, tmp_path / "runs" / "whole"):  # resumed, and uninterrupted
         assert json.loads((finished / "manifest.json").read_text())["plugin_folders"] == [str(tmp_path.resolve())]
+    # the run's own config.toml, run again from elsewhere (a study point checked against its run alone)
+    again = fedsim(["run", str(run_dir / "config.toml"), "--quiet", "--set", f"run.out={tmp_path / 'again'}"], elsewhere)
+    assert again.returncode == 0, again.stderr
+    same_results(tmp_path / "again" / "m", tmp_path / "runs" / "whole")
 
 
 ASYNC = {"run": {"name": "a", "rounds": 12, "eval_every": 4, "progress": False, "plots": False},

@@ -360,7 +360,8 @@ class ModuleModel:
         "Training rules 6"). From rules 5: an op that vmap has
         no batching rule for, which it runs device by device behind the cohort's call (torch's
         LSTM on a CPU: a 2-layer LSTM's round 2.4x a plain loop's, 1.2x on the loop)."""
-        if self.rules >= 4 and self._convolves_images and (self.rules < 6 or self._convolution_share >= CONV_LOOP_SHARE):
+        mostly_convolutions = self.rules < 6 or self._convolution_share >= CONV_LOOP_SHARE
+        if self.rules >= 4 and self._convolves_images and mostly_convolutions:
             return convolutions_loop(self.code)
         unbatched = self._vmap_probe()[1] if self.rules >= 5 and next(self.module.parameters()).device.type == "cpu" \
             else []
@@ -606,8 +607,9 @@ class ModuleModel:
 
     def _probe(self, n_classes: int) -> tuple[float, int]:
         """(multiply-adds, floats of outputs) per sample of a forward pass on 2 inputs of the
-        dataset's shape (and the convolutions' share of those multiply-adds), after checking that it runs, gives [B, n_classes] logits and draws no
-        random numbers of its own (they would make runs depend on the order of the cohort)."""
+        dataset's shape, after checking that it runs, gives [B, n_classes] logits and draws no
+        random numbers of its own (they would make runs depend on the order of the cohort); the
+        convolutions' share of those multiply-adds is kept (`cohort_slow_on_cpu`)."""
         x = self._sample(2)
         state = self.typed(dict(zip(self.names, self.split(self._init))))
         before = plain_attributes(self.module)

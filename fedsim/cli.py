@@ -175,6 +175,13 @@ def use_recorded_plugin_folders(folder: Path) -> None:
         use_plugin_folders(recorded_plugin_folders(folder))
 
 
+def use_plugin_folders_of_its_run(config: str | None) -> None:
+    """A run's own config.toml (a study point's, run again or shown from anywhere): the plugin
+    folders its run recorded, on the import path."""
+    if config is not None and (Path(config).parent / "manifest.json").is_file():
+        use_recorded_plugin_folders(Path(config).parent)
+
+
 def _cmd_run(args, ready: list[Path]) -> int:
     from fedsim.config import load_config
     from fedsim.config.layers import draws_plots
@@ -185,8 +192,7 @@ def _cmd_run(args, ready: list[Path]) -> int:
             f"fedsim run {args.config} --resume {args.resume}: give a config or --resume "
             "RUN_DIR, not both (a resumed run uses the config.toml in its directory)"
         )
-    if args.config is not None and (Path(args.config).parent / "manifest.json").is_file():
-        use_recorded_plugin_folders(Path(args.config).parent)  # a run's (a study point's) config.toml
+    use_plugin_folders_of_its_run(args.config)
     # the whole config is checked before torch is imported or any data is read
     config = None if args.resume else load_config(args.config, args.set)
     if args.resume:
@@ -379,6 +385,7 @@ def cmd_config_show(args) -> int:
     from fedsim.config import load_config
     from fedsim.config.show import show_config
 
+    use_plugin_folders_of_its_run(args.config)
     config = load_config(args.config, args.set)
     print(show_config(config), end="")
     from fedsim.training import model_summary

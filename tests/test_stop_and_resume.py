@@ -201,6 +201,8 @@ def test_a_run_of_a_module_beside_its_config_resumes_by_its_printed_command_from
     again = fedsim(["run", str(run_dir / "config.toml"), "--quiet", "--set", f"run.out={tmp_path / 'again'}"], elsewhere)
     assert again.returncode == 0, again.stderr
     same_results(tmp_path / "again" / "m", tmp_path / "runs" / "whole")
+    shown = fedsim(["config", "show", str(run_dir / "config.toml")], elsewhere)
+    assert shown.returncode == 0 and "\n# the model: 1,210 parameters sent and averaged" in shown.stdout, shown.stdout
 
 
 ASYNC = {"run": {"name": "a", "rounds": 12, "eval_every": 4, "progress": False, "plots": False},

@@ -66,6 +66,7 @@ def together(cfgs, out: Path) -> tuple[float, list]:
 
 # Where a lockstep round's host time goes: (label, file suffix, function), cumulative seconds.
 PARTS = [("training (train_together)", "training/cohort.py", "train_together"),
+         ("training (Trainer.train: a run alone)", "training/trainer.py", "train"),
          ("a round's server work (training is the driver's)", "sim/server.py", "round"),
          ("  selection", "algorithms/base.py", "select"),
          ("  strategy (receive: aggregate)", "algorithms/base.py", "receive"),

@@ -165,21 +165,23 @@ def run_stop_hint(run_dir: Path | None, fresh: bool) -> str:
     return " before the run started; nothing was written"
 
 
-def use_recorded_plugin_folders(folder: Path) -> None:
-    """The folders the runs in `folder` imported their plugin files from, on the import path: a
-    resume from another directory (the command fedsim printed) finds them."""
+def use_recorded_plugin_folders(path: str | Path | None) -> None:
+    """The folders that the runs of a run, comparison or study folder imported their plugin files
+    from, on the import path, so that a command fedsim printed finds them from any directory.
+    `path`: such a folder, or a file in one (its config.toml or study.toml; a user's own file
+    elsewhere reads nothing)."""
     from fedsim.config.registry import use_plugin_folders
+    from fedsim.files import made_by_fedsim
     from fedsim.results.run_format import recorded_plugin_folders
 
-    if folder.is_dir():
-        use_plugin_folders(recorded_plugin_folders(folder))
-
-
-def use_plugin_folders_of_its_run(config: str | None) -> None:
-    """A run's own config.toml (a study point's, run again or shown from anywhere): the plugin
-    folders its run recorded, on the import path."""
-    if config is not None and (Path(config).parent / "manifest.json").is_file():
-        use_recorded_plugin_folders(Path(config).parent)
+    if path is None:
+        return
+    folder = Path(path)
+    if not folder.is_dir():
+        folder = folder.parent
+        if not made_by_fedsim(folder):
+            return
+    use_plugin_folders(recorded_plugin_folders(folder))
 
 
 def _cmd_run(args, ready: list[Path]) -> int:
@@ -192,12 +194,11 @@ def _cmd_run(args, ready: list[Path]) -> int:
             f"fedsim run {args.config} --resume {args.resume}: give a config or --resume "
             "RUN_DIR, not both (a resumed run uses the config.toml in its directory)"
         )
-    use_plugin_folders_of_its_run(args.config)
+    use_recorded_plugin_folders(args.resume or args.config)  # (a run's own config.toml, run again)
     # the whole config is checked before torch is imported or any data is read
     config = None if args.resume else load_config(args.config, args.set)
     if args.resume:
         check_resume_overrides(args.set)
-        use_recorded_plugin_folders(Path(args.resume))
     plots = draws_plots(Path(args.resume) / "config.toml", args.set) if args.resume else config.run.plots
     # started before torch's import, so that matplotlib's overlaps it; none for a run without plots
     plotter = shared_worker() if plots else None
@@ -281,9 +282,7 @@ def _cmd_sweep(args, loaded: list) -> int:
                           "sweep STUDY.toml` again (its finished points are skipped)")
     if folder.is_dir():  # a study folder: the study it ran, on its axes
         check_axes_kept(folder, args.set)
-        use_recorded_plugin_folders(folder)
-    elif folder.name == "study.toml":  # a study folder's file (a new study from it, as fedsim prints)
-        use_recorded_plugin_folders(folder.parent)
+    use_recorded_plugin_folders(folder)  # (or its study.toml: a new study from it, as fedsim prints)
     if args.resume is not None:
         check_resume_overrides(args.set)
     study = load_study(args.study or args.resume, args.set, yes=args.yes)  # checked before torch is imported
@@ -385,7 +384,7 @@ def cmd_config_show(args) -> int:
     from fedsim.config import load_config
     from fedsim.config.show import show_config
 
-    use_plugin_folders_of_its_run(args.config)
+    use_recorded_plugin_folders(args.config)
     config = load_config(args.config, args.set)
     print(show_config(config), end="")
     from fedsim.training import model_summary

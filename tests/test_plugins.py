@@ -264,3 +264,22 @@ def test_a_plugin_in_a_comparison_gets_a_plain_folder_and_an_aligned_table(cli_r
     table = [line for line in cli_run.last_output.out.splitlines() if line.startswith(("algorithm", "fedavg ", name))]
     assert len(table) == 3 and len({line.index("completed") if "completed" in line else line.index("status")
                                     for line in table}) == 1  # the status column lines up
+
+
+def test_recorded_plugin_folders_read_every_run_of_a_folder_and_skip_what_this_release_cannot_read(tmp_path):
+    """A study's points and warm starts each list the folders their plugin files came from; a
+    damaged manifest or one of a newer release adds none (the command's own check refuses it)."""
+    import json
+
+    from fedsim.results.run_format import RUN_FORMAT, recorded_plugin_folders
+
+    runs = {"a": ["/x"], "warm-start/seed-0": ["/y", "/x"], "b": None}
+    for name, folders in runs.items():
+        (tmp_path / name).mkdir(parents=True)
+        manifest = {"run_format": RUN_FORMAT} | ({"plugin_folders": folders} if folders else {})
+        (tmp_path / name / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "newer").mkdir()
+    (tmp_path / "newer" / "manifest.json").write_text(json.dumps({"run_format": 99, "plugin_folders": ["/z"]}))
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "manifest.json").write_text('{"plugin_folders": ["/w"')
+    assert recorded_plugin_folders(tmp_path) == ["/x", "/y"]

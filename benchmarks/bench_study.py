@@ -9,7 +9,8 @@ before and after are recorded. `--profile` also runs the lockstep study under cP
 prints where its host time goes (training, SimPy, selection, strategy, callbacks, events).
 
     python benchmarks/bench_study.py [--runs 16|32] [--rounds 300] [--ray] [--device cpu|cuda]
-                                     [--model mlp] [--dataset digits] [--load K] [--profile] [--json FILE]
+                                     [--model mlp] [--dataset digits] [--load K] [--profile [--profile-dump FILE]]
+                                     [--json FILE]
 """
 
 from __future__ import annotations
@@ -84,12 +85,15 @@ def part_seconds(profiler: cProfile.Profile, parts) -> dict[str, float]:
             for label, suffix, fn in parts}
 
 
-def profile(cfgs, out: Path) -> list[dict]:
-    """The lockstep study under cProfile: cumulative seconds of PARTS, and their share."""
+def profile(cfgs, out: Path, dump: Path | None = None) -> list[dict]:
+    """The lockstep study under cProfile: cumulative seconds of PARTS, and their share (the
+    whole profile to `dump`, for pstats)."""
     profiler = cProfile.Profile()
     profiler.enable()
     wall, _ = together(cfgs, out / "profiled")
     profiler.disable()
+    if dump:
+        profiler.dump_stats(dump)
     cumulative = part_seconds(profiler, PARTS)
     return [{"part": label, "s": round(sec, 2), "share": round(sec / wall, 3)} for label, sec in cumulative.items()]
 
@@ -123,6 +127,7 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="also through the Ray backend")
     parser.add_argument("--load", type=int, default=0, help="CPU-burning processes beside it")
     parser.add_argument("--profile", action="store_true", help="also profile the lockstep study")
+    parser.add_argument("--profile-dump", type=Path, help="with --profile: the whole profile to this file (pstats)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
@@ -173,7 +178,7 @@ def measure(args) -> dict:
         if args.ray:
             record["ray_s"] = round(with_ray(args.runs, args.rounds, args.device, out), 2)
         if args.profile:
-            record["profile"] = profile(cfgs, out)
+            record["profile"] = profile(cfgs, out, args.profile_dump)
     return record
 
 

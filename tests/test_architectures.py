@@ -225,6 +225,50 @@ def test_one_devices_step_is_torch_autograd_through_the_module_bit_for_bit(name,
     assert len(grads) == len(expected) and all(torch.equal(a, b) for a, b in zip(grads, expected))
 
 
+class TracedActivations(torch.nn.Module):
+    """A class whose forward calls the activations functionally (read by torch.fx)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(64, 24), torch.nn.Linear(24, 16), torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = torch.sigmoid(F.gelu(self.a(x.flatten(1)), approximate="tanh"))
+        return self.c(F.leaky_relu(F.silu(self.b(x)), 0.2).tanh())
+
+
+ACTIVATION_NETS = {  # training rules 7: the activations fedsim has kernels for, in a CNN and in a chain
+    "gelu cnn": lambda: torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.GELU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+        torch.nn.Linear(64, 16), torch.nn.Tanh(), torch.nn.Linear(16, 10)),
+    "functional calls in a class": TracedActivations,
+}
+
+
+@pytest.mark.parametrize("name", ACTIVATION_NETS)
+def test_one_devices_step_through_each_activation_is_torch_autograd_bit_for_bit(name):
+    """GELU (both forms), tanh, sigmoid, SiLU and leaky ReLU have kernels from training rules 7
+    (under rules 6 such a module trains through torch.func): the loop's step gives autograd's
+    loss and gradients through the module, bit for bit."""
+    from fedsim.training.kernels import Activation, lower, lower_traced, reverse_step
+    from fedsim.training.losses import weighted_cross_entropy
+
+    torch.manual_seed(6)
+    module = ACTIVATION_NETS[name]()
+    model = lower(name, module, (1, 8, 8)) or lower_traced(name, module, (1, 8, 8))
+    assert lower(name, module, (1, 8, 8), rules=6) is lower_traced(name, module, (1, 8, 8), rules=6) is None
+    assert sum(isinstance(layer, Activation) for layer in model.layers) in (2, 5)
+    step = model.step_fn(weighted_cross_entropy, batched=False)
+    assert step.__qualname__.startswith(reverse_step.__name__)
+    g = torch.Generator().manual_seed(7)
+    x, y, weight = torch.randn(8, 1, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g), torch.rand(8, generator=g)
+    loss = (F.cross_entropy(module(x), y, reduction="none") * weight).sum()
+    expected = torch.autograd.grad(loss, list(module.parameters()))
+    grads, ours = step(model.split(model.init(0)), x, y, weight, torch.empty(8, 0))
+    assert torch.equal(ours, loss.detach())
+    assert len(grads) == len(expected) and all(torch.equal(a, b) for a, b in zip(grads, expected))
+
+
 @pytest.mark.parametrize("shape", [(16, 32, 28, 28), (3, 6, 9, 7), (2, 60, 10, 10)])
 def test_the_channels_last_pool_is_torchs_max_pool_forward_and_backward(shape):
     """Training's 2x2 max pool on a CPU (a channels-last copy through torch's kernel) gives

@@ -58,7 +58,9 @@ def test_padded_masked_steps_equal_the_eager_path(model):
     _, eager, _ = trained(task, client, STEPS, graphs=False, objective=prox)
     _, replayed, trainer = trained(task, client, STEPS, graphs=True, objective=prox)
     assert_close(replayed, eager)
-    assert [key[0] for key in trainer.graphs.shapes] == [12]
+    size = trainer.devices_per_call(np.arange(11))  # (char-lstm's 817,872 parameters: 5 a call on a CPU)
+    assert sorted(key[0] for key in trainer.graphs.shapes) == sorted({bucket(min(size, 11 - lo)) for lo in range(0, 11, size)})
+    assert size == (5 if model == "char-lstm" else 11)
 
 
 def test_a_per_device_linear_term_follows_its_device_through_the_sorted_rows():
@@ -300,3 +302,24 @@ def test_runs_trained_together_on_a_gpu_equal_each_alone():
     alone = [c[0].train(*c[1:]) for c in calls]
     for together, own in zip(train_together(calls), alone):
         assert_close(together, own, tol=1e-4)
+
+
+@CUDA
+def test_a_gelu_mlp_on_fedsims_kernels_trains_on_cuda_as_on_the_cpu():
+    """Training rules 7: a user's GELU MLP with dropout trains on fedsim's kernels (its batched
+    gradient in closed form) on CUDA, graphs captured, as on the CPU to float rounding."""
+    from fedsim.config.catalog import MODELS
+    from fedsim.training.trainer import TrainResult
+
+    MODELS.register("gelu-mlp", lambda s, n, c: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.GELU(), torch.nn.Dropout(0.25), torch.nn.Linear(32, n)))
+    try:
+        tasks = [image_task("gelu-mlp", (1, 8, 8), clients=11, device=torch.device(d)) for d in ("cpu", "cuda")]
+    finally:
+        del MODELS["gelu-mlp"]
+    assert all(t.model.code == "fedsim's kernels" for t in tasks)
+    client = ClientConfig(batch_size=5, clip=1.0)
+    _, on_cpu, _ = trained(tasks[0], client, STEPS, graphs=False)
+    _, replayed, trainer = trained(tasks[1], client, STEPS, graphs=True)
+    assert trainer.graphs.shapes
+    assert_close(TrainResult(*(t.cpu() for t in (replayed.deltas, replayed.loss, replayed.samples))), on_cpu, tol=1e-4)

@@ -206,6 +206,19 @@ class Wrapped(nn.Module):
         return self.body(x)
 
 
+class GeluNet(nn.Module):  # a chain fedsim has kernels for from training rules 7
+    def __init__(self, n_classes):
+        super().__init__()
+        self.hidden, self.fc = nn.Linear(64, 32), nn.Linear(32, n_classes)
+
+    def forward(self, x):
+        return self.fc(nn.functional.dropout(nn.functional.gelu(self.hidden(x.flatten(1))), 0.2, self.training))
+
+
+def gelu_net(in_shape, n_classes, cfg):
+    return GeluNet(n_classes)
+
+
 def mlp_dropout(in_shape, n_classes, cfg):
     return Wrapped(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 16), nn.ReLU(),
                    nn.Dropout(0.5), nn.Linear(16, n_classes))
@@ -298,13 +311,17 @@ def run(cli_run, name, trainer="batched", expect=0, **model):
                     "model": {"name": f"user_nets:{name}", **model}}, name=f"{name}-{trainer}", expect=expect)
 
 
-@pytest.mark.parametrize("name", ["resnet", "resnet_bn", "resnet_dropout", "transformer", "transformer_no_dropout"])
+@pytest.mark.parametrize("name", ["resnet", "resnet_bn", "resnet_dropout", "transformer", "transformer_no_dropout",
+                                  "gelu_net"])
 def test_batched_equals_loop_through_the_engine(cli_run, user_models, name):
     """Residual + GroupNorm, BatchNorm (its running statistics averaged), dropout and an
     embedding + transformer layer (dropout keyed per device; without dropout, CPU attention
-    draws nothing and both trainers accept it): the same model.pt after 3
+    draws nothing and both trainers accept it), a GELU MLP with dropout (fedsim's kernels from
+    training rules 7, its batched gradient in closed form): the same model.pt after 3
     rounds to float rounding, loadable into the user's module with plain torch."""
     batched, loop = run(cli_run, name), run(cli_run, name, "loop")
+    code = json.loads((batched / "manifest.json").read_text())["trainer"]["code"]
+    assert (code == "fedsim's kernels") == (name == "gelu_net")
     a, b = torch.load(batched / "model.pt"), torch.load(loop / "model.pt")
     module = getattr(user_models, name)((1, 8, 8), 10, None)
     assert list(a) == list(module.state_dict())
@@ -1332,6 +1349,63 @@ def test_auto_batches_a_module_whose_convolutions_are_a_small_share_under_rules_
     assert shares["gn-conv"][0] * shares["gn-conv"][1] == pytest.approx(16 * 16 * 8 * 9, rel=1e-12)
     assert shares["patch-net"][0] < 0.5 < shares["gn-conv"][0]
     assert paths["patch-net", 5] == "loop" and paths["patch-net", 6] == "batched" and paths["gn-conv", 6] == "loop"
+
+
+def test_auto_loops_over_parameters_no_cache_keeps_and_cuts_batched_calls_to_fit_under_rules_7(monkeypatch):
+    """On a CPU a batched step reads and writes every device's weights: from training rules 7
+    `auto` trains a model of more than 2^18 parameters a device on the loop (a dense layer
+    784 x 400, fedsim's kernels or torch.func alike), and a batched call takes at most 2^22
+    floats of parameters (a GELU MLP of 159,010: 26 devices a call), with the same numbers as
+    one call; rules 6 batched both in one call."""
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.config.catalog import MODELS
+    from fedsim.data.datasets import Dataset
+    from fedsim.training import build_trainer
+    from fedsim.training.task import classification_task
+    from fedsim.training import cohort
+    from fedsim.training.threads import ThreadPolicy
+
+    class Wide(nn.Module):  # (a forward fedsim has no kernels for: through torch.func)
+        def __init__(self, n_classes):
+            super().__init__()
+            self.hidden, self.fc = nn.Linear(784, 400), nn.Linear(400, n_classes)
+
+        def forward(self, x):
+            return self.fc(torch.cos(self.hidden(x.flatten(1))))
+
+    MODELS.register("wide-kernels", lambda s, n, c: nn.Sequential(nn.Flatten(), nn.Linear(784, 400), nn.ReLU(),
+                                                                  nn.Linear(400, n)))
+    MODELS.register("wide-module", lambda s, n, c: Wide(n))
+    MODELS.register("gelu-mlp", lambda s, n, c: nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.GELU(),
+                                                              nn.Linear(200, n)))
+    x = np.random.default_rng(0).integers(0, 256, size=(120, 1, 28, 28), dtype=np.uint8)
+    data = Dataset("images", x, np.arange(120) % 10, x[:10], np.arange(10), 10, scale=1 / 255)
+    client = ClientConfig(batch_size=4, local_steps=2)
+    try:
+        trainers = {}
+        for name, rules in (("wide-kernels", 7), ("wide-module", 7), ("wide-kernels", 6), ("gelu-mlp", 7),
+                            ("gelu-mlp", 6)):
+            task = classification_task(data, DataConfig(dataset="images", clients=40), ModelConfig(name=name),
+                                       seed=0, device=torch.device("cpu"), rules=rules)
+            trainers[name, rules] = build_trainer(task, client, seed=0, threads=ThreadPolicy(1, rules=rules))
+    finally:
+        del MODELS["wide-kernels"], MODELS["wide-module"], MODELS["gelu-mlp"]
+    ids = np.arange(30)
+    for name in ("wide-kernels", "wide-module"):
+        path, why = trainers[name, 7].choice(ids)
+        assert path.path == "loop" and why == ("auto: 318,010 parameters a device, more than a CPU's cache keeps "
+                                               "for a cohort's step")
+    assert trainers["wide-kernels", 6].choice(ids)[0].path == "batched"
+    new, old = (trainers["gelu-mlp", r].choice(ids)[0] for r in (7, 6))
+    assert new.path == old.path == "batched" and new.task.dim == 159_010
+    assert new.devices_per_call(ids) == 2**22 // 159_010 == 26 and old.devices_per_call(ids) == 30
+    start = new.task.init_params()[None].expand(len(ids), -1).contiguous()
+    steps, lr = np.full(len(ids), 2), torch.full((len(ids),), 0.1)
+    cut = new.train(0, ids, start, steps, lr)
+    monkeypatch.setattr(cohort, "CPU_CALL_PARAMETERS", 2**40)
+    assert new.devices_per_call(ids) == 30
+    whole = new.train(0, ids, start, steps, lr)
+    assert torch.equal(cut.deltas, whole.deltas) and cut.deltas.abs().max() > 0
 
 
 def test_a_studys_points_on_the_loop_train_side_by_side_and_equal_their_runs_alone(cli_run, user_models, tmp_path):

@@ -221,3 +221,17 @@ def test_a_run_of_training_rules_5_resumes_under_them(tmp_path, monkeypatch):
 
     assert path(whole) == path(tmp_path / "past" / "module") == "loop" and path(today) == "batched"
     assert not torch.equal(torch.load(today / "model.pt")["fc.weight"], torch.load(whole / "model.pt")["fc.weight"])
+
+
+def test_a_run_of_training_rules_6_resumes_under_them(tmp_path, monkeypatch):
+    """Made under training rules 6 (04db67b; a user's MLP with a GELU and dropout, an
+    nn.Sequential): it trained batched through torch.func; today's rules train it on fedsim's
+    kernels (a GELU kernel, the gradient in closed form, keyed dropout uniforms), whose numbers
+    differ, so the resumed run keeps the rules it started with."""
+    whole, today = resumes_under_its_own_rules("04db67b", 6, tmp_path, monkeypatch)
+
+    def code(run_dir: Path) -> str:
+        return json.loads((run_dir / "manifest.json").read_text())["trainer"]["code"]
+
+    assert code(whole) == code(tmp_path / "past" / "module") == "torch.func" and code(today) == "fedsim's kernels"
+    assert not torch.equal(torch.load(today / "model.pt")["1.weight"], torch.load(whole / "model.pt")["1.weight"])

@@ -241,6 +241,19 @@ DENSE_STACKS = {  # nn.Sequentials that are dense layers with ReLUs and dropout 
     "three layers, dropout after one": lambda: torch.nn.Sequential(
         torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.ReLU(), torch.nn.Dropout(0.0), torch.nn.Linear(20, 12),
         torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(12, 10)),
+    # training rules 7: the other activations with kernels, and one activation module used twice
+    "gelu, then tanh-gelu with dropout": lambda: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.GELU(), torch.nn.Linear(20, 12),
+        torch.nn.GELU(approximate="tanh"), torch.nn.Dropout(0.3), torch.nn.Linear(12, 10)),
+    "tanh, sigmoid": lambda: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.Tanh(), torch.nn.Linear(20, 12), torch.nn.Sigmoid(),
+        torch.nn.Linear(12, 10)),
+    "silu, leaky relu in place": lambda: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.SiLU(), torch.nn.Linear(20, 12),
+        torch.nn.LeakyReLU(0.2, inplace=True), torch.nn.Linear(12, 10)),
+    "one gelu module twice": lambda: (lambda act: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 20), act, torch.nn.Linear(20, 12), act, torch.nn.Linear(12, 10)))(
+        torch.nn.GELU()),
 }
 
 
@@ -252,9 +265,12 @@ def test_a_dense_stacks_gradient_in_closed_form_equals_reverse_mode(name):
     from fedsim.training.kernels import autograd_step, dense_cohort_step, lower
     from fedsim.training.losses import weighted_cross_entropy
 
-    model = lower(name, DENSE_STACKS[name](), (1, 8, 8))
+    module = DENSE_STACKS[name]()
+    model = lower(name, module, (1, 8, 8))
     step = model.step_fn(weighted_cross_entropy, batched=True)
     assert step.__qualname__.startswith(dense_cohort_step.__name__)
+    probe = torch.rand(4, 1, 8, 8)
+    torch.testing.assert_close(model.predict(model.init(0), probe), module.eval()(probe), rtol=0, atol=0)
     g = torch.Generator().manual_seed(0)
     m, batch = 7, 9
     params = model.split(0.3 * torch.randn(m, model.dim, generator=g))
@@ -278,5 +294,5 @@ def test_an_mlp_under_training_rules_2_keeps_reverse_mode_and_dropout_before_a_r
     assert old.step_fn(weighted_cross_entropy, batched=True).__qualname__.startswith("autograd_step")
     odd = lower("odd", torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.Dropout(0.2),
                                            torch.nn.ReLU(), torch.nn.Linear(20, 10)), (1, 8, 8))
-    assert odd.dense_dropout is None
+    assert odd.dense_stack is None
     assert odd.step_fn(weighted_cross_entropy, batched=True).__qualname__.startswith("autograd_step")

@@ -2,7 +2,8 @@
 train, chosen by layer type.
 
 A module made only of layers these kernels know (nn.Flatten, nn.Linear, nn.Conv2d, nn.ReLU,
-nn.MaxPool2d(2), nn.Dropout, nn.Embedding, and the built-ins' LastHiddenLSTM and FixedEmbedding,
+nn.MaxPool2d(2), nn.Dropout, nn.Embedding, from training rules 7 nn.GELU, nn.Tanh, nn.Sigmoid,
+nn.SiLU and nn.LeakyReLU, and the built-ins' LastHiddenLSTM and FixedEmbedding,
 in an nn.Sequential, or a class whose forward is a chain of them: `lower_traced`) is lowered
 here to a `KernelModel`: a pure function of one flat float32 parameter vector per device.
 Each layer applies itself two ways: `__call__` to one device's
@@ -176,6 +177,55 @@ class ReLU(Layer):
 
     def backward(self, p, grad, out, input_grad):
         return torch.ops.aten.threshold_backward(grad, out, 0), ()
+
+
+class Activation(Layer):
+    """An elementwise activation other than ReLU (from training rules 7): GELU (either
+    approximation), tanh, sigmoid, SiLU, leaky ReLU. Its backward is the kernel autograd runs for
+    it (aten's `*_backward`), reading what autograd saves (the input, or for tanh and sigmoid the
+    output), so `reverse_step` keeps reverse mode's numbers bit for bit."""
+
+    writes_backward = True
+
+    def __init__(self, kind: str, forward: Callable[[Tensor], Tensor],
+                 backward: Callable[[Tensor, Tensor], Tensor], reads_output: bool):
+        self.kind, self._forward, self._backward, self.reads_output = kind, forward, backward, reads_output
+
+    def __call__(self, p, x, u):
+        return self._forward(x)
+
+    def forward_saving(self, p, x, u):
+        out = self._forward(x)
+        return out, out if self.reads_output else x
+
+    def backward(self, p, grad, saved, input_grad):
+        return self._backward(grad, saved), ()
+
+
+def activation(layer: nn.Module) -> Activation | None:
+    """The kernel of an activation module other than nn.ReLU, or None."""
+    aten = torch.ops.aten
+    kind = type(layer)
+    if kind is nn.GELU:
+        approximate = layer.approximate
+        return Activation(f"GELU {approximate}", lambda x: F.gelu(x, approximate=approximate),
+                          lambda g, x: aten.gelu_backward(g, x, approximate=approximate), False)
+    if kind is nn.Tanh:
+        return Activation("Tanh", torch.tanh, aten.tanh_backward, True)
+    if kind is nn.Sigmoid:
+        return Activation("Sigmoid", torch.sigmoid, aten.sigmoid_backward, True)
+    if kind is nn.SiLU and not layer.inplace:  # (in place, autograd's backward reads a changed input)
+        return Activation("SiLU", F.silu, aten.silu_backward, False)
+    if kind is nn.LeakyReLU and layer.negative_slope > 0:  # (in place or not: the same signs)
+        slope = layer.negative_slope
+        return Activation(f"LeakyReLU {slope}", lambda x: F.leaky_relu(x, slope),
+                          lambda g, x: aten.leaky_relu_backward(g, x, slope, False), False)
+    return None
+
+
+def kind(layer: Layer) -> str:
+    """A layer's kernel, as the keys of shared calls and shared evaluations tell them apart."""
+    return getattr(layer, "kind", type(layer).__name__)
 
 
 class MaxPool(Layer):
@@ -443,9 +493,10 @@ class KernelModel:
         self.cohort_slow_on_cpu = convolutions_loop(self.code) if any(isinstance(layer, Conv) for layer in layers) else ""
         self.draws_randomness = bool(self.dropout_features)
         # softmax regression (Flatten, Dense): the batched trainer has its gradient in closed form,
-        # and from training rules 3 so has a stack of dense layers with ReLUs between them
+        # and from training rules 3 so has a stack of dense layers with ReLUs between them (from
+        # rules 7 any activation with a kernel)
         self.is_linear = isinstance(layers[-1], Dense) and all(isinstance(l, Flatten) for l in layers[:-1])
-        self.dense_dropout = _dense_relu_stack(layers)
+        self.dense_stack = _dense_stack(layers)
         shapes = _shapes(layers, in_shape)
         self.activations = sum(map(math.prod, shapes))  # layer outputs per sample
         # training and evaluation apply a ReLU before a max pool after it: they commute exactly,
@@ -520,9 +571,9 @@ class KernelModel:
     def step_fn(self, loss: StepLoss, batched: bool) -> StepFn:
         """(tensors as `split` gives them, x, y, weight, dropout uniforms) -> (gradients, losses);
         `batched`: every input has a leading device dimension."""
-        if batched and loss is weighted_cross_entropy and self.dense_dropout is not None and \
+        if batched and loss is weighted_cross_entropy and self.dense_stack is not None and \
                 (self.is_linear or self.rules >= 3):
-            return dense_cohort_step(self.dense_dropout)
+            return dense_cohort_step(self.dense_stack)
         if batched:
             return autograd_step(self.cohort_forward, loss)
         if loss is weighted_cross_entropy and all(layer.writes_backward for layer in self.train_layers):
@@ -534,11 +585,11 @@ class KernelModel:
 
     def shared_key(self) -> tuple:
         """What runs with this architecture must share to train in one call (nothing more)."""
-        return (self.name, tuple(type(layer).__name__ for layer in self.layers), self.dropout_features)
+        return (self.name, tuple(map(kind, self.layers)), self.dropout_features)
 
     def evaluation_key(self) -> tuple:
         """What runs must share to be evaluated in one call (with one test set)."""
-        layers = tuple((type(layer).__name__, getattr(layer, "pad", None)) for layer in self.layers)
+        layers = tuple((kind(layer), getattr(layer, "pad", None)) for layer in self.layers)
         return (self.name, tuple(self.in_shape), layers, tuple((q.name, q.shape) for q in self.params))
 
     def fuse(self) -> None:
@@ -573,24 +624,25 @@ class KernelModel:
             len(ids), batch, self.dropout_features)
 
 
-def _dense_relu_stack(layers: list[Layer]) -> tuple[float | None, ...] | None:
-    """For a model that is (Flatten,) Dense, then (ReLU, Dropout?, Dense) any number of times: the
-    dropout rate after each hidden layer (None: no dropout layer), as `dense_cohort_step` takes
-    them; else None."""
+def _dense_stack(layers: list[Layer]) -> tuple[tuple[Layer, float | None], ...] | None:
+    """For a model that is (Flatten,) Dense, then (activation, Dropout?, Dense) any number of
+    times: each hidden layer's activation (a ReLU, or from training rules 7 another `Activation`)
+    and the dropout rate after it (None: no dropout layer), as `dense_cohort_step` takes them;
+    else None."""
     rest = layers[isinstance(layers[0], Flatten):]
     if not rest or not isinstance(rest[0], Dense):
         return None
-    rates, i = [], 1
+    hidden, i = [], 1
     while i < len(rest):
-        if not isinstance(rest[i], ReLU):
+        if not isinstance(rest[i], (ReLU, Activation)):
             return None
         rate = rest[i + 1].rate if i + 1 < len(rest) and isinstance(rest[i + 1], Dropout) else None
+        hidden.append((rest[i], rate))
         i += 1 if rate is None else 2
         if i >= len(rest) or not isinstance(rest[i], Dense):
             return None
-        rates.append(rate)
         i += 1
-    return tuple(rates)
+    return tuple(hidden)
 
 
 def _pool_first(layers: list[Layer]) -> list[Layer]:
@@ -625,15 +677,15 @@ def lower(name: str, module: nn.Module, in_shape: tuple[int, ...],
         return None
     layers: list[Layer] = []
     shape = tuple(in_shape)
-    for child, layer in module.named_children():
+    for child, layer in module._modules.items():  # (named_children() lists a layer used twice once)
         kernel = _kernel(child, layer, shape, rules)
         if kernel is None:
             return None
         layers.append(kernel)
         shape = kernel.out_shape(shape)
-    names = [n for n, _ in module.named_parameters(remove_duplicate=False)]
+    names = [n for n, _ in module.named_parameters()]
     if names != [q.name for layer in layers for q in layer.params]:
-        return None  # (a layer shared by two places of the stack)
+        return None  # (a layer with parameters in two places of the stack: tied weights)
     return KernelModel(name, module, layers, in_shape)
 
 
@@ -666,7 +718,7 @@ def lower_traced(name: str, module: nn.Module, in_shape: tuple[int, ...],
 
 
 def _described(layers: list[Layer]) -> list[tuple]:
-    return [(type(layer).__name__, [q.name for q in layer.params], getattr(layer, "rate", None)) for layer in layers]
+    return [(kind(layer), [q.name for q in layer.params], getattr(layer, "rate", None)) for layer in layers]
 
 
 def _chain(module: nn.Module, in_shape: tuple[int, ...], rules: int) -> list[Layer] | None:
@@ -740,6 +792,11 @@ def _traced_kernel(module: nn.Module, node, shape: tuple[int, ...], rules: int) 
     if call in (("call_function", torch.flatten), ("call_method", "flatten")):
         start, end = (list(args) + [kwargs.get("start_dim", 0), kwargs.get("end_dim", -1)][len(args):])[:2]
         return Flatten() if (start, end) == (1, -1) and not set(kwargs) - {"start_dim", "end_dim"} else None
+    if call in _FUNCTIONAL_ACTIVATIONS:  # F.gelu(x, approximate="tanh") as nn.GELU(approximate="tanh")
+        try:
+            return _kernel(node.name, _FUNCTIONAL_ACTIVATIONS[call](*args, **kwargs), shape, rules)
+        except TypeError:  # (arguments the module does not take)
+            return None
     if call == ("call_function", F.dropout) and len(shape) in (1, 3):  # as nn.Dropout: dropping only in training
         given = dict(zip(("p", "training", "inplace"), args))
         given.update(kwargs)
@@ -761,13 +818,23 @@ def _traced_kernel(module: nn.Module, node, shape: tuple[int, ...], rules: int) 
     return None
 
 
+_FUNCTIONAL_ACTIVATIONS = {  # a traced call -> the module taking the same arguments after the input
+    ("call_function", F.gelu): nn.GELU,
+    **{("call_function", f): nn.Tanh for f in (torch.tanh, F.tanh)}, ("call_method", "tanh"): nn.Tanh,
+    **{("call_function", f): nn.Sigmoid for f in (torch.sigmoid, F.sigmoid)}, ("call_method", "sigmoid"): nn.Sigmoid,
+    ("call_function", F.silu): nn.SiLU, ("call_function", F.leaky_relu): nn.LeakyReLU,
+}
+
+
 def _kernel(name: str, layer: nn.Module, shape: tuple[int, ...], rules: int) -> Layer | None:
     """The kernel of one layer reading one sample of `shape`, or None (dropout on images and
-    log softmax from training rules 4)."""
+    log softmax from training rules 4, activations other than ReLU from rules 7)."""
     if type(layer) is nn.Flatten and layer.start_dim == 1 and layer.end_dim == -1:
         return Flatten()
     if type(layer) is nn.ReLU:
         return ReLU()
+    if rules >= 7 and activation(layer) is not None:
+        return activation(layer)
     if type(layer) is nn.Linear and layer.bias is not None and shape == (layer.in_features,):
         return Dense(name, layer.in_features, layer.out_features)
     if type(layer) is nn.Dropout and (len(shape) == 1 or len(shape) == 3 and rules >= 4):
@@ -844,30 +911,32 @@ def reverse_step(params: list[Param], layers: list[Layer]) -> StepFn:
     return step
 
 
-def dense_cohort_step(dropout: tuple[float | None, ...] = ()) -> StepFn:
-    """The gradient of a stack of dense layers with ReLUs between them (softmax regression, the
-    MLP), each ReLU followed by inverted dropout at the rate `dropout[i]` (None: none), in closed
-    form, for m devices at once. With p = softmax(logits), dL/dlogits = weight * (p - onehot(y));
-    each dense layer's dW is its output's gradient times its input (transposed), db that
-    gradient's sum, and its input's gradient that gradient times W, back through the dropout's
-    mask and the ReLU. The logits are kept as [m, C, B], so that the reductions over the C classes
+def dense_cohort_step(hidden: tuple[tuple[Layer, float | None], ...] = ()) -> StepFn:
+    """The gradient of a stack of dense layers with activations between them (softmax
+    regression, the MLP), each hidden layer's activation `hidden[i][0]` followed by inverted
+    dropout at the rate `hidden[i][1]` (None: none), in closed form, for m devices at once. With
+    p = softmax(logits), dL/dlogits = weight * (p - onehot(y)); each dense layer's dW is its
+    output's gradient times its input (transposed), db that gradient's sum, and its input's
+    gradient that gradient times W, back through the dropout's mask and the activation (its
+    kernel's backward, as reverse mode's). The logits are kept as [m, C, B], so that the reductions over the C classes
     run along a strided dimension, which vectorises over the batch (along a last dimension of 10
     they cost as much as the matmul). Softmax regression: about 4x faster than reverse mode at
     10-100 devices; the MLP (training rules 3): 2-2.6x a step (benchmarks/RESULTS.md, "The MLP's
     gradient in closed form"), where reverse mode's cost is per-call overhead, not arithmetic."""
     def step(params: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, u: Tensor):
         x = x.flatten(2)  # [m, B, F]
-        inputs, kept, used = [x], [], 0  # each dense layer's input [m, B, features]; dropout masks
-        for w, b, rate in zip(params[0:-2:2], params[1:-2:2], dropout):
-            hidden = torch.relu(torch.baddbmm(b.unsqueeze(1), inputs[-1], w.mT))
+        inputs, saved, kept, used = [x], [], [], 0  # each dense layer's input [m, B, features],
+        for w, b, (act, rate) in zip(params[0:-2:2], params[1:-2:2], hidden):  # what each activation's
+            out, read = act.forward_saving(None, torch.baddbmm(b.unsqueeze(1), inputs[-1], w.mT), None)
+            saved.append(read)  # backward reads, the dropout masks
             if rate is not None:  # as the Dropout kernel: x * (u >= rate) / (1 - rate)
-                keep = (u[..., used:used + hidden.shape[-1]] >= rate).to(hidden.dtype)
-                used += hidden.shape[-1]
+                keep = (u[..., used:used + out.shape[-1]] >= rate).to(out.dtype)
+                used += out.shape[-1]
                 kept.append(keep)
-                hidden = hidden * keep / (1.0 - rate)
+                out = out * keep / (1.0 - rate)
             else:
                 kept.append(None)
-            inputs.append(hidden)
+            inputs.append(out)
         w, b = params[-2:]
         logits = torch.bmm(w, inputs[-1].mT).add_(b.unsqueeze(-1))  # [m, C, B]
         top = logits.amax(dim=1, keepdim=True)
@@ -879,11 +948,11 @@ def dense_cohort_step(dropout: tuple[float | None, ...] = ()) -> StepFn:
         p.mul_(weight.unsqueeze(1))  # dL/dlogits [m, C, B]
         grads = [torch.bmm(p, inputs[-1]), p.sum(dim=-1)]
         out = p.mT  # the gradient of the last layer's output [m, B, C]
-        for i in range(len(inputs) - 1, 0, -1):  # back through each hidden layer, its dropout and ReLU
+        for i in range(len(inputs) - 1, 0, -1):  # back through each hidden layer, its dropout and activation
             out = torch.bmm(out, params[2 * i])  # [m, B, H]
             if kept[i - 1] is not None:
-                out.mul_(kept[i - 1]).div_(1.0 - dropout[i - 1])
-            out = torch.ops.aten.threshold_backward(out, inputs[i], 0)  # the ReLU's (as reverse mode's)
+                out.mul_(kept[i - 1]).div_(1.0 - hidden[i - 1][1])
+            out = hidden[i - 1][0].backward(None, out, saved[i - 1], True)[0]
             grads[:0] = [torch.bmm(out.mT, inputs[i - 1]), out.sum(dim=1)]
         return tuple(grads), losses
 

@@ -27,6 +27,7 @@ from fedsim.training.evaluate import chunk_size, evaluate_classifier, evaluate_p
 from fedsim.training.local_buffers import DeviceBuffers
 from fedsim.training.losses import StepFn, weighted_cross_entropy
 from fedsim.training.models import Model, build_model, input_shape, model_dim
+CPU_LOOP_PARAMETERS = 2**18  # floats a device (1 MiB) above which `auto` trains on a CPU's loop (rules 7)
 # (local step, which of the round's devices: a slice or positions) -> their inputs [m, ...]
 StepInputs = Callable[[int, "slice | Tensor"], tuple[Tensor, ...]]
 
@@ -167,7 +168,15 @@ class ClassificationTask(Task):
 
     @property
     def cohort_slow_on_cpu(self) -> str:
-        return self.model.cohort_slow_on_cpu  # (asked only where it decides: a module may probe vmap for it)
+        """Why a loop of devices is faster on a CPU (the model's reasons; `ModuleModel.cohort_slow_on_cpu`),
+        and from training rules 7 parameters of more than `CPU_LOOP_PARAMETERS` floats a device: a
+        batched step reads and writes every device's weights, which no cache holds, where a loop
+        keeps one device's in cache through its steps (a dense layer 784 x 400: 1.8x a plain loop's
+        round batched, 0.8x on the loop; benchmarks/RESULTS.md, "Training rules 7")."""
+        why = self.model.cohort_slow_on_cpu  # (asked only where it decides: a module may probe vmap for it)
+        if not why and self.model.rules >= 7 and self.model.param_dim > CPU_LOOP_PARAMETERS:
+            why = f"{self.model.param_dim:,} parameters a device, more than a CPU's cache keeps for a cohort's step"
+        return why
 
     def label_distribution(self) -> np.ndarray:
         return self.data.label_distribution()

@@ -3,7 +3,7 @@
 One call of `Trainer.train` trains a whole cohort (every device `steps` local SGD steps on
 minibatches of 32) from the same model; client-steps/s = cohort x steps / seconds of the call.
 The data are random 1x28x28 images (Fashion-MNIST's shape: the cost does not depend on the
-pixels; 3x32x32 for resnet18-gn), 60 per client.
+pixels; 3x32x32 for resnet18-gn; for char-lstm rows of 80 characters, Shakespeare's), 60 per client.
 
 Besides the built-ins, `logreg-module`, `mlp-module` and `lenet5-module` are the same networks
 written as ordinary nn.Modules (trained through torch.func: fedsim/training/modules.py), to
@@ -40,7 +40,8 @@ from fedsim.training import build_trainer
 from fedsim.training.task import classification_task
 
 MODELS = ["logreg", "mlp", "lenet5", "cnn-fmnist"]
-STEPS = {"logreg": 5, "mlp": 5, "lenet5": 2, "cnn-fmnist": 1, "resnet18-gn": 1, "transformer": 2}  # per call
+STEPS = {"logreg": 5, "mlp": 5, "lenet5": 2, "cnn-fmnist": 1, "resnet18-gn": 1, "transformer": 2,
+         "char-lstm": 1}  # per call
 TRAINERS = ["batched", "loop", "auto"]
 
 
@@ -78,6 +79,11 @@ for name, factory in {"logreg-module": _logreg_module, "mlp-module": _mlp_module
 def images_task(model: str, clients: int, device: torch.device):
     rng = np.random.default_rng(0)
     n = 60 * clients
+    if model == "char-lstm":  # Shakespeare's shape: rows of 80 characters of a vocabulary of 80
+        x, y = rng.integers(0, 80, size=(n, 80)), rng.integers(0, 80, size=n)
+        ds = Dataset("shakespeare-shaped", x, y, x[:100], y[:100], 80, vocab_size=80,
+                     vocabulary=tuple(chr(33 + i) for i in range(78)))
+        return classification_task(ds, DataConfig(clients=clients), ModelConfig(name=model), seed=0, device=device)
     shape = (3, 32, 32) if model == "resnet18-gn" else (1, 28, 28)
     x = rng.integers(0, 256, size=(n, *shape), dtype=np.uint8)
     y = rng.integers(0, 10, size=n)

@@ -6,7 +6,9 @@ GroupNorm ResNet, a 2-layer transformer encoder with dropout 0.1 reading digits'
 tokens, a 2-layer LSTM of 128 units reading them as 8 steps, a CNN with BatchNorm (local steps
 only: local epochs end on one-sample minibatches, which fedsim refuses for BatchNorm) and with
 GroupNorm, pytorch/examples' MNIST network, a small vision transformer on 7x7 patches of
-Fashion-MNIST) -- two timings of one round's training, alternated
+Fashion-MNIST; wider dense models: a GELU MLP 784-200-10, a ReLU MLP 784-400-10, an 806 k-parameter
+padded GELU network through torch.func, a convolution before a 2704 x 256 dense layer) -- two
+timings of one round's training, alternated
 in one process (A B B A A B ..., after one warm-up round of one step per device):
 
 * fedsim: one `Trainer.train` call on the cohort, built as `fedsim run` builds it (the task of
@@ -203,6 +205,32 @@ class RowLSTM(nn.Module):
         return self.fc(self.lstm(x[:, 0])[0][:, -1])
 
 
+class PaddedWide(nn.Module):
+    """Grey images padded to 4 channels, a GELU, a wide dense layer (3136 -> 256, GELU) and the
+    head: 806 k parameters through torch.func (the padding has no kernel)."""
+
+    def __init__(self, n_classes: int):
+        super().__init__()
+        self.hidden, self.fc = nn.Linear(4 * 28 * 28, 256), nn.Linear(256, n_classes)
+
+    def forward(self, x):
+        x = F.gelu(F.pad(x, (0, 0, 0, 0, 0, 3)))
+        return self.fc(F.gelu(self.hidden(x.flatten(1))))
+
+
+def _gelu_mlp(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.GELU(), nn.Linear(200, n_classes))
+
+
+def _wide_mlp(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 400), nn.ReLU(), nn.Linear(400, n_classes))
+
+
+def _conv_wide(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.GELU(), nn.Flatten(), nn.Linear(4 * 26 * 26, 256), nn.GELU(),
+                         nn.Linear(256, n_classes))
+
+
 @dataclass(frozen=True)
 class Model:
     fedsim_name: str  # what [model] name says
@@ -218,7 +246,8 @@ USER = {"user-mlp": _mlp_module, "user-lenet5": _lenet5_module, "user-lenet5-cla
         "user-transformer": lambda s, n, cfg: RowTransformer(n),
         "user-bn-cnn": lambda s, n, cfg: NormCNN(n, "batch"), "user-gn-cnn": lambda s, n, cfg: NormCNN(n, "group"),
         "user-mnist-example": lambda s, n, cfg: ExamplesNet(n), "user-lstm": lambda s, n, cfg: RowLSTM(n),
-        "user-vit": lambda s, n, cfg: PatchTransformer(n)}
+        "user-vit": lambda s, n, cfg: PatchTransformer(n), "user-gelu-mlp": _gelu_mlp, "user-wide-mlp": _wide_mlp,
+        "user-padded-wide": lambda s, n, cfg: PaddedWide(n), "user-conv-wide": _conv_wide}
 for _name, _factory in USER.items():
     if _name not in REGISTRY:
         REGISTRY.register(_name, _factory)
@@ -238,6 +267,10 @@ MODELS = {
     "user-mnist-example": Model("user-mnist-example", USER["user-mnist-example"], "fashion-mnist", "module"),
     "user-lstm": Model("user-lstm", USER["user-lstm"], "digits", "module"),
     "user-vit": Model("user-vit", USER["user-vit"], "fashion-mnist", "module"),
+    "user-gelu-mlp": Model("user-gelu-mlp", _gelu_mlp, "fashion-mnist", "module"),
+    "user-wide-mlp": Model("user-wide-mlp", _wide_mlp, "fashion-mnist", "module"),
+    "user-padded-wide": Model("user-padded-wide", USER["user-padded-wide"], "fashion-mnist", "module"),
+    "user-conv-wide": Model("user-conv-wide", _conv_wide, "fashion-mnist", "module"),
 }
 
 

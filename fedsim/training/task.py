@@ -168,11 +168,12 @@ class ClassificationTask(Task):
 
     @property
     def cohort_slow_on_cpu(self) -> str:
-        """Why a loop of devices is faster on a CPU (the model's reasons; `ModuleModel.cohort_slow_on_cpu`),
+        """Why a loop of devices is faster on a CPU (the model's reasons: `ModuleModel.cohort_slow_on_cpu`),
         and from training rules 7 parameters of more than `CPU_LOOP_PARAMETERS` floats a device: a
         batched step reads and writes every device's weights, which no cache holds, where a loop
-        keeps one device's in cache through its steps (a dense layer 784 x 400: 1.8x a plain loop's
-        round batched, 0.8x on the loop; benchmarks/RESULTS.md, "Training rules 7")."""
+        keeps one device's in cache through its steps (a dense layer 784 x 400 at 100 devices:
+        1.8x a plain loop's round batched, 0.8x on the loop; char-lstm 4.7x faster on the loop;
+        benchmarks/RESULTS.md, "Training rules 7")."""
         why = self.model.cohort_slow_on_cpu  # (asked only where it decides: a module may probe vmap for it)
         if not why and self.model.rules >= 7 and self.model.param_dim > CPU_LOOP_PARAMETERS:
             why = f"{self.model.param_dim:,} parameters a device, more than a CPU's cache keeps for a cohort's step"

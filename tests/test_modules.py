@@ -1354,8 +1354,8 @@ def test_auto_batches_a_module_whose_convolutions_are_a_small_share_under_rules_
 def test_auto_loops_over_parameters_no_cache_keeps_and_cuts_batched_calls_to_fit_under_rules_7(monkeypatch):
     """On a CPU a batched step reads and writes every device's weights: from training rules 7
     `auto` trains a model of more than 2^18 parameters a device on the loop (a dense layer
-    784 x 400, fedsim's kernels or torch.func alike), and a batched call takes at most 2^22
-    floats of parameters (a GELU MLP of 159,010: 26 devices a call), with the same numbers as
+    784 x 400, fedsim's kernels or torch.func alike), and a batched call takes at most 2^20
+    floats of parameters (a GELU MLP of 159,010: 6 devices a call), with the same numbers as
     one call; rules 6 batched both in one call."""
     from fedsim.config import ClientConfig, DataConfig, ModelConfig
     from fedsim.config.catalog import MODELS
@@ -1398,7 +1398,7 @@ def test_auto_loops_over_parameters_no_cache_keeps_and_cuts_batched_calls_to_fit
     assert trainers["wide-kernels", 6].choice(ids)[0].path == "batched"
     new, old = (trainers["gelu-mlp", r].choice(ids)[0] for r in (7, 6))
     assert new.path == old.path == "batched" and new.task.dim == 159_010
-    assert new.devices_per_call(ids) == 2**22 // 159_010 == 26 and old.devices_per_call(ids) == 30
+    assert new.devices_per_call(ids) == 2**20 // 159_010 == 6 and old.devices_per_call(ids) == 30
     start = new.task.init_params()[None].expand(len(ids), -1).contiguous()
     steps, lr = np.full(len(ids), 2), torch.full((len(ids),), 0.1)
     cut = new.train(0, ids, start, steps, lr)

@@ -54,7 +54,7 @@ its numbers stay its own. A run of a release that recorded none started under ve
    CPU `auto` trains a model of more than `task.CPU_LOOP_PARAMETERS` (2^18) parameters a device
    on the loop (`ClassificationTask.cohort_slow_on_cpu`: a batched step reads and writes every
    device's weights, where a loop keeps one device's in cache through its steps; char-lstm: 5x
-   faster a round), and a batched call holds at most `cohort.CPU_CALL_PARAMETERS` (2^22) floats
+   faster a round), and a batched call holds at most `cohort.CPU_CALL_PARAMETERS` (2^20) floats
    of the devices' parameters (more devices: more calls, each device's numbers the same).
 """
 

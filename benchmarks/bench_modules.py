@@ -7,7 +7,8 @@ tokens, a 2-layer LSTM of 128 units reading them as 8 steps, a CNN with BatchNor
 only: local epochs end on one-sample minibatches, which fedsim refuses for BatchNorm) and with
 GroupNorm, pytorch/examples' MNIST network, a small vision transformer on 7x7 patches of
 Fashion-MNIST; wider dense models: a GELU MLP 784-200-10, a ReLU MLP 784-400-10, an 806 k-parameter
-padded GELU network through torch.func, a convolution before a 2704 x 256 dense layer) -- two
+padded GELU network through torch.func, a convolution before a 2704 x 256 dense layer, an MLP with
+LayerNorm and GELU, a tanh MLP 784-256-128-10) -- two
 timings of one round's training, alternated
 in one process (A B B A A B ..., after one warm-up round of one step per device):
 
@@ -226,6 +227,15 @@ def _wide_mlp(in_shape, n_classes, cfg):
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 400), nn.ReLU(), nn.Linear(400, n_classes))
 
 
+def _layer_norm_mlp(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.LayerNorm(128), nn.GELU(), nn.Linear(128, n_classes))
+
+
+def _tanh_mlp(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.Tanh(), nn.Linear(256, 128), nn.Tanh(),
+                         nn.Linear(128, n_classes))
+
+
 def _conv_wide(in_shape, n_classes, cfg):
     return nn.Sequential(nn.Conv2d(1, 4, 3), nn.GELU(), nn.Flatten(), nn.Linear(4 * 26 * 26, 256), nn.GELU(),
                          nn.Linear(256, n_classes))
@@ -247,7 +257,8 @@ USER = {"user-mlp": _mlp_module, "user-lenet5": _lenet5_module, "user-lenet5-cla
         "user-bn-cnn": lambda s, n, cfg: NormCNN(n, "batch"), "user-gn-cnn": lambda s, n, cfg: NormCNN(n, "group"),
         "user-mnist-example": lambda s, n, cfg: ExamplesNet(n), "user-lstm": lambda s, n, cfg: RowLSTM(n),
         "user-vit": lambda s, n, cfg: PatchTransformer(n), "user-gelu-mlp": _gelu_mlp, "user-wide-mlp": _wide_mlp,
-        "user-padded-wide": lambda s, n, cfg: PaddedWide(n), "user-conv-wide": _conv_wide}
+        "user-padded-wide": lambda s, n, cfg: PaddedWide(n), "user-conv-wide": _conv_wide,
+        "user-layer-norm-mlp": _layer_norm_mlp, "user-tanh-mlp": _tanh_mlp}
 for _name, _factory in USER.items():
     if _name not in REGISTRY:
         REGISTRY.register(_name, _factory)
@@ -271,6 +282,8 @@ MODELS = {
     "user-wide-mlp": Model("user-wide-mlp", _wide_mlp, "fashion-mnist", "module"),
     "user-padded-wide": Model("user-padded-wide", USER["user-padded-wide"], "fashion-mnist", "module"),
     "user-conv-wide": Model("user-conv-wide", _conv_wide, "fashion-mnist", "module"),
+    "user-layer-norm-mlp": Model("user-layer-norm-mlp", _layer_norm_mlp, "fashion-mnist", "module"),
+    "user-tanh-mlp": Model("user-tanh-mlp", _tanh_mlp, "fashion-mnist", "module"),
 }
 
 

@@ -242,22 +242,27 @@ ACTIVATION_NETS = {  # training rules 7: the activations fedsim has kernels for,
         torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.GELU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
         torch.nn.Linear(64, 16), torch.nn.Tanh(), torch.nn.Linear(16, 10)),
     "functional calls in a class": TracedActivations,
+    "layer norm": lambda: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 24), torch.nn.LayerNorm(24), torch.nn.GELU(), torch.nn.Linear(24, 10)),
 }
 
 
 @pytest.mark.parametrize("name", ACTIVATION_NETS)
 def test_one_devices_step_through_each_activation_is_torch_autograd_bit_for_bit(name):
-    """GELU (both forms), tanh, sigmoid, SiLU and leaky ReLU have kernels from training rules 7
-    (under rules 6 such a module trains through torch.func): the loop's step gives autograd's
-    loss and gradients through the module, bit for bit."""
-    from fedsim.training.kernels import Activation, lower, lower_traced, reverse_step
+    """GELU (both forms), tanh, sigmoid, SiLU, leaky ReLU and LayerNorm on vectors have kernels
+    from training rules 7 (under rules 6 such a module trains through torch.func): the loop's
+    step gives autograd's loss and gradients through the module, bit for bit; the batched step
+    each device's to float rounding."""
+    from fedsim.training.kernels import lower, lower_traced, reverse_step
     from fedsim.training.losses import weighted_cross_entropy
 
     torch.manual_seed(6)
     module = ACTIVATION_NETS[name]()
+    with torch.no_grad():  # (LayerNorm's weight and bias away from their ones and zeros)
+        for q in module.parameters():
+            q.add_(0.1 * torch.randn_like(q))
     model = lower(name, module, (1, 8, 8)) or lower_traced(name, module, (1, 8, 8))
     assert lower(name, module, (1, 8, 8), rules=6) is lower_traced(name, module, (1, 8, 8), rules=6) is None
-    assert sum(isinstance(layer, Activation) for layer in model.layers) in (2, 5)
     step = model.step_fn(weighted_cross_entropy, batched=False)
     assert step.__qualname__.startswith(reverse_step.__name__)
     g = torch.Generator().manual_seed(7)
@@ -267,6 +272,15 @@ def test_one_devices_step_through_each_activation_is_torch_autograd_bit_for_bit(
     grads, ours = step(model.split(model.init(0)), x, y, weight, torch.empty(8, 0))
     assert torch.equal(ours, loss.detach())
     assert len(grads) == len(expected) and all(torch.equal(a, b) for a, b in zip(grads, expected))
+    starts = model.init(0)[None] + 0.05 * torch.randn(3, model.dim, generator=g)
+    xs, ys, weights = torch.randn(3, 8, 1, 8, 8, generator=g), torch.randint(0, 10, (3, 8), generator=g), torch.rand(3, 8)
+    cohort, losses = model.step_fn(weighted_cross_entropy, batched=True)(model.split(starts), xs, ys, weights,
+                                                                         torch.empty(3, 8, 0))
+    for k in range(3):
+        alone, own = step(model.split(starts[k]), xs[k], ys[k], weights[k], torch.empty(8, 0))
+        torch.testing.assert_close(losses[k], own)
+        for a, b in zip(cohort, alone):
+            torch.testing.assert_close(a[k], b, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("shape", [(16, 32, 28, 28), (3, 6, 9, 7), (2, 60, 10, 10)])

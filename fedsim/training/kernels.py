@@ -3,7 +3,7 @@ train, chosen by layer type.
 
 A module made only of layers these kernels know (nn.Flatten, nn.Linear, nn.Conv2d, nn.ReLU,
 nn.MaxPool2d(2), nn.Dropout, nn.Embedding, from training rules 7 nn.GELU, nn.Tanh, nn.Sigmoid,
-nn.SiLU and nn.LeakyReLU, and the built-ins' LastHiddenLSTM and FixedEmbedding,
+nn.SiLU, nn.LeakyReLU and nn.LayerNorm on vectors, and the built-ins' LastHiddenLSTM and FixedEmbedding,
 in an nn.Sequential, or a class whose forward is a chain of them: `lower_traced`) is lowered
 here to a `KernelModel`: a pure function of one flat float32 parameter vector per device.
 Each layer applies itself two ways: `__call__` to one device's
@@ -221,6 +221,37 @@ def activation(layer: nn.Module) -> Activation | None:
         return Activation(f"LeakyReLU {slope}", lambda x: F.leaky_relu(x, slope),
                           lambda g, x: aten.leaky_relu_backward(g, x, slope, False), False)
     return None
+
+
+class LayerNorm(Layer):
+    """nn.LayerNorm over vectors, with its weight and bias (from training rules 7); one device's
+    forward and backward are aten's `native_layer_norm` and its backward, as autograd's."""
+
+    writes_backward = True
+
+    def __init__(self, name: str, features: int, eps: float):
+        self.params = (Param(f"{name}.weight", (features,)), Param(f"{name}.bias", (features,)))
+        self.shape, self.eps = [features], eps
+
+    def _affine(self, p: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        return p[self.params[0].name], p[self.params[1].name]
+
+    def __call__(self, p, x, u):
+        return F.layer_norm(x, self.shape, *self._affine(p), self.eps)
+
+    def cohort(self, p, x, u):  # x [m, B, F]; weight and bias [m, F]
+        weight, bias = self._affine(p)
+        return torch.addcmul(bias.unsqueeze(1), F.layer_norm(x, self.shape, None, None, self.eps), weight.unsqueeze(1))
+
+    def forward_saving(self, p, x, u):
+        out, mean, rstd = torch.ops.aten.native_layer_norm(x, self.shape, *self._affine(p), self.eps)
+        return out, (x, mean, rstd)
+
+    def backward(self, p, grad, saved, input_grad):
+        x, mean, rstd = saved
+        dx, dw, db = torch.ops.aten.native_layer_norm_backward(grad, x, self.shape, mean, rstd, *self._affine(p),
+                                                               [input_grad, True, True])
+        return dx, (dw, db)
 
 
 def kind(layer: Layer) -> str:
@@ -828,13 +859,16 @@ _FUNCTIONAL_ACTIVATIONS = {  # a traced call -> the module taking the same argum
 
 def _kernel(name: str, layer: nn.Module, shape: tuple[int, ...], rules: int) -> Layer | None:
     """The kernel of one layer reading one sample of `shape`, or None (dropout on images and
-    log softmax from training rules 4, activations other than ReLU from rules 7)."""
+    log softmax from training rules 4, activations other than ReLU and LayerNorm from rules 7)."""
     if type(layer) is nn.Flatten and layer.start_dim == 1 and layer.end_dim == -1:
         return Flatten()
     if type(layer) is nn.ReLU:
         return ReLU()
     if rules >= 7 and activation(layer) is not None:
         return activation(layer)
+    if rules >= 7 and type(layer) is nn.LayerNorm and len(shape) == 1 and tuple(layer.normalized_shape) == shape \
+            and layer.weight is not None and layer.bias is not None:
+        return LayerNorm(name, shape[0], layer.eps)
     if type(layer) is nn.Linear and layer.bias is not None and shape == (layer.in_features,):
         return Dense(name, layer.in_features, layer.out_features)
     if type(layer) is nn.Dropout and (len(shape) == 1 or len(shape) == 3 and rules >= 4):

@@ -47,7 +47,7 @@ its numbers stay its own. A run of a release that recorded none started under ve
    0.61-0.75x a plain loop's round against 0.81-1.01x on the loop (benchmarks/RESULTS.md,
    "Training rules 6").
 7. The activations nn.GELU, nn.Tanh, nn.Sigmoid, nn.SiLU and nn.LeakyReLU (or their functional
-   calls in a class's chain) have kernels, as nn.ReLU has from rules 2, so a module of them and
+   calls in a class's chain) and nn.LayerNorm on vectors have kernels, as nn.ReLU has from rules 2, so a module of them and
    the other layers fedsim has kernels for trains on the kernels instead of through torch.func,
    and a stack of dense layers with such activations between them has its gradient in closed
    form in a batched call (`kernels.dense_cohort_step`), as the ReLU MLP has from rules 3. On a

@@ -306,21 +306,26 @@ def test_runs_trained_together_on_a_gpu_equal_each_alone():
 
 
 @CUDA
-def test_a_gelu_mlp_on_fedsims_kernels_trains_on_cuda_as_on_the_cpu():
+def test_gelu_and_layer_norm_mlps_on_fedsims_kernels_train_on_cuda_as_on_the_cpu():
     """Training rules 7: a user's GELU MLP with dropout trains on fedsim's kernels (its batched
-    gradient in closed form) on CUDA, graphs captured, as on the CPU to float rounding."""
+    gradient in closed form) on CUDA, graphs captured, as on the CPU to float rounding; and one
+    with a LayerNorm (reverse mode through the kernels)."""
     from fedsim.config.catalog import MODELS
     from fedsim.training.trainer import TrainResult
 
     MODELS.register("gelu-mlp", lambda s, n, c: torch.nn.Sequential(
         torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.GELU(), torch.nn.Dropout(0.25), torch.nn.Linear(32, n)))
+    MODELS.register("norm-mlp", lambda s, n, c: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.LayerNorm(32), torch.nn.Tanh(), torch.nn.Linear(32, n)))
     try:
-        tasks = [image_task("gelu-mlp", (1, 8, 8), clients=11, device=torch.device(d)) for d in ("cpu", "cuda")]
+        for name in ("gelu-mlp", "norm-mlp"):
+            tasks = [image_task(name, (1, 8, 8), clients=11, device=torch.device(d)) for d in ("cpu", "cuda")]
+            assert all(t.model.code == "fedsim's kernels" for t in tasks)
+            client = ClientConfig(batch_size=5, clip=1.0)
+            _, on_cpu, _ = trained(tasks[0], client, STEPS, graphs=False)
+            _, replayed, trainer = trained(tasks[1], client, STEPS, graphs=True)
+            assert trainer.graphs.shapes
+            assert_close(TrainResult(*(t.cpu() for t in (replayed.deltas, replayed.loss, replayed.samples))), on_cpu,
+                         tol=1e-4)
     finally:
-        del MODELS["gelu-mlp"]
-    assert all(t.model.code == "fedsim's kernels" for t in tasks)
-    client = ClientConfig(batch_size=5, clip=1.0)
-    _, on_cpu, _ = trained(tasks[0], client, STEPS, graphs=False)
-    _, replayed, trainer = trained(tasks[1], client, STEPS, graphs=True)
-    assert trainer.graphs.shapes
-    assert_close(TrainResult(*(t.cpu() for t in (replayed.deltas, replayed.loss, replayed.samples))), on_cpu, tol=1e-4)
+        del MODELS["gelu-mlp"], MODELS["norm-mlp"]

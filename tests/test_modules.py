@@ -1455,5 +1455,6 @@ def test_a_loop_cohort_in_parts_side_by_side_equals_one_device_after_another(cli
     assert pl.read_parquet(one / "rounds.parquet").drop("wall_s").equals(
         pl.read_parquet(parts / "rounds.parquet").drop("wall_s"))
     why = json.loads((parts / "manifest.json").read_text())["trainer"]["why"]
-    assert why.endswith(f"; the devices in {min(4, torch.get_num_threads())} one-thread parts side by side"), why
+    assert why.endswith(f" devices' calls together reach it: {min(4, torch.get_num_threads())} one-thread parts "
+                        "side by side"), why
     assert "parts" not in json.loads((one / "manifest.json").read_text())["trainer"]["why"]

@@ -110,7 +110,7 @@ class Trainer:
         path, reason = self.choice(ids)
         threads, threads_why = self.threads.choice(flops, task.func_steps)
         if path.parts > 1:
-            threads_why += f"; the devices in {path.parts} one-thread parts side by side"
+            threads_why += f"; the {k} devices' calls together reach it: {path.parts} one-thread parts side by side"
         self.count(path.ran_as(), threads, threads_why, reason + company)
         result = self.result(ids, end - start, loss_sum, steps)
         if kept is not None:

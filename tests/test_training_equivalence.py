@@ -251,6 +251,9 @@ DENSE_STACKS = {  # nn.Sequentials that are dense layers with ReLUs and dropout 
     "silu, leaky relu in place": lambda: torch.nn.Sequential(
         torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.SiLU(), torch.nn.Linear(20, 12),
         torch.nn.LeakyReLU(0.2, inplace=True), torch.nn.Linear(12, 10)),
+    "layer norm, gelu and dropout; tanh": lambda: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.LayerNorm(20), torch.nn.GELU(), torch.nn.Dropout(0.2),
+        torch.nn.Linear(20, 12), torch.nn.Tanh(), torch.nn.Linear(12, 10)),
     "one gelu module twice": lambda: (lambda act: torch.nn.Sequential(
         torch.nn.Flatten(), torch.nn.Linear(64, 20), act, torch.nn.Linear(20, 12), act, torch.nn.Linear(12, 10)))(
         torch.nn.GELU()),
@@ -266,6 +269,9 @@ def test_a_dense_stacks_gradient_in_closed_form_equals_reverse_mode(name):
     from fedsim.training.losses import weighted_cross_entropy
 
     module = DENSE_STACKS[name]()
+    with torch.no_grad():  # (a LayerNorm's weight and bias away from their ones and zeros)
+        for q in module.parameters():
+            q.add_(0.1 * torch.randn(q.shape, generator=torch.Generator().manual_seed(q.numel())))
     model = lower(name, module, (1, 8, 8))
     step = model.step_fn(weighted_cross_entropy, batched=True)
     assert step.__qualname__.startswith(dense_cohort_step.__name__)

@@ -253,6 +253,18 @@ class LayerNorm(Layer):
                                                                [input_grad, True, True])
         return dx, (dw, db)
 
+    def cohort_saving(self, weight: Tensor, bias: Tensor, x: Tensor) -> tuple[Tensor, tuple]:
+        """The cohort form (x [m, B, F], weight and bias [m, F]) and what `cohort_backward` reads."""
+        normal, mean, rstd = torch.ops.aten.native_layer_norm(x, self.shape, None, None, self.eps)
+        return torch.addcmul(bias.unsqueeze(1), normal, weight.unsqueeze(1)), (x, normal, mean, rstd)
+
+    def cohort_backward(self, weight: Tensor, grad: Tensor, saved: tuple) -> tuple[Tensor, Tensor, Tensor]:
+        """The gradients of the cohort form's input, weight and bias from its output's."""
+        x, normal, mean, rstd = saved
+        dx = torch.ops.aten.native_layer_norm_backward(grad * weight.unsqueeze(1), x, self.shape, mean, rstd, None,
+                                                       None, [True, False, False])[0]
+        return dx, (grad * normal).sum(dim=1), grad.sum(dim=1)
+
 
 def kind(layer: Layer) -> str:
     """A layer's kernel, as the keys of shared calls and shared evaluations tell them apart."""
@@ -655,20 +667,22 @@ class KernelModel:
             len(ids), batch, self.dropout_features)
 
 
-def _dense_stack(layers: list[Layer]) -> tuple[tuple[Layer, float | None], ...] | None:
-    """For a model that is (Flatten,) Dense, then (activation, Dropout?, Dense) any number of
-    times: each hidden layer's activation (a ReLU, or from training rules 7 another `Activation`)
-    and the dropout rate after it (None: no dropout layer), as `dense_cohort_step` takes them;
-    else None."""
+def _dense_stack(layers: list[Layer]) -> tuple[tuple[LayerNorm | None, Layer, float | None], ...] | None:
+    """For a model that is (Flatten,) Dense, then (LayerNorm?, activation, Dropout?, Dense) any
+    number of times: each hidden layer's LayerNorm (None: none), activation (a ReLU, or from
+    training rules 7 another `Activation`) and the dropout rate after it (None: no dropout layer),
+    as `dense_cohort_step` takes them; else None."""
     rest = layers[isinstance(layers[0], Flatten):]
     if not rest or not isinstance(rest[0], Dense):
         return None
     hidden, i = [], 1
     while i < len(rest):
-        if not isinstance(rest[i], (ReLU, Activation)):
+        norm = rest[i] if isinstance(rest[i], LayerNorm) else None
+        i += norm is not None
+        if i >= len(rest) or not isinstance(rest[i], (ReLU, Activation)):
             return None
         rate = rest[i + 1].rate if i + 1 < len(rest) and isinstance(rest[i + 1], Dropout) else None
-        hidden.append((rest[i], rate))
+        hidden.append((norm, rest[i], rate))
         i += 1 if rate is None else 2
         if i >= len(rest) or not isinstance(rest[i], Dense):
             return None
@@ -945,24 +959,31 @@ def reverse_step(params: list[Param], layers: list[Layer]) -> StepFn:
     return step
 
 
-def dense_cohort_step(hidden: tuple[tuple[Layer, float | None], ...] = ()) -> StepFn:
+def dense_cohort_step(hidden: tuple[tuple[LayerNorm | None, Layer, float | None], ...] = ()) -> StepFn:
     """The gradient of a stack of dense layers with activations between them (softmax
-    regression, the MLP), each hidden layer's activation `hidden[i][0]` followed by inverted
-    dropout at the rate `hidden[i][1]` (None: none), in closed form, for m devices at once. With
+    regression, the MLP), each hidden layer's (from training rules 7) LayerNorm `hidden[i][0]`
+    (None: none) and activation `hidden[i][1]` followed by inverted dropout at the rate
+    `hidden[i][2]` (None: none), in closed form, for m devices at once. With
     p = softmax(logits), dL/dlogits = weight * (p - onehot(y)); each dense layer's dW is its
     output's gradient times its input (transposed), db that gradient's sum, and its input's
-    gradient that gradient times W, back through the dropout's mask and the activation (its
-    kernel's backward, as reverse mode's). The logits are kept as [m, C, B], so that the reductions over the C classes
+    gradient that gradient times W, back through the dropout's mask, the activation (its
+    kernel's backward, as reverse mode's) and the LayerNorm (aten's backward of the normalisation
+    for the input; the affine's gradients as sums over the batch). The logits are kept as [m, C, B], so that the reductions over the C classes
     run along a strided dimension, which vectorises over the batch (along a last dimension of 10
     they cost as much as the matmul). Softmax regression: about 4x faster than reverse mode at
     10-100 devices; the MLP (training rules 3): 2-2.6x a step (benchmarks/RESULTS.md, "The MLP's
     gradient in closed form"), where reverse mode's cost is per-call overhead, not arithmetic."""
     def step(params: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, u: Tensor):
         x = x.flatten(2)  # [m, B, F]
-        inputs, saved, kept, used = [x], [], [], 0  # each dense layer's input [m, B, features],
-        for w, b, (act, rate) in zip(params[0:-2:2], params[1:-2:2], hidden):  # what each activation's
-            out, read = act.forward_saving(None, torch.baddbmm(b.unsqueeze(1), inputs[-1], w.mT), None)
-            saved.append(read)  # backward reads, the dropout masks
+        inputs, saved, normed, kept, used = [x], [], [], [], 0  # each dense layer's input [m, B, features],
+        for j, (norm, act, rate) in enumerate(hidden):  # what each activation's and LayerNorm's
+            w, b = params[dense_at[j]:dense_at[j] + 2]  # backward reads, the dropout masks
+            z = torch.baddbmm(b.unsqueeze(1), inputs[-1], w.mT)
+            if norm is not None:
+                z, keep_norm = norm.cohort_saving(*params[dense_at[j] + 2:dense_at[j] + 4], z)
+                normed.append(keep_norm)
+            out, read = act.forward_saving(None, z, None)
+            saved.append(read)
             if rate is not None:  # as the Dropout kernel: x * (u >= rate) / (1 - rate)
                 keep = (u[..., used:used + out.shape[-1]] >= rate).to(out.dtype)
                 used += out.shape[-1]
@@ -982,12 +1003,19 @@ def dense_cohort_step(hidden: tuple[tuple[Layer, float | None], ...] = ()) -> St
         p.mul_(weight.unsqueeze(1))  # dL/dlogits [m, C, B]
         grads = [torch.bmm(p, inputs[-1]), p.sum(dim=-1)]
         out = p.mT  # the gradient of the last layer's output [m, B, C]
-        for i in range(len(inputs) - 1, 0, -1):  # back through each hidden layer, its dropout and activation
-            out = torch.bmm(out, params[2 * i])  # [m, B, H]
+        for i in range(len(inputs) - 1, 0, -1):  # back through each hidden layer: dropout, activation, LayerNorm
+            norm, act, rate = hidden[i - 1]
+            out = torch.bmm(out, params[dense_at[i]])  # [m, B, H]
             if kept[i - 1] is not None:
-                out.mul_(kept[i - 1]).div_(1.0 - hidden[i - 1][1])
-            out = hidden[i - 1][0].backward(None, out, saved[i - 1], True)[0]
-            grads[:0] = [torch.bmm(out.mT, inputs[i - 1]), out.sum(dim=1)]
+                out.mul_(kept[i - 1]).div_(1.0 - rate)
+            out = act.backward(None, out, saved[i - 1], True)[0]
+            affine = ()
+            if norm is not None:
+                out, *affine = norm.cohort_backward(params[dense_at[i - 1] + 2], out, normed.pop())
+            grads[:0] = [torch.bmm(out.mT, inputs[i - 1]), out.sum(dim=1), *affine]
         return tuple(grads), losses
 
+    dense_at = [0]  # where each dense layer's weight is among the parameters
+    for norm, _, _ in hidden:
+        dense_at.append(dense_at[-1] + (4 if norm is not None else 2))
     return step

@@ -47,15 +47,16 @@ its numbers stay its own. A run of a release that recorded none started under ve
    0.61-0.75x a plain loop's round against 0.81-1.01x on the loop (benchmarks/RESULTS.md,
    "Training rules 6").
 7. The activations nn.GELU, nn.Tanh, nn.Sigmoid, nn.SiLU and nn.LeakyReLU (or their functional
-   calls in a class's chain) and nn.LayerNorm on vectors have kernels, as nn.ReLU has from rules 2, so a module of them and
-   the other layers fedsim has kernels for trains on the kernels instead of through torch.func,
-   and a stack of dense layers with such activations between them has its gradient in closed
-   form in a batched call (`kernels.dense_cohort_step`), as the ReLU MLP has from rules 3. On a
-   CPU `auto` trains a model of more than `task.CPU_LOOP_PARAMETERS` (2^18) parameters a device
-   on the loop (`ClassificationTask.cohort_slow_on_cpu`: a batched step reads and writes every
-   device's weights, where a loop keeps one device's in cache through its steps; char-lstm: 5x
-   faster a round), and a batched call holds at most `cohort.CPU_CALL_PARAMETERS` (2^20) floats
-   of the devices' parameters (more devices: more calls, each device's numbers the same).
+   calls in a class's chain) and nn.LayerNorm on vectors have kernels, as nn.ReLU has from
+   rules 2, so a module of them and the other layers fedsim has kernels for trains on the
+   kernels instead of through torch.func, and a stack of dense layers with such activations
+   (each after a LayerNorm or not) between them has its gradient in closed form in a batched
+   call (`kernels.dense_cohort_step`), as the ReLU MLP has from rules 3. On a CPU `auto` trains a
+   model of more than `task.CPU_LOOP_PARAMETERS` (2^18) parameters a device on the loop
+   (`ClassificationTask.cohort_slow_on_cpu`: a batched step reads and writes every device's
+   weights, where a loop keeps one device's in cache through its steps; char-lstm: 4.7x faster
+   a round), and a batched call holds at most `cohort.CPU_CALL_PARAMETERS` (2^20) floats of the
+   devices' parameters (more devices: more calls, each device's numbers the same).
 """
 
 from __future__ import annotations

@@ -968,16 +968,19 @@ def dense_cohort_step(hidden: tuple[tuple[LayerNorm | None, Layer, float | None]
     output's gradient times its input (transposed), db that gradient's sum, and its input's
     gradient that gradient times W, back through the dropout's mask, the activation (its
     kernel's backward, as reverse mode's) and the LayerNorm (aten's backward of the normalisation
-    for the input; the affine's gradients as sums over the batch). The logits are kept as [m, C, B], so that the reductions over the C classes
+    for the input; the affine's gradients as sums over the batch). The logits are kept as
+    [m, C, B], so that the reductions over the C classes
     run along a strided dimension, which vectorises over the batch (along a last dimension of 10
     they cost as much as the matmul). Softmax regression: about 4x faster than reverse mode at
     10-100 devices; the MLP (training rules 3): 2-2.6x a step (benchmarks/RESULTS.md, "The MLP's
     gradient in closed form"), where reverse mode's cost is per-call overhead, not arithmetic."""
     def step(params: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, u: Tensor):
         x = x.flatten(2)  # [m, B, F]
-        inputs, saved, normed, kept, used = [x], [], [], [], 0  # each dense layer's input [m, B, features],
-        for j, (norm, act, rate) in enumerate(hidden):  # what each activation's and LayerNorm's
-            w, b = params[dense_at[j]:dense_at[j] + 2]  # backward reads, the dropout masks
+        # each dense layer's input [m, B, features]; what each activation's and LayerNorm's backward
+        # reads; the dropout masks
+        inputs, saved, normed, kept, used = [x], [], [], [], 0
+        for j, (norm, act, rate) in enumerate(hidden):
+            w, b = params[dense_at[j]:dense_at[j] + 2]
             z = torch.baddbmm(b.unsqueeze(1), inputs[-1], w.mT)
             if norm is not None:
                 z, keep_norm = norm.cohort_saving(*params[dense_at[j] + 2:dense_at[j] + 4], z)

@@ -527,10 +527,9 @@ class ModuleModel:
 
     def _loop_step(self, ws: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, numbers: Tensor,
                    loss: StepLoss):
-        """One device's step (training rules 4) as a plain loop takes it: the working module's
-        trained tensors made the device's own rows (read in place: no copy at every step, 5-8 %
-        of a wide network's round), its buffers copied in, its forward, autograd's gradients,
-        the buffers (updated by the forward) copied back. The numbers of `_one` (torch.func's
+        """One device's step (training rules 4) as a plain loop takes it: the device's state
+        copied into the working module's own tensors, its forward, autograd's gradients, its
+        buffers (updated by the forward) copied back. The numbers of `_one` (torch.func's
         `grad_and_value` over `functional_call`) bit for bit for most modules (to float rounding
         where torch.func decomposes a backward: GroupNorm's), without functional_call swapping
         every tensor in and out each step (a transformer's loop round: 1.4x a plain loop's). A
@@ -540,9 +539,7 @@ class ModuleModel:
         if working is not None:
             forward, tensors = working
             with torch.no_grad():
-                for own, w in zip(tensors[:k], ws[:k]):  # the device's own rows, read in place
-                    if own.data_ptr() != w.data_ptr():
-                        own.data = w
+                torch._foreach_copy_(tensors[:k], list(ws[:k]))
                 for name, own, w in zip(self.names[k:], tensors[k:], ws[k:]):
                     own.copy_(w.round() if name in self._integers else w)
         else:

@@ -199,8 +199,8 @@ def train_together(calls: list[tuple]) -> list[TrainResult]:
         batched = call[0].path_for(call[2])
         room = batched.chunk_size(call[2])
         chunks = groups.setdefault(key, [[]])
-        if sum(len(calls[j][2]) for j in chunks[-1]) + len(call[2]) > room:
-            chunks.append([])
+        if chunks[-1] and sum(len(calls[j][2]) for j in chunks[-1]) + len(call[2]) > room:
+            chunks.append([])  # (a cohort larger than the room alone starts no empty chunk: it trains alone)
         chunks[-1].append(i)
     for chunks in groups.values():
         for members in chunks:

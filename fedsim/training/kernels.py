@@ -239,9 +239,8 @@ class LayerNorm(Layer):
     def __call__(self, p, x, u):
         return F.layer_norm(x, self.shape, *self._affine(p), self.eps)
 
-    def cohort(self, p, x, u):  # x [m, B, F]; weight and bias [m, F]
-        weight, bias = self._affine(p)
-        return torch.addcmul(bias.unsqueeze(1), F.layer_norm(x, self.shape, None, None, self.eps), weight.unsqueeze(1))
+    def cohort(self, p, x, u):
+        return self.cohort_saving(*self._affine(p), x)[0]
 
     def forward_saving(self, p, x, u):
         out, mean, rstd = torch.ops.aten.native_layer_norm(x, self.shape, *self._affine(p), self.eps)
@@ -878,8 +877,8 @@ def _kernel(name: str, layer: nn.Module, shape: tuple[int, ...], rules: int) -> 
         return Flatten()
     if type(layer) is nn.ReLU:
         return ReLU()
-    if rules >= 7 and activation(layer) is not None:
-        return activation(layer)
+    if rules >= 7 and (elementwise := activation(layer)) is not None:
+        return elementwise
     if rules >= 7 and type(layer) is nn.LayerNorm and len(shape) == 1 and tuple(layer.normalized_shape) == shape \
             and layer.weight is not None and layer.bias is not None:
         return LayerNorm(name, shape[0], layer.eps)

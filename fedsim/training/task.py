@@ -27,6 +27,7 @@ from fedsim.training.evaluate import chunk_size, evaluate_classifier, evaluate_p
 from fedsim.training.local_buffers import DeviceBuffers
 from fedsim.training.losses import StepFn, weighted_cross_entropy
 from fedsim.training.models import Model, build_model, input_shape, model_dim
+
 CPU_LOOP_PARAMETERS = 2**18  # floats a device (1 MiB) above which `auto` trains on a CPU's loop (rules 7)
 # (local step, which of the round's devices: a slice or positions) -> their inputs [m, ...]
 StepInputs = Callable[[int, "slice | Tensor"], tuple[Tensor, ...]]

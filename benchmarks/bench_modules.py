@@ -8,7 +8,8 @@ only: local epochs end on one-sample minibatches, which fedsim refuses for Batch
 GroupNorm, pytorch/examples' MNIST network, a small vision transformer on 7x7 patches of
 Fashion-MNIST; wider dense models: a GELU MLP 784-200-10, a ReLU MLP 784-400-10, an 806 k-parameter
 padded GELU network through torch.func, a convolution before a 2704 x 256 dense layer, an MLP with
-LayerNorm and GELU, a tanh MLP 784-256-128-10) -- two
+LayerNorm and GELU, a tanh MLP 784-256-128-10; modules through torch.func: an MLP with a
+residual block, one with ELUs, one with BatchNorm (local steps only)) -- two
 timings of one round's training, alternated
 in one process (A B B A A B ..., after one warm-up round of one step per device):
 
@@ -219,6 +220,27 @@ class PaddedWide(nn.Module):
         return self.fc(F.gelu(self.hidden(x.flatten(1))))
 
 
+class ResidualMLP(nn.Module):
+    """A dense layer 784 -> 128, a residual block of 128 (`h + relu(fc(h))`) and the head: a
+    branch, which fedsim's kernels (chains of layers) do not take; through torch.func."""
+
+    def __init__(self, n_classes: int):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(784, 128), nn.Linear(128, 128), nn.Linear(128, n_classes)
+
+    def forward(self, x):
+        h = F.relu(self.fc1(x.flatten(1)))
+        return self.fc3(h + F.relu(self.fc2(h)))
+
+
+def _elu_mlp(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.ELU(), nn.Linear(200, n_classes))
+
+
+def _batch_norm_mlp(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.BatchNorm1d(200), nn.ReLU(), nn.Linear(200, n_classes))
+
+
 def _gelu_mlp(in_shape, n_classes, cfg):
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.GELU(), nn.Linear(200, n_classes))
 
@@ -258,7 +280,9 @@ USER = {"user-mlp": _mlp_module, "user-lenet5": _lenet5_module, "user-lenet5-cla
         "user-mnist-example": lambda s, n, cfg: ExamplesNet(n), "user-lstm": lambda s, n, cfg: RowLSTM(n),
         "user-vit": lambda s, n, cfg: PatchTransformer(n), "user-gelu-mlp": _gelu_mlp, "user-wide-mlp": _wide_mlp,
         "user-padded-wide": lambda s, n, cfg: PaddedWide(n), "user-conv-wide": _conv_wide,
-        "user-layer-norm-mlp": _layer_norm_mlp, "user-tanh-mlp": _tanh_mlp}
+        "user-layer-norm-mlp": _layer_norm_mlp, "user-tanh-mlp": _tanh_mlp,
+        "user-residual-mlp": lambda s, n, cfg: ResidualMLP(n), "user-elu-mlp": _elu_mlp,
+        "user-bn-mlp": _batch_norm_mlp}
 for _name, _factory in USER.items():
     if _name not in REGISTRY:
         REGISTRY.register(_name, _factory)
@@ -284,6 +308,9 @@ MODELS = {
     "user-conv-wide": Model("user-conv-wide", _conv_wide, "fashion-mnist", "module"),
     "user-layer-norm-mlp": Model("user-layer-norm-mlp", _layer_norm_mlp, "fashion-mnist", "module"),
     "user-tanh-mlp": Model("user-tanh-mlp", _tanh_mlp, "fashion-mnist", "module"),
+    "user-residual-mlp": Model("user-residual-mlp", USER["user-residual-mlp"], "fashion-mnist", "module"),
+    "user-elu-mlp": Model("user-elu-mlp", _elu_mlp, "fashion-mnist", "module"),
+    "user-bn-mlp": Model("user-bn-mlp", _batch_norm_mlp, "fashion-mnist", "module", ("steps",)),
 }
 
 

@@ -102,7 +102,8 @@ def test_the_plain_loop_takes_fedsims_local_steps_on_each_devices_own_data(bench
                                     "cnn-fmnist, user-mlp, user-lenet5, user-lenet5-class, user-resnet-gn, "
                                     "user-transformer, user-bn-cnn, user-gn-cnn, user-mnist-example, user-lstm, "
                                     "user-vit, user-gelu-mlp, user-wide-mlp, user-padded-wide, user-conv-wide, "
-                                    "user-layer-norm-mlp, user-tanh-mlp"),
+                                    "user-layer-norm-mlp, user-tanh-mlp, user-residual-mlp, user-elu-mlp, "
+                                    "user-bn-mlp"),
     (["--settings", "epoch"], "error: --settings: unknown name 'epoch'; choose from steps, epochs"),
     (["--repeats", "-1"], "error: --repeats -1: give a number of timed rounds >= 1 (0: the default)"),
     (["--devices", "10,ten"], "error: --devices 10,ten: give cohort sizes >= 1, comma-separated (10,100,1000)"),

@@ -235,3 +235,13 @@ def test_a_run_of_training_rules_6_resumes_under_them(tmp_path, monkeypatch):
 
     assert code(whole) == code(tmp_path / "past" / "module") == "torch.func" and code(today) == "fedsim's kernels"
     assert not torch.equal(torch.load(today / "model.pt")["1.weight"], torch.load(whole / "model.pt")["1.weight"])
+
+
+def test_a_run_of_training_rules_7_resumes_under_them(tmp_path, monkeypatch):
+    """Made under training rules 7 (7294324; a user's MLP with a residual block and ELUs, a class
+    through torch.func, on the loop trainer): its steps summed the samples' losses weighted by
+    1 / the batch's size and updated `w - lr * grad` in two roundings; today's loop takes a plain
+    PyTorch loop's step (the mean loss, torch's SGD update), whose numbers differ by float
+    rounding, so the resumed run keeps the rules it started with."""
+    whole, today = resumes_under_its_own_rules("7294324", 7, tmp_path, monkeypatch)
+    assert not torch.equal(torch.load(today / "model.pt")["fc1.weight"], torch.load(whole / "model.pt")["fc1.weight"])

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 import torch.fx
@@ -523,6 +524,7 @@ class KernelModel:
     has_buffers = local_buffers = False
     stacks_evaluation = True  # `predict_together`: several runs' parameters on one test set
     func_steps = False  # hand-batched kernels: calls above the crossover take every thread
+    plain_loop_step = False  # its loop step is the kernels' (the batched call's arithmetic, device by device)
     rules = training_rules.CURRENT  # the training rules the run started under (fedsim/training/rules.py)
 
     def __init__(self, name: str, module: nn.Module, layers: list[Layer], in_shape: tuple[int, ...]):
@@ -557,6 +559,10 @@ class KernelModel:
         lead = flat.shape[:-1]
         chunks = flat.split([q.numel for q in self.params], dim=-1)
         return tuple(c.view(*lead, *q.shape) for q, c in zip(self.params, chunks))
+
+    def trained_in_place(self, ws: tuple[Tensor, ...]) -> ContextManager[tuple[Tensor, ...]]:
+        """A device's loop steps update its views `ws` themselves (the kernels read them as they are)."""
+        return nullcontext(ws)
 
     def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
         """The named views of flat [..., d] vectors (state_dict naming)."""

@@ -16,3 +16,9 @@ def weighted_cross_entropy(logits: Tensor, y: Tensor, weight: Tensor) -> Tensor:
     """sum_b weight_b * CE(logits_b, y_b) over the last batch dimension: [..., B, C] -> [...]."""
     ce = F.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction="none")
     return (ce.view_as(y) * weight).sum(dim=-1)
+
+
+def mean_cross_entropy(logits: Tensor, y: Tensor, weight: Tensor) -> Tensor:
+    """The mean CE of one device's step [B, C] -> [], as a plain loop computes it: for the loop's
+    steps, whose samples are its own, each weighted 1 / their number (`weight` is not read)."""
+    return F.cross_entropy(logits, y)

@@ -9,9 +9,9 @@ trainer), `cohort_step_fn` for m devices with stacked parameters (the batched tr
 
 from __future__ import annotations
 
-from typing import Callable
-
 import math
+from contextlib import nullcontext
+from typing import Callable, ContextManager
 
 import numpy as np
 import torch
@@ -25,10 +25,11 @@ from fedsim.training import rng
 from fedsim.training import rules as training_rules
 from fedsim.training.evaluate import chunk_size, evaluate_classifier, evaluate_per_device, local_losses
 from fedsim.training.local_buffers import DeviceBuffers
-from fedsim.training.losses import StepFn, weighted_cross_entropy
+from fedsim.training.losses import StepFn, mean_cross_entropy, weighted_cross_entropy
 from fedsim.training.models import Model, build_model, input_shape, model_dim
 
 CPU_LOOP_PARAMETERS = 2**18  # floats a device (1 MiB) above which `auto` trains on a CPU's loop (rules 7)
+CPU_FUNC_LOOP_PARAMETERS = 2**16  # the same for a module through torch.func (rules 8)
 # (local step, which of the round's devices: a slice or positions) -> their inputs [m, ...]
 StepInputs = Callable[[int, "slice | Tensor"], tuple[Tensor, ...]]
 
@@ -88,7 +89,14 @@ class Task:
         """Views of parameters [..., d] as the model's tensors [..., *shape]."""
         return (flat,)
 
+    def trained_in_place(self, ws: tuple[Tensor, ...]) -> ContextManager[tuple[Tensor, ...]]:
+        """The tensors one device's loop steps read and update in place, holding its state `ws`
+        (`split`'s views of its row, without the device dimension) and writing them back after
+        its last step: `ws` themselves by default."""
+        return nullcontext(ws)
+
     draws_minibatches = False  # whether `inputs` draws minibatches from rng.BATCH uniforms
+    plain_loop_step = False  # whether the loop updates as torch's SGD does (`sgd_update_`'s `fused_lr`)
     # whether a sample's output depends on the other samples of its batch (BatchNorm): the
     # loop then trains on a step's own samples, without the padding of a smaller minibatch
     batch_statistics = False
@@ -174,10 +182,16 @@ class ClassificationTask(Task):
         batched step reads and writes every device's weights, which no cache holds, where a loop
         keeps one device's in cache through its steps (a dense layer 784 x 400 at 100 devices:
         1.8x a plain loop's round batched, 0.8x on the loop; char-lstm 4.7x faster on the loop;
-        benchmarks/RESULTS.md, "Training rules 7")."""
-        why = self.model.cohort_slow_on_cpu  # (asked only where it decides: a module may probe vmap for it)
-        if not why and self.model.rules >= 7 and self.model.param_dim > CPU_LOOP_PARAMETERS:
-            why = f"{self.model.param_dim:,} parameters a device, more than a CPU's cache keeps for a cohort's step"
+        benchmarks/RESULTS.md, "Training rules 7"); from rules 8 a module through torch.func of more
+        than `CPU_FUNC_LOOP_PARAMETERS`: vmap's cohort step is slower than a loop of plain steps
+        ("Training rules 8")."""
+        model = self.model
+        why = model.cohort_slow_on_cpu  # (asked only where it decides: a module may probe vmap for it)
+        if not why and model.rules >= 7 and model.param_dim > CPU_LOOP_PARAMETERS:
+            why = f"{model.param_dim:,} parameters a device, more than a CPU's cache keeps for a cohort's step"
+        if not why and model.rules >= 8 and model.func_steps and model.param_dim > CPU_FUNC_LOOP_PARAMETERS:
+            why = (f"{model.param_dim:,} parameters a device through torch.func, whose cohort step is slower "
+                   "there than a loop of plain steps")
         return why
 
     def label_distribution(self) -> np.ndarray:
@@ -216,6 +230,9 @@ class ClassificationTask(Task):
 
     def split(self, flat: Tensor) -> tuple[Tensor, ...]:
         return self.model.split(flat)
+
+    def trained_in_place(self, ws: tuple[Tensor, ...]) -> ContextManager[tuple[Tensor, ...]]:
+        return self.model.trained_in_place(ws)
 
     draws_minibatches = True
 
@@ -289,8 +306,13 @@ class ClassificationTask(Task):
     def data_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.data.x, self.data.x_test))
 
+    @property
+    def plain_loop_step(self) -> bool:
+        return self.model.plain_loop_step
+
     def step_fn(self) -> StepFn:
-        return self.model.step_fn(weighted_cross_entropy, batched=False)
+        return self.model.step_fn(mean_cross_entropy if self.model.plain_loop_step else weighted_cross_entropy,
+                                  batched=False)
 
     def cohort_step_fn(self) -> StepFn:
         return self.model.step_fn(weighted_cross_entropy, batched=True)

@@ -2,7 +2,8 @@
 
 A path (batched or loop) only decides how the per-device gradients of one local step are
 computed; the update applied to them is this module's `sgd_update_` in both, so the two paths
-differ by float rounding in the gradient and nothing else.
+differ by float rounding in the gradient and nothing else (from training rules 8 a module's
+loop step is a plain PyTorch loop's instead: its mean loss and torch.optim.SGD's fused update).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ class TrainResult:
 
 def sgd_update_(ws: tuple[Tensor, ...], grads: tuple[Tensor, ...], starts: tuple[Tensor, ...],
                 lr: Tensor, client: ClientConfig, objective: LocalObjective,
-                linear: tuple[Tensor, ...] = ()) -> None:
-    """One SGD step, in place, of m devices' parameter tensors ws (each [m, ...]); the loss
-    gradients `grads` are overwritten.
+                linear: tuple[Tensor, ...] = (), fused_lr: float | None = None) -> None:
+    """One SGD step, in place, of m devices' parameter tensors ws (each [m, ...]; one device's
+    without that dimension where no term below is on); the loss gradients `grads` are overwritten.
 
     Order as in torch: the objective's proximal term (mu/2)||w - start||^2 and its
     per-device linear term <g_i, w> are part of the local loss (`starts` are read only when
@@ -40,7 +41,8 @@ def sgd_update_(ws: tuple[Tensor, ...], grads: tuple[Tensor, ...], starts: tuple
     tensors) acts on that loss gradient, weight decay is added by the optimizer after. Terms that are off are skipped, so that with
     all of them off a step is exactly w - lr * grad in float32. In place, on views of the
     flat parameters, because fresh [m, d] buffers every step cost more than the arithmetic
-    on a CPU (page faults).
+    on a CPU (page faults). `fused_lr` (one device's lr, the loop's from training rules 8): the
+    step torch.optim.SGD takes, `w.add_(grad, alpha=-lr)`: one fused multiply-add, other roundings.
     """
     def per_device(v: Tensor, like: Tensor) -> Tensor:  # [m] -> [m, 1, ...] to broadcast
         return v.view(-1, *[1] * (like.dim() - 1))
@@ -61,6 +63,9 @@ def sgd_update_(ws: tuple[Tensor, ...], grads: tuple[Tensor, ...], starts: tuple
     # one fused call per operation over all tensors (as torch.optim.SGD's foreach step):
     # elementwise, so each number is what a loop over the tensors computes; `ws` may end with
     # buffers after the trained tensors (a module's running statistics): not stepped
+    if fused_lr is not None:
+        torch._foreach_add_(list(ws[:len(grads)]), grads, alpha=-fused_lr)
+        return
     one = lr.numel() == 1 and lr.device.type == "cpu"  # the loop's device: lr as a number, the same products
     torch._foreach_mul_(grads, float(lr) if one else [per_device(lr, g) for g in grads])
     torch._foreach_sub_(list(ws[:len(grads)]), grads)

@@ -5,14 +5,15 @@
 #   git archive SHA | tar -x -C /tmp/old-SHA
 #   sh tests/past_module_runs/make.sh SHA /tmp/old-SHA [MODEL] [CLIENT (a [client] line)] [DATA]
 # writes tests/past_module_runs/SHA/{the module's file (seqnet.py, gnnet.py, attnnet.py, vitnet.py,
-# gelunet.py),
+# gelunet.py, resnet.py),
 # module (3 rounds), whole (5 rounds)}; digits, or with DATA = images random 16x16 grey images in
 # a Parquet file (SHA/images/train.parquet).
 # 9cd3e24 (rules 1) is the nn.Sequential; c977a51 (rules 2) is mlp; f999e93 (rules 3) is
 # gnnet:make (a class with GroupNorm) with CLIENT = 'trainer = "loop"'; 0a75614 (rules 4) is
 # attnnet:make (a transformer layer with dropout, batched); 1c5672e (rules 5) is vitnet:make (a
 # vision transformer with a convolution as its patch embedding, on the loop) with DATA = images;
-# 04db67b (rules 6) is gelunet:make (an MLP with a GELU and dropout, batched through torch.func).
+# 04db67b (rules 6) is gelunet:make (an MLP with a GELU and dropout, batched through torch.func);
+# 7294324 (rules 7) is resnet:make (a class with a residual block and ELUs) with CLIENT = 'trainer = "loop"'.
 set -e
 sha=$1; code=$2; model=${3:-seqnet:make}; client=${4:-}; data=${5:-digits}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -74,6 +75,26 @@ def make(in_shape, n_classes, cfg):
     """A user's MLP with a GELU and dropout, as an nn.Sequential."""
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.GELU(), nn.Dropout(0.2), nn.Linear(32, n_classes))
 PY
+cat > "$out/resnet.py" <<'PY'
+import torch.nn.functional as F
+from torch import nn
+
+
+class ResidualNet(nn.Module):
+    """A user's MLP with a residual block and ELUs, written as a class (through torch.func)."""
+
+    def __init__(self, n_classes):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(64, 32), nn.Linear(32, 32), nn.Linear(32, n_classes)
+
+    def forward(self, x):
+        h = F.elu(self.fc1(x.flatten(1)))
+        return self.fc3(h + F.elu(self.fc2(h)))
+
+
+def make(in_shape, n_classes, cfg):
+    return ResidualNet(n_classes)
+PY
 cat > "$out/vitnet.py" <<'PY'
 import torch
 from torch import nn
@@ -108,7 +129,7 @@ test_fraction = 0.2'
 else
   data_keys='dataset = "digits"'
 fi
-for file in seqnet gnnet attnnet vitnet gelunet; do  # only the module the run trains
+for file in seqnet gnnet attnnet vitnet gelunet resnet; do  # only the module the run trains
   [ "${model%%:*}" = "$file" ] || rm "$out/$file.py"
 done
 cat > "$out/module.toml" <<TOML

@@ -8,8 +8,9 @@ only: local epochs end on one-sample minibatches, which fedsim refuses for Batch
 GroupNorm, pytorch/examples' MNIST network, a small vision transformer on 7x7 patches of
 Fashion-MNIST; wider dense models: a GELU MLP 784-200-10, a ReLU MLP 784-400-10, an 806 k-parameter
 padded GELU network through torch.func, a convolution before a 2704 x 256 dense layer, an MLP with
-LayerNorm and GELU, a tanh MLP 784-256-128-10; modules through torch.func: an MLP with a
-residual block, one with ELUs, one with BatchNorm (local steps only)) -- two
+LayerNorm and GELU, a tanh MLP 784-256-128-10, an MLP with ELUs (fedsim's kernels from training
+rules 8); modules through torch.func: an MLP with a residual block, one with BatchNorm (local
+steps only)) -- two
 timings of one round's training, alternated
 in one process (A B B A A B ..., after one warm-up round of one step per device):
 

@@ -237,6 +237,19 @@ class TracedActivations(torch.nn.Module):
         return self.c(F.leaky_relu(F.silu(self.b(x)), 0.2).tanh())
 
 
+class TracedActivations8(torch.nn.Module):
+    """The activations of training rules 8 called functionally in a class's forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(64, 24), torch.nn.Linear(24, 16), torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = F.hardtanh(F.selu(F.celu(F.elu(self.a(x.flatten(1)), 0.7), 1.3)), -0.5, 0.8)
+        x = F.mish(F.softplus(F.relu6(self.b(x)), beta=2.0, threshold=1.0))
+        return self.c(F.hardsigmoid(F.hardswish(x)))
+
+
 ACTIVATION_NETS = {  # training rules 7: the activations fedsim has kernels for, in a CNN and in a chain
     "gelu cnn": lambda: torch.nn.Sequential(
         torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.GELU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
@@ -244,13 +257,25 @@ ACTIVATION_NETS = {  # training rules 7: the activations fedsim has kernels for,
     "functional calls in a class": TracedActivations,
     "layer norm": lambda: torch.nn.Sequential(
         torch.nn.Flatten(), torch.nn.Linear(64, 24), torch.nn.LayerNorm(24), torch.nn.GELU(), torch.nn.Linear(24, 10)),
+    # training rules 8
+    "elu cnn": lambda: torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ELU(0.5), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+        torch.nn.Linear(64, 16), torch.nn.SELU(), torch.nn.Linear(16, 12), torch.nn.CELU(2.0), torch.nn.Linear(12, 10)),
+    "softplus, mish, hard ones": lambda: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 24), torch.nn.Softplus(2.0, 1.0), torch.nn.Linear(24, 20),
+        torch.nn.Mish(), torch.nn.Linear(20, 16), torch.nn.Hardswish(), torch.nn.Linear(16, 14), torch.nn.Hardsigmoid(),
+        torch.nn.Linear(14, 12), torch.nn.ReLU6(), torch.nn.Linear(12, 11), torch.nn.Hardtanh(-0.2, 0.3),
+        torch.nn.Linear(11, 10)),
+    "rules 8 functional calls in a class": TracedActivations8,
 }
+RULES_8_NETS = ("elu cnn", "softplus, mish, hard ones", "rules 8 functional calls in a class")
 
 
 @pytest.mark.parametrize("name", ACTIVATION_NETS)
 def test_one_devices_step_through_each_activation_is_torch_autograd_bit_for_bit(name):
     """GELU (both forms), tanh, sigmoid, SiLU, leaky ReLU and LayerNorm on vectors have kernels
-    from training rules 7 (under rules 6 such a module trains through torch.func): the loop's
+    from training rules 7, ELU, CELU, SELU, softplus, Mish, hardswish, hardsigmoid, hardtanh and
+    ReLU6 from rules 8 (under earlier rules such a module trains through torch.func): the loop's
     step gives autograd's loss and gradients through the module, bit for bit; the batched step
     each device's to float rounding."""
     from fedsim.training.kernels import lower, lower_traced, reverse_step
@@ -262,7 +287,8 @@ def test_one_devices_step_through_each_activation_is_torch_autograd_bit_for_bit(
         for q in module.parameters():
             q.add_(0.1 * torch.randn_like(q))
     model = lower(name, module, (1, 8, 8)) or lower_traced(name, module, (1, 8, 8))
-    assert lower(name, module, (1, 8, 8), rules=6) is lower_traced(name, module, (1, 8, 8), rules=6) is None
+    before = 7 if name in RULES_8_NETS else 6
+    assert lower(name, module, (1, 8, 8), rules=before) is lower_traced(name, module, (1, 8, 8), rules=before) is None
     step = model.step_fn(weighted_cross_entropy, batched=False)
     assert step.__qualname__.startswith(reverse_step.__name__)
     g = torch.Generator().manual_seed(7)

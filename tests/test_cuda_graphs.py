@@ -309,7 +309,7 @@ def test_runs_trained_together_on_a_gpu_equal_each_alone():
 def test_gelu_and_layer_norm_mlps_on_fedsims_kernels_train_on_cuda_as_on_the_cpu():
     """Training rules 7: a user's GELU MLP with dropout trains on fedsim's kernels (its batched
     gradient in closed form) on CUDA, graphs captured, as on the CPU to float rounding; and one
-    with a LayerNorm (reverse mode through the kernels)."""
+    with a LayerNorm (reverse mode through the kernels); rules 8: one with ELU and Mish."""
     from fedsim.config.catalog import MODELS
     from fedsim.training.trainer import TrainResult
 
@@ -317,8 +317,11 @@ def test_gelu_and_layer_norm_mlps_on_fedsims_kernels_train_on_cuda_as_on_the_cpu
         torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.GELU(), torch.nn.Dropout(0.25), torch.nn.Linear(32, n)))
     MODELS.register("norm-mlp", lambda s, n, c: torch.nn.Sequential(
         torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.LayerNorm(32), torch.nn.Tanh(), torch.nn.Linear(32, n)))
+    MODELS.register("elu-mlp", lambda s, n, c: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ELU(), torch.nn.Linear(32, 16), torch.nn.Mish(),
+        torch.nn.Linear(16, n)))
     try:
-        for name in ("gelu-mlp", "norm-mlp"):
+        for name in ("gelu-mlp", "norm-mlp", "elu-mlp"):
             tasks = [image_task(name, (1, 8, 8), clients=11, device=torch.device(d)) for d in ("cpu", "cuda")]
             assert all(t.model.code == "fedsim's kernels" for t in tasks)
             client = ClientConfig(batch_size=5, clip=1.0)
@@ -328,4 +331,4 @@ def test_gelu_and_layer_norm_mlps_on_fedsims_kernels_train_on_cuda_as_on_the_cpu
             assert_close(TrainResult(*(t.cpu() for t in (replayed.deltas, replayed.loss, replayed.samples))), on_cpu,
                          tol=1e-4)
     finally:
-        del MODELS["gelu-mlp"], MODELS["norm-mlp"]
+        del MODELS["gelu-mlp"], MODELS["norm-mlp"], MODELS["elu-mlp"]

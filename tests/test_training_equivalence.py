@@ -254,6 +254,15 @@ DENSE_STACKS = {  # nn.Sequentials that are dense layers with ReLUs and dropout 
     "layer norm, gelu and dropout; tanh": lambda: torch.nn.Sequential(
         torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.LayerNorm(20), torch.nn.GELU(), torch.nn.Dropout(0.2),
         torch.nn.Linear(20, 12), torch.nn.Tanh(), torch.nn.Linear(12, 10)),
+    # training rules 8
+    "elu, selu, celu; softplus, mish": lambda: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.ELU(), torch.nn.Linear(20, 16), torch.nn.SELU(),
+        torch.nn.Linear(16, 14), torch.nn.CELU(0.5), torch.nn.Dropout(0.2), torch.nn.Linear(14, 12),
+        torch.nn.Softplus(), torch.nn.Linear(12, 11), torch.nn.Mish(), torch.nn.Linear(11, 10)),
+    "hardswish, hardsigmoid, relu6, hardtanh": lambda: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.Hardswish(), torch.nn.Linear(20, 16),
+        torch.nn.Hardsigmoid(), torch.nn.Linear(16, 14), torch.nn.ReLU6(), torch.nn.Linear(14, 12),
+        torch.nn.Hardtanh(-0.5, 0.5), torch.nn.Linear(12, 10)),
     "one gelu module twice": lambda: (lambda act: torch.nn.Sequential(
         torch.nn.Flatten(), torch.nn.Linear(64, 20), act, torch.nn.Linear(20, 12), act, torch.nn.Linear(12, 10)))(
         torch.nn.GELU()),

@@ -181,9 +181,10 @@ class ReLU(Layer):
 
 
 class Activation(Layer):
-    """An elementwise activation other than ReLU (from training rules 7): GELU (either
-    approximation), tanh, sigmoid, SiLU, leaky ReLU. Its backward is the kernel autograd runs for
-    it (aten's `*_backward`), reading what autograd saves (the input, or for tanh and sigmoid the
+    """An elementwise activation other than ReLU: GELU (either approximation), tanh, sigmoid,
+    SiLU, leaky ReLU from training rules 7; ELU, CELU, SELU, softplus, Mish, hardswish,
+    hardsigmoid, hardtanh and ReLU6 from rules 8. Its backward is the kernel autograd runs for it
+    (aten's `*_backward`), reading what autograd saves (the input, or for tanh and sigmoid the
     output), so `reverse_step` keeps reverse mode's numbers bit for bit."""
 
     writes_backward = True
@@ -203,10 +204,31 @@ class Activation(Layer):
         return self._backward(grad, saved), ()
 
 
-def activation(layer: nn.Module) -> Activation | None:
-    """The kernel of an activation module other than nn.ReLU, or None."""
+SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946  # (ATen's)
+
+
+def activation(layer: nn.Module, rules: int = training_rules.CURRENT) -> Activation | None:
+    """The kernel of an activation module other than nn.ReLU under training `rules`, or None."""
     aten = torch.ops.aten
     kind = type(layer)
+    if rules >= 8 and not getattr(layer, "inplace", False):  # (in place, autograd saves the output instead)
+        if (elu := _elu_family(layer)) is not None:
+            return elu
+        if kind is nn.Softplus:
+            beta, threshold = layer.beta, layer.threshold
+            return Activation(f"Softplus {beta} {threshold}", lambda x: F.softplus(x, beta, threshold),
+                              lambda g, x: aten.softplus_backward(g, x, beta, threshold), False)
+        simple = {nn.Mish: (F.mish, aten.mish_backward), nn.Hardswish: (F.hardswish, aten.hardswish_backward),
+                  nn.Hardsigmoid: (F.hardsigmoid, aten.hardsigmoid_backward)}
+        if kind in simple:
+            forward, backward = simple[kind]
+            return Activation(kind.__name__, forward, backward, False)
+        if kind in (nn.Hardtanh, nn.ReLU6):  # (ReLU6 is hardtanh between 0 and 6)
+            low, high = layer.min_val, layer.max_val
+            return Activation(f"Hardtanh {low} {high}", lambda x: F.hardtanh(x, low, high),
+                              lambda g, x: aten.hardtanh_backward(g, x, low, high), False)
+    if rules < 7:
+        return None
     if kind is nn.GELU:
         approximate = layer.approximate
         return Activation(f"GELU {approximate}", lambda x: F.gelu(x, approximate=approximate),
@@ -222,6 +244,23 @@ def activation(layer: nn.Module) -> Activation | None:
         return Activation(f"LeakyReLU {slope}", lambda x: F.leaky_relu(x, slope),
                           lambda g, x: aten.leaky_relu_backward(g, x, slope, False), False)
     return None
+
+
+def _elu_family(layer: nn.Module) -> Activation | None:
+    """ELU, CELU and SELU: torch computes each as `elu(x, alpha, scale, input_scale)`, and
+    autograd differentiates it with `elu_backward` on the input."""
+    kind = type(layer)
+    if kind is nn.ELU:
+        alpha, scale, input_scale = layer.alpha, 1.0, 1.0
+    elif kind is nn.CELU:
+        alpha, scale, input_scale = layer.alpha, 1.0, 1.0 / layer.alpha
+    elif kind is nn.SELU:
+        alpha, scale, input_scale = SELU_ALPHA, SELU_SCALE, 1.0
+    else:
+        return None
+    elu, backward = torch.ops.aten.elu, torch.ops.aten.elu_backward
+    return Activation(f"ELU {alpha} {scale} {input_scale}", lambda x: elu(x, alpha, scale, input_scale),
+                      lambda g, x: backward(g, alpha, scale, input_scale, False, x), False)
 
 
 class LayerNorm(Layer):
@@ -873,6 +912,11 @@ _FUNCTIONAL_ACTIVATIONS = {  # a traced call -> the module taking the same argum
     **{("call_function", f): nn.Tanh for f in (torch.tanh, F.tanh)}, ("call_method", "tanh"): nn.Tanh,
     **{("call_function", f): nn.Sigmoid for f in (torch.sigmoid, F.sigmoid)}, ("call_method", "sigmoid"): nn.Sigmoid,
     ("call_function", F.silu): nn.SiLU, ("call_function", F.leaky_relu): nn.LeakyReLU,
+    # (training rules 8)
+    ("call_function", F.elu): nn.ELU, ("call_function", F.celu): nn.CELU, ("call_function", F.selu): nn.SELU,
+    ("call_function", F.softplus): nn.Softplus, ("call_function", F.mish): nn.Mish,
+    ("call_function", F.hardswish): nn.Hardswish, ("call_function", F.hardsigmoid): nn.Hardsigmoid,
+    ("call_function", F.hardtanh): nn.Hardtanh, ("call_function", F.relu6): nn.ReLU6,
 }
 
 
@@ -883,7 +927,7 @@ def _kernel(name: str, layer: nn.Module, shape: tuple[int, ...], rules: int) -> 
         return Flatten()
     if type(layer) is nn.ReLU:
         return ReLU()
-    if rules >= 7 and (elementwise := activation(layer)) is not None:
+    if (elementwise := activation(layer, rules)) is not None:
         return elementwise
     if rules >= 7 and type(layer) is nn.LayerNorm and len(shape) == 1 and tuple(layer.normalized_shape) == shape \
             and layer.weight is not None and layer.bias is not None:

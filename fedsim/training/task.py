@@ -184,7 +184,7 @@ class ClassificationTask(Task):
         1.8x a plain loop's round batched, 0.8x on the loop; char-lstm 4.7x faster on the loop;
         benchmarks/RESULTS.md, "Training rules 7"); from rules 8 a module through torch.func of more
         than `CPU_FUNC_LOOP_PARAMETERS`: vmap's cohort step is slower than a loop of plain steps
-        ("Training rules 8")."""
+        (an MLP with a residual block, 118 k: 1.3-2.2x a plain loop's round; "Training rules 8")."""
         model = self.model
         why = model.cohort_slow_on_cpu  # (asked only where it decides: a module may probe vmap for it)
         if not why and model.rules >= 7 and model.param_dim > CPU_LOOP_PARAMETERS:

@@ -294,3 +294,33 @@ def test_paper_architectures_have_the_papers_shapes(name, shape, fc1_in, count):
     model = build_model(ModelConfig(name=name), shape, 10, "images")
     assert dict((q.name, q.shape) for q in model.params)["fc1.weight"][1] == fc1_in
     assert model.dim == count
+
+
+@pytest.mark.parametrize("trainer", ["loop", "batched"])
+@pytest.mark.parametrize("epochs", [0.0, 1.5])
+def test_steps_samples_gathered_at_once_are_those_gathered_step_by_step(monkeypatch, trainer, epochs):
+    """A round's minibatches are gathered for all steps in one call where they are small (a
+    loop's device) and step by step otherwise: the same samples, so the same numbers bit for bit."""
+    from fedsim.training import task as task_module
+
+    task = build_task(DataConfig(dataset="digits", clients=8), ModelConfig(name="mlp"), seed=3,
+                      device=torch.device("cpu"))
+    client = ClientConfig(batch_size=6, local_steps=4, local_epochs=epochs, trainer=trainer)
+    ids = np.array([1, 4, 6])
+    steps = build_trainer(task, client, seed=3).epoch_steps()
+    steps = steps[ids] if steps is not None else np.full(3, 4)
+    start = task.init_params()[None].expand(3, -1).contiguous()
+
+    def trained():
+        return build_trainer(task, client, seed=3).train(2, ids, start, steps, 0.1)
+
+    at_once = trained()
+    monkeypatch.setattr(task_module, "GATHERED_AT_ONCE", 0)
+    by_step = trained()
+    assert torch.equal(at_once.deltas, by_step.deltas) and torch.equal(at_once.loss, by_step.loss)
+    inputs = task.inputs(torch.as_tensor(ids), 2, 4, 6, 3, epochs=epochs)
+    monkeypatch.setattr(task_module, "GATHERED_AT_ONCE", 2**40)
+    gathered = task.inputs(torch.as_tensor(ids), 2, 4, 6, 3, epochs=epochs)
+    for step in range(4):
+        for which in (slice(None), torch.tensor([0, 2])):
+            assert all(torch.equal(a, b) for a, b in zip(inputs(step, which), gathered(step, which)))

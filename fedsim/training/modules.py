@@ -344,6 +344,7 @@ class ModuleModel:
         self._vmap_checked: tuple[str, list[str]] | None = None  # (`_vmap_probe`)
         self._numbers: dict[int, tuple[int, set[float]]] = {}  # batch size -> dropout numbers, rates
         self._divisors: dict[float, tuple[int, Tensor]] = {}  # p -> (threshold, a kept unit's divisor)
+        self._no_numbers: dict[tuple, Tensor] = {}  # (devices, device) -> `randomness` of a module that draws none
         self._working: dict[int, tuple[nn.Module, list[Tensor]] | None] = {}  # thread -> `_working_copy`
         # the module itself: functional_call swaps its tensors (and sets its mode) for a call, so
         # the threads that train a run's devices side by side (loop.py) take turns with it
@@ -464,8 +465,11 @@ class ModuleModel:
         transformer's step (benchmarks/RESULTS.md, "Keyed dropout"). (On a GPU, division by a
         scalar is a product with its reciprocal: the numbers stay bits there.)"""
         n, rates = self._dropout(batch)
-        if not n:
-            return torch.empty(len(ids), 0, dtype=torch.int64, device=ids.device)
+        if not n:  # (none: the same empty tensor every step)
+            key = (len(ids), ids.device)
+            if key not in self._no_numbers:
+                self._no_numbers[key] = torch.empty(len(ids), 0, dtype=torch.int64, device=ids.device)
+            return self._no_numbers[key]
         keys = rng.keys(seed, rng.MODULE, rnd, ids, step)
         if ids.device.type != "cpu" or len(rates) != 1 or rng.keep_threshold(next(iter(rates))) is None:
             return rng.dropout_bits(keys, n)

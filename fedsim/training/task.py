@@ -249,15 +249,11 @@ class ClassificationTask(Task):
             largest = int(data.sizes[ids].max())
             bits = rng.from_keys(rng.keys(seed, rng.EPOCH, rnd, ids, range(math.ceil(epochs))), largest)
             rows, weight = data.epoch_batches(ids, bits, steps, batch_size, width or batch_size)
-
-            def samples(step: int, which: slice | Tensor) -> tuple[Tensor, Tensor]:
-                return data.take(rows[step, which])
+            samples = steps_samples(data, rows)
         elif batch_size > 0 and (not self.distinct_rows() or not width or width >= batch_size):
             rows = data.minibatch_rows(ids, draws)
             weight = torch.full((1, 1, 1), 1.0 / batch_size, device=self.device).expand(*rows.shape)
-
-            def samples(step: int, which: slice | Tensor) -> tuple[Tensor, Tensor]:
-                return data.take(rows[step, which])
+            samples = steps_samples(data, rows)
         else:
             if batch_size > 0:  # fewer samples than a minibatch: each once, weighted by its draws
                 rows, weight = data.minibatch_weights(ids, draws, width)
@@ -316,6 +312,20 @@ class ClassificationTask(Task):
 
     def cohort_step_fn(self) -> StepFn:
         return self.model.step_fn(weighted_cross_entropy, batched=True)
+
+
+GATHERED_AT_ONCE = 2**22  # bytes of all steps' features up to which `steps_samples` gathers them in one call
+
+
+def steps_samples(data: ClientData, rows: Tensor) -> Callable[[int, slice | Tensor], tuple[Tensor, Tensor]]:
+    """(step, devices) -> the features and labels of `rows` [S, m, B] at that step: gathered
+    for all steps in one call where they take at most `GATHERED_AT_ONCE` bytes (a loop's device:
+    one gather instead of one a step, 8 us of a 0.3 ms step), step by step otherwise. The same
+    values either way."""
+    if rows.numel() * data.x[0].numel() * data.x.element_size() > GATHERED_AT_ONCE:
+        return lambda step, which: data.take(rows[step, which])
+    x, y = data.take(rows)
+    return lambda step, which: (x[step, which], y[step, which])
 
 
 # (each device's samples [N], the floats of the model's state) -> None, or FedsimError when the

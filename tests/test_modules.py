@@ -1455,6 +1455,43 @@ def test_auto_loops_over_a_torch_func_module_of_more_than_2_16_parameters_under_
     assert paths["relu-128", 8][0].task.model.code == "fedsim's kernels"
 
 
+def test_auto_loops_over_local_epochs_of_a_model_of_more_than_2_17_parameters_under_rules_8():
+    """Under local epochs devices of unequal data take unequal steps, and a cohort's call steps
+    each as long as its longest: from training rules 8 `auto` takes the loop on a CPU for a model
+    of more than 2^17 parameters a device there (a GELU MLP of 159 k on fedsim's kernels), not
+    for local steps, not under rules 7, not for a smaller model."""
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.config.catalog import MODELS
+    from fedsim.data.datasets import Dataset
+    from fedsim.training import build_trainer
+    from fedsim.training.task import classification_task
+    from fedsim.training.threads import ThreadPolicy
+
+    MODELS.register("gelu-200", lambda s, n, c: nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.GELU(),
+                                                              nn.Linear(200, n)))
+    MODELS.register("gelu-128", lambda s, n, c: nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.GELU(),
+                                                              nn.Linear(128, n)))
+    x = np.random.default_rng(0).integers(0, 256, size=(120, 1, 28, 28), dtype=np.uint8)
+    data = Dataset("images", x, np.arange(120) % 10, x[:10], np.arange(10), 10, scale=1 / 255)
+    try:
+        paths = {}
+        for name, rules, epochs in (("gelu-200", 8, 1.0), ("gelu-200", 8, 0.0), ("gelu-200", 7, 1.0),
+                                    ("gelu-128", 8, 1.0)):
+            task = classification_task(data, DataConfig(dataset="images", clients=40), ModelConfig(name=name),
+                                       seed=0, device=torch.device("cpu"), rules=rules)
+            client = ClientConfig(batch_size=4, local_steps=2, local_epochs=epochs)
+            paths[name, rules, epochs] = build_trainer(task, client, seed=0,
+                                                       threads=ThreadPolicy(1, rules=rules)).choice(np.arange(10))
+    finally:
+        del MODELS["gelu-200"], MODELS["gelu-128"]
+    path, why = paths["gelu-200", 8, 1.0]
+    assert path.path == "loop" and why == ("auto: 159,010 parameters a device under local epochs, whose devices of "
+                                           "unequal data a cohort's call steps as long as its longest")
+    assert path.task.model.code == "fedsim's kernels"
+    others = (("gelu-200", 8, 0.0), ("gelu-200", 7, 1.0), ("gelu-128", 8, 1.0))
+    assert [paths[key][0].path for key in others] == ["batched"] * 3
+
+
 def test_a_studys_points_on_the_loop_train_side_by_side_and_equal_their_runs_alone(cli_run, user_models, tmp_path):
     """Cohorts that cannot share a batched call (here the loop trainer's) train in one-thread
     parts side by side on the cores, not one after another on one: each point equals its

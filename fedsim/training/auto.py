@@ -30,7 +30,8 @@ class AutoTrainer(Trainer):
     def __init__(self, task, client, *, seed, threads=None):
         super().__init__(task, client, seed=seed, threads=threads)
         # batched where the rule prefers it and the model can (a module may not run under vmap)
-        wanted = prefers_batched(task.cohort_slow_on_cpu, 2, task.device.type)
+        self.slow_on_cpu = task.cohort_slow_under(client.local_epochs)
+        wanted = prefers_batched(self.slow_on_cpu, 2, task.device.type)
         self.not_batched = task.batch_problem(client.batch_size, client.local_epochs) if wanted else None
         self.batched = BatchedTrainer(task, client, seed=seed, threads=self.threads) \
             if wanted and not self.not_batched else None
@@ -43,8 +44,8 @@ class AutoTrainer(Trainer):
             return self.loop, f"auto: the model cannot train under vmap: {self.not_batched}"
         if len(ids) <= 1:
             return self.loop, "auto: one device a call, nothing to stack"
-        if self.batched is None or not prefers_batched(self.task.cohort_slow_on_cpu, len(ids), where):
-            return self.loop, f"auto: {self.task.cohort_slow_on_cpu}"
+        if self.batched is None or not prefers_batched(self.slow_on_cpu, len(ids), where):
+            return self.loop, f"auto: {self.slow_on_cpu}"
         return self.batched, f"auto: the cohort in one call on the {where.upper()}"
 
     def devices_per_call(self, ids):

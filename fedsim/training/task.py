@@ -30,6 +30,7 @@ from fedsim.training.models import Model, build_model, input_shape, model_dim
 
 CPU_LOOP_PARAMETERS = 2**18  # floats a device (1 MiB) above which `auto` trains on a CPU's loop (rules 7)
 CPU_FUNC_LOOP_PARAMETERS = 2**16  # the same for a module through torch.func (rules 8)
+CPU_EPOCHS_LOOP_PARAMETERS = 2**17  # the same under local epochs (rules 8)
 # (local step, which of the round's devices: a slice or positions) -> their inputs [m, ...]
 StepInputs = Callable[[int, "slice | Tensor"], tuple[Tensor, ...]]
 
@@ -88,6 +89,11 @@ class Task:
     def split(self, flat: Tensor) -> tuple[Tensor, ...]:
         """Views of parameters [..., d] as the model's tensors [..., *shape]."""
         return (flat,)
+
+    def cohort_slow_under(self, local_epochs: float) -> str:
+        """Why `auto` takes the loop on a CPU for this training ('': the cohort in one call):
+        `cohort_slow_on_cpu` by default."""
+        return self.cohort_slow_on_cpu
 
     def trained_in_place(self, ws: tuple[Tensor, ...]) -> ContextManager[tuple[Tensor, ...]]:
         """The tensors one device's loop steps read and update in place, holding its state `ws`
@@ -192,6 +198,18 @@ class ClassificationTask(Task):
         if not why and model.rules >= 8 and model.func_steps and model.param_dim > CPU_FUNC_LOOP_PARAMETERS:
             why = (f"{model.param_dim:,} parameters a device through torch.func, whose cohort step is slower "
                    "there than a loop of plain steps")
+        return why
+
+    def cohort_slow_under(self, local_epochs: float) -> str:
+        """`cohort_slow_on_cpu`, and from training rules 8 under local epochs a model of more than
+        `CPU_EPOCHS_LOOP_PARAMETERS`: devices of unequal data take unequal steps, and a cohort's
+        call steps each as long as its longest, masking the others' (MLPs of 159-235 k parameters
+        on fedsim's kernels: 0.91-1.05x a plain loop's round batched, 0.71-0.84x on the loop;
+        benchmarks/RESULTS.md, "Training rules 8")."""
+        why, model = self.cohort_slow_on_cpu, self.model
+        if not why and local_epochs and model.rules >= 8 and model.param_dim > CPU_EPOCHS_LOOP_PARAMETERS:
+            why = (f"{model.param_dim:,} parameters a device under local epochs, whose devices of unequal data a "
+                   "cohort's call steps as long as its longest")
         return why
 
     def label_distribution(self) -> np.ndarray:

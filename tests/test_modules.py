@@ -1418,11 +1418,10 @@ def test_auto_loops_over_parameters_no_cache_keeps_and_cuts_batched_calls_to_fit
     assert torch.equal(cut.deltas, whole.deltas) and cut.deltas.abs().max() > 0
 
 
-def test_auto_loops_over_a_torch_func_module_of_more_than_2_16_parameters_under_rules_8():
-    """vmap's cohort step of a module fedsim has no kernels for is slower on a CPU than a loop of
-    plain steps from about 10^5 parameters (an MLP with a residual block, 118 k: 1.3-2.2x a plain
-    loop's round): from training rules 8 `auto` takes the loop above 2^16 parameters a device,
-    for such a module only (on fedsim's kernels an MLP of that size stays batched)."""
+def auto_choices(factories: dict, cases: list[tuple[str, int, float]]) -> dict:
+    """`auto`'s (path, why) for 10 devices of each (model, training rules, local epochs) in
+    `cases`, its models registered from `factories` for the call, on 120 Fashion-MNIST-shaped
+    images."""
     from fedsim.config import ClientConfig, DataConfig, ModelConfig
     from fedsim.config.catalog import MODELS
     from fedsim.data.datasets import Dataset
@@ -1430,29 +1429,44 @@ def test_auto_loops_over_a_torch_func_module_of_more_than_2_16_parameters_under_
     from fedsim.training.task import classification_task
     from fedsim.training.threads import ThreadPolicy
 
-    MODELS.register("softsign-128", lambda s, n, c: nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.Softsign(),
-                                                                  nn.Linear(128, n)))  # (no kernel: torch.func)
-    MODELS.register("softsign-64", lambda s, n, c: nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.Softsign(),
-                                                                 nn.Linear(64, n)))
-    MODELS.register("relu-128", lambda s, n, c: nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(),
-                                                              nn.Linear(128, n)))
     x = np.random.default_rng(0).integers(0, 256, size=(120, 1, 28, 28), dtype=np.uint8)
     data = Dataset("images", x, np.arange(120) % 10, x[:10], np.arange(10), 10, scale=1 / 255)
+    for name, factory in factories.items():
+        MODELS.register(name, factory)
     try:
-        paths = {}
-        for name, rules in (("softsign-128", 8), ("softsign-128", 7), ("softsign-64", 8), ("relu-128", 8)):
+        choices = {}
+        for name, rules, epochs in cases:
             task = classification_task(data, DataConfig(dataset="images", clients=40), ModelConfig(name=name),
                                        seed=0, device=torch.device("cpu"), rules=rules)
-            trainer = build_trainer(task, ClientConfig(batch_size=4, local_steps=2), seed=0,
-                                    threads=ThreadPolicy(1, rules=rules))
-            paths[name, rules] = trainer.choice(np.arange(10))
+            client = ClientConfig(batch_size=4, local_steps=2, local_epochs=epochs)
+            trainer = build_trainer(task, client, seed=0, threads=ThreadPolicy(1, rules=rules))
+            choices[name, rules, epochs] = trainer.choice(np.arange(10))
     finally:
-        del MODELS["softsign-128"], MODELS["softsign-64"], MODELS["relu-128"]
-    path, why = paths["softsign-128", 8]
+        for name in factories:
+            del MODELS[name]
+    return choices
+
+
+def dense(hidden: int, activation: type[nn.Module]):
+    """A factory of an MLP 784-hidden-classes with `activation` between."""
+    return lambda s, n, c: nn.Sequential(nn.Flatten(), nn.Linear(784, hidden), activation(), nn.Linear(hidden, n))
+
+
+def test_auto_loops_over_a_torch_func_module_of_more_than_2_16_parameters_under_rules_8():
+    """vmap's cohort step of a module fedsim has no kernels for is slower on a CPU than a loop of
+    plain steps from about 10^5 parameters (an MLP with a residual block, 118 k: 1.3-2.2x a plain
+    loop's round): from training rules 8 `auto` takes the loop above 2^16 parameters a device,
+    for such a module only (on fedsim's kernels an MLP of that size stays batched)."""
+    paths = auto_choices({"softsign-128": dense(128, nn.Softsign), "softsign-64": dense(64, nn.Softsign),
+                          "relu-128": dense(128, nn.ReLU)},  # (softsign has no kernel: torch.func)
+                         [("softsign-128", 8, 0.0), ("softsign-128", 7, 0.0), ("softsign-64", 8, 0.0),
+                          ("relu-128", 8, 0.0)])
+    path, why = paths["softsign-128", 8, 0.0]
     assert path.path == "loop" and why == ("auto: 101,770 parameters a device through torch.func, whose cohort "
                                            "step is slower there than a loop of plain steps")
-    assert [paths[key][0].path for key in (("softsign-128", 7), ("softsign-64", 8), ("relu-128", 8))] == ["batched"] * 3
-    assert paths["relu-128", 8][0].task.model.code == "fedsim's kernels"
+    others = (("softsign-128", 7, 0.0), ("softsign-64", 8, 0.0), ("relu-128", 8, 0.0))
+    assert [paths[key][0].path for key in others] == ["batched"] * 3
+    assert paths["relu-128", 8, 0.0][0].task.model.code == "fedsim's kernels"
 
 
 def test_auto_loops_over_local_epochs_of_a_model_of_more_than_2_17_parameters_under_rules_8():
@@ -1460,30 +1474,8 @@ def test_auto_loops_over_local_epochs_of_a_model_of_more_than_2_17_parameters_un
     each as long as its longest: from training rules 8 `auto` takes the loop on a CPU for a model
     of more than 2^17 parameters a device there (a GELU MLP of 159 k on fedsim's kernels), not
     for local steps, not under rules 7, not for a smaller model."""
-    from fedsim.config import ClientConfig, DataConfig, ModelConfig
-    from fedsim.config.catalog import MODELS
-    from fedsim.data.datasets import Dataset
-    from fedsim.training import build_trainer
-    from fedsim.training.task import classification_task
-    from fedsim.training.threads import ThreadPolicy
-
-    MODELS.register("gelu-200", lambda s, n, c: nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.GELU(),
-                                                              nn.Linear(200, n)))
-    MODELS.register("gelu-128", lambda s, n, c: nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.GELU(),
-                                                              nn.Linear(128, n)))
-    x = np.random.default_rng(0).integers(0, 256, size=(120, 1, 28, 28), dtype=np.uint8)
-    data = Dataset("images", x, np.arange(120) % 10, x[:10], np.arange(10), 10, scale=1 / 255)
-    try:
-        paths = {}
-        for name, rules, epochs in (("gelu-200", 8, 1.0), ("gelu-200", 8, 0.0), ("gelu-200", 7, 1.0),
-                                    ("gelu-128", 8, 1.0)):
-            task = classification_task(data, DataConfig(dataset="images", clients=40), ModelConfig(name=name),
-                                       seed=0, device=torch.device("cpu"), rules=rules)
-            client = ClientConfig(batch_size=4, local_steps=2, local_epochs=epochs)
-            paths[name, rules, epochs] = build_trainer(task, client, seed=0,
-                                                       threads=ThreadPolicy(1, rules=rules)).choice(np.arange(10))
-    finally:
-        del MODELS["gelu-200"], MODELS["gelu-128"]
+    paths = auto_choices({"gelu-200": dense(200, nn.GELU), "gelu-128": dense(128, nn.GELU)},
+                         [("gelu-200", 8, 1.0), ("gelu-200", 8, 0.0), ("gelu-200", 7, 1.0), ("gelu-128", 8, 1.0)])
     path, why = paths["gelu-200", 8, 1.0]
     assert path.path == "loop" and why == ("auto: 159,010 parameters a device under local epochs, whose devices of "
                                            "unequal data a cohort's call steps as long as its longest")

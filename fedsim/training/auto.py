@@ -30,7 +30,7 @@ class AutoTrainer(Trainer):
     def __init__(self, task, client, *, seed, threads=None):
         super().__init__(task, client, seed=seed, threads=threads)
         # batched where the rule prefers it and the model can (a module may not run under vmap)
-        self.slow_on_cpu = task.cohort_slow_under(client.local_epochs)
+        self.slow_on_cpu = task.cohort_slow_on_cpu(client.local_epochs)
         wanted = prefers_batched(self.slow_on_cpu, 2, task.device.type)
         self.not_batched = task.batch_problem(client.batch_size, client.local_epochs) if wanted else None
         self.batched = BatchedTrainer(task, client, seed=seed, threads=self.threads) \

@@ -56,10 +56,11 @@ class LoopTrainer(Trainer):
         end = start[devices.start:devices.stop].clone()
         loss_sum = torch.zeros(len(devices), device=task.device)
         own_rows = self.client.local_epochs and (task.batch_statistics or self.threads.rules >= 2)
-        fused = task.plain_loop_step and lr.tolist()  # (each device's lr as torch's SGD takes it: a number)
+        # each device's lr as torch's SGD takes it, a number (None: the batched call's update)
+        fused = lr.tolist() if task.plain_loop_step else None
         # where nothing joins the loss gradient, the update takes the tensors without the device dimension
-        bare = fused and not (objective.prox_mu or objective.per_device or self.client.clip > 0
-                              or self.client.weight_decay)
+        bare = fused is not None and not (objective.prox_mu or objective.per_device or self.client.clip > 0
+                                          or self.client.weight_decay)
         # a step's inputs one per sample (x, y, weight; fedsim's kernels' dropout uniforms too: a
         # module's numbers are the forward's, drawn for the batch it is given)
         per_sample = 4 if task.samples_independent else 3
@@ -70,7 +71,7 @@ class LoopTrainer(Trainer):
             inputs = task.inputs(ids_t[one], rnd, int(steps[j]), self.batch_size, self.seed,
                                  epochs=self.client.local_epochs)
             rows = self.epoch_rows(int(self.sizes[ids[j]]), int(steps[j])) if own_rows else None
-            device_lr, fused_lr = lr[one], fused[j] if fused else None
+            device_lr, fused_lr = lr[one], None if fused is None else fused[j]
             total = torch.zeros((), device=task.device)  # (the steps' losses summed in order, as loss_sum's row)
             # the device's tensors (views of its row, or the model's own that hold it) without
             # and with the device dimension, updated in place

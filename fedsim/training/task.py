@@ -40,7 +40,6 @@ class Task:
     dim: int
     device: torch.device
     n_classes: int | None
-    cohort_slow_on_cpu: str = ""  # why `auto` takes the loop on a CPU ('': the cohort in one call)
     func_steps: bool = False  # its steps are torch.func calls of a user's nn.Module: one thread (threads.py)
     activations: int = 0  # floats of layer outputs per sample (0: no need to chunk a cohort)
     sizes: Tensor  # int64 [N + 1] samples per client; the last entry is the pooled client
@@ -90,10 +89,9 @@ class Task:
         """Views of parameters [..., d] as the model's tensors [..., *shape]."""
         return (flat,)
 
-    def cohort_slow_under(self, local_epochs: float) -> str:
-        """Why `auto` takes the loop on a CPU for this training ('': the cohort in one call):
-        `cohort_slow_on_cpu` by default."""
-        return self.cohort_slow_on_cpu
+    def cohort_slow_on_cpu(self, local_epochs: float = 0.0) -> str:
+        """Why `auto` takes the loop on a CPU for this training ('': the cohort in one call)."""
+        return ""
 
     def trained_in_place(self, ws: tuple[Tensor, ...]) -> ContextManager[tuple[Tensor, ...]]:
         """The tensors one device's loop steps read and update in place, holding its state `ws`
@@ -181,16 +179,20 @@ class ClassificationTask(Task):
     def init_params(self) -> Tensor:
         return self.model.init(self.seed).to(self.device)
 
-    @property
-    def cohort_slow_on_cpu(self) -> str:
-        """Why a loop of devices is faster on a CPU (the model's reasons: `ModuleModel.cohort_slow_on_cpu`),
-        and from training rules 7 parameters of more than `CPU_LOOP_PARAMETERS` floats a device: a
-        batched step reads and writes every device's weights, which no cache holds, where a loop
-        keeps one device's in cache through its steps (a dense layer 784 x 400 at 100 devices:
-        1.8x a plain loop's round batched, 0.8x on the loop; char-lstm 4.7x faster on the loop;
-        benchmarks/RESULTS.md, "Training rules 7"); from rules 8 a module through torch.func of more
-        than `CPU_FUNC_LOOP_PARAMETERS`: vmap's cohort step is slower than a loop of plain steps
-        (an MLP with a residual block, 118 k: 1.3-2.2x a plain loop's round; "Training rules 8")."""
+    def cohort_slow_on_cpu(self, local_epochs: float = 0.0) -> str:
+        """Why a loop of devices is faster on a CPU: the model's reasons
+        (`ModuleModel.cohort_slow_on_cpu`), and from training rules 7 parameters of more than
+        `CPU_LOOP_PARAMETERS` floats a device: a batched step reads and writes every device's
+        weights, which no cache holds, where a loop keeps one device's in cache through its steps
+        (a dense layer 784 x 400 at 100 devices: 1.8x a plain loop's round batched, 0.8x on the
+        loop; char-lstm 4.7x faster on the loop; benchmarks/RESULTS.md, "Training rules 7").
+        From rules 8, a module through torch.func of more than `CPU_FUNC_LOOP_PARAMETERS`: vmap's
+        cohort step is slower than a loop of plain steps (an MLP with a residual block, 118 k:
+        1.3-2.2x a plain loop's round); and under local epochs any model of more than
+        `CPU_EPOCHS_LOOP_PARAMETERS`: devices of unequal data take unequal steps, and a cohort's
+        call steps each as long as its longest, masking the others' (MLPs of 159-235 k parameters
+        on fedsim's kernels: 0.91-1.05x a plain loop's round batched, 0.71-0.84x on the loop;
+        "Training rules 8")."""
         model = self.model
         why = model.cohort_slow_on_cpu  # (asked only where it decides: a module may probe vmap for it)
         if not why and model.rules >= 7 and model.param_dim > CPU_LOOP_PARAMETERS:
@@ -198,15 +200,6 @@ class ClassificationTask(Task):
         if not why and model.rules >= 8 and model.func_steps and model.param_dim > CPU_FUNC_LOOP_PARAMETERS:
             why = (f"{model.param_dim:,} parameters a device through torch.func, whose cohort step is slower "
                    "there than a loop of plain steps")
-        return why
-
-    def cohort_slow_under(self, local_epochs: float) -> str:
-        """`cohort_slow_on_cpu`, and from training rules 8 under local epochs a model of more than
-        `CPU_EPOCHS_LOOP_PARAMETERS`: devices of unequal data take unequal steps, and a cohort's
-        call steps each as long as its longest, masking the others' (MLPs of 159-235 k parameters
-        on fedsim's kernels: 0.91-1.05x a plain loop's round batched, 0.71-0.84x on the loop;
-        benchmarks/RESULTS.md, "Training rules 8")."""
-        why, model = self.cohort_slow_on_cpu, self.model
         if not why and local_epochs and model.rules >= 8 and model.param_dim > CPU_EPOCHS_LOOP_PARAMETERS:
             why = (f"{model.param_dim:,} parameters a device under local epochs, whose devices of unequal data a "
                    "cohort's call steps as long as its longest")

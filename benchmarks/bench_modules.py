@@ -9,10 +9,8 @@ GroupNorm, pytorch/examples' MNIST network, a small vision transformer on 7x7 pa
 Fashion-MNIST; wider dense models: a GELU MLP 784-200-10, a ReLU MLP 784-400-10, an 806 k-parameter
 padded GELU network through torch.func, a convolution before a 2704 x 256 dense layer, an MLP with
 LayerNorm and GELU, a tanh MLP 784-256-128-10, an MLP with ELUs (fedsim's kernels from training
-rules 8); modules through torch.func: an MLP with a residual block, one with BatchNorm (local
-steps only)) -- two
-timings of one round's training, alternated
-in one process (A B B A A B ..., after one warm-up round of one step per device):
+rules 8), an MLP with a residual block (fedsim's kernels from rules 9); through torch.func an MLP
+with BatchNorm (local steps only)) -- two timings of one round's training, alternated in one process (A B B A A B ..., after one warm-up round of one step per device):
 
 * fedsim: one `Trainer.train` call on the cohort, built as `fedsim run` builds it (the task of
   `[data]` and `[model]`, `[client] trainer = "auto"` (or `--trainer`), `[run] threads =
@@ -222,8 +220,8 @@ class PaddedWide(nn.Module):
 
 
 class ResidualMLP(nn.Module):
-    """A dense layer 784 -> 128, a residual block of 128 (`h + relu(fc(h))`) and the head: a
-    branch, which fedsim's kernels (chains of layers) do not take; through torch.func."""
+    """A dense layer 784 -> 128, a residual block of 128 (`h + relu(fc(h))`) and the head: on
+    fedsim's kernels from training rules 9 (through torch.func before)."""
 
     def __init__(self, n_classes: int):
         super().__init__()

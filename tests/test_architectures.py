@@ -278,16 +278,115 @@ def test_one_devices_step_through_each_activation_is_torch_autograd_bit_for_bit(
     ReLU6 from rules 8 (under earlier rules such a module trains through torch.func): the loop's
     step gives autograd's loss and gradients through the module, bit for bit; the batched step
     each device's to float rounding."""
+    steps_are_autograds(name, ACTIVATION_NETS[name](), 7 if name in RULES_8_NETS else 6)
+
+
+class ResidualMLP(torch.nn.Module):
+    """A dense layer, a residual block `h + relu(fc(h))`, the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(64, 24), torch.nn.Linear(24, 24), torch.nn.Linear(24, 10)
+
+    def forward(self, x):
+        h = F.relu(self.a(x.flatten(1)))
+        return self.c(h + F.relu(self.b(h)))
+
+
+class TwoResidualBlocks(torch.nn.Module):
+    """Blocks summed either way round (`torch.add`, `.add`), a LayerNorm and two layers in one,
+    and the flattened input itself as the first block's input."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(64, 32), torch.nn.Linear(32, 64), torch.nn.Linear(64, 64)
+        self.norm, self.head = torch.nn.LayerNorm(64), torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        h = x.flatten(1)
+        h = torch.add(self.b(F.gelu(self.a(h))), h)
+        return self.head(h.add(self.norm(F.elu(self.c(h)))))
+
+
+class ConvResidual(torch.nn.Module):
+    """A residual block of two padded convolutions on images."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.one, self.two = (torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.Conv2d(4, 4, 3, padding=1),
+                                         torch.nn.Conv2d(4, 4, 5, padding=2))
+        self.fc = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        h = F.relu(self.stem(x))
+        h = self.two(F.relu(self.one(h))) + h
+        return self.fc(F.max_pool2d(F.relu(h), 2).flatten(1))
+
+
+RESIDUAL_NETS = {"residual block": ResidualMLP, "two residual blocks": TwoResidualBlocks,
+                 "convolutions": ConvResidual}
+
+
+@pytest.mark.parametrize("name", RESIDUAL_NETS)
+def test_one_devices_step_through_residual_blocks_is_torch_autograd_bit_for_bit(name):
+    """From training rules 9 a residual block (`h + block(h)`, either way round) in a class's
+    chain has a kernel: the loop's step is autograd's through the module, bit for bit, the
+    batched step each device's to float rounding; under rules 8 the module trains through
+    torch.func."""
+    steps_are_autograds(name, RESIDUAL_NETS[name](), 8)
+
+
+class _NestedResidual(ResidualMLP):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(24, 24)
+
+    def forward(self, x):
+        h = F.relu(self.a(x.flatten(1)))
+        g = F.relu(self.b(h))
+        return self.c(h + F.relu(g + self.inner(g)))
+
+
+class _ReadThrice(ResidualMLP):
+    def forward(self, x):
+        h = F.relu(self.a(x.flatten(1)))
+        return self.c(h + F.relu(self.b(h)) + h)
+
+
+class _ScaledSum(ResidualMLP):
+    def forward(self, x):
+        h = F.relu(self.a(x.flatten(1)))
+        return self.c(torch.add(h, F.relu(self.b(h)), alpha=0.5))
+
+
+class _InPlaceFirst(ResidualMLP):
+    def forward(self, x):
+        h = self.a(x.flatten(1))
+        return self.c(h + self.b(F.relu(h, inplace=True)))
+
+
+@pytest.mark.parametrize("cls", [_NestedResidual, _ReadThrice, _ScaledSum, _InPlaceFirst])
+def test_a_residual_sum_the_kernels_do_not_know_trains_through_torch_func(cls):
+    """A block in a block, an input read three times, a scaled sum, a block whose first call
+    changes its input in place (the sum then reads the changed input): not lowered."""
+    from fedsim.training.kernels import lower_traced
+
+    assert lower_traced("x", ResidualMLP(), (1, 8, 8)) is not None
+    assert lower_traced("x", cls(), (1, 8, 8)) is None
+
+
+def steps_are_autograds(name: str, module: torch.nn.Module, before: int) -> None:
+    """`module` lowers to the kernels, not under training rules `before`; one device's step is
+    torch autograd's through the module bit for bit, and a cohort's step each device's to float
+    rounding."""
     from fedsim.training.kernels import lower, lower_traced, reverse_step
     from fedsim.training.losses import weighted_cross_entropy
 
     torch.manual_seed(6)
-    module = ACTIVATION_NETS[name]()
     with torch.no_grad():  # (LayerNorm's weight and bias away from their ones and zeros)
         for q in module.parameters():
             q.add_(0.1 * torch.randn_like(q))
     model = lower(name, module, (1, 8, 8)) or lower_traced(name, module, (1, 8, 8))
-    before = 7 if name in RULES_8_NETS else 6
     assert lower(name, module, (1, 8, 8), rules=before) is lower_traced(name, module, (1, 8, 8), rules=before) is None
     step = model.step_fn(weighted_cross_entropy, batched=False)
     assert step.__qualname__.startswith(reverse_step.__name__)
@@ -548,3 +647,38 @@ def test_a_modules_own_pooling_on_channels_last_is_torchs_for_any_window(shape, 
     out.backward(grad)
     expected.backward(grad)
     assert torch.equal(out, expected) and torch.equal(ours.grad, theirs.grad)
+
+
+def test_a_run_of_a_users_residual_network_trains_on_the_kernels_batched_as_on_the_loop(
+        cli_run, tmp_path, monkeypatch):
+    """Through the CLI (training rules 9), docs/extending.md's `residual_net.py`: a class with a
+    residual block and dropout in it trains on fedsim's kernels, batched and on the loop to float rounding (the same dropout draws); a
+    run stopped and resumed ends bit for bit as the uninterrupted one; model.pt loads (strict)
+    into the class, which scores the run's final test accuracy."""
+    from conftest import same_results
+    from fedsim.cli import main
+    from test_plugins import doc_blocks
+
+    (tmp_path / "residual_net.py").write_text(doc_blocks("residual_net.py")[0])
+    monkeypatch.chdir(tmp_path)
+    config = {"run": {"rounds": 4, "eval_every": 2}, "data": {"dataset": "digits", "clients": 6},
+              "model": {"name": "residual_net:make"}, "server": {"timing": "ideal", "clients_per_round": 3},
+              "client": {"local_steps": 3, "batch_size": 8}}
+    runs = {trainer: cli_run({**config, "client": {**config["client"], "trainer": trainer}}, name=trainer)
+            for trainer in ("batched", "loop")}
+    for trainer, run in runs.items():
+        manifest = json.loads((run / "manifest.json").read_text())
+        assert manifest["trainer"]["code"] == "fedsim's kernels" and manifest["trainer"]["path"] == trainer
+    a, b = (torch.load(runs[t] / "model.pt") for t in ("batched", "loop"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a) and not all(torch.equal(a[k], b[k]) for k in a)
+    stopped = cli_run({**config, "run": {**config["run"], "rounds": 2}}, name="stopped")
+    assert main(["run", "--resume", str(stopped), "--set", "run.rounds=4", "--quiet"]) == 0
+    whole = cli_run(config, name="whole")
+    same_results(stopped, whole)
+    sys_path = __import__("sys").path
+    sys_path.insert(0, str(tmp_path))
+    try:
+        module = __import__("residual_net").ResidualMLP(64, 10)
+    finally:
+        sys_path.remove(str(tmp_path))
+    scores_the_runs_final_accuracy(module, whole)

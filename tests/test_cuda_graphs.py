@@ -305,11 +305,24 @@ def test_runs_trained_together_on_a_gpu_equal_each_alone():
         assert_close(together, own, tol=1e-4)
 
 
+class _ResidualMLP(torch.nn.Module):
+    """A residual block with dropout in it (fedsim's kernels from training rules 9)."""
+
+    def __init__(self, n_classes):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(64, 32), torch.nn.Linear(32, 32), torch.nn.Linear(32, n_classes)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.a(x.flatten(1)))
+        return self.c(h + torch.nn.functional.dropout(torch.relu(self.b(h)), 0.25, self.training))
+
+
 @CUDA
 def test_gelu_and_layer_norm_mlps_on_fedsims_kernels_train_on_cuda_as_on_the_cpu():
     """Training rules 7: a user's GELU MLP with dropout trains on fedsim's kernels (its batched
     gradient in closed form) on CUDA, graphs captured, as on the CPU to float rounding; and one
-    with a LayerNorm (reverse mode through the kernels); rules 8: one with ELU and Mish."""
+    with a LayerNorm (reverse mode through the kernels); rules 8: one with ELU and Mish; rules 9:
+    one with a residual block and dropout in it."""
     from fedsim.config.catalog import MODELS
     from fedsim.training.trainer import TrainResult
 
@@ -320,8 +333,9 @@ def test_gelu_and_layer_norm_mlps_on_fedsims_kernels_train_on_cuda_as_on_the_cpu
     MODELS.register("elu-mlp", lambda s, n, c: torch.nn.Sequential(
         torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ELU(), torch.nn.Linear(32, 16), torch.nn.Mish(),
         torch.nn.Linear(16, n)))
+    MODELS.register("residual-mlp", lambda s, n, c: _ResidualMLP(n))
     try:
-        for name in ("gelu-mlp", "norm-mlp", "elu-mlp"):
+        for name in ("gelu-mlp", "norm-mlp", "elu-mlp", "residual-mlp"):
             tasks = [image_task(name, (1, 8, 8), clients=11, device=torch.device(d)) for d in ("cpu", "cuda")]
             assert all(t.model.code == "fedsim's kernels" for t in tasks)
             client = ClientConfig(batch_size=5, clip=1.0)
@@ -331,4 +345,4 @@ def test_gelu_and_layer_norm_mlps_on_fedsims_kernels_train_on_cuda_as_on_the_cpu
             assert_close(TrainResult(*(t.cpu() for t in (replayed.deltas, replayed.loss, replayed.samples))), on_cpu,
                          tol=1e-4)
     finally:
-        del MODELS["gelu-mlp"], MODELS["norm-mlp"], MODELS["elu-mlp"]
+        del MODELS["gelu-mlp"], MODELS["norm-mlp"], MODELS["elu-mlp"], MODELS["residual-mlp"]

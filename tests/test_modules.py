@@ -13,6 +13,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -1467,6 +1468,44 @@ def test_auto_loops_over_a_torch_func_module_of_more_than_2_16_parameters_under_
     others = (("softsign-128", 7, 0.0), ("softsign-64", 8, 0.0), ("relu-128", 8, 0.0))
     assert [paths[key][0].path for key in others] == ["batched"] * 3
     assert paths["relu-128", 8, 0.0][0].task.model.code == "fedsim's kernels"
+
+
+class ResidualDense(nn.Module):
+    """784 -> hidden, a residual block of `hidden` (`h + relu(fc(h))`), the head."""
+
+    def __init__(self, hidden: int, n: int):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(784, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, n)
+
+    def forward(self, x):
+        h = F.relu(self.a(x.flatten(1)))
+        return self.c(h + F.relu(self.b(h)))
+
+
+def test_auto_loops_over_kernels_without_a_closed_form_of_more_than_2_16_parameters_under_rules_9():
+    """From training rules 9 a residual block has kernels; a cohort's step of such a network is
+    reverse mode (no closed form), slower on a CPU than a loop of steps from about 10^5
+    parameters (118 k: 1.02-1.28x a plain loop's round batched, 0.80-0.97x on the loop): `auto`
+    takes the loop above 2^16 parameters a device, as rules 8 do for torch.func (under which the
+    same class trains under rules 8); an MLP ending in a log softmax too; a smaller one stays
+    batched, and a plain MLP keeps its closed form."""
+    paths = auto_choices({"residual-128": lambda s, n, c: ResidualDense(128, n),
+                          "residual-64": lambda s, n, c: ResidualDense(64, n),
+                          "log-softmax-128": lambda s, n, c: nn.Sequential(*dense(128, nn.ReLU)(s, n, c),
+                                                                            nn.LogSoftmax(1)),
+                          "relu-128": dense(128, nn.ReLU)},
+                         [("residual-128", 9, 0.0), ("residual-128", 8, 0.0), ("residual-64", 9, 0.0),
+                          ("log-softmax-128", 9, 0.0), ("log-softmax-128", 8, 0.0), ("relu-128", 9, 0.0)])
+    path, why = paths["residual-128", 9, 0.0]
+    assert path.path == "loop" and path.task.model.code == "fedsim's kernels"
+    assert why == ("auto: 118,282 parameters a device whose cohort step is reverse mode (no closed form), slower "
+                   "there than a loop of steps")
+    old, why_old = paths["residual-128", 8, 0.0]
+    assert old.path == "loop" and old.task.model.code == "torch.func" and "through torch.func" in why_old
+    assert paths["log-softmax-128", 9, 0.0][0].path == "loop"
+    others = (("residual-64", 9, 0.0), ("log-softmax-128", 8, 0.0), ("relu-128", 9, 0.0))
+    assert [paths[key][0].path for key in others] == ["batched"] * 3
+    assert paths["residual-64", 9, 0.0][0].task.model.code == "fedsim's kernels"
 
 
 def test_auto_loops_over_local_epochs_of_a_model_of_more_than_2_17_parameters_under_rules_8():

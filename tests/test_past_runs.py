@@ -240,8 +240,20 @@ def test_a_run_of_training_rules_6_resumes_under_them(tmp_path, monkeypatch):
 def test_a_run_of_training_rules_7_resumes_under_them(tmp_path, monkeypatch):
     """Made under training rules 7 (7294324; a user's MLP with a residual block and ELUs, a class
     through torch.func, on the loop trainer): its steps summed the samples' losses weighted by
-    1 / the batch's size and updated `w - lr * grad` in two roundings; today's loop takes a plain
-    PyTorch loop's step (the mean loss, torch's SGD update), whose numbers differ by float
-    rounding, so the resumed run keeps the rules it started with."""
+    1 / the batch's size and updated `w - lr * grad` in two roundings, by autograd. Rules 8 took
+    a plain PyTorch loop's step instead (the next test); from rules 9 the residual block has
+    kernels, whose loop step is again autograd's kernels with that loss and update: the same
+    config started today trains on them with rules 7's numbers, bit for bit."""
     whole, today = resumes_under_its_own_rules("7294324", 7, tmp_path, monkeypatch)
+    assert json.loads((today / "manifest.json").read_text())["trainer"]["code"] == "fedsim's kernels"
+    a, b = torch.load(today / "model.pt"), torch.load(whole / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a) and rounds(today).equals(rounds(whole))
+
+
+def test_a_run_of_training_rules_8_resumes_under_them(tmp_path, monkeypatch):
+    """Made under training rules 8 (cde3baa; the same residual MLP on the loop trainer, through
+    torch.func): its steps were a plain PyTorch loop's (the mean loss, torch's SGD update); today
+    its residual block has kernels (rules 9), whose step differs by float rounding, so the
+    resumed run keeps the rules it started with."""
+    whole, today = resumes_under_its_own_rules("cde3baa", 8, tmp_path, monkeypatch)
     assert not torch.equal(torch.load(today / "model.pt")["fc1.weight"], torch.load(whole / "model.pt")["fc1.weight"])

@@ -4,7 +4,8 @@ train, chosen by layer type.
 A module made only of layers these kernels know (nn.Flatten, nn.Linear, nn.Conv2d, nn.ReLU,
 nn.MaxPool2d(2), nn.Dropout, nn.Embedding, from training rules 7 nn.GELU, nn.Tanh, nn.Sigmoid,
 nn.SiLU, nn.LeakyReLU and nn.LayerNorm on vectors, and the built-ins' LastHiddenLSTM and FixedEmbedding,
-in an nn.Sequential, or a class whose forward is a chain of them: `lower_traced`) is lowered
+in an nn.Sequential, or a class whose forward is a chain of them, from rules 9 with residual
+blocks `h + block(h)` in it: `lower_traced`) is lowered
 here to a `KernelModel`: a pure function of one flat float32 parameter vector per device.
 Each layer applies itself two ways: `__call__` to one device's
 batch (evaluation, the loop trainer) and `cohort` to the batches of m devices with stacked
@@ -25,6 +26,7 @@ convolution over the cohort is one grouped convolution with m groups on the view
 from __future__ import annotations
 
 import math
+import operator
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -305,6 +307,62 @@ class LayerNorm(Layer):
         return dx, (grad * normal).sum(dim=1), grad.sum(dim=1)
 
 
+class Residual(Layer):
+    """x + block(x): a chain of kernels `layers` whose output has its input's shape, added to
+    that input (from training rules 9, read from a class's forward: `h + F.relu(self.fc(h))`).
+    Its backward is autograd's: the output's gradient back through the block, plus itself
+    for the identity (a sum of two, the same bits in either order)."""
+
+    def __init__(self, layers: list[Layer]):
+        self.layers = layers
+        self.params = tuple(q for layer in layers for q in layer.params)
+        self.dropout = sum(layer.dropout for layer in layers)
+        self.writes_backward = all(layer.writes_backward for layer in layers)
+        self.kind = f"Residual[{', '.join(map(kind, layers))}]"
+
+    def _each(self, u: Tensor | None):
+        """Each layer of the block with the dropout uniforms it consumes."""
+        used = 0
+        for layer in self.layers:
+            yield layer, None if u is None or not layer.dropout else u[..., used:used + layer.dropout]
+            used += layer.dropout
+
+    def __call__(self, p, x, u):
+        y = x
+        for layer, mine in self._each(u):
+            y = layer(p, y, mine)
+        return x + y
+
+    def cohort(self, p, x, u):
+        y = x
+        for layer, mine in self._each(u):
+            y = layer.cohort(p, y, mine)
+        return x + y
+
+    def flops(self, shape):
+        return sum(layer.flops(s) for layer, s in zip(self.layers, [shape, *_shapes(self.layers, shape)]))
+
+    def forward_saving(self, p, x, u):
+        y, saved = x, []
+        for layer, mine in self._each(u):
+            y, keep = layer.forward_saving(p, y, mine)
+            saved.append(keep)
+        return x + y, saved
+
+    def backward(self, p, grad, saved, input_grad):
+        block, grads = grad, []
+        for i in range(len(self.layers) - 1, -1, -1):
+            block, own = self.layers[i].backward(p, block, saved[i], i > 0 or input_grad)
+            grads[:0] = own
+        return block + grad if input_grad else None, tuple(grads)
+
+
+def flat_layers(layers: list[Layer]) -> list[Layer]:
+    """`layers` with each residual block's own layers in its place."""
+    return [inner for layer in layers for inner in (flat_layers(layer.layers) if isinstance(layer, Residual)
+                                                     else [layer])]
+
+
 def kind(layer: Layer) -> str:
     """A layer's kernel, as the keys of shared calls and shared evaluations tell them apart."""
     return getattr(layer, "kind", type(layer).__name__)
@@ -573,15 +631,23 @@ class KernelModel:
         self.dropout_features = sum(layer.dropout for layer in layers)
         self._no_draws: dict[tuple, Tensor] = {}  # (m, batch, 0, device) -> the empty dropout draw
         # a CPU's cohort convolution (one grouped convolution) is slower than a loop of ordinary ones
-        self.cohort_slow_on_cpu = convolutions_loop(self.code) if any(isinstance(layer, Conv) for layer in layers) else ""
+        convolutions = any(isinstance(layer, Conv) for layer in flat_layers(layers))
+        self.cohort_slow_on_cpu = convolutions_loop(self.code) if convolutions else ""
         self.draws_randomness = bool(self.dropout_features)
         # softmax regression (Flatten, Dense): the batched trainer has its gradient in closed form,
         # and from training rules 3 so has a stack of dense layers with ReLUs between them (from
         # rules 7 any activation with a kernel)
         self.is_linear = isinstance(layers[-1], Dense) and all(isinstance(l, Flatten) for l in layers[:-1])
         self.dense_stack = _dense_stack(layers)
+        # a cohort's step of vector layers by reverse mode (no closed form: residual blocks, a last log softmax)
+        self.reverse_mode_cohort = self.dense_stack is None and all(
+            isinstance(layer, (Flatten, Dense, ReLU, Activation, LayerNorm, Dropout, LogSoftmax))
+            for layer in flat_layers(layers))
         shapes = _shapes(layers, in_shape)
-        self.activations = sum(map(math.prod, shapes))  # layer outputs per sample
+        # layer outputs per sample (a residual block's own layers' too)
+        self.activations = sum(map(math.prod, shapes)) + sum(
+            math.prod(s) for layer, shape in zip(layers, [in_shape, *shapes]) if isinstance(layer, Residual)
+            for s in _shapes(layer.layers, shape))
         # training and evaluation apply a ReLU before a max pool after it: they commute exactly,
         # forward and backward (the pool's window maximum is the same element either way, and
         # the ReLU passes its gradient exactly where that maximum is positive), and the ReLU
@@ -681,7 +747,7 @@ class KernelModel:
 
     def fuse(self) -> None:
         """On a GPU with `[client] compile`: the LSTM cells compiled."""
-        for layer in self.layers:
+        for layer in flat_layers(self.layers):
             if isinstance(layer, LSTM):
                 layer.fuse()
 
@@ -785,8 +851,9 @@ def lower_traced(name: str, module: nn.Module, in_shape: tuple[int, ...],
     `F.max_pool2d(x, 2)`, `torch.flatten(x, 1)`, `x.flatten(1)`, `x.view(x.size(0), -1)`,
     `x.view(-1, features)`, `x.relu()`, `F.dropout(x, p, self.training)` on vectors), each step
     reading the one before: how a LeNet-5 is usually written. Read from
-    `torch.fx.symbolic_trace`, and kept only where the kernels give the module's own logits; None
-    for any other module (control flow, a branch, buffers, frozen or shared parameters, a call
+    `torch.fx.symbolic_trace`, and kept only where the kernels give the module's own logits; from
+    training rules 9 a residual block in the chain too (`h + block(h)`: `Residual`). None for
+    any other module (control flow, another branch, buffers, frozen or shared parameters, a call
     the kernels do not know), which trains through torch.func."""
     if isinstance(module, nn.Sequential) or any(not p.requires_grad for p in module.parameters()) \
             or next(module.buffers(), None) is not None:
@@ -811,13 +878,15 @@ def _described(layers: list[Layer]) -> list[tuple]:
 
 
 def _chain(module: nn.Module, in_shape: tuple[int, ...], rules: int) -> list[Layer] | None:
-    """The kernels of the module's traced forward (in its present mode) if it is a chain of them."""
+    """The kernels of the module's traced forward (in its present mode) if it is a chain of them,
+    from training rules 9 with residual blocks in it (`x + block(x)`, not nested)."""
     try:
         graph = torch.fx.symbolic_trace(module).graph
     except Exception:  # (whatever fx cannot trace: the module trains as it is)
         return None
     layers: list[Layer] = []
     shape, last = tuple(in_shape), None
+    block = None  # while in a residual block: (the layers before it, its input's shape, its input, its sum)
     for node in graph.nodes:
         if node.op == "placeholder":
             if last is not None:
@@ -825,12 +894,23 @@ def _chain(module: nn.Module, in_shape: tuple[int, ...], rules: int) -> list[Lay
             last = node
             continue
         if node.op == "output":
-            if node.args[0] is not last:
+            if node.args[0] is not last or block is not None:
                 return None
             break
         if _batch_size(node, last):
             continue  # (read by a view of `last`)
-        if not node.args or node.args[0] is not last or sum(not _batch_size(u, node) for u in node.users) > 1 \
+        if block is not None and node is block[3]:  # the block's sum: its input plus its output
+            outer, outer_shape, head, _ = block
+            if not layers or shape != outer_shape or {*node.args} != {head, last} or len(node.args) != 2:
+                return None
+            layers, last, block = [*outer, Residual(layers)], node, None
+            continue
+        total = _residual_sum(last) if rules >= 9 else None
+        if total is not None:
+            if block is not None or _in_place(module, node):
+                return None  # (a residual block in a residual block; one changing its input in place)
+            block, layers = (layers, shape, last, total), []
+        if not node.args or node.args[0] is not last or (_readers(node) > 1 and (rules < 9 or _residual_sum(node) is None)) \
                 or any(isinstance(a, torch.fx.Node) and not _batch_size(a, last)
                        for a in (*node.args[1:], *node.kwargs.values())):
             return None  # (not a chain)
@@ -840,6 +920,33 @@ def _chain(module: nn.Module, in_shape: tuple[int, ...], rules: int) -> list[Lay
         layers.append(kernel)
         shape, last = kernel.out_shape(shape), node
     return layers or None
+
+
+def _in_place(module: nn.Module, node) -> bool:
+    """Whether a traced call may write its input (`inplace=True`, a method `x.relu_()`)."""
+    if node.op == "call_module":
+        return bool(getattr(module.get_submodule(node.target), "inplace", False))
+    if node.op == "call_method":
+        return node.target.endswith("_")
+    return bool(node.kwargs.get("inplace")) or (node.target is F.dropout and len(node.args) > 3 and node.args[3])
+
+
+def _readers(node) -> int:
+    """How many traced calls read `node` (its batch size aside)."""
+    return sum(not _batch_size(u, node) for u in node.users)
+
+
+_SUMS = (("call_function", operator.add), ("call_function", torch.add), ("call_method", "add"))
+
+
+def _residual_sum(node):
+    """The traced sum `node + block(node)` (or `block(node) + node`) where `node` is read by that
+    sum and by the block's first call alone; else None."""
+    if _readers(node) != 2:
+        return None
+    sums = [u for u in node.users if (u.op, u.target) in _SUMS and len(u.args) == 2 and not u.kwargs
+            and node in u.args and u.args[0] is not u.args[1]]
+    return sums[0] if len(sums) == 1 else None
 
 
 def _same_logits(lowered: KernelModel, module: nn.Module) -> bool:

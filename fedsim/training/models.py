@@ -54,6 +54,7 @@ class Model(Protocol):
     cohort_slow_on_cpu: str  # why the batched form is slower than a loop of devices on a CPU ('': it is not)
     stacks_evaluation: bool  # `predict_together` evaluates several states in one pass
     func_steps: bool  # its steps are torch.func calls (one thread each under auto: threads.py)
+    reverse_mode_cohort: bool  # a cohort's step is reverse mode over vectors, no closed form (task.py's loop rule)
     plain_loop_step: bool  # its loop step is a plain PyTorch loop's: mean loss, torch's SGD update (rules 8)
 
     def to(self, device: torch.device) -> Model: ...

@@ -304,6 +304,7 @@ class ModuleModel:
     draws_randomness = True  # a step's keys are the seed's
     stacks_evaluation = False  # each module's state is evaluated on its own
     func_steps = True  # torch.func calls: one thread each under auto (fedsim/training/threads.py)
+    reverse_mode_cohort = True  # (vmap of reverse mode: the loop's rule is rules 8's, `func_steps`)
     rules = training_rules.CURRENT  # the training rules the run started under (fedsim/training/rules.py)
 
     @property

@@ -72,11 +72,20 @@ its numbers stay its own. A run of a release that recorded none started under ve
    unequal steps, and a cohort's call steps each as long as its longest (MLPs of 159-235 k
    parameters on fedsim's kernels: 0.91-1.05x a plain loop's round batched, 0.71-0.84x on the
    loop).
+9. A residual block in a class's chain, `h + block(h)` (either way round; `+`, `torch.add`,
+   `.add`), whose block is a chain of layers fedsim has kernels for that keeps its input's
+   shape, has a kernel (`kernels.Residual`), so such a module trains on the kernels instead of
+   through torch.func: its loop step is autograd's kernels with rules 4-7's loss and update
+   (the weighted sum, `w - lr * grad`), a rules-7 run's numbers again. On a CPU `auto` trains a
+   model on the kernels whose cohort step is reverse mode over vectors (no closed form: residual
+   blocks, a last log softmax) of more than `task.CPU_FUNC_LOOP_PARAMETERS` (2^16) parameters a
+   device on the loop, as rules 8 do for torch.func (an MLP with a residual block, 118 k: 1.00-1.04x
+   a plain loop's round under rules 8, 0.80-0.97x; benchmarks/RESULTS.md, "Training rules 9").
 """
 
 from __future__ import annotations
 
-CURRENT = 8
+CURRENT = 9
 
 ROW_FLOATS = 16  # 64 bytes of float32: a cache line, and the widest alignment a BLAS kernel asks
 

@@ -192,7 +192,9 @@ class ClassificationTask(Task):
         `CPU_EPOCHS_LOOP_PARAMETERS`: devices of unequal data take unequal steps, and a cohort's
         call steps each as long as its longest, masking the others' (MLPs of 159-235 k parameters
         on fedsim's kernels: 0.91-1.05x a plain loop's round batched, 0.71-0.84x on the loop;
-        "Training rules 8")."""
+        "Training rules 8"). From rules 9 the same 2^16 for a model on fedsim's kernels whose cohort
+        step is reverse mode over vectors, without a closed form (residual blocks: an MLP with one,
+        118 k, 1.02-1.28x a plain loop's round batched, 0.80-0.97x on the loop; "Training rules 9")."""
         model = self.model
         why = model.cohort_slow_on_cpu  # (asked only where it decides: a module may probe vmap for it)
         if not why and model.rules >= 7 and model.param_dim > CPU_LOOP_PARAMETERS:
@@ -200,6 +202,9 @@ class ClassificationTask(Task):
         if not why and model.rules >= 8 and model.func_steps and model.param_dim > CPU_FUNC_LOOP_PARAMETERS:
             why = (f"{model.param_dim:,} parameters a device through torch.func, whose cohort step is slower "
                    "there than a loop of plain steps")
+        if not why and model.rules >= 9 and model.reverse_mode_cohort and model.param_dim > CPU_FUNC_LOOP_PARAMETERS:
+            why = (f"{model.param_dim:,} parameters a device whose cohort step is reverse mode (no closed form), "
+                   "slower there than a loop of steps")
         if not why and local_epochs and model.rules >= 8 and model.param_dim > CPU_EPOCHS_LOOP_PARAMETERS:
             why = (f"{model.param_dim:,} parameters a device under local epochs, whose devices of unequal data a "
                    "cohort's call steps as long as its longest")

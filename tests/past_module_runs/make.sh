@@ -13,7 +13,8 @@
 # attnnet:make (a transformer layer with dropout, batched); 1c5672e (rules 5) is vitnet:make (a
 # vision transformer with a convolution as its patch embedding, on the loop) with DATA = images;
 # 04db67b (rules 6) is gelunet:make (an MLP with a GELU and dropout, batched through torch.func);
-# 7294324 (rules 7) is resnet:make (a class with a residual block and ELUs) with CLIENT = 'trainer = "loop"'.
+# 7294324 (rules 7) is resnet:make (a class with a residual block and ELUs) with CLIENT = 'trainer = "loop"';
+# cde3baa (rules 8) is the same.
 set -e
 sha=$1; code=$2; model=${3:-seqnet:make}; client=${4:-}; data=${5:-digits}
 here=$(cd "$(dirname "$0")" && pwd)

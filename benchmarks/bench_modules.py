@@ -9,8 +9,9 @@ GroupNorm, pytorch/examples' MNIST network, a small vision transformer on 7x7 pa
 Fashion-MNIST; wider dense models: a GELU MLP 784-200-10, a ReLU MLP 784-400-10, an 806 k-parameter
 padded GELU network through torch.func, a convolution before a 2704 x 256 dense layer, an MLP with
 LayerNorm and GELU, a tanh MLP 784-256-128-10, an MLP with ELUs (fedsim's kernels from training
-rules 8), an MLP with a residual block (fedsim's kernels from rules 9); through torch.func an MLP
-with BatchNorm (local steps only)) -- two timings of one round's training, alternated in one process (A B B A A B ..., after one warm-up round of one step per device):
+rules 8), an MLP with a residual block (fedsim's kernels from rules 9), an MLP with BatchNorm
+(local steps only; fedsim's kernels from rules 10)) -- two timings of one round's training, alternated
+in one process (A B B A A B ..., after one warm-up round of one step per device):
 
 * fedsim: one `Trainer.train` call on the cohort, built as `fedsim run` builds it (the task of
   `[data]` and `[model]`, `[client] trainer = "auto"` (or `--trainer`), `[run] threads =

@@ -4,6 +4,7 @@ and trained by fedsim's kernels with exactly the numbers they always had."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -336,6 +337,57 @@ def test_one_devices_step_through_residual_blocks_is_torch_autograd_bit_for_bit(
     steps_are_autograds(name, RESIDUAL_NETS[name](), 8)
 
 
+class BatchNormResidual(torch.nn.Module):
+    """BatchNorm in a residual block of convolutions, and after a dense layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.conv = torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.norm2d, self.fc, self.norm1d = torch.nn.BatchNorm2d(4, momentum=0.3), torch.nn.Linear(64, 16), \
+            torch.nn.BatchNorm1d(16, eps=1e-3)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        h = F.relu(self.stem(x))
+        h = F.max_pool2d(F.relu(h + self.norm2d(self.conv(h))), 2)
+        return self.head(F.relu(self.norm1d(self.fc(h.flatten(1)))))
+
+
+BATCH_NORM_NETS = {
+    "batch norm mlp": lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32),
+                                                  torch.nn.ReLU(), torch.nn.Linear(32, 10)),
+    "batch norm cnn": lambda: torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4),
+                                                  torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                                                  torch.nn.Linear(64, 10)),
+    "batch norm in a residual block": BatchNormResidual,
+}
+
+
+@pytest.mark.parametrize("name", BATCH_NORM_NETS)
+def test_one_devices_step_through_batch_norm_is_torch_autograd_bit_for_bit(name):
+    """From training rules 10 nn.BatchNorm1d (vectors) and nn.BatchNorm2d (images) have kernels:
+    the loop's step is autograd's through the module and the running statistics move as the
+    module's own, bit for bit; the batched step each device's to float rounding; under rules 9
+    the module trains through torch.func."""
+    module = BATCH_NORM_NETS[name]()
+    with torch.no_grad():  # (running statistics away from their zeros and ones)
+        for key, b in module.named_buffers():
+            if "running" in key:
+                b.add_(torch.rand_like(b))
+    steps_are_autograds(name, module, 9)
+
+
+@pytest.mark.parametrize("layer", [torch.nn.BatchNorm1d(32, affine=False), torch.nn.BatchNorm1d(32, momentum=None),
+                                   torch.nn.BatchNorm1d(32, track_running_stats=False)])
+def test_a_batch_norm_the_kernels_do_not_know_trains_through_torch_func(layer):
+    """Without an affine transform, with a cumulative average (momentum None) or without running
+    statistics: not lowered."""
+    from fedsim.training.kernels import lower
+
+    module = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), layer, torch.nn.Linear(32, 10))
+    assert lower("x", module, (1, 8, 8)) is None
+
+
 class _NestedResidual(ResidualMLP):
     def __init__(self):
         super().__init__()
@@ -378,7 +430,8 @@ def test_a_residual_sum_the_kernels_do_not_know_trains_through_torch_func(cls):
 def steps_are_autograds(name: str, module: torch.nn.Module, before: int) -> None:
     """`module` lowers to the kernels, not under training rules `before`; one device's step is
     torch autograd's through the module bit for bit, and a cohort's step each device's to float
-    rounding."""
+    rounding; buffers (BatchNorm's running statistics) move as the module's own, bit for bit on
+    one device."""
     from fedsim.training.kernels import lower, lower_traced, reverse_step
     from fedsim.training.losses import weighted_cross_entropy
 
@@ -392,20 +445,26 @@ def steps_are_autograds(name: str, module: torch.nn.Module, before: int) -> None
     assert step.__qualname__.startswith(reverse_step.__name__)
     g = torch.Generator().manual_seed(7)
     x, y, weight = torch.randn(8, 1, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g), torch.rand(8, generator=g)
+    state = model.init(0).clone()
     loss = (F.cross_entropy(module(x), y, reduction="none") * weight).sum()
     expected = torch.autograd.grad(loss, list(module.parameters()))
-    grads, ours = step(model.split(model.init(0)), x, y, weight, torch.empty(8, 0))
+    grads, ours = step(model.split(state), x, y, weight, torch.empty(8, 0))
     assert torch.equal(ours, loss.detach())
     assert len(grads) == len(expected) and all(torch.equal(a, b) for a, b in zip(grads, expected))
+    theirs = module.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in model.state_dict(state).items())
     starts = model.init(0)[None] + 0.05 * torch.randn(3, model.dim, generator=g)
+    stepped = starts.clone()
     xs, ys, weights = torch.randn(3, 8, 1, 8, 8, generator=g), torch.randint(0, 10, (3, 8), generator=g), torch.rand(3, 8)
-    cohort, losses = model.step_fn(weighted_cross_entropy, batched=True)(model.split(starts), xs, ys, weights,
+    cohort, losses = model.step_fn(weighted_cross_entropy, batched=True)(model.split(stepped), xs, ys, weights,
                                                                          torch.empty(3, 8, 0))
     for k in range(3):
-        alone, own = step(model.split(starts[k]), xs[k], ys[k], weights[k], torch.empty(8, 0))
+        own_state = starts[k].clone()
+        alone, own = step(model.split(own_state), xs[k], ys[k], weights[k], torch.empty(8, 0))
         torch.testing.assert_close(losses[k], own)
-        for a, b in zip(cohort, alone):
-            torch.testing.assert_close(a[k], b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(stepped[k], own_state)
+        for a, b in zip(cohort, alone):  # (a bias before BatchNorm has the gradient 0 up to rounding)
+            torch.testing.assert_close(a[k], b, rtol=1e-5, atol=1e-5 if model.batch_statistics else 1e-6)
 
 
 @pytest.mark.parametrize("shape", [(16, 32, 28, 28), (3, 6, 9, 7), (2, 60, 10, 10)])
@@ -519,8 +578,9 @@ def test_a_users_class_whose_forward_is_a_chain_of_kernel_layers_trains_on_the_k
 
 @pytest.mark.parametrize("cls", [_Residual, _AvgPooled, _WithNorm, _AlwaysDrops])
 def test_a_class_whose_forward_is_not_such_a_chain_trains_through_torch_func(cls):
-    """A branch (a residual sum), a layer the kernels do not know (average pooling), buffers
-    (BatchNorm), dropout in evaluation too: the module is not lowered."""
+    """A branch that is not a residual block, a layer the kernels do not know (average pooling),
+    BatchNorm on an input the kernels do not know (expanded, sliced), dropout in evaluation too:
+    the module is not lowered."""
     name = _registered("user-class", lambda s, n, cfg: cls())
     try:
         assert isinstance(build_model(ModelConfig(name=name), (1, 8, 8), 10, "tiny", seed=4), ModuleModel)
@@ -552,13 +612,7 @@ def test_a_run_of_a_users_class_lenet_trains_on_the_kernels_and_its_model_pt_loa
                    "client": {"local_steps": 2, "batch_size": 8}}, name="classnet")
     trainer = json.loads((run / "manifest.json").read_text())["trainer"]
     assert trainer["code"] == "fedsim's kernels" and trainer["path"] == "loop"
-    sys_path = __import__("sys").path
-    sys_path.insert(0, str(tmp_path))
-    try:
-        module = __import__("netdef").Net(10)
-    finally:
-        sys_path.remove(str(tmp_path))
-    scores_the_runs_final_accuracy(module, run)
+    scores_the_runs_final_accuracy(users_module(tmp_path, "netdef", "Net", 10), run)
 
 
 class _TrainsOtherwise(_ClassLeNet):
@@ -649,36 +703,91 @@ def test_a_modules_own_pooling_on_channels_last_is_torchs_for_any_window(shape, 
     assert torch.equal(out, expected) and torch.equal(ours.grad, theirs.grad)
 
 
-def test_a_run_of_a_users_residual_network_trains_on_the_kernels_batched_as_on_the_loop(
-        cli_run, tmp_path, monkeypatch):
-    """Through the CLI (training rules 9), docs/extending.md's `residual_net.py`: a class with a
-    residual block and dropout in it trains on fedsim's kernels, batched and on the loop to float rounding (the same dropout draws); a
-    run stopped and resumed ends bit for bit as the uninterrupted one; model.pt loads (strict)
-    into the class, which scores the run's final test accuracy."""
+def kernels_run_both_ways(cli_run, tmp_path, monkeypatch, file: str, text: str, **model) -> tuple[dict, dict, Path]:
+    """`fedsim run` of the module factory `file:make` (written from `text`) on digits for 4
+    rounds: batched and on the loop, both on fedsim's kernels (each path as the manifest says);
+    and stopped after 2 rounds and resumed to 4, which ends bit for bit as the uninterrupted run.
+    The batched and loop runs' model.pt, the config, and the uninterrupted run's directory."""
     from conftest import same_results
     from fedsim.cli import main
-    from test_plugins import doc_blocks
 
-    (tmp_path / "residual_net.py").write_text(doc_blocks("residual_net.py")[0])
+    (tmp_path / f"{file}.py").write_text(text)
     monkeypatch.chdir(tmp_path)
     config = {"run": {"rounds": 4, "eval_every": 2}, "data": {"dataset": "digits", "clients": 6},
-              "model": {"name": "residual_net:make"}, "server": {"timing": "ideal", "clients_per_round": 3},
+              "model": {"name": f"{file}:make", **model}, "server": {"timing": "ideal", "clients_per_round": 3},
               "client": {"local_steps": 3, "batch_size": 8}}
     runs = {trainer: cli_run({**config, "client": {**config["client"], "trainer": trainer}}, name=trainer)
             for trainer in ("batched", "loop")}
     for trainer, run in runs.items():
         manifest = json.loads((run / "manifest.json").read_text())
         assert manifest["trainer"]["code"] == "fedsim's kernels" and manifest["trainer"]["path"] == trainer
-    a, b = (torch.load(runs[t] / "model.pt") for t in ("batched", "loop"))
-    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a) and not all(torch.equal(a[k], b[k]) for k in a)
     stopped = cli_run({**config, "run": {**config["run"], "rounds": 2}}, name="stopped")
     assert main(["run", "--resume", str(stopped), "--set", "run.rounds=4", "--quiet"]) == 0
     whole = cli_run(config, name="whole")
     same_results(stopped, whole)
+    return {t: torch.load(run / "model.pt") for t, run in runs.items()}, config, whole
+
+
+def users_module(tmp_path, file: str, cls: str, *args) -> nn.Module:
+    """`cls(*args)` of the user's file `file`.py in `tmp_path`."""
     sys_path = __import__("sys").path
     sys_path.insert(0, str(tmp_path))
     try:
-        module = __import__("residual_net").ResidualMLP(64, 10)
+        return getattr(__import__(file), cls)(*args)
     finally:
         sys_path.remove(str(tmp_path))
-    scores_the_runs_final_accuracy(module, whole)
+
+
+def test_a_run_of_a_users_residual_network_trains_on_the_kernels_batched_as_on_the_loop(
+        cli_run, tmp_path, monkeypatch):
+    """Through the CLI (training rules 9), docs/extending.md's `residual_net.py`: a class with a
+    residual block and dropout in it trains on fedsim's kernels, batched and on the loop to float
+    rounding (the same dropout draws); a run stopped and resumed ends bit for bit as the
+    uninterrupted one; model.pt loads (strict) into the class, which scores the run's final test
+    accuracy."""
+    from test_plugins import doc_blocks
+
+    saved, _, whole = kernels_run_both_ways(cli_run, tmp_path, monkeypatch, "residual_net",
+                                            doc_blocks("residual_net.py")[0])
+    a, b = saved["batched"], saved["loop"]
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a) and not all(torch.equal(a[k], b[k]) for k in a)
+    scores_the_runs_final_accuracy(users_module(tmp_path, "residual_net", "ResidualMLP", 64, 10), whole)
+
+
+BATCH_NORM_FILE = """import torch.nn.functional as F
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, n_classes):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(64, 32), nn.Linear(32, 32), nn.Linear(32, n_classes)
+        self.bn1, self.bn2 = nn.BatchNorm1d(32), nn.BatchNorm1d(32)
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.fc1(x.flatten(1))))
+        return self.fc3(h + F.relu(self.bn2(self.fc2(h))))
+
+
+def make(in_shape, n_classes, cfg):
+    return Net(n_classes)
+"""
+
+
+def test_a_run_of_a_users_batch_norm_network_trains_on_the_kernels_with_its_buffers(cli_run, tmp_path, monkeypatch):
+    """Through the CLI (training rules 10): a class with BatchNorm in a residual block and after a
+    dense layer trains on fedsim's kernels, batched and on the loop to float rounding; a run
+    stopped and resumed ends bit for bit as the uninterrupted one; with `[model] local_buffers =
+    true` (FedBN) each device keeps its own running statistics; model.pt is the module's
+    state_dict (the step counts integers) and scores the run's final test accuracy."""
+    saved, config, whole = kernels_run_both_ways(cli_run, tmp_path, monkeypatch, "bndef", BATCH_NORM_FILE)
+    a, b = saved["batched"], saved["loop"]
+    assert list(a) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias",
+                       "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var", "bn1.num_batches_tracked",
+                       "bn2.weight", "bn2.bias", "bn2.running_mean", "bn2.running_var", "bn2.num_batches_tracked"]
+    assert a["bn1.num_batches_tracked"].dtype == torch.int64 and int(a["bn1.num_batches_tracked"]) == 4 * 3
+    assert all(torch.allclose(a[k].float(), b[k].float(), atol=1e-5) for k in a)
+    fedbn = cli_run({**config, "model": {**config["model"], "local_buffers": True}}, name="fedbn")
+    assert json.loads((fedbn / "manifest.json").read_text())["trainer"]["code"] == "fedsim's kernels"
+    assert not torch.equal(torch.load(fedbn / "model.pt")["bn1.running_mean"], a["bn1.running_mean"])
+    scores_the_runs_final_accuracy(users_module(tmp_path, "bndef", "Net", 10), whole)

@@ -322,7 +322,8 @@ def test_gelu_and_layer_norm_mlps_on_fedsims_kernels_train_on_cuda_as_on_the_cpu
     """Training rules 7: a user's GELU MLP with dropout trains on fedsim's kernels (its batched
     gradient in closed form) on CUDA, graphs captured, as on the CPU to float rounding; and one
     with a LayerNorm (reverse mode through the kernels); rules 8: one with ELU and Mish; rules 9:
-    one with a residual block and dropout in it."""
+    one with a residual block and dropout in it; rules 10: one with BatchNorm (its running
+    statistics in the deltas)."""
     from fedsim.config.catalog import MODELS
     from fedsim.training.trainer import TrainResult
 
@@ -334,8 +335,10 @@ def test_gelu_and_layer_norm_mlps_on_fedsims_kernels_train_on_cuda_as_on_the_cpu
         torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ELU(), torch.nn.Linear(32, 16), torch.nn.Mish(),
         torch.nn.Linear(16, n)))
     MODELS.register("residual-mlp", lambda s, n, c: _ResidualMLP(n))
+    MODELS.register("batch-norm-mlp", lambda s, n, c: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, n)))
     try:
-        for name in ("gelu-mlp", "norm-mlp", "elu-mlp", "residual-mlp"):
+        for name in ("gelu-mlp", "norm-mlp", "elu-mlp", "residual-mlp", "batch-norm-mlp"):
             tasks = [image_task(name, (1, 8, 8), clients=11, device=torch.device(d)) for d in ("cpu", "cuda")]
             assert all(t.model.code == "fedsim's kernels" for t in tasks)
             client = ClientConfig(batch_size=5, clip=1.0)
@@ -345,4 +348,4 @@ def test_gelu_and_layer_norm_mlps_on_fedsims_kernels_train_on_cuda_as_on_the_cpu
             assert_close(TrainResult(*(t.cpu() for t in (replayed.deltas, replayed.loss, replayed.samples))), on_cpu,
                          tol=1e-4)
     finally:
-        del MODELS["gelu-mlp"], MODELS["norm-mlp"], MODELS["elu-mlp"], MODELS["residual-mlp"]
+        del MODELS["gelu-mlp"], MODELS["norm-mlp"], MODELS["elu-mlp"], MODELS["residual-mlp"], MODELS["batch-norm-mlp"]

@@ -1508,6 +1508,25 @@ def test_auto_loops_over_kernels_without_a_closed_form_of_more_than_2_16_paramet
     assert paths["residual-64", 9, 0.0][0].task.model.code == "fedsim's kernels"
 
 
+def test_a_batch_norm_mlp_trains_on_the_kernels_on_the_loop_under_rules_10():
+    """From training rules 10 BatchNorm has kernels: an MLP with BatchNorm1d (159 k parameters)
+    trains on them, and on a CPU on the loop (its cohort step is reverse mode, rules 9's rule),
+    where rules 9 took torch.func; a small one stays batched."""
+    def bn(hidden):
+        return lambda s, n, c: nn.Sequential(nn.Flatten(), nn.Linear(784, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+                                             nn.Linear(hidden, n))
+
+    paths = auto_choices({"bn-200": bn(200), "bn-32": bn(32)}, [("bn-200", 10, 0.0), ("bn-200", 9, 0.0),
+                                                                ("bn-32", 10, 0.0)])
+    path, why = paths["bn-200", 10, 0.0]
+    assert path.path == "loop" and path.task.model.code == "fedsim's kernels" and path.task.dim == 159_410 + 401
+    assert why == ("auto: 159,410 parameters a device whose cohort step is reverse mode (no closed form), slower "
+                   "there than a loop of steps")
+    assert paths["bn-200", 9, 0.0][0].task.model.code == "torch.func"
+    small = paths["bn-32", 10, 0.0][0]
+    assert small.path == "batched" and small.task.model.code == "fedsim's kernels"
+
+
 def test_auto_loops_over_local_epochs_of_a_model_of_more_than_2_17_parameters_under_rules_8():
     """Under local epochs devices of unequal data take unequal steps, and a cohort's call steps
     each as long as its longest: from training rules 8 `auto` takes the loop on a CPU for a model

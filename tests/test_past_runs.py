@@ -257,3 +257,17 @@ def test_a_run_of_training_rules_8_resumes_under_them(tmp_path, monkeypatch):
     resumed run keeps the rules it started with."""
     whole, today = resumes_under_its_own_rules("cde3baa", 8, tmp_path, monkeypatch)
     assert not torch.equal(torch.load(today / "model.pt")["fc1.weight"], torch.load(whole / "model.pt")["fc1.weight"])
+
+
+def test_a_run_of_training_rules_9_resumes_under_them(tmp_path, monkeypatch):
+    """Made under training rules 9 (c4bbafa; a user's MLP with BatchNorm as an nn.Sequential,
+    batched through torch.func): from rules 10 BatchNorm has kernels, and the same config started
+    today trains on them (another batched computation of the statistics: float rounding), so the
+    resumed run keeps the rules it started with; its model.pt keeps the module's buffers, the
+    step count an integer."""
+    whole, today = resumes_under_its_own_rules("c4bbafa", 9, tmp_path, monkeypatch)
+    assert json.loads((today / "manifest.json").read_text())["trainer"]["code"] == "fedsim's kernels"
+    a, b = torch.load(today / "model.pt"), torch.load(whole / "model.pt")
+    assert list(a) == list(b) and a["2.num_batches_tracked"].dtype == torch.int64
+    assert torch.equal(a["2.num_batches_tracked"], b["2.num_batches_tracked"])
+    assert not torch.equal(a["1.weight"], b["1.weight"])

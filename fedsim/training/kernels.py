@@ -3,7 +3,8 @@ train, chosen by layer type.
 
 A module made only of layers these kernels know (nn.Flatten, nn.Linear, nn.Conv2d, nn.ReLU,
 nn.MaxPool2d(2), nn.Dropout, nn.Embedding, from training rules 7 nn.GELU, nn.Tanh, nn.Sigmoid,
-nn.SiLU, nn.LeakyReLU and nn.LayerNorm on vectors, and the built-ins' LastHiddenLSTM and FixedEmbedding,
+nn.SiLU, nn.LeakyReLU and nn.LayerNorm on vectors, from rules 10 nn.BatchNorm1d and nn.BatchNorm2d
+(running statistics as the model's buffers), and the built-ins' LastHiddenLSTM and FixedEmbedding,
 in an nn.Sequential, or a class whose forward is a chain of them, from rules 9 with residual
 blocks `h + block(h)` in it: `lower_traced`) is lowered
 here to a `KernelModel`: a pure function of one flat float32 parameter vector per device.
@@ -58,6 +59,7 @@ class Layer:
     """One layer of a model, on one device (`__call__`) and on a cohort (`cohort`)."""
 
     params: tuple[Param, ...] = ()  # (name, shape) of each parameter, in the module's order
+    buffers: tuple[Param, ...] = ()  # (name, shape) of each buffer (running statistics), in the module's order
     dropout: int = 0  # dropout uniforms this layer consumes per sample
     writes_backward = False  # has `forward_saving` and `backward` (`reverse_step`)
 
@@ -307,6 +309,78 @@ class LayerNorm(Layer):
         return dx, (grad * normal).sum(dim=1), grad.sum(dim=1)
 
 
+class BatchNorm(Layer):
+    """nn.BatchNorm1d on vectors and nn.BatchNorm2d on images, with a weight, a bias and running
+    statistics updated with a momentum (from training rules 10): in training each batch is
+    normalised by its own mean and variance per feature (channel), and the running mean and
+    variance move towards them in place (`num_batches_tracked` counts the steps); evaluation
+    (`inference`) reads the running ones. One device's forward and backward are aten's
+    `native_batch_norm` and its backward, as autograd's; a cohort's computes each device's
+    statistics over its own batch."""
+
+    writes_backward = True
+
+    def __init__(self, name: str, features: int, eps: float, momentum: float):
+        self.params = (Param(f"{name}.weight", (features,)), Param(f"{name}.bias", (features,)))
+        self.buffers = (Param(f"{name}.running_mean", (features,)), Param(f"{name}.running_var", (features,)),
+                        Param(f"{name}.num_batches_tracked", ()))
+        self.eps, self.momentum = eps, momentum
+
+    def _state(self, p: dict[str, Tensor]) -> list[Tensor]:
+        return [p[q.name] for q in (*self.params, *self.buffers)]
+
+    def __call__(self, p, x, u):
+        return self.forward_saving(p, x, u)[0]
+
+    def forward_saving(self, p, x, u):
+        weight, bias, mean, var, steps = self._state(p)
+        out, batch_mean, rstd = torch.ops.aten.native_batch_norm(x, weight, bias, mean, var, True, self.momentum,
+                                                                 self.eps)
+        steps.add_(1.0)
+        return out, (x, mean, var, batch_mean, rstd)
+
+    def backward(self, p, grad, saved, input_grad):
+        x, mean, var, batch_mean, rstd = saved
+        dx, dw, db = torch.ops.aten.native_batch_norm_backward(grad, x, p[self.params[0].name], mean, var, batch_mean,
+                                                               rstd, True, self.eps, [input_grad, True, True])
+        return dx, (dw, db)
+
+    def cohort(self, p, x, u):
+        """m devices' batches: vectors [m, B, F], images [B, m, C, H, W]; parameters and statistics [m, F]."""
+        weight, bias, mean, var, steps = self._state(p)
+        over = (1,) if x.dim() == 3 else (0, 3, 4)
+        at = (lambda t: t.unsqueeze(1)) if x.dim() == 3 else (lambda t: t[None, :, :, None, None])
+        batch_var, batch_mean = torch.var_mean(x, dim=over, correction=0)
+        out = (x - at(batch_mean)) * at(torch.rsqrt(batch_var + self.eps)) * at(weight) + at(bias)
+        n = x.numel() // batch_mean.numel()  # values per device and feature
+        with torch.no_grad():
+            mean.mul_(1.0 - self.momentum).add_(batch_mean, alpha=self.momentum)
+            var.mul_(1.0 - self.momentum).add_(batch_var * (n / max(n - 1, 1)), alpha=self.momentum)
+            steps.add_(1.0)
+        return out
+
+    def inference(self) -> Layer:
+        """The layer as evaluation applies it: normalised by the running statistics."""
+        return _BatchNormInference(self)
+
+
+class _BatchNormInference(Layer):
+    """A BatchNorm layer in evaluation: `(x - running mean) / sqrt(running var + eps) * weight + bias`."""
+
+    def __init__(self, layer: BatchNorm):
+        self.layer, self.params, self.buffers = layer, layer.params, layer.buffers
+        self.kind = "BatchNorm"
+
+    def __call__(self, p, x, u):
+        weight, bias, mean, var, _ = self.layer._state(p)
+        return F.batch_norm(x, mean, var, weight, bias, False, 0.0, self.layer.eps)
+
+    def cohort(self, p, x, u):
+        weight, bias, mean, var, _ = self.layer._state(p)
+        at = (lambda t: t.unsqueeze(1)) if x.dim() == 3 else (lambda t: t[None, :, :, None, None])
+        return (x - at(mean)) * at(torch.rsqrt(var + self.layer.eps)) * at(weight) + at(bias)
+
+
 class Residual(Layer):
     """x + block(x): a chain of kernels `layers` whose output has its input's shape, added to
     that input (from training rules 9, read from a class's forward: `h + F.relu(self.fc(h))`).
@@ -316,6 +390,7 @@ class Residual(Layer):
     def __init__(self, layers: list[Layer]):
         self.layers = layers
         self.params = tuple(q for layer in layers for q in layer.params)
+        self.buffers = tuple(q for layer in layers for q in layer.buffers)
         self.dropout = sum(layer.dropout for layer in layers)
         self.writes_backward = all(layer.writes_backward for layer in layers)
         self.kind = f"Residual[{', '.join(map(kind, layers))}]"
@@ -355,6 +430,20 @@ class Residual(Layer):
             block, own = self.layers[i].backward(p, block, saved[i], i > 0 or input_grad)
             grads[:0] = own
         return block + grad if input_grad else None, tuple(grads)
+
+
+def _inference(layers: list[Layer]) -> list[Layer]:
+    """`layers` as evaluation applies them: without dropout (a no-op there), BatchNorm on its
+    running statistics (in residual blocks too)."""
+    out: list[Layer] = []
+    for layer in layers:
+        if isinstance(layer, Residual):
+            out.append(Residual(_inference(layer.layers)))
+        elif isinstance(layer, BatchNorm):
+            out.append(layer.inference())
+        elif not isinstance(layer, Dropout):
+            out.append(layer)
+    return out
 
 
 def flat_layers(layers: list[Layer]) -> list[Layer]:
@@ -616,9 +705,7 @@ class KernelModel:
     """A module lowered to kernels (`lower`), behind fedsim's Model protocol (fedsim/training/models.py)."""
 
     code = loop_code = "fedsim's kernels"
-    batch_statistics = False
-    samples_independent = True  # every layer reads its own sample only
-    has_buffers = local_buffers = False
+    local_buffers = False  # [model] local_buffers (set by build_model)
     stacks_evaluation = True  # `predict_together`: several runs' parameters on one test set
     func_steps = False  # hand-batched kernels: calls above the crossover take every thread
     plain_loop_step = False  # its loop step is the kernels' (the batched call's arithmetic, device by device)
@@ -627,7 +714,14 @@ class KernelModel:
     def __init__(self, name: str, module: nn.Module, layers: list[Layer], in_shape: tuple[int, ...]):
         self.name, self.module, self.layers, self.in_shape = name, module, layers, in_shape
         self.params = [q for layer in layers for q in layer.params]
-        self.dim = self.param_dim = sum(q.numel for q in self.params)
+        self.buffers = [q for layer in layers for q in layer.buffers]  # (BatchNorm's: from training rules 10)
+        self.names = [q.name for q in (*self.params, *self.buffers)]  # the flat state's tensors, in order
+        self.param_dim = sum(q.numel for q in self.params)
+        self.dim = self.param_dim + sum(q.numel for q in self.buffers)  # the flat state: parameters, then buffers
+        self.has_buffers = bool(self.buffers)
+        # a BatchNorm layer normalises a sample by its batch's statistics: never pad a batch
+        self.batch_statistics = any(isinstance(layer, BatchNorm) for layer in flat_layers(layers))
+        self.samples_independent = not self.batch_statistics  # (else every layer reads its own sample only)
         self.dropout_features = sum(layer.dropout for layer in layers)
         self._no_draws: dict[tuple, Tensor] = {}  # (m, batch, 0, device) -> the empty dropout draw
         # a CPU's cohort convolution (one grouped convolution) is slower than a loop of ordinary ones
@@ -641,7 +735,7 @@ class KernelModel:
         self.dense_stack = _dense_stack(layers)
         # a cohort's step of vector layers by reverse mode (no closed form: residual blocks, a last log softmax)
         self.reverse_mode_cohort = self.dense_stack is None and all(
-            isinstance(layer, (Flatten, Dense, ReLU, Activation, LayerNorm, Dropout, LogSoftmax))
+            isinstance(layer, (Flatten, Dense, ReLU, Activation, LayerNorm, Dropout, LogSoftmax, BatchNorm))
             for layer in flat_layers(layers))
         shapes = _shapes(layers, in_shape)
         # layer outputs per sample (a residual block's own layers' too)
@@ -653,7 +747,7 @@ class KernelModel:
         # the ReLU passes its gradient exactly where that maximum is positive), and the ReLU
         # then reads a quarter of the values; evaluation also leaves dropout (a no-op there) out
         self.train_layers = _pool_first(layers)
-        self.inference_layers = [layer for layer in self.train_layers if not isinstance(layer, Dropout)]
+        self.inference_layers = _inference(self.train_layers)
         # multiply-adds of one sample's forward pass: what the thread policy sizes a call by
         self.flops = sum(layer.flops(shape) for layer, shape in zip(layers, [in_shape, *shapes]))
 
@@ -661,9 +755,9 @@ class KernelModel:
         """Views of flat parameters [..., d] as the model's tensors [..., *shape], in order.
 
         Views, not copies: an optimizer step on them updates the flat vector in place."""
-        lead = flat.shape[:-1]
-        chunks = flat.split([q.numel for q in self.params], dim=-1)
-        return tuple(c.view(*lead, *q.shape) for q, c in zip(self.params, chunks))
+        lead, tensors = flat.shape[:-1], [*self.params, *self.buffers]
+        chunks = flat.split([q.numel for q in tensors], dim=-1)
+        return tuple(c.view((*lead, *q.shape)) for q, c in zip(tensors, chunks))
 
     def trained_in_place(self, ws: tuple[Tensor, ...]) -> ContextManager[tuple[Tensor, ...]]:
         """A device's loop steps update its views `ws` themselves (the kernels read them as they are)."""
@@ -671,12 +765,12 @@ class KernelModel:
 
     def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
         """The named views of flat [..., d] vectors (state_dict naming)."""
-        return {q.name: v for q, v in zip(self.params, self.split(flat))}
+        return dict(zip(self.names, self.split(flat)))
 
     def forward(self, params: tuple[Tensor, ...], x: Tensor, u: Tensor | None = None) -> Tensor:
         """Logits [B, C] of inputs x [B, *in_shape] for the tensors `params` (as `split` gives
         them); u [B, dropout_features] or None (no dropout)."""
-        p = {q.name: v for q, v in zip(self.params, params)}
+        p = dict(zip(self.names, params))
         used = 0
         for layer in self.train_layers:
             x = layer(p, x, None if u is None else u[:, used:used + layer.dropout])
@@ -710,7 +804,7 @@ class KernelModel:
     def cohort_forward(self, params: tuple[Tensor, ...], x: Tensor, u: Tensor) -> Tensor:
         """Logits [m, B, C] of m devices: parameters [m, ...] (as `split` gives them for a
         stack), inputs x [m, B, *in_shape], dropout uniforms u [m, B, dropout_features]."""
-        p = {q.name: v for q, v in zip(self.params, params)}
+        p = dict(zip(self.names, params))
         if x.dim() == 5 and isinstance(self.layers[0], Flatten):  # [m, B, C * H * W]: no copy
             x = x.flatten(2)
         elif x.dim() == 5:  # images: [B, m, C, H, W], the cohort layout, contiguous (convolutions
@@ -727,11 +821,12 @@ class KernelModel:
         if batched and loss is weighted_cross_entropy and self.dense_stack is not None and \
                 (self.is_linear or self.rules >= 3):
             return dense_cohort_step(self.dense_stack)
+        trainable = len(self.params)  # (the buffers after them change in place)
         if batched:
-            return autograd_step(self.cohort_forward, loss)
+            return autograd_step(self.cohort_forward, loss, trainable)
         if loss is weighted_cross_entropy and all(layer.writes_backward for layer in self.train_layers):
-            return reverse_step(self.params, self.train_layers)
-        return autograd_step(lambda ps, x, u: self.forward(ps, x, u if u.shape[-1] else None), loss)
+            return reverse_step(self.names, self.train_layers)
+        return autograd_step(lambda ps, x, u: self.forward(ps, x, u if u.shape[-1] else None), loss, trainable)
 
     def batch_problem(self) -> str:
         return ""  # every kernel has its cohort form
@@ -755,15 +850,20 @@ class KernelModel:
         return self  # the parameters live in the flat vectors; fixed word vectors move on use
 
     def init(self, seed: int) -> Tensor:
-        """The parameters the factory built (its initialisation seeded by the run's seed)."""
-        own = dict(self.module.named_parameters())  # (by name: a module's own order may not be its layers')
-        return torch.cat([own[q.name].detach().reshape(-1).float() for q in self.params])
+        """The parameters and buffers the factory built (its initialisation seeded by the run's seed)."""
+        # (by name: a module's own order may not be its layers')
+        own = dict(self.module.named_parameters()) | dict(self.module.named_buffers())
+        return torch.cat([own[name].detach().reshape(-1).float() for name in self.names])
 
     def state_dict(self, flat: Tensor) -> dict[str, Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in self.unflatten(flat).items()}
+        """The module's state_dict, in its order: a buffer in its own dtype (BatchNorm's step count an
+        integer)."""
+        views = self.unflatten(flat)
+        own = self.module.state_dict(keep_vars=True)
+        return {k: views[k].detach().cpu().to(v.dtype).clone() for k, v in own.items()}
 
     def load_state_dict(self, saved: dict[str, Tensor]) -> Tensor:
-        return torch.cat([saved[q.name].reshape(-1).float() for q in self.params])
+        return torch.cat([saved[name].reshape(-1).float() for name in self.names])
 
     def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int) -> Tensor:
         """A local step's dropout uniforms [m, batch, dropout_features] (empty without dropout:
@@ -839,7 +939,8 @@ def lower(name: str, module: nn.Module, in_shape: tuple[int, ...],
         layers.append(kernel)
         shape = kernel.out_shape(shape)
     names = [n for n, _ in module.named_parameters()]
-    if names != [q.name for layer in layers for q in layer.params]:
+    if names != [q.name for layer in layers for q in layer.params] or \
+            _state_buffers(module) != [q.name for layer in layers for q in layer.buffers]:
         return None  # (a layer with parameters in two places of the stack: tied weights)
     return KernelModel(name, module, layers, in_shape)
 
@@ -855,8 +956,7 @@ def lower_traced(name: str, module: nn.Module, in_shape: tuple[int, ...],
     training rules 9 a residual block in the chain too (`h + block(h)`: `Residual`). None for
     any other module (control flow, another branch, buffers, frozen or shared parameters, a call
     the kernels do not know), which trains through torch.func."""
-    if isinstance(module, nn.Sequential) or any(not p.requires_grad for p in module.parameters()) \
-            or next(module.buffers(), None) is not None:
+    if isinstance(module, nn.Sequential) or any(not p.requires_grad for p in module.parameters()):
         return None
     training = module.training
     try:  # the forward as it trains and as it evaluates: one chain (a forward may read self.training)
@@ -867,10 +967,18 @@ def lower_traced(name: str, module: nn.Module, in_shape: tuple[int, ...],
     if layers is None or chains[1] is None or _described(layers) != _described(chains[1]):
         return None
     names = sorted(n for n, _ in module.named_parameters(remove_duplicate=False))
-    if names != sorted(q.name for layer in layers for q in layer.params):
-        return None  # (a parameter the chain leaves out, or one used twice)
+    buffers = sorted(_state_buffers(module))
+    if names != sorted(q.name for layer in layers for q in layer.params) or \
+            buffers != sorted(q.name for layer in layers for q in layer.buffers):
+        return None  # (a parameter the chain leaves out, or one used twice; a buffer no layer keeps)
     lowered = KernelModel(name, module, layers, in_shape)
     return lowered if _same_logits(lowered, module) else None
+
+
+def _state_buffers(module: nn.Module) -> list[str]:
+    """The names of the module's persistent buffers (a fixed embedding's vectors are not state)."""
+    return [f"{prefix}.{name}" if prefix else name for prefix, sub in module.named_modules()
+            for name in sub._buffers if sub._buffers[name] is not None and name not in sub._non_persistent_buffers_set]
 
 
 def _described(layers: list[Layer]) -> list[tuple]:
@@ -1029,7 +1137,8 @@ _FUNCTIONAL_ACTIVATIONS = {  # a traced call -> the module taking the same argum
 
 def _kernel(name: str, layer: nn.Module, shape: tuple[int, ...], rules: int) -> Layer | None:
     """The kernel of one layer reading one sample of `shape`, or None (dropout on images and
-    log softmax from training rules 4, activations other than ReLU and LayerNorm from rules 7)."""
+    log softmax from training rules 4, activations other than ReLU and LayerNorm from rules 7,
+    BatchNorm from rules 10)."""
     if type(layer) is nn.Flatten and layer.start_dim == 1 and layer.end_dim == -1:
         return Flatten()
     if type(layer) is nn.ReLU:
@@ -1039,6 +1148,10 @@ def _kernel(name: str, layer: nn.Module, shape: tuple[int, ...], rules: int) -> 
     if rules >= 7 and type(layer) is nn.LayerNorm and len(shape) == 1 and tuple(layer.normalized_shape) == shape \
             and layer.weight is not None and layer.bias is not None:
         return LayerNorm(name, shape[0], layer.eps)
+    if rules >= 10 and type(layer) in (nn.BatchNorm1d, nn.BatchNorm2d) and layer.affine and layer.track_running_stats \
+            and layer.momentum is not None and len(shape) == (1 if type(layer) is nn.BatchNorm1d else 3) \
+            and shape[0] == layer.num_features:
+        return BatchNorm(name, layer.num_features, layer.eps, layer.momentum)
     if type(layer) is nn.Linear and layer.bias is not None and shape == (layer.in_features,):
         return Dense(name, layer.in_features, layer.out_features)
     if type(layer) is nn.Dropout and (len(shape) == 1 or len(shape) == 3 and rules >= 4):
@@ -1073,29 +1186,36 @@ def _pairs(a, b) -> tuple:
 
 # --- gradients ---------------------------------------------------------------------------------
 
-def autograd_step(logits_of: Callable[..., Tensor], loss: StepLoss) -> StepFn:
+def autograd_step(logits_of: Callable[..., Tensor], loss: StepLoss, trainable: int | None = None) -> StepFn:
     """Gradients by plain reverse mode. For a cohort the losses of the devices are summed first:
-    they share no parameters, so the gradient of the sum holds each device's own gradient."""
+    they share no parameters, so the gradient of the sum holds each device's own gradient. The
+    tensors after the first `trainable` (buffers) are updated by the forward: on copies, written
+    back after the backward (they share a version counter with the parameters' rows, which
+    autograd checks)."""
     def step(params: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, u: Tensor):
-        leaves = tuple(p.detach().requires_grad_() for p in params)
+        leaves = tuple(p.detach().requires_grad_() for p in params[:trainable])
+        buffers = tuple(b.clone() for b in params[len(leaves):])
         with torch.enable_grad():
-            losses = loss(logits_of(leaves, x, u), y, weight)
+            losses = loss(logits_of((*leaves, *buffers), x, u), y, weight)
             grads = torch.autograd.grad(losses.sum(), leaves)
+        for b, new in zip(params[len(leaves):], buffers):
+            b.copy_(new)
         return grads, losses.detach()
 
     return step
 
 
-def reverse_step(params: list[Param], layers: list[Layer]) -> StepFn:
+def reverse_step(names: list[str], layers: list[Layer]) -> StepFn:
     """One device's gradients by reverse mode written out (`Layer.forward_saving` and
     `Layer.backward`), the loss as `weighted_cross_entropy` computes it: the kernels autograd
     runs, on the same operands in the same order, so the numbers are reverse mode's bit for bit,
     without building and walking its graph at every step (LeNet-5's step on one thread: 15 %
-    faster, the MLP's 2x; benchmarks/RESULTS.md, "The loop's convolutional step")."""
+    faster, the MLP's 2x; benchmarks/RESULTS.md, "The loop's convolutional step"). `names`: the
+    state's tensors in order (parameters, then buffers, which the forward updates in place)."""
     first = next(i for i, layer in enumerate(layers) if layer.params)  # no gradient before it
 
     def step(tensors: tuple[Tensor, ...], x: Tensor, y: Tensor, weight: Tensor, u: Tensor):
-        p = {q.name: v for q, v in zip(params, tensors)}
+        p = dict(zip(names, tensors))
         saved, used = [], 0
         for layer in layers:
             x, keep = layer.forward_saving(p, x, u[:, used:used + layer.dropout] if layer.dropout else None)

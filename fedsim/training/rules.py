@@ -81,11 +81,19 @@ its numbers stay its own. A run of a release that recorded none started under ve
    blocks, a last log softmax) of more than `task.CPU_FUNC_LOOP_PARAMETERS` (2^16) parameters a
    device on the loop, as rules 8 do for torch.func (an MLP with a residual block, 118 k: 1.00-1.04x
    a plain loop's round under rules 8, 0.80-0.97x; benchmarks/RESULTS.md, "Training rules 9").
+10. nn.BatchNorm1d on vectors and nn.BatchNorm2d on images (a weight and bias, running statistics
+   updated with a momentum) have kernels (`kernels.BatchNorm`: aten's `native_batch_norm` and its
+   backward on one device, each device's own statistics in a cohort's call), so a module with them
+   and fedsim's other layers trains on the kernels instead of through torch.func; its running
+   statistics are the model's buffers, as a module's are. An MLP with a BatchNorm1d (159 k
+   parameters) trains on the loop on a CPU by rules 9's rule (0.98-1.02x a plain loop's round
+   through torch.func, 0.72-0.77x), a CNN with BatchNorm2d 0.47x -> 0.40-0.42x
+   (benchmarks/RESULTS.md, "Training rules 10").
 """
 
 from __future__ import annotations
 
-CURRENT = 9
+CURRENT = 10
 
 ROW_FLOATS = 16  # 64 bytes of float32: a cache line, and the widest alignment a BLAS kernel asks
 

@@ -5,7 +5,7 @@
 #   git archive SHA | tar -x -C /tmp/old-SHA
 #   sh tests/past_module_runs/make.sh SHA /tmp/old-SHA [MODEL] [CLIENT (a [client] line)] [DATA]
 # writes tests/past_module_runs/SHA/{the module's file (seqnet.py, gnnet.py, attnnet.py, vitnet.py,
-# gelunet.py, resnet.py),
+# gelunet.py, resnet.py, bnnet.py),
 # module (3 rounds), whole (5 rounds)}; digits, or with DATA = images random 16x16 grey images in
 # a Parquet file (SHA/images/train.parquet).
 # 9cd3e24 (rules 1) is the nn.Sequential; c977a51 (rules 2) is mlp; f999e93 (rules 3) is
@@ -14,7 +14,7 @@
 # vision transformer with a convolution as its patch embedding, on the loop) with DATA = images;
 # 04db67b (rules 6) is gelunet:make (an MLP with a GELU and dropout, batched through torch.func);
 # 7294324 (rules 7) is resnet:make (a class with a residual block and ELUs) with CLIENT = 'trainer = "loop"';
-# cde3baa (rules 8) is the same.
+# cde3baa (rules 8) is the same; c4bbafa (rules 9) is bnnet:make (an MLP with BatchNorm, batched through torch.func).
 set -e
 sha=$1; code=$2; model=${3:-seqnet:make}; client=${4:-}; data=${5:-digits}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -96,6 +96,14 @@ class ResidualNet(nn.Module):
 def make(in_shape, n_classes, cfg):
     return ResidualNet(n_classes)
 PY
+cat > "$out/bnnet.py" <<'PY'
+from torch import nn
+
+
+def make(in_shape, n_classes, cfg):
+    """A user's MLP with BatchNorm, as an nn.Sequential (through torch.func before training rules 10)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, n_classes))
+PY
 cat > "$out/vitnet.py" <<'PY'
 import torch
 from torch import nn
@@ -130,7 +138,7 @@ test_fraction = 0.2'
 else
   data_keys='dataset = "digits"'
 fi
-for file in seqnet gnnet attnnet vitnet gelunet resnet; do  # only the module the run trains
+for file in seqnet gnnet attnnet vitnet gelunet resnet bnnet; do  # only the module the run trains
   [ "${model%%:*}" = "$file" ] || rm "$out/$file.py"
 done
 cat > "$out/module.toml" <<TOML

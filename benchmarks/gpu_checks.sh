@@ -15,7 +15,9 @@
 # on the GPU: whether lockstep shares in worker processes should share one GPU; auto keeps one),
 # rules3 (bench_rules3 --steps: the MLP's step by reverse mode and in closed form on CUDA),
 # modules (bench_modules on CUDA: issue 38's table, fedsim against a plain GPU loop of the same steps,
-# the issue's user modules at 10 and 100 devices; modules-1000 at 1000; rows are written as they finish).
+# the issue's user modules at 10 and 100 devices; modules-1000 at 1000; modules-kernels: the modules
+# that training rules 8-10 put on fedsim's kernels, an ELU MLP, a residual MLP and a BatchNorm MLP,
+# at 10 and 100; rows are written as they finish).
 # With PYTHONPATH holding the repository, so a checkout runs without being installed.
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -72,6 +74,10 @@ for stage in "$@"; do
         2>&1 | tee "$OUT/rules3.log" ;;
     modules)
       timeout 100 $M --devices 10,100 --repeats 2 --out "$OUT/modules_cuda.json" 2>&1 | tee "$OUT/modules.log" ;;
+    modules-kernels)
+      timeout 100 python3 $B/bench_modules.py --device cuda --settings steps --devices 10,100 --repeats 2 \
+        --models user-elu-mlp,user-residual-mlp,user-bn-mlp --out "$OUT/modules_cuda_kernels.json" 2>&1 \
+        | tee "$OUT/modules_kernels.log" ;;
     modules-1000)
       timeout 150 $M --devices 1000 --repeats 1 --out "$OUT/modules_cuda_1000.json" 2>&1 | tee -a "$OUT/modules.log" ;;
     *) echo "unknown stage $stage" ;;

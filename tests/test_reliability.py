@@ -1250,6 +1250,10 @@ CASES = [
          r"epochs end on a minibatch of one sample \(batch_size = 4\), on which the module's BatchNorm cannot compute "
          r"batch statistics; set batch_size = 5 \(no device then leaves one sample\) or local_steps$",
          **user_module("batchnorm", client={"local_epochs": 1.0, "trainer": "loop"})),
+    *[case(f"batchnorm-on-one-sample-{trainer}", RUN, r"^error: \[model\] name = 'audit_nets:batchnorm': its "
+           r"BatchNorm1d '2' cannot train on a minibatch of one sample \(one value per feature has no variance; torch "
+           r"raises\); set \[client\] batch_size >= 2$",
+           **user_module("batchnorm", client={"batch_size": 1, "trainer": trainer})) for trainer in ("batched", "loop")],
     *[case(f"module-draws-random-numbers-{trainer}", RUN, r"^error: \[model\] name = 'audit_nets:noisy': the "
            r"module draws random numbers other than dropout \(aten\.randn_like\); fedsim keys only F\.dropout and "
            r"attention dropout by \(seed, round, device, step\): use nn\.Dropout$",

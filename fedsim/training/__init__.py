@@ -74,6 +74,8 @@ def build_trainer(task: Task, client: ClientConfig, *, seed: int, threads: Threa
         raise FedsimError(f"[client] batch_size = {client.batch_size} must be >= 0 (0 = full local data)")
     if client.local_epochs and task.batch_statistics:
         check_epochs(task, client)
+    elif task.batch_statistics and (client.batch_size or int(task.data.sizes_np.min())) == 1:
+        task.model.check_trains_on(1)  # (a minibatch of one sample: before the run writes a file)
     if task.device.type == "cuda":
         # by default float32 means float32 (as on the CPU and in the loop path), and a seed
         # gives the same run bit for bit (cuDNN's fastest backward kernels sum in a racy order)

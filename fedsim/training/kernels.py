@@ -38,7 +38,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedsim.errors import first_line
+from fedsim.errors import FedsimError, first_line
 from fedsim.training import rng
 from fedsim.training import rules as training_rules
 from fedsim.training.architectures import FixedEmbedding, LastHiddenLSTM, as_sequence, last_hidden, lstm_cell
@@ -324,7 +324,8 @@ class BatchNorm(Layer):
         self.params = (Param(f"{name}.weight", (features,)), Param(f"{name}.bias", (features,)))
         self.buffers = (Param(f"{name}.running_mean", (features,)), Param(f"{name}.running_var", (features,)),
                         Param(f"{name}.num_batches_tracked", ()))
-        self.eps, self.momentum = eps, momentum
+        self.name, self.eps, self.momentum = name, eps, momentum
+        self.on_vectors = False  # (set by `_kernel`: a BatchNorm1d normalises a feature over the batch's samples alone)
 
     def _state(self, p: dict[str, Tensor]) -> list[Tensor]:
         return [p[q.name] for q in (*self.params, *self.buffers)]
@@ -831,6 +832,16 @@ class KernelModel:
     def batch_problem(self) -> str:
         return ""  # every kernel has its cohort form
 
+    def check_trains_on(self, batch: int) -> None:
+        """FedsimError where a training forward of `batch` samples cannot run: a BatchNorm1d on
+        one sample (no variance to normalise by; torch raises)."""
+        norm = next((layer for layer in flat_layers(self.layers) if isinstance(layer, BatchNorm) and layer.on_vectors),
+                    None)
+        if batch == 1 and norm is not None:
+            raise FedsimError(f"[model] name = {self.name!r}: its BatchNorm1d {norm.name!r} cannot train on a minibatch "
+                              "of one sample (one value per feature has no variance; torch raises); set [client] "
+                              "batch_size >= 2")
+
     def shared_key(self) -> tuple:
         """What runs with this architecture must share to train in one call (nothing more)."""
         return (self.name, tuple(map(kind, self.layers)), self.dropout_features)
@@ -1151,7 +1162,9 @@ def _kernel(name: str, layer: nn.Module, shape: tuple[int, ...], rules: int) -> 
     if rules >= 10 and type(layer) in (nn.BatchNorm1d, nn.BatchNorm2d) and layer.affine and layer.track_running_stats \
             and layer.momentum is not None and len(shape) == (1 if type(layer) is nn.BatchNorm1d else 3) \
             and shape[0] == layer.num_features:
-        return BatchNorm(name, layer.num_features, layer.eps, layer.momentum)
+        norm = BatchNorm(name, layer.num_features, layer.eps, layer.momentum)
+        norm.on_vectors = len(shape) == 1
+        return norm
     if type(layer) is nn.Linear and layer.bias is not None and shape == (layer.in_features,):
         return Dense(name, layer.in_features, layer.out_features)
     if type(layer) is nn.Dropout and (len(shape) == 1 or len(shape) == 3 and rules >= 4):

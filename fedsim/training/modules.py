@@ -479,6 +479,11 @@ class ModuleModel:
             self._divisors[p] = (rng.keep_threshold(p), torch.tensor(1.0 - p, dtype=torch.float32))
         return rng.dropout_bits(keys, n, divisors=self._divisors[p])
 
+    def check_trains_on(self, batch: int) -> None:
+        """FedsimError where the module's training forward of `batch` samples raises (BatchNorm1d
+        on one sample): tried once per batch size."""
+        self._dropout(batch)
+
     def dropout_numbers(self, batch: int) -> int:
         return self._dropout(batch)[0]
 

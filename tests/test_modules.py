@@ -1485,7 +1485,7 @@ class ResidualDense(nn.Module):
 def test_auto_loops_over_kernels_without_a_closed_form_of_more_than_2_16_parameters_under_rules_9():
     """From training rules 9 a residual block has kernels; a cohort's step of such a network is
     reverse mode (no closed form), slower on a CPU than a loop of steps from about 10^5
-    parameters (118 k: 1.02-1.28x a plain loop's round batched, 0.80-0.97x on the loop): `auto`
+    parameters (118 k: 1.02-1.28x a plain loop's round batched, 0.81-0.97x on the loop): `auto`
     takes the loop above 2^16 parameters a device, as rules 8 do for torch.func (under which the
     same class trains under rules 8); an MLP ending in a log softmax too; a smaller one stays
     batched, and a plain MLP keeps its closed form."""

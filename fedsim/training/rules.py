@@ -79,8 +79,8 @@ its numbers stay its own. A run of a release that recorded none started under ve
    (the weighted sum, `w - lr * grad`), a rules-7 run's numbers again. On a CPU `auto` trains a
    model on the kernels whose cohort step is reverse mode over vectors (no closed form: residual
    blocks, a last log softmax) of more than `task.CPU_FUNC_LOOP_PARAMETERS` (2^16) parameters a
-   device on the loop, as rules 8 do for torch.func (an MLP with a residual block, 118 k: 1.00-1.04x
-   a plain loop's round under rules 8, 0.80-0.97x; benchmarks/RESULTS.md, "Training rules 9").
+   device on the loop, as rules 8 do for torch.func (an MLP with a residual block, 118 k: 1.00-1.05x
+   a plain loop's round under rules 8, 0.81-0.97x; benchmarks/RESULTS.md, "Training rules 9").
 10. nn.BatchNorm1d on vectors and nn.BatchNorm2d on images (a weight and bias, running statistics
    updated with a momentum) have kernels (`kernels.BatchNorm`: aten's `native_batch_norm` and its
    backward on one device, each device's own statistics in a cohort's call), so a module with them

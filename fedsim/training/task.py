@@ -194,7 +194,7 @@ class ClassificationTask(Task):
         on fedsim's kernels: 0.91-1.05x a plain loop's round batched, 0.71-0.84x on the loop;
         "Training rules 8"). From rules 9 the same 2^16 for a model on fedsim's kernels whose cohort
         step is reverse mode over vectors, without a closed form (residual blocks: an MLP with one,
-        118 k, 1.02-1.28x a plain loop's round batched, 0.80-0.97x on the loop; "Training rules 9")."""
+        118 k, 1.02-1.28x a plain loop's round batched, 0.81-0.97x on the loop; "Training rules 9")."""
         model = self.model
         why = model.cohort_slow_on_cpu  # (asked only where it decides: a module may probe vmap for it)
         if not why and model.rules >= 7 and model.param_dim > CPU_LOOP_PARAMETERS:

@@ -270,6 +270,10 @@ def batchnorm(in_shape, n_classes, cfg):
     return nn.Sequential(nn.Flatten(), nn.Linear(WIDTH, n_classes), nn.BatchNorm1d(n_classes))
 
 
+def batchnorm_average(in_shape, n_classes, cfg):  # (a cumulative average: no kernel, through torch.func)
+    return nn.Sequential(nn.Flatten(), nn.Linear(WIDTH, n_classes), nn.BatchNorm1d(n_classes, momentum=None))
+
+
 def raises(in_shape, n_classes, cfg):
     raise RuntimeError("the weights are on another machine")
 
@@ -1254,6 +1258,10 @@ CASES = [
            r"BatchNorm1d '2' cannot train on a minibatch of one sample \(one value per feature has no variance; torch "
            r"raises\); set \[client\] batch_size >= 2$",
            **user_module("batchnorm", client={"batch_size": 1, "trainer": trainer})) for trainer in ("batched", "loop")],
+    case("batchnorm-without-momentum-on-one-sample", RUN, r"^error: \[model\] name = 'audit_nets:batchnorm_average': "
+         r"the module cannot train on a batch of 1 samples: its forward raised ValueError \(Expected more than 1 value "
+         r"per channel when training, .* in torch\.nn\.functional\.batch_norm; set \[client\] batch_size >= 2$",
+         **user_module("batchnorm_average", client={"batch_size": 1})),
     *[case(f"module-draws-random-numbers-{trainer}", RUN, r"^error: \[model\] name = 'audit_nets:noisy': the "
            r"module draws random numbers other than dropout \(aten\.randn_like\); fedsim keys only F\.dropout and "
            r"attention dropout by \(seed, round, device, step\): use nn\.Dropout$",

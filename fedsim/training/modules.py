@@ -503,9 +503,10 @@ class ModuleModel:
                 with self._module_lock:
                     self._numbers[batch] = count()
             except Exception as err:
+                fix = "set [client] batch_size >= 2" if batch == 1 and "more than 1 value per channel" in str(err) \
+                    else "fix the forward (it ran on a batch of 2 at build time)"  # (BatchNorm's on one sample)
                 raise self._failed(err, x, f"the module cannot train on a batch of {batch} samples: "
-                                           f"{why_failed(err, count)}; fix the forward (it ran on a batch of 2 at "
-                                           "build time)") from None
+                                           f"{why_failed(err, count)}; {fix}") from None
         return self._numbers[batch]
 
     def _loss(self, params: dict, buffers: dict, numbers: Tensor, x: Tensor, y: Tensor, weight: Tensor,

@@ -791,3 +791,33 @@ def test_a_run_of_a_users_batch_norm_network_trains_on_the_kernels_with_its_buff
     assert json.loads((fedbn / "manifest.json").read_text())["trainer"]["code"] == "fedsim's kernels"
     assert not torch.equal(torch.load(fedbn / "model.pt")["bn1.running_mean"], a["bn1.running_mean"])
     scores_the_runs_final_accuracy(users_module(tmp_path, "bndef", "Net", 10), whole)
+
+
+def test_a_studys_batch_norm_points_on_the_kernels_equal_their_runs_alone(cli_run, tmp_path, monkeypatch):
+    """A study of a BatchNorm MLP on fedsim's kernels (its devices' running statistics in the
+    state rows that lockstep stacks run after run), FedBN's `local_buffers` off and on: each
+    point equals its `fedsim run` bit for bit."""
+    from fedsim.cli import main
+    from fedsim.config import dump_toml
+
+    (tmp_path / "bnmlp.py").write_text(
+        "from torch import nn\n\n\ndef make(in_shape, n_classes, cfg):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), "
+        "nn.Linear(32, n_classes))\n")
+    monkeypatch.chdir(tmp_path)
+    base = {"run": {"rounds": 3, "eval_every": 3, "progress": False, "plots": False},
+            "data": {"dataset": "digits", "clients": 12, "partition": "dirichlet", "alpha": 0.3},
+            "model": {"name": "bnmlp:make"}, "server": {"timing": "ideal", "clients_per_round": 4},
+            "client": {"local_steps": 3, "batch_size": 8}}
+    study = {**base, "run": {**base["run"], "name": "bn", "out": str(tmp_path / "runs")},
+             "sweep": {"model.local_buffers": [False, True]}}
+    (tmp_path / "bn.toml").write_text(dump_toml(study))
+    assert main(["sweep", "bn.toml", "--quiet"]) == 0
+    for local in (False, True):
+        point = tmp_path / "runs" / "bn" / f"local_buffers-{local}"
+        alone = cli_run({**base, "model": {**base["model"], "local_buffers": local}}, name=f"alone-{local}")
+        assert json.loads((point / "manifest.json").read_text())["trainer"]["code"] == "fedsim's kernels"
+        a, b = torch.load(point / "model.pt"), torch.load(alone / "model.pt")
+        assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a), local
+        assert pl.read_parquet(point / "rounds.parquet").drop("wall_s").equals(
+            pl.read_parquet(alone / "rounds.parquet").drop("wall_s"))

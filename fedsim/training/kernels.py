@@ -320,12 +320,12 @@ class BatchNorm(Layer):
 
     writes_backward = True
 
-    def __init__(self, name: str, features: int, eps: float, momentum: float):
+    def __init__(self, name: str, features: int, eps: float, momentum: float, on_vectors: bool):
         self.params = (Param(f"{name}.weight", (features,)), Param(f"{name}.bias", (features,)))
         self.buffers = (Param(f"{name}.running_mean", (features,)), Param(f"{name}.running_var", (features,)),
                         Param(f"{name}.num_batches_tracked", ()))
         self.name, self.eps, self.momentum = name, eps, momentum
-        self.on_vectors = False  # (set by `_kernel`: a BatchNorm1d normalises a feature over the batch's samples alone)
+        self.on_vectors = on_vectors  # (a BatchNorm1d: a feature normalised over the batch's samples alone)
 
     def _state(self, p: dict[str, Tensor]) -> list[Tensor]:
         return [p[q.name] for q in (*self.params, *self.buffers)]
@@ -349,8 +349,7 @@ class BatchNorm(Layer):
     def cohort(self, p, x, u):
         """m devices' batches: vectors [m, B, F], images [B, m, C, H, W]; parameters and statistics [m, F]."""
         weight, bias, mean, var, steps = self._state(p)
-        over = (1,) if x.dim() == 3 else (0, 3, 4)
-        at = (lambda t: t.unsqueeze(1)) if x.dim() == 3 else (lambda t: t[None, :, :, None, None])
+        over, at = _per_feature(x)
         batch_var, batch_mean = torch.var_mean(x, dim=over, correction=0)
         out = (x - at(batch_mean)) * at(torch.rsqrt(batch_var + self.eps)) * at(weight) + at(bias)
         n = x.numel() // batch_mean.numel()  # values per device and feature
@@ -363,6 +362,14 @@ class BatchNorm(Layer):
     def inference(self) -> Layer:
         """The layer as evaluation applies it: normalised by the running statistics."""
         return _BatchNormInference(self)
+
+
+def _per_feature(x: Tensor) -> tuple[tuple[int, ...], Callable[[Tensor], Tensor]]:
+    """For a cohort's batches x (vectors [m, B, F], images [B, m, C, H, W]): the dimensions a
+    device's feature (channel) spans, and how its [m, F] values broadcast over x."""
+    if x.dim() == 3:
+        return (1,), lambda t: t.unsqueeze(1)
+    return (0, 3, 4), lambda t: t[None, :, :, None, None]
 
 
 class _BatchNormInference(Layer):
@@ -378,7 +385,7 @@ class _BatchNormInference(Layer):
 
     def cohort(self, p, x, u):
         weight, bias, mean, var, _ = self.layer._state(p)
-        at = (lambda t: t.unsqueeze(1)) if x.dim() == 3 else (lambda t: t[None, :, :, None, None])
+        at = _per_feature(x)[1]
         return (x - at(mean)) * at(torch.rsqrt(var + self.layer.eps)) * at(weight) + at(bias)
 
 
@@ -838,9 +845,9 @@ class KernelModel:
         norm = next((layer for layer in flat_layers(self.layers) if isinstance(layer, BatchNorm) and layer.on_vectors),
                     None)
         if batch == 1 and norm is not None:
-            raise FedsimError(f"[model] name = {self.name!r}: its BatchNorm1d {norm.name!r} cannot train on a minibatch "
-                              "of one sample (one value per feature has no variance; torch raises); set [client] "
-                              "batch_size >= 2")
+            raise FedsimError(f"[model] name = {self.name!r}: its BatchNorm1d {norm.name!r} cannot train on a "
+                              "minibatch of one sample (one value per feature has no variance; torch raises); set "
+                              "[client] batch_size >= 2")
 
     def shared_key(self) -> tuple:
         """What runs with this architecture must share to train in one call (nothing more)."""
@@ -952,7 +959,7 @@ def lower(name: str, module: nn.Module, in_shape: tuple[int, ...],
     names = [n for n, _ in module.named_parameters()]
     if names != [q.name for layer in layers for q in layer.params] or \
             _state_buffers(module) != [q.name for layer in layers for q in layer.buffers]:
-        return None  # (a layer with parameters in two places of the stack: tied weights)
+        return None  # (a layer with parameters in two places of the stack: tied weights; a buffer no layer keeps)
     return KernelModel(name, module, layers, in_shape)
 
 
@@ -987,9 +994,9 @@ def lower_traced(name: str, module: nn.Module, in_shape: tuple[int, ...],
 
 
 def _state_buffers(module: nn.Module) -> list[str]:
-    """The names of the module's persistent buffers (a fixed embedding's vectors are not state)."""
-    return [f"{prefix}.{name}" if prefix else name for prefix, sub in module.named_modules()
-            for name in sub._buffers if sub._buffers[name] is not None and name not in sub._non_persistent_buffers_set]
+    """The names of the buffers in the module's state_dict (a fixed embedding's vectors are not state)."""
+    params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+    return [k for k in module.state_dict(keep_vars=True) if k not in params]
 
 
 def _described(layers: list[Layer]) -> list[tuple]:
@@ -1029,7 +1036,8 @@ def _chain(module: nn.Module, in_shape: tuple[int, ...], rules: int) -> list[Lay
             if block is not None or _in_place(module, node):
                 return None  # (a residual block in a residual block; one changing its input in place)
             block, layers = (layers, shape, last, total), []
-        if not node.args or node.args[0] is not last or (_readers(node) > 1 and (rules < 9 or _residual_sum(node) is None)) \
+        branches = _readers(node) > 1 and (rules < 9 or _residual_sum(node) is None)
+        if not node.args or node.args[0] is not last or branches \
                 or any(isinstance(a, torch.fx.Node) and not _batch_size(a, last)
                        for a in (*node.args[1:], *node.kwargs.values())):
             return None  # (not a chain)
@@ -1162,9 +1170,7 @@ def _kernel(name: str, layer: nn.Module, shape: tuple[int, ...], rules: int) -> 
     if rules >= 10 and type(layer) in (nn.BatchNorm1d, nn.BatchNorm2d) and layer.affine and layer.track_running_stats \
             and layer.momentum is not None and len(shape) == (1 if type(layer) is nn.BatchNorm1d else 3) \
             and shape[0] == layer.num_features:
-        norm = BatchNorm(name, layer.num_features, layer.eps, layer.momentum)
-        norm.on_vectors = len(shape) == 1
-        return norm
+        return BatchNorm(name, layer.num_features, layer.eps, layer.momentum, on_vectors=len(shape) == 1)
     if type(layer) is nn.Linear and layer.bias is not None and shape == (layer.in_features,):
         return Dense(name, layer.in_features, layer.out_features)
     if type(layer) is nn.Dropout and (len(shape) == 1 or len(shape) == 3 and rules >= 4):

@@ -3,6 +3,7 @@ mistake (exit 2), and Stopped, a stop signal (exit 130 / 143); the "did you mean
 their messages."""
 
 import difflib
+import os
 import signal
 import sys
 import threading
@@ -57,7 +58,40 @@ class Stopped(BaseException):
 
 
 def raise_stopped(signum, frame):
-    raise Stopped(STOP_SIGNALS[signum])
+    """Raise Stopped; but a first signal that arrives inside an import is held until the import
+    returns: torch's import runs C++ that checks for signals, and an exception raised there aborts
+    the process ("terminate called after throwing ... error_already_set", exit -6). A second
+    signal while one is held raises at once (a user's module may take long to import)."""
+    outermost = _outermost_import(frame)
+    if _held or outermost is None:
+        _held.clear()
+        raise Stopped(STOP_SIGNALS[signum])
+    _held.append(signum)
+    profiler = sys.getprofile()  # (the main thread's: handlers run there)
+
+    def raise_in_the_importer(frame, event, arg):
+        sys.setprofile(profiler)
+        if _held:  # (not raised by a second signal meanwhile)
+            raise Stopped(STOP_SIGNALS[_held.pop()])
+
+    def on_return(returning, event, arg):
+        if event == "return" and returning is outermost:
+            sys.setprofile(raise_in_the_importer)  # at its next event, in the code that imported
+
+    sys.setprofile(on_return)
+
+
+_held: list[int] = []  # the stop signal held while the main thread imports (one at most)
+
+
+def _outermost_import(frame):
+    """The frame of importlib's that started the import running in `frame`; None outside one."""
+    found = None
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            found = frame
+        frame = frame.f_back
+    return found
 
 
 def say_stopping(line: str) -> None:

@@ -54,6 +54,8 @@ if phase in ("round", "aggregation"):
     server.round = round
 elif phase == "start":
     marker.touch()
+elif phase == "own":  # the command's own input marks it (a user's module, as it is imported)
+    pass
 else:
     import importlib
     module, name = phase.rsplit(".", 1)
@@ -91,8 +93,9 @@ def hint(out: str, command: str) -> str:
 
 
 def signalled(argv: list[str], cwd: Path, phase: str, sig: int, after: float = 0.0,
-              ignore_sigint: bool = False) -> subprocess.CompletedProcess:
-    """`fedsim ARGV`, sent `sig` once it reached `phase` (and `after` seconds more)."""
+              ignore_sigint: bool = False, times: int = 1) -> subprocess.CompletedProcess:
+    """`fedsim ARGV`, sent `sig` once it reached `phase` (and `after` seconds more), `times`
+    times 0.2 s apart."""
     marker = cwd / f".reached-{phase}"
     marker.unlink(missing_ok=True)
     def inherit_ignored_sigint():  # as a job that a script starts with `&`
@@ -108,7 +111,9 @@ def signalled(argv: list[str], cwd: Path, phase: str, sig: int, after: float = 0
             pytest.fail(f"never reached {phase}: {proc.communicate()}")
         time.sleep(0.02)
     time.sleep(after)
-    proc.send_signal(sig)
+    for n in range(times):
+        time.sleep(0.2 if n else 0)
+        proc.send_signal(sig)
     try:
         out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -139,6 +144,34 @@ def test_a_signal_while_a_run_sets_up_stops_it_at_once_writing_nothing(tmp_path,
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not (tmp_path / "runs" / "r").exists()  # nothing written
     assert time.monotonic() - started < 150
+
+
+SLOW_MODULE = """
+import pathlib, time
+from torch import nn
+pathlib.Path(".reached-own").touch()
+time.sleep(IMPORT_SECONDS)
+pathlib.Path("imported").touch()
+
+def net(in_shape, n_classes, model_config):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, n_classes))
+"""
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_a_signal_while_a_module_imports_stops_the_run_once_it_returned_and_a_second_at_once(tmp_path, signals):
+    """A first signal inside an import is held until the import returns (an exception raised where
+    torch's import runs C++ aborts the process: "terminate called after throwing ..."); a second
+    stops at once (a user's module may take long to import)."""
+    (tmp_path / "slow_net.py").write_text(SLOW_MODULE.replace("IMPORT_SECONDS", "1.0" if signals == 1 else "60"))
+    (tmp_path / "r.toml").write_text(dump_toml({**RUN, "data": {"dataset": "digits", "clients": 4},
+                                                "model": {"name": "slow_net:net"}}))
+    started = time.monotonic()
+    proc = signalled(["run", "r.toml"], tmp_path, "own", signal.SIGINT, times=signals)
+    assert (proc.returncode, proc.stderr) == (130, "stopped by Ctrl-C before the run started; nothing was written\n")
+    assert (tmp_path / "imported").exists() == (signals == 1)  # the import finished, or not
+    assert not (tmp_path / "runs" / "r").exists()
+    assert time.monotonic() - started < 50
 
 
 def test_a_signal_in_the_first_round_finishes_it_and_the_printed_resume_finishes_the_run(tmp_path):

@@ -27,10 +27,11 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedsim.errors import FedsimError, STOP_SIGNALS, Stopped, first_line, on_stop_signals, say_stopping
+from fedsim.errors import FedsimError, Stopped, first_line, say_stopping
 from fedsim.files import resume_command
 from fedsim.results.recorder import write_json
 from fedsim.results.run_format import read_manifest
+from fedsim.sim.engine import finish_round_on_stop_signal
 from fedsim.studies.point import run_point
 from fedsim.studies.study import Point, Study
 
@@ -129,7 +130,8 @@ def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None 
         try:
             check_gpus(ray, study.gpus_per_task)
             task = ray.remote(run_task).options(num_cpus=1, num_gpus=study.gpus_per_task, max_retries=0)
-            with stop_signals() as stopped:
+            stopped = {"name": None}  # the first Ctrl-C or SIGTERM: `gather` cancels the tasks; a second aborts
+            with finish_round_on_stop_signal(stopped, notice=""):
                 cwd = os.getcwd()
 
                 def submit(i: int, state: str | None):
@@ -150,7 +152,7 @@ def run_points(study: Study, todo: list[tuple[Point, str]], address: str | None 
     if failures:  # the first in the study's order
         more = f" ({len(failures) - 1} more points failed)" if len(failures) > 1 else ""
         raise FedsimError(min(failures)[1] + more)
-    return statuses, stopped["name"]
+    return statuses, stopped["name"] or ""
 
 
 @contextmanager
@@ -262,23 +264,6 @@ def check_gpus(ray, per_task: float) -> None:
         if have < per_task:
             raise FedsimError(f"[sweep] gpus_per_task = {per_task:g}, but the Ray cluster has {have:g} "
                               "GPUs; set gpus_per_task = 0 for CPU tasks, or join a cluster with GPUs")
-
-
-@contextmanager
-def stop_signals():
-    """The first Ctrl-C or SIGTERM (`kill`, `timeout`, a batch scheduler's time limit) stops
-    the study, as it stops an in-process one, instead of killing the driver with its tasks:
-    it is noted in the dict this yields ({"name": "SIGTERM"}) and `gather` cancels the tasks;
-    a second one aborts (Stopped)."""
-    stopped = {"name": ""}
-
-    def handler(signum, frame):
-        if stopped["name"]:
-            raise Stopped(STOP_SIGNALS[signum])
-        stopped["name"] = STOP_SIGNALS[signum]
-
-    with on_stop_signals(handler):
-        yield stopped
 
 
 class MainThreadStream:

@@ -67,10 +67,9 @@ def raise_stopped(signum, frame):
         _held.clear()
         raise Stopped(STOP_SIGNALS[signum])
     _held.append(signum)
-    profiler = sys.getprofile()  # (the main thread's: handlers run there)
 
     def raise_in_the_importer(frame, event, arg):
-        sys.setprofile(profiler)
+        sys.setprofile(None)
         if _held:  # (not raised by a second signal meanwhile)
             raise Stopped(STOP_SIGNALS[_held.pop()])
 
@@ -78,7 +77,7 @@ def raise_stopped(signum, frame):
         if event == "return" and returning is outermost:
             sys.setprofile(raise_in_the_importer)  # at its next event, in the code that imported
 
-    sys.setprofile(on_return)
+    sys.setprofile(on_return)  # (the main thread's profiler: handlers run there)
 
 
 _held: list[int] = []  # the stop signal held while the main thread imports (one at most)

@@ -305,6 +305,33 @@ def test_resume_cannot_take_rounds_back_or_read_a_damaged_checkpoint(cli_run, ca
     assert (run_dir / "config.toml").read_text() == before and rounds(run_dir).height == 5
 
 
+def test_a_comparison_and_a_study_cannot_take_rounds_back_either(tmp_path, capsys):
+    """As a run's: their config.toml / study.toml would no longer say what their runs ran."""
+    comparison = quadratic_config(TARGETS, rounds=6, run={"algorithms": ["fedavg", "mifa"], "name": "c",
+                                                         "out": str(tmp_path / "runs"), "progress": False,
+                                                         "plots": False})
+    (tmp_path / "c.toml").write_text(dump_toml(comparison))
+    assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 0
+    folder = tmp_path / "runs" / "c"
+    before = (folder / "config.toml").read_text()
+    err = fails(capsys, ["run", "--resume", str(folder), "--set", "run.rounds=4", "--quiet"])
+    assert err == (f"error: run.rounds = 4: algorithm fedavg already has 6 rounds ({folder / 'fedavg'}); "
+                   "resume can only add rounds: give run.rounds >= 6")
+    assert (folder / "config.toml").read_text() == before
+
+    study = {**comparison, "run": {**comparison["run"], "name": "s", "algorithms": []},
+             "sweep": {"run.seed": [0, 1]}}
+    (tmp_path / "s.toml").write_text(dump_toml(study))
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet"]) == 0
+    folder = tmp_path / "runs" / "s"
+    before = (folder / "study.toml").read_text()
+    for argv in (["sweep", "--resume", str(folder)], ["sweep", str(tmp_path / "s.toml")]):
+        err = fails(capsys, [*argv, "--set", "run.rounds=5", "--quiet"])
+        assert err == (f"error: run.rounds = 5: point seed-0 already has 6 rounds ({folder / 'seed-0'}); "
+                       "resume can only add rounds: give run.rounds >= 6")
+    assert (folder / "study.toml").read_text() == before
+
+
 # --- model-dependent defaults -------------------------------------------------------------
 
 def test_cnn_cinic_has_the_papers_dropout_unless_given():

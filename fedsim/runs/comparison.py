@@ -15,7 +15,7 @@ import polars as pl
 from fedsim.runs.callbacks import Callback
 from fedsim.config import Config, config_from_dict, dump_toml
 from fedsim.errors import FedsimError, Stopped, stop_at_once
-from fedsim.runs.experiment import Experiment, RunResult
+from fedsim.runs.experiment import Experiment, RunResult, check_only_adds_rounds
 from fedsim.files import (DirectoryLock, atomic_write, claim_directory, made_by_fedsim, plain_name,
                           remove_stale_temporaries, resume_command)
 from fedsim.results.plot_worker import PlotWorker
@@ -158,6 +158,8 @@ def resume_comparison(run_dir: Path, overrides: list[str] = (), progress: bool =
         section, key, value = parse_override(text)
         raw.setdefault(section, {})[key] = value
     config = config_from_dict(raw, origin=str(run_dir / "config.toml"))
+    for name in config.run.algorithms:
+        check_only_adds_rounds(run_dir / plain_name(name), config, f"algorithm {name}")
     try:
         with comparison_lock(run_dir, "fedsim resume, a comparison"):
             write_text(run_dir / "config.toml", dump_toml(config.to_dict()))  # with the keys it resumed with

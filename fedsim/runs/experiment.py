@@ -554,6 +554,16 @@ def resume_overrides(config: Config) -> list[str]:
     return [f"{key}={json.dumps(values[key.split('.')[0]][key.split('.')[1]])}" for key in RESUME_KEYS]
 
 
+def check_only_adds_rounds(run_dir: Path, config: Config, name: str) -> None:
+    """One line when `config` gives the run in `run_dir` (a comparison's algorithm or a study's
+    point, `name`) fewer rounds than it has already run: a resume only adds rounds, and the
+    config recorded above its runs would no longer say what they ran."""
+    done = read_manifest(run_dir, strict=False).get("rounds", 0)
+    if config.run.rounds < done:
+        raise FedsimError(f"run.rounds = {config.run.rounds}: {name} already has {done} rounds "
+                          f"({run_dir}); resume can only add rounds: give run.rounds >= {done}")
+
+
 def run_state(run_dir: Path, config: Config) -> str:
     """done (it ran its rounds, or stopped for good: diverged, trace over, max_time), resume
     (interrupted, or the study now asks for more rounds), or new."""

@@ -10,7 +10,7 @@ from fedsim.files import DirectoryLock
 from fedsim.results.recorder import write_text
 from fedsim.results.run_format import check_readable
 from fedsim.runs.comparison import comparison_lock
-from fedsim.runs.experiment import run_state
+from fedsim.runs.experiment import check_only_adds_rounds, run_state
 from fedsim.studies.processes import run_points_together
 from fedsim.studies.study import WARM, Study, check_own_runs, check_same_study
 from fedsim.studies.tables import write_tables
@@ -46,6 +46,8 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
             if (study.folder / point.name).is_dir():
                 check_readable(study.folder / point.name)
         check_own_runs(study)  # (a run that another process writes to is refused as such first)
+        for point in [*study.warm, *study.points]:
+            check_only_adds_rounds(study.folder / point.name, point.config, f"point {point.name}")
         write_text(study.folder / "study.toml", dump_toml(study.resolved))
         return _run_study_locked(study, progress, plotter, on_point, backend, address, processes)
 

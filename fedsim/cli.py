@@ -184,6 +184,16 @@ def use_recorded_plugin_folders(path: str | Path | None) -> None:
     use_plugin_folders(recorded_plugin_folders(folder))
 
 
+def refuse_a_study_folder(folder: Path, overrides: list[str]) -> None:
+    """`fedsim run --resume` of a study's folder: one line with the command that resumes it."""
+    import shlex
+
+    if (folder / "study.toml").is_file() and not (folder / "config.toml").exists():
+        sets = "".join(f" --set {shlex.quote(text)}" for text in overrides)
+        raise FedsimError(f"{folder}: a study's folder, which `fedsim sweep` resumes: run "
+                          f"`{resume_command('sweep', folder)}{sets}`")
+
+
 def _cmd_run(args, ready: list[Path]) -> int:
     from fedsim.config import load_config
     from fedsim.config.layers import draws_plots
@@ -199,6 +209,7 @@ def _cmd_run(args, ready: list[Path]) -> int:
     config = None if args.resume else load_config(args.config, args.set)
     if args.resume:
         check_resume_overrides(args.set)
+        refuse_a_study_folder(Path(args.resume), args.set)
     plots = draws_plots(Path(args.resume) / "config.toml", args.set) if args.resume else config.run.plots
     # started before torch's import, so that matplotlib's overlaps it; none for a run without plots
     plotter = shared_worker() if plots else None

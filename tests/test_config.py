@@ -288,6 +288,32 @@ def test_resume_refuses_a_hand_edited_config(cli_run, capsys):
     assert rounds(run_dir).height == 8
 
 
+ACROSS_KEYS = [  # rules over several keys, broken by the one --set: the line names that --set
+    ("model.name=lenet", "--set model.name=lenet: [model] name = 'lenet' is unknown; did you mean 'lenet5'?"),
+    ("server.clients_per_round=500", "--set server.clients_per_round=500: [server] clients_per_round = 500 is "
+                                     "more than the 100 devices"),
+    ("trace.source=file", "--set trace.source=file: [trace] source = 'file' needs [trace] path"),
+    ("trace.path=t.parquet", "--set trace.path=t.parquet: [trace] path is read only with source = 'file', and the "
+                             "trace here is 'bernoulli'; add --set trace.source=file"),
+    ("run.algorithms=[fedavg,mifa]", "--set 'run.algorithms=[fedavg,mifa]': [fedavg,mifa] is not a TOML list; "
+                                     "quote its words, as in --set 'run.algorithms=[\"fedavg\", \"mifa\"]'"),
+]
+
+
+@pytest.mark.parametrize("override,says", ACROSS_KEYS, ids=[a[0] for a in ACROSS_KEYS])
+def test_a_rule_across_keys_broken_by_a_set_names_that_set(tmp_path, monkeypatch, capsys, override, says):
+    monkeypatch.chdir(tmp_path)
+    err = fails(capsys, ["run", "quickstart", "--quiet", "--set", override])
+    assert err.startswith(f"error: {says}"), err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_dataset_called_by_its_nickname_gets_its_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    err = fails(capsys, ["run", "quickstart", "--quiet", "--set", "data.dataset=fmnist"])
+    assert err.startswith("error: [data] dataset = 'fmnist' is unknown; did you mean 'fashion-mnist'?"), err
+
+
 def test_resume_with_a_config_too_is_refused(cli_run, capsys, tiny):
     run_dir = cli_run(quadratic_config(TARGETS, rounds=2))
     err = fails(capsys, ["run", tiny, "--resume", str(run_dir), "--quiet"])

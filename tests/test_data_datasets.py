@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -179,6 +180,26 @@ def test_missing_folder_is_one_line_naming_the_files(tmp_path, name, files):
     message = str(err.value)
     assert "\n" not in message and files in message and "[data] root" in message
     assert "nowhere" in message and "download = true" in message
+
+
+def test_a_failed_download_is_one_line_and_leaves_no_empty_folders(tmp_path, monkeypatch):
+    """As torchvision fails offline: it makes root/FashionMNIST/raw first, then cannot fetch."""
+    import torchvision.datasets
+
+    class Offline:
+        def __init__(self, root, download=False, **kwargs):
+            (Path(root) / "FashionMNIST" / "raw").mkdir(parents=True)
+            raise RuntimeError("Error downloading train-images-idx3-ubyte.gz:")
+
+    monkeypatch.setattr(torchvision.datasets, "FashionMNIST", Offline)
+    (tmp_path / "kept").mkdir()
+    root = tmp_path / "kept" / "new" / "fm"
+    with pytest.raises(FedsimError) as err:
+        load_dataset(DataConfig(dataset="fashion-mnist", root=str(root), download=True), seed=0)
+    assert str(err.value) == (f"[data] dataset = 'fashion-mnist': downloading it into {root} failed (Error "
+                              "downloading train-images-idx3-ubyte.gz:); check the network, or put the files "
+                              "there yourself and set [data] root")
+    assert [p.name for p in tmp_path.rglob("*")] == ["kept"]  # (the folders it made are gone, not the user's)
 
 
 def test_unknown_dataset_suggests():

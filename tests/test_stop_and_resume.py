@@ -445,3 +445,20 @@ def test_a_signal_while_the_run_writes_its_first_files_stops_it_before_its_first
     done = as_printed(hint(proc.stdout, "run"), tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads((run_dir / "manifest.json").read_text())["rounds"] == 6
+
+
+def test_run_resume_of_a_study_folder_prints_the_sweep_that_resumes_it_and_that_runs_as_printed(tmp_path, capsys):
+    (tmp_path / "s.toml").write_text(dump_toml({**STUDY, "run": {**STUDY["run"], "out": str(tmp_path / "runs")}}))
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet"]) == 0
+    folder = tmp_path / "runs" / "s"
+    capsys.readouterr()
+    assert main(["run", "--resume", str(folder), "--set", "run.rounds=6"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a study's folder, which `fedsim sweep` resumes" in err, err
+    printed = re.findall(r"run `(fedsim sweep --resume [^`]+)`", err)
+    assert printed == [f"fedsim sweep --resume {folder} --set run.rounds=6"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = as_printed(printed[0], elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert pl.read_parquet(folder / "seed-0_algorithm-fedavg" / "rounds.parquet").height == 6

@@ -708,7 +708,8 @@ def config_from_dict(raw: dict, origin: str = "<config>", origins: dict | None =
             raise FedsimError(f"{origin}: '{section}' must be a [{section}] table, got {body!r}")
     algorithms = raw.get("run", {}).get("algorithms", [])
     if not isinstance(algorithms, list) or not all(isinstance(a, str) for a in algorithms):
-        raise FedsimError(f"{origin}: [run] algorithms must be a list of names (strings), got {algorithms!r}")
+        raise FedsimError(f"{origins.get(('run', 'algorithms'), origin)}: [run] algorithms must be a list of names "
+                          f"(strings), got {algorithms!r}")
     unknown = _unknown_keys(raw, algorithms, origin, origins)
     if unknown:
         raise _unknown_error(unknown)
@@ -734,10 +735,22 @@ def _with_model_defaults(raw: dict) -> dict:
     return {**raw, "model": {**defaults, **model}} if defaults else raw
 
 
+def _blame(config: Config, origin: str, *keys: tuple[str, str]) -> str:
+    """Where a rule over `keys` is broken: the `--set` that gave one of them (the user's last
+    word, as a single key's error names it), else `origin`."""
+    given = [config.origins.get(key, "") for key in keys]
+    return next((label for label in given if label.startswith("--set ")), origin)
+
+
 def _check_consistency(config: Config, origin: str) -> None:
     """Cross-key rules that no single field can check."""
     if config.trace.source == "file" and not config.trace.path:
-        raise FedsimError(f"{origin}: [trace] source = 'file' needs [trace] path = 'trace.parquet'")
+        raise FedsimError(f"{_blame(config, origin, ('trace', 'source'))}: [trace] source = 'file' needs [trace] "
+                          "path = 'trace.parquet'")
+    given = config.origins.get(("trace", "path"), "")
+    if config.trace.source != "file" and given.startswith("--set "):  # (a base's or a study's path may rest)
+        raise FedsimError(f"{given}: [trace] path is read only with source = 'file', and the trace here is "
+                          f"{config.trace.source!r}; add --set trace.source=file")
     if config.data.dataset == "quadratic" and config.model.name != ModelConfig.name:
         raise FedsimError(f"{origin}: [model] name = {config.model.name!r} does not apply to the quadratic task "
                           "(its model is the vector x: set its start with [model] init); remove it")
@@ -746,7 +759,7 @@ def _check_consistency(config: Config, origin: str) -> None:
                           "quadratic task (its clients are their targets); remove it")
     _check_federated_keys(config.data, origin)
     if config.data.dataset != "quadratic":  # (whose model is its vector)
-        MODELS.check_name(config.model.name, f"{origin}: [model] name")
+        MODELS.check_name(config.model.name, f"{_blame(config, origin, ('model', 'name'))}: [model] name")
     if config.server.mode == "async" and config.server.timing == "ideal":
         raise FedsimError(f"{origin}: [server] mode = 'async' needs timing = 'model' (ideal timing "
                           "is the papers' synchronous round model)")
@@ -828,7 +841,8 @@ def _check_local_work(config: Config, origin: str) -> None:
     if client.local_epochs and client.batch_size == 0:
         raise FedsimError(f"{where} needs batch_size > 0 to cut each epoch into minibatches (with batch_size = 0 "
                           f"a step is already one pass over the local data: set local_steps instead)")
-    check_cohort_size(config.server, config.data.clients, f"{origin}: ")
+    check_cohort_size(config.server, config.data.clients,
+                      f"{_blame(config, origin, ('server', 'clients_per_round'), ('data', 'clients'))}: ")
 
 
 def _check_partial_work(config: Config, origin: str) -> None:
@@ -962,8 +976,21 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     try:
         value = tomllib.loads(f"v = {literal}")["v"]
     except tomllib.TOMLDecodeError:
+        if literal.strip().startswith("["):  # a list of bare words: say how to quote them
+            items = [item.strip().strip("'\"") for item in literal.strip().strip("[]").split(",") if item.strip()]
+            quoted = ", ".join(item if _is_number(item) else f'"{item}"' for item in items)
+            raise FedsimError(f"--set {text!r}: {literal.strip()} is not a TOML list; quote its words, as in "
+                              f"--set '{path.strip()}=[{quoted}]'") from None
         value = literal
     return section, key.strip(), value
+
+
+def _is_number(word: str) -> bool:
+    try:
+        tomllib.loads(f"v = {word}")
+    except tomllib.TOMLDecodeError:
+        return False
+    return True
 
 
 def read_toml(path: str | Path) -> dict:

@@ -226,15 +226,25 @@ def _svhn(cfg: DataConfig, seed: int) -> Dataset:
 
 
 def _torchvision(name: str, root: Path, cls, **kwargs):
-    """A torchvision dataset; its failures (corrupt file, failed download) as one-line errors."""
+    """A torchvision dataset; its failures (corrupt file, failed download) as one-line errors. A
+    failed download leaves no empty folders behind (torchvision makes them first)."""
+    existed = _folders(root) if kwargs.get("download") else set()
     try:
         return cls(str(root), **kwargs)
     except (RuntimeError, OSError, ValueError) as err:
-        raise FedsimError(
-            f"[data] dataset = '{name}': torchvision could not load it from {root} "
-            f"({first_line(err)}); "
-            f"check the files there, or set [data] download = true"
-        ) from None
+        if not kwargs.get("download"):
+            raise FedsimError(f"[data] dataset = '{name}': torchvision could not load it from {root} "
+                              f"({first_line(err)}); check the files there, or set [data] download = true") from None
+        for folder in sorted(_folders(root) - existed, key=lambda f: len(f.parts), reverse=True):
+            if not any(folder.iterdir()):
+                folder.rmdir()
+        raise FedsimError(f"[data] dataset = '{name}': downloading it into {root} failed ({first_line(err)}); "
+                          "check the network, or put the files there yourself and set [data] root") from None
+
+
+def _folders(root: Path) -> set[Path]:
+    """`root`, the folders above it and those in it, where they exist."""
+    return {f for f in (root, *root.parents) if f.is_dir()} | {f for f in root.rglob("*") if f.is_dir()}
 
 
 # --- datasets with their own clients (LEAF, Parquet) ------------------------------------------
@@ -298,8 +308,16 @@ LOADERS = {
 DATASETS = (*LOADERS, "quadratic")
 
 
+# names people call the datasets by, which "did you mean" (close spellings) would not find
+NICKNAMES = {"fmnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "fashion_mnist": "fashion-mnist",
+             "cifar-10": "cifar10", "cifar-100": "cifar100"}
+
+
 def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
     """The dataset named by `[data] dataset` (not `quadratic`, which has no samples)."""
+    if cfg.dataset in NICKNAMES:
+        raise FedsimError(f"[data] dataset = {cfg.dataset!r} is unknown; did you mean {NICKNAMES[cfg.dataset]!r}? "
+                          f"(one of: {', '.join(DATASETS)})")
     if cfg.dataset not in LOADERS:
         raise choice_error("[data] dataset", cfg.dataset, DATASETS)
     return LOADERS[cfg.dataset](cfg, seed)

@@ -237,7 +237,8 @@ def _cmd_run(args, ready: list[Path]) -> int:
     print(_summary_table(result))
     for r in result.runs or [result]:
         if r.status != "completed":
-            print(f"{r.algorithm}: {r.status} ({r.reason})")
+            said = r.reason if r.reason.startswith(r.status) else f"{r.status} ({r.reason})"
+            print(f"{r.algorithm}: {said}")  # ("interrupted by Ctrl-C after round 3", "diverged (...)")
     for line in early_stops(result):
         print(line)
     for line in manifest_warnings(result):
@@ -447,7 +448,17 @@ class OneLineParser(argparse.ArgumentParser):
     """A usage mistake is one `error:` line like every other, pointing at the help (argparse
     would print the whole usage first)."""
 
+    argv: list[str] = []
+
+    def parse_args(self, args=None, namespace=None):
+        self.argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(self.argv, namespace)
+
     def error(self, message: str):
+        spaced = [(key, value) for flag, key, value in zip(self.argv, self.argv[1:], self.argv[2:])
+                  if flag == "--set" and "=" not in key and not value.startswith("-")]
+        if message.startswith("unrecognized arguments") and spaced:  # `--set client.lr 0.1`
+            message += f" (write --set {spaced[0][0]}={spaced[0][1]}, with '=')"
         self.exit(2, f"error: {self.prog}: {message}; see `{self.prog} --help`\n")
 
 

@@ -95,8 +95,9 @@ def _outermost_import(frame):
 
 def say_stopping(line: str) -> None:
     """The line a first stop signal prints (what the command waits for), on stderr, off a
-    progress bar on a terminal."""
-    fresh_line = "\n" if sys.stderr.isatty() else ""
+    progress bar: on a terminal, or a run's bar drawn into a log file (tqdm's live bars)."""
+    bars = getattr(getattr(sys.modules.get("tqdm"), "tqdm", None), "_instances", ())
+    fresh_line = "\n" if sys.stderr.isatty() or len(bars) else ""
     print(f"{fresh_line}{line}", file=sys.stderr, flush=True)
 
 

@@ -308,6 +308,23 @@ def test_a_rule_across_keys_broken_by_a_set_names_that_set(tmp_path, monkeypatch
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_mistyped_scenario_or_model_attribute_gets_a_did_you_mean(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert fails(capsys, ["run", "quickstartt"]) == "error: config quickstartt: no such file or scenario; did you mean 'quickstart'?"
+    assert fails(capsys, ["sweep", "paper-mifaa"]) == "error: config paper-mifaa: no such file or scenario; did you mean 'paper-mifa'?"
+    (tmp_path / "my_cnn.py").write_text("def make(in_shape, n_classes, model_config):\n    pass\n")
+    err = fails(capsys, ["run", "quickstart", "--set", "model.name=my_cnn:mak"])
+    assert err.endswith("module 'my_cnn' has no 'mak'; did you mean 'make'?"), err
+
+
+def test_a_set_written_with_a_space_says_to_write_the_equals_sign(capsys):
+    with pytest.raises(SystemExit) as exit:  # (argparse's, in the process)
+        main(["run", "quickstart", "--set", "client.lr", "0.1"])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err == ("error: fedsim: unrecognized arguments: 0.1 (write --set client.lr=0.1, "
+                                       "with '='); see `fedsim --help`\n")
+
+
 def test_a_dataset_called_by_its_nickname_gets_its_name(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     err = fails(capsys, ["run", "quickstart", "--quiet", "--set", "data.dataset=fmnist"])

@@ -457,6 +457,20 @@ def test_a_finished_study_grows_to_more_rounds_by_set(tmp_path, capsys):
     assert "holds a different study" in capsys.readouterr().err
 
 
+def test_a_set_of_several_values_for_a_key_of_one_says_how_to_sweep_them_and_that_runs(tmp_path, capsys):
+    import shlex
+
+    path = write_study(tmp_path, {"run.seed": [0, 1]}, name="lrs", run={"rounds": 2, "eval_every": 2})
+    sweep(path, "--set", "client.lr=[0.1, 0.2]", expect=2)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "[client] lr takes one value; to sweep over these, give an axis: " in err, err
+    suggested = shlex.split(err.split("give an axis: ")[1])
+    assert suggested == ["--set", "sweep.client.lr=[0.1, 0.2]"]
+    sweep(path, *suggested)
+    points = sorted(p.parent.name for p in (tmp_path / "runs" / "lrs").glob("*/rounds.parquet"))
+    assert len(points) == 4 and {p.split("_")[-1] for p in points} == {"lr-0.1", "lr-0.2"}, points
+
+
 def test_a_study_that_stopped_before_any_run_is_run_again_with_a_fixed_set(tmp_path, capsys):
     """Missing data stops the sweep before its first point: the same study with --set
     data.root (or another fix) runs, not refused as another study; once a point ran, it is."""

@@ -69,7 +69,10 @@ def test_trace_info_breaks_availability_down_by_zone(tmp_path, capsys):
         assert row["median"] == pytest.approx(np.median(availability[mine]))
         assert row["peak_hour"] == 0  # everyone is online from midnight UTC
     assert main(["trace", "info", str(tmp_path / "t.parquet")]) == 0
-    assert "availability by time zone" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "availability by time zone" in out
+    utc8 = next(line for line in out.splitlines() if line.startswith("UTC+8 "))
+    assert utc8.endswith("   00h (UTC)"), utc8
 
 
 def test_a_device_table_gives_the_zones_and_must_fit_the_trace(tmp_path, capsys):

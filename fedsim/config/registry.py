@@ -22,7 +22,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from fedsim.errors import FedsimError, choice_error, first_line
+from fedsim.errors import FedsimError, choice_error, did_you_mean, first_line
 
 # top-level module -> the folder it was imported from, where that folder was the working
 # directory (a plugin file beside the config): a run records those its config names
@@ -148,7 +148,10 @@ class Registry(MutableMapping):
             elif hasattr(obj, part):
                 obj = getattr(obj, part)
             else:
-                raise FedsimError(f"{where}: {what}: module {module_name!r} has no {attr!r}")
+                names = list(obj) if isinstance(obj, Mapping) else [n for n in dir(obj) if not n.startswith("_")]
+                hint = did_you_mean(part, names)
+                raise FedsimError(f"{where}: {what}: module {module_name!r} has no {attr!r}"
+                                  f"{'; ' + hint if hint else ''}")
         return obj
 
 

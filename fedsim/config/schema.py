@@ -611,6 +611,16 @@ def _declared_options(section: str, raw: dict, algorithms: list, origin: str) ->
     return None
 
 
+def takes_one_value(section: str, key: str) -> bool:
+    """Whether config key [section] key is one of the typed keys whose value is not a list."""
+    cls = _SECTION_CLASSES.get(section)
+    field = next((f for f in dataclasses.fields(cls) if f.name == key), None) if cls else None
+    if field is None or field.name == "options":
+        return False
+    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    return not isinstance(default, (list, tuple))
+
+
 def _field_names(cls) -> list[str]:
     return [f.name for f in dataclasses.fields(cls) if f.name != "options"]
 
@@ -996,7 +1006,9 @@ def _is_number(word: str) -> bool:
 def read_toml(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
-        raise FedsimError(f"config {path}: no such file; pass an existing .toml file or a scenario name")
+        hint = did_you_mean(path, scenario_names()) if not path.suffix else ""  # a scenario's name, mistyped
+        raise FedsimError(f"config {path}: " + (f"no such file or scenario; {hint}" if hint else
+                                                 "no such file; pass an existing .toml file or a scenario name"))
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as err:

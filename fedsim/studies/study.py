@@ -29,6 +29,7 @@ from fedsim.config import (AlgorithmConfig, Config, DataConfig, TraceConfig, alg
                            is_study, parse_override, plain_folder_name, read_toml, scenario_names, scenario_path,
                            selection_options, trace_options)
 from fedsim.config.layers import SET, Layered, drop_unselected, layered_config
+from fedsim.config.schema import takes_one_value
 from fedsim.errors import FedsimError
 
 MAX_POINTS = 10_000  # more need --yes
@@ -105,6 +106,9 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
         elif section == WARM:
             warm[key] = value
         else:
+            if isinstance(value, list) and takes_one_value(section, key):
+                raise FedsimError(f"--set {text!r}: [{section}] {key} takes one value; to sweep over these, give "
+                                  f"an axis: --set 'sweep.{section}.{key}={text.split('=', 1)[1].strip()}'")
             base.setdefault(section, {})[key] = value
             set_keys.append((text, f"{section}.{key}"))
             only_base.discard((section, key))

@@ -287,7 +287,7 @@ def format_summary(name, s: dict) -> str:
                       "half of the horizon)"]
     if s.get("by_zone"):
         zone = s["by_zone"]
-        clock = f"hour ({s['hourly_clock']})"
+        clock = f"({s['hourly_clock']})"
         lines += ["", f"availability by {'time zone' if zone['column'] == 'tz_offset' else 'group'} "
                       f"(from {zone['source']})",
                   f"{'':16}{'devices':>8}{'mean':>10}{'q10':>10}{'median':>10}{'q90':>10}   most online at"]

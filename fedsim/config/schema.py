@@ -792,16 +792,16 @@ def _check_consistency(config: Config, origin: str) -> None:
     for name in [config.algorithm.name, *config.run.algorithms]:
         for key, bounds in ALGORITHM_RANGES.get(name, {}).items():
             check_option(name, key, config.algorithm.options.get(key, ALGORITHM_OPTIONS[name][key]), *bounds,
-                         where=f"{origin}: ")
+                         where=f"{_blame(config, origin, ('algorithm', key))}: ")
         for key, words in ALGORITHM_CHOICES.get(name, {}).items():
             if config.algorithm.options.get(key, ALGORITHM_OPTIONS[name][key]) not in words:
-                raise choice_error(f"{origin}: [algorithm] {key}", config.algorithm.options[key], words,
-                                   f"for {name!r} is not valid")
+                raise choice_error(f"{_blame(config, origin, ('algorithm', key))}: [algorithm] {key}",
+                                   config.algorithm.options[key], words, f"for {name!r} is not valid")
     _check_fedasync(config, origin)
     policy = config.algorithm.selection
     for key, bounds in SELECTION_RANGES.get(policy, {}).items():
         check_option(policy, key, config.algorithm.options.get(key, SELECTION_OPTIONS[policy][key]), *bounds,
-                     where=f"{origin}: ")
+                     where=f"{_blame(config, origin, ('algorithm', key))}: ")
     _check_local_work(config, origin)
     _check_partial_work(config, origin)
     steps = math.ceil(config.client.local_epochs) if config.client.local_epochs else config.client.local_steps
@@ -927,7 +927,7 @@ def _check_power_of_choice(config: Config, origin: str) -> None:
     invite through the selection policy; its key `candidates` is checked against the round's
     budget here (its range, and its absence under other policies, like every policy's keys)."""
     algorithm, server = config.algorithm, config.server
-    where = f"{origin}: [algorithm] selection = 'power-of-choice'"
+    where = f"{_blame(config, origin, ('algorithm', 'selection'))}: [algorithm] selection = 'power-of-choice'"
     if algorithm.selection != "power-of-choice":
         return
     if not server.clients_per_round:
@@ -944,8 +944,8 @@ def _check_power_of_choice(config: Config, origin: str) -> None:
     if d and not invited <= d <= config.data.clients:
         per_round = (f"the {invited} devices invited per round" if invited == server.clients_per_round else
                      f"the {invited} devices invited per round (clients_per_round with overcommit)")
-        raise FedsimError(f"{origin}: [algorithm] candidates = {d} must be at least {per_round} "
-                          f"and at most [data] clients = {config.data.clients}; give a value in that range, "
+        raise FedsimError(f"{_blame(config, origin, ('algorithm', 'candidates'))}: [algorithm] candidates = {d} "
+                          f"must be at least {per_round} and at most [data] clients = {config.data.clients}; give a value in that range, "
                           "or 0 for twice the devices invited")
 
 

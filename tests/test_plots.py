@@ -113,6 +113,27 @@ def test_time_is_in_hours_since_the_start_with_the_clock_on_top(tmp_path):
             acc.transData.transform((hours, 0))[0])
 
 
+@pytest.mark.parametrize("span_h, unit, shown", [
+    (57 / 3600, "s", ["0", "10", "20", "30", "40", "50"]),  # a short run's 57 s, not 0.016 h
+    (1.5, "min", ["0", "15", "30", "45", "60", "75", "90"]),
+    (24.0, "h", ["0", "3", "6", "9", "12", "15", "18", "21", "24"]),
+])
+def test_simulated_time_is_labelled_in_the_unit_its_span_calls_for(span_h, unit, shown):
+    import matplotlib.pyplot as plt
+
+    from fedsim.results.plots import _time_axis
+
+    fig, ax = plt.subplots()
+    ax.plot([0, span_h], [0, 1])
+    ax.set_xlim(0, span_h)
+    _time_axis(ax)
+    fig.draw_without_rendering()
+    assert ax.get_xlabel() == f"simulated time since the start ({unit})"
+    labels = [t.label1.get_text() for t in ax.xaxis.get_major_ticks() if 0 <= t.get_loc() <= span_h * (1 + 1e-9)]
+    assert labels == shown
+    plt.close(fig)
+
+
 def test_round_durations_are_placed_at_the_clock_time_of_day(tmp_path):
     ax = figures(tmp_path)["round_duration_vs_time_of_day"].axes[0]
     x, y = lines(ax)["fedavg"]

@@ -168,11 +168,27 @@ def _metric_figure(runs: dict[str, RunData], title: str, x: str):
             ax.yaxis.set_minor_formatter(_plain_log(labelOnlyBase=False))
             ax.set_ylabel("test loss (log scale)")
     axes[0].legend(loc="lower right" if metrics[0] == "test_acc" else "upper right")
-    axes[-1].set_xlabel("rounds completed" if x == "rounds" else "simulated time since the start (h)")
     axes[-1].set_xlim(left=0)
+    if x == "rounds":
+        axes[-1].set_xlabel("rounds completed")
+    else:
+        _time_axis(axes[-1])
     if clock:
         _clock_axis(axes[0], clock, next(iter(runs.values())).start)
     return fig
+
+
+def _time_axis(ax, label: str = "simulated time since the start") -> None:
+    """`ax`'s x, in hours, labelled in the unit that reads best for its span: seconds below
+    two minutes, minutes below two hours (a short run's 57 s is not 0.016 h), with ticks at
+    the clock's round steps."""
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
+
+    span = max(ax.get_xlim()[1] - ax.get_xlim()[0], 1e-9)
+    size, unit = (1 / 3600, "s") if span < 2 / 60 else (1 / 60, "min") if span < 2 else (1.0, "h")
+    ax.xaxis.set_major_locator(MultipleLocator(clock_step(span)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / size:.6g}"))
+    ax.set_xlabel(f"{label} ({unit})")
 
 
 def _plain_log(**options):
@@ -299,7 +315,7 @@ def _participation_figure(run: RunData, title: str):
         ax.plot(*_steps(run, run.rounds[column]), ls=style, color="black", lw=1, label=column)
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("simulated time since the start (h)")
+    _time_axis(ax)
     ax.set_ylabel("devices per round")
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     return fig
@@ -383,7 +399,7 @@ def _latency_figure(run: RunData, title: str):
         ax.plot([], [], color="black", ls="--", lw=1, label=f"deadline {run.deadline:g} s\n(off the scale)")
     ax.set_ylim(0, 1.1 * max(top, run.deadline) if shown else 1.15 * max(top, 1e-9))
     ax.set_xlim(left=0)
-    ax.set_xlabel("simulated time since the start (h)")
+    _time_axis(ax)
     ax.set_ylabel("median seconds of a task" + (" (per round)" if len(edges) == len(np.unique(t)) else ""))
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     return fig
@@ -557,7 +573,7 @@ def plot_study(folder: Path, name: str, group_axes: list[str], targets: list[flo
     initial = _initial_rows(folder, frame)
     written = []
     for x, label, scale, file in (("round", "rounds completed", 1.0, "study_accuracy_vs_rounds"),
-                                  ("t_end", "simulated time (h)", 3600.0, "study_accuracy_vs_time")):
+                                  ("t_end", "simulated time", 3600.0, "study_accuracy_vs_time")):
         metrics = [m for m in ("test_acc", "test_loss") if frame[m].drop_nulls().len()]
         bands = {m: study_bands(frame, group_axes, x, m, initial) for m in metrics}
         keys = list(bands[metrics[0]].partition_by(group_axes, as_dict=True, maintain_order=True)) \
@@ -587,7 +603,10 @@ def plot_study(folder: Path, name: str, group_axes: list[str], targets: list[flo
         for i, ax in enumerate(axes):  # x labelled under each group's last panel
             if ax.get_visible() and (i // cols) % len(metrics) == len(metrics) - 1:
                 ax.tick_params(labelbottom=True)
-                ax.set_xlabel(label)
+                if x == "round":
+                    ax.set_xlabel(label)
+                else:
+                    _time_axis(ax, label)
         for r in range(rows):
             metric = metrics[r % len(metrics)]
             axes[r * cols].set_ylabel("test accuracy (%)" if metric == "test_acc" else "test loss")

@@ -1199,9 +1199,17 @@ CASES = [
     case("async-comparison-with-fedavg-wait", RUN, r"\[algorithm\] 'fedavg-wait' cannot run with \[server\] mode = 'async'",
          **{"c.toml": config(server={"timing": "model", "mode": "async"}, run={"algorithms": ["fedbuff", "fedavg-wait"]})}),
     case("async-deadline-shorter-than-any-task", RUN, r"^error: \S+c\.toml: \[server\] deadline = 0\.001 s is shorter than "
-         r"any device's quickest task \([0-9.]+ ms: download, one local step, upload\), so in mode = 'async' no update "
+         r"any device's quickest task \([0-9.]+ ms: download, its local steps, upload\), so in mode = 'async' no update "
          r"would ever arrive and the buffer never fills; raise the deadline",
          **{"c.toml": config(server={"timing": "model", "mode": "async", "deadline": 0.001})}),
+    # the one device quick enough is never online in its 5 trace rounds (it hung, inviting the others forever)
+    case("async-deadline-met-only-by-devices-never-online", RUN, r"^error: \S+c\.toml: \[server\] "
+         r"deadline = 0\.03 s: only device 7 finishes a task within it, and the trace never has it online, so in "
+         r"mode = 'async' no update would ever arrive and the buffer never fills; raise the deadline",
+         **{"c.toml": dump_toml({"run": {"name": "r", "out": "{tmp}/runs", "rounds": 5, "progress": False,
+                                         "plots": False},
+                                 "data": {"dataset": "digits", "clients": 20}, "trace": {"source": "bernoulli", "p": 0.6},
+                                 "server": {"timing": "model", "mode": "async", "buffer": 3, "deadline": 0.03}})}),
     case("fedbuff-unknown-option", RUN, r"unknown key \[algorithm\] staleness_exponent for 'fedbuff'",
          **{"c.toml": config(server={"timing": "model", "mode": "async"}, algorithm={"name": "fedbuff", "staleness_exponent": 0.5})}),
     # halfnormal device speeds

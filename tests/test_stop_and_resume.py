@@ -463,3 +463,24 @@ def test_run_resume_of_a_study_folder_prints_the_sweep_that_resumes_it_and_that_
     done = as_printed(printed[0], elsewhere)
     assert done.returncode == 0, done.stderr
     assert pl.read_parquet(folder / "seed-0_algorithm-fedavg" / "rounds.parquet").height == 6
+
+
+def test_sigterm_cuts_an_async_aggregation_that_goes_on_a_deadline_past_it_and_the_resume_goes_on_identically(tmp_path):
+    """Two tasks at a time for a buffer of four: an aggregation takes at least two waves, longer than
+    the deadline the signal gives it, so it is cut where it is (an aggregation whose updates never
+    came would never end); the resume goes on from inside it."""
+    config = {**ASYNC, "server": {**ASYNC["server"], "concurrency": 2, "buffer": 4}}
+    (tmp_path / "a.toml").write_text(dump_toml(config))
+    assert fedsim(["run", "a.toml", "--quiet", "--set", "run.name=whole"], tmp_path).returncode == 0
+    proc = signalled(["run", "a.toml"], tmp_path, "aggregation", signal.SIGTERM)
+    assert proc.returncode == 143, proc.stderr
+    run_dir = tmp_path / "runs" / "a"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert (manifest["status"], manifest["rounds"]) == ("interrupted", 1), manifest  # aggregation 1 cut
+    assert manifest["reason"].startswith("interrupted by SIGTERM (aggregation 1 unfinished: "), manifest["reason"]
+    assert "\nfedavg" not in proc.stdout and "fedbuff: interrupted by SIGTERM (aggregation 1 unfinished" in proc.stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = as_printed(hint(proc.stdout, "run"), elsewhere)
+    assert done.returncode == 0, done.stderr
+    same_results(run_dir, tmp_path / "runs" / "whole")

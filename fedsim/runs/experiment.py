@@ -100,15 +100,26 @@ def check_min_selected(config: Config, index) -> None:
             "could start; lower it, or replay a trace where that many are online together")
 
 
-def check_async_deadline(config: Config, quickest_task_s: float) -> None:
-    """Buffered aggregation waits for `buffer` arrivals: where no device can finish a task
-    within the deadline, none ever arrives and the run would invite devices forever."""
+def check_async_deadline(config: Config, task_s: np.ndarray, ever_online: np.ndarray) -> None:
+    """Buffered aggregation waits for `buffer` arrivals: where no device that is ever online can
+    finish its first task (`task_s`, per device) within the deadline, none ever arrives and
+    the run would invite devices forever."""
     deadline = config.server.deadline
-    if quickest_task_s > deadline:
+    where = f"{config.origins.get(('server', 'deadline'), config.source)}: [server] deadline = {deadline:g} s"
+    fix = "raise the deadline, lower [client] local_steps, or speed up [devices] (docs/timing.md)"
+    if task_s.min() > deadline:
         raise FedsimError(
-            f"{config.origins.get(('server', 'deadline'), config.source)}: [server] deadline = {deadline:g} s is shorter than any device's quickest task "
-            f"({human_duration(quickest_task_s)}: download, one local step, upload), so in mode = 'async' no update "
-            "would ever arrive and the buffer never fills; raise the deadline (or speed up [devices], docs/timing.md)")
+            f"{where} is shorter than any device's quickest task ({human_duration(float(task_s.min()))}: download, "
+            f"its local steps, upload), so in mode = 'async' no update would ever arrive and the buffer never "
+            f"fills; {fix}")
+    quick = np.flatnonzero(task_s <= deadline)
+    if not ever_online[quick].any():
+        shown = ", ".join(map(str, quick[:5])) + (f" and {len(quick) - 5} more" if len(quick) > 5 else "")
+        raise FedsimError(
+            f"{where}: only device{'s' * (len(quick) > 1)} {shown} finish{'' if len(quick) > 1 else 'es'} a task "
+            f"within it, and the trace never has {'them' if len(quick) > 1 else 'it'} online, so in mode = 'async' "
+            "no update would ever arrive "
+            f"and the buffer never fills; {fix}")
 
 
 class Experiment:
@@ -165,7 +176,7 @@ class Experiment:
                                          table=self.device_table, where=f"device table {cfg.trace.devices_table}")
         self.strategy = self.set_up_strategy(cfg)
         if cfg.server.mode == "async":
-            check_async_deadline(cfg, self.quickest_task_s())
+            check_async_deadline(cfg, self.first_task_s(), device_online_fraction(self.trace, self.trace.horizon) > 0)
 
     def recorded_train_flops(self) -> float | None:
         """The training FLOPs per sample a resumed run was timed with (its manifest's): a later
@@ -357,14 +368,15 @@ class Experiment:
         source = self.config.trace.source
         return source == "file" or not GENERATORS.lookup(source, "[trace] source").round_indexed
 
-    def quickest_task_s(self) -> float:
-        """The shortest task of any device: download, ONE local step, upload (no algorithm asks
-        for less)."""
+    def first_task_s(self) -> np.ndarray:
+        """Each device's task in the first aggregation: download, the local steps the algorithm
+        asks of it (one under `[client] work = "fit-deadline"`), upload."""
         ids = np.arange(self.task.n_clients)
-        steps = np.ones(len(ids), dtype=np.int64)
+        steps = (np.ones(len(ids), dtype=np.int64) if self.config.client.work == "fit-deadline"
+                 else np.asarray(self.strategy.local_steps(0, ids), dtype=np.int64))
         down, up = self.strategy.message_bytes()
-        return float(np.min(self.timing.download_s(ids, down) + self.timing.upload_s(ids, up)
-                            + self.timing.compute_s(ids, self.trainer.samples(ids, steps), steps)))
+        return (self.timing.download_s(ids, down) + self.timing.upload_s(ids, up)
+                + self.timing.compute_s(ids, self.trainer.samples(ids, steps), steps))
 
     def typical_task_s(self) -> np.ndarray:
         """Each device's download + compute + upload of a task of `[client] local_steps` steps

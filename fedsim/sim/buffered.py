@@ -100,6 +100,8 @@ class BufferedServer(Server):
         self.in_flight: dict[int, Dispatch] = {}  # by number: the dispatches with a task still running
         self.open: Aggregation | None = None
         self.retry_at = 0.0  # when an empty selection is retried (kept where max_time cut the wait)
+        self.stop_signal = {"name": None}  # the engine's (sim/engine.py)
+        self.signalled_at: float | None = None  # simulated time an aggregation first saw a stop signal
 
     def round(self, rnd: int, max_time: float = 0.0):
         """Run until `buffer` updates have arrived, then aggregate them; None if the run is over."""
@@ -113,6 +115,8 @@ class BufferedServer(Server):
         while len(self.buffer) < self.cfg.buffer:
             if max_time and self.env.now >= max_time:
                 return self._stop(rnd, f"max_time {max_time:g} s reached")
+            if self._cut_by_stop_signal():
+                return self._stop(rnd, f"interrupted by {self.stop_signal['name']}", interrupted=True)
             self.retry_at = 0.0
             agg.invited.append(self._refill(rnd))
             if self.running == 0:  # nobody training, nobody invited: let simulated time move on
@@ -219,10 +223,22 @@ class BufferedServer(Server):
         return task_events(rnd, pick(lambda d: d.ids), tasks, outcome, pick(lambda d: d.steps), staleness,
                            stop_at=tasks.invited_at + self.cfg.deadline)
 
-    def _stop(self, rnd: int, reason: str) -> Stop:
+    def _cut_by_stop_signal(self) -> bool:
+        """Whether a stop signal ends the aggregation in progress where it is, as max_time does
+        (its checkpoint holds it; a resume goes on from there): once it has gone on for a
+        deadline of simulated time after the signal, the time any task it invited needs to
+        end. Until then it may finish, as a round does; one whose updates do not come (tasks
+        all late) would never finish."""
+        if not self.stop_signal["name"]:
+            return False
+        if self.signalled_at is None:
+            self.signalled_at = self.env.now
+        return self.env.now >= self.signalled_at + self.cfg.deadline
+
+    def _stop(self, rnd: int, reason: str, interrupted: bool = False) -> Stop:
         """End the run in the middle of an aggregation."""
         return Stop(f"{reason} (aggregation {rnd} unfinished: "
-                    f"{len(self.buffer)} of {self.cfg.buffer} updates buffered)")
+                    f"{len(self.buffer)} of {self.cfg.buffer} updates buffered)", interrupted)
 
     def _candidates(self) -> np.ndarray:
         """Free online devices that have not run on this version; when nobody is training and
@@ -254,8 +270,10 @@ class BufferedServer(Server):
         overrun = tasks.ends_at > now + self.cfg.deadline
         fate[overrun] = "late"
         ends_at = np.where(overrun, now + self.cfg.deadline, tasks.ends_at)
-        dispatch = Dispatch(self.dispatches, rnd, now, ids, self.strategy.start_params(ids).clone(), steps,
-                            self.strategy.client_lr(rnd), fate == "arrived", tasks, ends_at, fate,
+        arrive = fate == "arrived"  # (a dispatch none of whose updates arrive keeps no start: an
+        start = self.strategy.start_params(ids).clone() if arrive.any() else None  # aggregation may invite for long)
+        dispatch = Dispatch(self.dispatches, rnd, now, ids, start, steps,
+                            self.strategy.client_lr(rnd), arrive, tasks, ends_at, fate,
                             np.zeros(len(ids), dtype=bool))
         self.untrained.append(dispatch)
         self.busy[ids] = True

@@ -45,6 +45,7 @@ class Engine:
         self.on_round, self.stop_signal, self.diverged = on_round, stop_signal, diverged
         self.status, self.reason = "completed", f"{rounds} rounds"
         self.done = start_round
+        server.stop_signal = stop_signal  # (an asynchronous aggregation may end on it: sim/buffered.py)
         self.process = self.env.process(self._main(start_round))
 
     def _main(self, rnd: int):
@@ -60,6 +61,8 @@ class Engine:
             outcome = yield from server.round(rnd, max_time)
             if isinstance(outcome, Stop):
                 self.reason = outcome.reason
+                if outcome.interrupted:
+                    self.status = "interrupted"
                 return
             if self.before_callbacks is not None:
                 yield from self.before_callbacks(outcome)

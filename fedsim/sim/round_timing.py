@@ -21,6 +21,7 @@ class Stop:
     """What a round returns instead of its outcome when the run cannot go on, and why."""
 
     reason: str
+    interrupted: bool = False  # by a stop signal, with the run's state to resume from (not its end)
 
 
 @dataclass

@@ -295,15 +295,19 @@ ACROSS_KEYS = [  # rules over several keys, broken by the one --set: the line na
     ("trace.source=file", "--set trace.source=file: [trace] source = 'file' needs [trace] path"),
     ("trace.path=t.parquet", "--set trace.path=t.parquet: [trace] path is read only with source = 'file', and the "
                              "trace here is 'bernoulli'; add --set trace.source=file"),
+    ("server.update_frac=0.5", "--set server.update_frac=0.5: [server] update_frac is a rule of synchronous rounds",
+     ["--set", 'server.mode="async"', "--set", 'server.timing="model"']),
+    ('client.work="fit-deadline"', """--set client.work="fit-deadline": [client] work = 'fit-deadline' needs device """
+                                   "speeds", ["--set", 'server.timing="ideal"']),
     ("run.algorithms=[fedavg,mifa]", "--set 'run.algorithms=[fedavg,mifa]': [fedavg,mifa] is not a TOML list; "
                                      "quote its words, as in --set 'run.algorithms=[\"fedavg\", \"mifa\"]'"),
 ]
 
 
-@pytest.mark.parametrize("override,says", ACROSS_KEYS, ids=[a[0] for a in ACROSS_KEYS])
-def test_a_rule_across_keys_broken_by_a_set_names_that_set(tmp_path, monkeypatch, capsys, override, says):
+@pytest.mark.parametrize("override,says,before", [(*a, [])[:3] for a in ACROSS_KEYS], ids=[a[0] for a in ACROSS_KEYS])
+def test_a_rule_across_keys_broken_by_a_set_names_that_set(tmp_path, monkeypatch, capsys, override, says, before):
     monkeypatch.chdir(tmp_path)
-    err = fails(capsys, ["run", "quickstart", "--quiet", "--set", override])
+    err = fails(capsys, ["run", "quickstart", "--quiet", *before, "--set", override])
     assert err.startswith(f"error: {says}"), err
     assert not (tmp_path / "runs").exists()
 
@@ -315,6 +319,25 @@ def test_a_mistyped_scenario_or_model_attribute_gets_a_did_you_mean(tmp_path, mo
     (tmp_path / "my_cnn.py").write_text("def make(in_shape, n_classes, model_config):\n    pass\n")
     err = fails(capsys, ["run", "quickstart", "--set", "model.name=my_cnn:mak"])
     assert err.endswith("module 'my_cnn' has no 'mak'; did you mean 'make'?"), err
+
+
+def test_an_algorithm_set_where_run_algorithms_take_its_place_says_how_and_each_way_runs(tmp_path, monkeypatch, capsys):
+    import re
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "quickstart", "--quiet", "--set", "run.rounds=2", "--set", "algorithm.name=fedprox",
+            "--set", "algorithm.mu=0.1"]
+    err = fails(capsys, argv)
+    assert err.startswith("error: --set algorithm.name=fedprox: this config runs [run] algorithms = "
+                          '["fedavg", "mifa"], which take the place of [algorithm] name'), err
+    ways = re.findall(r"(--set '[^']+')", err)
+    assert ways == ["--set 'run.algorithms=[]'", """--set 'run.algorithms=["fedavg", "mifa", "fedprox"]'"""]
+    for way, ran in zip(ways, (["fedprox"], ["fedavg", "mifa", "fedprox"])):
+        assert main([*argv, *shlex.split(way), "--set", f"run.name=r{len(ran)}"]) == 0
+        summary = capsys.readouterr().out
+        assert [line.split()[0] for line in summary.splitlines() if line.split()[:1] and line.split()[0] in
+                ("fedavg", "mifa", "fedprox")] == ran, summary
 
 
 def test_a_set_written_with_a_space_says_to_write_the_equals_sign(capsys):

@@ -1338,7 +1338,7 @@ CASES = [
          "server.clients_per_round=10 --set server.mode='async'", r"\[algorithm\] selection = 'power-of-choice' is a "
          r"rule of synchronous rounds, not of \[server\] mode = 'async'; set mode = 'sync' or another selection$"),
     case("power-of-choice-fedavg-wait", "run quickstart --set algorithm.selection='power-of-choice' --set "
-         "server.clients_per_round=10 --set algorithm.name='fedavg-wait'", r"\[algorithm\] selection = "
+         "server.clients_per_round=10 --set algorithm.name='fedavg-wait' --set run.algorithms=[]", r"\[algorithm\] selection = "
          r"'power-of-choice' does not apply to \[algorithm\] 'fedavg-wait' \(it does not invite through the "
          r"selection policy\); remove the selection or choose another algorithm$"),
     # --- issue 39: fedasync and the server optimizers adagrad, yogi ---

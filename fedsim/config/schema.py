@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -729,8 +730,23 @@ def config_from_dict(raw: dict, origin: str = "<config>", origins: dict | None =
         for section in _SECTION_CLASSES
     }
     config = Config(**built, source=origin, origins=dict(origins))
-    _check_consistency(config, where or origin)
+    try:
+        _check_consistency(config, where or origin)
+    except FedsimError as err:  # (a study's point is named as the combination of its values)
+        raise (err if where else _blamed(err, config, origin)) from None
     return config
+
+
+def _blamed(err: FedsimError, config: Config, where: str) -> FedsimError:
+    """A rule across keys broken by a `--set`: its line names that `--set` (the user's last
+    word, as a single key's error does), not the config file: the first key of the line that
+    a `--set` gave."""
+    text = str(err)
+    if not text.startswith(f"{where}: "):
+        return err
+    found = [(hit.start(), label) for (section, key), label in config.origins.items() if label.startswith("--set ")
+             for hit in [re.search(rf"\[{section}\] {re.escape(key)}\b", text)] if hit]
+    return FedsimError(min(found)[1] + text[len(where):]) if found else err
 
 
 # [model] keys whose default is that of the paper's architecture of the name: FedAWE's
@@ -745,18 +761,16 @@ def _with_model_defaults(raw: dict) -> dict:
     return {**raw, "model": {**defaults, **model}} if defaults else raw
 
 
-def _blame(config: Config, origin: str, *keys: tuple[str, str]) -> str:
-    """Where a rule over `keys` is broken: the `--set` that gave one of them (the user's last
-    word, as a single key's error names it), else `origin`."""
-    given = [config.origins.get(key, "") for key in keys]
-    return next((label for label in given if label.startswith("--set ")), origin)
-
-
 def _check_consistency(config: Config, origin: str) -> None:
     """Cross-key rules that no single field can check."""
     if config.trace.source == "file" and not config.trace.path:
-        raise FedsimError(f"{_blame(config, origin, ('trace', 'source'))}: [trace] source = 'file' needs [trace] "
-                          "path = 'trace.parquet'")
+        raise FedsimError(f"{origin}: [trace] source = 'file' needs [trace] path = 'trace.parquet'")
+    named = config.origins.get(("algorithm", "name"), "")
+    if config.run.algorithms and named.startswith("--set ") and config.algorithm.name not in config.run.algorithms:
+        name, listed = config.algorithm.name, ", ".join(f'"{a}"' for a in config.run.algorithms)
+        raise FedsimError(f"{named}: this config runs [run] algorithms = [{listed}], which take the place of "
+                          f"[algorithm] name; to run {name} alone add --set 'run.algorithms=[]', or compare it: "
+                          f"--set 'run.algorithms=[{listed}, \"{name}\"]'")
     given = config.origins.get(("trace", "path"), "")
     if config.trace.source != "file" and given.startswith("--set "):  # (a base's or a study's path may rest)
         raise FedsimError(f"{given}: [trace] path is read only with source = 'file', and the trace here is "
@@ -769,7 +783,7 @@ def _check_consistency(config: Config, origin: str) -> None:
                           "quadratic task (its clients are their targets); remove it")
     _check_federated_keys(config.data, origin)
     if config.data.dataset != "quadratic":  # (whose model is its vector)
-        MODELS.check_name(config.model.name, f"{_blame(config, origin, ('model', 'name'))}: [model] name")
+        MODELS.check_name(config.model.name, f"{origin}: [model] name")
     if config.server.mode == "async" and config.server.timing == "ideal":
         raise FedsimError(f"{origin}: [server] mode = 'async' needs timing = 'model' (ideal timing "
                           "is the papers' synchronous round model)")
@@ -792,16 +806,16 @@ def _check_consistency(config: Config, origin: str) -> None:
     for name in [config.algorithm.name, *config.run.algorithms]:
         for key, bounds in ALGORITHM_RANGES.get(name, {}).items():
             check_option(name, key, config.algorithm.options.get(key, ALGORITHM_OPTIONS[name][key]), *bounds,
-                         where=f"{_blame(config, origin, ('algorithm', key))}: ")
+                         where=f"{origin}: ")
         for key, words in ALGORITHM_CHOICES.get(name, {}).items():
             if config.algorithm.options.get(key, ALGORITHM_OPTIONS[name][key]) not in words:
-                raise choice_error(f"{_blame(config, origin, ('algorithm', key))}: [algorithm] {key}",
-                                   config.algorithm.options[key], words, f"for {name!r} is not valid")
+                raise choice_error(f"{origin}: [algorithm] {key}", config.algorithm.options[key], words,
+                                   f"for {name!r} is not valid")
     _check_fedasync(config, origin)
     policy = config.algorithm.selection
     for key, bounds in SELECTION_RANGES.get(policy, {}).items():
         check_option(policy, key, config.algorithm.options.get(key, SELECTION_OPTIONS[policy][key]), *bounds,
-                     where=f"{_blame(config, origin, ('algorithm', key))}: ")
+                     where=f"{origin}: ")
     _check_local_work(config, origin)
     _check_partial_work(config, origin)
     steps = math.ceil(config.client.local_epochs) if config.client.local_epochs else config.client.local_steps
@@ -851,8 +865,7 @@ def _check_local_work(config: Config, origin: str) -> None:
     if client.local_epochs and client.batch_size == 0:
         raise FedsimError(f"{where} needs batch_size > 0 to cut each epoch into minibatches (with batch_size = 0 "
                           f"a step is already one pass over the local data: set local_steps instead)")
-    check_cohort_size(config.server, config.data.clients,
-                      f"{_blame(config, origin, ('server', 'clients_per_round'), ('data', 'clients'))}: ")
+    check_cohort_size(config.server, config.data.clients, f"{origin}: ")
 
 
 def _check_partial_work(config: Config, origin: str) -> None:
@@ -927,7 +940,7 @@ def _check_power_of_choice(config: Config, origin: str) -> None:
     invite through the selection policy; its key `candidates` is checked against the round's
     budget here (its range, and its absence under other policies, like every policy's keys)."""
     algorithm, server = config.algorithm, config.server
-    where = f"{_blame(config, origin, ('algorithm', 'selection'))}: [algorithm] selection = 'power-of-choice'"
+    where = f"{origin}: [algorithm] selection = 'power-of-choice'"
     if algorithm.selection != "power-of-choice":
         return
     if not server.clients_per_round:
@@ -944,8 +957,8 @@ def _check_power_of_choice(config: Config, origin: str) -> None:
     if d and not invited <= d <= config.data.clients:
         per_round = (f"the {invited} devices invited per round" if invited == server.clients_per_round else
                      f"the {invited} devices invited per round (clients_per_round with overcommit)")
-        raise FedsimError(f"{_blame(config, origin, ('algorithm', 'candidates'))}: [algorithm] candidates = {d} "
-                          f"must be at least {per_round} and at most [data] clients = {config.data.clients}; give a value in that range, "
+        raise FedsimError(f"{origin}: [algorithm] candidates = {d} must be at least {per_round} "
+                          f"and at most [data] clients = {config.data.clients}; give a value in that range, "
                           "or 0 for twice the devices invited")
 
 

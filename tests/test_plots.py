@@ -114,6 +114,7 @@ def test_time_is_in_hours_since_the_start_with_the_clock_on_top(tmp_path):
 
 
 @pytest.mark.parametrize("span_h, unit, shown", [
+    (0.205 / 3600, "s", ["0", "0.04", "0.08", "0.12", "0.16", "0.2"]),  # a run of a fifth of a second
     (57 / 3600, "s", ["0", "10", "20", "30", "40", "50"]),  # a short run's 57 s, not 0.016 h
     (1.5, "min", ["0", "15", "30", "45", "60", "75", "90"]),
     (24.0, "h", ["0", "3", "6", "9", "12", "15", "18", "21", "24"]),

@@ -68,8 +68,8 @@ class Rule:
             rules.append(", ".join(self.names()) + ", or a plugin's 'module:Name'")
         if self.word:
             rules.append(f'"{self.word[0]}" = {self.word[1]}, or a number >= 1')
-        if self.zero:
-            rules.append(f"{_empty(default)} = {self.zero}")
+        if self.zero:  # (a number's, where a word like "auto" is the default)
+            rules.append(f"{'0' if self.non_negative else _empty(default)} = {self.zero}")
         return self.meaning + (f" ({'; '.join(rules)})" if rules else "")
 
 

@@ -182,11 +182,16 @@ def _time_axis(ax, label: str = "simulated time since the start") -> None:
     """`ax`'s x, in hours, labelled in the unit that reads best for its span: seconds below
     two minutes, minutes below two hours (a short run's 57 s is not 0.016 h), with ticks at
     the clock's round steps."""
-    from matplotlib.ticker import FuncFormatter, MultipleLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
 
     span = max(ax.get_xlim()[1] - ax.get_xlim()[0], 1e-9)
     size, unit = (1 / 3600, "s") if span < 2 / 60 else (1 / 60, "min") if span < 2 else (1.0, "h")
-    ax.xaxis.set_major_locator(MultipleLocator(clock_step(span)))
+    if span * 3600 < 4:  # under the clock's finest step (1 s): matplotlib's round steps of seconds
+        ticks = MaxNLocator(6).tick_values(0.0, span * 3600)
+        step = (ticks[1] - ticks[0]) / 3600
+    else:
+        step = clock_step(span)
+    ax.xaxis.set_major_locator(MultipleLocator(step))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / size:.6g}"))
     ax.set_xlabel(f"{label} ({unit})")
 

@@ -124,6 +124,23 @@ def test_a_trace_that_ends_stops_an_ideal_run(cli_run):
     assert fraction == [1.0, 0.4]
 
 
+def test_a_run_within_one_slot_of_its_generated_trace_and_a_run_of_failed_quorums_are_warned_of(cli_run):
+    """Rounds of ~0.1 s under model timing in a Bernoulli trace of 60-s rounds: each device is
+    online throughout or never; a quorum no round meets leaves the model where it was."""
+    config = {"run": {"rounds": 6}, "data": {"dataset": "digits", "clients": 20},
+              "trace": {"source": "bernoulli", "p": 0.6}, "server": {"timing": "model"}}
+    warnings = json.loads((cli_run(config, name="static") / "manifest.json").read_text())["warnings"]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "static availability: the run's 6 rounds took "), warnings
+    assert "within one 1 min round of the generated trace ([server] round_duration)" in warnings[0]
+    quorum = {**config, "server": {"timing": "model", "round_duration": 0.05, "update_frac": 1.0, "deadline": 0.05}}
+    run_dir = cli_run(quorum, name="quorum")
+    assert rounds(run_dir)["close_reason"].to_list() == ["quorum"] * 6
+    assert json.loads((run_dir / "manifest.json").read_text())["warnings"][-1] == (
+        "no update: all 6 rounds failed their quorum ([server] update_frac = 1), so the model never changed; "
+        "lower update_frac, or raise the deadline or the devices' speeds")
+
+
 def test_degenerate_participation_is_a_warning(cli_run):
     trace = Trace.from_intervals([0], [0.0], [1000.0], n_devices=20, horizon=1000.0)
     targets = [[float(i), 0.0] for i in range(20)]

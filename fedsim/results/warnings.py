@@ -7,7 +7,10 @@ go to the manifest's `warnings` and are printed under the end-of-run table.
 * coverage: the run saw less than 5 % of the span of a recorded (or wall-clock) trace, so its
   availability pattern (days, nights, time zones) never played out;
 * never arrived: more than 20 % of the devices invited at least 5 times never arrived, with
-  the likely cause (too slow for the deadline, or offline before finishing).
+  the likely cause (too slow for the deadline, or offline before finishing);
+* static availability: a generated round-indexed trace under model timing whose slot (its
+  round_duration) held the whole run;
+* no update: every round failed its quorum (`[server] update_frac`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,33 @@ def run_warnings(run, status: str, sim_time: float) -> list[str]:
         warnings += coverage_warning(sim_time, run.index.horizon)
     if run.config.server.timing == "model":
         warnings += never_arrived_warning(run.recorder.counters, run.typical_task_s(), run.config.server.deadline)
+        if status != "running" and not run.coverage_matters:
+            warnings += static_availability_warning(len(run.recorder.rows), sim_time, run.config.server.round_duration)
+    warnings += quorum_warning(run.recorder, run.config.server.update_frac)
     return warnings
+
+
+STATIC_ROUNDS = 5  # rounds of a run within one slot of a round-indexed trace that make it worth a word
+
+
+def static_availability_warning(rounds: int, sim_time: float, slot_s: float) -> list[str]:
+    """A round-indexed trace under model timing whose whole run fell within one of its slots
+    (`[server] round_duration`): every device was online throughout, or never."""
+    if rounds < STATIC_ROUNDS or sim_time >= slot_s:
+        return []
+    return [f"static availability: the run's {rounds} rounds took {human_duration(sim_time)} of simulated time, "
+            f"within one {human_duration(slot_s)} round of the generated trace ([server] round_duration), so each "
+            f"device was online throughout or never; set round_duration near a round's length "
+            f"(about {human_duration(sim_time / rounds)} here), or replay a trace of wall-clock time"]
+
+
+def quorum_warning(recorder, update_frac: float) -> list[str]:
+    """Every round failed its quorum: the model never moved."""
+    reasons = [row.get("close_reason") for row in recorder.rows]
+    if len(reasons) < 2 or any(reason != "quorum" for reason in reasons):
+        return []
+    return [f"no update: all {len(reasons)} rounds failed their quorum ([server] update_frac = {update_frac:g}), "
+            "so the model never changed; lower update_frac, or raise the deadline or the devices' speeds"]
 
 
 def participation_warnings(recorder, rounds: bool = True) -> list[str]:

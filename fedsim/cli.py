@@ -351,7 +351,9 @@ def report_study(args) -> int:
     from fedsim.studies.tables import best_by, format_summary, study_report, study_tables
 
     if len(args.runs) > 1:
-        raise FedsimError("fedsim report: give one study folder at a time")
+        raise FedsimError(f"fedsim report {' '.join(args.runs)}: {args.runs[0]} is a study's folder, which is "
+                          "reported alone (mean and CI over its seeds); give it alone, and the run directories "
+                          "in another `fedsim report`")
     if bool(args.best_by) != bool(args.over):
         raise FedsimError("--best-by METRIC and --over AXIS go together, e.g. --best-by final_acc "
                           "--over client.lr")

@@ -483,6 +483,14 @@ def test_a_study_that_stopped_before_any_run_is_run_again_with_a_fixed_set(tmp_p
     assert "holds a different study" in capsys.readouterr().err
 
 
+def test_a_study_reported_with_other_folders_says_to_report_it_alone(grid, capsys):
+    point = next(p for p in sorted(grid.iterdir()) if (p / "rounds.parquet").exists())
+    assert main(["report", str(grid), str(point)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: fedsim report {grid} {point}: {grid} is a study's folder, which is reported alone (mean "
+                   "and CI over its seeds); give it alone, and the run directories in another `fedsim report`\n")
+
+
 def test_a_studys_json_report_has_the_keys_of_a_runs(grid, capsys):
     capsys.readouterr()
     assert main(["report", str(grid), "--json", "--target", "0.3"]) == 0

@@ -3,7 +3,6 @@ mistake (exit 2), and Stopped, a stop signal (exit 130 / 143); the "did you mean
 their messages."""
 
 import difflib
-import os
 import signal
 import sys
 import threading

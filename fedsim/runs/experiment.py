@@ -118,8 +118,7 @@ def check_async_deadline(config: Config, task_s: np.ndarray, ever_online: np.nda
         raise FedsimError(
             f"{where}: only device{'s' * (len(quick) > 1)} {shown} finish{'' if len(quick) > 1 else 'es'} a task "
             f"within it, and the trace never has {'them' if len(quick) > 1 else 'it'} online, so in mode = 'async' "
-            "no update would ever arrive "
-            f"and the buffer never fills; {fix}")
+            f"no update would ever arrive and the buffer never fills; {fix}")
 
 
 class Experiment:
@@ -176,7 +175,8 @@ class Experiment:
                                          table=self.device_table, where=f"device table {cfg.trace.devices_table}")
         self.strategy = self.set_up_strategy(cfg)
         if cfg.server.mode == "async":
-            check_async_deadline(cfg, self.first_task_s(), device_online_fraction(self.trace, self.trace.horizon) > 0)
+            ever_online = device_online_fraction(self.trace, self.trace.horizon) > 0
+            check_async_deadline(cfg, self.first_task_s(), ever_online)
 
     def recorded_train_flops(self) -> float | None:
         """The training FLOPs per sample a resumed run was timed with (its manifest's): a later

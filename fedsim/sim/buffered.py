@@ -270,11 +270,11 @@ class BufferedServer(Server):
         overrun = tasks.ends_at > now + self.cfg.deadline
         fate[overrun] = "late"
         ends_at = np.where(overrun, now + self.cfg.deadline, tasks.ends_at)
-        arrive = fate == "arrived"  # (a dispatch none of whose updates arrive keeps no start: an
-        start = self.strategy.start_params(ids).clone() if arrive.any() else None  # aggregation may invite for long)
-        dispatch = Dispatch(self.dispatches, rnd, now, ids, start, steps,
-                            self.strategy.client_lr(rnd), arrive, tasks, ends_at, fate,
-                            np.zeros(len(ids), dtype=bool))
+        # a dispatch none of whose updates arrive keeps no start (an aggregation may invite for long)
+        arrive = fate == "arrived"
+        start = self.strategy.start_params(ids).clone() if arrive.any() else None
+        dispatch = Dispatch(self.dispatches, rnd, now, ids, start, steps, self.strategy.client_lr(rnd), arrive, tasks,
+                            ends_at, fate, np.zeros(len(ids), dtype=bool))
         self.untrained.append(dispatch)
         self.busy[ids] = True
         self.ran_this_version[ids] = True

@@ -133,6 +133,8 @@ def test_a_run_within_one_slot_of_its_generated_trace_and_a_run_of_failed_quorum
     assert len(warnings) == 1 and warnings[0].startswith(
         "static availability: the run's 6 rounds took "), warnings
     assert "within one 1 min round of the generated trace ([server] round_duration)" in warnings[0]
+    always = {**config, "trace": {"source": "always"}}  # (online throughout by design)
+    assert json.loads((cli_run(always, name="always") / "manifest.json").read_text())["warnings"] == []
     quorum = {**config, "server": {"timing": "model", "round_duration": 0.05, "update_frac": 1.0, "deadline": 0.05}}
     run_dir = cli_run(quorum, name="quorum")
     assert rounds(run_dir)["close_reason"].to_list() == ["quorum"] * 6

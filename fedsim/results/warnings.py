@@ -31,7 +31,7 @@ def run_warnings(run, status: str, sim_time: float) -> list[str]:
         warnings += coverage_warning(sim_time, run.index.horizon)
     if run.config.server.timing == "model":
         warnings += never_arrived_warning(run.recorder.counters, run.typical_task_s(), run.config.server.deadline)
-        if status != "running" and not run.coverage_matters:
+        if status != "running" and not run.coverage_matters and run.config.trace.source != "always":
             warnings += static_availability_warning(len(run.recorder.rows), sim_time, run.config.server.round_duration)
     warnings += quorum_warning(run.recorder, run.config.server.update_frac)
     return warnings

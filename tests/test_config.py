@@ -312,6 +312,27 @@ def test_a_rule_across_keys_broken_by_a_set_names_that_set(tmp_path, monkeypatch
     assert not (tmp_path / "runs").exists()
 
 
+def test_the_fixes_those_lines_print_run_as_printed(tmp_path, monkeypatch, capsys):
+    """`quote its words, as in --set '...'` and `add --set trace.source=file`, typed as printed."""
+    import shlex
+
+    import numpy as np
+
+    from fedsim.traces import Trace, write_trace
+
+    monkeypatch.chdir(tmp_path)
+    short = ["run", "quickstart", "--quiet", "--set", "run.rounds=2"]
+    err = fails(capsys, [*short, "--set", "run.algorithms=[fedavg,mifa]"])
+    assert main([*short, *shlex.split(err.split("as in ")[1]), "--set", "run.name=quoted"]) == 0
+    always = Trace.from_intervals(np.arange(100), np.zeros(100), np.full(100, 1e6), n_devices=100, horizon=1e6)
+    write_trace(always, tmp_path / "t.parquet")
+    err = fails(capsys, [*short, "--set", "trace.path=t.parquet"])
+    assert main([*short, "--set", "trace.path=t.parquet", *shlex.split(err.split("; add ")[1]),
+                 "--set", "run.name=file"]) == 0
+    assert (tmp_path / "runs" / "quoted" / "mifa" / "rounds.parquet").exists()
+    assert (tmp_path / "runs" / "file" / "fedavg" / "rounds.parquet").exists()
+
+
 def test_a_mistyped_scenario_or_model_attribute_gets_a_did_you_mean(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert fails(capsys, ["run", "quickstartt"]) == "error: config quickstartt: no such file or scenario; did you mean 'quickstart'?"

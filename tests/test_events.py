@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import quadratic_config, rounds  # noqa: E402
+from conftest import quadratic_config, rounds, same_results  # noqa: E402
 from test_server_rules import always, targets, timed  # noqa: E402
 
 from fedsim.cli import main  # noqa: E402
@@ -174,14 +174,37 @@ def test_close_reasons_of_ideal_rounds_nobody_online_and_max_time(cli_run):
     np.testing.assert_allclose(df["t_end"], np.arange(1, 7))  # a round spans its slot
     config = timed(targets(3), 10)  # 2 s tasks
     config["server"]["deadline"] = 100.0
-    config["run"]["max_time"] = 5.0
-    df = rounds(cli_run(config, always(3), name="max"))
-    assert df["close_reason"].to_list() == ["all-arrived", "all-arrived", "max-time"]
-    assert df["t_end"].to_list()[-1] == 5.0 and df["late"].to_list() == [0, 0, 3]
-    config = timed(targets(3), 2)
+    config["run"]["max_time"] = 5.0  # the third round would close at 6 s: it does not count
+    max_run = cli_run(config, always(3), name="max")
+    df = rounds(max_run)
+    assert df["close_reason"].to_list() == ["all-arrived", "all-arrived"]
+    manifest = json.loads((max_run / "manifest.json").read_text())
+    assert (manifest["rounds"], manifest["sim_time_s"]) == (2, df["t_end"][-1]) and 4.0 < df["t_end"][-1] < 4.01
+    assert manifest["reason"] == "max_time 5 s reached in round 2, which had not closed by then (not counted)"
+    config = timed(targets(3), 10)
     config["server"]["deadline"] = 1.0
+    config["run"]["max_time"] = 2.0  # the second round's deadline is max_time itself: it counts
     df = rounds(cli_run(config, always(3), name="deadline"))
     assert df["close_reason"].to_list() == ["deadline", "deadline"] and df["late"].to_list() == [3, 3]
+    assert df["t_end"].to_list() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("algorithm", ["mifa", "fedavg-wait", "power-of-choice"])
+def test_a_run_that_max_time_ended_resumes_with_a_later_one_as_if_given_it_from_the_start(cli_run, algorithm):
+    """The round max_time cuts short does not count, nor what it changed before it closed (a
+    strategy's selection state, power-of-choice's answers): the resume runs it whole."""
+    config = churn_config(200)
+    config["algorithm"] = {"name": "fedavg", "selection": "power-of-choice"} if algorithm == "power-of-choice" \
+        else {"name": algorithm}
+    config["run"]["max_time"] = 30.0
+    whole = cli_run(config, name="whole")
+    config["run"]["max_time"] = 12.0
+    cut = cli_run(config, name="cut")
+    df, manifest = rounds(cut), json.loads((cut / "manifest.json").read_text())
+    assert "max-time" not in df["close_reason"].to_list()
+    assert manifest["sim_time_s"] == df["t_end"][-1] < 12.0 and "which had not closed by then" in manifest["reason"]
+    assert main(["run", "--resume", str(cut), "--quiet", "--set", "run.max_time=30"]) == 0
+    same_results(cut, whole)
 
 
 def test_async_events_carry_staleness(cli_run):

@@ -271,3 +271,23 @@ def test_a_run_of_training_rules_9_resumes_under_them(tmp_path, monkeypatch):
     assert list(a) == list(b) and a["2.num_batches_tracked"].dtype == torch.int64
     assert torch.equal(a["2.num_batches_tracked"], b["2.num_batches_tracked"])
     assert not torch.equal(a["1.weight"], b["1.weight"])
+
+
+def test_a_run_that_max_time_ended_under_training_rules_10_resumes_under_them(tmp_path):
+    """Made under training rules 10 (9ba4dcd; mifa on digits, devices with speeds and links,
+    max_time 6 s): the round max_time cut short counted (`close_reason = "max-time"`). Resumed
+    today with a later max_time it goes on by its own rules, to the numbers that release's own
+    resume gave, bit for bit; the same config started today counts no cut round, and ends at the
+    last round that closed by max_time."""
+    shutil.copytree(MODULE_RUNS / "9ba4dcd", tmp_path / "past")
+    cut, resumed = tmp_path / "past" / "cut", tmp_path / "past" / "resumed"
+    assert rounds(cut)["close_reason"][-1] == "max-time"
+    assert main(["run", "--resume", str(cut), "--set", "run.max_time=12", "--quiet"]) == 0
+    assert rounds(cut).equals(rounds(resumed)) and rounds(cut)["close_reason"][5] == "max-time"
+    a, b = torch.load(cut / "model.pt"), torch.load(resumed / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((cut / "manifest.json").read_text())["rules"] == 10
+    today = fresh(resumed / "config.toml", tmp_path / "today", 100)
+    df = rounds(today)
+    assert "max-time" not in df["close_reason"].to_list() and df["t_end"][-1] < 12.0
+    assert json.loads((today / "manifest.json").read_text())["sim_time_s"] == df["t_end"][-1]

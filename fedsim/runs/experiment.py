@@ -276,6 +276,7 @@ class Experiment:
             timing=self.timing, cfg=cfg.server,
             client_sizes=self.task.client_sizes(),
             seed=cfg.run.seed, device=self.device, work=cfg.client.work,
+            counts_cut_rounds=self.rules < 11,
         )
         if resume is not None:
             self.restore(resume)

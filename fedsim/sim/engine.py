@@ -45,6 +45,7 @@ class Engine:
         self.on_round, self.stop_signal, self.diverged = on_round, stop_signal, diverged
         self.status, self.reason = "completed", f"{rounds} rounds"
         self.done = start_round
+        self.end_time: float | None = None  # where the run's state stands, when not at env.now
         server.stop_signal = stop_signal  # (an asynchronous aggregation may end on it: sim/buffered.py)
         self.process = self.env.process(self._main(start_round))
 
@@ -63,6 +64,7 @@ class Engine:
                 self.reason = outcome.reason
                 if outcome.interrupted:
                     self.status = "interrupted"
+                self.end_time = outcome.resume_at
                 return
             if self.before_callbacks is not None:
                 yield from self.before_callbacks(outcome)
@@ -84,7 +86,8 @@ class Engine:
                 return
 
     def result(self) -> EngineResult:
-        return EngineResult(self.status, self.reason, self.done, self.env.now)
+        return EngineResult(self.status, self.reason, self.done,
+                            self.env.now if self.end_time is None else self.end_time)
 
 
 def finite(params: torch.Tensor) -> bool:

@@ -22,6 +22,8 @@ class Stop:
 
     reason: str
     interrupted: bool = False  # by a stop signal, with the run's state to resume from (not its end)
+    # a round max_time cut short is not counted: the run's state and time are those from before it
+    resume_at: float | None = None
 
 
 @dataclass
@@ -97,7 +99,7 @@ class IdealRounds:
         return Tasks(t0, zero, zero + (end - t0), zero, samples, np.zeros(len(ids), dtype=bool),
                      zero + end)
 
-    def close_at(self, rnd: int, t0: float, invited: int, max_time: float) -> float:
+    def close_at(self, rnd: int, t0: float, invited: int) -> float:
         return (rnd + 1) * self.duration
 
     def target(self, invited: int) -> int:
@@ -178,9 +180,8 @@ class ModelRounds:
             return t0 + (download + compute + upload)
         return steps_that_fit(finish_at, full, due)
 
-    def close_at(self, rnd: int, t0: float, invited: int, max_time: float) -> float:
-        close = t0 + (self.deadline(rnd) if invited else self.cfg.round_duration)
-        return min(close, max_time) if max_time and invited else close
+    def close_at(self, rnd: int, t0: float, invited: int) -> float:
+        return t0 + (self.deadline(rnd) if invited else self.cfg.round_duration)
 
     def target(self, invited: int) -> int:
         """Arrivals that close a round early: the first K when the server overcommitted,

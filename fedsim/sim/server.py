@@ -8,6 +8,7 @@ the close of the round, evaluate when due, record.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -48,8 +49,11 @@ class RoundOutcome:
 class Server:
     def __init__(self, *, env: simpy.Environment, index, strategy: Strategy, trainer, timing: DeviceTiming,
                  cfg: ServerConfig, client_sizes: np.ndarray,
-                 seed: int, device: torch.device, work: str = "full"):
-        """`work`: `[client] work`, how much of its local steps an invited device trains."""
+                 seed: int, device: torch.device, work: str = "full", counts_cut_rounds: bool = False):
+        """`work`: `[client] work`, how much of its local steps an invited device trains.
+        `counts_cut_rounds`: a round that max_time cuts short closes there and counts (training
+        rules 10 and before: fedsim/training/rules.py); otherwise it does not count, so that a
+        run resumed with a later max_time goes on as if it had had that max_time from the start."""
         self.env = env
         self.index = index
         self.strategy = strategy
@@ -59,6 +63,7 @@ class Server:
         self.seed = seed
         self.device = device
         self.fit_deadline = work == "fit-deadline"
+        self.counts_cut_rounds = counts_cut_rounds
         self.rounds = round_timing(cfg, index=index, timing=timing, message_bytes=strategy.message_bytes(),
                                    seed=seed)
         self.gate = None  # set when runs train together (fedsim/studies/lockstep.py)
@@ -91,6 +96,7 @@ class Server:
         # waiting for min_selected devices is part of the round (FLASH); for anyone, it is not
         t_start = begun if self.cfg.min_selected else t0
         wall0 = time.perf_counter()
+        before = self.state_before(rnd, t0, max_time)
         online = np.flatnonzero(self.index.online(t0))
         rng = np.random.default_rng([self.seed, rnd, 0x5E1])
         candidates = strategy.candidates(rnd, online, rng)
@@ -105,7 +111,7 @@ class Server:
                                                t0 + self.rounds.deadline(rnd), held)
         lr = strategy.client_lr(rnd)
         tasks = self.rounds.tasks(rnd, ids, self.trainer.samples(ids, steps), steps, invited_at, held)
-        close_at = self.rounds.close_at(rnd, t0, len(ids), max_time)
+        close_at, cut_short = self.close(rnd, t0, len(ids), max_time)
         target = self.rounds.target(len(ids))
 
         in_time = ~tasks.dropped & (tasks.ends_at <= close_at)
@@ -126,7 +132,11 @@ class Server:
             yield env.timeout(max(close_at - env.now, 0.0))
             arrived_pos, reason = order, "all-arrived" if len(ids) else "nobody-invited"
         else:
-            arrived_pos, reason = yield from self._tasks_until_close(tasks, order, target, close_at, max_time)
+            arrived_pos, reason = yield from self._tasks_until_close(tasks, order, target, close_at, cut_short)
+        if reason == "max-time" and not self.counts_cut_rounds:
+            self.restore(before)
+            return Stop(f"max_time {max_time:g} s reached in round {rnd}, which had not closed by then (not counted)",
+                        resume_at=begun)
         outcome = self.outcomes(tasks, arrived_pos, close_at)
         if failed:
             strategy.refuse(rnd)
@@ -159,7 +169,7 @@ class Server:
         batched call). Returns (when it chose, who answered, the question's events)."""
         samples = self.client_sizes[candidates]
         asked = self.rounds.question(candidates, samples, t0, model_bytes)
-        close_at = self.rounds.close_at(rnd, t0, len(candidates), max_time)
+        close_at, _ = self.close(rnd, t0, len(candidates), max_time)
         chosen_at = min(float(asked.ends_at.max(initial=t0)), close_at)
         answered = ~asked.dropped & (asked.ends_at <= chosen_at)
         ids = candidates[answered]
@@ -171,15 +181,41 @@ class Server:
                              stop_at=chosen_at)
         return chosen_at, ids, events
 
-    def _tasks_until_close(self, tasks: Tasks, order: np.ndarray, target: int, close_at: float, max_time: float):
+    def state_before(self, rnd: int, t0: float, max_time: float) -> dict | None:
+        """A copy of what a round may change before it closes (the strategy's state, the
+        devices' own buffers), where max_time may cut the round short and so undo it; else None."""
+        if self.counts_cut_rounds or not self.close(rnd, t0, 0, max_time)[1] and not self.close(rnd, t0, 1, max_time)[1]:
+            return None
+        kept = self.trainer.task.device_buffers
+        return copy.deepcopy({"strategy": self.strategy.state_dict(),
+                              "device_buffers": kept.state_dict() if kept is not None else None})
+
+    def restore(self, before: dict) -> None:
+        """The state of `state_before`: the round cut short never happened."""
+        self.strategy.load_state_dict(before["strategy"])
+        if before["device_buffers"] is not None:
+            self.trainer.task.device_buffers.load_state_dict(before["device_buffers"])
+
+    def close(self, rnd: int, t0: float, invited: int, max_time: float) -> tuple[float, bool]:
+        """When the round closes, and whether max_time cuts it short (closes it before its own
+        close). Ideal rounds are never cut (a round that starts before max_time runs whole);
+        under training rules 10 and before, a round that invites nobody lasts its
+        round_duration past max_time, and one whose own close is max_time counts as cut."""
+        own = self.rounds.close_at(rnd, t0, invited)
+        if not max_time or self.rounds.everyone_arrives:
+            return own, False
+        if self.counts_cut_rounds:
+            return (min(own, max_time), own >= max_time) if invited else (own, False)
+        return min(own, max_time), own > max_time
+
+    def _tasks_until_close(self, tasks: Tasks, order: np.ndarray, target: int, close_at: float, cut_short: bool):
         """The invited devices' tasks as SimPy processes until the round closes (devices with
         speeds and links): the positions that arrived, in arrival order, and why it closed."""
         env, invited = self.env, len(order)
         board = RoundBoard(env, invited=invited, target=target)
         reports = np.where(tasks.dropped, "dropped", "arrived").astype(object)
         start_device_tasks(env, board.report, order, tasks.ends_at, reports)
-        why = ("nobody-invited" if not invited else
-               "max-time" if max_time and close_at == max_time else "deadline")
+        why = "max-time" if cut_short else "nobody-invited" if not invited else "deadline"
         env.process(deadline(env, board, close_at, why))
         yield board.closed
         return np.asarray(board.arrived, dtype=np.int64), board.reason

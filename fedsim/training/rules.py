@@ -89,11 +89,18 @@ its numbers stay its own. A run of a release that recorded none started under ve
    parameters) trains on the loop on a CPU by rules 9's rule (0.98-1.02x a plain loop's round
    through torch.func, 0.72-0.77x), a CNN with BatchNorm2d 0.47x -> 0.40-0.42x
    (benchmarks/RESULTS.md, "Training rules 10").
+11. A synchronous round that `[run] max_time` cuts short (devices with speeds and links: it had
+   not closed when max_time came) does not count: the run ends with the rounds that closed by
+   max_time, its model, state and simulated time those of the last of them, and a resume with a
+   later max_time runs the cut round whole, as a run given that max_time from the start does
+   (rules 10 and before closed the round at max_time with what had arrived, `close_reason =
+   "max-time"`, and a resume went on after it). As an asynchronous run's aggregation that
+   max_time cuts short always was, and a round whose deadline is max_time itself counts.
 """
 
 from __future__ import annotations
 
-CURRENT = 10
+CURRENT = 11
 
 ROW_FLOATS = 16  # 64 bytes of float32: a cache line, and the widest alignment a BLAS kernel asks
 

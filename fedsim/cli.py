@@ -411,19 +411,37 @@ def cmd_config_show(args) -> int:
 
 
 def cmd_scenarios(args) -> int:
-    """The built-in scenarios with the first line of their comment; a study says so."""
+    """The built-in scenarios with the first paragraph of their comment, wrapped to the
+    terminal beside the names; a study says so."""
+    import shutil
+    import textwrap
+
     from fedsim.config import is_study, read_toml, scenario_names, scenario_path
 
     names = scenario_names()
     width = max(map(len, names), default=0)
+    columns = max(shutil.get_terminal_size().columns, width + 40)
     for name in names:
         path = scenario_path(name)
-        text = path.read_text().splitlines()
-        about = next((line.lstrip("# ").strip() for line in text if line.startswith("#")), "")
+        about = " ".join(first_comment_paragraph(path.read_text()))
         if is_study(read_toml(path)):
             about = f"study (fedsim sweep {name}): {about}"
-        print(f"{name:<{width}}  {about}")
+        lines = textwrap.wrap(about, columns - width - 2, break_on_hyphens=False) or [""]
+        print(f"{name:<{width}}  {lines[0]}".rstrip())
+        for line in lines[1:]:
+            print(" " * (width + 2) + line)
     return 0
+
+
+def first_comment_paragraph(text: str) -> list[str]:
+    """The lines of a file's first comment paragraph (up to a bare `#` or the first other line)."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#") or (lines and not line.lstrip("# ").strip()):
+            break
+        if line.lstrip("# ").strip():
+            lines.append(line.lstrip("# ").strip())
+    return lines
 
 
 def choices_listing() -> str:

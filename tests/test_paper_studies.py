@@ -136,10 +136,20 @@ def test_the_scenarios_table_keeps_its_column_past_a_long_name(tmp_path, monkeyp
                         lambda name: tmp_path / f"{name}.toml" if name == long else scenario_path(name))
     capsys.readouterr()
     assert main(["scenarios"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if not line.startswith(" ")]
     assert [line.split()[0] for line in lines] == names
     columns = {len(line) - len(line[len(name):].lstrip()) for line, name in zip(lines, names)}
     assert columns == {len(long) + 2}
     assert lines[-1] == f"{long}  Mine."
-    assert next(line for line in lines if line.startswith("quickstart ")).endswith(" Digits on 100 devices whose "
-        "availability depends on their labels (MIFA paper): FedAvg vs MIFA.")
+
+    block = {}
+    for line in out.splitlines():
+        if not line.startswith(" "):
+            block[line.split()[0]] = line[len(long) + 2:]
+        else:
+            block[list(block)[-1]] += " " + line.strip()
+    assert block["quickstart"] == "Digits on 100 devices whose availability depends on their labels (MIFA paper): " \
+        "FedAvg vs MIFA."
+    assert block["systems-fedbuff"].endswith("each update discounted by its staleness, 1/sqrt(1 + s).")  # not cut
+    assert all(len(line) <= 92 for line in out.splitlines())  # (at least 40 columns beside the names)

@@ -5,6 +5,7 @@ boundary in a call, so that MKL computes a device's products alike at any row of
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -58,8 +59,9 @@ def test_every_synchronous_algorithm_in_a_lockstep_study_equals_its_run_alone(tm
 def test_availability_aware_selection_and_partial_work_in_a_lockstep_study_equal_their_runs_alone(tmp_path):
     """Model timing: Oort learns reported durations, power-of-choice asks its candidates first,
     devices do the work that fits the deadline; beside FedNova and SCAFFOLD, which read the
-    steps the devices managed."""
-    base = {"run": {"rounds": 6, "eval_every": 3, "progress": False, "plots": False},
+    steps the devices managed. The runs end at max_time, where the round it cuts short is undone
+    (what the selection learned in it too)."""
+    base = {"run": {"rounds": 100, "max_time": 45.0, "eval_every": 3, "progress": False, "plots": False},
             "data": {"dataset": "digits", "clients": 16}, "model": {"name": "logreg"},
             "trace": {"source": "markov", "mean_on": 120.0, "mean_off": 30.0, "days": 1.0},
             "server": {"clients_per_round": 4, "deadline": 12.0},
@@ -72,6 +74,8 @@ def test_availability_aware_selection_and_partial_work_in_a_lockstep_study_equal
     trained = events.filter(pl.col("outcome") == "arrived")["steps"]
     assert 1 <= trained.min() < trained.max() <= 6  # partial work: the slow devices did fewer steps
     assert (events["outcome"] == "answered").sum() > 0  # power-of-choice's question, in the log
+    reasons = [json.loads(p.read_text())["reason"] for p in (tmp_path / "runs" / "s").glob("*/manifest.json")]
+    assert sum("which had not closed by then (not counted)" in r for r in reasons) >= 5, reasons
 
 
 @pytest.mark.parametrize("name", ["fedasync"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 import threading
 from pathlib import Path
@@ -18,6 +19,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_plugins import plugin_module, rounds_of  # noqa: E402
+
+from fedsim.cli import main  # noqa: E402
 
 USER_MODELS = '''
 import threading
@@ -493,14 +496,48 @@ def test_auto_trains_a_module_vmap_cannot_batch_as_the_loop_and_says_why(cli_run
 def test_a_forward_that_fails_past_the_build_time_checks_is_one_line(cli_run, user_models, name, trainer, batch_size,
                                                                      says):
     """Such a module passes the checks on 2 samples (a forward, a batched step), then fails on
-    other widths: one line naming what failed, never a traceback from torch.func."""
+    other widths: one line naming what failed, never a traceback from torch.func. The run had
+    begun, but without a round its directory goes (the next run takes its name)."""
     config = {**BASE, "client": {**BASE["client"], "trainer": trainer, "batch_size": batch_size},
               "model": {"name": f"user_nets:{name}"}}
-    cli_run(config, expect=2)
+    run_dir = cli_run(config, expect=2)
     err = cli_run.last_output.err
     assert err.count("\n") == 1 and err.startswith(f"error: [model] name = 'user_nets:{name}': {says}"), err
-    if trainer == "auto":  # what the line says to set trains it
-        cli_run({**config, "client": {**config["client"], "trainer": "loop"}}, name="fixed")
+    assert err.endswith(f" (nothing was kept: {run_dir} removed)\n") and not run_dir.exists()
+    fixed = {**config, "client": {**config["client"], "trainer": "loop"}} if trainer == "auto" \
+        else {**config, "model": {"name": "user_nets:kept"}}  # what the line says to set trains it
+    assert cli_run(fixed) == run_dir
+
+
+def test_a_mistake_found_after_some_rounds_keeps_the_checkpoint_and_says_how_to_go_on(cli_run, user_models,
+                                                                                     monkeypatch, tmp_path):
+    """The line ends with the resume that goes on from the last checkpoint once the cause is
+    fixed, run here as printed from another directory."""
+    from fedsim.errors import FedsimError
+    from fedsim.results.recorder import Recorder
+
+    add_round = Recorder.add_round
+
+    def fails_in_round_4(self, outcome, *args):
+        if outcome.round == 4:
+            raise FedsimError("[model] name = 'user_nets:kept': something only round 4 shows")
+        return add_round(self, outcome, *args)
+
+    config = {**BASE, "run": {**BASE["run"], "rounds": 8, "checkpoint_every": 2}, "model": {"name": "user_nets:kept"}}
+    whole = cli_run(config, name="whole")
+    monkeypatch.setattr(Recorder, "add_round", fails_in_round_4)
+    cut = cli_run(config, name="cut", expect=2)
+    err = cli_run.last_output.err
+    assert err.startswith("error: [model] name = 'user_nets:kept': something only round 4 shows; ") and \
+        err.count("\n") == 1, err
+    command = re.search(r"then run `(.+)` to go on\n$", err).group(1)
+    assert command == f"fedsim run --resume {cut}"
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(shlex.split(command)[1:]) == 0
+    assert pl.read_parquet(cut / "rounds.parquet").drop("wall_s").equals(
+        pl.read_parquet(whole / "rounds.parquet").drop("wall_s"))
 
 
 def test_the_loop_steps_a_host_read_and_a_data_dependent_shape_as_plain_pytorch():
@@ -580,7 +617,6 @@ def test_resnet18_gn_is_torchvisions_resnet18_with_the_cifar_stem_and_groupnorm(
 
 
 def test_flops_in_the_manifest_config_show_and_the_override(cli_run, user_models, capsys):
-    from fedsim.cli import main
 
     import json
 
@@ -748,7 +784,6 @@ def test_local_buffers_stay_on_the_devices_and_resume_exactly(cli_run, user_mode
     """FedBN: the weights train exactly as with averaged buffers (running statistics do not
     enter a train-mode loss), the saved statistics are the devices' mean instead of the
     average of their deltas, batched == loop, and a resumed run equals an uninterrupted one."""
-    from fedsim.cli import main
 
     averaged = torch.load(run(cli_run, "resnet_bn") / "model.pt")
     local = cli_run({**BASE, "model": {"name": "user_nets:resnet_bn", "local_buffers": True},
@@ -771,7 +806,6 @@ def test_local_buffers_stay_on_the_devices_and_resume_exactly(cli_run, user_mode
 
 
 def test_a_resume_whose_model_code_changed_is_one_line(cli_run, user_models, tmp_path):
-    from fedsim.cli import main
 
     half = cli_run({**BASE, "run": {**BASE["run"], "rounds": 2, "checkpoint_every": 1},
                     "model": {"name": "user_nets:resnet"}}, name="half")
@@ -938,7 +972,6 @@ def test_a_resumed_run_keeps_the_training_flops_it_was_timed_with(cli_run, user_
 
     import polars as pl
 
-    from fedsim.cli import main
 
     config = {**BASE, "server": {"clients_per_round": 4}, "trace": {"source": "always"},
               "run": {**BASE["run"], "rounds": 2, "eval_every": 2}, "model": {"name": "user_nets:lstm"}}
@@ -1021,7 +1054,6 @@ def test_module_semantics_through_model_pt_resume_and_init_from(cli_run, user_mo
     uninterrupted one, and a run started from model.pt (init_from) starts where it ended."""
     import json
 
-    from fedsim.cli import main
     from fedsim.config import ModelConfig
     from fedsim.training.models import build_model
 
@@ -1063,7 +1095,6 @@ def test_batchnorm_with_local_epochs_trains_on_the_loop_as_a_plain_loop(cli_run,
     bit for bit from training rules 8 (the mean loss, torch.optim.SGD's update)."""
     import torch.nn.functional as F
 
-    from fedsim.cli import main
     from fedsim.config import ClientConfig, DataConfig, ModelConfig
     from fedsim.training import build_task, build_trainer
 
@@ -1154,7 +1185,6 @@ def test_a_study_of_dropout_modules_trains_in_parts_each_as_alone(cli_run, user_
     """Two points of a dropout module in one shared call, cut into two one-thread parts run at
     once: each part's dropout draws its own run's keys (the keyed draws are per thread), so
     every point is bit for bit its `fedsim run` alone."""
-    from fedsim.cli import main
     from fedsim.config import dump_toml
 
     study = {**BASE, "run": {**BASE["run"], "name": "s", "out": str(tmp_path / "runs"), "progress": False,
@@ -1546,7 +1576,6 @@ def test_a_studys_points_on_the_loop_train_side_by_side_and_equal_their_runs_alo
     """Cohorts that cannot share a batched call (here the loop trainer's) train in one-thread
     parts side by side on the cores, not one after another on one: each point equals its
     `fedsim run` bit for bit, and its manifest says how it trained."""
-    from fedsim.cli import main
     from fedsim.config import dump_toml
 
     client = {**BASE["client"], "trainer": "loop"}
@@ -1573,7 +1602,6 @@ def test_a_studys_cohorts_larger_than_a_cpu_call_train_as_their_runs_alone(cli_r
     cohorts are each larger than a call (10 devices of 155,658 parameters, 6 a call) trains
     each run's cohort in calls of its own, and every point equals its `fedsim run` bit for bit
     (a cohort over the room started an empty group that failed: IndexError in the study)."""
-    from fedsim.cli import main
     from fedsim.config import dump_toml
 
     base = {**BASE, "data": {"dataset": "digits", "clients": 12}, "server": {"timing": "ideal", "clients_per_round": 10},

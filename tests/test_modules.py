@@ -150,6 +150,10 @@ def not_a_model(in_shape, n_classes, cfg):
     return 42
 
 
+def in_double(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, n_classes)).double()
+
+
 def flat_input(in_shape, n_classes, cfg):
     return nn.Linear(10, n_classes)  # digits are [1, 8, 8], not 10 numbers
 
@@ -452,6 +456,8 @@ def test_frozen_parameters_stay_fixed(cli_run, user_models):
                        "(16x8 and 10x10)) on a batch of 2 of the dataset's inputs; fix the forward (hint: its input is "
                        "[batch, 1, 8, 8])"),
     ("no_parameters", {}, "the module has no trainable parameters"),
+    ("in_double", {}, "parameter '1.weight' is torch.float64; fedsim trains, sends and averages float32 numbers "
+                      "(other precisions are not simulated): build the module in float32"),
     ("resnet", {"local_buffers": True}, "local_buffers = true, but the module has no buffers"),
     ("noisy", {}, "draws random numbers other than dropout (aten.randn_like)"),
 ])
@@ -935,6 +941,12 @@ def test_a_tied_weight_and_an_unsaved_buffer_go_through_model_pt(cli_run, user_m
     warm = run(cli_run, "tied_unsaved", init_from=str(done))
     initial_loss = json.loads((warm / "manifest.json").read_text())["initial"]["test_loss"]
     assert initial_loss == pytest.approx(rounds_of(done, "test_loss")[-1], rel=1e-6)
+    saved["b.weight"] = torch.zeros_like(saved["b.weight"])  # the tied names disagree: no value is the file's
+    torch.save(saved, done.parent / "edited.pt")
+    run(cli_run, "tied_unsaved", init_from=str(done.parent / "edited.pt"), expect=2)
+    assert cli_run.last_output.err.endswith(": the file gives 'b.weight' and 'a.weight', one tensor in this run's "
+                                            "model (tied), different values; give them one value (or start from "
+                                            "the model.pt of a run)\n")
 
 
 @pytest.mark.parametrize("name", ["user_nets:resnet", "user_nets:resnet_bn", "user_nets:transformer",

@@ -321,7 +321,7 @@ class ModuleModel:
     def __init__(self, name: str, module: nn.Module, in_shape: tuple[int, ...], n_classes: int, where: str):
         self.name, self.in_shape, self.where = name, in_shape, where
         check_state(module, where)
-        self.module = module.float()
+        self.module = module
         trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not trainable:
             raise FedsimError(f"{where}: the module has no trainable parameters (none with requires_grad=True); "
@@ -852,6 +852,10 @@ def check_state(module: nn.Module, where: str) -> None:
             if t.is_complex():
                 raise FedsimError(f"{where}: {kind} {name!r} is {t.dtype}; fedsim trains and averages real "
                                   "numbers: keep a complex weight as two real ones (real and imaginary parts)")
+            if t.is_floating_point() and t.dtype != torch.float32:
+                raise FedsimError(f"{where}: {kind} {name!r} is {t.dtype}; fedsim trains, sends and averages "
+                                  "float32 numbers (other precisions are not simulated): build the module in "
+                                  "float32 (without .double(), .half() or .to(dtype))")
             largest = int(t.long().abs().max()) if kind == "buffer" and not t.is_floating_point() and t.numel() else 0
             if largest > 2**24:
                 raise FedsimError(f"{where}: buffer {name!r} holds the integer {largest}, beyond 2**24, which fedsim's "

@@ -27,6 +27,7 @@ def initial_params(task: Task, config: Config) -> Tensor:
     check_matches(saved, expected, where, shaping_keys(config))
     check_numbers(saved, expected, where)
     flat = task.load_state_dict({name: saved[name] for name in expected})
+    check_ties(saved, task.state_dict(flat), where)
     return flat.to(device=init.device, dtype=init.dtype)
 
 
@@ -115,6 +116,17 @@ def check_numbers(saved: dict[str, Tensor], expected: dict[str, Tensor], where: 
             what = t.dtype if t.is_complex() else "nan or inf"
             raise FedsimError(f"{where}: parameter {name!r} holds {what} in the file; start from the model.pt "
                               "of a run that did not diverge, or leave init_from empty")
+
+
+def check_ties(saved: dict[str, Tensor], loaded: dict[str, Tensor], where: str) -> None:
+    """FedsimError where the file gives two names of one tied tensor (a parameter two submodules
+    share) two values: fedsim reads one of them, torch's load_state_dict keeps the last, so
+    neither is what the file says."""
+    for name, t in loaded.items():
+        if saved[name].dtype == torch.float32 and not torch.equal(saved[name], t):
+            read = next((other for other in loaded if other != name and torch.equal(saved[other], t)), "another key")
+            raise FedsimError(f"{where}: the file gives {name!r} and {read!r}, one tensor in this run's model (tied), "
+                              "different values; give them one value (or start from the model.pt of a run)")
 
 
 def shaping_keys(config: Config) -> str:

@@ -467,8 +467,10 @@ def trainer_line(t: dict) -> str:
 
 
 def _on(call: dict) -> str:
-    """`batched on 2 threads` (a GPU's calls: the path alone)."""
-    n = call["threads"]
+    """`batched on 2 threads`, `loop in 2 one-thread parts side by side` (a GPU's calls: the path alone)."""
+    n, parts = call["threads"], call.get("parts", 1)
+    if parts > 1:
+        return f"{call['path']} in {parts} one-thread parts side by side"
     return call["path"] + ("" if n is None else f" on {n} thread{'s' * (n != 1)}")
 
 

@@ -82,7 +82,7 @@ class Trainer:
         self.batch_size = client.batch_size
         self.threads = threads or ThreadPolicy(device=task.device)
         self.sizes = task.sizes.cpu().numpy()  # on the host: widths are decided without a device sync
-        self.ran: Counter[tuple[str, int | None]] = Counter()  # training calls by (path, threads)
+        self.ran: Counter[tuple[str, int | None, int]] = Counter()  # training calls by (path, threads, parts)
         self.why: dict[tuple[str, int | None], str] = {}  # the latest reason of each
 
     def train(self, rnd: int, ids: np.ndarray, start: Tensor, steps: np.ndarray, lr: float | Tensor,
@@ -116,7 +116,7 @@ class Trainer:
         threads, threads_why = self.threads.choice(flops, task.func_steps)
         if path.parts > 1:
             threads_why += f"; the {k} devices' calls together reach it: {path.parts} one-thread parts side by side"
-        self.count(path.ran_as(), threads, threads_why, reason + company)
+        self.count(path.ran_as(), threads, threads_why, reason + company, path.parts)
         result = self.result(ids, end - start, loss_sum, steps)
         if kept is not None:
             kept.keep(ids_t, end, result.deltas)
@@ -133,18 +133,18 @@ class Trainer:
         """The name of this path as the manifest records it."""
         return self.path
 
-    def count(self, path: str, threads: int | None, threads_why: str, why: str) -> None:
+    def count(self, path: str, threads: int | None, threads_why: str, why: str, parts: int = 1) -> None:
         """One training call of this run: on `path` (chosen for `why`) with `threads` torch threads
-        (None on a GPU, chosen for `threads_why`)."""
-        self.ran[path, threads] += 1
-        self.why[path, threads] = f"{why}; {threads_why}"
+        (None on a GPU, chosen for `threads_why`), in `parts` one-thread parts side by side."""
+        self.ran[path, threads, parts] += 1
+        self.why[path, threads, parts] = f"{why}; {threads_why}"
 
     def summary(self) -> dict:
         """For the manifest: what trained this process's rounds (a resume counts its own part): the
         path and threads of most calls with why, every (path, threads) with its calls, and the
         code that computes that path's step (fedsim's kernels, torch.func, torch's autograd)."""
-        calls = [{"path": path, "threads": threads, "calls": n, "why": self.why[path, threads]}
-                 for (path, threads), n in self.ran.most_common()]
+        calls = [{"path": path, "threads": threads, **({"parts": parts} if parts > 1 else {}), "calls": n,
+                  "why": self.why[path, threads, parts]} for (path, threads, parts), n in self.ran.most_common()]
         main = calls[0] if calls else {"path": None, "threads": None, "why": None}
         model = getattr(self.task, "model", None)  # (the quadratic task has none)
         return {"setting": self.client.trainer, "chosen_by": "auto" if self.client.trainer == "auto" else "config",

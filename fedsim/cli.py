@@ -279,7 +279,10 @@ def cmd_plot(args) -> int:
         study = open_study(folder)
         paths = plot_study(study.folder, study.name, study.group_axes, study.targets)
     else:
-        paths = plot_run_dir(folder)
+        paths, studies = plot_run_dir(folder)
+        if studies:
+            print(f"not drawn here: {len(studies)} stud{'y' if len(studies) == 1 else 'ies'}, each drawn alone: "
+                  f"`fedsim plot {studies[0]}`", file=sys.stderr)
     for path in paths:
         print(path)
     return 0

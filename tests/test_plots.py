@@ -243,16 +243,16 @@ def test_different_series_keep_their_own_line_style_and_marker(tmp_path):
 
 def test_fedsim_plot_redraws_under_the_names_the_run_used(tmp_path):
     run_dir = write_run(tmp_path / "my-run", algorithm="mifa")
-    assert "participation_mifa.png" in {p.name for p in plot_run_dir(run_dir)}
+    assert "participation_mifa.png" in {p.name for p in plot_run_dir(run_dir)[0]}
     both = tmp_path / "cmp"
     for name in ("fedavg", "mifa"):
         write_run(both / name, algorithm=name)
-    assert {"participation_fedavg.png", "participation_mifa.png"} <= {p.name for p in plot_run_dir(both)}
+    assert {"participation_fedavg.png", "participation_mifa.png"} <= {p.name for p in plot_run_dir(both)[0]}
     (tmp_path / "empty").mkdir()
     with pytest.raises(FedsimError) as err:
         plot_run_dir(tmp_path / "empty")
-    assert str(err.value) == (f"{tmp_path / 'empty'}: no rounds.parquet here or in its sub-folders; "
-                              "pass a run directory (the folder that `fedsim run` printed after 'results:')")
+    assert str(err.value) == (f"{tmp_path / 'empty'}: not a run directory (no rounds.parquet and devices.parquet "
+                              "here or in its sub-folders); pass the folder that `fedsim run` printed after 'results:'")
 
 
 def test_an_origin_that_is_no_date_time_is_one_error_line(tmp_path):

@@ -475,3 +475,37 @@ def test_a_study_summary_tells_never_some_seeds_and_no_accuracy_apart():
         "time_to_0.5_s_n": [1, 0, 0]})
     lines = format_summary(SimpleNamespace(group_axes=["algorithm.name"]), summary).splitlines()
     assert [re.split(r" {2,}", line)[-1] for line in lines[2:]] == ["1.50min (1 of 2)", "never", "-"]
+
+
+def test_the_output_folder_reports_and_plots_its_runs_and_comparisons_and_names_its_studies(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """`fedsim report runs` (the `[run] out` folder): its runs and its comparisons' runs side by
+    side, each labelled by its folder where algorithms repeat; its studies named with the command
+    that reports one (run here as printed, from another directory); studies only: one line."""
+    body = {"run": {"rounds": 4, "eval_every": 2, "progress": False, "plots": False, "out": str(tmp_path / "runs")},
+            "data": {"dataset": "quadratic", "clients": 4}, "server": {"timing": "ideal", "clients_per_round": 2}}
+    study = {**body, "run": {**body["run"], "name": "seeds"}, "sweep": {"run.seed": [0, 1]}}
+    (tmp_path / "s.toml").write_text(dump_toml(study))
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {tmp_path / 'runs'}: holds studies only (seeds), and a study is reported alone: give its "
+                   f"folder, e.g. `fedsim report {tmp_path / 'runs' / 'seeds'}`\n")
+    monkeypatch.chdir(tmp_path / "runs" / "seeds")  # (another directory)
+    assert main(re.search(r"`fedsim (.+)`", err).group(1).split()) == 0
+    for name, extra in (("solo", {}), ("both", {"algorithms": ["fedavg", "mifa"]})):
+        (tmp_path / f"{name}.toml").write_text(dump_toml({**body, "run": {**body["run"], "name": name, **extra}}))
+        assert main(["run", str(tmp_path / f"{name}.toml"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    results = out.split("\n\n")[0].splitlines()[2:]
+    assert [line.split("  ")[0] for line in results] == ["fedavg (both)", "mifa", "fedavg (solo)"]
+    assert out.rstrip().endswith(f"not reported here: 1 study (seeds), each reported alone: "
+                                 f"`fedsim report {tmp_path / 'runs' / 'seeds'}`")
+    assert main(["plot", str(tmp_path / "runs")]) == 0
+    drawn = capsys.readouterr()
+    assert {"participation_fedavg.both.png", "participation_mifa.png", "participation_fedavg.solo.png"} <= \
+        {Path(line).name for line in drawn.out.splitlines()}
+    assert drawn.err == f"not drawn here: 1 study, each drawn alone: `fedsim plot {tmp_path / 'runs' / 'seeds'}`\n"

@@ -26,6 +26,7 @@ fixed margins replace a layout pass (half of the drawing time).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -498,7 +499,7 @@ def plot_dirs(runs: dict[str, Path], out_dir: Path, title: str = "") -> list[Pat
     figures = build_figures({name: load_run(run_dir) for name, run_dir in runs.items()}, title)
     written = []
     for name, fig in figures.items():
-        path = Path(out_dir) / f"{plain_name(name)}.png"
+        path = Path(out_dir) / f"{re.sub(r'[.]+', '.', plain_name(name)).strip('.')}.png"  # `fedavg (a)`: fedavg.a
         # zlib level 1: a third faster than the default to write, files 10 % larger
         atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", pil_kwargs={"compress_level": 1}))
         written.append(path)
@@ -512,20 +513,16 @@ def draw_plots(plotter, runs: dict[str, Path], out_dir: Path, title: str) -> Non
         plot_dirs(runs, out_dir, title)
 
 
-def plot_run_dir(run_dir: Path) -> list[Path]:
-    """(Re)draw the plots of a finished run directory, single or multi-algorithm, named as
-    the run named them (by algorithm)."""
+def plot_run_dir(run_dir: Path) -> tuple[list[Path], list[Path]]:
+    """(Re)draw the plots of a run, a comparison, or a folder of runs and comparisons, each run
+    labelled as the report labels it (by algorithm); the files, and the studies left out (each
+    drawn alone: `fedsim plot STUDY`)."""
+    from fedsim.results.report import find_runs, names
+
     run_dir = Path(run_dir)
-    if (run_dir / "rounds.parquet").exists():
-        name = read_manifest(run_dir).get("algorithm")
-        runs = {name or run_dir.name: run_dir}
-    else:
-        runs = {p.parent.name: p.parent for p in sorted(run_dir.glob("*/rounds.parquet"))}
-    if not runs:
-        what = "no rounds.parquet here or in its sub-folders" if run_dir.is_dir() else "no such folder"
-        raise FedsimError(f"{run_dir}: {what}; pass a run directory (the folder that `fedsim run` "
-                          "printed after 'results:')")
-    return plot_dirs(runs, run_dir / "plots", title=run_dir.name)
+    runs, studies = find_runs([run_dir])
+    return plot_dirs({label: r.path for label, r in zip(names(runs), runs)}, run_dir / "plots",
+                     title=run_dir.name), studies
 
 
 def study_bands(study: pl.DataFrame, group_axes: list[str], x: str, metric: str = "test_acc",

@@ -189,7 +189,8 @@ def device_accuracy(devices: pl.DataFrame) -> dict | None:
 
 @dataclass
 class Run:
-    """One run directory as read from disk; `origin` is the path given on the command line."""
+    """One run directory as read from disk; `origin` is the run itself, or its comparison's
+    folder (what tells two runs of one algorithm apart in a report)."""
 
     path: Path
     origin: Path
@@ -233,21 +234,41 @@ def _is_run(path: Path) -> bool:
     return (path / "rounds.parquet").is_file() and (path / "devices.parquet").is_file()
 
 
-def find_runs(paths: list[Path]) -> list[Run]:
-    """The runs of each path: a run directory, or a comparison folder (its algorithms'
-    sub-folders, in name order)."""
-    runs = []
+def _is_comparison(path: Path) -> bool:
+    """A comparison's folder: its own config.toml beside its algorithms' run directories."""
+    return (path / "config.toml").is_file() and not _is_run(path)
+
+
+def runs_under(folder: Path) -> tuple[list[Path], list[Path]]:
+    """The run directories of `folder` (a run, a comparison, or a folder of runs and
+    comparisons: `[run] out`), in name order, and the studies in it, which are reported alone.
+    One line where it holds no run."""
+    if not folder.is_dir():
+        raise FedsimError(f"{folder}: no such folder; pass the folder that `fedsim run` printed after 'results:'")
+    if _is_run(folder):
+        return [folder], []
+    children = sorted(p for p in folder.iterdir() if p.is_dir())
+    studies = [p for p in children if (p / "study.toml").is_file()]
+    runs = [run for p in children if p not in studies
+            for run in ([p] if _is_run(p) else sorted(c for c in p.iterdir() if c.is_dir() and _is_run(c)))]
+    if not runs and studies:
+        raise FedsimError(f"{folder}: holds studies only ({', '.join(p.name for p in studies[:5])}"
+                          f"{', ...' if len(studies) > 5 else ''}), and a study is reported alone: give its folder, "
+                          f"e.g. `fedsim report {studies[0]}`")
+    if not runs:
+        raise FedsimError(f"{folder}: not a run directory (no rounds.parquet and devices.parquet here or in its "
+                          "sub-folders); pass the folder that `fedsim run` printed after 'results:'")
+    return runs, studies
+
+
+def find_runs(paths: list[Path]) -> tuple[list[Run], list[Path]]:
+    """The runs under each path (`runs_under`), and the studies left out."""
+    runs, studies = [], []
     for origin in paths:
-        if not origin.is_dir():
-            raise FedsimError(f"{origin}: no such folder; pass the folder that `fedsim run` printed "
-                              "after 'results:'")
-        members = [origin] if _is_run(origin) else sorted(p for p in origin.glob("*") if _is_run(p))
-        if not members:
-            raise FedsimError(
-                f"{origin}: not a run directory (no rounds.parquet and devices.parquet here or in "
-                "its sub-folders); pass the folder that `fedsim run` printed after 'results:'")
-        runs += [read_run(p, origin) for p in members]
-    return runs
+        found, left_out = runs_under(origin)
+        runs += [read_run(p, p.parent if _is_comparison(p.parent) else p) for p in found]
+        studies += left_out
+    return runs, studies
 
 
 def names(runs: list[Run]) -> list[str]:
@@ -343,10 +364,10 @@ def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
 
 def report(paths: list[Path], targets: list[float] | None = None) -> dict:
     """The report of the runs under `paths`; targets default to the runs' `[run] targets`."""
-    runs = find_runs([Path(p) for p in paths])
+    runs, studies = find_runs([Path(p) for p in paths])
     targets = config_targets(runs) if targets is None else targets
-    return {"targets": targets,
-            "runs": [summarize_run(r, n, targets) for r, n in zip(runs, names(runs))]}
+    return {"targets": targets, "runs": [summarize_run(r, n, targets) for r, n in zip(runs, names(runs))],
+            "studies_left_out": [str(p) for p in studies]}
 
 
 # -- text -------------------------------------------------------------------------------------
@@ -431,7 +452,17 @@ def format_report(doc: dict) -> str:
           percent(p["surplus_rate"]), f"{p['devices_arrived']} of {p['devices']}",
           _number(p["arrivals_gini"], ".3f"), _number(p["arrivals_cv"], ".3f")]
          for r in runs for p in [r["participation"]]]))
-    return "\n\n".join(blocks + latency_blocks(runs) + trainer_block(runs) + incomplete_block(runs))
+    return "\n\n".join(blocks + latency_blocks(runs) + trainer_block(runs) + incomplete_block(runs)
+                       + studies_block(doc.get("studies_left_out", [])))
+
+
+def studies_block(studies: list[str]) -> list[str]:
+    """A line naming the studies of the folder that the report left out (each reported alone)."""
+    if not studies:
+        return []
+    return [f"not reported here: {len(studies)} stud{'y' if len(studies) == 1 else 'ies'} "
+            f"({', '.join(Path(s).name for s in studies[:5])}{', ...' if len(studies) > 5 else ''}), each reported "
+            f"alone: `fedsim report {studies[0]}`"]
 
 
 def trainer_block(runs: list[dict]) -> list[str]:

@@ -277,6 +277,7 @@ def cmd_plot(args) -> int:
         from fedsim.studies.study import open_study
 
         study = open_study(folder)
+        refuse_unfinished(study.folder, "its plots are drawn from its tables")
         paths = plot_study(study.folder, study.name, study.group_axes, study.targets)
     else:
         paths, studies = plot_run_dir(folder)
@@ -371,7 +372,7 @@ def report_study(args) -> int:
 
     from fedsim.results.report import incomplete_block, parse_targets, points_trainer_block
     from fedsim.studies.study import open_study
-    from fedsim.studies.tables import best_by, format_summary, study_report, study_tables
+    from fedsim.studies.tables import best_by, format_summary, study_report, study_tables, unfinished_block
 
     if len(args.runs) > 1:
         raise FedsimError(f"fedsim report {' '.join(args.runs)}: {args.runs[0]} is a study's folder, which is "
@@ -383,14 +384,24 @@ def report_study(args) -> int:
     study = open_study(Path(args.runs[0]))
     tables = study_tables(study, parse_targets(args.target))  # read only: nothing written
     if args.claims:
+        refuse_unfinished(study.folder, "its claims are judged on its tables")
         return report_claims(study, args.json)
     summary = tables.summary
     if args.best_by:
         summary = best_by(summary, args.best_by, args.over, study.group_axes)
     print(json.dumps(study_report(study, tables, summary), indent=2, allow_nan=False) if args.json
           else "\n\n".join([format_summary(study, summary), *points_trainer_block(tables.runs),
-                              *incomplete_block(tables.runs)]))
+                              *incomplete_block(tables.runs), *unfinished_block(study, tables.runs)]))
     return 0
+
+
+def refuse_unfinished(folder: Path, what: str) -> None:
+    """One line for a study without its tables (written once every point has run), which its
+    plots and claims read."""
+    if not (folder / "study.parquet").exists():
+        raise FedsimError(f"{folder}: the study has not finished, and {what}, written once every point has run: "
+                          f"`{resume_command('sweep', folder)}` finishes it; `fedsim report {folder}` compares its "
+                          "points where they stopped")
 
 
 def report_claims(study, as_json: bool) -> int:

@@ -296,6 +296,26 @@ def interrupted_study(tmp_path: Path) -> tuple[str, Path]:
     return hint(proc.stdout, "sweep"), tmp_path / "runs" / "mine"
 
 
+def test_an_interrupted_studys_report_says_so_and_its_plots_and_claims_wait_for_its_end(tmp_path, capsys, monkeypatch):
+    """The report compares the points where they stopped and says so, with the command that
+    finishes them (run here as printed, from another directory); plots and claims, which read
+    the study's tables, are one line until then."""
+    _, folder = interrupted_study(tmp_path)
+    assert main(["report", str(folder)]) == 0
+    line = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert re.fullmatch(r"unfinished: 4 of 4 points \(4 interrupted, after [\d-]+ rounds\), compared above where they "
+                        r"stopped; `fedsim sweep --resume (.+)` finishes them", line), line
+    for command in (["plot", str(folder)], ["report", str(folder), "--claims"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {folder}: the study has not finished, and its ") and err.endswith(
+            f": `fedsim sweep --resume {folder.resolve()}` finishes it; `fedsim report {folder}` compares its points "
+            "where they stopped\n"), err
+    monkeypatch.chdir(tmp_path.parent)
+    assert main(shlex.split(re.search(r"`(fedsim sweep --resume .+)`", line).group(1))[1:] + ["--quiet"]) == 0
+    assert main(["report", str(folder)]) == 0 and "unfinished" not in capsys.readouterr().out
+
+
 def test_an_interrupted_study_finishes_by_its_printed_command_from_another_directory(tmp_path, reference):
     command, folder = interrupted_study(tmp_path)
     elsewhere = tmp_path / "elsewhere"

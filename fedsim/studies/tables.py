@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 
 from fedsim.errors import FedsimError
-from fedsim.files import atomic_write
+from fedsim.files import atomic_write, resume_command
 from fedsim.results.report import ci95, config_targets, duration, read_run, summarize_run
 from fedsim.studies.study import Study
 
@@ -163,3 +164,18 @@ def format_summary(study: Study, summary: pl.DataFrame | None = None) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def unfinished_block(study: Study, runs: list[dict]) -> list[str]:
+    """A line for the points that have not finished (interrupted, crashed or running): the table
+    compares them where they stopped; with the command that finishes them."""
+    left = [r for r in runs if r["status"] not in ("completed", "diverged")]
+    if not left:
+        return []
+    kinds = Counter(r["status"].split(" (")[0] for r in left)
+    done = sorted(r["rounds"] for r in left)
+    after = f"{done[0]}" if done[0] == done[-1] else f"{done[0]}-{done[-1]}"
+    finish = ("the sweep running now finishes them" if set(kinds) == {"running"}
+              else f"`{resume_command('sweep', study.folder)}` finishes them")
+    return [f"unfinished: {len(left)} of {len(runs)} points ({', '.join(f'{n} {k}' for k, n in kinds.items())}, "
+            f"after {after} rounds), compared above where they stopped; {finish}"]

@@ -406,6 +406,35 @@ def test_resume_keys_reach_every_point_of_a_study_and_are_recorded(tmp_path, cap
         assert manifest["rounds"] == 10 and manifest["reason"].startswith("max_time 600 s reached")
 
 
+def test_a_finished_study_resumed_with_a_later_max_time_and_new_targets_goes_on_and_times_them(tmp_path, capsys):
+    """Points that max_time ended go on to the later one (as the study given it from the start
+    ends, bit for bit: the round the first max_time cut short was not counted); targets given
+    on resume reach the finished points' config.toml and the study's tables."""
+    study = {"run": {"rounds": 500, "max_time": 8.0, "eval_every": 3, "progress": False, "plots": False,
+                     "out": str(tmp_path)},
+             "data": {"dataset": "digits", "clients": 30},
+             "client": {"local_steps": 2, "batch_size": 16},
+             "server": {"timing": "model", "clients_per_round": 6, "overcommit": 0.5, "deadline": 1.2},
+             "devices": {"model": "lognormal", "seconds_per_sample": 0.01, "compute_sigma": 1.0},
+             "trace": {"source": "markov", "mean_on": 4.0, "mean_off": 4.0, "days": 0.01},
+             "sweep": {"algorithm.name": ["fedavg", "mifa"]}}
+    for name, max_time in (("cut", 8.0), ("whole", 16.0)):
+        (tmp_path / f"{name}.toml").write_text(dump_toml({**study, "run": {**study["run"], "name": name,
+                                                                            "max_time": max_time}}))
+        assert main(["sweep", str(tmp_path / f"{name}.toml"), "--quiet"]) == 0
+    assert main(["sweep", "--resume", str(tmp_path / "cut"), "--quiet", "--set", "run.max_time=16",
+                 "--set", "run.targets=[0.3]"]) == 0
+    for point in ("algorithm-fedavg", "algorithm-mifa"):
+        same_results(tmp_path / "cut" / point, tmp_path / "whole" / point)
+    assert main(["sweep", "--resume", str(tmp_path / "cut"), "--quiet", "--set", "run.targets=[0.3, 0.4]"]) == 0
+    for point in ("algorithm-fedavg", "algorithm-mifa"):
+        assert read_toml(tmp_path / "cut" / point / "config.toml")["run"]["targets"] == [0.3, 0.4]
+    summary = pl.read_parquet(tmp_path / "cut" / "summary.parquet")
+    assert {"time_to_0.3_s_mean", "time_to_0.4_s_mean"} <= set(summary.columns)
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "cut")]) == 0 and "time to 40%" in capsys.readouterr().out
+
+
 def test_resume_keys_reach_every_algorithm_of_a_comparison_and_are_recorded(tmp_path, monkeypatch, capsys):
     """Interrupted in its first algorithm, a comparison resumed with a time limit applies it to
     both: the one that was interrupted too, and each config.toml records it."""

@@ -579,11 +579,31 @@ def check_only_adds_rounds(run_dir: Path, config: Config, name: str) -> None:
 
 def run_state(run_dir: Path, config: Config) -> str:
     """done (it ran its rounds, or stopped for good: diverged, trace over, max_time), resume
-    (interrupted, or the study now asks for more rounds), or new."""
+    (interrupted, or the study now asks for more rounds or a later max_time), or new. A done
+    run records the `[run] targets` now asked for (they change its report, not its rounds)."""
     m = read_manifest(run_dir, strict=False)
     if m.get("status") in ("completed", "diverged"):
-        more = m["status"] == "completed" and m.get("reason") == f"{m.get('rounds')} rounds" \
-            and config.run.rounds > m.get("rounds", 0)
+        reason, done = str(m.get("reason", "")), m.get("rounds", 0)
+        more = m["status"] == "completed" and config.run.rounds > done and (
+            reason == f"{done} rounds" or reason.startswith("max_time") and later_max_time(run_dir, config))
         if not more:
+            record_targets(run_dir, config)
             return "done"
     return "resume" if (run_dir / "checkpoint.pt").exists() else "new"
+
+
+def later_max_time(run_dir: Path, config: Config) -> bool:
+    """Whether `config` lets a run that max_time ended go on: no max_time, or a later one than
+    the one in its config.toml."""
+    ran = read_toml(run_dir / "config.toml").get("run", {}).get("max_time", 0.0)
+    return not config.run.max_time or config.run.max_time > ran
+
+
+def record_targets(run_dir: Path, config: Config) -> None:
+    """A finished run's config.toml takes the `[run] targets` given to its comparison or study
+    on resume: the report times them."""
+    path = run_dir / "config.toml"
+    recorded = read_toml(path)
+    if recorded.get("run", {}).get("targets") != list(config.run.targets):
+        recorded.setdefault("run", {})["targets"] = list(config.run.targets)
+        write_text(path, dump_toml(recorded))

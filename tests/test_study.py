@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import rounds  # noqa: E402
 
 from fedsim.cli import main  # noqa: E402
-from fedsim.config import dump_toml  # noqa: E402
+from fedsim.config import dump_toml, read_toml  # noqa: E402
 
 BASE = {"run": {"rounds": 10, "eval_every": 5, "progress": False, "plots": False},
         "data": {"dataset": "digits", "clients": 20},
@@ -801,3 +801,36 @@ def test_a_group_whose_points_do_not_fit_in_memory_together_runs_in_batches_that
             assert all(torch.equal(a, b) for a, b in zip(
                 torch.load(out / "s" / point / "model.pt").values(),
                 torch.load(reference / point / "model.pt").values()))
+
+
+def test_a_studys_trace_and_warm_starts_are_found_from_any_directory(tmp_path, capsys, monkeypatch):
+    """A trace file given relative to the directory the study ran in, and the warm-start runs the
+    points start from, are recorded as absolute paths: the new study that a changed axis prints
+    and the new run that a point's config.toml prints both run as printed from elsewhere."""
+    import re
+
+    from test_stop_and_resume import as_printed
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["trace", "generate", "diurnal", "--devices", "3", "--days", "1", "--seed", "0",
+                 "--out", "t.parquet"]) == 0
+    path = quadratic_study(tmp_path, "q")
+    study = read_toml(path)
+    study["trace"] = {"source": "file", "path": "t.parquet"}
+    study["server"] = {"timing": "ideal", "round_duration": 3600.0}
+    study["warm_start"] = {"run.rounds": 2}
+    path.write_text(dump_toml(study))
+    sweep(path)
+    folder = tmp_path / "runs" / "q"
+    assert read_toml(folder / "study.toml")["base"]["trace"]["path"] == str(tmp_path / "t.parquet")
+    assert read_toml(folder / "seed-0" / "config.toml")["model"]["init_from"] == str(folder / "warm-start" / "seed-0")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    capsys.readouterr()
+    assert main(["sweep", "--resume", str(folder), "--set", "sweep.run.seed=[0, 1, 2]"]) == 2
+    done = as_printed(re.search(r"`(fedsim sweep [^`]+)`", capsys.readouterr().err).group(1), elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert main(["run", str(folder / "seed-1" / "config.toml")]) == 2
+    done = as_printed(re.search(r"`(fedsim run [^`]+)`", capsys.readouterr().err).group(1), elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert list(elsewhere.iterdir()) == []

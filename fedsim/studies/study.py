@@ -153,11 +153,12 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
     warm_points, warm_of = _warm_runs(raws, warm, axes, chosen, folder, path, warm_origins)
     for (point_name, values, raw_point), warm_name in zip(raws, warm_of):
         if warm_name is not None:
-            _set(raw_point, "model.init_from", str(folder / warm_name))
+            _set(raw_point, "model.init_from", str(folder.absolute() / warm_name))  # (from any directory)
         raw_point.setdefault("run", {}).update(name=point_name, out=str(folder))
         _own_keys(raw_point, chosen)
     points = _checked(raws, origins, path, "point")
     _unique_names(points, path)
+    _absolute_paths(base, path)
     resolved = {"base": base, "axes": axes, "zip": zips, **({WARM: warm} if warm else {}),
                 **({"gpus_per_task": gpus} if gpus else {})}
     resolved = json.loads(json.dumps(resolved))
@@ -166,6 +167,18 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
 
         resolved["claims"] = check_claims(claims, axes, str(path), {p.config.data.dataset for p in points})
     return Study(name, str(path), axes, points, folder, resolved, float(gpus), warm_points)
+
+
+def _absolute_paths(base: dict, path: Path) -> None:
+    """The base's trace file and warm start as absolute paths, found as a run finds them (in the
+    working directory, then beside the study file), so that the folder's study.toml names them
+    from any directory; a path found nowhere stays as given (the points' checks name it)."""
+    for section, key in (("trace", "path"), ("model", "init_from")):
+        value = base.get(section, {}).get(key) if isinstance(base.get(section), dict) else None
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            found = next((p for p in (Path(value), path.parent / value) if p.exists()), None)
+            if found is not None:
+                base[section][key] = str(found.absolute())
 
 
 def recorded_study(folder: Path) -> dict:
@@ -534,12 +547,16 @@ def read_recorded(recorded: Path) -> dict:
 def _what_runs(resolved: dict) -> dict:
     """A study.toml without what may change between two sweeps of one study: its claims (they
     judge the results, they do not make them) and the [run] keys a resumed run may change
-    (more rounds, plots, evaluation, trackers: the points resume to them)."""
+    (more rounds, plots, evaluation, trackers: the points resume to them), and its trace file and
+    warm start, which `check_own_runs` compares as files (a study.toml may name them relatively)."""
     from fedsim.config import RESUME_KEYS
 
     growing = {key.split(".", 1)[1] for key in RESUME_KEYS if key.startswith("run.")}
     base = dict(resolved.get("base", {}))
     base["run"] = {k: v for k, v in base.get("run", {}).items() if k not in growing}
+    for section, key in (("trace", "path"), ("model", "init_from")):  # files: compared as files by check_own_runs
+        if isinstance(base.get(section), dict):
+            base[section] = {k: v for k, v in base[section].items() if k != key}
     return {key: value for key, value in {**resolved, "base": base}.items() if key != "claims"}
 
 

@@ -571,7 +571,7 @@ CASES = [
     case("report-missing-folder", "report {tmp}/nope", r"nope: no such folder; pass the folder that `fedsim run` printed"),
     case("report-not-a-run", "report {tmp}/empty", r"empty: not a run directory \(no rounds\.parquet",
          empty=lambda path, run: path.mkdir()),
-    case("plot-missing-folder", "plot {tmp}/nope", r"nope: no such folder; pass a run directory"),
+    case("plot-missing-folder", "plot {tmp}/nope", r"nope: no such folder; pass the folder that `fedsim run` printed"),
     case("report-missing-rounds", "report {tmp}/r", r"r: not a run directory \(no rounds\.parquet",
          r=run_dir(lambda path: (path / "rounds.parquet").unlink())),
     case("report-bad-target", "report {tmp}/r --target 1.5", r"1\.5", r=run_dir()),

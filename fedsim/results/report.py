@@ -367,7 +367,7 @@ def report(paths: list[Path], targets: list[float] | None = None) -> dict:
     runs, studies = find_runs([Path(p) for p in paths])
     targets = config_targets(runs) if targets is None else targets
     return {"targets": targets, "runs": [summarize_run(r, n, targets) for r, n in zip(runs, names(runs))],
-            "studies_left_out": [str(p) for p in studies]}
+            **({"studies_left_out": [str(p) for p in studies]} if studies else {})}
 
 
 # -- text -------------------------------------------------------------------------------------

@@ -372,7 +372,8 @@ def report_study(args) -> int:
 
     from fedsim.results.report import incomplete_block, parse_targets, points_trainer_block
     from fedsim.studies.study import open_study
-    from fedsim.studies.tables import best_by, format_summary, study_report, study_tables, unfinished_block
+    from fedsim.studies.tables import (best_by, format_summary, no_best_lines, study_report, study_tables,
+                                       unfinished_block)
 
     if len(args.runs) > 1:
         raise FedsimError(f"fedsim report {' '.join(args.runs)}: {args.runs[0]} is a study's folder, which is "
@@ -390,7 +391,9 @@ def report_study(args) -> int:
     if args.best_by:
         summary = best_by(summary, args.best_by, args.over, study.group_axes)
     print(json.dumps(study_report(study, tables, summary), indent=2, allow_nan=False) if args.json
-          else "\n\n".join([format_summary(study, summary), *points_trainer_block(tables.runs),
+          else "\n\n".join([format_summary(study, summary),
+                              *(no_best_lines(summary, args.best_by, args.over, study.group_axes) if args.best_by else []),
+                              *points_trainer_block(tables.runs),
                               *incomplete_block(tables.runs), *unfinished_block(study, tables.runs)]))
     return 0
 

@@ -131,6 +131,10 @@ def test_report_prints_mean_and_ci_and_picks_the_best_learning_rate(tmp_path, ca
     assert [e["values"]["algorithm.name"] for e in best] == ["fedavg", "mifa"]
     assert main(["report", str(folder), "--best-by", "final_acc", "--over", "client.momentum"]) == 2
     assert "not an axis of the study" in capsys.readouterr().err
+    assert main(["report", str(folder), "--target", "0.999", "--best-by", "time_to_0.999_s", "--over", "client.lr"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--best-by")]
+    assert notes == [f"--best-by time_to_0.999_s: no value of client.lr has it for algorithm.name = {name} (no seed "
+                     "reached the target), so its row above (client.lr = 0.01) is not a best" for name in ("fedavg", "mifa")]
 
 
 def test_zipped_axes_vary_together_and_plots_show_bands(tmp_path):
@@ -834,3 +838,24 @@ def test_a_studys_trace_and_warm_starts_are_found_from_any_directory(tmp_path, c
     done = as_printed(re.search(r"`(fedsim run [^`]+)`", capsys.readouterr().err).group(1), elsewhere)
     assert done.returncode == 0, done.stderr
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_studys_diverged_points_are_named_and_their_best_is_the_initial_models(tmp_path, capsys):
+    """A point that diverged has no final accuracy: the report names it under the table (the
+    group's means are over the other seeds); its best accuracy counts the initial model's
+    evaluation, as its time to target does."""
+    path = write_study(tmp_path, {"client.lr": [0.3, 5000.0], "run.seed": [0, 1]})
+    sweep(path, expect=3)
+    folder = tmp_path / "runs" / "s"
+    capsys.readouterr()
+    assert main(["report", str(folder), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    diverged = [r for r in report["runs"] if r["status"] == "diverged"]
+    assert [r["name"] for r in diverged] == ["lr-5000.0_seed-0", "lr-5000.0_seed-1"]
+    for r in diverged:
+        initial = json.loads((folder / r["name"] / "manifest.json").read_text())["initial"]
+        assert r["final_acc"] is None and r["best_acc"] == initial["test_acc"]
+    assert main(["report", str(folder)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(
+        "diverged: 2 of 4 points (lr-5000.0_seed-0, lr-5000.0_seed-1); a diverged point has no final accuracy or "
+        "loss, so its group's means are over its other seeds ('-' where all diverged)")

@@ -183,7 +183,11 @@ def point_metric(study: pl.DataFrame, metric: str, window: int | None = None,
     value = {"final_acc": acc.drop_nulls().last(), "best_acc": acc.max(), "final_loss": loss.drop_nulls().last(),
              "tail_acc": acc.mean(), "tail_loss": loss.mean(), "loss_swing": loss.max() - loss.min(),
              "round_s": pl.col("duration").mean(), "sim_time": pl.col("t_end").last()}[metric]
-    return frame.group_by("point", maintain_order=True).agg(value.alias("value"))
+    values = frame.group_by("point", maintain_order=True).agg(value.alias("value"))
+    if metric == "best_acc" and initial:  # from the initial model's evaluation on, as the report's
+        first = pl.Series([(initial.get(p) or {}).get("test_acc") for p in values["point"]], dtype=pl.Float64)
+        values = values.with_columns(pl.max_horizontal("value", first))
+    return values
 
 
 @dataclass

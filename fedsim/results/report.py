@@ -323,18 +323,21 @@ def config_targets(runs: list[Run]) -> list[float]:
     return sorted(values)
 
 
-def _best(frame: pl.DataFrame, column: str, best: str) -> tuple[float | None, float | None]:
-    """(final, best) of an evaluated metric; `best` is "max" or "min"."""
+def _best(frame: pl.DataFrame, column: str, best: str, initial: float | None) -> tuple[float | None, float | None]:
+    """(final, best) of an evaluated metric; `best` is "max" or "min", over the evaluations from
+    the initial model's on (as a time to target counts it, at 0 rounds)."""
     values = frame.select(finite(column)).drop_nulls()[column]
-    if not len(values):
-        return None, None
-    return float(values[-1]), float(getattr(values, best)())
+    final = float(values[-1]) if len(values) else None
+    if initial is not None and math.isfinite(initial):
+        values = pl.concat([pl.Series(column, [float(initial)]), values.cast(pl.Float64)])
+    return final, float(getattr(values, best)()) if len(values) else None
 
 
 def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
     """The report of one run, with plain numbers (None where there is nothing to report)."""
-    final_acc, best_acc = _best(run.rounds, "test_acc", "max")
-    final_loss, best_loss = _best(run.rounds, "test_loss", "min")
+    initial = run.manifest.get("initial") or {}
+    final_acc, best_acc = _best(run.rounds, "test_acc", "max", initial.get("test_acc"))
+    final_loss, best_loss = _best(run.rounds, "test_loss", "min", initial.get("test_loss"))
     t_end = run.rounds["t_end"]
     kept = events_kept(run.config)
     hits = [time_to_target(run.rounds, t, run.manifest.get("initial")) for t in targets]

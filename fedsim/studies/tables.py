@@ -129,6 +129,19 @@ def best_by(summary: pl.DataFrame, metric: str, over: str, group_axes: list[str]
     return ranked.group_by(others, maintain_order=True).first() if others else ranked.head(1)
 
 
+def no_best_lines(best: pl.DataFrame, metric: str, over: str, group_axes: list[str]) -> list[str]:
+    """A line for each row of `best_by` whose metric no value of `over` had (a target no seed
+    reached): its row is not the best of anything."""
+    others = [a for a in group_axes if a != over]
+    why = "no seed reached the target" if metric.startswith(("time_to_", "rounds_to_")) else "every seed diverged"
+    lines = []
+    for row in best.filter(pl.col(f"{metric}_mean").is_null()).iter_rows(named=True):
+        where = ", ".join(f"{a} = {row[a]}" for a in others)
+        lines.append(f"--best-by {metric}: no value of {over} has it{f' for {where}' if where else ''} "
+                     f"({why}), so its row above ({over} = {row[over]}) is not a best")
+    return ["\n".join(lines)] if lines else []
+
+
 def _pm(mean, ci, scale: float = 1.0, spec: str = ".2f") -> str:
     if mean is None:
         return "-"
@@ -167,15 +180,20 @@ def format_summary(study: Study, summary: pl.DataFrame | None = None) -> str:
 
 
 def unfinished_block(study: Study, runs: list[dict]) -> list[str]:
-    """A line for the points that have not finished (interrupted, crashed or running): the table
-    compares them where they stopped; with the command that finishes them."""
+    """A line for the points that diverged (their final metrics are missing from their groups'
+    means), and one for those that have not finished (interrupted, crashed or running: the
+    table compares them where they stopped), with the command that finishes them."""
+    diverged = [r["name"] for r in runs if r["status"] == "diverged"]
+    lines = [f"diverged: {len(diverged)} of {len(runs)} points ({', '.join(diverged[:3])}"
+             f"{', ...' if len(diverged) > 3 else ''}); a diverged point has no final accuracy or loss, so its "
+             "group's means are over its other seeds ('-' where all diverged)"] if diverged else []
     left = [r for r in runs if r["status"] not in ("completed", "diverged")]
     if not left:
-        return []
+        return lines
     kinds = Counter(r["status"].split(" (")[0] for r in left)
     done = sorted(r["rounds"] for r in left)
     after = f"{done[0]}" if done[0] == done[-1] else f"{done[0]}-{done[-1]}"
     finish = ("the sweep running now finishes them" if set(kinds) == {"running"}
               else f"`{resume_command('sweep', study.folder)}` finishes them")
-    return [f"unfinished: {len(left)} of {len(runs)} points ({', '.join(f'{n} {k}' for k, n in kinds.items())}, "
-            f"after {after} rounds), compared above where they stopped; {finish}"]
+    return lines + [f"unfinished: {len(left)} of {len(runs)} points ({', '.join(f'{n} {k}' for k, n in kinds.items())}"
+                     f", after {after} rounds), compared above where they stopped; {finish}"]

@@ -117,7 +117,7 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
     gpus = sweep.pop("gpus_per_task", 0.0)
     if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
         raise FedsimError(f"{path}: [sweep] gpus_per_task = {gpus!r} must be a number >= 0")
-    axes = _axes(sweep, base, path)
+    axes = _axes(sweep, base, path, set_by)
     if isinstance(base.get("trace"), dict) and "trace.source" not in axes:
         # a base's keys for another trace generator than the study's are dropped, as from a run's config
         base["trace"] = drop_unselected(Layered({"trace": base["trace"]}, origins, only_base))["trace"]
@@ -139,7 +139,7 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
                           "to run them all, or shorten its axes")
     name = given.absolute().name if given else base.get("run", {}).get("name") or path.stem
     if not plain_folder_name(name):
-        raise FedsimError(f"{path}: [run] name = {name!r} is not a plain folder name; give a name without "
+        raise FedsimError(f"{origins.get(('run', 'name'), path)}: [run] name = {name!r} is not a plain folder name; give a name without "
                           "'/', '\\' or line breaks (the study folder is [run] out / name)")
     folder = given or Path(base.get("run", {}).get("out", "runs")) / name
     chosen = _study_choices(base, axes, warm)
@@ -352,16 +352,18 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _axes(sweep: dict, base: dict, path: Path) -> dict[str, list]:
+def _axes(sweep: dict, base: dict, path: Path, set_by: dict) -> dict[str, list]:
+    """The sweep's axes, checked; a bad one is blamed on the --set that gave it, else the file."""
     axes = {}
     for axis, values in sweep.items():
+        where = set_by.get(("sweep", axis), path)
         if "." not in axis:
-            raise FedsimError(f'{path}: [sweep] {axis!r} is not a config key; write "section.key" = '
+            raise FedsimError(f'{where}: [sweep] {axis!r} is not a config key; write "section.key" = '
                               '[values], e.g. "client.lr" = [0.01, 0.1]')
         if not isinstance(values, list) or not values:
-            raise FedsimError(f"{path}: [sweep] {axis!r} = {values!r} must be a non-empty list of values")
+            raise FedsimError(f"{where}: [sweep] {axis!r} = {values!r} must be a non-empty list of values")
         if axis in FIXED_KEYS:
-            raise FedsimError(f"{path}: [sweep] {axis!r} cannot vary per point ({FIXED_KEYS[axis]})")
+            raise FedsimError(f"{where}: [sweep] {axis!r} cannot vary per point ({FIXED_KEYS[axis]})")
         axes[axis] = values
     algorithms = base.get("run", {}).pop("algorithms", [])
     if algorithms and "algorithm.name" not in axes:
@@ -399,8 +401,10 @@ def _grid(axes: dict[str, list], zips: list, path: Path) -> list[dict[str, Any]]
     seen = [json.dumps({a: float(v) if _number(v) else v for a, v in point.items()}, sort_keys=True) for point in grid]
     twice = next((grid[i] for i, key in enumerate(seen) if key in seen[:i]), None)
     if twice is not None:
-        raise FedsimError(f"{path}: [sweep] the point {twice} comes twice (1 and 1.0 are one value); give each "
-                          "value of an axis once")
+        alike = any(len({repr(v) for v in values}) > len({json.dumps(float(v) if _number(v) else v) for v in values})
+                    for values in axes.values())  # (values equal as numbers, written differently)
+        raise FedsimError(f"{path}: [sweep] the point {twice} comes twice{' (1 and 1.0 are one value)' if alike else ''}"
+                          "; give each value of an axis once")
     return grid
 
 

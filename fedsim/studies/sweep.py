@@ -11,6 +11,7 @@ from fedsim.results.recorder import write_text
 from fedsim.results.run_format import check_readable
 from fedsim.runs.comparison import comparison_lock
 from fedsim.runs.experiment import check_only_adds_rounds, run_state
+from fedsim.runs.trackers import check_trackers
 from fedsim.studies.processes import run_points_together
 from fedsim.studies.study import WARM, Study, check_own_runs, check_same_study
 from fedsim.studies.tables import write_tables
@@ -39,6 +40,7 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
         from fedsim.studies.ray_backend import check_backend  # Ray is imported only when asked
 
         check_backend(address)
+    check_trackers(study.points[0].config)  # before the folder is made: a tracker that cannot log stops here
     with comparison_lock(study.folder, "fedsim sweep"):  # one sweep of a study at a time
         check_same_study(study)
         for point in [*study.warm, *study.points]:  # a run of it that another process writes to, or

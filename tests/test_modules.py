@@ -482,7 +482,7 @@ def test_auto_trains_a_module_vmap_cannot_batch_as_the_loop_and_says_why(cli_run
     auto, loop = tmp_path / "runs" / "auto", tmp_path / "runs" / "loop"
     trainer = json.loads((auto / "manifest.json").read_text())["trainer"]
     assert (trainer["setting"], trainer["path"]) == ("auto", "loop")
-    assert trainer["why"].startswith(f"auto: the model cannot train under vmap: its forward calls {call};")
+    assert trainer["why"].startswith(f"auto: the model cannot train batched under torch.func.vmap: its forward calls {call};")
     assert pl.read_parquet(auto / "rounds.parquet").drop("wall_s").equals(
         pl.read_parquet(loop / "rounds.parquet").drop("wall_s"))
 
@@ -917,7 +917,21 @@ def test_batchnorm_on_unequal_full_local_data_trains_on_the_loop(cli_run, user_m
     (the same model as `loop`) and `batched` is refused in one line."""
     full = {**BASE, "client": {**BASE["client"], "batch_size": 0}, "model": {"name": "user_nets:resnet_bn"}}
     _, err = trained_on_the_loop(cli_run, full)
-    assert "BatchNorm would count the padding of the devices' unequal full local data" in err
+    assert "the model cannot train batched (its BatchNorm would count the padding of the devices' unequal full local data" in err
+
+
+def test_vmaps_warning_of_an_op_it_runs_device_by_device_stays_out_of_the_output(user_models, tmp_path):
+    """torch warns that vmap has no batching rule for CPU attention (SDPA); fedsim's probe records
+    such ops for the manifest, so a forced batched run prints no torch warning (a process of its
+    own: pytest resets warning filters per test)."""
+    from fedsim.config import dump_toml
+    from test_stop_and_resume import fedsim
+
+    config = {**BASE, "run": {**BASE["run"], "rounds": 1, "plots": False, "out": str(tmp_path / "runs")},
+              "client": {**BASE["client"], "trainer": "batched"}, "model": {"name": "user_nets:transformer_no_dropout"}}
+    (tmp_path / "c.toml").write_text(dump_toml(config))
+    done = fedsim(["run", "c.toml", "--quiet"], tmp_path)
+    assert done.returncode == 0 and "Warning" not in done.stderr, done.stderr
 
 
 def test_a_tied_weight_and_an_unsaved_buffer_go_through_model_pt(cli_run, user_models):

@@ -7,7 +7,7 @@ float rounding, so runs would stop being bit-for-bit repeatable.
 
 from __future__ import annotations
 
-from fedsim.training.cohort import BatchedTrainer
+from fedsim.training.cohort import BatchedTrainer, under
 from fedsim.training.loop import LoopTrainer
 from fedsim.training.trainer import Trainer
 
@@ -41,7 +41,7 @@ class AutoTrainer(Trainer):
         """The path of a cohort of `ids` by `prefers_batched`, and why (recorded in the manifest)."""
         where = self.task.device.type
         if self.not_batched:
-            return self.loop, f"auto: the model cannot train under vmap: {self.not_batched}"
+            return self.loop, f"auto: the model cannot train batched{under(self.task, self.not_batched)}: {self.not_batched}"
         if len(ids) <= 1:
             return self.loop, "auto: one device a call, nothing to stack"
         if self.batched is None or not prefers_batched(self.slow_on_cpu, len(ids), where):

@@ -34,6 +34,12 @@ def activation_budget(device: torch.device) -> int:
     return max(ACTIVATION_BUDGET, torch.cuda.get_device_properties(device).total_memory // 64)
 
 
+def under(task, problem: str) -> str:
+    """` under torch.func.vmap` where `problem` is the module's own under vmap (not the padding
+    of a batched call, which any code would count)."""
+    return " under torch.func.vmap" if problem == task.model.batch_problem() else ""
+
+
 class BatchedTrainer(Trainer):
     path = "batched"
     distinct_rows = True
@@ -42,7 +48,7 @@ class BatchedTrainer(Trainer):
         super().__init__(task, client, seed=seed, threads=threads)
         problem = task.batch_problem(client.batch_size, client.local_epochs)
         if problem:
-            raise FedsimError(f"[client] trainer = 'batched': the model cannot train batched under torch.func.vmap "
+            raise FedsimError(f"[client] trainer = 'batched': the model cannot train batched{under(task, problem)} "
                               f"({problem}); set trainer = 'loop' (or 'auto')")
         self.step_fn = task.cohort_step_fn()
         self.graphs = CudaGraphSteps(self) if client.cuda_graphs and task.device.type == "cuda" else None

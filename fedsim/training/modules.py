@@ -58,6 +58,9 @@ SHORT_KEYS = 16  # attention over fewer keys takes its softmax along another dim
 # --- keyed dropout ---------------------------------------------------------------------------
 
 _DROPOUT, _SDPA, _MAX_POOL2D = F.dropout, F.scaled_dot_product_attention, F.max_pool2d
+# vmap runs an op it has no batching rule for device by device, and torch warns of it: fedsim's
+# probe records those ops (`_vmap_probe`) for `auto` and the manifest, so the warning is noise
+warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented")
 
 
 class _Draws(threading.local):

@@ -580,6 +580,9 @@ CASES = [
     case("plot-damaged-rounds", "plot {tmp}/r", r"rounds\.parquet: not a readable Parquet file",
          r=run_dir(lambda path: (path / "rounds.parquet").write_bytes(b"PAR1 broken"))),
     case("sweep-missing-study", "sweep {tmp}/nope.toml", r"nope\.toml: no such file"),
+    case("model-plugin-with-a-dot", 'run quickstart --set model.name="my_nets.make"',
+         r"\[model\] name = 'my_nets\.make' is unknown; a plugin is named 'module:attribute': did you mean "
+         r"'my_nets:make'\? \(built-in: logreg, mlp, "),
     case("sweep-name-axis", "sweep {tmp}/s.toml", r"\[sweep\] 'run\.name' cannot vary per point",
          **{"s.toml": 'base = "quickstart"\n[sweep]\n"run.name" = ["a", "b"]\n'}),
     case("sweep-algorithms-axis", "sweep {tmp}/s.toml", r"'run\.algorithms' cannot vary per point \(sweep \"algorithm\.name\"",

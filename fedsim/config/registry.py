@@ -86,6 +86,10 @@ class Registry(MutableMapping):
         """FedsimError for a name that is neither registered nor installed nor a plugin's
         'module:Name' (whose import `lookup` checks); imports nothing."""
         if name not in self._entries and not (self.group and ":" in name) and name not in self.names():
+            module, _, attribute = name.rpartition(".")
+            if self.group and module and attribute and not did_you_mean(name, self.names()):  # `my_nets.make`
+                raise FedsimError(f"{where} = {name!r} is unknown; a plugin is named 'module:attribute': did you mean "
+                                  f"'{module}:{attribute}'? (built-in: {', '.join(self.names())})")
             raise choice_error(where, name, self.names())
 
     def lookup(self, name: str, where: str) -> Any:

@@ -150,6 +150,12 @@ def not_a_model(in_shape, n_classes, cfg):
     return 42
 
 
+def frozen_backbone(in_shape, n_classes, cfg):
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, n_classes))
+    model[1].requires_grad_(False)
+    return model
+
+
 def in_double(in_shape, n_classes, cfg):
     return nn.Sequential(nn.Flatten(), nn.Linear(64, n_classes)).double()
 
@@ -436,6 +442,16 @@ def test_randomness_fedsim_cannot_key_is_one_line_on_every_trainer(cli_run, user
         "(aten.randn_like); fedsim keys only F.dropout and attention dropout by (seed, round, device, step): "
         "use nn.Dropout\n")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_frozen_backbones_training_flops_are_counted_not_three_forwards(cli_run, user_models):
+    """By hand, per sample: the forward 64 x 32 + 32 x 10 = 2,368 multiply-adds; the backward
+    only the head's weight gradient, 320 (no gradient of the frozen weight, none of the head's
+    input): 2,688 multiply-adds, 5,376 FLOPs (3 x forward would give 14,208), the device clock's."""
+    run_dir = run(cli_run, "frozen_backbone")
+    assert json.loads((run_dir / "manifest.json").read_text())["train_flops_per_sample"] == 2 * 2688
+    assert main(["config", "show", str(run_dir / "config.toml")]) == 0
+    assert cli_run.capsys.readouterr().out.rstrip().endswith(" 5,376 training FLOPs per sample")
 
 
 def test_frozen_parameters_stay_fixed(cli_run, user_models):

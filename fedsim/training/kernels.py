@@ -758,6 +758,7 @@ class KernelModel:
         self.inference_layers = _inference(self.train_layers)
         # multiply-adds of one sample's forward pass: what the thread policy sizes a call by
         self.flops = sum(layer.flops(shape) for layer, shape in zip(layers, [in_shape, *shapes]))
+        self.train_flops = 3 * self.flops  # forward and backward (the device clock)
 
     def split(self, flat: Tensor) -> tuple[Tensor, ...]:
         """Views of flat parameters [..., d] as the model's tensors [..., *shape], in order.

@@ -43,7 +43,8 @@ class Model(Protocol):
     in_shape: tuple[int, ...]
     dim: int  # floats of the flat state: trainable parameters, then buffers
     param_dim: int  # of which the trainable parameters (the first param_dim floats)
-    flops: float  # multiply-adds of one sample's forward pass (the device clock, the thread rule)
+    flops: float  # multiply-adds of one sample's forward pass (the thread rule)
+    train_flops: float  # multiply-adds of one sample's training step, forward and backward (the device clock)
     activations: int  # floats of layer outputs per sample (how evaluation chunks the test set)
     # capabilities
     has_buffers: bool  # running statistics in the state
@@ -141,6 +142,7 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, dat
     model.local_buffers = cfg.local_buffers
     if cfg.train_flops_per_sample:
         model.flops = cfg.train_flops_per_sample / 6  # multiply-adds of a forward pass (3 x forward, 2 per MAC)
+        model.train_flops = cfg.train_flops_per_sample / 2
     return model
 
 

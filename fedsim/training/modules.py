@@ -353,6 +353,9 @@ class ModuleModel:
         # the module itself: functional_call swaps its tensors (and sets its mode) for a call, so
         # the threads that train a run's devices side by side (loop.py) take turns with it
         self._module_lock = threading.RLock()
+        # a step's forward and backward (the device clock): 3 x forward, or counted where frozen
+        # parameters take no gradient (a frozen backbone: about the forward alone)
+        self.train_flops = 3 * self.flops if len(trainable) == len(list(module.parameters())) else self._step_flops()
         self.tied = tied_names(module, self.names)
         frozen = any(n not in self.names and n not in self.tied for n in module.state_dict())  # its own constants
         self._shared_key = (tuple(zip(self.names, self.shapes)), id(module) if frozen else None)
@@ -651,6 +654,21 @@ class ModuleModel:
     def _sample(self, n: int) -> Tensor:
         dtype = torch.int64 if getattr(self.in_shape, "vocab_size", None) else torch.float32
         return torch.zeros(n, *self.in_shape, dtype=dtype)
+
+    def _step_flops(self) -> float:
+        """Multiply-adds per sample of a training step, forward and backward, as FlopCounterMode
+        counts them on 2 inputs: the backward computes the gradients of trainable parameters
+        only (and of no layer's input before the first of them)."""
+        state = self.typed(dict(zip(self.names, self.split(self._init.clone()))))
+        trainable = [state[n].requires_grad_() for n in self.names[:self.n_trainable]]
+        x = self._sample(2)
+        with self._module_lock, keyed_randomness(None), flop_counter() as counter:
+            try:
+                out = functional_call(self.module.train(), state, (x,))
+                torch.autograd.grad(out.float().sum(), trainable, allow_unused=True)
+            finally:
+                self.module.eval()
+        return counter.get_total_flops() / 2 / len(x)
 
     def _probe(self, n_classes: int) -> tuple[float, int]:
         """(multiply-adds, floats of outputs) per sample of a forward pass on 2 inputs of the

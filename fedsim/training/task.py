@@ -312,6 +312,9 @@ class ClassificationTask(Task):
     def step_flops(self, batch: int) -> float:
         return 3.0 * self.model.flops * batch  # the backward pass costs about twice the forward
 
+    def train_flops_per_sample(self) -> float:
+        return 2.0 * self.model.train_flops
+
     def evaluate_flops(self) -> float:
         return float(self.model.flops * min(len(self.data.y_test), chunk_size(self.model, self.device)))
 

@@ -147,24 +147,26 @@ def cmd_run(args) -> int:
         stop = as_stopped(err)
         stop.hint = stop.hint or run_stop_hint(ready[-1] if ready else None, fresh=not args.resume)
         raise stop from None
-    except FedsimError as err:  # found once the run had begun (a module's forward on a new batch size)
-        raise FedsimError(f"{err}{run_failure_hint(ready[-1] if ready else None, fresh=not args.resume)}") from None
+    except FedsimError as err:  # found once a new run had begun (a module's forward on a new batch size)
+        if args.resume or not ready:
+            raise
+        raise FedsimError(f"{err}{run_failure_hint(ready[-1], str(err))}") from None
 
 
-def run_failure_hint(run_dir: Path | None, fresh: bool) -> str:
-    """What a run that stopped on a user's mistake left: a new run's directory without a round is
+def run_failure_hint(run_dir: Path, said: str) -> str:
+    """What a new run that stopped on a user's mistake left: its directory without a round is
     removed (so the next run takes its name); one with rounds keeps its last checkpoint, from
-    which a resume goes on once the cause is fixed."""
+    which a resume goes on once the cause is fixed (unless the line `said` already says how)."""
     import shutil
 
-    if run_dir is None or not run_dir.is_dir():
+    if not run_dir.is_dir():
         return ""
     manifests = [run_dir / "manifest.json", *run_dir.glob("*/manifest.json")]
     done = max((read_manifest(m.parent, strict=False).get("rounds", 0) for m in manifests if m.exists()), default=0)
-    if fresh and not done:
+    if not done:
         shutil.rmtree(run_dir, ignore_errors=True)
         return f" (nothing was kept: {run_dir} removed)"
-    if not (run_dir / "checkpoint.pt").exists() and not (run_dir / "config.toml").exists():
+    if "--resume" in said:
         return ""
     return f"; {run_dir} keeps its last checkpoint: fix that, then run `{resume_command('run', run_dir)}` to go on"
 

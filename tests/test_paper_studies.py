@@ -50,7 +50,7 @@ def test_wang_and_ji_start_every_point_from_a_fedavg_phase_of_its_seed():
     assert [p.name for p in study.warm] == ["warm-start/seed-0", "warm-start/seed-1", "warm-start/seed-2"]
     assert {(p.config.algorithm.name, p.config.client.lr) for p in study.warm} == {("fedavg", 0.1)}
     for point in study.points:
-        assert point.config.model.init_from == str(study.folder / "warm-start" / f"seed-{point.values['run.seed']}")
+        assert point.config.model.init_from == str(study.folder.absolute() / "warm-start" / f"seed-{point.values['run.seed']}")
 
 
 @pytest.mark.parametrize("name", PAPERS)

@@ -72,6 +72,7 @@ def test_plot_loads_no_torch(tmp_path):
     (tmp_path / "r").mkdir()
     pl.DataFrame({"round": [0, 1], "t_end": [60.0, 120.0], "test_acc": [0.5, 0.6],
                   "test_loss": [1.0, 0.9]}).write_parquet(tmp_path / "r" / "rounds.parquet")
+    pl.DataFrame({"arrivals": [2, 0]}).write_parquet(tmp_path / "r" / "devices.parquet")
     code, loaded = run_cli(["plot", str(tmp_path / "r")])
     assert code == 0 and not loaded & {"torch", "sklearn"}
     assert (tmp_path / "r" / "plots" / "accuracy_vs_rounds.png").is_file()

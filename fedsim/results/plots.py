@@ -517,12 +517,11 @@ def plot_run_dir(run_dir: Path) -> tuple[list[Path], list[Path]]:
     """(Re)draw the plots of a run, a comparison, or a folder of runs and comparisons, each run
     labelled as the report labels it (by algorithm); the files, and the studies left out (each
     drawn alone: `fedsim plot STUDY`)."""
-    from fedsim.results.report import find_runs, names
+    from fedsim.results.report import run_labels, runs_under
 
     run_dir = Path(run_dir)
-    runs, studies = find_runs([run_dir])
-    return plot_dirs({label: r.path for label, r in zip(names(runs), runs)}, run_dir / "plots",
-                     title=run_dir.name), studies
+    runs, studies = runs_under(run_dir)
+    return plot_dirs(dict(zip(run_labels(runs), runs)), run_dir / "plots", title=run_dir.name), studies
 
 
 def study_bands(study: pl.DataFrame, group_axes: list[str], x: str, metric: str = "test_acc",

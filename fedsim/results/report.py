@@ -9,6 +9,7 @@ checked on hand-made frames; `find_runs` reads the run directories and `report` 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -224,10 +225,32 @@ def read_run(path: Path, origin: Path) -> Run:
     manifest = read_manifest(path)
     initial_evaluation(path, manifest)  # checked before anything is told
     config = read_toml(path / "config.toml") if (path / "config.toml").exists() else {}
-    algorithm = manifest.get("algorithm") or config.get("algorithm", {}).get("name") or path.name
-    return Run(path, origin, str(algorithm), manifest, config,
+    return Run(path, origin, _algorithm(path, manifest, config), manifest, config,
                _read_parquet(path / "rounds.parquet", ROUND_COLUMNS),
                _read_parquet(path / "devices.parquet", ("arrivals",)))
+
+
+def _algorithm(path: Path, manifest: dict, config: dict) -> str:
+    return str(manifest.get("algorithm") or config.get("algorithm", {}).get("name") or path.name)
+
+
+def _origin(path: Path) -> Path:
+    """What tells two runs of one algorithm apart: the run, or its comparison's folder."""
+    return path.parent if _is_comparison(path.parent) else path
+
+
+def run_labels(paths: list[Path]) -> list[str]:
+    """Each run directory's label in a report (`names`), from its manifest or config alone."""
+    ids = []
+    for path in paths:
+        config = read_toml(path / "config.toml") if (path / "config.toml").exists() else {}
+        ids.append(RunId(_algorithm(path, read_manifest(path, strict=False), config), _origin(path)))
+    return names(ids)
+
+
+class RunId(NamedTuple):
+    algorithm: str
+    origin: Path
 
 
 def _is_run(path: Path) -> bool:
@@ -266,12 +289,12 @@ def find_runs(paths: list[Path]) -> tuple[list[Run], list[Path]]:
     runs, studies = [], []
     for origin in paths:
         found, left_out = runs_under(origin)
-        runs += [read_run(p, p.parent if _is_comparison(p.parent) else p) for p in found]
+        runs += [read_run(p, _origin(p)) for p in found]
         studies += left_out
     return runs, studies
 
 
-def names(runs: list[Run]) -> list[str]:
+def names(runs: list[Run] | list[RunId]) -> list[str]:
     """Each run's algorithm; where two runs share one, followed by the shortest tail of the
     folder given that tells them apart: `fedavg (a)`, `fedavg (b)`."""
     counts = Counter(r.algorithm for r in runs)

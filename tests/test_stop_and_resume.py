@@ -533,3 +533,16 @@ def test_sigterm_cuts_an_async_aggregation_that_goes_on_a_deadline_past_it_and_t
     done = as_printed(hint(proc.stdout, "run"), elsewhere)
     assert done.returncode == 0, done.stderr
     same_results(run_dir, tmp_path / "runs" / "whole")
+
+
+def test_a_run_whose_output_goes_to_a_file_prints_progress_lines_not_bars(tmp_path):
+    """No terminal (a log file, a batch job): a line at every tenth of the rounds on stdout, and
+    no progress bar's carriage returns in either stream."""
+    config = {**STUDY, "run": {**STUDY["run"], "rounds": 20, "progress": True, "name": "logged"}}
+    config.pop("sweep")
+    (tmp_path / "c.toml").write_text(dump_toml(config))
+    done = fedsim(["run", "c.toml"], tmp_path)
+    assert done.returncode == 0 and "\r" not in done.stdout + done.stderr, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("  fedavg: ")]
+    assert [line.split()[1] for line in lines] == [f"{k}/20" for k in range(2, 21, 2)], done.stdout
+    assert all(re.fullmatch(r"  fedavg: \d+/20 rounds \(simulated .+, test acc -\)", line) for line in lines)

@@ -10,9 +10,12 @@ evaluation, the user's callbacks, the recorder, the progress bar, the trackers, 
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
+
+from fedsim.files import human_duration
 
 if TYPE_CHECKING:
     from fedsim.runs.experiment import Experiment
@@ -87,24 +90,35 @@ class RecordRounds(Callback):
 
 
 class ProgressBar(Callback):
+    """A progress bar on a terminal; elsewhere (a log file, a batch job) a line at every tenth of
+    the rounds, so that a log holds no redrawn bars."""
+
     def __init__(self):
-        self.bar, self.acc = None, "-"
+        self.bar, self.acc, self.every = None, "-", 0
 
     def on_start(self, run, metrics):
         cfg = run.config
-        self.bar = tqdm(total=cfg.run.rounds, initial=run.start_round, desc=cfg.algorithm.name,
-                        unit="round", leave=False, dynamic_ncols=True)
+        if sys.stderr.isatty():
+            self.bar = tqdm(total=cfg.run.rounds, initial=run.start_round, desc=cfg.algorithm.name,
+                            unit="round", leave=False, dynamic_ncols=True)
+        else:
+            self.every = max(1, (cfg.run.rounds - run.start_round) // 10)
         return {}
 
     def on_round(self, run, outcome, metrics):
         if metrics.get("test_acc") is not None:
             self.acc = f"{100 * metrics['test_acc']:.1f}%"
-        self.bar.set_postfix_str(f"t={outcome.t_end / 3600:.2f}h acc={self.acc}", refresh=False)
-        self.bar.update(1)
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"t={outcome.t_end / 3600:.2f}h acc={self.acc}", refresh=False)
+            self.bar.update(1)
+        elif (outcome.round + 1 - run.start_round) % self.every == 0:
+            print(f"  {run.config.algorithm.name}: {outcome.round + 1}/{run.config.run.rounds} rounds "
+                  f"(simulated {human_duration(outcome.t_end)}, test acc {self.acc})", flush=True)
         return False, {}
 
     def on_end(self, run, result, metrics):
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
         return {}
 
 

@@ -17,6 +17,7 @@ from conftest import final_x, quadratic_config  # noqa: E402
 from test_custom_algorithm import HandMomentum  # noqa: E402
 
 from fedsim.cli import main  # noqa: E402
+from fedsim.config import dump_toml, read_toml  # noqa: E402
 
 # FedAvg with hand-written server momentum (v <- 0.9 v + mean delta, x <- x + v) as a plugin file
 FEDAVGM = "from fedsim.algorithms import Strategy\n\n\n" + inspect.getsource(HandMomentum).replace(
@@ -157,6 +158,37 @@ def test_the_extending_guide_examples_run_as_written(cli_run, tmp_path, monkeypa
     saved = torch.load(digits / "model.pt")
     module = sys.modules["my_models"].two_layer((1, 8, 8), 10, type("Cfg", (), {"hidden": 32}))
     module.load_state_dict(saved)  # the module's own state_dict
+
+
+def test_a_models_own_keys_are_config_keys_checked_shown_and_swept(cli_run, tmp_path, monkeypatch, capsys):
+    """docs/extending.md's `deep` declares width and depth: given as [model] keys (a typo gets
+    the nearest name), defaults filled in, listed by `config show`, swept by a study."""
+    monkeypatch.chdir(tmp_path)
+    plugin_module(tmp_path, "my_deep", doc_blocks("my_deep.py")[0])
+    base = {"run": {"rounds": 2}, "data": {"dataset": "digits", "clients": 6},
+            "server": {"timing": "ideal", "clients_per_round": 3}, "client": {"local_steps": 1, "batch_size": 8}}
+    run_dir = cli_run({**base, "model": {"name": "my_deep:deep", "width": 24, "depth": 2}})
+    shapes = {k: list(v.shape) for k, v in torch.load(run_dir / "model.pt").items()}
+    assert shapes == {"1.weight": [24, 64], "1.bias": [24], "3.weight": [24, 24], "3.bias": [24],
+                      "5.weight": [10, 24], "5.bias": [10]}
+    assert read_toml(run_dir / "config.toml")["model"]["width"] == 24
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=3", "--quiet"]) == 0  # its config reads back
+    cli_run({**base, "model": {"name": "my_deep:deep", "widht": 24}}, name="typo", expect=2)
+    assert cli_run.last_output.err.endswith("unknown key [model] widht for 'my_deep:deep'; did you mean 'width'?\n")
+    cli_run({**base, "model": {"name": "my_deep:deep", "width": "wide"}}, name="type", expect=2)
+    assert "[model] width" in cli_run.last_output.err
+    (tmp_path / "c.toml").write_text(dump_toml({**base, "model": {"name": "my_deep:deep", "depth": 3}}))
+    assert main(["config", "show", str(tmp_path / "c.toml")]) == 0
+    shown = capsys.readouterr().out
+    assert "\ndepth = 3  # option of model 'my_deep:deep' (default 1)" in shown
+    assert "\n# width = 32  # option of model 'my_deep:deep' (default 32)" in shown
+    study = {**base, "run": {**base["run"], "name": "widths", "out": str(tmp_path / "runs")},
+             "model": {"name": "my_deep:deep"}, "sweep": {"model.width": [8, 16]}}
+    (tmp_path / "s.toml").write_text(dump_toml(study))
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet"]) == 0
+    for width in (8, 16):
+        assert list(torch.load(tmp_path / "runs" / "widths" / f"width-{width}" / "model.pt")["1.weight"].shape) == \
+            [width, 64]
 
 
 def trace_plugins(folder: Path) -> None:

@@ -77,6 +77,7 @@ MODELS = Registry("a function (in_shape, n_classes, model_config) -> torch.nn.Mo
                       "cnn-cifar-wj": "cnn_cifar_wj", "cnn-femnist": "cnn_femnist", "lstm": "lstm",
                       "char-lstm": "char_lstm"}) | {"resnet18-gn": "fedsim.training.resnet:resnet18_gn"},
                   group="fedsim.models")
+BUILT_IN_MODELS = tuple(MODELS)
 
 GENERATORS = Registry("a fedsim.traces.generators.GeneratorSpec", "fedsim.traces.generators:is_generator",
                       {name: f"fedsim.traces.generators:BUILT_IN.{name}" for name in (

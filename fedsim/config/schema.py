@@ -19,7 +19,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fedsim.config.catalog import (ALGORITHM_CHOICES, ALGORITHM_OPTIONS, ALGORITHM_RANGES, ALGORITHMS, BUILT_IN_ALGORITHMS, GENERATORS, MODELS,
+from fedsim.config.catalog import (ALGORITHM_CHOICES, ALGORITHM_OPTIONS, ALGORITHM_RANGES, ALGORITHMS, BUILT_IN_ALGORITHMS,
+                                   BUILT_IN_MODELS, GENERATORS, MODELS,
                                    SELECTION_OPTIONS, SELECTION_RANGES,
                                    PARTITIONS, SCHEDULES, SELECTIONS, TRACE_SELECTIONS, TRAINERS)
 from fedsim.errors import FedsimError, choice_error, did_you_mean
@@ -325,6 +326,7 @@ class ModelConfig:
     train_flops_per_sample: float = key(0.0, "the model's training FLOPs per sample (3 x forward) that the "
                                         "device clock uses", non_negative=True,
                                         zero="counted on one forward pass at build time")
+    options: dict = key({}, "a model plugin's own keys (its factory's `options`), written as further [model] keys")
 
 
 @dataclass
@@ -609,7 +611,22 @@ def _declared_options(section: str, raw: dict, algorithms: list, origin: str) ->
             options.update(algorithm_options(name, origin=origin))
         options.update(selection_options(raw.get("selection", "")))
         return options
+    if section == "model" and set(raw) - set(_field_names(ModelConfig)):  # (looked up only where keys ask for it)
+        return model_options(raw.get("name", ModelConfig.name), origin)
     return None
+
+
+def model_options(name: str, origin: str = "") -> dict[str, Any] | None:
+    """A model plugin's own config keys with their typed defaults: its factory's `options`
+    (None for a built-in model, which has none)."""
+    if name in BUILT_IN_MODELS or not isinstance(name, str):
+        return None
+    factory = MODELS.lookup(name, f"{origin}: [model] name" if origin else "[model] name")
+    declared = getattr(factory, "options", {})
+    if not isinstance(declared, dict) or not all(isinstance(k, str) for k in declared):
+        raise FedsimError(f"{origin}: [model] name = {name!r}: its `options` = {declared!r} must be a dict of key "
+                          "names to default values, e.g. make.options = {'heads': 4}")
+    return dict(declared)
 
 
 def takes_one_value(section: str, key: str) -> bool:

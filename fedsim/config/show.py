@@ -14,7 +14,7 @@ from typing import Any
 import tomli_w
 
 from fedsim.config.catalog import GENERATORS
-from fedsim.config.schema import Config, algorithm_options, rule, selection_options
+from fedsim.config.schema import Config, algorithm_options, model_options, rule, selection_options
 
 
 def show_config(config: Config) -> str:
@@ -57,6 +57,10 @@ def _option_lines(config: Config, section: str) -> list[str]:
         for k, d in selection_options(config.algorithm.selection).items():
             owners.setdefault(k, []).append((f"selection {config.algorithm.selection!r}", d))
         given, lines = config.algorithm.options, []
+    elif section == "model" and model_options(config.model.name, config.source):
+        owner = f"model {config.model.name!r}"
+        owners = {k: [(owner, d)] for k, d in model_options(config.model.name, config.source).items()}
+        given, lines = config.model.options, []
     else:
         return []
     for k, declared in owners.items():

@@ -17,6 +17,7 @@ Two implementations sit under the protocol:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from typing import ContextManager, Protocol
@@ -179,6 +180,9 @@ def _call_factory(factory, in_shape, n_classes: int, cfg: ModelConfig, seed: int
                           f"model_config): {err}; {fix}") from None
     except ValueError:  # no signature to read (a builtin): let the call decide
         pass
+    declared = getattr(factory, "options", None)  # a plugin's own keys: their defaults, then the config's
+    if isinstance(declared, dict):
+        cfg = dataclasses.replace(cfg, options={**declared, **cfg.options})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         try:

@@ -509,3 +509,21 @@ def test_the_output_folder_reports_and_plots_its_runs_and_comparisons_and_names_
     assert {"participation_fedavg.both.png", "participation_mifa.png", "participation_fedavg.solo.png"} <= \
         {Path(line).name for line in drawn.out.splitlines()}
     assert drawn.err == f"not drawn here: 1 study, each drawn alone: `fedsim plot {tmp_path / 'runs' / 'seeds'}`\n"
+
+
+def test_the_python_api_pages_scoring_of_model_pt_gives_the_runs_final_accuracy(tmp_path, monkeypatch, capsys):
+    """docs/python-api.md's block, run as written on a short quick start: fedsim.test_data and
+    the run's model.pt in the built-in's plain torch module give its recorded accuracy."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "quickstart", "--set", "run.rounds=20", "--quiet"]) == 0
+    page = (Path(__file__).parent.parent / "docs" / "python-api.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S) if "test_data" in b)
+    capsys.readouterr()
+    exec(block, {})
+    printed = capsys.readouterr().out
+    final = pl.read_parquet(tmp_path / "runs" / "quickstart" / "fedavg" / "rounds.parquet")["test_acc"].drop_nulls()[-1]
+    assert float(re.search(r"tensor\(([\d.]+)\)", printed).group(1)) == pytest.approx(final, abs=1e-4)  # (torch prints 4 decimals)
+    x, y = __import__("fedsim").test_data("quickstart")  # a scenario: the same split
+    assert x.dtype == torch.float32 and y.dtype == torch.int64 and x.shape[1:] == (1, 8, 8) and 0 <= x.min() <= x.max() <= 1

@@ -321,3 +321,19 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
     if cfg.dataset not in LOADERS:
         raise choice_error("[data] dataset", cfg.dataset, DATASETS)
     return LOADERS[cfg.dataset](cfg, seed)
+
+
+def test_data(source: str | Path):
+    """The test samples a run evaluates its model on, as the model receives them: (features
+    float32 [N, *shape], scaled as in training, or int64 token ids; labels int64 [N]), for
+    scoring a run's model.pt yourself. `source`: a run directory, a config file or a scenario."""
+    import torch
+
+    from fedsim.config import load_config
+
+    folder = Path(source)
+    config = load_config(folder / "config.toml" if folder.is_dir() else source)
+    dataset = load_dataset(config.data, config.run.seed)
+    x = torch.as_tensor(dataset.x_test)
+    x = x.long() if dataset.vocab_size else x.float() * dataset.scale
+    return x, torch.as_tensor(dataset.y_test, dtype=torch.int64)

@@ -311,7 +311,7 @@ def _cmd_sweep(args, loaded: list) -> int:
 
     if (args.study is None) == (args.resume is None):
         raise FedsimError("fedsim sweep: give a study file (or scenario), or --resume STUDY_FOLDER to finish "
-                          "one that was interrupted, not both")
+                          f"one that was interrupted{', not both' if args.study else ''}")
     folder = Path(args.resume or args.study)
     if args.resume is not None and not folder.is_dir():
         what = "a file" if folder.exists() else "no such folder"

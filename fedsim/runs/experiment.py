@@ -258,7 +258,9 @@ class Experiment:
         if resume is not None:
             check_resumable(resume.get("model"), self.model_layout, str(self.run_dir / "checkpoint.pt"))
         self.lock = DirectoryLock(self.run_dir)
-        self.lock.acquire("fedsim resume" if resume else "fedsim run")
+        study = self.run_dir.parent.parent if self.run_dir.parent.name == "warm-start" else self.run_dir.parent
+        in_study = (study / "study.toml").is_file()  # a point of a study, or one of its warm-start runs
+        self.lock.acquire("fedsim sweep" if in_study else "fedsim resume" if resume else "fedsim run")
         started = time.perf_counter()
         previous_s = resume["host_s"] if resume else 0.0
         self._host_s = lambda: previous_s + time.perf_counter() - started

@@ -601,13 +601,16 @@ def plot_study(folder: Path, name: str, group_axes: list[str], targets: list[flo
                         ax.axhline(100 * target, color="0.35", ls="--", lw=0.9)
                 if panels > 1 and m == 0:
                     ax.set_title(", ".join(f"{a} = {v}" for a, v in zip(group_axes, key)), fontsize="small")
-        for i, ax in enumerate(axes):  # x labelled under each group's last panel
+        for i, ax in enumerate(axes):  # x ticks under each group's last panel, named under a column's last
             if ax.get_visible() and (i // cols) % len(metrics) == len(metrics) - 1:
                 ax.tick_params(labelbottom=True)
+                below = i + cols * len(metrics)  # the same panel of the group under it (the next titles)
+                named = label if below >= len(axes) or not axes[below].get_visible() else ""
                 if x == "round":
-                    ax.set_xlabel(label)
+                    ax.set_xlabel(named)
                 else:
                     _time_axis(ax, label)
+                    ax.set_xlabel(ax.get_xlabel() if named else "")
         for r in range(rows):
             metric = metrics[r % len(metrics)]
             axes[r * cols].set_ylabel("test accuracy (%)" if metric == "test_acc" else "test loss")
@@ -632,6 +635,8 @@ def _band(ax, band: pl.DataFrame, scale: float, metric: str, label: str, colour:
         low, high = np.maximum(mean - half, floor), mean + half
         ax.plot(xs, mean, label=label, color=colour)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(_plain_log())  # as the run plots' loss: 3, not 3 x 10^0
+        ax.yaxis.set_minor_formatter(_plain_log(labelOnlyBase=False))
     ax.fill_between(xs, low, high, alpha=0.2, color=colour, lw=0)
 
 

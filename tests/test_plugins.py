@@ -191,6 +191,24 @@ def test_a_models_own_keys_are_config_keys_checked_shown_and_swept(cli_run, tmp_
             [width, 64]
 
 
+def test_a_resume_says_when_a_plugins_file_changed_since_the_runs_earlier_rounds(cli_run, tmp_path, monkeypatch,
+                                                                                  capsys):
+    monkeypatch.chdir(tmp_path)
+    plugin_module(tmp_path, "my_deep_c", doc_blocks("my_deep.py")[0])
+    base = {"run": {"rounds": 2}, "data": {"dataset": "digits", "clients": 6}, "model": {"name": "my_deep_c:deep"},
+            "server": {"timing": "ideal", "clients_per_round": 3}, "client": {"local_steps": 1, "batch_size": 8}}
+    run_dir = cli_run(base)
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=3", "--quiet"]) == 0
+    assert "warning" not in capsys.readouterr().err  # unchanged
+    (tmp_path / "my_deep_c.py").write_text((tmp_path / "my_deep_c.py").read_text() + "# a fix\n")
+    sys.modules.pop("my_deep_c")  # (a new process would import the file as it is now)
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=4", "--quiet"]) == 0
+    assert capsys.readouterr().err == (f"warning: {run_dir}: the plugin my_deep_c ({tmp_path / 'my_deep_c.py'}) changed "
+                                       "since the run's earlier rounds; the rounds from here on run the new code\n")
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=5", "--quiet"]) == 0
+    assert "warning" not in capsys.readouterr().err  # (compared with the rounds just before)
+
+
 def trace_plugins(folder: Path) -> None:
     """docs/extending.md's generator and converter, as files in `folder`."""
     generator, converter = doc_blocks("my_traces.py", "my_converters.py")

@@ -191,6 +191,25 @@ def _import_root(module) -> Path | None:
 def plugin_folders(values: Any) -> list[str]:
     """The working-directory folders (`FROM_WORKING_DIRECTORY`) of the plugin modules that
     `values` (a config as nested dicts and lists) names as "module:Name"."""
+    tops = {module.split(".")[0] for module in plugin_modules(values)}
+    return sorted({FROM_WORKING_DIRECTORY[n] for n in tops if n in FROM_WORKING_DIRECTORY})
+
+
+def plugin_files(values: Any) -> dict[str, str]:
+    """The SHA-256 of the source file of each plugin module that `values` names as
+    "module:Name" and that is imported: a resume says when one changed since the run began."""
+    import hashlib
+
+    digests = {}
+    for module in sorted(plugin_modules(values)):
+        file = getattr(sys.modules.get(module), "__file__", None)
+        if file and Path(file).is_file():
+            digests[module] = hashlib.sha256(Path(file).read_bytes()).hexdigest()
+    return digests
+
+
+def plugin_modules(values: Any) -> set[str]:
+    """The modules that `values` (a config as nested dicts and lists) names as "module:Name"."""
     names: set[str] = set()
 
     def walk(value: Any) -> None:
@@ -201,10 +220,10 @@ def plugin_folders(values: Any) -> list[str]:
             for v in value:
                 walk(v)
         elif isinstance(value, str) and ":" in value:
-            names.add(value.partition(":")[0].split(".")[0])
+            names.add(value.partition(":")[0])
 
     walk(values)
-    return sorted({FROM_WORKING_DIRECTORY[n] for n in names if n in FROM_WORKING_DIRECTORY})
+    return names
 
 
 def use_plugin_folders(folders: list[str]) -> None:

@@ -76,5 +76,6 @@ def write_manifest(run, result, host_s: float) -> None:
                   "generator": trace.generator, "origin": trace.origin, "file": run.trace_file,
                   "fingerprint": run.trace_fingerprint, "fingerprint_of": run.fingerprint_of},
         "plugin_folders": plugin_folders(dataclasses.asdict(config)),
+        "plugin_files": run.plugin_files,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })

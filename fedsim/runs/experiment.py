@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from fedsim.runs.callbacks import Callback, Checkpoints, Evaluation, ProgressBar
 from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, check_cohort_size, config_from_dict, dump_toml,
                            read_toml)
 from fedsim.config.catalog import GENERATORS
+from fedsim.config.registry import plugin_files
 from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock, file_fingerprint, human_duration, plain_name, remove_stale_temporaries
 from fedsim.runs.replay import (TraceRecord, check_trace_file, load_trace, recorded_trace, resolve_trace_path,
@@ -282,6 +284,10 @@ class Experiment:
         )
         if resume is not None:
             self.restore(resume)
+        self.plugin_files = plugin_files(dataclasses.asdict(cfg))
+        if self.resumed:
+            warn_of_changed_plugins(read_manifest(self.run_dir, strict=False).get("plugin_files") or {},
+                                    self.plugin_files, self.run_dir)
         self.chain = self.callbacks()
         gathered: dict = {}
         for callback in self.chain:
@@ -448,6 +454,14 @@ class Experiment:
         last = self.recorder.rows[-1] if self.recorder.rows else None
         if last is not None and not self.evaluation_due(last["round"]):
             last.update(test_loss=None, test_acc=None)  # the stop's final evaluation
+
+
+def warn_of_changed_plugins(before: dict[str, str], now: dict[str, str], run_dir: Path) -> None:
+    """A warning line for each plugin module whose source file differs from the one the run's
+    earlier rounds ran (a fix may be meant; its numbers are then no one code's)."""
+    for module in sorted(m for m in now if m in before and before[m] != now[m]):
+        print(f"warning: {run_dir}: the plugin {module} ({sys.modules[module].__file__}) changed since the run's "
+              "earlier rounds; the rounds from here on run the new code", file=sys.stderr, flush=True)
 
 
 def first_change(started: dict, now: dict, skip: Sequence[str] = ()) -> tuple[str, str, Any, Any] | None:

@@ -1139,7 +1139,8 @@ CASES = [
          **user_module("integer_logits")),
     case("module-on-the-quadratic-task", RUN, r"\[model\] name = 'audit_nets:linear' does not apply to the quadratic task",
          **{"c.toml": config(model={"name": "audit_nets:linear"}), "audit_nets.py": nets}),
-    case("module-key-of-its-own", RUN, r"unknown key \[model\] width; valid keys: dropout, hidden, init",
+    case("module-key-of-its-own", RUN, r"unknown key \[model\] width for 'audit_nets:linear'; valid keys: dropout, hidden, "
+         r"init, .*; a model plugin takes keys of its own that its factory declares \(`options`, docs/extending\.md\)$",
          **user_module("linear", width=32)),
     # local_buffers and train_flops_per_sample
     case("local-buffers-on-a-builtin-model", RUN, r"\[model\] name = 'logreg': \[model\] local_buffers = true, but the module has no "

@@ -358,7 +358,7 @@ def test_a_study_interrupted_with_set_resumes_by_its_folder_to_the_same_numbers(
 def test_sweep_takes_a_study_or_a_folder_to_resume(tmp_path, capsys):
     assert main(["sweep", "--quiet"]) == 2
     assert capsys.readouterr().err == ("error: fedsim sweep: give a study file (or scenario), or --resume "
-                                       "STUDY_FOLDER to finish one that was interrupted, not both\n")
+                                       "STUDY_FOLDER to finish one that was interrupted\n")
     assert main(["sweep", "--resume", str(tmp_path)]) == 2
     assert "not a study folder (no study.toml)" in capsys.readouterr().err
 

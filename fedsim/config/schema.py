@@ -700,8 +700,10 @@ def _unknown_keys(raw: dict, algorithms: list, origin: str, origins: dict) -> li
         valid = [*_field_names(_SECTION_CLASSES[section]), *(extra or {})]
         owner = body.get(owner_key[1])
         scope = f" for {owner!r}" if extra is not None and owner else ""
+        declare = "; a model plugin takes keys of its own that its factory declares (`options`, docs/extending.md)" \
+            if section == "model" and extra == {} else ""
         unknown += [(origins.get((section, key), origin), f"[{section}] {key}{scope}",
-                     (section == "algorithm" and _policy_of(key)) or suggest(key, valid))
+                     (section == "algorithm" and _policy_of(key)) or suggest(key, valid) + declare)
                     for key in body if key not in valid]
     return unknown
 

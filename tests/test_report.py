@@ -527,3 +527,35 @@ def test_the_python_api_pages_scoring_of_model_pt_gives_the_runs_final_accuracy(
     assert float(re.search(r"tensor\(([\d.]+)\)", printed).group(1)) == pytest.approx(final, abs=1e-4)  # (torch prints 4 decimals)
     x, y = __import__("fedsim").test_data("quickstart")  # a scenario: the same split
     assert x.dtype == torch.float32 and y.dtype == torch.int64 and x.shape[1:] == (1, 8, 8) and 0 <= x.min() <= x.max() <= 1
+
+
+def test_a_comparison_stopped_before_an_algorithm_reports_it_not_started(tmp_path, capsys, monkeypatch):
+    import shlex
+    import signal
+
+    from fedsim.results.recorder import Recorder
+
+    config = {"run": {"rounds": 6, "name": "c", "out": str(tmp_path / "runs"), "algorithms": ["fedavg", "mifa"],
+                      "progress": False, "plots": False},
+              "data": {"dataset": "quadratic", "clients": 4}, "server": {"timing": "ideal", "clients_per_round": 2}}
+    (tmp_path / "c.toml").write_text(dump_toml(config))
+    add_round = Recorder.add_round
+
+    def sigint_in_round_2(self, outcome, *args):
+        if outcome.round == 2:
+            signal.raise_signal(signal.SIGINT)
+        return add_round(self, outcome, *args)
+
+    monkeypatch.setattr(Recorder, "add_round", sigint_in_round_2)
+    assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 130
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    capsys.readouterr()
+    folder = tmp_path / "runs" / "c"
+    assert main(["report", str(folder)]) == 0
+    line = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert line == (f"not started: mifa of {folder} (the comparison stopped before it): "
+                    f"`fedsim run --resume {folder.resolve()}` runs it")
+    monkeypatch.chdir(tmp_path.parent)
+    assert main(shlex.split(re.search(r"`fedsim (.+)`", line).group(1)) + ["--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(folder)]) == 0 and "not started" not in capsys.readouterr().out

@@ -19,6 +19,7 @@ import polars as pl
 
 from fedsim.config import read_toml
 from fedsim.errors import FedsimError, first_line
+from fedsim.files import plain_name, resume_command
 from fedsim.results.latency import (PHASES, STRAGGLER_ARRIVED_BELOW, STRAGGLER_INVITED, close_reasons,
                                      events_kept, latency, participation_by, stragglers, wasted_work)
 from fedsim.results.run_format import read_manifest
@@ -294,6 +295,17 @@ def find_runs(paths: list[Path]) -> tuple[list[Run], list[Path]]:
     return runs, studies
 
 
+def not_started(paths: list[Path]) -> list[tuple[Path, str]]:
+    """(comparison folder, algorithm) of each algorithm a comparison under `paths` names that
+    has no run yet (a comparison stopped before it)."""
+    missing = []
+    for folder in [q for p in paths for q in [p, *sorted(c for c in p.iterdir() if c.is_dir())]]:
+        if _is_comparison(folder):
+            algorithms = read_toml(folder / "config.toml").get("run", {}).get("algorithms", [])
+            missing += [(folder, a) for a in algorithms if isinstance(a, str) and not _is_run(folder / plain_name(a))]
+    return missing
+
+
 def names(runs: list[Run] | list[RunId]) -> list[str]:
     """Each run's algorithm; where two runs share one, followed by the shortest tail of the
     folder given that tells them apart: `fedavg (a)`, `fedavg (b)`."""
@@ -392,8 +404,10 @@ def report(paths: list[Path], targets: list[float] | None = None) -> dict:
     """The report of the runs under `paths`; targets default to the runs' `[run] targets`."""
     runs, studies = find_runs([Path(p) for p in paths])
     targets = config_targets(runs) if targets is None else targets
+    missing = not_started([Path(p) for p in paths])
     return {"targets": targets, "runs": [summarize_run(r, n, targets) for r, n in zip(runs, names(runs))],
-            **({"studies_left_out": [str(p) for p in studies]} if studies else {})}
+            **({"studies_left_out": [str(p) for p in studies]} if studies else {}),
+            **({"not_started": [{"comparison": str(f), "algorithm": a} for f, a in missing]} if missing else {})}
 
 
 # -- text -------------------------------------------------------------------------------------
@@ -479,7 +493,18 @@ def format_report(doc: dict) -> str:
           _number(p["arrivals_gini"], ".3f"), _number(p["arrivals_cv"], ".3f")]
          for r in runs for p in [r["participation"]]]))
     return "\n\n".join(blocks + latency_blocks(runs) + trainer_block(runs) + incomplete_block(runs)
-                       + studies_block(doc.get("studies_left_out", [])))
+                       + studies_block(doc.get("studies_left_out", [])) + not_started_block(doc.get("not_started", [])))
+
+
+def not_started_block(missing: list[dict]) -> list[str]:
+    """A line per comparison some of whose algorithms have not run (it stopped before them)."""
+
+    by: dict[str, list[str]] = {}
+    for entry in missing:
+        by.setdefault(entry["comparison"], []).append(entry["algorithm"])
+    return ["\n".join(f"not started: {', '.join(names)} of {folder} (the comparison stopped before "
+                      f"{'it' if len(names) == 1 else 'them'}): `{resume_command('run', Path(folder))}` runs "
+                      f"{'it' if len(names) == 1 else 'them'}" for folder, names in by.items())] if by else []
 
 
 def studies_block(studies: list[str]) -> list[str]:
@@ -534,7 +559,6 @@ def _on(call: dict) -> str:
 def incomplete_block(runs: list[dict]) -> list[str]:
     """A line per output of a run that lacks rounds (a tracker that failed), with the command
     that logs them once the cause is fixed; none when every output is complete."""
-    from fedsim.files import resume_command
 
     lines = [f"incomplete: {r['name']}: its {o.get('output')} output ({o.get('path')}) lacks rounds ({o.get('cause')}); "
              f"rounds.parquet has them all: once that is fixed, `{resume_command('run', Path(r['run_dir']))}` logs them"

@@ -158,6 +158,13 @@ def test_csv_with_and_without_header(tmp_path):
     (" ,0,5\n", "line 1: device is empty; every line needs a device id"),
     ("", "the file is empty"),
     ("\n \n", "the file is empty"),
+    # a first line of data with a typo is not taken for a header (and dropped)
+    ("0,0,36OO\n1,0,3600\n", r"line 1: end '36OO' is neither a number nor an ISO 8601 time \(the line's other time "
+                             r"makes it a line of data, not a header\)$"),
+    ("0,0,\n1,0,3600\n", "line 1: no end time"),
+    ("0,0,nan\n", r"line 1: end 'nan' is neither a number"),
+    ("0,2024-03-01T08:00:00+14:30,2024-03-01T09:00:00+01:00\n", r"line 1: start '2024-03-01T08:00:00\+14:30' has the "
+                                                              r"UTC offset \+14:30, beyond"),
 ])
 def test_csv_bad_lines(tmp_path, text, match):
     (tmp_path / "bad.csv").write_text(text)

@@ -334,6 +334,6 @@ def test_data(source: str | Path):
     folder = Path(source)
     config = load_config(folder / "config.toml" if folder.is_dir() else source)
     dataset = load_dataset(config.data, config.run.seed)
-    x = torch.as_tensor(dataset.x_test)
+    x = torch.from_numpy(np.array(dataset.x_test))  # (a copy: the cached arrays are read-only)
     x = x.long() if dataset.vocab_size else x.float() * dataset.scale
-    return x, torch.as_tensor(dataset.y_test, dtype=torch.int64)
+    return x, torch.from_numpy(np.array(dataset.y_test, dtype=np.int64))

@@ -509,6 +509,8 @@ def _csv_frame(path: Path, where: str, named: tuple):
     raw = raw.select(pl.all().str.strip_chars())
     head = raw.row(0)
     header = any(named) or not _is_time(head[-1])
+    if header and not any(named):
+        _refuse_a_bad_first_line(head, where, first_line)
     columns, labels = _csv_columns(head if header else None, named, where, first_line)
     frame = (raw.with_row_index("line", offset=first_line)
              .slice(1 if header else 0)
@@ -522,6 +524,22 @@ def _csv_frame(path: Path, where: str, named: tuple):
                           f"{','.join(h or '' for h in head)[:60]!r}; expected lines "
                           f"'{','.join(labels)}'")
     return frame, labels
+
+
+def _refuse_a_bad_first_line(head: tuple, where: str, line: int) -> None:
+    """A first line of three fields whose start or end is a time is data, not a header: one of
+    its times is wrong (`0,0,36OO`: a typo that would otherwise drop the line as a header)."""
+    if len(head) != 3 or not any(v is not None and (_is_time(v) or _zone_beyond_range(v)) for v in head[1:]):
+        return
+    for name, value in zip(("start", "end"), head[1:]):
+        if not value:
+            raise FedsimError(f"{where}: line {line}: no {name} time (the line's other time makes it a line of "
+                              f"data, not a header); give each line device,start,end")
+        if not _is_time(value):
+            zone = _zone_beyond_range(value)
+            why = _time_problem(value, "iso", None) if zone else "is neither a number nor an ISO 8601 time"
+            raise FedsimError(f"{where}: line {line}: {name} {value!r} {why} (the line's other time makes it a "
+                              "line of data, not a header)")
 
 
 def _csv_columns(head: tuple | None, named: tuple, where: str, line: int):

@@ -376,3 +376,36 @@ def test_parquet_files_may_store_a_column_in_types_of_one_kind(tmp_path):
     assert data.users.tolist() == ["1", "2", "3"]
     assert data.owner_train.tolist() == [0, 0, 1, 1, 2, 2] and data.owner_test.tolist() == [0, 1]
     assert data.x_train[:, 0].tolist() == [1.0, 1.0, 1.0, 1.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("dataset", ["parquet", "femnist"])
+def test_a_resume_refuses_data_files_changed_since_the_run_started(tmp_path, capsys, dataset):
+    """Its labels permuted (Parquet) or a user's samples rewritten (LEAF): one line, nothing
+    written; the files put back, the resume goes on."""
+    if dataset == "parquet":
+        root = write_image_parquet(tmp_path / "pq")
+        config = run_config(tmp_path, dataset, root, "logreg", clients=3, client_column="writer_id",
+                            label_column="character", feature_column="image")
+        changed = root / "train-00000-of-00001.parquet"
+    else:
+        root = write_leaf(tmp_path / "leaf", "femnist", SIZES)
+        config = run_config(tmp_path, dataset, root, "logreg")
+        changed = sorted((root / "train").glob("*.json"))[0]
+    assert main(["run", config, "--quiet"]) == 0
+    run_dir = tmp_path / "out" / dataset
+    recorded = json.loads((run_dir / "manifest.json").read_text())["data_sha256"]
+    assert len(recorded) == 64
+    original = changed.read_bytes()
+    table = pl.read_parquet(changed) if dataset == "parquet" else None
+    if table is not None:
+        table.with_columns(pl.col("character").reverse()).write_parquet(changed)
+    else:
+        changed.write_text(changed.read_text().replace("0.5", "0.25", 1))
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    capsys.readouterr()
+    err = fails(capsys, ["run", "--resume", str(run_dir), "--set", "run.rounds=5", "--quiet"])
+    assert err.startswith(f"error: [data] root = '{root}': the dataset's files changed since the run started") and \
+        err.endswith("put back the files it started with, or start a new run on these")
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
+    changed.write_bytes(original)
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=5", "--quiet"]) == 0

@@ -37,7 +37,9 @@ _READ: dict[tuple, Arrays] = {}  # this process's arrays by (kind, root, file si
 
 
 def _cached(kind: str, root: Path, files: list[Path], parse: Callable[[], Arrays]) -> Arrays:
-    name = f"{kind}-{_digest(kind, root, files)[:20]}.npz"
+    files_sha256 = files_digest(root, files)
+    _SOURCES[root.resolve()] = files_sha256
+    name = f"{kind}-{hashlib.sha256(kind.encode() + files_sha256.encode()).hexdigest()[:20]}.npz"
     for folder in _folders(root):
         if (folder / name).is_file():
             try:
@@ -60,8 +62,17 @@ def _save(path, arrays: Arrays) -> None:
         np.savez(f, **arrays)
 
 
-def _digest(kind: str, root: Path, files: list[Path]) -> str:
-    digest = hashlib.sha256(kind.encode())
+_SOURCES: dict[Path, str] = {}  # a data folder -> the `files_digest` of the files last read there
+
+
+def source_digest(root: Path) -> str | None:
+    """The `files_digest` of the files this process read a dataset from in `root` (None if none)."""
+    return _SOURCES.get(Path(root).resolve())
+
+
+def files_digest(root: Path, files: list[Path]) -> str:
+    """SHA-256 of the files' names (relative to `root`) and bytes: what a dataset came from."""
+    digest = hashlib.sha256()
     for f in files:
         digest.update(str(f.relative_to(root)).encode() + b"\0")
         with open(f, "rb") as stream:

@@ -77,5 +77,6 @@ def write_manifest(run, result, host_s: float) -> None:
                   "fingerprint": run.trace_fingerprint, "fingerprint_of": run.fingerprint_of},
         "plugin_folders": plugin_folders(dataclasses.asdict(config)),
         "plugin_files": run.plugin_files,
+        "data_sha256": run.data_sha256,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })

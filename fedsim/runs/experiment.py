@@ -27,6 +27,7 @@ from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, check_cohort_si
                            read_toml)
 from fedsim.config.catalog import GENERATORS
 from fedsim.config.registry import plugin_files
+from fedsim.data.cache import source_digest
 from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock, file_fingerprint, human_duration, plain_name, remove_stale_temporaries
 from fedsim.runs.replay import (TraceRecord, check_trace_file, load_trace, recorded_trace, resolve_trace_path,
@@ -153,6 +154,8 @@ class Experiment:
                                fits=lambda sizes, dim: check_memory(cfg, self.device, len(sizes), dim,
                                                                     self.planned_state(cfg, sizes, dim)))
         check_cohort_size(cfg.server, self.task.n_clients)
+        # the files of a dataset read from [data] root (Parquet, LEAF): a resume checks them
+        self.data_sha256 = source_digest(Path(cfg.data.root)) if cfg.data.root else None
         self.threads = ThreadPolicy(cfg.run.threads, self.device, rules)
         self.trainer = build_trainer(self.task, cfg.client, seed=cfg.run.seed, threads=self.threads,
                                      deterministic=cfg.run.deterministic, tf32=cfg.run.tf32)
@@ -259,6 +262,7 @@ class Experiment:
         self.model_layout = model_layout(self.task)  # what checkpoints record of the model
         if resume is not None:
             check_resumable(resume.get("model"), self.model_layout, str(self.run_dir / "checkpoint.pt"))
+            check_same_data(resume.get("data_sha256"), self.data_sha256, self.config.data.root)
         self.lock = DirectoryLock(self.run_dir)
         study = self.run_dir.parent.parent if self.run_dir.parent.name == "warm-start" else self.run_dir.parent
         in_study = (study / "study.toml").is_file()  # a point of a study, or one of its warm-start runs
@@ -442,6 +446,7 @@ class Experiment:
             "config": self.config.to_dict(), "run_format": RUN_FORMAT, "rules": self.rules,
             "model": self.model_layout,
             **({"device_buffers": self.task.device_buffers.state_dict()} if self.task.device_buffers else {}),
+            **({"data_sha256": self.data_sha256} if self.data_sha256 else {}),
         }
 
     def restore(self, state: dict) -> None:
@@ -454,6 +459,14 @@ class Experiment:
         last = self.recorder.rows[-1] if self.recorder.rows else None
         if last is not None and not self.evaluation_due(last["round"]):
             last.update(test_loss=None, test_acc=None)  # the stop's final evaluation
+
+
+def check_same_data(recorded: str | None, now: str | None, root: str) -> None:
+    """FedsimError where the files of the run's dataset (`[data] root`) changed since it began."""
+    if recorded and now and recorded != now:
+        raise FedsimError(f"[data] root = {root!r}: the dataset's files changed since the run started (SHA-256 of "
+                          f"their names and bytes {now[:12]}..., the run's {recorded[:12]}...); put back the files it "
+                          "started with, or start a new run on these")
 
 
 def warn_of_changed_plugins(before: dict[str, str], now: dict[str, str], run_dir: Path) -> None:

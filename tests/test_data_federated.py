@@ -409,3 +409,12 @@ def test_a_resume_refuses_data_files_changed_since_the_run_started(tmp_path, cap
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
     changed.write_bytes(original)
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=5", "--quiet"]) == 0
+
+
+def test_parquet_test_files_are_those_with_the_word_test_in_their_path():
+    from fedsim.data.parquet_clients import TEST_NAME
+
+    tests = ["test-00000-of-00001.parquet", "test", "my_test.parquet", "testing", "Test.parquet", "val-test-1.parquet", "tests"]
+    trains = ["latest.parquet", "attestation.parquet", "contest_entries", "fastest", "train-0.parquet", "testament"]
+    assert [bool(TEST_NAME.search(p.lower())) for p in tests] == [True] * len(tests)
+    assert [bool(TEST_NAME.search(p.lower())) for p in trains] == [False] * len(trains)

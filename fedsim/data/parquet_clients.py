@@ -1,8 +1,9 @@
 """Federated datasets stored as Parquet with a client column (Flower / Hugging Face layout).
 
 `[data] root` is a folder of Parquet files (searched recursively, read in path order); a file
-with `test` in its path (`test-00000-of-00001.parquet`, `test/part-0.parquet`) holds test
-samples, every other file training samples. Each row is one sample: its client (any type),
+with the word `test` (`tests`, `testing`) in its path (`test-00000-of-00001.parquet`,
+`test/part-0.parquet`, `my_test.parquet`; not `latest.parquet`) holds test samples, every
+other file training samples. Each row is one sample: its client (any type),
 its label (integers 0..C-1, or strings, numbered in sorted order) and its feature: an image
 (Hugging Face's `{bytes, path}` struct or raw PNG/JPEG bytes), a list of numbers, a number,
 or a text (tokenised by `[data] tokens`). Clients are devices in order of first appearance.
@@ -13,6 +14,7 @@ Without test files, each client's samples are split by `[data] test_fraction` (s
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,9 @@ from fedsim.data import text
 from fedsim.data.cache import Arrays, cached_arrays
 from fedsim.errors import FedsimError
 
-VERSION = 2  # of the parsed arrays: a new version re-parses every cached dataset (2: labels, features checked)
+VERSION = 3  # of the parsed arrays: a new version re-parses every cached dataset (2: labels, features checked;
+# 3: test files by TEST_NAME, not by 'test' anywhere in a path: `latest.parquet` was a test file)
+TEST_NAME = re.compile(r"(^|[^a-z])test(s|ing)?([^a-z]|$)")  # test-00000-of-00001.parquet, test/, my_test.parquet
 MAX_CLASSES = 1_000_000  # a label beyond it is a damaged or misread one (an output layer that wide is not trained)
 MAX_SIDE = 4096  # pixels of an image's side: federated datasets' images are small; a larger one is a mistake
 
@@ -49,11 +53,11 @@ def read_parquet_clients(cfg: DataConfig, root: Path) -> Arrays:
 
 
 def _parse(cfg: DataConfig, root: Path, files: list[Path]) -> Arrays:
-    test_files = [f for f in files if any("test" in part for part in f.relative_to(root).parts)]
+    test_files = [f for f in files if any(TEST_NAME.search(part.lower()) for part in f.relative_to(root).parts)]
     train_files = [f for f in files if f not in test_files]
     if not train_files:
-        raise FedsimError(f"[data] dataset = 'parquet': every Parquet file under {root} has 'test' in its "
-                          "path, so there is no training data; name the training files without 'test'")
+        raise FedsimError(f"[data] dataset = 'parquet': every Parquet file under {root} has the word 'test' in "
+                          "its path, so there is no training data; name the training files without it")
     columns = (cfg.client_column, cfg.label_column, cfg.feature_column)
     tables = {f: _read(f, columns) for f in files}
     _check_types(tables)

@@ -303,6 +303,9 @@ def test_parquet_errors_name_file_and_row(tmp_path, capsys):
                    root / "train.parquet")
     err = fails(capsys, ["run", run_config(tmp_path, "parquet", root, "logreg", **base)])
     assert "row 1" in err and "label -3" in err
+    err = fails(capsys, ["run", run_config(tmp_path, "parquet", root / "train.parquet", "logreg", **base)])
+    assert err.endswith(f"{root / 'train.parquet'} is a file; set [data] root to its folder ('{root}'), which holds the "
+                        "dataset's Parquet files")
 
 
 def test_participation_plot_shows_arrivals_against_samples_where_sizes_differ(tmp_path):

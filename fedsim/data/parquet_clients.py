@@ -35,6 +35,9 @@ MAX_SIDE = 4096  # pixels of an image's side: federated datasets' images are sma
 
 def read_parquet_clients(cfg: DataConfig, root: Path) -> Arrays:
     """The arrays of a Parquet federated dataset (keys as fedsim.data.leaf.read_leaf's)."""
+    if root.is_file():
+        raise FedsimError(f"[data] dataset = 'parquet': {root} is a file; set [data] root to its folder "
+                          f"({str(root.parent)!r}), which holds the dataset's Parquet files")
     if not root.is_dir():
         raise FedsimError(f"[data] dataset = 'parquet': folder {root} not found; set [data] root to the "
                           "folder of the dataset's Parquet files")

@@ -303,6 +303,11 @@ def test_parquet_errors_name_file_and_row(tmp_path, capsys):
                    root / "train.parquet")
     err = fails(capsys, ["run", run_config(tmp_path, "parquet", root, "logreg", **base)])
     assert "row 1" in err and "label -3" in err
+    pq.write_table(pa.table({"user": ["a", "b"], "label": [0, 999_999], "x": [[1.0, 2.0], [3.0, 4.0]]}),
+                   root / "train.parquet")  # a stray label: a model of a million outputs
+    err = fails(capsys, ["run", run_config(tmp_path, "parquet", root, "logreg", **base)])
+    assert err.endswith("the training rows use 2 class numbers of 0..999,999 (in " + str(root) + "), so the model would "
+                        "have 1,000,000 outputs; number the classes 0, 1, ... (or give them as strings)")
     err = fails(capsys, ["run", run_config(tmp_path, "parquet", root / "train.parquet", "logreg", **base)])
     assert err.endswith(f"{root / 'train.parquet'} is a file; set [data] root to its folder ('{root}'), which holds the "
                         "dataset's Parquet files")

@@ -166,7 +166,19 @@ def _labels(train, test, cfg, train_files, test_files) -> tuple[list[np.ndarray]
                               f"{MAX_CLASSES:,} classes fedsim trains; number the classes 0, 1, ... (or give "
                               "them as strings)")
         numbers.append(values.astype(np.int64))
+    _refuse_sparse_labels(numbers[0], cfg, train_files)
     return numbers + [np.zeros(0, np.int64)] * (2 - len(numbers)), names
+
+
+def _refuse_sparse_labels(labels: np.ndarray, cfg: DataConfig, files: list[Path]) -> None:
+    """Class numbers that leave most of 0..max unused over a thousand classes (one stray label
+    999999 among 0..3) would give the model max + 1 outputs: a mistake, not a dataset."""
+    top = int(labels.max(initial=-1)) + 1
+    used = len(np.unique(labels))
+    if top > 1000 and used * 10 < top:
+        raise FedsimError(f"[data] label_column = {cfg.label_column!r}: the training rows use {used:,} class numbers "
+                          f"of 0..{top - 1:,} (in {files[0].parent}), so the model would have {top:,} outputs; "
+                          "number the classes 0, 1, ... (or give them as strings)")
 
 
 def _find(known: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -134,6 +134,8 @@ def test_sessions_bad_line(tmp_path):
     one_line_error("sessions", path, "line 2: expected 'user first_online")
     path.write_text("u1 1 1000 2.0 5000 -4\n")
     one_line_error("sessions", path, "line 1: .*lengths >= 0")
+    path.write_text("u1 1 1577836800000\n")  # the fields stop after the start
+    one_line_error("sessions", path, "line 1: .* with a tz_offset_h \\(hours, a number\\) after the start, got")
 
 
 # -- csv ------------------------------------------------------------------------------------

@@ -316,6 +316,7 @@ def _session_rules() -> list:
         (pl.col("start_ms").is_null(), ""),
         (~pl.col("first_online").is_in(["0", "1"]), "first_online 0 or 1"),
         (~pl.col("start_ms").is_between(*_MS_RANGE), "a start in the years 1..9999"),
+        (pl.col("tz").is_null(), "a tz_offset_h (hours, a number) after the start"),
         (~pl.col("tz").is_between(-14, 14), "tz_offset_h in hours within [-14, 14]"),
         (pl.col("lengths").list.eval(pl.element().is_null() | pl.element().is_nan()
                                      | (pl.element() < 0)).list.any(), "lengths >= 0 (milliseconds)"),

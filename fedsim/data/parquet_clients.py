@@ -155,6 +155,10 @@ def _labels(train, test, cfg, train_files, test_files) -> tuple[list[np.ndarray]
                 raise FedsimError(f"{_file_of(files, table, row)}: label {values[row]!r} appears in no training "
                                   "row; a test label must be a training class")
             values = classes
+        elif values.dtype.kind == "f" and (values >= 0).all() and (values == np.round(values)).all():
+            raise FedsimError(f"{_file_of(files, table, 0)}: [data] label_column = {cfg.label_column!r} holds "
+                              f"{values.dtype} numbers ({values[0].item()!r}, ...), not integers; store the labels as "
+                              "integers (pandas writes a column with a missing value as floats: fill it, then cast)")
         elif values.dtype.kind not in "iub" or (values.dtype.kind == "i" and values.min(initial=0) < 0):
             row = int(np.argmax(values < 0)) if values.dtype.kind in "if" else 0
             raise FedsimError(f"{_file_of(files, table, row)}: label {values[row].item()!r} is not a class number "

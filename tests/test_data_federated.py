@@ -306,8 +306,7 @@ def test_parquet_errors_name_file_and_row(tmp_path, capsys):
     pq.write_table(pa.table({"user": ["a", "b"], "label": [1.0, 2.0], "x": [[1.0, 2.0], [3.0, 4.0]]}),
                    root / "train.parquet")  # as pandas writes integer labels of a column that had a NaN
     err = fails(capsys, ["run", run_config(tmp_path, "parquet", root, "logreg", **base)])
-    assert "[data] label_column = 'label' holds double numbers (1.0, ...), not integers; store the labels" in err or \
-        "holds float64 numbers (1.0, ...), not integers" in err, err
+    assert "[data] label_column = 'label' holds float64 numbers (1.0, ...), not integers; store the labels" in err, err
     pq.write_table(pa.table({"user": ["a", "b"], "label": [0, 999_999], "x": [[1.0, 2.0], [3.0, 4.0]]}),
                    root / "train.parquet")  # a stray label: a model of a million outputs
     err = fails(capsys, ["run", run_config(tmp_path, "parquet", root, "logreg", **base)])

@@ -430,3 +430,18 @@ def test_parquet_test_files_are_those_with_the_word_test_in_their_path():
     trains = ["latest.parquet", "attestation.parquet", "contest_entries", "fastest", "train-0.parquet", "testament"]
     assert [bool(TEST_NAME.search(p.lower())) for p in tests] == [True] * len(tests)
     assert [bool(TEST_NAME.search(p.lower())) for p in trains] == [False] * len(trains)
+
+
+def test_a_parquet_table_without_a_client_column_is_partitioned_over_the_devices(tmp_path, capsys):
+    root = write_image_parquet(tmp_path / "pq", with_test=False)
+    cfg = DataConfig(dataset="parquet", root=str(root), clients=4, partition="iid", label_column="character",
+                     feature_column="image", test_fraction=0.25)
+    data = load_dataset(cfg, seed=0)
+    assert data.owner_train is None and len(data.y_train) + len(data.y_test) == 19 and len(data.y_test) == 5
+    task = build_task(cfg, ModelConfig(name="logreg"), seed=0, device=CPU)
+    assert task.n_clients == 4 and int(task.data.sizes_np.sum()) == 14
+    config = run_config(tmp_path, "parquet", root, "logreg", clients=4, label_column="character",
+                        feature_column="image")
+    err = fails(capsys, ["run", config])
+    assert err.endswith("needs [data] client_column, the column of each row's client; without one, spread the rows over "
+                        "[data] clients devices with partition = 'iid' (or 'dirichlet', 'classes', ...)")

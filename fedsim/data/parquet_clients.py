@@ -45,10 +45,15 @@ def read_parquet_clients(cfg: DataConfig, root: Path) -> Arrays:
     if not files:
         raise FedsimError(f"[data] dataset = 'parquet': {root} holds no *.parquet files; set [data] root "
                           "to the folder of the dataset's Parquet files")
-    missing = [k for k in ("client_column", "label_column", "feature_column") if not getattr(cfg, k)]
+    missing = [k for k in ("label_column", "feature_column") if not getattr(cfg, k)]
     if missing:
-        raise FedsimError(f"[data] dataset = 'parquet' needs [data] {', '.join(missing)}: the names of "
-                          "the columns holding each row's client, label and feature")
+        raise FedsimError(f"[data] dataset = 'parquet' needs [data] {' and '.join(missing)}: the name"
+                          f"{'s' if len(missing) > 1 else ''} of the column{'s' if len(missing) > 1 else ''} holding "
+                          "each row's " + " and ".join(k.removesuffix("_column") for k in missing))
+    if not cfg.client_column and (cfg.partition or "natural") == "natural":
+        raise FedsimError("[data] dataset = 'parquet' with partition = 'natural' (its default) needs [data] "
+                          "client_column, the column of each row's client; without one, spread the rows over "
+                          "[data] clients devices with partition = 'iid' (or 'dirichlet', 'classes', ...)")
     # everything the parse reads of [data]: the per-client test split (no test files) too
     kind = (f"parquet-v{VERSION}-{cfg.client_column}-{cfg.label_column}-{cfg.feature_column}-{cfg.tokens}"
             f"-{cfg.test_fraction}")
@@ -61,12 +66,12 @@ def _parse(cfg: DataConfig, root: Path, files: list[Path]) -> Arrays:
     if not train_files:
         raise FedsimError(f"[data] dataset = 'parquet': every Parquet file under {root} has the word 'test' in "
                           "its path, so there is no training data; name the training files without it")
-    columns = (cfg.client_column, cfg.label_column, cfg.feature_column)
+    columns = tuple(c for c in (cfg.client_column, cfg.label_column, cfg.feature_column) if c)
     tables = {f: _read(f, columns) for f in files}
     _check_types(tables)
     train, test = (_concat([tables[f] for f in part], part, split) if part else None
                    for part, split in ((train_files, "training"), (test_files, "test")))
-    clients, owner_train = np.unique(_column(train, cfg.client_column, train_files), return_inverse=True)
+    clients, owner_train = np.unique(_clients(train, cfg, train_files), return_inverse=True)
     first_seen = np.argsort(np.unique(owner_train, return_index=True)[1])  # clients by first row
     device_of = np.empty(len(clients), dtype=np.int64)
     device_of[first_seen] = np.arange(len(clients))
@@ -75,7 +80,7 @@ def _parse(cfg: DataConfig, root: Path, files: list[Path]) -> Arrays:
     labels, names = _labels(train, test, cfg, train_files, test_files)
     x_train = _features(train, cfg, train_files)
     if test is not None:
-        at, known = _find(clients, _column(test, cfg.client_column, test_files))  # unknown: test-only clients
+        at, known = _find(clients, _clients(test, cfg, test_files))  # unknown: test-only clients
         arrays = {"x_train": x_train, "y_train": labels[0], "owner_train": owner_train,
                   "x_test": _features(test, cfg, test_files), "y_test": labels[1], "owner_test": np.where(known, device_of[at], -1)}
     else:
@@ -183,6 +188,13 @@ def _refuse_sparse_labels(labels: np.ndarray, cfg: DataConfig, files: list[Path]
         raise FedsimError(f"[data] label_column = {cfg.label_column!r}: the training rows use {used:,} class numbers "
                           f"of 0..{top - 1:,} (in {files[0].parent}), so the model would have {top:,} outputs; "
                           "number the classes 0, 1, ... (or give them as strings)")
+
+
+def _clients(table: pa.Table, cfg: DataConfig, files: list[Path]) -> np.ndarray:
+    """Each row's client; without a client column, one (the rows are pooled and partitioned)."""
+    if not cfg.client_column:
+        return np.zeros(table.num_rows, dtype=np.int64)
+    return _column(table, cfg.client_column, files)
 
 
 def _find(known: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -252,7 +252,8 @@ def parse_value(text: str):
 
 def _one_line(trace: Trace) -> str:
     kind = trace.generator.get("kind", "trace")
-    return (f"{kind}, {trace.n_devices} devices, {trace.n_intervals} intervals, horizon "
+    return (f"{kind}, {trace.n_devices} device{'s' * (trace.n_devices != 1)}, {trace.n_intervals} "
+            f"interval{'s' * (trace.n_intervals != 1)}, horizon "
             f"{human_duration(trace.horizon)}, mean availability {trace.availability().mean():.3f}")
 
 

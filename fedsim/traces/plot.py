@@ -66,7 +66,8 @@ def trace_figure(trace: Trace, *, zones: Zones | None = None, seed: int = 0, tit
     sampled = f"{len(shown)} of {trace.n_devices}, " if len(shown) < trace.n_devices else ""
     order = "by zone, then " if zones is not None else ""
     raster.set_ylabel(f"devices ({sampled}{order}most available on top)")
-    raster.set_title(title or f"{trace.generator.get('kind', 'trace')}: {trace.n_devices} devices, "
+    raster.set_title(title or f"{trace.generator.get('kind', 'trace')}: {trace.n_devices} "
+                              f"device{'s' * (trace.n_devices != 1)}, "
                               f"mean availability {trace.availability().mean():.3f}")
 
     edges = np.linspace(0.0, trace.horizon, min(2000, max(50, trace.n_intervals)) + 1)

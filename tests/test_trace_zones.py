@@ -117,8 +117,8 @@ def test_a_flash_trace_without_a_time_zone_reads_its_own_clock_not_utc(tmp_path,
 
 
 def test_a_runs_own_devices_table_gives_the_zones_of_its_trace(tmp_path, capsys):
-    """`trace info RUN --devices RUN/devices.parquet`: the run's table (its group, copied from the
-    device table it ran with) is read; the columns the run wrote itself are not."""
+    """`trace info RUN` (and with `--devices RUN/devices.parquet`): the run's table (its group,
+    copied from the device table it ran with) is read; the columns the run wrote itself are not."""
     import sys
     from pathlib import Path
 
@@ -142,3 +142,5 @@ def test_a_runs_own_devices_table_gives_the_zones_of_its_trace(tmp_path, capsys)
     assert by["column"] == "group" and by["source"] == f"device table {run / 'devices.parquet'}"
     assert [(row["zone"], row["devices"], row["mean"]) for row in by["rows"]] == [(1, 2, pytest.approx(0.75)),
                                                                                  (2, 1, pytest.approx(0.25))]
+    assert main(["trace", "info", str(run), "--json"]) == 0  # the run's own table without being named
+    assert json.loads(capsys.readouterr().out)["by_zone"] == by

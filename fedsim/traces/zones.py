@@ -44,6 +44,11 @@ def trace_zones(trace: Trace, trace_path=None, devices=None) -> Zones | None:
     if devices is not None:
         return _from_table(read_device_table(devices, skip=RUN_DEVICE_COLUMNS), trace, f"device table {devices}",
                            required=True)
+    run_devices = Path(trace_path) / "devices.parquet" if trace_path is not None else None
+    if run_devices is not None and run_devices.is_file():  # a run directory's own table
+        found = _from_table(read_device_table(run_devices, skip=RUN_DEVICE_COLUMNS), trace, f"device table {run_devices}")
+        if found is not None:
+            return found
     if trace_path is not None and beside(trace_path).is_file():
         found = _from_table(read_device_table(beside(trace_path)), trace, f"device table {beside(trace_path)}")
         if found is not None:

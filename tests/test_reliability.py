@@ -580,6 +580,9 @@ CASES = [
     case("plot-damaged-rounds", "plot {tmp}/r", r"rounds\.parquet: not a readable Parquet file",
          r=run_dir(lambda path: (path / "rounds.parquet").write_bytes(b"PAR1 broken"))),
     case("sweep-missing-study", "sweep {tmp}/nope.toml", r"nope\.toml: no such file"),
+    case("grid-with-one-group", 'run quickstart --set trace.source="grid" --set trace.digits=10',
+         r"trace generator 'grid': every device's most frequent label is below digits = 10 \(they are 0\.\.9\), so one "
+         r"group is empty and nobody is online half the time; set \[trace\] digits between them \(e\.g\. 5\)$"),
     case("model-plugin-with-a-dot", 'run quickstart --set model.name="my_nets.make"',
          r"\[model\] name = 'my_nets\.make' is unknown; a plugin is named 'module:attribute': did you mean "
          r"'my_nets:make'\? \(built-in: logreg, mlp, "),

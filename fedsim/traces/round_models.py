@@ -149,7 +149,14 @@ def grid(req: Request) -> GeneratedRounds:
     if o["half_period"] < 1 or o["digits"] < 0:
         raise FedsimError(f"trace generator 'grid': half_period = {o['half_period']} must be >= 1 "
                           f"and digits = {o['digits']} >= 0")
-    group = (majority_labels(req) >= o["digits"]).astype(np.int64)
+    majority = majority_labels(req)
+    group = (majority >= o["digits"]).astype(np.int64)
+    if req.label_dist is not None and req.n_devices > 1 and len(np.unique(group)) == 1:
+        side = "below" if group[0] == 0 else "at or above"
+        raise FedsimError(f"trace generator 'grid': every device's most frequent label is {side} digits = "
+                          f"{o['digits']} (they are {majority.min()}..{majority.max()}), so one group is empty and "
+                          f"nobody is online half the time; set [trace] digits between them (e.g. "
+                          f"{(majority.min() + majority.max() + 1) // 2})")
     params = {"half_period": o["half_period"], "group": group.tolist()}
     return sample_rounds(req, params, grid_probability, random=False)
 

@@ -134,6 +134,9 @@ def test_sessions_bad_line(tmp_path):
     one_line_error("sessions", path, "line 2: expected 'user first_online")
     path.write_text("u1 1 1000 2.0 5000 -4\n")
     one_line_error("sessions", path, "line 1: .*lengths >= 0")
+    path.write_text("u1 1 1577836800000 -5 3600000\nu2 1 1577836800 1 3600000\n")  # ms, then s
+    one_line_error("sessions", path, "line 2's start 1577836800 and line 1's 1577836800000 are over 20 years apart: "
+                                     "one is in seconds, the other in milliseconds")
     path.write_text("u1 1 1577836800000\n")  # the fields stop after the start
     one_line_error("sessions", path, "line 1: .* with a tz_offset_h \\(hours, a number\\) after the start, got")
 

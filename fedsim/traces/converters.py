@@ -304,6 +304,7 @@ def _flash_check(lines: pl.DataFrame, ids: list, where: str) -> None:
 
 _SESSION_LINE = "'user first_online(0|1) start tz_offset_h len_ms ...'"
 _MS_RANGE = (YEARS_S[0] * 1000, YEARS_S[1] * 1000)  # start and session ends, ms since 1970
+SPAN_OF_UNITS_MS = 20 * 365.25 * 86400e3  # numeric starts further apart: seconds mixed with milliseconds
 
 
 def _session_rules() -> list:
@@ -371,6 +372,12 @@ def sessions(path: Path, where: str, horizon: float | None, *, time_unit: str | 
     before = np.concatenate([[0.0], total])[offset]
     start_ms = table["start_ms"].to_numpy()
     origin_ms = float(start_ms.min())
+    if kind == "number" and start_ms.max() - origin_ms > SPAN_OF_UNITS_MS:
+        early, late = int(np.argmin(start_ms)), int(np.argmax(start_ms))
+        raise FedsimError(f"{where}: line {table['line'][early]}'s start {table['start'][early]} and line "
+                          f"{table['line'][late]}'s {table['start'][late]} are over 20 years apart: one is in seconds, "
+                          "the other in milliseconds? Write every start in one unit (milliseconds, or all seconds "
+                          "with --time-unit s)")
     end = (start_ms[row] - origin_ms + total - before[row]) / 1000.0
     start = end - length_ms / 1000.0
     first_online = (table["first_online"] == "1").to_numpy()

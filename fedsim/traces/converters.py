@@ -565,7 +565,7 @@ def _csv_columns(head: tuple | None, named: tuple, where: str, line: int):
         return [head.index(name) for name in wanted], wanted
     width = 3 if head is None else len(head)
     if width != 3:
-        raise FedsimError(f"{where}: line {line}: {width} columns but none named device_id, start "
+        raise FedsimError(f"{where}: line {line}: {width} column{'s' * (width != 1)} but none named device_id, start "
                           f"and end; pick them with {', '.join(_CSV_FLAGS)}")
     return [0, 1, 2], ["device", "start", "end"] if head is None else [h or "" for h in head]
 

@@ -628,9 +628,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_trace(run_dir: Path):
-    """The trace a run directory replays (for `fedsim trace info/plot RUN_DIR`)."""
+    """The trace a run directory replays (for `fedsim trace info/plot RUN_DIR`); its config may
+    name a model plugin's own keys, which are checked against the plugin (found where the run
+    imported it from)."""
     from fedsim.runs.replay import run_trace
 
+    use_recorded_plugin_folders(run_dir)
     return run_trace(run_dir)
 
 

@@ -173,6 +173,10 @@ def test_a_models_own_keys_are_config_keys_checked_shown_and_swept(cli_run, tmp_
                       "5.weight": [10, 24], "5.bias": [10]}
     assert read_toml(run_dir / "config.toml")["model"]["width"] == 24
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=3", "--quiet"]) == 0  # its config reads back
+    from test_stop_and_resume import fedsim
+    (tmp_path / "elsewhere").mkdir()
+    done = fedsim(["trace", "info", str(run_dir)], tmp_path / "elsewhere")  # its keys checked where it imported them
+    assert done.returncode == 0, done.stderr
     cli_run({**base, "model": {"name": "my_deep:deep", "widht": 24}}, name="typo", expect=2)
     assert cli_run.last_output.err.endswith("unknown key [model] widht for 'my_deep:deep'; did you mean 'width'?\n")
     cli_run({**base, "model": {"name": "my_deep:deep", "width": "wide"}}, name="type", expect=2)

@@ -818,15 +818,19 @@ def test_a_studys_trace_and_warm_starts_are_found_from_any_directory(tmp_path, c
     monkeypatch.chdir(tmp_path)
     assert main(["trace", "generate", "diurnal", "--devices", "3", "--days", "1", "--seed", "0",
                  "--out", "t.parquet"]) == 0
+    from fedsim.traces.io import write_device_table
+
+    write_device_table({"device_id": [0, 1, 2], "tz_offset": [0.0, 3.0, -5.0]}, tmp_path / "t.devices.parquet")
     path = quadratic_study(tmp_path, "q")
     study = read_toml(path)
-    study["trace"] = {"source": "file", "path": "t.parquet"}
+    study["trace"] = {"source": "file", "path": "t.parquet", "devices_table": "t.devices.parquet"}
     study["server"] = {"timing": "ideal", "round_duration": 3600.0}
     study["warm_start"] = {"run.rounds": 2}
     path.write_text(dump_toml(study))
     sweep(path)
     folder = tmp_path / "runs" / "q"
     assert read_toml(folder / "study.toml")["base"]["trace"]["path"] == str(tmp_path / "t.parquet")
+    assert read_toml(folder / "seed-0" / "config.toml")["trace"]["devices_table"] == str(tmp_path / "t.devices.parquet")
     assert read_toml(folder / "seed-0" / "config.toml")["model"]["init_from"] == str(folder / "warm-start" / "seed-0")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -836,6 +840,8 @@ def test_a_studys_trace_and_warm_starts_are_found_from_any_directory(tmp_path, c
     assert done.returncode == 0, done.stderr
     assert main(["run", str(folder / "seed-1" / "config.toml")]) == 2
     done = as_printed(re.search(r"`(fedsim run [^`]+)`", capsys.readouterr().err).group(1), elsewhere)
+    assert done.returncode == 0, done.stderr
+    done = as_printed(f"fedsim sweep --resume {folder} --set run.rounds=4", elsewhere)  # (the trace's device table too)
     assert done.returncode == 0, done.stderr
     assert list(elsewhere.iterdir()) == []
 

@@ -28,16 +28,19 @@ from fedsim.traces.round_bits import RoundBits
 
 
 def resolve_trace_path(config: Config) -> Config:
-    """A relative trace path is looked up in the working directory, then beside the config
-    file; the run's config.toml records the absolute path so that a resume finds it too."""
-    if config.trace.source != "file":
-        return config
-    path = Path(config.trace.path)
-    beside_config = Path(config.source).parent / path
-    if not path.is_absolute() and not path.exists() and beside_config.exists():
-        path = beside_config
-    where = f"{config.origins.get(('trace', 'path'), config.source)}: [trace] path"
-    trace = dataclasses.replace(config.trace, path=str(resolved(path, where)))
+    """A relative trace path or device table is looked up in the working directory, then beside
+    the config file; the run's config.toml records the absolute path so that a resume from any
+    directory finds it too."""
+    trace = config.trace
+    for key in ("path", "devices_table"):
+        given = getattr(trace, key)
+        if not given or (key == "path" and trace.source != "file"):
+            continue
+        path, beside_config = Path(given), Path(config.source).parent / given
+        if not path.is_absolute() and not path.exists() and beside_config.exists():
+            path = beside_config
+        where = f"{config.origins.get(('trace', key), config.source)}: [trace] {key}"
+        trace = dataclasses.replace(trace, **{key: str(resolved(path, where))})
     return dataclasses.replace(config, trace=trace)
 
 

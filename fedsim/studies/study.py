@@ -169,11 +169,14 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
     return Study(name, str(path), axes, points, folder, resolved, float(gpus), warm_points)
 
 
+FILE_KEYS = (("trace", "path"), ("trace", "devices_table"), ("model", "init_from"))  # a study's files
+
+
 def _absolute_paths(base: dict, path: Path) -> None:
     """The base's trace file and warm start as absolute paths, found as a run finds them (in the
     working directory, then beside the study file), so that the folder's study.toml names them
     from any directory; a path found nowhere stays as given (the points' checks name it)."""
-    for section, key in (("trace", "path"), ("model", "init_from")):
+    for section, key in FILE_KEYS:
         value = base.get(section, {}).get(key) if isinstance(base.get(section), dict) else None
         if isinstance(value, str) and value and not Path(value).is_absolute():
             found = next((p for p in (Path(value), path.parent / value) if p.exists()), None)
@@ -450,7 +453,7 @@ def check_same_study(study: Study) -> None:
 
 
 # the keys of a point that do not tell studies apart: where the study folder is (it may move)
-PLACE_KEYS = ("run.name", "run.out", "trace.path", "model.init_from")
+PLACE_KEYS = ("run.name", "run.out", "trace.path", "trace.devices_table", "model.init_from")
 
 
 def check_own_runs(study: Study) -> None:
@@ -497,7 +500,7 @@ def _other_file(ran: dict, now: dict, folder: Path) -> tuple[str, str, Any, Any]
     """A trace file or warm start (`model.init_from`) that a run read and its point now names
     another of, compared as files: the study folder, and the folder a sweep runs in, may move
     (a file that moved is judged by the run's own checks)."""
-    for section, key in (("trace", "path"), ("model", "init_from")):
+    for section, key in FILE_KEYS:
         old, new = ran.get(section, {}).get(key), now.get(section, {}).get(key)
         if old == new:
             continue
@@ -558,7 +561,7 @@ def _what_runs(resolved: dict) -> dict:
     growing = {key.split(".", 1)[1] for key in RESUME_KEYS if key.startswith("run.")}
     base = dict(resolved.get("base", {}))
     base["run"] = {k: v for k, v in base.get("run", {}).items() if k not in growing}
-    for section, key in (("trace", "path"), ("model", "init_from")):  # files: compared as files by check_own_runs
+    for section, key in FILE_KEYS:  # files: compared as files by check_own_runs
         if isinstance(base.get(section), dict):
             base[section] = {k: v for k, v in base[section].items() if k != key}
     return {key: value for key, value in {**resolved, "base": base}.items() if key != "claims"}

@@ -865,3 +865,29 @@ def test_a_studys_diverged_points_are_named_and_their_best_is_the_initial_models
     assert capsys.readouterr().out.rstrip().endswith(
         "diverged: 2 of 4 points (lr-5000.0_seed-0, lr-5000.0_seed-1); a diverged point has no final accuracy or "
         "loss, so its group's means are over its other seeds ('-' where all diverged)")
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_resume_that_fails_changes_nothing_of_the_study_and_says_why(tmp_path, capsys, processes):
+    """Its trace file replaced after the study ran: the resume's error is the points' one (also
+    from worker processes, which stop each other; not "stopped by SIGTERM"), and its --set is not
+    kept in study.toml for a later resume to apply."""
+    from fedsim.traces import Trace
+    from fedsim.traces.io import write_trace
+
+    trace = tmp_path / "t.parquet"
+    write_trace(Trace.from_intervals([0, 1, 2], [0.0] * 3, [9.0, 9.0, 9.0], n_devices=3, horizon=9.0), trace)
+    path = quadratic_study(tmp_path, "q")
+    study = read_toml(path)
+    study["trace"] = {"source": "file", "path": str(trace)}
+    study["sweep"] = {"run.seed": [0, 1, 2, 3]}
+    path.write_text(dump_toml(study))
+    sweep(path)
+    folder = tmp_path / "runs" / "q"
+    recorded = (folder / "study.toml").read_text()
+    write_trace(Trace.from_intervals([0, 1, 2], [0.0] * 3, [9.0, 8.0, 9.0], n_devices=3, horizon=9.0), trace)
+    capsys.readouterr()
+    assert main(["sweep", "--resume", str(folder), "--quiet", "--set", "run.rounds=5", "--processes", processes]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: point seed-") and "the trace file changed since the run started" in err, err
+    assert (folder / "study.toml").read_text() == recorded

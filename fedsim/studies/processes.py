@@ -201,6 +201,8 @@ def _gather(workers, shown, statuses: dict, failure: list, stopped: dict, study)
                     _signal_all(workers, signal.SIGTERM)  # the others finish their round and checkpoint
             if "aborted" in report:
                 worker.finished = True
+                if failure:  # our own SIGTERM after another worker's error, which is raised once all end
+                    continue
                 raise Stopped(report["aborted"])
             if "bug" in report:
                 worker.finished = True

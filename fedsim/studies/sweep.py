@@ -50,8 +50,15 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
         check_own_runs(study)  # (a run that another process writes to is refused as such first)
         for point in [*study.warm, *study.points]:
             check_only_adds_rounds(study.folder / point.name, point.config, f"point {point.name}")
-        write_text(study.folder / "study.toml", dump_toml(study.resolved))
-        return _run_study_locked(study, progress, plotter, on_point, backend, address, processes)
+        recorded = study.folder / "study.toml"
+        before = recorded.read_text() if recorded.exists() else None
+        write_text(recorded, dump_toml(study.resolved))
+        try:
+            return _run_study_locked(study, progress, plotter, on_point, backend, address, processes)
+        except FedsimError:  # a sweep that failed changes nothing of the study: a later resume runs it as it was
+            if before is not None:
+                write_text(recorded, before)
+            raise
 
 
 def _run_study_locked(study: Study, progress: bool, plotter, on_point, backend: str,

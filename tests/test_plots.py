@@ -360,3 +360,14 @@ def test_ideal_timing_draws_only_the_plots_it_gives_meaning_to(cli_run):
     model = cli_run({**config, "server": {"timing": "model", "deadline": 60.0}}, name="model")
     assert {"accuracy_vs_time.png", "round_duration_vs_time_of_day.png", "latency_fedavg.png",
             "arrival_rate_vs_speed.png"} <= {p.name for p in (model / "plots").iterdir()}
+
+
+def test_a_study_groups_band_ends_where_its_first_seed_ended():
+    """Seeds that max_time stopped after different rounds (3 and 5): the mean is over both seeds
+    up to round 3 only, never over the one still running (its time would step back)."""
+    from fedsim.results.plots import study_bands
+
+    rows = [{"point": p, "algorithm.name": "fedavg", "round": r, "t_end": 10.0 * (r + 1) * (1 + k),
+             "test_acc": 0.1 * r} for k, (p, last) in enumerate((("seed-0", 3), ("seed-1", 5))) for r in range(last)]
+    bands = study_bands(pl.DataFrame(rows), ["algorithm.name"], "t_end")
+    assert bands["round"].max() == 2 and (bands["n"] == 2).all()

@@ -531,7 +531,9 @@ def study_bands(study: pl.DataFrame, group_axes: list[str], x: str, metric: str 
     quantile; 0 with one seed), from the initial evaluation (`initial`: rows of round -1 at
     the initial time) on; and, `held`, each evaluation's values at the end of the next round
     (the model changes only then: report.metric_curve's rule). Seeds are matched by round:
-    under model timing their rounds end at different times."""
+    under model timing their rounds end at different times, and a group's curve ends where its
+    first seed ended (under max_time the seeds run different numbers of rounds: a mean over the
+    seeds still running would step back in time and change meaning along the curve)."""
     from fedsim.results.report import ci95
 
     keys = group_axes or [pl.lit("all").alias("group")]
@@ -544,6 +546,11 @@ def study_bands(study: pl.DataFrame, group_axes: list[str], x: str, metric: str 
     bands = points.group_by([*keys, "round", "held"], maintain_order=True).agg(
         x_value=(pl.col("round") + 1).first().cast(pl.Float64) if x == "round" else pl.col(x).mean(),
         mean=pl.col(metric).mean(), std=pl.col(metric).std(), n=pl.len())
+    if group_axes:
+        bands = bands.join(points.group_by(group_axes).agg(seeds=pl.col("point").n_unique()), on=group_axes)
+    else:
+        bands = bands.with_columns(seeds=pl.lit(points["point"].n_unique()))
+    bands = bands.filter(pl.col("n") == pl.col("seeds")).drop("seeds")
     half = ci95(bands["std"], bands["n"], single=0.0)
     return (bands.with_columns(ci95=pl.Series(half, dtype=pl.Float64))
             .sort([*(keys if group_axes else []), "round", "held"], descending=[False] * (len(group_axes) + 1) + [True]))

@@ -45,10 +45,16 @@ def _summary_table(result) -> str:
 
 def check_resume_overrides(overrides: list[str]) -> None:
     """FedsimError naming the first --set key that a resumed run may not change."""
-    from fedsim.config import parse_override
+    import dataclasses
+
+    from fedsim.config import RunConfig, parse_override
+    from fedsim.errors import did_you_mean
 
     for text in overrides:
         section, key, _ = parse_override(text)
+        close = did_you_mean(f"{section}.{key}", RESUME_KEYS)
+        if section == "run" and key not in {f.name for f in dataclasses.fields(RunConfig)} and close:  # a typo
+            raise FedsimError(f"--set {text!r}: unknown key {section}.{key}; {close}")
         if f"{section}.{key}" not in RESUME_KEYS:
             raise FedsimError(
                 f"--set {text!r}: {section}.{key} cannot be changed when resuming (the run goes on "

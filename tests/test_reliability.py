@@ -557,6 +557,11 @@ CASES = [
     case("resume-missing-folder", "run --resume {tmp}/nope", r"nope: no such run directory"),
     case("resume-and-config", "run quickstart --resume {tmp}/r", r"give a config or --resume RUN_DIR, not both"),
     case("resume-changes-lr", "run --resume {tmp}/r --set client.lr=1", r"client\.lr cannot be changed when resuming"),
+    case("resume-typo", "run --resume {tmp}/r --set run.max_tim=60", r"^error: --set 'run\.max_tim=60': unknown key "
+         r"run\.max_tim; did you mean 'run\.max_time'\?$"),
+    case("algorithms-typo", 'run quickstart --set run.algorithms=["fedavg","scafold"]',
+         r"^error: --set run\.algorithms=\[\"fedavg\",\"scafold\"\]: \[run\] algorithms = 'scafold' is unknown; did "
+         r"you mean 'scaffold'\?"),
     case("resume-not-a-run", "run --resume {tmp}/empty", r"empty: no checkpoint\.pt", empty=lambda path, run: path.mkdir()),
     case("resume-fewer-rounds", "run --resume {tmp}/r --set run.rounds=1 --quiet", r"the run already has 2 rounds",
          r=run_dir()),

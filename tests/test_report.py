@@ -16,6 +16,7 @@ import pytest
 
 from fedsim.cli import _summary_table, main
 from fedsim.config import dump_toml, read_toml
+from fedsim.errors import FedsimError
 from fedsim.results.report import (Hit, duration, gini, hit_time, metric_curve, participation, round_durations,
                                    time_to_target, variation, waiting)
 
@@ -525,6 +526,10 @@ def test_the_python_api_pages_scoring_of_model_pt_gives_the_runs_final_accuracy(
     printed = capsys.readouterr().out
     final = pl.read_parquet(tmp_path / "runs" / "quickstart" / "fedavg" / "rounds.parquet")["test_acc"].drop_nulls()[-1]
     assert float(re.search(r"tensor\(([\d.]+)\)", printed).group(1)) == pytest.approx(final, abs=1e-4)  # (torch prints 4 decimals)
+    with pytest.raises(FedsimError, match="a study's folder, whose points may read different data; give one point's"):
+        (tmp_path / "study").mkdir()
+        (tmp_path / "study" / "study.toml").write_text("")
+        __import__("fedsim").test_data(tmp_path / "study")
     x, y = __import__("fedsim").test_data("quickstart")  # a scenario: the same split
     assert x.dtype == torch.float32 and y.dtype == torch.int64 and x.shape[1:] == (1, 8, 8) and 0 <= x.min() <= x.max() <= 1
 

@@ -530,11 +530,12 @@ def suggest(key: str, valid) -> str:
     return did_you_mean(key, valid) or "valid keys: " + ", ".join(sorted(valid))
 
 
-def algorithm_options(name: str, origin: str = "") -> dict[str, Any]:
-    """The algorithm's own config keys with their typed defaults (FedsimError if unknown)."""
+def algorithm_options(name: str, origin: str = "", key: str = "[algorithm] name") -> dict[str, Any]:
+    """The algorithm's own config keys with their typed defaults (FedsimError if unknown; `key`:
+    the config key that names it, for the error)."""
     if name in BUILT_IN_ALGORITHMS:  # known without importing it (and torch)
         return dict(ALGORITHM_OPTIONS.get(name, {}))
-    where = f"{origin}: [algorithm] name" if origin else "[algorithm] name"
+    where = f"{origin}: {key}" if origin else key
     return dict(ALGORITHMS.lookup(name, where).options)
 
 
@@ -590,7 +591,8 @@ def _check_value(where: str, value: Any, rule: Rule) -> Any:
     return rule.check(where, value) if rule.check else value
 
 
-def _declared_options(section: str, raw: dict, algorithms: list, origin: str) -> dict[str, Any] | None:
+def _declared_options(section: str, raw: dict, algorithms: list, origin: str,
+                      algorithms_origin: str = "") -> dict[str, Any] | None:
     """Option keys (with typed defaults) that the chosen generator / algorithm(s) declare.
 
     None for sections without options. [algorithm] accepts the options of its own `name` and of
@@ -605,10 +607,12 @@ def _declared_options(section: str, raw: dict, algorithms: list, origin: str) ->
         return dict(GENERATORS.lookup(source, f"{origin}: [trace] source").options)
     if section == "algorithm":
         options: dict[str, Any] = {}
-        for name in [raw.get("name", AlgorithmConfig.name), *algorithms]:
+        named = [(raw.get("name", AlgorithmConfig.name), origin, "[algorithm] name"),
+                 *((name, algorithms_origin or origin, "[run] algorithms") for name in algorithms)]
+        for name, where, key in named:
             if not isinstance(name, str):
-                raise FedsimError(f"{origin}: algorithm names must be strings, got {name!r}")
-            options.update(algorithm_options(name, origin=origin))
+                raise FedsimError(f"{where}: algorithm names must be strings, got {name!r}")
+            options.update(algorithm_options(name, origin=where, key=key))
         options.update(selection_options(raw.get("selection", "")))
         return options
     if section == "model" and set(raw) - set(_field_names(ModelConfig)):  # (looked up only where keys ask for it)
@@ -647,7 +651,8 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str, origi
     cls = _SECTION_CLASSES[section]
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
     owner = (section, "source" if section == "trace" else "name")  # the key that declares the options
-    extra = _declared_options(section, raw, algorithms, origins.get(owner, origin))
+    extra = _declared_options(section, raw, algorithms, origins.get(owner, origin),
+                              origins.get(("run", "algorithms"), origin))
     defaults = cls()
     kwargs, options = {}, {}
     for key, value in raw.items():
@@ -696,7 +701,8 @@ def _unknown_keys(raw: dict, algorithms: list, origin: str, origins: dict) -> li
                             suggest(section, _SECTION_CLASSES)))
             continue
         owner_key = (section, "source" if section == "trace" else "name")  # declares the options
-        extra = _declared_options(section, body, algorithms, origins.get(owner_key, origin))
+        extra = _declared_options(section, body, algorithms, origins.get(owner_key, origin),
+                                  origins.get(("run", "algorithms"), origin))
         valid = [*_field_names(_SECTION_CLASSES[section]), *(extra or {})]
         owner = body.get(owner_key[1])
         scope = f" for {owner!r}" if extra is not None and owner else ""

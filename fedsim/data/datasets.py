@@ -332,6 +332,9 @@ def test_data(source: str | Path):
     from fedsim.config import load_config
 
     folder = Path(source)
+    if (folder / "study.toml").is_file() and not (folder / "config.toml").exists():
+        raise FedsimError(f"{folder}: a study's folder, whose points may read different data; give one point's "
+                          "run directory")
     config = load_config(folder / "config.toml" if folder.is_dir() else source)
     dataset = load_dataset(config.data, config.run.seed)
     x = torch.from_numpy(np.array(dataset.x_test))  # (a copy: the cached arrays are read-only)

@@ -266,7 +266,7 @@ def _cmd_run(args, ready: list[Path]) -> int:
     for r in result.runs or [result]:
         if r.status != "completed":
             said = r.reason if r.reason.startswith(r.status) else f"{r.status} ({r.reason})"
-            print(f"{r.algorithm}: {said}")  # ("interrupted by Ctrl-C after round 3", "diverged (...)")
+            print(f"{r.algorithm}: {said}")  # ("interrupted by Ctrl-C after 4 rounds", "diverged (...)")
     for line in early_stops(result):
         print(line)
     for line in manifest_warnings(result):

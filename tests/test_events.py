@@ -180,7 +180,7 @@ def test_close_reasons_of_ideal_rounds_nobody_online_and_max_time(cli_run):
     assert df["close_reason"].to_list() == ["all-arrived", "all-arrived"]
     manifest = json.loads((max_run / "manifest.json").read_text())
     assert (manifest["rounds"], manifest["sim_time_s"]) == (2, df["t_end"][-1]) and 4.0 < df["t_end"][-1] < 4.01
-    assert manifest["reason"] == "max_time 5 s reached in round 2, which had not closed by then (not counted)"
+    assert manifest["reason"] == "max_time 5 s reached before the round in progress closed (it is not counted)"
     config = timed(targets(3), 10)
     config["server"]["deadline"] = 1.0
     config["run"]["max_time"] = 2.0  # the second round's deadline is max_time itself: it counts
@@ -202,7 +202,7 @@ def test_a_run_that_max_time_ended_resumes_with_a_later_one_as_if_given_it_from_
     cut = cli_run(config, name="cut")
     df, manifest = rounds(cut), json.loads((cut / "manifest.json").read_text())
     assert "max-time" not in df["close_reason"].to_list()
-    assert manifest["sim_time_s"] == df["t_end"][-1] < 12.0 and "which had not closed by then" in manifest["reason"]
+    assert manifest["sim_time_s"] == df["t_end"][-1] < 12.0 and "before the round in progress closed" in manifest["reason"]
     assert main(["run", "--resume", str(cut), "--quiet", "--set", "run.max_time=30"]) == 0
     same_results(cut, whole)
 

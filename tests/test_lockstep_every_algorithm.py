@@ -75,7 +75,7 @@ def test_availability_aware_selection_and_partial_work_in_a_lockstep_study_equal
     assert 1 <= trained.min() < trained.max() <= 6  # partial work: the slow devices did fewer steps
     assert (events["outcome"] == "answered").sum() > 0  # power-of-choice's question, in the log
     reasons = [json.loads(p.read_text())["reason"] for p in (tmp_path / "runs" / "s").glob("*/manifest.json")]
-    assert sum("which had not closed by then (not counted)" in r for r in reasons) >= 5, reasons
+    assert sum("before the round in progress closed (it is not counted)" in r for r in reasons) >= 5, reasons
 
 
 @pytest.mark.parametrize("name", ["fedasync"])

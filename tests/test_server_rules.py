@@ -135,7 +135,7 @@ def test_stop_signal_stops_at_a_round_boundary_and_resume_finishes_the_same_run(
     assert signal.getsignal(signum) == found  # the run gives the signal back as it found it
     manifest = json.loads((stopped / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and manifest["rounds"] == 12
-    assert manifest["reason"] == f"interrupted by {name} after round 11"
+    assert manifest["reason"] == f"interrupted by {name} after 12 rounds"
     assert torch.load(stopped / "checkpoint.pt", weights_only=False)["round"] == 12
     assert len(rounds(stopped)) == 12
     assert main(["run", "--resume", str(stopped), "--quiet"]) == 0

@@ -183,7 +183,7 @@ def test_a_signal_in_the_first_round_finishes_it_and_the_printed_resume_finishes
     run_dir = tmp_path / "runs" / "r"
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert (manifest["status"], manifest["rounds"]) == ("interrupted", 2)  # round 1 finished
-    assert "\nfedavg: interrupted by Ctrl-C after round 1\n" in proc.stdout, proc.stdout
+    assert "\nfedavg: interrupted by Ctrl-C after 2 rounds\n" in proc.stdout, proc.stdout
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     done = as_printed(hint(proc.stdout, "run"), elsewhere)

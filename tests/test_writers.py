@@ -97,7 +97,7 @@ def test_a_loss_far_above_the_start_is_divergence_and_a_diverged_run_resumes_onl
     manifest = json.loads((run_dir / "manifest.json").read_text())
     limit = 1000 * manifest["initial"]["test_loss"]
     assert manifest["status"] == "diverged" and manifest["rounds"] == 1
-    assert manifest["reason"].startswith("training loss ") and f"above [run] diverge_loss {limit:.4g} after round 0" \
+    assert manifest["reason"].startswith("training loss ") and f"above [run] diverge_loss {limit:.4g} after 1 round" \
         in manifest["reason"]
     assert main(["run", "--resume", str(run_dir), "--quiet"]) == 2
     assert "the run diverged (training loss" in capsys.readouterr().err

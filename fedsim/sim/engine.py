@@ -71,23 +71,28 @@ class Engine:
             asked = self.on_round(outcome)
             self.done = rnd = rnd + 1
             if not finite(server.strategy.params):
-                self.status, self.reason = "diverged", f"non-finite model after round {rnd - 1}"
+                self.status, self.reason = "diverged", f"non-finite model after {rounds(rnd)}"
                 return
             why = self.diverged(outcome)
             if why:
-                self.status, self.reason = "diverged", f"{why} after round {rnd - 1}"
+                self.status, self.reason = "diverged", f"{why} after {rounds(rnd)}"
                 return
             if self.stop_signal["name"]:
                 self.status = "interrupted"
-                self.reason = f"interrupted by {self.stop_signal['name']} after round {rnd - 1}"
+                self.reason = f"interrupted by {self.stop_signal['name']} after {rounds(rnd)}"
                 return
             if asked:
-                self.reason = f"{asked} (after round {rnd - 1})"
+                self.reason = f"{asked} (after {rounds(rnd)})"
                 return
 
     def result(self) -> EngineResult:
         return EngineResult(self.status, self.reason, self.done,
                             self.env.now if self.end_time is None else self.end_time)
+
+
+def rounds(n: int) -> str:
+    """`12 rounds`: a count, as the tables count rounds (rounds.parquet numbers them from 0)."""
+    return f"{n} round{'s' * (n != 1)}"
 
 
 def finite(params: torch.Tensor) -> bool:

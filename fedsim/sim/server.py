@@ -135,7 +135,7 @@ class Server:
             arrived_pos, reason = yield from self._tasks_until_close(tasks, order, target, close_at, cut_short)
         if reason == "max-time" and not self.counts_cut_rounds:
             self.restore(before)
-            return Stop(f"max_time {max_time:g} s reached in round {rnd}, which had not closed by then (not counted)",
+            return Stop(f"max_time {max_time:g} s reached before the round in progress closed (it is not counted)",
                         resume_at=begun)
         outcome = self.outcomes(tasks, arrived_pos, close_at)
         if failed:

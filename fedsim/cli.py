@@ -18,6 +18,14 @@ from fedsim.files import resume_command
 from fedsim.results.run_format import read_manifest
 
 
+def server_memory(n_bytes: int) -> str:
+    """`2.5KB`, `6.1MB`, `1.2GB` (binary units, as the table always printed kilobytes)."""
+    for unit, size in (("GB", 1024 ** 3), ("MB", 1024 ** 2)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:.1f}{unit}"
+    return f"{n_bytes / 1024:.1f}KB"
+
+
 def _summary_table(result) -> str:
     """One line per algorithm; with `[run] targets`, the simulated time each was reached at
     (`~` interpolated between evaluations, as in `fedsim report`)."""
@@ -35,11 +43,11 @@ def _summary_table(result) -> str:
         manifest = read_manifest(r.run_dir)
         acc = f"{100 * r.final_accuracy:.2f}%" if r.final_accuracy is not None else "-"
         loss = f"{r.final_loss:.4g}" if r.final_loss is not None else "-"
-        mem = manifest["server_memory_bytes"] / 1024
+        mem = server_memory(manifest["server_memory_bytes"])
         reached = "".join(f" {hit_time(time_to_target(r.rounds, t, manifest.get('initial')), acc != '-'):>9}"
                           for t in targets)
         lines.append(f"{r.algorithm:<{width}} {r.status:<10} {manifest['rounds']:>7} {duration(manifest['sim_time_s']):>10} "
-                     f"{acc:>9} {loss:>10} {mem:>9.1f}KB{reached}")
+                     f"{acc:>9} {loss:>10} {mem:>11}{reached}")
     return "\n".join(lines)
 
 

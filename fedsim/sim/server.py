@@ -184,7 +184,7 @@ class Server:
     def state_before(self, rnd: int, t0: float, max_time: float) -> dict | None:
         """A copy of what a round may change before it closes (the strategy's state, the
         devices' own buffers), where max_time may cut the round short and so undo it; else None."""
-        if self.counts_cut_rounds or not self.close(rnd, t0, 0, max_time)[1] and not self.close(rnd, t0, 1, max_time)[1]:
+        if self.counts_cut_rounds or not any(self.close(rnd, t0, invited, max_time)[1] for invited in (0, 1)):
             return None
         kept = self.trainer.task.device_buffers
         return copy.deepcopy({"strategy": self.strategy.state_dict(),

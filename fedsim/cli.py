@@ -299,7 +299,7 @@ def cmd_plot(args) -> int:
         paths, studies = plot_run_dir(folder)
         if studies:
             print(f"not drawn here: {len(studies)} stud{'y' if len(studies) == 1 else 'ies'}, each drawn alone: "
-                  f"`fedsim plot {studies[0]}`", file=sys.stderr)
+                  f"`fedsim plot {studies[0].absolute()}`", file=sys.stderr)
     for path in paths:
         print(path)
     return 0
@@ -419,7 +419,7 @@ def refuse_unfinished(folder: Path, what: str) -> None:
     plots and claims read."""
     if not (folder / "study.parquet").exists():
         raise FedsimError(f"{folder}: the study has not finished, and {what}, written once every point has run: "
-                          f"`{resume_command('sweep', folder)}` finishes it; `fedsim report {folder}` compares its "
+                          f"`{resume_command('sweep', folder)}` finishes it; `fedsim report {folder.absolute()}` compares its "
                           "points where they stopped")
 
 

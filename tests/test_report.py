@@ -512,6 +512,7 @@ def test_the_output_folder_reports_and_plots_its_runs_and_comparisons_and_names_
     assert {"participation_fedavg.both.png", "participation_mifa.png", "participation_fedavg.solo.png"} <= \
         {Path(line).name for line in drawn.out.splitlines()}
     assert drawn.err == f"not drawn here: 1 study, each drawn alone: `fedsim plot {tmp_path / 'runs' / 'seeds'}`\n"
+    assert main(re.search(r"`fedsim (.+)`", drawn.err).group(1).split()) == 0  # as printed (from another directory)
 
 
 def test_the_python_api_pages_scoring_of_model_pt_gives_the_runs_final_accuracy(tmp_path, monkeypatch, capsys):

@@ -309,8 +309,10 @@ def test_an_interrupted_studys_report_says_so_and_its_plots_and_claims_wait_for_
         assert main(command) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {folder}: the study has not finished, and its ") and err.endswith(
-            f": `fedsim sweep --resume {folder.resolve()}` finishes it; `fedsim report {folder}` compares its points "
+            f": `fedsim sweep --resume {folder.resolve()}` finishes it; `fedsim report {folder.absolute()}` compares its points "
             "where they stopped\n"), err
+        assert main(shlex.split(re.findall(r"`(fedsim report [^`]+)`", err)[0])[1:]) == 0  # as printed
+        capsys.readouterr()
     monkeypatch.chdir(tmp_path.parent)
     assert main(shlex.split(re.search(r"`(fedsim sweep --resume .+)`", line).group(1))[1:] + ["--quiet"]) == 0
     assert main(["report", str(folder)]) == 0 and "unfinished" not in capsys.readouterr().out

@@ -278,7 +278,7 @@ def runs_under(folder: Path) -> tuple[list[Path], list[Path]]:
     if not runs and studies:
         raise FedsimError(f"{folder}: holds studies only ({', '.join(p.name for p in studies[:5])}"
                           f"{', ...' if len(studies) > 5 else ''}), and a study is reported alone: give its folder, "
-                          f"e.g. `fedsim report {studies[0]}`")
+                          f"e.g. `fedsim report {studies[0].absolute()}`")
     if not runs:
         raise FedsimError(f"{folder}: not a run directory (no rounds.parquet and devices.parquet here or in its "
                           "sub-folders); pass the folder that `fedsim run` printed after 'results:'")
@@ -513,7 +513,7 @@ def studies_block(studies: list[str]) -> list[str]:
         return []
     return [f"not reported here: {len(studies)} stud{'y' if len(studies) == 1 else 'ies'} "
             f"({', '.join(Path(s).name for s in studies[:5])}{', ...' if len(studies) > 5 else ''}), each reported "
-            f"alone: `fedsim report {studies[0]}`"]
+            f"alone: `fedsim report {Path(studies[0]).absolute()}`"]
 
 
 def trainer_block(runs: list[dict]) -> list[str]:

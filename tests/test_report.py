@@ -539,24 +539,14 @@ def test_the_python_api_pages_scoring_of_model_pt_gives_the_runs_final_accuracy(
 
 def test_a_comparison_stopped_before_an_algorithm_reports_it_not_started(tmp_path, capsys, monkeypatch):
     import shlex
-    import signal
 
-    from fedsim.results.recorder import Recorder
+    from test_stop_and_resume import ctrl_c_in_round
 
     config = {"run": {"rounds": 6, "name": "c", "out": str(tmp_path / "runs"), "algorithms": ["fedavg", "mifa"],
                       "progress": False, "plots": False},
               "data": {"dataset": "quadratic", "clients": 4}, "server": {"timing": "ideal", "clients_per_round": 2}}
     (tmp_path / "c.toml").write_text(dump_toml(config))
-    add_round = Recorder.add_round
-
-    def sigint_in_round_2(self, outcome, *args):
-        if outcome.round == 2:
-            signal.raise_signal(signal.SIGINT)
-        return add_round(self, outcome, *args)
-
-    monkeypatch.setattr(Recorder, "add_round", sigint_in_round_2)
-    assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 130
-    monkeypatch.setattr(Recorder, "add_round", add_round)
+    ctrl_c_in_round(tmp_path / "c.toml", 2, monkeypatch)
     capsys.readouterr()
     folder = tmp_path / "runs" / "c"
     assert main(["report", str(folder)]) == 0

@@ -437,24 +437,29 @@ def test_a_finished_study_resumed_with_a_later_max_time_and_new_targets_goes_on_
     assert main(["report", str(tmp_path / "cut")]) == 0 and "time to 40%" in capsys.readouterr().out
 
 
-def test_resume_keys_reach_every_algorithm_of_a_comparison_and_are_recorded(tmp_path, monkeypatch, capsys):
-    """Interrupted in its first algorithm, a comparison resumed with a time limit applies it to
-    both: the one that was interrupted too, and each config.toml records it."""
+def ctrl_c_in_round(config_toml: Path, rnd: int, monkeypatch) -> None:
+    """`fedsim run CONFIG --quiet` with a Ctrl-C as round `rnd` is recorded (exit 130)."""
     from fedsim.results.recorder import Recorder
 
-    config = {**RUN, "run": {**RUN["run"], "rounds": 30, "algorithms": ["fedavg", "mifa"],
-                             "out": str(tmp_path / "runs")}}
-    (tmp_path / "c.toml").write_text(dump_toml(config))
     add_round = Recorder.add_round
 
-    def sigint_in_round_15(self, outcome, *args):
-        if outcome.round == 15:
+    def sigint(self, outcome, *args):
+        if outcome.round == rnd:
             signal.raise_signal(signal.SIGINT)
         return add_round(self, outcome, *args)
 
-    monkeypatch.setattr(Recorder, "add_round", sigint_in_round_15)
-    assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 130
+    monkeypatch.setattr(Recorder, "add_round", sigint)
+    assert main(["run", str(config_toml), "--quiet"]) == 130
     monkeypatch.setattr(Recorder, "add_round", add_round)
+
+
+def test_resume_keys_reach_every_algorithm_of_a_comparison_and_are_recorded(tmp_path, monkeypatch, capsys):
+    """Interrupted in its first algorithm, a comparison resumed with a time limit applies it to
+    both: the one that was interrupted too, and each config.toml records it."""
+    config = {**RUN, "run": {**RUN["run"], "rounds": 30, "algorithms": ["fedavg", "mifa"],
+                             "out": str(tmp_path / "runs")}}
+    (tmp_path / "c.toml").write_text(dump_toml(config))
+    ctrl_c_in_round(tmp_path / "c.toml", 15, monkeypatch)
     cut = tmp_path / "runs" / "r"
     assert json.loads((cut / "fedavg" / "manifest.json").read_text())["rounds"] == 16
     assert main(["run", "--resume", str(cut), "--quiet", "--set", "run.max_time=1200"]) == 0

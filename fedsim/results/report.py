@@ -498,13 +498,12 @@ def format_report(doc: dict) -> str:
 
 def not_started_block(missing: list[dict]) -> list[str]:
     """A line per comparison some of whose algorithms have not run (it stopped before them)."""
-
     by: dict[str, list[str]] = {}
     for entry in missing:
         by.setdefault(entry["comparison"], []).append(entry["algorithm"])
-    return ["\n".join(f"not started: {', '.join(names)} of {folder} (the comparison stopped before "
-                      f"{'it' if len(names) == 1 else 'them'}): `{resume_command('run', Path(folder))}` runs "
-                      f"{'it' if len(names) == 1 else 'them'}" for folder, names in by.items())] if by else []
+    return ["\n".join(f"not started: {', '.join(left)} of {folder} (the comparison stopped before "
+                      f"{'it' if len(left) == 1 else 'them'}): `{resume_command('run', Path(folder))}` runs "
+                      f"{'it' if len(left) == 1 else 'them'}" for folder, left in by.items())] if by else []
 
 
 def studies_block(studies: list[str]) -> list[str]:

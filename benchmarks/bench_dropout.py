@@ -17,13 +17,15 @@ The share is 1 - without / with (and draws / with), of the medians of wall time 
 process's CPU time (less sensitive to other jobs). `--busy N` runs N busy processes beside it;
 the machine's load average is recorded before and after.
 
-    python benchmarks/bench_dropout.py [--repeats 7] [--threads auto|N] [--busy N] [--out FILE]
+    python benchmarks/bench_dropout.py [--repeats 7] [--threads auto|N] [--busy N] [--device cuda]
+        [--devices N] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import statistics
@@ -69,12 +71,14 @@ def without_dropout(net: nn.Module) -> nn.Module:
 class Rows:
     """The three trainers of one cohort: each round with and without dropout, and the draws."""
 
-    def __init__(self, threads: str):
-        self.pair = Pair(MODELS["user-transformer"], SETTINGS["steps"])
+    def __init__(self, threads: str, device: str = "cpu", devices: int = 0):
+        setting = SETTINGS["steps"]
+        self.pair = Pair(MODELS["user-transformer"], dataclasses.replace(setting, devices=devices or setting.devices),
+                         device=device)
         self.setting = self.pair.setting
         self.trainers = {path: build_trainer(self.pair.task, ClientConfig(
             batch_size=self.setting.batch, local_steps=self.setting.local_steps, trainer=path), seed=0,
-            threads=ThreadPolicy(threads)) for path in ("batched", "loop")}
+            threads=ThreadPolicy(threads, self.pair.device)) for path in ("batched", "loop")}
         self.plain_nets = {True: self.pair.work, False: without_dropout(self.pair.work)}
 
     def round(self, row: str, dropout: bool, rnd: int) -> tuple[float, float]:
@@ -89,6 +93,7 @@ class Rows:
                 stack.enter_context(keyed_dropout_off())
             t0 = time.perf_counter()
             trainer.train(rnd, pair.ids, pair.start, pair.steps, 0.05)
+            pair.synchronize()
             return time.perf_counter() - t0, time.process_time() - cpu
 
     def draws(self, row: str, rnd: int) -> float | None:
@@ -96,13 +101,14 @@ class Rows:
         if row == "plain" or not hasattr(rng, "dropout_bits"):
             return None
         trainer, pair, model = self.trainers[row], self.pair, self.pair.task.model
-        ids = torch.as_tensor(pair.ids)
+        ids = torch.as_tensor(pair.ids, device=pair.device)
         cohorts = [ids] if row == "batched" else list(ids.split(1))
         with pair.threads.scope(), trainer.threads.work(trainer.call_flops(pair.ids)):
             t0 = time.perf_counter()
             for step in range(self.setting.local_steps):
                 for cohort in cohorts:
                     model.randomness(0, rnd, cohort, step, self.setting.batch)
+            pair.synchronize()
             return time.perf_counter() - t0
 
     def threads(self, row: str) -> int:
@@ -148,6 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=7, help="timed rounds per side")
     parser.add_argument("--threads", default="auto", help="fedsim's [run] threads (auto, or a number)")
     parser.add_argument("--busy", type=int, default=0, help="busy processes beside the measurement")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the cohort's device, the plain loop's too)")
+    parser.add_argument("--devices", type=int, default=0, help="devices in the cohort (default: the setting's 10)")
     parser.add_argument("--out", type=Path, help="write the records as JSON here")
     args = parser.parse_args(argv)
     if args.repeats < 1:
@@ -155,11 +163,12 @@ def main(argv: list[str] | None = None) -> dict:
     load_before = os.getloadavg()
     busy = busy_processes(args.busy, "spin")
     records: list[dict] = []
-    result = {"machine": machine(), "torch": torch.__version__, "threads": args.threads, "busy": args.busy,
+    result = {"machine": machine(), "torch": torch.__version__, "device": args.device, "threads": args.threads,
+              "busy": args.busy,
               "repeats": args.repeats,
               "loadavg_before": [round(x, 2) for x in load_before], "records": records}
     try:
-        rows = Rows(args.threads if args.threads == "auto" else int(args.threads))
+        rows = Rows(args.threads if args.threads == "auto" else int(args.threads), args.device, args.devices)
         print(f"machine: {machine()}; busy processes: {args.busy}; load before: "
               f"{' '.join(f'{x:.2f}' for x in load_before)}; {rows.setting.devices} devices x "
               f"{rows.setting.local_steps} steps x {rows.setting.batch}")

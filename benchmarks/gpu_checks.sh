@@ -17,7 +17,8 @@
 # modules (bench_modules on CUDA: issue 38's table, fedsim against a plain GPU loop of the same steps,
 # the issue's user modules at 10 and 100 devices; modules-1000 at 1000; modules-kernels: the modules
 # that training rules 8-10 put on fedsim's kernels, an ELU MLP, a residual MLP and a BatchNorm MLP,
-# at 10 and 100; rows are written as they finish).
+# at 10 and 100; rows are written as they finish), dropout (bench_dropout on CUDA at 10 and 100 devices: the
+# keyed dropout's share of a transformer's round, issue 38's <= 10 %, against torch's own in a plain GPU loop).
 # With PYTHONPATH holding the repository, so a checkout runs without being installed.
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -78,6 +79,11 @@ for stage in "$@"; do
       timeout 100 python3 $B/bench_modules.py --device cuda --settings steps --devices 10,100 --repeats 2 \
         --models user-elu-mlp,user-residual-mlp,user-bn-mlp --out "$OUT/modules_cuda_kernels.json" 2>&1 \
         | tee "$OUT/modules_kernels.log" ;;
+    dropout)
+      for n in 10 100; do
+        timeout 60 python3 $B/bench_dropout.py --device cuda --devices $n --repeats 5 \
+          --out "$OUT/dropout_cuda_$n.json" 2>&1 | tee -a "$OUT/dropout.log"
+      done ;;
     modules-1000)
       timeout 150 $M --devices 1000 --repeats 1 --out "$OUT/modules_cuda_1000.json" 2>&1 | tee -a "$OUT/modules.log" ;;
     *) echo "unknown stage $stage" ;;

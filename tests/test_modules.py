@@ -168,6 +168,10 @@ def no_parameters(in_shape, n_classes, cfg):
     return nn.Flatten()
 
 
+def zero_width(in_shape, n_classes, cfg):  # a width of 0 from a sweep's typo builds empty layers
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 0), nn.ReLU(), nn.Linear(0, n_classes))
+
+
 def branchy(in_shape, n_classes, cfg):
     class Branchy(nn.Module):  # Python control flow on a value: fine on one device, not under vmap
         def __init__(self):
@@ -472,6 +476,8 @@ def test_frozen_parameters_stay_fixed(cli_run, user_models):
                        "(16x8 and 10x10)) on a batch of 2 of the dataset's inputs; fix the forward (hint: its input is "
                        "[batch, 1, 8, 8])"),
     ("no_parameters", {}, "the module has no trainable parameters"),
+    ("zero_width", {}, "parameter '1.weight' has shape (0, 64), no numbers to train; check the sizes the factory "
+                       "built it with (a width of 0?)"),
     ("in_double", {}, "parameter '1.weight' is torch.float64; fedsim trains, sends and averages float32 numbers "
                       "(other precisions are not simulated): build the module in float32"),
     ("resnet", {"local_buffers": True}, "local_buffers = true, but the module has no buffers"),

@@ -877,6 +877,9 @@ def check_state(module: nn.Module, where: str) -> None:
                 raise FedsimError(f"{where}: {kind} {name!r} is {t.dtype}; fedsim trains, sends and averages "
                                   "float32 numbers (other precisions are not simulated): build the module in "
                                   "float32 (without .double(), .half() or .to(dtype))")
+            if kind == "parameter" and not t.numel():
+                raise FedsimError(f"{where}: parameter {name!r} has shape {tuple(t.shape)}, no numbers to train; "
+                                  "check the sizes the factory built it with (a width of 0?)")
             largest = int(t.long().abs().max()) if kind == "buffer" and not t.is_floating_point() and t.numel() else 0
             if largest > 2**24:
                 raise FedsimError(f"{where}: buffer {name!r} holds the integer {largest}, beyond 2**24, which fedsim's "

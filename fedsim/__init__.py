@@ -42,5 +42,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "run": "fedsim.runs.comparison",
     "read_trace": "fedsim.traces.io",
     "write_trace": "fedsim.traces.io",
-    "test_data": "fedsim.data.datasets",
+    "test_data": "fedsim.runs.scoring",
 })

@@ -15,7 +15,7 @@ from pathlib import Path
 from fedsim.config import RESUME_KEYS
 from fedsim.errors import EXIT_CODES, STOP_SIGNALS, FedsimError, Stopped, stop_at_once
 from fedsim.files import resume_command
-from fedsim.results.run_format import read_manifest
+from fedsim.results.run_format import read_manifest, use_recorded_plugin_folders
 
 
 def server_memory(n_bytes: int) -> str:
@@ -199,25 +199,6 @@ def run_stop_hint(run_dir: Path | None, fresh: bool) -> str:
         (run_dir / ".lock").unlink(missing_ok=True)
         run_dir.rmdir()
     return " before the run started; nothing was written"
-
-
-def use_recorded_plugin_folders(path: str | Path | None) -> None:
-    """The folders that the runs of a run, comparison or study folder imported their plugin files
-    from, on the import path, so that a command fedsim printed finds them from any directory.
-    `path`: such a folder, or a file in one (its config.toml or study.toml; a user's own file
-    elsewhere reads nothing)."""
-    from fedsim.config.registry import use_plugin_folders
-    from fedsim.files import made_by_fedsim
-    from fedsim.results.run_format import recorded_plugin_folders
-
-    if path is None:
-        return
-    folder = Path(path)
-    if not folder.is_dir():
-        folder = folder.parent
-        if not made_by_fedsim(folder):
-            return
-    use_plugin_folders(recorded_plugin_folders(folder))
 
 
 def refuse_a_study_folder(folder: Path, overrides: list[str]) -> None:

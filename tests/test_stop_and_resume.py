@@ -239,6 +239,48 @@ def test_a_run_of_a_module_beside_its_config_resumes_by_its_printed_command_from
     assert shown.returncode == 0 and "\n# the model: 1,210 parameters sent and averaged" in shown.stdout, shown.stdout
 
 
+SCALED_FILE = """
+from fedsim.algorithms import Strategy
+
+
+class Scaled(Strategy):
+    options = {"factor": 0.5}
+
+    def aggregate(self, rnd, arrivals):
+        if len(arrivals):
+            self.apply_update(self.opt["factor"] * arrivals.deltas.mean(0))
+"""
+
+
+def test_a_comparison_stopped_before_its_plugin_algorithm_finishes_from_another_directory(tmp_path):
+    """A comparison of fedavg and a plugin algorithm on a trace file beside the config, stopped
+    in fedavg (the plugin not started): its config.toml names the trace absolutely and fedavg's
+    manifest records the plugin's folder, so the printed resume finishes both from anywhere."""
+    (tmp_path / "scaled.py").write_text(SCALED_FILE)
+    trace = ["trace", "generate", "diurnal", "--devices", "8", "--days", "1", "--out", "t.parquet"]
+    assert fedsim(trace, tmp_path).returncode == 0
+    config = {**MODULE_RUN, "model": {"name": "logreg"}, "trace": {"source": "file", "path": "t.parquet"},
+              "run": {**MODULE_RUN["run"], "name": "cmp", "algorithms": ["fedavg", "scaled:Scaled"]}}
+    (tmp_path / "c.toml").write_text(dump_toml(config))
+    assert fedsim(["run", "c.toml", "--quiet", "--set", "run.name=whole"], tmp_path).returncode == 0
+    proc = signalled(["run", "c.toml"], tmp_path, "round", signal.SIGINT)
+    assert proc.returncode == 130, proc.stderr
+    cut = tmp_path / "runs" / "cmp"
+    assert not (cut / "scaled.Scaled").exists()
+    assert json.loads((cut / "fedavg" / "manifest.json").read_text())["plugin_folders"] == [str(tmp_path.resolve())]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = as_printed(hint(proc.stdout, "run"), elsewhere)
+    assert done.returncode == 0, done.stderr
+    for member in ("fedavg", "scaled.Scaled"):
+        same_results(cut / member, tmp_path / "runs" / "whole" / member)
+    # the test split, from another directory: the comparison's and the plugin's run's config name the plugin
+    score = "import fedsim, sys; print(*(len(fedsim.test_data(f)[1]) for f in sys.argv[1:]))"
+    scored = subprocess.run([sys.executable, "-c", score, str(cut), str(cut / "scaled.Scaled")], cwd=elsewhere,
+                            env=environment(), capture_output=True, text=True, timeout=120)
+    assert scored.returncode == 0 and scored.stdout.split() == ["450", "450"], scored.stderr
+
+
 ASYNC = {"run": {"name": "a", "rounds": 12, "eval_every": 4, "progress": False, "plots": False},
          "data": {"dataset": "quadratic", "clients": 6},
          "trace": {"source": "markov", "mean_on": 12.0, "mean_off": 6.0, "days": 1.0},

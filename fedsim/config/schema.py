@@ -1041,6 +1041,22 @@ def _is_number(word: str) -> bool:
     return True
 
 
+FILE_KEYS = (("trace", "path"), ("trace", "devices_table"), ("model", "init_from"))  # the files a config names
+
+
+def absolute_file_keys(raw: dict, source: str | Path) -> None:
+    """`raw`'s (a config's sections) trace file, device table and warm start as absolute paths,
+    found as a run finds them (in the working directory, then beside the file `source`), so
+    that a config.toml or study.toml written with them names them from any directory; a path
+    found nowhere stays as given (the run's own checks name it)."""
+    for section, key in FILE_KEYS:
+        value = raw.get(section, {}).get(key) if isinstance(raw.get(section), dict) else None
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            found = next((p for p in (Path(value), Path(source).parent / value) if p.exists()), None)
+            if found is not None:
+                raw[section][key] = str(found.absolute())
+
+
 def read_toml(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():

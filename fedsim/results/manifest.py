@@ -7,7 +7,6 @@ nobody holds the run directory's lock belongs to a run that crashed.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import platform
@@ -75,7 +74,7 @@ def write_manifest(run, result, host_s: float) -> None:
         "trace": {"n_devices": trace.n_devices, "horizon": trace.horizon, "wrap": trace.wrap,
                   "generator": trace.generator, "origin": trace.origin, "file": run.trace_file,
                   "fingerprint": run.trace_fingerprint, "fingerprint_of": run.fingerprint_of},
-        "plugin_folders": plugin_folders(dataclasses.asdict(config)),
+        "plugin_folders": plugin_folders(run.plugins_of),
         "plugin_files": run.plugin_files,
         "data_sha256": run.data_sha256,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

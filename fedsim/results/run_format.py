@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fedsim.config import Config, read_toml
+from fedsim.config.registry import use_plugin_folders
 from fedsim.errors import FedsimError
+from fedsim.files import made_by_fedsim
 
 RUN_FORMAT = 2  # 2: `rules` in manifest.json and checkpoint.pt (fedsim/training/rules.py)
 # what every checkpoint.pt holds (experiment.py writes them, with more that some runs need)
@@ -50,6 +52,21 @@ def recorded_plugin_folders(folder: Path) -> list[str]:
             continue
         found |= {f for f in listed if isinstance(f, str)} if isinstance(listed, list) else set()
     return sorted(found)
+
+
+def use_recorded_plugin_folders(path: str | Path | None) -> None:
+    """The folders that the runs of a run, comparison or study folder imported their plugin files
+    from, on the import path, so that a command fedsim printed finds them from any directory.
+    `path`: such a folder, or a file in one (its config.toml or study.toml; a user's own file
+    elsewhere reads nothing)."""
+    if path is None:
+        return
+    folder = Path(path)
+    if not folder.is_dir():
+        folder = folder.parent
+        if not made_by_fedsim(folder):
+            return
+    use_plugin_folders(recorded_plugin_folders(folder))
 
 
 def read_manifest(run_dir: Path, *, strict: bool = True) -> dict:

@@ -14,6 +14,7 @@ import polars as pl
 
 from fedsim.runs.callbacks import Callback
 from fedsim.config import Config, config_from_dict, dump_toml
+from fedsim.config.schema import absolute_file_keys
 from fedsim.errors import FedsimError, Stopped, stop_at_once
 from fedsim.runs.experiment import Experiment, RunResult, check_only_adds_rounds
 from fedsim.files import (DirectoryLock, atomic_write, claim_directory, made_by_fedsim, plain_name,
@@ -78,7 +79,9 @@ def _run(config, run_dir, claim, progress, on_ready, plotter, callbacks) -> RunR
         first.run_dir = run_dir / plain_name(config.run.algorithms[0])
     with comparison_lock(run_dir, "fedsim run, a comparison"):
         on_ready(run_dir)
-        write_text(run_dir / "config.toml", dump_toml(config.to_dict()))  # what --resume goes on with
+        raw = config.to_dict()
+        absolute_file_keys(raw, config.source)  # what --resume goes on with, from any directory
+        write_text(run_dir / "config.toml", dump_toml(raw))
         return _members(config, run_dir, progress, plotter, callbacks, first=first)
 
 
@@ -124,6 +127,7 @@ def _members(config, run_dir, progress, plotter, callbacks, first=None, force=Fa
                 stop_signal["name"] = stop.name
                 break
             first = None
+            experiment.plugins_of = config.to_dict()
             results.append(experiment.run(resume_state))
             if results[-1].status == "interrupted":  # Ctrl-C stops the comparison, not one member
                 break

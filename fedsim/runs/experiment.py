@@ -147,6 +147,9 @@ class Experiment:
         self.progress = progress and config.run.progress
         self.plotter = plotter
         self.user_callbacks = list(callbacks)
+        # the config whose plugins' folders the manifest records (a comparison's: every algorithm's,
+        # so that `--resume` from another directory imports those not yet started)
+        self.plugins_of = dataclasses.asdict(config)
         self.evaluated: tuple[float, float | None] | None = None  # this round's, done with other runs
         self.device = resolve_device(config.run.device)
         cfg = config

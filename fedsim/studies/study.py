@@ -29,7 +29,7 @@ from fedsim.config import (AlgorithmConfig, Config, DataConfig, TraceConfig, alg
                            is_study, parse_override, plain_folder_name, read_toml, scenario_names, scenario_path,
                            selection_options, trace_options)
 from fedsim.config.layers import SET, Layered, drop_unselected, layered_config
-from fedsim.config.schema import takes_one_value
+from fedsim.config.schema import FILE_KEYS, absolute_file_keys, takes_one_value
 from fedsim.errors import FedsimError
 
 MAX_POINTS = 10_000  # more need --yes
@@ -158,7 +158,7 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
         _own_keys(raw_point, chosen)
     points = _checked(raws, origins, path, "point")
     _unique_names(points, path)
-    _absolute_paths(base, path)
+    absolute_file_keys(base, path)  # (the folder's study.toml names them from any directory)
     resolved = {"base": base, "axes": axes, "zip": zips, **({WARM: warm} if warm else {}),
                 **({"gpus_per_task": gpus} if gpus else {})}
     resolved = json.loads(json.dumps(resolved))
@@ -167,21 +167,6 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
 
         resolved["claims"] = check_claims(claims, axes, str(path), {p.config.data.dataset for p in points})
     return Study(name, str(path), axes, points, folder, resolved, float(gpus), warm_points)
-
-
-FILE_KEYS = (("trace", "path"), ("trace", "devices_table"), ("model", "init_from"))  # a study's files
-
-
-def _absolute_paths(base: dict, path: Path) -> None:
-    """The base's trace file and warm start as absolute paths, found as a run finds them (in the
-    working directory, then beside the study file), so that the folder's study.toml names them
-    from any directory; a path found nowhere stays as given (the points' checks name it)."""
-    for section, key in FILE_KEYS:
-        value = base.get(section, {}).get(key) if isinstance(base.get(section), dict) else None
-        if isinstance(value, str) and value and not Path(value).is_absolute():
-            found = next((p for p in (Path(value), path.parent / value) if p.exists()), None)
-            if found is not None:
-                base[section][key] = str(found.absolute())
 
 
 def recorded_study(folder: Path) -> dict:

@@ -165,11 +165,15 @@ def cmd_run(args) -> int:
         if args.resume or not ready:
             raise
         raise FedsimError(f"{err}{run_failure_hint(ready[-1], str(err))}") from None
+    except Exception as err:  # a bug (a plugin's, or fedsim's): its traceback ends with what the run keeps
+        if ready:
+            err.add_note(f"fedsim: the run stopped{run_failure_hint(ready[-1], '', new=not args.resume)}")
+        raise
 
 
-def run_failure_hint(run_dir: Path, said: str) -> str:
-    """What a new run that stopped on a user's mistake left: its directory without a round is
-    removed (so the next run takes its name); one with rounds keeps its last checkpoint, from
+def run_failure_hint(run_dir: Path, said: str, new: bool = True) -> str:
+    """What a run that stopped on a mistake or a bug left: a new run's directory without a round
+    is removed (so the next run takes its name); one with rounds keeps its last checkpoint, from
     which a resume goes on once the cause is fixed (unless the line `said` already says how)."""
     import shutil
 
@@ -177,7 +181,7 @@ def run_failure_hint(run_dir: Path, said: str) -> str:
         return ""
     manifests = [run_dir / "manifest.json", *run_dir.glob("*/manifest.json")]
     done = max((read_manifest(m.parent, strict=False).get("rounds", 0) for m in manifests if m.exists()), default=0)
-    if not done:
+    if not done and new:
         shutil.rmtree(run_dir, ignore_errors=True)
         return f" (nothing was kept: {run_dir} removed)"
     if "--resume" in said:

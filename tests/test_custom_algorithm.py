@@ -109,6 +109,50 @@ def test_declared_state_that_init_state_does_not_set_is_an_error(tmp_path, monke
         fedsim.run(run_config(tmp_path, "bad", 5, "forgetful"), progress=False)
 
 
+class UndeclaredTable(Strategy):
+    """Keeps each device's last update in a table that `state` forgets to name: checkpoints would
+    not keep it (a resume would start it from zeros, silently other numbers)."""
+
+    name = "undeclared-table"
+
+    def init_state(self, params):
+        super().init_state(params)
+        self.rows = params.new_zeros((self.n, params.numel()))
+        self.echo = params.new_zeros(0)  # (an empty metric placeholder is no state)
+
+    def aggregate(self, rnd, arrivals):
+        if len(arrivals):
+            self.rows[arrivals.ids] = arrivals.deltas
+            self.params = self.params + self.rows.mean(0)
+
+
+def test_numbers_init_state_sets_but_state_does_not_name_are_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(REGISTRY, UndeclaredTable.name, UndeclaredTable)
+    with pytest.raises(fedsim.FedsimError) as err:
+        fedsim.run(run_config(tmp_path, "bad", 5, "undeclared-table"), progress=False)
+    assert str(err.value) == ("algorithm 'undeclared-table' sets self.rows in init_state, but `state` does not name "
+                              "it: checkpoints would not keep it, and a resumed run would start it again as init_state "
+                              "makes it; add 'rows' to `state` (a constant may be named too)")
+    monkeypatch.setattr(UndeclaredTable, "state", ("rows",))
+    assert fedsim.run(run_config(tmp_path, "good", 5, "undeclared-table"), progress=False).status == "completed"
+
+
+class Bounded(ScaledFedAvg):
+    name = "bounded"
+    ranges = {"factor": (0.0, 1.0, False, "the share of the mean update taken")}
+
+
+def test_a_plugin_options_range_error_names_where_it_was_set_and_the_plugin(tmp_path, monkeypatch):
+    monkeypatch.setitem(REGISTRY, Bounded.name, Bounded)
+    config = quadratic_config([[1.0], [0.0]], algorithm="bounded")
+    config["run"].update(out=str(tmp_path / "runs"))
+    (tmp_path / "b.toml").write_text(dump_toml(config))
+    with pytest.raises(fedsim.FedsimError) as err:
+        fedsim.run(fedsim.load_config(tmp_path / "b.toml", ["algorithm.factor=1.5"]), progress=False)
+    assert str(err.value) == ("--set algorithm.factor=1.5: [algorithm] factor = 1.5 for 'bounded' must be in [0, 1] "
+                              "(the share of the mean update taken)")
+
+
 class ReturnedModels(Strategy):
     """FedAvg written on the models the devices return (start + delta), read from
     `Arrivals.start`: every arrival of a synchronous round started from the global model."""

@@ -88,6 +88,15 @@ def test_a_bad_plugin_is_one_error_line(cli_run, tmp_path, monkeypatch, module_t
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_plugin_is_named_in_its_error_lines_as_the_config_names_it(cli_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plugin_module(tmp_path, "plugin_h", FEDAVGM.replace('state = ("velocity",)', 'state = ("velocity", "nesterov")'))
+    cli_run(config("plugin_h:FedAvgM"), name="bad", expect=2)
+    assert cli_run.last_output.err == ("error: algorithm 'plugin_h:FedAvgM' declares state 'nesterov' but has no such "
+                                       "attribute after init_state; set it there (or remove it from `state`) so that "
+                                       "checkpoints keep it\n")
+
+
 LINEAR_MODEL = '''
 import math
 

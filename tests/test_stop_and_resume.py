@@ -595,3 +595,33 @@ def test_a_run_whose_output_goes_to_a_file_prints_progress_lines_not_bars(tmp_pa
     lines = [line for line in done.stdout.splitlines() if line.startswith("  fedavg: ")]
     assert [line.split()[1] for line in lines] == [f"{k}/20" for k in range(2, 21, 2)], done.stdout
     assert all(re.fullmatch(r"  fedavg: \d+/20 rounds \(simulated .+, test acc -\)", line) for line in lines)
+
+
+def test_a_plugins_bug_mid_run_ends_its_traceback_with_the_resume_that_goes_on_once_fixed(tmp_path):
+    """A traceback (exit 1) for a bug, whose last line says what the run keeps and how to go on;
+    fixed, that command (run as printed, from another directory) ends the run as an undisturbed one."""
+    (tmp_path / "fragile.py").write_text(SCALED_FILE.replace(
+        "        if len(arrivals):", "        if rnd == 4 and self.opt['factor'] == 0.5:\n"
+                                    "            raise ValueError('boom')\n        if len(arrivals):"))
+    config = {**MODULE_RUN, "model": {"name": "logreg"}, "algorithm": {"name": "fragile:Scaled"},
+              "run": {**MODULE_RUN["run"], "checkpoint_every": 3}}
+    (tmp_path / "c.toml").write_text(dump_toml(config))
+    failed = fedsim(["run", "c.toml", "--quiet"], tmp_path)
+    assert failed.returncode == 1 and "ValueError: boom\n" in failed.stderr
+    run_dir = tmp_path / "runs" / "m"
+    command = f"fedsim run --resume {run_dir}"
+    assert failed.stderr.endswith(f"fedsim: the run stopped; runs/m keeps its last checkpoint: fix that, then run "
+                                  f"`{command}` to go on\n"), failed.stderr
+    (tmp_path / "fragile.py").write_text((tmp_path / "fragile.py").read_text().replace("rnd == 4", "rnd == -1"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = as_printed(command, elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert fedsim(["run", "c.toml", "--quiet", "--set", "run.name=whole"], tmp_path).returncode == 0
+    same_results(run_dir, tmp_path / "runs" / "whole")
+    # a bug in the first round: nothing kept, so the next run takes the name
+    (tmp_path / "fragile.py").write_text((tmp_path / "fragile.py").read_text().replace("rnd == -1", "rnd == 0"))
+    early = fedsim(["run", "c.toml", "--quiet", "--set", "run.name=early"], tmp_path)
+    assert early.returncode == 1
+    assert early.stderr.endswith(f"fedsim: the run stopped (nothing was kept: runs/early removed)\n"), early.stderr
+    assert not (tmp_path / "runs" / "early").exists()

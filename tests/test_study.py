@@ -891,3 +891,53 @@ def test_a_resume_that_fails_changes_nothing_of_the_study_and_says_why(tmp_path,
     err = capsys.readouterr().err
     assert err.startswith("error: point seed-") and "the trace file changed since the run started" in err, err
     assert (folder / "study.toml").read_text() == recorded
+
+
+FRAGILE = """
+from pathlib import Path
+
+from fedsim.algorithms.fedavg import FedAvg
+
+
+class Fragile(FedAvg):
+    def aggregate(self, rnd, arrivals):
+        if rnd == 6 and Path(__file__).with_name("fail").exists():
+            raise ValueError(f"boom in round {rnd}")
+        super().aggregate(rnd, arrivals)
+"""
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_point_whose_plugin_raises_fails_alone_and_the_printed_resume_finishes_it(tmp_path, monkeypatch, capsys,
+                                                                                   processes):
+    """A plugin's bug in one algorithm's points: the others finish, the failed points keep their
+    last checkpoint and their traceback (error.txt), one error line names the first; fixed, the
+    printed resume (from another directory) ends the study as an undisturbed one."""
+    from test_stop_and_resume import as_printed
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "fragile.py").write_text(FRAGILE)
+    (tmp_path / "fail").touch()
+    axes = {"algorithm.name": ["fedavg", "fragile:Fragile"], "run.seed": [0, 1]}
+    path = write_study(tmp_path, axes, run={"checkpoint_every": 4})
+    sweep(path, "--processes", processes, expect=2)
+    err = capsys.readouterr().err
+    folder = (tmp_path / "runs" / "s").absolute()
+    log = folder / "algorithm-fragile-Fragile_seed-0" / "error.txt"
+    assert err == (f"error: point algorithm-fragile-Fragile_seed-0: its run failed with ValueError: boom in round 6 "
+                   f"(traceback: {log}); fix that, then run `fedsim sweep --resume {folder}` to go on from its last "
+                   "checkpoint (1 more points failed)\n"), err
+    assert "Traceback" in log.read_text() and "boom in round 6" in log.read_text()
+    statuses = {p.name: json.loads((p / "manifest.json").read_text())["status"] for p in folder.iterdir() if p.is_dir()}
+    assert statuses == {"algorithm-fedavg_seed-0": "completed", "algorithm-fedavg_seed-1": "completed",
+                        "algorithm-fragile-Fragile_seed-0": "running", "algorithm-fragile-Fragile_seed-1": "running"}
+    (tmp_path / "fail").unlink()  # the fix
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = as_printed(f"fedsim sweep --resume {folder}", elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert not log.exists()
+    sweep(write_study(tmp_path, axes, name="whole", run={"checkpoint_every": 4}))
+    same = pl.read_parquet(folder / "study.parquet").drop("wall_s")
+    assert same.equals(pl.read_parquet(tmp_path / "runs" / "whole" / "study.parquet").drop("wall_s"))

@@ -145,6 +145,7 @@ class Strategy:
         self.selector.setup(ctx)
         self.server_optimizer = ServerOptimizer(
             ctx.server_optimizer or ServerOptimizerConfig(lr=ctx.server_lr), params)
+        before = set(vars(self))
         self.init_state(params.detach().clone())
         missing = [name for name in self.state if not hasattr(self, name)]
         if missing:
@@ -152,6 +153,13 @@ class Strategy:
                 f"algorithm {self.name!r} declares state {missing[0]!r} but has no such attribute "
                 "after init_state; set it there (or remove it from `state`) so that checkpoints "
                 "keep it")
+        unkept = [name for name, value in vars(self).items()
+                  if name not in before and name not in (*self.state, "params") and _holds_numbers(value)]
+        if unkept:
+            raise FedsimError(
+                f"algorithm {self.name!r} sets self.{unkept[0]} in init_state, but `state` does not name it: "
+                f"checkpoints would not keep it, and a resumed run would start it again as init_state makes "
+                f"it; add {unkept[0]!r} to `state` (a constant may be named too)")
 
     def validate(self) -> None:
         """Check the algorithm's own options (``self.opt``); raise FedsimError on a bad value.
@@ -362,8 +370,18 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     return ALGORITHMS.register(cls.name, cls)
 
 
+def _holds_numbers(value: Any) -> bool:
+    """Whether an attribute holds numbers a checkpoint must keep: a tensor or array of more
+    than one number, or a table of them (an empty one is a metric's placeholder)."""
+    if isinstance(value, (Tensor, np.ndarray)):
+        return value.size().numel() > 1 if isinstance(value, Tensor) else value.size > 1
+    return callable(getattr(value, "state_dict", None))
+
+
 def make_strategy(name: str, origin: str = "") -> Strategy:
-    return ALGORITHMS.lookup(name, f"{origin}: [algorithm] name" if origin else "[algorithm] name")()
+    strategy = ALGORITHMS.lookup(name, f"{origin}: [algorithm] name" if origin else "[algorithm] name")()
+    strategy.name = name  # as the config names it (a plugin's 'module:Class'), in its error lines
+    return strategy
 
 
 __all__ = ["Arrivals", "Context", "Strategy", "register", "algorithm_options", "make_strategy", "planned_state",

@@ -774,6 +774,14 @@ def _blamed(err: FedsimError, config: Config, where: str) -> FedsimError:
     return FedsimError(min(found)[1] + text[len(where):]) if found else err
 
 
+def blamed(text: str, config: Config) -> str:
+    """`text` (a line about `[section] key`s) led by where the first key it names was set (a
+    `--set`, or the file), as a config's own errors are; as it is where none was given."""
+    found = [(hit.start(), label) for (section, key), label in config.origins.items()
+             for hit in [re.search(rf"\[{section}\] {re.escape(key)}\b", text)] if hit]
+    return f"{min(found)[1]}: {text}" if found else text
+
+
 # [model] keys whose default is that of the paper's architecture of the name: FedAWE's
 # Table 6 puts dropout 0.2 before every dense layer of its CINIC-10 CNN
 MODEL_DEFAULTS = {"cnn-cinic": {"dropout": 0.2}}

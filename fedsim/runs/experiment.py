@@ -23,6 +23,7 @@ import torch
 from fedsim.algorithms import Context, Strategy, make_strategy, planned_state
 from fedsim.algorithms.server_optimizer import ServerOptimizerConfig
 from fedsim.runs.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, RecordRounds
+from fedsim.config.schema import blamed
 from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, check_cohort_size, config_from_dict, dump_toml,
                            read_toml)
 from fedsim.config.catalog import GENERATORS
@@ -202,7 +203,10 @@ class Experiment:
         if cfg.model.init_from and not self.resuming:  # the run it starts from: of a format this release reads
             read_manifest(model_file(cfg).parent, strict=False)
         params = task.init_params() if self.resuming else initial_params(task, cfg)
-        strategy.setup(task.n_clients, params, self._context(cfg))
+        try:
+            strategy.setup(task.n_clients, params, self._context(cfg))
+        except FedsimError as err:  # its own options' checks: named with where they were set
+            raise FedsimError(blamed(str(err), cfg)) from None
         return strategy
 
     def planned_state(self, cfg: Config, sizes: np.ndarray, dim: int) -> State:

@@ -12,14 +12,15 @@ Asynchronous runs train on their own (their server has no gate).
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import simpy
 import torch
 
-from fedsim.errors import FedsimError
-from fedsim.files import human_size
+from fedsim.errors import FedsimError, first_line
+from fedsim.files import human_size, resume_command
 from fedsim.runs.experiment import Experiment, RunResult, prepare_resume, resume_overrides
 from fedsim.sim.engine import finish_round_on_stop_signal
 from fedsim.sim.server import Server
@@ -68,10 +69,11 @@ class TrainGate:
 
 
 def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | None] = (),
-                 announce_stop: bool = True) -> list[RunResult]:
+                 announce_stop: bool = True) -> list[RunResult | Exception]:
     """Run `experiments` (each from its checkpoint state in `resumes`, if given) in lockstep;
-    their results, in order. Ctrl-C or SIGTERM stops every run after its round in progress
-    (`announce_stop`: with a line saying so; a worker process leaves that to the sweep)."""
+    their results, in order: a run that raised (its plugin's bug, a mistake found mid-run) gives
+    its exception, and the others go on. Ctrl-C or SIGTERM stops every run after its round in
+    progress (`announce_stop`: with a line saying so; a worker process leaves that to the sweep)."""
     resumes = list(resumes) or [None] * len(experiments)
     stop_signal = {"name": None}
     runs = f"the {len(experiments)} running points finish" if len(experiments) > 1 else "the running point finishes"
@@ -83,8 +85,15 @@ def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | Non
             for engine in engines:
                 if type(engine.server) is Server:
                     engine.server.gate = TrainGate(engine.env, evaluates_together(engine.server.device))
-            step_together(engines, experiments[0].threads)
-            return [e.end(plot_interrupted=False) for e in experiments]
+            failed = step_together(engines, experiments[0].threads)
+            results = []
+            for experiment, engine in zip(experiments, engines):
+                if engine in failed:  # its folder keeps its last checkpoint, as a crash leaves it
+                    experiment.lock.release()
+                    results.append(failed[engine])
+                else:
+                    results.append(experiment.end(plot_interrupted=False))
+            return results
     except BaseException:  # a run that raised: its directory is left as a crash leaves it, free to resume
         for experiment in experiments:
             experiment.lock.release()
@@ -106,10 +115,11 @@ def share_indexes(experiments: Sequence[Experiment]) -> None:
             experiment.index = same
 
 
-def step_together(engines, threads) -> None:
+def step_together(engines, threads) -> dict:
     """Step each engine until it waits at its gate, then train (and evaluate) what the gates
-    hold in shared calls, until every engine is done."""
-    live = engines
+    hold in shared calls, until every engine is done; the exception of each engine whose run
+    raised (by engine), which the others outlive."""
+    live, failed = engines, {}
     while live:
         for engine in live:
             gate = engine.server.gate
@@ -123,17 +133,23 @@ def step_together(engines, threads) -> None:
         if evaluating:
             for gate, result in zip(evaluating, evaluate_together([g.pending for g in evaluating], threads)):
                 gate.resolve(result)
-        raise_failure(live)
+        failed.update(failures(live))
         live = [e for e in live if not e.process.triggered]
+    return failed
 
 
-def raise_failure(engines) -> None:
-    """The exception of an engine whose run raised (a bug, a second Ctrl-C): stepped together,
-    an engine is left once its process is done, before SimPy would raise what ended it, and
-    its run would read as completed."""
+def failures(engines) -> dict:
+    """The exception of each engine whose run raised: stepped together, an engine is left once
+    its process is done, before SimPy would raise what ended it, and its run would read as
+    completed. A second Ctrl-C or SIGTERM (not an Exception) stops every run at once."""
+    found = {}
     for engine in engines:
         if engine.process.triggered and not engine.process.ok:
-            raise engine.process.value
+            if not isinstance(engine.process.value, Exception):
+                raise engine.process.value
+            engine.process.defused = True
+            found[engine] = engine.process.value
+    return found
 
 
 TOGETHER = 64  # points stepped in lockstep at once by the in-process backend
@@ -183,10 +199,32 @@ def run_batches(folder: Path, waiting: list[tuple[Point, str]], plotter, callbac
     """`waiting` ((point, state) pairs, in their groups' order) stepped in lockstep, up to `TOGETHER`
     points of one group at a time, as many as fit in memory beside each other (`_next_batch`);
     each point's status, and the signal that stopped them ("" if none: a signal stops them
-    after the batch it interrupted). `notes`: a line when a group runs in smaller batches."""
-    groups, _ = lockstep_groups([p for p, _ in waiting])
+    after the batch it interrupted). `notes`: a line when a group runs in smaller batches. A
+    point whose run raised keeps its last checkpoint while the others go on; the first such
+    point's line is raised once they are done."""
     state_of = {p.name: s for p, s in waiting}
     statuses: dict[str, str] = {}
+    failed: list[str] = []
+    stopped_by = ""
+    for batch, experiments, resumes in _batches(lockstep_groups([p for p, _ in waiting])[0], state_of, folder,
+                                                plotter, callbacks, notes):
+        for point, result in zip(batch, run_together(experiments, resumes, announce_stop)):
+            if isinstance(result, Exception):
+                failed.append(point_failure(folder, point.name, result))
+                statuses[point.name] = "failed"
+            else:
+                statuses[point.name] = result.status
+                stopped_by = stopped_by or (result.reason if result.status == "interrupted" else "")
+        if stopped_by:
+            break
+    if failed:
+        raise FedsimError(failed[0] + (f" ({len(failed) - 1} more points failed)" if len(failed) > 1 else ""))
+    return statuses, stopped_by
+
+
+def _batches(groups: list[list[Point]], state_of: dict, folder: Path, plotter, callbacks, notes: bool):
+    """Each group's points in batches that step together: (points, their experiments, their
+    checkpoint states), prepared as each batch comes."""
     for group in groups:
         left, noted = list(group), False
         while left:
@@ -195,14 +233,18 @@ def run_batches(folder: Path, waiting: list[tuple[Point, str]], plotter, callbac
                 print(_memory_note(len(group), experiments), file=sys.stderr, flush=True)
                 noted = True
             batch, left = left[:len(experiments)], left[len(experiments):]
-            stopped_by = ""
-            for point, result in zip(batch, run_together(experiments, resumes, announce_stop)):
-                statuses[point.name] = result.status
-                if result.status == "interrupted":
-                    stopped_by = result.reason
-            if stopped_by:
-                return statuses, stopped_by
-    return statuses, ""
+            yield batch, experiments, resumes
+
+
+def point_failure(folder: Path, name: str, error: Exception) -> str:
+    """The line of a point whose run raised, which keeps its last checkpoint: a mistake fedsim
+    found, or a bug (its traceback saved in the point's error.txt)."""
+    go_on = f"; fix that, then run `{resume_command('sweep', folder)}` to go on from its last checkpoint"
+    if isinstance(error, FedsimError):
+        return f"point {name}: {error}{go_on}"
+    log = folder / name / "error.txt"
+    log.write_text("".join(traceback.format_exception(error)))
+    return f"point {name}: its run failed with {type(error).__name__}: {first_line(error)} (traceback: {log}){go_on}"
 
 
 def _next_batch(points: list[Point], state_of: dict, folder: Path, plotter,
@@ -236,6 +278,7 @@ def _memory_note(points: int, batch: list[Experiment]) -> str:
 
 def _prepare(point: Point, state: str, run_dir, plotter, callbacks) -> tuple[Experiment, dict | None]:
     """A point's experiment, fresh or resumed from its checkpoint (and that checkpoint)."""
+    (run_dir / "error.txt").unlink(missing_ok=True)  # an earlier failure's traceback
     if state == "resume":
         return prepare_resume(run_dir, resume_overrides(point.config), False, plotter, callbacks)
     clear_for_new_run(run_dir)

@@ -113,8 +113,8 @@ def run_shares(study: Study, parts: list[list[tuple]], shown: StudyProgress,
                notes: bool = True) -> tuple[dict[str, str], str]:
     """Each of `parts` ((point, state) pairs) stepped by a worker process, its rounds and ends
     shown on `shown` (StudyProgress), its notes printed if `notes`; each point's status, and
-    the signal that stopped them ("" if none). A worker's error stops the others after their
-    round and is raised once they have checkpointed."""
+    the signal that stopped them ("" if none). A worker's error (a point that failed) is raised
+    once the others are done; a worker that dies stops the others after their round."""
     threads = max(1, usable_cores() // len(parts))
     workers = [_start(study, part, threads, len(parts), notes) for part in parts]
     statuses: dict[str, str] = {}
@@ -138,7 +138,8 @@ def run_shares(study: Study, parts: list[list[tuple]], shown: StudyProgress,
         for worker in workers:
             _end(worker)
     if failure:
-        raise FedsimError(failure[0])
+        others = f" (points of {len(failure) - 1} more worker process(es) failed too)" if len(failure) > 1 else ""
+        raise FedsimError(failure[0] + others)
     return statuses, stopped["name"]
 
 
@@ -194,14 +195,12 @@ def _gather(workers, shown, statuses: dict, failure: list, stopped: dict, study)
                 worker.finished = True
                 statuses.update(report["statuses"])
                 stopped["name"] = stopped["name"] or report["stopped_by"]
-            if "error" in report:
+            if "error" in report:  # (a point that failed: the other workers' points go on, as in one process)
                 worker.finished = True
-                if not failure:
-                    failure.append(report["error"])
-                    _signal_all(workers, signal.SIGTERM)  # the others finish their round and checkpoint
+                failure.append(report["error"])
             if "aborted" in report:
                 worker.finished = True
-                if failure:  # our own SIGTERM after another worker's error, which is raised once all end
+                if failure:  # our own SIGTERM after a worker died, which is raised once all end
                     continue
                 raise Stopped(report["aborted"])
             if "bug" in report:

@@ -97,6 +97,67 @@ def test_a_plugin_is_named_in_its_error_lines_as_the_config_names_it(cli_run, tm
                                        "checkpoints keep it\n")
 
 
+WRONG_ANSWERS = """
+import numpy as np
+
+from fedsim.algorithms import Strategy
+from fedsim.algorithms.fedavg import FedAvg
+
+
+class Twice(FedAvg):
+    def select(self, rnd, online, rng):
+        return np.concatenate([online[:2], online[:1]])
+
+
+class Offline(FedAvg):
+    def select(self, rnd, online, rng):
+        return np.array([999])
+
+
+class Fractional(FedAvg):
+    def local_steps(self, rnd, ids):
+        return np.full(len(ids), 2.5)
+
+
+class Stacked(FedAvg):
+    def aggregate(self, rnd, arrivals):
+        super().aggregate(rnd, arrivals)
+        self.params = self.params[None]
+
+
+class Doubled(FedAvg):
+    def aggregate(self, rnd, arrivals):
+        super().aggregate(rnd, arrivals)
+        self.params = self.params.double()
+
+
+class Ruleless(Strategy):
+    pass
+"""
+
+
+@pytest.mark.parametrize("name, says", [
+    ("Twice", "select(rnd=0, ...) returned device 0 twice ([0, 1, 0]); return distinct int ids among the `online` "
+              "ids it is given"),
+    ("Offline", "select(rnd=0, ...) returned device 999, which was not among the devices it was offered ([999])"),
+    ("Fractional", "local_steps(rnd=0, ids) returned [2.5, 2.5, 2.5] for 3 devices; return one whole number of steps "
+                   ">= 0 for each id (int64 [k])"),
+    ("Stacked", "after round 0's aggregate, self.params is (1, 2) torch.float32 on cpu, not the flat model (2,) "
+                "torch.float32 on cpu"),
+    ("Doubled", "after round 0's aggregate, self.params is (2,) torch.float64 on cpu, not the flat model (2,) "
+                "torch.float32 on cpu"),
+    ("Ruleless", "has no aggregate(self, rnd, arrivals), the rule that moves the global model each round"),
+])
+def test_a_plugins_wrong_answer_to_the_engine_is_one_line_naming_it(cli_run, tmp_path, monkeypatch, name, says):
+    """Where the wrong answer would otherwise train a device twice, count an offline device as
+    dropped, truncate steps, or fail rounds later inside torch."""
+    monkeypatch.chdir(tmp_path)
+    plugin_module(tmp_path, "wrong_answers", WRONG_ANSWERS)
+    cli_run(config(f"wrong_answers:{name}"), name="bad", expect=2)
+    err = cli_run.last_output.err
+    assert err.count("\n") == 1 and err.startswith(f"error: algorithm 'wrong_answers:{name}'") and says in err, err
+
+
 LINEAR_MODEL = '''
 import math
 

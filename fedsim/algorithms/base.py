@@ -145,6 +145,9 @@ class Strategy:
         self.selector.setup(ctx)
         self.server_optimizer = ServerOptimizer(
             ctx.server_optimizer or ServerOptimizerConfig(lr=ctx.server_lr), params)
+        if type(self).aggregate is Strategy.aggregate and type(self).receive is Strategy.receive:
+            raise FedsimError(f"algorithm {self.name!r} has no aggregate(self, rnd, arrivals), the rule that moves "
+                              "the global model each round; define it (docs/extending.md)")
         before = set(vars(self))
         self.init_state(params.detach().clone())
         missing = [name for name in self.state if not hasattr(self, name)]
@@ -223,6 +226,47 @@ class Strategy:
         return np.full(len(ids), self.ctx.local_steps, dtype=np.int64)
 
     # --- what the engine hands back -----------------------------------------------------------
+    # --- what the engine checks of a plugin's answers (a built-in's are right by construction) -----
+    @property
+    def _own_code(self) -> bool:
+        """Whether this is a user's algorithm (not fedsim's own module), whose answers are checked."""
+        return type(self).__module__.split(".")[0] != "fedsim"
+
+    def invitations(self, rnd: int, choices: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """`select`'s ids (int64), checked for a user's algorithm: distinct ids among `choices`
+        (a duplicate would train twice, an offline device count as dropped)."""
+        ids = np.asarray(self.select(rnd, choices, rng))
+        if self._own_code and ids.size:
+            wrong = ("not a list of device ids" if ids.ndim != 1 or ids.dtype.kind not in "iu" else
+                     f"device {_repeated(ids)} twice" if len(np.unique(ids)) < len(ids) else
+                     f"device {ids[~np.isin(ids, choices)][0]}, which was not among the devices it was offered"
+                     if not np.isin(ids, choices).all() else "")
+            if wrong:
+                raise FedsimError(f"algorithm {self.name!r}: select(rnd={rnd}, ...) returned {wrong} ({_shown(ids)}); "
+                                  "return distinct int ids among the `online` ids it is given")
+        return ids.astype(np.int64)
+
+    def steps_of(self, rnd: int, ids: np.ndarray) -> np.ndarray:
+        """`local_steps` (int64 [k]), checked for a user's algorithm: a whole number >= 0 for each id."""
+        steps = np.asarray(self.local_steps(rnd, ids))
+        if self._own_code and (steps.shape != ids.shape or steps.dtype.kind not in "iuf" or
+                               (steps.size and (steps.min() < 0 or not np.array_equal(steps, np.floor(steps))))):
+            raise FedsimError(f"algorithm {self.name!r}: local_steps(rnd={rnd}, ids) returned {_shown(steps)} for "
+                              f"{len(ids)} devices; return one whole number of steps >= 0 for each id (int64 [k])")
+        return steps.astype(np.int64)
+
+    def check_model(self, rnd: int, like: Tensor) -> None:
+        """After a user's algorithm aggregated: the global model is still a flat float32 vector
+        of `like`'s size on its device (a shape or dtype gone wrong fails far from its cause)."""
+        params = getattr(self, "params", None)
+        if self._own_code and not (isinstance(params, Tensor) and params.shape == like.shape and
+                                   params.dtype == like.dtype and params.device == like.device):
+            got = (f"{tuple(params.shape)} {params.dtype} on {params.device}" if isinstance(params, Tensor)
+                   else type(params).__name__)
+            raise FedsimError(f"algorithm {self.name!r}: after round {rnd}'s aggregate, self.params is {got}, not the "
+                              f"flat model ({like.shape[0]},) {like.dtype} on {like.device}; keep it so (e.g. "
+                              "self.params + update, not a [k, d] table or .double())")
+
     def receive(self, rnd: int, arrivals: Arrivals) -> None:
         """The engine's entry point after each round: the selection policy learns what arrived
         (a device that dropped did not participate), then the algorithm aggregates."""
@@ -368,6 +412,17 @@ REGISTRY = ALGORITHMS
 
 def register(cls: type[Strategy]) -> type[Strategy]:
     return ALGORITHMS.register(cls.name, cls)
+
+
+def _repeated(ids: np.ndarray) -> int:
+    values, counts = np.unique(ids, return_counts=True)
+    return int(values[counts > 1][0])
+
+
+def _shown(values: np.ndarray) -> str:
+    """A few of a plugin's returned values, on one line."""
+    flat = np.ravel(values)
+    return str(flat[:6].tolist())[:-1] + (", ...]" if flat.size > 6 else "]")
 
 
 def _holds_numbers(value: Any) -> bool:

@@ -144,7 +144,9 @@ class BufferedServer(Server):
         # the dropped and late tasks of this aggregation, and how long the server waited on each
         arrivals.missed = self._ids(resolved)
         arrivals.waited_s = np.array([d.ends_at[pos] - d.at for d, pos, _ in resolved], dtype=np.float64)
+        model = self.strategy.params
         self.strategy.receive(rnd, arrivals)
+        self.strategy.check_model(rnd, model)
         self.ran_this_version[:] = False
         outcome = np.array([o for _, _, o in resolved], dtype=object)  # the tasks' reports
         events = self._events(rnd, taken, resolved)
@@ -255,13 +257,13 @@ class BufferedServer(Server):
             return np.empty(0, dtype=np.int64)
         self.dispatches += 1
         rng = np.random.default_rng([self.seed, rnd, self.dispatches, 0xA5])
-        ids = np.asarray(self.strategy.select(rnd, candidates, rng), dtype=np.int64)
+        ids = self.strategy.invitations(rnd, candidates, rng)
         if len(ids) > free:
             ids = np.sort(rng.choice(ids, size=free, replace=False))
         if not len(ids):
             return ids
         now = self.env.now
-        steps = np.asarray(self.strategy.local_steps(rnd, ids), dtype=np.int64)
+        steps = self.strategy.steps_of(rnd, ids)
         if self.fit_deadline:
             steps = self.rounds.steps_that_fit(ids, steps, self.trainer.samples, now, now + self.cfg.deadline)
         tasks = self.rounds.tasks(rnd, ids, self.trainer.samples(ids, steps), steps, now)

@@ -104,8 +104,8 @@ class Server:
         if candidates is not None:
             held = 4 * strategy.params.numel()  # the global model, which the question sends
             invited_at, choices, questions = yield from self.ask(rnd, candidates, t0, held, max_time)
-        ids = np.asarray(strategy.select(rnd, choices, rng), dtype=np.int64)
-        steps = np.asarray(strategy.local_steps(rnd, ids), dtype=np.int64)
+        ids = strategy.invitations(rnd, choices, rng)
+        steps = strategy.steps_of(rnd, ids)
         if self.fit_deadline and len(ids):
             steps = self.rounds.steps_that_fit(ids, steps, self.trainer.samples, invited_at,
                                                t0 + self.rounds.deadline(rnd), held)
@@ -138,6 +138,7 @@ class Server:
             return Stop(f"max_time {max_time:g} s reached before the round in progress closed (it is not counted)",
                         resume_at=begun)
         outcome = self.outcomes(tasks, arrived_pos, close_at)
+        model = strategy.params  # (what the round's aggregation must leave a model like)
         if failed:
             strategy.refuse(rnd)
             loss = None
@@ -148,6 +149,7 @@ class Server:
             arrivals.missed, arrivals.waited_s = self.missed(tasks, ids, arrived_pos, env.now)
             strategy.receive(rnd, arrivals)
             loss = float(arrivals.loss.mean()) if len(arrivals) else None
+        strategy.check_model(rnd, model)
         events = task_events(rnd, ids, tasks, outcome, steps, stop_at=close_at, wasted=failed)
         extra = {"wasted_s": wasted_seconds(events)}
         round_deadline = self.rounds.deadline(rnd)

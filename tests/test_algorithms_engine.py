@@ -514,3 +514,21 @@ def test_resume_continues_the_algorithm_state_exactly(cli_run, name, options):
     a, b = rounds(whole).drop("wall_s"), rounds(half).drop("wall_s")
     assert a.equals(b)
     assert np.array_equal(final_x(whole), final_x(half))
+
+
+def test_algorithms_that_invite_nobody_or_draw_their_own_sample_are_not_warned_or_charged_for_it(cli_run):
+    """sequential-sgd invites nobody by design (no participation warning); fedavg-wait draws its
+    own sample, so a selection policy given for a comparison's other algorithms keeps no state in
+    its server memory (Oort's per-device table)."""
+    import json
+
+    config = {"run": {"rounds": 6, "eval_every": 6, "algorithms": ["fedavg-wait", "sequential-sgd", "fedavg"]},
+              "data": {"dataset": "digits", "clients": 12}, "server": {"timing": "ideal", "clients_per_round": 4},
+              "client": {"local_steps": 2, "batch_size": 8}}
+    plain = cli_run(config, name="plain")
+    oort = cli_run({**config, "algorithm": {"selection": "oort"}}, name="oort")
+    manifest = {(run, a): json.loads((run / a / "manifest.json").read_text())
+                for run in (plain, oort) for a in ("fedavg-wait", "sequential-sgd", "fedavg")}
+    assert not any("participation" in w for w in manifest[plain, "sequential-sgd"]["warnings"])
+    assert manifest[oort, "fedavg-wait"]["server_memory_bytes"] == manifest[plain, "fedavg-wait"]["server_memory_bytes"]
+    assert manifest[oort, "fedavg"]["server_memory_bytes"] > manifest[plain, "fedavg"]["server_memory_bytes"]

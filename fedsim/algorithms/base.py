@@ -128,6 +128,10 @@ class Strategy:
     # whether `aggregate` reads `Arrivals.start` (the asynchronous server then keeps each task's
     # start parameters until it ends, as the device would)
     needs_start: ClassVar[bool] = False
+    # whether its rounds invite devices (sequential-sgd trains on the pooled data instead) and
+    # choose them through `[algorithm] selection` (fedavg-wait draws its own sample)
+    invites_devices: ClassVar[bool] = True
+    uses_selection: ClassVar[bool] = True
 
     params: Tensor
     local_objective: LocalObjective = PLAIN  # terms added to the devices' local loss
@@ -139,7 +143,7 @@ class Strategy:
         self.ctx = ctx
         self.opt = {**self.options, **ctx.options}
         self.validate()
-        policy = ctx.selection or self.selection
+        policy = (ctx.selection if self.uses_selection else "") or self.selection
         selector = SELECTIONS.lookup(policy, "[algorithm] selection")
         self.selector: Selector = selector(n_devices, self.budget())
         self.selector.setup(ctx)

@@ -17,6 +17,7 @@ from fedsim.errors import FedsimError
 class SequentialSgd(Strategy):
     name = "sequential-sgd"
     state = ("params", "pending", "taken")
+    invites_devices = False
 
     def validate(self):
         if self.ctx.train_pooled is None:

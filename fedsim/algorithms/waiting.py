@@ -30,6 +30,7 @@ class FedAvgWait(FedAvg):
     name = "fedavg-wait"
     options = ALGORITHM_OPTIONS["fedavg-wait"]
     state = ("params", "sample", "arrived", "delta_sum", "waited", "drawn_at")
+    uses_selection = False  # (its own draw of S devices; a study's selection for the others is left aside)
 
     def validate(self):
         check_range(self, "S", 0, self.ctx.n_devices,

@@ -26,7 +26,8 @@ INVITED_AT_LEAST = 5
 
 def run_warnings(run, status: str, sim_time: float) -> list[str]:
     """`run`: the Experiment; coverage is judged once the run has ended (not while `running`)."""
-    warnings = participation_warnings(run.recorder, rounds=run.config.server.mode == "sync")
+    warnings = participation_warnings(run.recorder, rounds=run.config.server.mode == "sync") \
+        if run.strategy.invites_devices else []
     if status != "running" and run.coverage_matters:
         warnings += coverage_warning(sim_time, run.index.horizon)
     if run.config.server.timing == "model":

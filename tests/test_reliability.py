@@ -1365,12 +1365,15 @@ CASES = [
     case("server-optimizer-unknown", "run quickstart --set algorithm.server_optimizer='yogy'",
          r"^error: --set algorithm\.server_optimizer='yogy': \[algorithm\] server_optimizer = 'yogy' is not valid; did you mean 'yogi'\? \(one of: sgd, momentum, "
          r"adam, adagrad, yogi\)$"),
-    case("fedasync-in-sync-rounds", RUN, r"^error: \S+c\.toml: \[algorithm\] 'fedasync' mixes each update into the model "
+    case("fedasync-in-sync-rounds", RUN, r"^error: \S+c\.toml: \[algorithm\] name = 'fedasync' mixes each update into the model "
          r"as it arrives \(Xie et al\.\), which needs \[server\] mode = 'async' and buffer = 1; set both, or choose "
          r"another algorithm for synchronous rounds$", **{"c.toml": config(algorithm={"name": "fedasync"})}),
-    case("fedasync-in-a-sync-comparison", RUN, r"\[algorithm\] 'fedasync' mixes each update .* needs \[server\] mode = "
+    case("fedasync-in-a-sync-comparison", RUN, r"\[run\] algorithms \(with 'fedasync'\) mixes each update .* needs \[server\] mode = "
          r"'async'", **{"c.toml": config(run={"algorithms": ["fedavg", "fedasync"]})}),
-    case("fedasync-with-a-buffer", RUN, r"^error: \S+c\.toml: \[algorithm\] 'fedasync' applies every arrival on its own, "
+    case("fedasync-by-set-with-a-buffer", "run quickstart --set server.mode=async --set algorithm.name=fedasync "
+         "--set run.algorithms=[]", r"^error: --set algorithm\.name=fedasync: \[algorithm\] name = 'fedasync' applies "
+         r"every arrival on its own, so \[server\] buffer = 10 must be 1 "),
+    case("fedasync-with-a-buffer", RUN, r"^error: \S+c\.toml: \[algorithm\] name = 'fedasync' applies every arrival on its own, "
          r"so \[server\] buffer = 10 must be 1 \(each arrival one aggregation, its staleness counted in them\); set "
          r"\[server\] buffer = 1$", **{"c.toml": config(algorithm={"name": "fedasync"},
                                                         server={"mode": "async", "timing": "model"})}),

@@ -872,12 +872,14 @@ def _check_fedasync(config: Config, origin: str) -> None:
     if "fedasync" not in [config.algorithm.name, *config.run.algorithms]:
         return
     server = config.server
+    named = "[run] algorithms (with 'fedasync')" if "fedasync" in config.run.algorithms else \
+        "[algorithm] name = 'fedasync'"
     if server.mode != "async":
-        raise FedsimError(f"{origin}: [algorithm] 'fedasync' mixes each update into the model as it arrives "
+        raise FedsimError(f"{origin}: {named} mixes each update into the model as it arrives "
                           "(Xie et al.), which needs [server] mode = 'async' and buffer = 1; set both, or "
                           "choose another algorithm for synchronous rounds")
     if server.buffer != 1:
-        raise FedsimError(f"{origin}: [algorithm] 'fedasync' applies every arrival on its own, so [server] buffer "
+        raise FedsimError(f"{origin}: {named} applies every arrival on its own, so [server] buffer "
                           f"= {server.buffer} must be 1 (each arrival one aggregation, its staleness counted in "
                           "them); set [server] buffer = 1")
     staleness = config.algorithm.options.get("staleness", ALGORITHM_OPTIONS["fedasync"]["staleness"])

@@ -1370,6 +1370,12 @@ CASES = [
          r"another algorithm for synchronous rounds$", **{"c.toml": config(algorithm={"name": "fedasync"})}),
     case("fedasync-in-a-sync-comparison", RUN, r"\[run\] algorithms \(with 'fedasync'\) mixes each update .* needs \[server\] mode = "
          r"'async'", **{"c.toml": config(run={"algorithms": ["fedavg", "fedasync"]})}),
+    case("algorithm-known-as-fedadam", "run quickstart --set run.algorithms=[\"fedavg\",\"FedAdam\"]",
+         r"^error: --set run\.algorithms=\[\"fedavg\",\"FedAdam\"\]: \[run\] algorithms = 'FedAdam' is unknown by that name: "
+         r"it is 'fedavg' with \[algorithm\] server_optimizer = 'adam' \(one of: fedavg, "),
+    case("algorithm-known-as-oort", "run quickstart --set algorithm.name=oort --set run.algorithms=[]",
+         r"^error: --set algorithm\.name=oort: \[algorithm\] name = 'oort' is unknown by that name: it is a selection "
+         r"policy: \[algorithm\] selection = 'oort' "),
     case("fedasync-by-set-with-a-buffer", "run quickstart --set server.mode=async --set algorithm.name=fedasync "
          "--set run.algorithms=[]", r"^error: --set algorithm\.name=fedasync: \[algorithm\] name = 'fedasync' applies "
          r"every arrival on its own, so \[server\] buffer = 10 must be 1 "),

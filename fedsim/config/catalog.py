@@ -32,7 +32,12 @@ ALGORITHMS = Registry("a subclass of fedsim.algorithms.Strategy", "fedsim.algori
     "fednova": "fedsim.algorithms.fednova:FedNova",
     "scaffold": "fedsim.algorithms.scaffold:Scaffold",
     "feddyn": "fedsim.algorithms.feddyn:FedDyn",
-}, group="fedsim.algorithms")
+}, group="fedsim.algorithms", known_as={
+    **{f"fed{opt}": f"'fedavg' with [algorithm] server_optimizer = '{opt}'" for opt in ("adam", "adagrad", "yogi")},
+    "fedavgm": "'fedavg' with [algorithm] server_optimizer = 'momentum' (and server_momentum, default 0.9)",
+    "oort": "a selection policy: [algorithm] selection = 'oort' (with 'fedavg' or another algorithm)",
+    "power-of-choice": "a selection policy: [algorithm] selection = 'power-of-choice'",
+})
 
 # the own config keys of the built-in algorithms with their typed defaults (each class's
 # `options` is its entry): declared here, so that a config is checked without importing the

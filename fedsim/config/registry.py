@@ -40,9 +40,12 @@ class Registry(MutableMapping):
     """
 
     def __init__(self, what: str, accepts: Callable[[Any], bool] | str, built_ins: dict[str, Any],
-                 group: str | None = None):
+                 group: str | None = None, known_as: dict[str, str] | None = None):
+        """`known_as`: names people call a built-in setting by, with how to set it here ("fedadam":
+        fedavg with server_optimizer = 'adam'), which "did you mean" (close spellings) would not find."""
         self.what, self._accepts, self.group = what, accepts, group
         self._entries: dict[str, Any] = dict(built_ins)
+        self.known_as = known_as or {}
 
     def accepts(self, obj: Any) -> bool:
         if isinstance(self._accepts, str):
@@ -90,7 +93,15 @@ class Registry(MutableMapping):
             if self.group and module and attribute and not did_you_mean(name, self.names()):  # `my_nets.make`
                 raise FedsimError(f"{where} = {name!r} is unknown; a plugin is named 'module:attribute': did you mean "
                                   f"'{module}:{attribute}'? (built-in: {', '.join(self.names())})")
-            raise choice_error(where, name, self.names())
+            raise self.unknown(name, where)
+
+    def unknown(self, name: str, where: str) -> FedsimError:
+        """The error for a name that nothing here goes by: what it is called here, if people call
+        a setting by it, else the closest name."""
+        if name.lower() in self.known_as:
+            return FedsimError(f"{where} = {name!r} is unknown by that name: it is {self.known_as[name.lower()]} "
+                               f"(one of: {', '.join(self.names())})")
+        return choice_error(where, name, self.names())
 
     def lookup(self, name: str, where: str) -> Any:
         """The object registered, importable or installed under `name` (FedsimError if none)."""
@@ -103,7 +114,7 @@ class Registry(MutableMapping):
         else:
             found = [ep for ep in self._plugins() if ep.name == name]
             if not found:
-                raise choice_error(where, name, self.names())
+                raise self.unknown(name, where)
             obj = self._load(found[0].value, where, f"entry point {name!r} of {self.group}")
         if not self.accepts(obj):
             raise FedsimError(f"{where} = {name!r} is {obj!r}, which is not {self.what}")

@@ -19,11 +19,11 @@ from fedsim.results.run_format import read_manifest, use_recorded_plugin_folders
 
 
 def server_memory(n_bytes: int) -> str:
-    """`2.5KB`, `6.1MB`, `1.2GB` (binary units, as the table always printed kilobytes)."""
-    for unit, size in (("GB", 1024 ** 3), ("MB", 1024 ** 2)):
+    """`2.5KiB`, `6.1MiB`, `1.2GiB` (binary units, named so)."""
+    for unit, size in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2)):
         if n_bytes >= size:
             return f"{n_bytes / size:.1f}{unit}"
-    return f"{n_bytes / 1024:.1f}KB"
+    return f"{n_bytes / 1024:.1f}KiB"
 
 
 def _summary_table(result) -> str:

@@ -321,7 +321,7 @@ def test_report_of_a_real_comparison_and_the_run_table_with_targets(comparison, 
     hit = doc["runs"][0]["targets"][0]
     assert line.split()[-2:] == [hit_time(Hit(hit["rounds"], hit["time_s"], hit["interpolated"])), "never"]
     from fedsim.cli import server_memory
-    assert [server_memory(n) for n in (2560, 6_413_926, 3 * 1024 ** 3)] == ["2.5KB", "6.1MB", "3.0GB"]
+    assert [server_memory(n) for n in (2560, 6_413_926, 3 * 1024 ** 3)] == ["2.5KiB", "6.1MiB", "3.0GiB"]
 
 
 # -- waiting, and one rule wherever a time to target is told (issue 37) -------------------------

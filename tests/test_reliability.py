@@ -1376,6 +1376,9 @@ CASES = [
     case("algorithm-known-as-oort", "run quickstart --set algorithm.name=oort --set run.algorithms=[]",
          r"^error: --set algorithm\.name=oort: \[algorithm\] name = 'oort' is unknown by that name: it is a selection "
          r"policy: \[algorithm\] selection = 'oort' "),
+    case("fedasync-beside-fedbuff", "run quickstart --set server.mode=async --set run.algorithms=[\"fedbuff\",\"fedasync\"]",
+         r"buffer = 10 must be 1 .*; set \[server\] buffer = 1; to compare it with algorithms of a larger buffer, sweep "
+         r"them in a study with zip = \[\[\"algorithm\.name\", \"server\.buffer\"\]\] \(docs/studies\.md\)$"),
     case("fedasync-by-set-with-a-buffer", "run quickstart --set server.mode=async --set algorithm.name=fedasync "
          "--set run.algorithms=[]", r"^error: --set algorithm\.name=fedasync: \[algorithm\] name = 'fedasync' applies "
          r"every arrival on its own, so \[server\] buffer = 10 must be 1 "),

@@ -881,7 +881,10 @@ def _check_fedasync(config: Config, origin: str) -> None:
     if server.buffer != 1:
         raise FedsimError(f"{origin}: {named} applies every arrival on its own, so [server] buffer "
                           f"= {server.buffer} must be 1 (each arrival one aggregation, its staleness counted in "
-                          "them); set [server] buffer = 1")
+                          "them); set [server] buffer = 1" + (
+                              "; to compare it with algorithms of a larger buffer, sweep them in a study with "
+                              'zip = [["algorithm.name", "server.buffer"]] (docs/studies.md)'
+                              if len(config.run.algorithms) > 1 else ""))
     staleness = config.algorithm.options.get("staleness", ALGORITHM_OPTIONS["fedasync"]["staleness"])
     for key, reader in FEDASYNC_KEYS.items():
         if key in config.algorithm.options and staleness != reader:

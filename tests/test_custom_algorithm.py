@@ -171,3 +171,30 @@ def test_a_strategy_that_needs_start_gets_each_arrivals_start_parameters(tmp_pat
     ours = fedsim.run(run_config(tmp_path, "returned", 20, "returned-models"), progress=False)
     fedavg = fedsim.run(run_config(tmp_path, "fedavg", 20, "fedavg"), progress=False)
     np.testing.assert_allclose(final_x(ours.run_dir), final_x(fedavg.run_dir), atol=1e-6)
+
+
+def test_a_callback_that_returns_nothing_adds_nothing_and_a_wrong_answer_is_one_line(tmp_path):
+    from fedsim.runs.callbacks import Callback
+
+    seen = []
+
+    class Printer(Callback):  # returns None everywhere, as a callback that only looks often does
+        def on_start(self, run, metrics):
+            seen.append("start")
+
+        def on_round(self, run, outcome, metrics):
+            seen.append(outcome.round)
+
+        def on_end(self, run, result, metrics):
+            seen.append("end")
+
+    class Listing(Callback):
+        def on_round(self, run, outcome, metrics):
+            return [False, {}]
+
+    result = fedsim.run(run_config(tmp_path, "quiet", 3, "fedavg"), progress=False, callbacks=[Printer()])
+    assert result.status == "completed" and seen == ["start", 0, 1, 2, "end"]
+    with pytest.raises(fedsim.FedsimError) as err:
+        fedsim.run(run_config(tmp_path, "bad", 3, "fedavg"), progress=False, callbacks=[Listing()])
+    assert str(err.value) == ("callback Listing: on_round returned [False, {}]; return (stop, metrics), e.g. "
+                              "(False, {}) (docs/extending.md, \"Callbacks\")")

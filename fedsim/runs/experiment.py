@@ -125,6 +125,16 @@ def check_async_deadline(config: Config, task_s: np.ndarray, ever_online: np.nda
             f"no update would ever arrive and the buffer never fills; {fix}")
 
 
+def callback_metrics(callback, method: str, metrics) -> dict:
+    """What a user's callback method returned as metrics: a dict, or None for none."""
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, dict):
+        raise FedsimError(f"callback {type(callback).__name__}: {method} returned {metrics!r}, not a dict of metrics; "
+                          "return {} (or None) for none (docs/extending.md, \"Callbacks\")")
+    return metrics
+
+
 class Experiment:
     """One algorithm on one trace/task: builds the parts once, then `run()`s the engine.
 
@@ -302,7 +312,7 @@ class Experiment:
         self.chain = self.callbacks()
         gathered: dict = {}
         for callback in self.chain:
-            gathered.update(callback.on_start(self, gathered))
+            gathered.update(callback_metrics(callback, "on_start", callback.on_start(self, gathered)))
         self.engine = Engine(self.server, rounds=cfg.run.rounds, max_time=cfg.run.max_time,
                              start_round=self.start_round, on_round=self._on_round,
                              stop_signal=stop_signal, diverged=self._diverged,
@@ -317,8 +327,12 @@ class Experiment:
         """The callbacks of a round, in order; why the run should stop now, or False."""
         metrics, stop = {}, False
         for callback in self.chain:
-            wants, more = callback.on_round(self, outcome, metrics)
-            metrics.update(more)
+            answer = callback.on_round(self, outcome, metrics)
+            if answer is not None and not (isinstance(answer, tuple) and len(answer) == 2):
+                raise FedsimError(f"callback {type(callback).__name__}: on_round returned {answer!r}; return "
+                                  "(stop, metrics), e.g. (False, {}) (docs/extending.md, \"Callbacks\")")
+            wants, more = answer or (False, {})
+            metrics.update(callback_metrics(callback, "on_round", more))
             if wants and not stop:
                 stop = wants if isinstance(wants, str) else f"stopped by {type(callback).__name__}"
         return stop
@@ -345,7 +359,7 @@ class Experiment:
             with self.threads.work(self.task.evaluate_flops()):
                 self.recorder.device_info.update(self.task.device_metrics(self.strategy.params))
         for callback in self.chain:  # (the last checkpoint writes the tables)
-            metrics.update(callback.on_end(self, result, metrics))
+            metrics.update(callback_metrics(callback, "on_end", callback.on_end(self, result, metrics)))
         self.recorder.finish()
         save_torch(self.run_dir / "model.pt", self.task.state_dict(self.strategy.params))
         write_manifest(self, result, self._host_s())

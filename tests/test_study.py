@@ -176,6 +176,14 @@ def test_bad_studies_are_one_line_and_run_nothing(tmp_path, capsys, sweep_table,
     assert not (tmp_path / "runs").exists()
 
 
+def test_an_algorithm_key_no_algorithm_of_the_study_takes_is_suggested_from_all_of_them(tmp_path, capsys):
+    path = write_study(tmp_path, {"algorithm.name": ["fedavg", "mifa"]})
+    sweep(path, "--set", "algorithm.wramup=true", expect=2)
+    assert capsys.readouterr().err == ("error: --set algorithm.wramup=true: unknown key [algorithm] wramup (none of "
+                                       "the study's algorithms fedavg, mifa takes it); did you mean 'warmup'?\n")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_another_study_in_the_same_folder_is_refused(grid, tmp_path, capsys):
     path = write_study(tmp_path, {"run.seed": [0, 1]})
     raw = path.read_text().replace(f'out = "{tmp_path / "runs"}"', f'out = "{grid.parent}"')

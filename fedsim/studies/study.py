@@ -29,7 +29,7 @@ from fedsim.config import (AlgorithmConfig, Config, DataConfig, TraceConfig, alg
                            is_study, parse_override, plain_folder_name, read_toml, scenario_names, scenario_path,
                            selection_options, trace_options)
 from fedsim.config.layers import SET, Layered, drop_unselected, layered_config
-from fedsim.config.schema import FILE_KEYS, absolute_file_keys, takes_one_value
+from fedsim.config.schema import FILE_KEYS, _field_names, absolute_file_keys, suggest, takes_one_value
 from fedsim.errors import FedsimError
 
 MAX_POINTS = 10_000  # more need --yes
@@ -143,6 +143,7 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
                           "'/', '\\' or line breaks (the study folder is [run] out / name)")
     folder = given or Path(base.get("run", {}).get("out", "runs")) / name
     chosen = _study_choices(base, axes, warm)
+    _check_algorithm_keys(base, chosen, origins, path)
     raws = []
     for values in grid:
         raw_point = {section: dict(body) for section, body in base.items()}
@@ -241,6 +242,24 @@ def _study_choices(base: dict, axes: dict[str, list], warm: dict) -> dict[tuple[
                  *axes.get(f"{section}.{key}", [])]
         chosen[(section, key)] = [n for n in dict.fromkeys(names) if isinstance(n, str)]
     return chosen
+
+
+def _check_algorithm_keys(base: dict, chosen: dict, origins: dict, path: Path) -> None:
+    """A study of several algorithms: an [algorithm] key that none of them (nor their selection
+    policies) takes is one line whose suggestion looks at all of them (a point's own check
+    would name its first algorithm's keys only)."""
+    algorithms = chosen[("algorithm", "name")]
+    if len(algorithms) < 2 or not isinstance(base.get("algorithm"), dict):
+        return
+    try:
+        valid = {*_field_names(AlgorithmConfig), *(k for name in algorithms for k in algorithm_options(name)),
+                 *(k for policy in chosen[("algorithm", "selection")] for k in selection_options(policy))}
+    except FedsimError:
+        return  # an unknown name: the points' checks say so
+    for key in base["algorithm"]:
+        if key not in valid:
+            raise FedsimError(f"{origins.get(('algorithm', key), path)}: unknown key [algorithm] {key} (none of the "
+                              f"study's algorithms {', '.join(algorithms)} takes it); {suggest(key, valid)}")
 
 
 def _own_keys(raw: dict, chosen: dict[tuple[str, str], list[str]]) -> None:

@@ -319,7 +319,8 @@ def test_algorithm_keys_of_the_other_algorithms_are_dropped_per_point(tmp_path, 
     assert "\nbeta = " not in (folder / "algorithm-fedavg_seed-0" / "config.toml").read_text()
     typo = write_study(tmp_path, {"algorithm.name": ["fedavg", "mifa"]}, algorithm={"warmpu": True})
     sweep(typo, expect=2)
-    assert "unknown key [algorithm] warmpu for 'fedavg'" in capsys.readouterr().err
+    assert "unknown key [algorithm] warmpu (none of the study's algorithms fedavg, mifa takes it); did you mean " \
+           "'warmup'?" in capsys.readouterr().err
 
 
 def test_a_study_is_not_the_base_of_another(tmp_path, capsys):

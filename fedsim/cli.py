@@ -498,7 +498,7 @@ def choices_listing() -> str:
             ("[devices] classes", list(profiles.NAMES)),
             ("fedsim trace convert --from", catalog.CONVERTERS.names())]
     lines = [f"  {where}: {', '.join(names)}" for where, names in rows]
-    return ("valid names (algorithms, models and generators also take a plugin's "
+    return ("valid names (algorithms, selection policies, models and generators also take a plugin's "
             "'module:Name'; see docs/extending.md):\n" + "\n".join(lines))
 
 

@@ -158,8 +158,8 @@ def test_each_numeric_rule_is_checked_from_the_metadata(section, f):
     ({"trace": {"days": -2}}, "c.toml: [trace] days = -2.0 must be >= 0 (0 = long enough for the run)"),
     ({"run": {"threads": 0}}, 'c.toml: [run] threads = 0 must be "auto" (chosen by each call\'s work) '
                               "or a number of threads >= 1"),
-    ({"algorithm": {"selection": "uniformm"}}, "c.toml: [algorithm] selection = 'uniformm' is not "
-     "valid; did you mean 'uniform'? (one of: all, uniform, regularized, longest-absent, power-of-choice, oort)"),
+    ({"algorithm": {"selection": "uniformm"}}, "c.toml: [algorithm] selection = 'uniformm' is "
+     "unknown; did you mean 'uniform'? (one of: all, uniform, regularized, longest-absent, power-of-choice, oort)"),
     ({"devices": {"model": "fixed"}}, "c.toml: [devices] model = 'fixed' is not valid (one of: "
      "profiles, constant, lognormal, halfnormal, table)"),
 ])

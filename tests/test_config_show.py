@@ -80,8 +80,9 @@ def test_every_key_of_every_section_with_its_meaning_and_rule():
     assert lines[("server", "deadline")][2].endswith("(> 0); default 600.0")
     assert lines[("data", "majority")][2].endswith("(in [0, 1])")
     assert lines[("algorithm", "selection")] == (
-        False, '""', 'whom the server invites among the online devices (one of: all, uniform, '
-                     'regularized, longest-absent, power-of-choice, oort; "" = the algorithm\'s default policy)')
+        False, '""', 'whom the server invites among the online devices (all, uniform, regularized, '
+                     'longest-absent, power-of-choice, oort, or a plugin\'s \'module:Name\'; "" = the algorithm\'s '
+                     'default policy)')
     assert lines[("run", "targets")][1] == "[]" and lines[("model", "init")][1] == "[]"
     assert "or a plugin's 'module:Name'" in lines[("algorithm", "name")][2]
 

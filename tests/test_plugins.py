@@ -53,6 +53,43 @@ def test_a_module_path_plugin_runs_resumes_and_equals_the_builtin_momentum(cli_r
     assert np.array_equal(final_x(half), final_x(plugin))
 
 
+def test_a_selection_policy_plugin_runs_keeps_its_state_and_takes_its_own_keys(cli_run, tmp_path, monkeypatch):
+    """`[algorithm] selection = "module:Class"`: 6 devices always online, 2 invited a round by
+    fewest arrivals so far: after 9 rounds every device arrived 3 times; its table is
+    checkpointed (a resumed run equals an uninterrupted one bit for bit) and counted in server
+    memory; its own key is a config key (typo suggested)."""
+    import polars as pl
+
+    monkeypatch.chdir(tmp_path)
+    plugin_module(tmp_path, "fewest", doc_blocks("fewest.py")[0])  # docs/extending.md's, as written
+    targets = [[float(i), 0.0] for i in range(6)]
+
+    def fewest(rounds_, **options):
+        cfg = quadratic_config(targets, rounds=rounds_, algorithm="fedavg")
+        cfg["algorithm"].update(selection="fewest:Fewest", **options)
+        cfg["server"]["clients_per_round"] = 2
+        return cfg
+
+    whole = cli_run(fewest(9), name="whole")
+    events = pl.read_parquet(whole / "events.parquet")
+    assert sorted(events.group_by("device_id").len()["len"].to_list()) == [3] * 6
+    half = cli_run(fewest(4), name="half")
+    assert main(["run", "--resume", str(half), "--set", "run.rounds=9", "--quiet"]) == 0
+    assert pl.read_parquet(half / "events.parquet").equals(events)
+    uniform = cli_run({**fewest(9), "algorithm": {"name": "fedavg"}}, name="uniform")
+    memory = {r: json.loads((r / "manifest.json").read_text())["server_memory_bytes"] for r in (whole, uniform)}
+    assert memory[whole] == memory[uniform] + 6 * 8
+    extra = cli_run(fewest(3, fewest_extra=1), name="extra")
+    assert pl.read_parquet(extra / "events.parquet").group_by("round").len()["len"].to_list() == [3, 3, 3]
+    cli_run(fewest(3, fewest_extar=1), name="typo", expect=2)
+    assert "unknown key [algorithm] fewest_extar for 'fedavg'; did you mean 'fewest_extra'?" in cli_run.last_output.err
+    # a policy's wrong answer is checked under a built-in algorithm too
+    plugin_module(tmp_path, "twice", doc_blocks("fewest.py")[0].replace("np.sort(order[:", "np.sort(order[:1].repeat(2) "
+                                                                                          "if rnd else order[:"))
+    cli_run({**fewest(3), "algorithm": {"name": "fedavg", "selection": "twice:Fewest"}}, name="twice", expect=2)
+    assert "error: algorithm 'fedavg': select(rnd=1, ...) returned device " in cli_run.last_output.err
+
+
 def test_an_installed_entry_point_plugin_runs_by_its_name(cli_run, tmp_path, monkeypatch):
     """A package that declares [fedsim.algorithms] demo-momentum = ... in its metadata."""
     site = tmp_path / "site"

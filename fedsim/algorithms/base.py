@@ -234,13 +234,13 @@ class Strategy:
     @property
     def _own_code(self) -> bool:
         """Whether this is a user's algorithm (not fedsim's own module), whose answers are checked."""
-        return type(self).__module__.split(".")[0] != "fedsim"
+        return _users(self)
 
     def invitations(self, rnd: int, choices: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """`select`'s ids (int64), checked for a user's algorithm: distinct ids among `choices`
         (a duplicate would train twice, an offline device count as dropped)."""
         ids = np.asarray(self.select(rnd, choices, rng))
-        if self._own_code and ids.size:
+        if (self._own_code or _users(self.selector)) and ids.size:
             wrong = ("not a list of device ids" if ids.ndim != 1 or ids.dtype.kind not in "iu" else
                      f"device {_repeated(ids)} twice" if len(np.unique(ids)) < len(ids) else
                      f"device {ids[~np.isin(ids, choices)][0]}, which was not among the devices it was offered"
@@ -416,6 +416,11 @@ REGISTRY = ALGORITHMS
 
 def register(cls: type[Strategy]) -> type[Strategy]:
     return ALGORITHMS.register(cls.name, cls)
+
+
+def _users(obj: Any) -> bool:
+    """Whether `obj`'s class is a user's (a plugin's), not one of fedsim's own."""
+    return type(obj).__module__.split(".")[0] != "fedsim"
 
 
 def _repeated(ids: np.ndarray) -> int:

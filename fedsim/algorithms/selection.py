@@ -13,6 +13,10 @@ import numpy as np
 
 
 class Selector:
+    # a policy's own [algorithm] keys with their typed defaults (a plugin's; fedsim's own are
+    # declared in fedsim/config/catalog.py): its `setup` reads them from `ctx.options`
+    options: dict[str, Any] = {}
+
     def __init__(self, n_devices: int, k: int):
         self.n = n_devices
         self.k = k
@@ -50,6 +54,11 @@ class Selector:
 
     def answered(self, ids: np.ndarray, losses: np.ndarray) -> None:
         """The candidates that reported their loss in time, and the losses [c] (float64)."""
+
+
+def is_selector(obj: Any) -> bool:
+    """Whether `obj` is a selection policy class (a plugin's `[algorithm] selection`)."""
+    return isinstance(obj, type) and issubclass(obj, Selector)
 
 
 class SelectAll(Selector):

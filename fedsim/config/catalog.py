@@ -108,11 +108,13 @@ TRAINERS = Registry("a trainer", callable, {
     "auto": "fedsim.training.auto:AutoTrainer", "batched": "fedsim.training.cohort:BatchedTrainer",
     "loop": "fedsim.training.loop:LoopTrainer"})
 
-SELECTIONS = Registry("a selection policy", callable, _paths("fedsim.algorithms.selection", {
-    "all": "SelectAll", "uniform": "SelectUniform", "regularized": "SelectRegularized",
-    "longest-absent": "SelectLongestAbsent",
-    "power-of-choice": "SelectPowerOfChoice"}) | {
-    "oort": "fedsim.algorithms.oort:SelectOort"})
+SELECTIONS = Registry("a subclass of fedsim.algorithms.selection.Selector", "fedsim.algorithms.selection:is_selector",
+                      _paths("fedsim.algorithms.selection", {
+                          "all": "SelectAll", "uniform": "SelectUniform", "regularized": "SelectRegularized",
+                          "longest-absent": "SelectLongestAbsent",
+                          "power-of-choice": "SelectPowerOfChoice"}) | {
+                          "oort": "fedsim.algorithms.oort:SelectOort"}, group="fedsim.selections")
+BUILT_IN_SELECTIONS = tuple(SELECTIONS)
 
 # the own [algorithm] keys of the selection policies that have some (for every algorithm, beside
 # the algorithm's own keys), with their typed defaults and ranges, as for the algorithms above
@@ -148,4 +150,4 @@ TRACE_SELECTIONS = Registry("a trace device selection", callable, _paths("fedsim
     "random": "select_random", "first": "select_first", "most-available": "select_most_available"}))
 
 __all__ = ["ALGORITHMS", "ALGORITHM_OPTIONS", "ALGORITHM_RANGES", "ALGORITHM_CHOICES", "BUILT_IN_ALGORITHMS", "MODELS", "GENERATORS", "CONVERTERS", "PARTITIONS", "SCHEDULES",
-           "TRAINERS", "SELECTIONS", "SELECTION_OPTIONS", "SELECTION_RANGES", "TRACE_SELECTIONS"]
+           "TRAINERS", "SELECTIONS", "BUILT_IN_SELECTIONS", "SELECTION_OPTIONS", "SELECTION_RANGES", "TRACE_SELECTIONS"]

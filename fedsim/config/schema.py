@@ -22,7 +22,8 @@ from typing import Any
 from fedsim.config.catalog import (ALGORITHM_CHOICES, ALGORITHM_OPTIONS, ALGORITHM_RANGES, ALGORITHMS, BUILT_IN_ALGORITHMS,
                                    BUILT_IN_MODELS, GENERATORS, MODELS,
                                    SELECTION_OPTIONS, SELECTION_RANGES,
-                                   PARTITIONS, SCHEDULES, SELECTIONS, TRACE_SELECTIONS, TRAINERS)
+                                   PARTITIONS, SCHEDULES, SELECTIONS, TRACE_SELECTIONS, TRAINERS,
+                                   BUILT_IN_SELECTIONS)
 from fedsim.errors import FedsimError, choice_error, did_you_mean
 from fedsim.config.registry import Registry
 
@@ -432,7 +433,7 @@ class AlgorithmConfig:
     server_beta2: float = key(0.99, "adam, yogi: second-moment decay", within=(0.0, 1.0, True, False))
     server_eps: float = key(1e-3, "adam, adagrad, yogi: tau, added to sqrt(v)", positive=True)
     selection: str = key("", "whom the server invites among the online devices",
-                         choices=SELECTIONS, zero="the algorithm's default policy")
+                         names=SELECTIONS.names, zero="the algorithm's default policy")
     options: dict = key({}, "the algorithm's own keys, written as further [algorithm] keys")
 
 
@@ -545,9 +546,12 @@ def trace_options(source: str) -> dict[str, Any]:
     return _declared_options("trace", {"source": source}, [], "[trace] source")
 
 
-def selection_options(policy: str) -> dict[str, Any]:
-    """The selection policy's own [algorithm] keys with their typed defaults (none for most)."""
-    return dict(SELECTION_OPTIONS.get(policy, {}))
+def selection_options(policy: str, where: str = "[algorithm] selection") -> dict[str, Any]:
+    """The selection policy's own [algorithm] keys with their typed defaults (none for most); a
+    plugin's 'module:Class' is imported for them (FedsimError naming `where` if it cannot be)."""
+    if not policy or policy in BUILT_IN_SELECTIONS:
+        return dict(SELECTION_OPTIONS.get(policy, {}))
+    return dict(SELECTIONS.lookup(policy, where).options)
 
 
 def _check_type(where: str, value: Any, default: Any) -> Any:
@@ -592,7 +596,7 @@ def _check_value(where: str, value: Any, rule: Rule) -> Any:
 
 
 def _declared_options(section: str, raw: dict, algorithms: list, origin: str,
-                      algorithms_origin: str = "") -> dict[str, Any] | None:
+                      algorithms_origin: str = "", selection_origin: str = "") -> dict[str, Any] | None:
     """Option keys (with typed defaults) that the chosen generator / algorithm(s) declare.
 
     None for sections without options. [algorithm] accepts the options of its own `name` and of
@@ -613,7 +617,11 @@ def _declared_options(section: str, raw: dict, algorithms: list, origin: str,
             if not isinstance(name, str):
                 raise FedsimError(f"{where}: algorithm names must be strings, got {name!r}")
             options.update(algorithm_options(name, origin=where, key=key))
-        options.update(selection_options(raw.get("selection", "")))
+        policy = raw.get("selection", "")
+        if not isinstance(policy, str):
+            raise FedsimError(f"{selection_origin or origin}: [algorithm] selection = {policy!r} must be a policy's "
+                              "name (a string)")
+        options.update(selection_options(policy, f"{selection_origin or origin}: [algorithm] selection"))
         return options
     if section == "model" and set(raw) - set(_field_names(ModelConfig)):  # (looked up only where keys ask for it)
         return model_options(raw.get("name", ModelConfig.name), origin)
@@ -652,7 +660,7 @@ def _build_section(section: str, raw: dict, algorithms: list, origin: str, origi
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
     owner = (section, "source" if section == "trace" else "name")  # the key that declares the options
     extra = _declared_options(section, raw, algorithms, origins.get(owner, origin),
-                              origins.get(("run", "algorithms"), origin))
+                              origins.get(("run", "algorithms"), origin), origins.get(("algorithm", "selection"), origin))
     defaults = cls()
     kwargs, options = {}, {}
     for key, value in raw.items():
@@ -702,7 +710,8 @@ def _unknown_keys(raw: dict, algorithms: list, origin: str, origins: dict) -> li
             continue
         owner_key = (section, "source" if section == "trace" else "name")  # declares the options
         extra = _declared_options(section, body, algorithms, origins.get(owner_key, origin),
-                                  origins.get(("run", "algorithms"), origin))
+                                  origins.get(("run", "algorithms"), origin),
+                                  origins.get(("algorithm", "selection"), origin))
         valid = [*_field_names(_SECTION_CLASSES[section]), *(extra or {})]
         owner = body.get(owner_key[1])
         scope = f" for {owner!r}" if extra is not None and owner else ""

@@ -1,6 +1,6 @@
 """fedsim: federated learning under intermittent device availability, simulated.
 
-Public API: ``load_config``, ``run``, ``RunResult``, ``read_trace``, ``write_trace``, ``test_data``.
+Public API: ``load_config``, ``run``, ``resume``, ``RunResult``, ``read_trace``, ``write_trace``, ``test_data``.
 
 The names load on first use (PEP 562), because every ``import fedsim.x`` runs this file
 first: ``fedsim --help`` or ``fedsim trace info`` must not pay for torch.
@@ -14,7 +14,7 @@ import sys
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it (dynamic version)
 DISTRIBUTION = "fedsim-avail"  # the name on the package index; `fedsim` there is another project
 
-__all__ = ["load_config", "run", "RunResult", "read_trace", "write_trace", "test_data", "FedsimError",
+__all__ = ["load_config", "run", "resume", "RunResult", "read_trace", "write_trace", "test_data", "FedsimError",
            "__version__"]
 
 
@@ -40,6 +40,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "FedsimError": "fedsim.errors",
     "RunResult": "fedsim.runs.experiment",
     "run": "fedsim.runs.comparison",
+    "resume": "fedsim.runs.comparison",
     "read_trace": "fedsim.traces.io",
     "write_trace": "fedsim.traces.io",
     "test_data": "fedsim.runs.scoring",

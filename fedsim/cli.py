@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from fedsim.config import RESUME_KEYS
+from fedsim.config import RESUME_KEYS, check_resume_overrides
 from fedsim.errors import EXIT_CODES, STOP_SIGNALS, FedsimError, Stopped, stop_at_once
 from fedsim.files import resume_command
 from fedsim.results.run_format import read_manifest, use_recorded_plugin_folders
@@ -49,26 +49,6 @@ def _summary_table(result) -> str:
         lines.append(f"{r.algorithm:<{width}} {r.status:<10} {manifest['rounds']:>7} {duration(manifest['sim_time_s']):>10} "
                      f"{acc:>9} {loss:>10} {mem:>11}{reached}")
     return "\n".join(lines)
-
-
-def check_resume_overrides(overrides: list[str]) -> None:
-    """FedsimError naming the first --set key that a resumed run may not change."""
-    import dataclasses
-
-    from fedsim.config import RunConfig, parse_override
-    from fedsim.errors import did_you_mean
-
-    for text in overrides:
-        section, key, _ = parse_override(text)
-        close = did_you_mean(f"{section}.{key}", RESUME_KEYS)
-        if section == "run" and key not in {f.name for f in dataclasses.fields(RunConfig)} and close:  # a typo
-            raise FedsimError(f"--set {text!r}: unknown key {section}.{key}; {close}")
-        if f"{section}.{key}" not in RESUME_KEYS:
-            raise FedsimError(
-                f"--set {text!r}: {section}.{key} cannot be changed when resuming (the run goes on "
-                f"with the config it started with); with --resume only {', '.join(RESUME_KEYS)} "
-                "can be set, so start a new run for other changes"
-            )
 
 
 def check_axes_kept(folder: Path, overrides: list[str]) -> None:
@@ -234,8 +214,7 @@ def _cmd_run(args, ready: list[Path]) -> int:
     plots = draws_plots(Path(args.resume) / "config.toml", args.set) if args.resume else config.run.plots
     # started before torch's import, so that matplotlib's overlaps it; none for a run without plots
     plotter = shared_worker() if plots else None
-    from fedsim.runs.comparison import resume_comparison, run
-    from fedsim.runs.experiment import is_comparison, resume
+    from fedsim.runs.comparison import resume, run
 
     if args.resume:
         if Path(args.resume).is_dir():  # a run of a newer release is refused before a word of resuming
@@ -243,12 +222,7 @@ def _cmd_run(args, ready: list[Path]) -> int:
 
             check_readable(Path(args.resume))
         print(f"resuming {args.resume}{crash_note(Path(args.resume))}", flush=True)
-        run_dir = Path(args.resume)
-        if not (run_dir / "checkpoint.pt").exists() and is_comparison(run_dir):
-            result = resume_comparison(run_dir, args.set, progress=not args.quiet, plotter=plotter,
-                                       force=args.force)
-        else:
-            result = resume(run_dir, args.set, progress=not args.quiet, plotter=plotter, force=args.force)
+        result = resume(args.resume, args.set, progress=not args.quiet, plotter=plotter, force=args.force)
     else:
         def on_ready(run_dir: Path) -> None:
             ready.append(run_dir)

@@ -198,3 +198,14 @@ def test_a_callback_that_returns_nothing_adds_nothing_and_a_wrong_answer_is_one_
         fedsim.run(run_config(tmp_path, "bad", 3, "fedavg"), progress=False, callbacks=[Listing()])
     assert str(err.value) == ("callback Listing: on_round returned [False, {}]; return (stop, metrics), e.g. "
                               "(False, {}) (docs/extending.md, \"Callbacks\")")
+
+
+def test_fedsim_resume_goes_on_with_a_registered_algorithm_and_only_resume_keys(tmp_path, scaled_fedavg):
+    whole = fedsim.run(run_config(tmp_path, "whole", 12, "scaled-fedavg"), progress=False)
+    half = fedsim.run(run_config(tmp_path, "half", 5, "scaled-fedavg"), progress=False)
+    with pytest.raises(fedsim.FedsimError, match="client.lr cannot be changed when resuming"):
+        fedsim.resume(half.run_dir, ["client.lr=0.5"], progress=False)
+    resumed = fedsim.resume(half.run_dir, ["run.rounds=12"], progress=False)
+    assert resumed.status == "completed" and np.array_equal(final_x(resumed.run_dir), final_x(whole.run_dir))
+    assert repr(resumed) == (f"RunResult(run_dir={str(half.run_dir)!r}, algorithm='scaled-fedavg', status='completed', "
+                             "reason='12 rounds', rounds=<12 rows>)")

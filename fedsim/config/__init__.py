@@ -24,6 +24,7 @@ from fedsim.config.schema import (
     DEVICE_MODEL_KEYS,
     Config,
     RESUME_KEYS,
+    check_resume_overrides,
     suggest,
     algorithm_options,
     selection_options,
@@ -47,4 +48,4 @@ from fedsim.config.schema import (
     check_option,
 )
 
-__all__ = ["load_config", "Rule", "key", "rule", "TRACKERS", "DEVICE_MODELS", "RunConfig", "DataConfig", "ModelConfig", "TraceConfig", "ServerConfig", "ClientConfig", "AlgorithmConfig", "DevicesConfig", "DEVICE_MODEL_KEYS", "Config", "RESUME_KEYS", "suggest", "algorithm_options", "selection_options", "config_from_dict", "MODEL_DEFAULTS", "parse_override", "read_toml", "scenario_names", "scenario_path", "is_study", "config_scenarios", "dump_toml", "plain_folder_name", "NO_ACCURACY_DATASETS", "MAX_TASK_STEPS", "MAX_RUN_STEPS", "check_cohort_size", "check_run_steps", "check_option", "invite_budget"]
+__all__ = ["load_config", "Rule", "key", "rule", "TRACKERS", "DEVICE_MODELS", "RunConfig", "DataConfig", "ModelConfig", "TraceConfig", "ServerConfig", "ClientConfig", "AlgorithmConfig", "DevicesConfig", "DEVICE_MODEL_KEYS", "Config", "RESUME_KEYS", "check_resume_overrides", "suggest", "algorithm_options", "selection_options", "config_from_dict", "MODEL_DEFAULTS", "parse_override", "read_toml", "scenario_names", "scenario_path", "is_study", "config_scenarios", "dump_toml", "plain_folder_name", "NO_ACCURACY_DATASETS", "MAX_TASK_STEPS", "MAX_RUN_STEPS", "check_cohort_size", "check_run_steps", "check_option", "invite_budget"]

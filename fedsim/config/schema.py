@@ -514,6 +514,21 @@ RESUME_KEYS = ("run.rounds", "run.max_time", "run.eval_every", "run.checkpoint_e
                "run.progress", "run.device", "run.targets", "run.plots", "run.trackers")
 
 
+def check_resume_overrides(overrides: list[str]) -> None:
+    """FedsimError naming the first --set key that a resumed run may not change."""
+    for text in overrides:
+        section, key, _ = parse_override(text)
+        close = did_you_mean(f"{section}.{key}", RESUME_KEYS)
+        if section == "run" and key not in {f.name for f in dataclasses.fields(RunConfig)} and close:  # a typo
+            raise FedsimError(f"--set {text!r}: unknown key {section}.{key}; {close}")
+        if f"{section}.{key}" not in RESUME_KEYS:
+            raise FedsimError(
+                f"--set {text!r}: {section}.{key} cannot be changed when resuming (the run goes on "
+                f"with the config it started with); with --resume only {', '.join(RESUME_KEYS)} "
+                "can be set, so start a new run for other changes"
+            )
+
+
 _SECTION_CLASSES = {
     "run": RunConfig,
     "data": DataConfig,

@@ -13,16 +13,17 @@ from typing import Callable, Sequence
 import polars as pl
 
 from fedsim.runs.callbacks import Callback
-from fedsim.config import Config, config_from_dict, dump_toml
+from fedsim.config import Config, check_resume_overrides, config_from_dict, dump_toml
 from fedsim.config.schema import absolute_file_keys
 from fedsim.errors import FedsimError, Stopped, stop_at_once
-from fedsim.runs.experiment import Experiment, RunResult, check_only_adds_rounds
+from fedsim.runs.experiment import Experiment, RunResult, check_only_adds_rounds, is_comparison
+from fedsim.runs.experiment import resume as resume_run
 from fedsim.files import (DirectoryLock, atomic_write, claim_directory, made_by_fedsim, plain_name,
                           remove_stale_temporaries, resume_command)
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import write_text
-from fedsim.results.run_format import check_readable, read_manifest, run_config
+from fedsim.results.run_format import check_readable, read_manifest, run_config, use_recorded_plugin_folders
 from fedsim.sim.engine import finish_round_on_stop_signal
 
 
@@ -150,8 +151,24 @@ def finished_result(run_dir: Path, algorithm: str) -> RunResult:
                      pl.read_parquet(run_dir / "rounds.parquet"))
 
 
+def resume(run_dir: str | Path, overrides: Sequence[str] = (), *, progress: bool = True,
+           callbacks: Sequence[Callback] = (), force: bool = False, plotter: PlotWorker | None = None) -> RunResult:
+    """Continue a run or a comparison in its own directory from its checkpoint, as `fedsim run
+    --resume` does: `overrides` ("run.rounds=600") may change only RESUME_KEYS (more rounds, a
+    time limit, evaluation, plots, trackers); a diverged run only with `force`. The plugins the
+    run imported are found where it recorded them; `callbacks` as for `fedsim.run`."""
+    run_dir = Path(run_dir)
+    check_resume_overrides(list(overrides))
+    use_recorded_plugin_folders(run_dir)
+    if run_dir.is_dir():
+        check_readable(run_dir)
+    if not (run_dir / "checkpoint.pt").exists() and is_comparison(run_dir):
+        return resume_comparison(run_dir, list(overrides), progress, plotter, force, callbacks)
+    return resume_run(run_dir, list(overrides), progress, plotter, callbacks, force)
+
+
 def resume_comparison(run_dir: Path, overrides: list[str] = (), progress: bool = True, plotter=None,
-                      force: bool = False) -> RunResult:
+                      force: bool = False, callbacks: Sequence[Callback] = ()) -> RunResult:
     """Finish a comparison: its interrupted algorithm resumed, the ones not started run, the
     summary and plots written as an uninterrupted comparison writes them. (`fedsim run --resume`
     has checked every algorithm's run format first: `check_readable`.)"""
@@ -167,7 +184,7 @@ def resume_comparison(run_dir: Path, overrides: list[str] = (), progress: bool =
     try:
         with comparison_lock(run_dir, "fedsim resume, a comparison"):
             write_text(run_dir / "config.toml", dump_toml(config.to_dict()))  # with the keys it resumed with
-            return _members(config, run_dir, progress, plotter, (), force=force)
+            return _members(config, run_dir, progress, plotter, callbacks, force=force)
     finally:
         if plotter is not None:
             plotter.finish()

@@ -68,6 +68,11 @@ class RunResult:
     params: torch.Tensor | None = None
     runs: list["RunResult"] = field(default_factory=list)
 
+    def __repr__(self) -> str:  # (not the model's numbers nor the whole table)
+        runs = f", runs=[{', '.join(r.algorithm for r in self.runs)}]" if self.runs else ""
+        return (f"RunResult(run_dir={str(self.run_dir)!r}, algorithm={self.algorithm!r}, status={self.status!r}, "
+                f"reason={self.reason!r}, rounds=<{len(self.rounds)} rows>{runs})")
+
     @property
     def final_accuracy(self) -> float | None:
         accs = self.rounds["test_acc"].drop_nulls()

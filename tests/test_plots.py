@@ -239,6 +239,10 @@ def test_different_series_keep_their_own_line_style_and_marker(tmp_path):
     points = figures["round_duration_vs_time_of_day"].axes[0].get_lines()
     assert [line.get_label() for line in points] == ["fedavg", "mifa"]
     assert points[0].get_marker() != points[1].get_marker()
+    for name in ("accuracy_vs_rounds", "accuracy_vs_time"):  # equal curves (the same accuracy) stay apart
+        lines = [line for line in figures[name].axes[0].get_lines() if line.get_label() in runs]
+        assert [line.get_label() for line in lines] == ["fedavg", "mifa"], name
+        assert lines[0].get_linestyle() != lines[1].get_linestyle() and lines[0].get_marker() != lines[1].get_marker()
 
 
 def test_fedsim_plot_redraws_under_the_names_the_run_used(tmp_path):

@@ -158,8 +158,9 @@ def _metric_figure(runs: dict[str, RunData], title: str, x: str):
     fig, axes = _figure(height=2.2 + 2.0 * len(metrics), rows=len(metrics),
                         top=0.84 if clock else 0.9, bottom=0.08 + 0.04 / len(metrics), title=title)
     for ax, metric in zip(axes, metrics):
-        for name, (xs, ys, evaluated) in _metric_curves(runs, metric, x).items():
-            ax.plot(xs, ys, marker=".", markevery=evaluated.tolist(), label=name)
+        for k, (name, (xs, ys, evaluated)) in enumerate(_metric_curves(runs, metric, x).items()):
+            ax.plot(xs, ys, marker=MARKERS[k % len(MARKERS)], markevery=evaluated.tolist(), label=name,
+                    ls=LINESTYLES[k % len(LINESTYLES)])  # (curves that coincide stay visible)
         if metric == "test_acc":
             ax.set_ylim(0, 100)
             ax.set_ylabel("test accuracy (%)")

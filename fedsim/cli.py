@@ -234,6 +234,10 @@ def _cmd_run(args, ready: list[Path]) -> int:
         if r.status != "completed":
             said = r.reason if r.reason.startswith(r.status) else f"{r.status} ({r.reason})"
             print(f"{r.algorithm}: {said}")  # ("interrupted by Ctrl-C after 4 rounds", "diverged (...)")
+    ran = {r.algorithm for r in result.runs}
+    waiting = [name for name in result.algorithm.split(",") if result.runs and name not in ran]
+    if waiting:
+        print(f"not started: {', '.join(waiting)}")
     for line in early_stops(result):
         print(line)
     for line in manifest_warnings(result):

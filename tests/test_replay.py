@@ -158,3 +158,23 @@ def test_degenerate_participation_is_a_warning(cli_run):
     assert f"warning: fedavg: {warnings[1]}" in cli_run.last_output.out
     healthy = cli_run(quadratic_config(targets, rounds=3), name="ok")
     assert json.loads((healthy / "manifest.json").read_text())["warnings"] == []
+
+
+def test_a_run_stopped_early_is_not_warned_of_its_short_clock(cli_run, monkeypatch):
+    """Ctrl-C in round 2 of 10 on a 16.7-min trace: the resume goes on, so the clock it covered
+    so far says nothing yet; the resumed run that ends short is warned."""
+    import signal
+
+    from fedsim.results.recorder import Recorder
+
+    trace = Trace.from_intervals(list(range(4)), [0.0] * 4, [1000.0] * 4, n_devices=4, horizon=1000.0)
+    add_round = Recorder.add_round
+
+    def sigint(self, outcome, *args):
+        if outcome.round == 2:
+            signal.raise_signal(signal.SIGINT)
+        return add_round(self, outcome, *args)
+
+    monkeypatch.setattr(Recorder, "add_round", sigint)
+    run_dir = cli_run(quadratic_config([[0.0], [1.0], [2.0], [3.0]], rounds=10), trace, expect=130)
+    assert json.loads((run_dir / "manifest.json").read_text())["warnings"] == []

@@ -139,6 +139,7 @@ def test_a_comparison_stopped_between_algorithms_resumes_as_a_whole(cli_run, mon
     monkeypatch.setattr(Experiment, "end", end_then_sigterm)
     cut = cli_run(comparison_config(), name="cut", expect=143)
     monkeypatch.setattr(Experiment, "end", end)
+    assert "\nnot started: mifa, fedau\n" in cli_run.last_output.out
     assert (cut / "fedavg" / "manifest.json").exists() and not (cut / "mifa").exists()
     assert (cut / "summary.parquet").exists() and (cut / "config.toml").exists()
     assert main(["run", "--resume", str(cut), "--quiet"]) == 0

@@ -28,7 +28,7 @@ def run_warnings(run, status: str, sim_time: float) -> list[str]:
     """`run`: the Experiment; coverage is judged once the run has ended (not while `running`)."""
     warnings = participation_warnings(run.recorder, rounds=run.config.server.mode == "sync") \
         if run.strategy.invites_devices else []
-    if status != "running" and run.coverage_matters:
+    if status not in ("running", "interrupted") and run.coverage_matters:  # (a stopped run goes on)
         warnings += coverage_warning(sim_time, run.index.horizon)
     if run.config.server.timing == "model":
         warnings += never_arrived_warning(run.recorder.counters, run.typical_task_s(), run.config.server.deadline)

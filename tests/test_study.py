@@ -950,3 +950,18 @@ def test_a_point_whose_plugin_raises_fails_alone_and_the_printed_resume_finishes
     sweep(write_study(tmp_path, axes, name="whole", run={"checkpoint_every": 4}))
     same = pl.read_parquet(folder / "study.parquet").drop("wall_s")
     assert same.equals(pl.read_parquet(tmp_path / "runs" / "whole" / "study.parquet").drop("wall_s"))
+
+
+def test_an_axis_that_makes_some_points_the_same_run_is_refused_and_its_zip_runs(tmp_path, capsys):
+    """MIFA's `warmup` crossed with fedavg and mifa: fedavg's two points would be one run twice."""
+    crossed = write_study(tmp_path, {"algorithm.name": ["fedavg", "mifa"], "algorithm.warmup": [True, False]})
+    sweep(crossed, expect=2)
+    assert capsys.readouterr().err == (
+        f"error: {crossed}: points algorithm-fedavg_warmup-True and algorithm-fedavg_warmup-False are the same run: "
+        "algorithm.warmup does not apply where algorithm.name = 'fedavg'; zip algorithm.warmup with the axis that "
+        "chooses it (zip = [[...]]: docs/studies.md), so that each run is a point once\n")
+    assert not (tmp_path / "runs").exists()
+    zipped = write_study(tmp_path, {"algorithm.name": ["fedavg", "mifa", "mifa"], "algorithm.warmup": [True, True, False],
+                                    "zip": [["algorithm.name", "algorithm.warmup"]]}, name="zipped")
+    sweep(zipped)
+    assert len(pl.read_parquet(tmp_path / "runs" / "zipped" / "summary.parquet")) == 3

@@ -159,6 +159,7 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
         _own_keys(raw_point, chosen)
     points = _checked(raws, origins, path, "point")
     _unique_names(points, path)
+    _refuse_repeats(points, path)
     absolute_file_keys(base, path)  # (the folder's study.toml names them from any directory)
     resolved = {"base": base, "axes": axes, "zip": zips, **({WARM: warm} if warm else {}),
                 **({"gpus_per_task": gpus} if gpus else {})}
@@ -242,6 +243,25 @@ def _study_choices(base: dict, axes: dict[str, list], warm: dict) -> dict[tuple[
                  *axes.get(f"{section}.{key}", [])]
         chosen[(section, key)] = [n for n in dict.fromkeys(names) if isinstance(n, str)]
     return chosen
+
+
+def _refuse_repeats(points: list[Point], path: Path) -> None:
+    """Two points that are the same run (an axis of a key that some points' algorithm, policy or
+    generator does not take leaves them equal) would run twice and be reported apart."""
+    seen: dict[str, Point] = {}
+    for point in points:
+        config = point.config.to_dict()
+        config["run"].pop("name")
+        text = json.dumps(config, sort_keys=True, default=str)
+        if text in seen:
+            first = seen[text]
+            differ = [axis for axis in point.values if point.values[axis] != first.values[axis]]
+            same = ", ".join(f"{axis} = {value!r}" for axis, value in point.values.items() if axis not in differ)
+            raise FedsimError(f"{path}: points {first.name} and {point.name} are the same run: {', '.join(differ)} "
+                              f"{'does' if len(differ) == 1 else 'do'} not apply where {same}; zip "
+                              f"{' and '.join(differ)} with the axis that chooses it (zip = [[...]]: docs/studies.md), "
+                              "so that each run is a point once")
+        seen[text] = point
 
 
 def _check_algorithm_keys(base: dict, chosen: dict, origins: dict, path: Path) -> None:

@@ -117,7 +117,10 @@ def test_unreadable_config_files(tmp_path, capsys):
 @pytest.mark.parametrize("override, says", [
     ("server.deadline=inf", "[server] deadline = inf must be a finite number"),
     ("client.lr=inf", "[client] lr = inf must be a finite number"),
-    ("run.seed=99999999999999999999", "is too large (it must fit in 64 bits)"),
+    ("run.seed=99999999999999999999", "is too large (it must fit in a signed 64-bit integer: at most "
+                                      "9223372036854775807)"),
+    ("run.seed=4294967296", "[run] seed = 4294967296 must be below 2**32 = 4294967296 (torch draws the model's "
+                            "initial weights from 32 bits of the seed, so seeds 2**32 apart would start from one model)"),
 ])
 def test_values_that_no_run_can_use(capsys, override, says):
     assert says in fails(capsys, ["run", "quickstart", "--set", override])

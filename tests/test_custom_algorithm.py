@@ -209,3 +209,26 @@ def test_fedsim_resume_goes_on_with_a_registered_algorithm_and_only_resume_keys(
     assert resumed.status == "completed" and np.array_equal(final_x(resumed.run_dir), final_x(whole.run_dir))
     assert repr(resumed) == (f"RunResult(run_dir={str(half.run_dir)!r}, algorithm='scaled-fedavg', status='completed', "
                              "reason='12 rounds', rounds=<12 rows>)")
+
+
+def test_a_resume_keeps_the_option_defaults_the_run_started_with(tmp_path, monkeypatch):
+    """FedProx's `mu` left at its default: a release with another default resumes the run with
+    the run's own (recorded in checkpoint.pt and manifest.json), so it ends as uninterrupted."""
+    import json
+
+    from fedsim.config.catalog import ALGORITHM_OPTIONS
+
+    def config(name, rounds):
+        cfg = quadratic_config([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]], algorithm="fedprox", rounds=rounds, steps=3)
+        cfg["run"].update(out=str(tmp_path / "runs"), name=name, progress=False)
+        (tmp_path / f"{name}.toml").write_text(dump_toml(cfg))
+        return fedsim.load_config(tmp_path / f"{name}.toml")
+
+    whole = fedsim.run(config("whole", 8), progress=False)
+    half = fedsim.run(config("half", 4), progress=False)
+    assert json.loads((half.run_dir / "manifest.json").read_text())["options"] == {
+        "algorithm": {"mu": 0.01}, "selection": "uniform", "model": {}}
+    monkeypatch.setitem(ALGORITHM_OPTIONS["fedprox"], "mu", 0.5)  # a later release's default
+    resumed = fedsim.resume(half.run_dir, ["run.rounds=8"], progress=False)
+    assert np.array_equal(final_x(resumed.run_dir), final_x(whole.run_dir))
+    assert not np.allclose(final_x(fedsim.run(config("new", 8), progress=False).run_dir), final_x(whole.run_dir))

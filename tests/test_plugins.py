@@ -314,10 +314,18 @@ def test_a_resume_says_when_a_plugins_file_changed_since_the_runs_earlier_rounds
     (tmp_path / "my_deep_c.py").write_text((tmp_path / "my_deep_c.py").read_text() + "# a fix\n")
     sys.modules.pop("my_deep_c")  # (a new process would import the file as it is now)
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=4", "--quiet"]) == 0
-    assert capsys.readouterr().err == (f"warning: {run_dir}: the plugin my_deep_c ({tmp_path / 'my_deep_c.py'}) changed "
-                                       "since the run's earlier rounds; the rounds from here on run the new code\n")
+    changed = (f"the plugin my_deep_c ({tmp_path / 'my_deep_c.py'}) changed after the run's first 3 rounds; the rounds "
+               "from there on ran the new code")
+    assert capsys.readouterr().err == f"warning: {run_dir}: {changed}\n"
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=5", "--quiet"]) == 0
     assert "warning" not in capsys.readouterr().err  # (compared with the rounds just before)
+    # the run directory keeps which code ran which rounds, and the warning
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    sessions = manifest["sessions"]
+    assert [s["from_round"] for s in sessions] == [0, 2, 3, 4]
+    assert sessions[1]["plugin_files"] == sessions[0]["plugin_files"] != sessions[2]["plugin_files"]
+    assert [s["warnings"] for s in sessions] == [[], [], [changed], []] and changed in manifest["warnings"]
+    assert {s["fedsim"] for s in sessions} == {manifest["fedsim"]} and "numpy" in sessions[0]
 
 
 def trace_plugins(folder: Path) -> None:

@@ -510,7 +510,7 @@ CASES = [
     case("dropout-of-1", "run quickstart --set model.dropout=1.0", r"\[model\] dropout = 1\.0 must be in \[0, 1\)"),
     case("gamma-above-1", "run quickstart --set client.lr_step_gamma=5", r"\[client\] lr_step_gamma = 5.* must be in \(0, 1\]"),
     case("infinite-deadline", "run quickstart --set server.deadline=inf", r"\[server\] deadline = inf must be a finite number"),
-    case("seed-beyond-64-bits", "run quickstart --set run.seed=99999999999999999999", r"is too large \(it must fit in 64 bits\)"),
+    case("seed-beyond-64-bits", "run quickstart --set run.seed=99999999999999999999", r"is too large \(it must fit in a signed 64-bit integer: at most 9223372036854775807\)"),
     case("name-with-slash", "run quickstart --set run.name='a/b'", r"\[run\] name = 'a/b'.*folder name"),
     case("name-with-line-break", RUN, r"\[run\] name = 'a\\nb' is not a folder name; give a plain name without '/', "
          r"'\\' or line breaks", **{"c.toml": config(run={"name": "a\nb"})}),

@@ -171,3 +171,28 @@ def test_a_study_of_small_runs_trains_in_parts_and_equals_each_run_alone(tmp_pat
             pl.read_parquet(point / "rounds.parquet")[columns]), point.name
         a, b = torch.load(alone / "model.pt"), torch.load(point / "model.pt")
         assert all(torch.equal(a[k], b[k]) for k in a), point.name
+
+
+def test_a_resume_that_trains_with_another_thread_count_says_so_and_keeps_it(tmp_path, capsys):
+    """The run's earlier rounds had up to 4 threads a call (another machine, as its manifest
+    says); resumed here with 2 (or 1), sums may round differently: one warning, kept."""
+    from fedsim.cli import main
+    from fedsim.config import dump_toml
+
+    config = {"run": {"rounds": 2, "name": "r", "out": str(tmp_path / "runs"), "progress": False, "plots": False},
+              "data": {"dataset": "digits", "clients": 6}, "server": {"timing": "ideal", "clients_per_round": 3},
+              "client": {"local_steps": 1, "batch_size": 8}}
+    (tmp_path / "c.toml").write_text(dump_toml(config))
+    assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 0
+    run_dir = tmp_path / "runs" / "r"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    here = manifest["threads"]["max"]
+    manifest["threads"]["max"] = here + 2
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=3", "--quiet"]) == 0
+    warning = (f"the run's first 2 rounds trained with up to {here + 2} threads a call, the rounds from there on with "
+               f"up to {here} ([run] threads = 'auto' on this machine): sums over other thread counts round "
+               "differently, so they may differ in the last bits from the run uninterrupted there")
+    assert f"warning: {run_dir}: {warning}\n" in capsys.readouterr().err
+    assert warning in json.loads((run_dir / "manifest.json").read_text())["warnings"]

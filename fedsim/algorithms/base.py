@@ -144,6 +144,7 @@ class Strategy:
         self.opt = {**self.options, **ctx.options}
         self.validate()
         policy = (ctx.selection if self.uses_selection else "") or self.selection
+        self.selection_policy = policy  # (recorded with the run's options: a default may change)
         selector = SELECTIONS.lookup(policy, "[algorithm] selection")
         self.selector: Selector = selector(n_devices, self.budget())
         self.selector.setup(ctx)
@@ -230,6 +231,12 @@ class Strategy:
         return np.full(len(ids), self.ctx.local_steps, dtype=np.int64)
 
     # --- what the engine hands back -----------------------------------------------------------
+    def options_in_use(self) -> dict[str, Any]:
+        """Every option this run's algorithm and selection policy use, defaults included, and the
+        policy's name: what a resume keeps, so that a release with other defaults goes on with
+        the run's own (checkpoint.pt and manifest.json record it)."""
+        return {"algorithm": {**getattr(self.selector, "opt", {}), **self.opt}, "selection": self.selection_policy}
+
     # --- what the engine checks of a plugin's answers (a built-in's are right by construction) -----
     @property
     def _own_code(self) -> bool:

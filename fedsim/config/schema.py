@@ -88,6 +88,15 @@ def rule(f: dataclasses.Field) -> Rule:
     return f.metadata["rule"]
 
 
+def _seed(where: str, seed: int) -> int:
+    """A run's seed: torch keeps 32 bits of the seed that draws a model's initial weights, so
+    seeds 2**32 apart would start from one model."""
+    if seed >= 2**32:
+        raise FedsimError(f"{where} = {seed} must be below 2**32 = {2**32} (torch draws the model's initial weights "
+                          "from 32 bits of the seed, so seeds 2**32 apart would start from one model)")
+    return seed
+
+
 def _interval(within: tuple[float, float, bool, bool]) -> str:
     low, high, low_in, high_in = within
     return f"{'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
@@ -233,8 +242,8 @@ class RunConfig:
     name: str = key("run", "name of the run directory under out (a plain folder name)",
                     check=_folder_name)
     out: str = key("runs", "folder that holds the run directories")
-    seed: int = key(0, "seed of every random draw (partition, trace, devices, training)",
-                    non_negative=True)
+    seed: int = key(0, "seed of every random draw (partition, trace, devices, training; below 2**32)",
+                    non_negative=True, check=lambda where, seed: _seed(where, seed))
     rounds: int = key(100, "rounds to run", positive=True)
     max_time: float = key(0.0, "simulated seconds before the run stops", non_negative=True,
                           zero="no limit")
@@ -593,7 +602,8 @@ def _check_value(where: str, value: Any, rule: Rule) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         raise FedsimError(f"{where} = {value!r} must be a finite number")
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
-        raise FedsimError(f"{where} = {value!r} is too large (it must fit in 64 bits)")
+        raise FedsimError(f"{where} = {value!r} is too large (it must fit in a signed 64-bit integer: at most "
+                          f"{2**63 - 1})")
     if rule.choices is not None and value not in rule.choice_names() and not (rule.zero and value == ""):
         raise choice_error(where, value, rule.choice_names(), "is not valid")
     if rule.positive and not value > 0:

@@ -24,13 +24,32 @@ from fedsim.results.warnings import run_warnings
 
 
 @functools.cache
-def _git_sha() -> str | None:
+def _git() -> tuple[str | None, bool | None]:
+    """The commit of fedsim's own checkout, and whether its tracked files differ from it (None
+    outside a git checkout: an installed package)."""
+    def git(*args: str) -> str | None:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent)
+        return out.stdout if out.returncode == 0 else None
+
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).parent)
-        return out.stdout.strip() or None
+        sha = (git("rev-parse", "HEAD") or "").strip() or None
+        changed = git("status", "--porcelain", "--untracked-files=no") if sha else None
     except (OSError, subprocess.SubprocessError):
-        return None
+        return None, None
+    return sha, None if changed is None else bool(changed.strip())
+
+
+def session(from_round: int, plugin_files: dict[str, str], warnings: list[str]) -> dict:
+    """What ran a run's rounds from `from_round` on in this process: releases, the checkout and
+    the plugin files; a resume adds its own, so each round's code stays on record."""
+    import numpy
+    import fedsim
+
+    sha, dirty = _git()
+    return {"from_round": from_round, "fedsim": fedsim.__version__, "git_sha": sha, "git_dirty": dirty,
+            "torch": torch.__version__, "numpy": numpy.__version__, "python": platform.python_version(),
+            "host": socket.gethostname(), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "plugin_files": plugin_files, "warnings": warnings}
 
 
 def cuda_graphs(trainer) -> dict | None:
@@ -59,23 +78,25 @@ def write_manifest(run, result, host_s: float) -> None:
         "python": platform.python_version(), "seed": config.run.seed,
         "device": str(run.device), "threads": run.threads.summary(),
         "trainer": {**run.trainer.summary(), "from_round": run.start_round},
-        "cuda_graphs": cuda_graphs(run.trainer), "git_sha": _git_sha(),
+        "cuda_graphs": cuda_graphs(run.trainer), "git_sha": _git()[0], "git_dirty": _git()[1],
         "status": result.status, "reason": result.reason, "rounds": result.rounds,
         "pid": os.getpid(), "host": socket.gethostname(),
         "sim_time_s": result.sim_time, "host_s": round(host_s, 3),
         "algorithm": config.algorithm.name,
+        "options": run.options_in_use(),  # every option in use, defaults included (a resume keeps them)
         "server_memory_bytes": run.strategy.memory_bytes(),
         "device_memory_bytes": run.strategy.device_memory_bytes(),
         "n_devices": run.task.n_clients, "model_dim": run.task.dim,
         "train_flops_per_sample": run.train_flops,
         "initial": run.recorder.initial,
-        "warnings": run_warnings(run, result.status, result.sim_time),
+        "warnings": run_warnings(run, result.status, result.sim_time) + [w for s in run.sessions for w in s.get("warnings", [])],
         "incomplete_outputs": list(run.incomplete_outputs.values()),
         "trace": {"n_devices": trace.n_devices, "horizon": trace.horizon, "wrap": trace.wrap,
                   "generator": trace.generator, "origin": trace.origin, "file": run.trace_file,
                   "fingerprint": run.trace_fingerprint, "fingerprint_of": run.fingerprint_of},
         "plugin_folders": plugin_folders(run.plugins_of),
         "plugin_files": run.plugin_files,
+        "sessions": run.sessions,
         "data_sha256": run.data_sha256,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })

@@ -23,7 +23,7 @@ import torch
 from fedsim.algorithms import Context, Strategy, make_strategy, planned_state
 from fedsim.algorithms.server_optimizer import ServerOptimizerConfig
 from fedsim.runs.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, RecordRounds
-from fedsim.config.schema import blamed
+from fedsim.config.schema import blamed, model_options
 from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, check_cohort_size, config_from_dict, dump_toml,
                            read_toml)
 from fedsim.config.catalog import GENERATORS
@@ -33,7 +33,7 @@ from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock, file_fingerprint, human_duration, plain_name, remove_stale_temporaries
 from fedsim.runs.replay import (TraceRecord, check_trace_file, load_trace, recorded_trace, resolve_trace_path,
                                 hashes, trace_fingerprint)
-from fedsim.results.manifest import incomplete_outputs, write_manifest
+from fedsim.results.manifest import incomplete_outputs, session, write_manifest
 from fedsim.results.plot_worker import PlotWorker
 from fedsim.results.plots import draw_plots
 from fedsim.results.recorder import Recorder, save_torch, write_text
@@ -148,15 +148,20 @@ class Experiment:
 
     def __init__(self, config: Config, run_dir: Path, progress: bool = True,
                  trace_record: TraceRecord | None = None, plotter: PlotWorker | None = None,
-                 callbacks: Sequence[Callback] = (), resuming: bool = False, rules: int = CURRENT_RULES):
+                 callbacks: Sequence[Callback] = (), resuming: bool = False, rules: int = CURRENT_RULES,
+                 started_options: dict | None = None):
         """`trace_record`: the generated trace of the run being resumed. A resume generates the
         trace again for its (maybe longer) extent and keeps that when it agrees with the
         recorded one; otherwise it replays the recorded trace, repeating it. `callbacks`: the user's own,
         called after the evaluation and before the recorder. `resuming`: the checkpoint holds
         the model, so a warm start's `[model] init_from` is not read again (it may be gone).
-        `rules`: the training rules the run started under (fedsim/training/rules.py)."""
+        `rules`: the training rules the run started under (fedsim/training/rules.py).
+        `started_options`: the options the resumed run started with, defaults included
+        (`options_in_use`): those the config does not give keep their values, whatever this
+        release's defaults."""
         check_trackers(config)  # before anything is read or written: a tracker that cannot log stops here
         self.resuming, self.rules = resuming, rules
+        self.started_options = started_options or {}
         self.lock = DirectoryLock(run_dir)
         self.config = config = resolve_trace_path(config)
         self.run_dir = Path(run_dir)
@@ -169,7 +174,11 @@ class Experiment:
         self.evaluated: tuple[float, float | None] | None = None  # this round's, done with other runs
         self.device = resolve_device(config.run.device)
         cfg = config
-        self.task = build_task(cfg.data, cfg.model, seed=cfg.run.seed, device=self.device, rules=rules,
+        # a model plugin's own keys, its defaults included (or the run's own, where it resumes)
+        self.model_options = {**(model_options(cfg.model.name, cfg.source) or {}),
+                              **self.started_options.get("model", {}), **cfg.model.options}
+        model = dataclasses.replace(cfg.model, options=self.model_options)
+        self.task = build_task(cfg.data, model, seed=cfg.run.seed, device=self.device, rules=rules,
                                fits=lambda sizes, dim: check_memory(cfg, self.device, len(sizes), dim,
                                                                     self.planned_state(cfg, sizes, dim)))
         check_cohort_size(cfg.server, self.task.n_clients)
@@ -236,9 +245,9 @@ class Experiment:
             seed=cfg.run.seed, server_lr=cfg.algorithm.server_lr, local_steps=cfg.client.local_steps,
             server_optimizer=server_optimizer_config(cfg.algorithm),
             clients_per_round=cfg.server.clients_per_round, invite=invite_budget(cfg.server),
-            options=dict(cfg.algorithm.options),
+            options={**self.started_options.get("algorithm", {}), **cfg.algorithm.options},
             lr=lambda t: learning_rate(cfg.client, t),
-            client_sizes=sizes, selection=cfg.algorithm.selection,
+            client_sizes=sizes, selection=cfg.algorithm.selection or self.started_options.get("selection", ""),
         )
 
     def _context(self, cfg: Config) -> Context:
@@ -311,9 +320,14 @@ class Experiment:
         if resume is not None:
             self.restore(resume)
         self.plugin_files = plugin_files(dataclasses.asdict(cfg))
-        if self.resumed:
-            warn_of_changed_plugins(read_manifest(self.run_dir, strict=False).get("plugin_files") or {},
-                                    self.plugin_files, self.run_dir)
+        before = read_manifest(self.run_dir, strict=False) if self.resumed else {}
+        changed = warn_of_changed_plugins(before.get("plugin_files") or {}, self.plugin_files, self.run_dir,
+                                          self.start_round) + warn_of_other_threads(before.get("threads"), self.threads,
+                                                                                    self.run_dir, self.start_round)
+        # which code ran which rounds: a resume adds its own session, the earlier ones stay
+        earlier = before.get("sessions") if isinstance(before.get("sessions"), list) else []
+        self.sessions = [*(s for s in earlier if isinstance(s, dict)), session(self.start_round, self.plugin_files,
+                                                                               changed)]
         self.chain = self.callbacks()
         gathered: dict = {}
         for callback in self.chain:
@@ -470,10 +484,15 @@ class Experiment:
             "recorder": self.recorder.state_dict(), "host_s": self._host_s(),
             "server": self.server.state_dict(),
             "config": self.config.to_dict(), "run_format": RUN_FORMAT, "rules": self.rules,
+            "options": self.options_in_use(),
             "model": self.model_layout,
             **({"device_buffers": self.task.device_buffers.state_dict()} if self.task.device_buffers else {}),
             **({"data_sha256": self.data_sha256} if self.data_sha256 else {}),
         }
+
+    def options_in_use(self) -> dict:
+        """The algorithm's, selection policy's and model plugin's options, defaults included."""
+        return {**self.strategy.options_in_use(), "model": self.model_options}
 
     def restore(self, state: dict) -> None:
         """The parts' state from a checkpoint (`checkpoint_state`; checked by `read_checkpoint`)."""
@@ -495,12 +514,30 @@ def check_same_data(recorded: str | None, now: str | None, root: str) -> None:
                           "started with, or start a new run on these")
 
 
-def warn_of_changed_plugins(before: dict[str, str], now: dict[str, str], run_dir: Path) -> None:
+def warn_of_changed_plugins(before: dict[str, str], now: dict[str, str], run_dir: Path, rnd: int) -> list[str]:
     """A warning line for each plugin module whose source file differs from the one the run's
-    earlier rounds ran (a fix may be meant; its numbers are then no one code's)."""
-    for module in sorted(m for m in now if m in before and before[m] != now[m]):
-        print(f"warning: {run_dir}: the plugin {module} ({sys.modules[module].__file__}) changed since the run's "
-              "earlier rounds; the rounds from here on run the new code", file=sys.stderr, flush=True)
+    earlier rounds ran (a fix may be meant; its numbers are then no one code's); the warnings,
+    which the manifest keeps."""
+    warnings = [f"the plugin {module} ({sys.modules[module].__file__}) changed after the run's first {rnd} rounds; "
+                "the rounds from there on ran the new code"
+                for module in sorted(m for m in now if m in before and before[m] != now[m])]
+    for warning in warnings:
+        print(f"warning: {run_dir}: {warning}", file=sys.stderr, flush=True)
+    return warnings
+
+
+def warn_of_other_threads(before, threads, run_dir: Path, rnd: int) -> list[str]:
+    """A warning where a resume's training calls may get another number of threads than the
+    run's earlier rounds had (`[run] threads = "auto"` on a machine with other cores): a CPU's
+    sums over other thread counts round differently. The warning, which the manifest keeps."""
+    then, now = (before or {}).get("max") if isinstance(before, dict) else None, threads.summary()["max"]
+    if then is None or now is None or then == now:
+        return []
+    warning = (f"the run's first {rnd} rounds trained with up to {then} threads a call, the rounds from there on with "
+               f"up to {now} ([run] threads = {threads.setting!r} on this machine): sums over other thread counts "
+               "round differently, so they may differ in the last bits from the run uninterrupted there")
+    print(f"warning: {run_dir}: {warning}", file=sys.stderr, flush=True)
+    return [warning]
 
 
 def first_change(started: dict, now: dict, skip: Sequence[str] = ()) -> tuple[str, str, Any, Any] | None:
@@ -592,7 +629,7 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
         raise FedsimError(f"--set run.rounds={config.run.rounds}: the run already has "
                           f"{state['round']} rounds; resume can only add rounds")
     return Experiment(config, run_dir, progress, record, plotter, callbacks, resuming=True,
-                      rules=started_rules(state, checkpoint)), state
+                      rules=started_rules(state, checkpoint), started_options=state.get("options")), state
 
 
 def started_rules(state: dict, checkpoint: Path) -> int:

@@ -133,6 +133,50 @@ def crash_note(run_dir: Path) -> str:
     return f": it {status}" if status.startswith("crashed") else ""
 
 
+class Commentary:
+    """stdout of a command whose work is its files (`run`, `sweep`): a reader that goes away
+    (`fedsim run | head`) ends the lines, not the work, which goes on to its end and its exit
+    status (where `fedsim trace info | head` has its output and may stop)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._silence()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._silence()
+
+    def _silence(self) -> None:
+        """Nobody reads: the rest goes to /dev/null (also what the buffer still holds)."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def commentary(command):
+    """`command` with its stdout a `Commentary`."""
+    import contextlib
+    import functools
+
+    @functools.wraps(command)
+    def wrapped(args) -> int:
+        with contextlib.redirect_stdout(Commentary(sys.stdout)):
+            return command(args)
+    return wrapped
+
+
+@commentary
 def cmd_run(args) -> int:
     ready: list[Path] = [Path(args.resume)] if args.resume else []
     try:
@@ -268,6 +312,7 @@ def cmd_plot(args) -> int:
     return 0
 
 
+@commentary
 def cmd_sweep(args) -> int:
     loaded = []
     try:

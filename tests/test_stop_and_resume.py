@@ -625,3 +625,20 @@ def test_a_plugins_bug_mid_run_ends_its_traceback_with_the_resume_that_goes_on_o
     assert early.returncode == 1
     assert early.stderr.endswith(f"fedsim: the run stopped (nothing was kept: runs/early removed)\n"), early.stderr
     assert not (tmp_path / "runs" / "early").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_a_reader_that_goes_away_ends_the_lines_not_the_work(tmp_path, command):
+    """`fedsim run | head -1`: the run goes on to its end (exit 0, its files complete); a study too."""
+    config = {**MODULE_RUN, "model": {"name": "logreg"}, "run": {**MODULE_RUN["run"], "rounds": 30, "name": "piped"}}
+    if command == "sweep":
+        config["sweep"] = {"run.seed": [0, 1]}
+    (tmp_path / "c.toml").write_text(dump_toml(config))
+    shell = f"{shlex.quote(sys.executable)} -m fedsim {command} c.toml | head -1; exit ${{PIPESTATUS[0]}}"
+    proc = subprocess.run(["bash", "-c", shell], cwd=tmp_path, env=environment(), capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0 and proc.stdout.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    runs = [tmp_path / "runs" / "piped"] if command == "run" else \
+        [tmp_path / "runs" / "piped" / f"seed-{seed}" for seed in (0, 1)]
+    assert all(json.loads((r / "manifest.json").read_text())["status"] == "completed" for r in runs)
+    assert command == "run" or (tmp_path / "runs" / "piped" / "summary.parquet").exists()

@@ -230,13 +230,23 @@ def run_stop_hint(run_dir: Path | None, fresh: bool) -> str:
 
 
 def refuse_a_study_folder(folder: Path, overrides: list[str]) -> None:
-    """`fedsim run --resume` of a study's folder: one line with the command that resumes it."""
+    """`fedsim run --resume` of a study's folder, or of one of its points (or warm-start runs),
+    which only its sweep writes to (a point resumed alone would leave the study's points unlike
+    each other): one line with the command that resumes the study."""
     import shlex
 
+    from fedsim.files import made_by_fedsim
+
+    sets = "".join(f" --set {shlex.quote(text)}" for text in overrides)
     if (folder / "study.toml").is_file() and not (folder / "config.toml").exists():
-        sets = "".join(f" --set {shlex.quote(text)}" for text in overrides)
         raise FedsimError(f"{folder}: a study's folder, which `fedsim sweep` resumes: run "
                           f"`{resume_command('sweep', folder)}{sets}`")
+    study = next((f for f in (folder.parent, folder.parent.parent) if (f / "study.toml").is_file()
+                  and made_by_fedsim(f)), None)
+    if study is not None and (folder / "config.toml").exists():
+        raise FedsimError(f"{folder}: a point of the study {study.absolute()}, which only its sweep writes to (resumed "
+                          f"alone, it would end unlike the study's other points): run "
+                          f"`{resume_command('sweep', study)}{sets}`")
 
 
 def _cmd_run(args, ready: list[Path]) -> int:

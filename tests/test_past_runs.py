@@ -62,7 +62,8 @@ def fresh(config_toml: Path, tmp_path: Path, rounds_: int) -> Path:
 def test_a_run_of_a_past_release_resumes_to_the_results_of_a_run_made_today(release, kind, tmp_path, capsys):
     run_dir = copy_of(release, tmp_path) / kind
     before = {m.name: rounds(m) for m in members(run_dir)}
-    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 0
+    resume = ["sweep", "--resume", str(run_dir.parent)] if kind.startswith("study") else ["run", "--resume", str(run_dir)]
+    assert main([*resume, "--set", "run.rounds=8", "--quiet"]) == 0  # (a study's points by their sweep)
     err = capsys.readouterr().err
     if release == "0a01227":
         assert f"note: {run_dir / 'config.toml'}: {PARTITION_NOTE}" in err.splitlines()

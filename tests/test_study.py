@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import signal
 import sys
 import tomllib
@@ -965,3 +966,21 @@ def test_an_axis_that_makes_some_points_the_same_run_is_refused_and_its_zip_runs
                                     "zip": [["algorithm.name", "algorithm.warmup"]]}, name="zipped")
     sweep(zipped)
     assert len(pl.read_parquet(tmp_path / "runs" / "zipped" / "summary.parquet")) == 3
+
+
+def test_resuming_one_point_alone_is_refused_with_the_sweep_that_resumes_the_study(grid, tmp_path, capsys):
+    from test_stop_and_resume import as_printed
+
+    point = grid / "algorithm-fedavg_seed-1"
+    before = (point / "manifest.json").read_bytes()
+    assert main(["run", "--resume", str(point), "--set", "run.rounds=12", "--quiet"]) == 2
+    command = f"fedsim sweep --resume {grid.absolute()} --set run.rounds=12"
+    assert capsys.readouterr().err == (
+        f"error: {point}: a point of the study {grid.absolute()}, which only its sweep writes to (resumed alone, it "
+        f"would end unlike the study's other points): run `{command}`\n")
+    assert (point / "manifest.json").read_bytes() == before
+    copy = tmp_path / "copy"
+    shutil.copytree(grid, copy)  # (the module's grid stays as it was)
+    done = as_printed(command.replace(str(grid.absolute()), str(copy)), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert {json.loads(m.read_text())["rounds"] for m in copy.glob("*/manifest.json")} == {12}

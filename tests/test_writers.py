@@ -108,6 +108,20 @@ def test_a_loss_far_above_the_start_is_divergence_and_a_diverged_run_resumes_onl
     assert json.loads((off / "manifest.json").read_text())["status"] == "completed"
 
 
+def test_a_diverged_comparison_resumes_its_diverged_runs_only_by_force(cli_run, capsys):
+    config = {"run": {"rounds": 6, "eval_every": 3, "algorithms": ["fedavg", "mifa"]},
+              "data": {"dataset": "digits", "clients": 10}, "client": {"local_steps": 2, "batch_size": 8, "lr": 1e6}}
+    run_dir = cli_run(config, expect=3)
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 3
+    err = capsys.readouterr().err
+    for name in ("fedavg", "mifa"):
+        assert (f"note: {run_dir / name}: the run diverged (training loss " in err and
+                f"so it stays as it ended; resume it anyway with `fedsim run --resume {run_dir.absolute()} --force`" in err)
+        assert json.loads((run_dir / name / "manifest.json").read_text())["rounds"] == 1
+    assert main(["run", "--resume", str(run_dir), "--force", "--quiet"]) == 3  # (diverges again, later)
+    assert all(json.loads((run_dir / name / "manifest.json").read_text())["rounds"] > 1 for name in ("fedavg", "mifa"))
+
+
 def comparison_config():
     config = quadratic_config([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]], rounds=10)
     config["run"]["algorithms"] = ["fedavg", "mifa", "fedau"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -99,7 +100,7 @@ def comparison_lock(run_dir: Path, what: str):
         lock.release()
 
 
-def _members(config, run_dir, progress, plotter, callbacks, first=None, force=False) -> RunResult:
+def _members(config, run_dir, progress, plotter, callbacks, first=None, force=False, resuming=False) -> RunResult:
     """Each algorithm of a comparison in turn: run it, resume it from its checkpoint, or (done)
     read its result; then the summary and the comparison plots. A stop signal, also between
     two algorithms, stops the comparison (status interrupted; `--resume` finishes it)."""
@@ -112,7 +113,7 @@ def _members(config, run_dir, progress, plotter, callbacks, first=None, force=Fa
             if stop_signal["name"]:
                 break
             sub, member = run_dir / plain_name(name), config.with_algorithm(name)
-            state = run_state(sub, member)
+            state = diverged_state(sub, run_state(sub, member), force) if resuming else run_state(sub, member)
             if state == "done":
                 results.append(finished_result(sub, name))
                 continue
@@ -142,6 +143,19 @@ def _members(config, run_dir, progress, plotter, callbacks, first=None, force=Fa
     worst = max(statuses, key=STATUS_SEVERITY.index)
     reason = f"interrupted by {stop_signal['name']} between algorithms" if stop_signal["name"] else ""
     return RunResult(run_dir, ",".join(config.run.algorithms), worst, reason, summary, runs=results)
+
+
+def diverged_state(run_dir: Path, state: str, force: bool) -> str:
+    """A resumed comparison's member that diverged: resumed with `force` (as a single run is),
+    else left as it ended, with a note saying how to resume it anyway."""
+    manifest = read_manifest(run_dir, strict=False)
+    if state != "done" or manifest.get("status") != "diverged" or not (run_dir / "checkpoint.pt").exists():
+        return state
+    if force:
+        return "resume"
+    print(f"note: {run_dir}: the run diverged ({manifest.get('reason')}), so it stays as it ended; resume it anyway "
+          f"with `{resume_command('run', run_dir.parent)} --force`", file=sys.stderr, flush=True)
+    return state
 
 
 def finished_result(run_dir: Path, algorithm: str) -> RunResult:
@@ -184,7 +198,7 @@ def resume_comparison(run_dir: Path, overrides: list[str] = (), progress: bool =
     try:
         with comparison_lock(run_dir, "fedsim resume, a comparison"):
             write_text(run_dir / "config.toml", dump_toml(config.to_dict()))  # with the keys it resumed with
-            return _members(config, run_dir, progress, plotter, callbacks, force=force)
+            return _members(config, run_dir, progress, plotter, callbacks, force=force, resuming=True)
     finally:
         if plotter is not None:
             plotter.finish()

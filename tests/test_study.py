@@ -984,3 +984,13 @@ def test_resuming_one_point_alone_is_refused_with_the_sweep_that_resumes_the_stu
     done = as_printed(command.replace(str(grid.absolute()), str(copy)), tmp_path)
     assert done.returncode == 0, done.stderr
     assert {json.loads(m.read_text())["rounds"] for m in copy.glob("*/manifest.json")} == {12}
+
+
+def test_a_study_folders_study_toml_given_to_run_says_to_sweep_it(grid, capsys):
+    recorded = grid / "study.toml"
+    for command in (["run", str(recorded)], ["config", "show", str(recorded)]):
+        assert main(command) == 2
+        assert capsys.readouterr().err == (f"error: {recorded}: is a study (it has axes to sweep); run it with "
+                                           f"`fedsim sweep {recorded}`\n")
+    assert main(["sweep", str(recorded), "--quiet"]) == 0  # as printed: the study is done, nothing runs again
+    assert "done, skipped" in capsys.readouterr().out

@@ -146,6 +146,5 @@ def _layers_of(source, overrides) -> tuple[Path, Layered]:
         path = scenario_path(str(source))
     raw = read_toml(path)
     if is_study(raw):
-        raise FedsimError(f"{path}: is a study (it has a [sweep] table of axes); run it with "
-                          f"`fedsim sweep {source}`")
+        raise FedsimError(f"{path}: is a study (it has axes to sweep); run it with `fedsim sweep {source}`")
     return path, layered_config(path, list(overrides), file_is_base=builtin)

@@ -1131,8 +1131,9 @@ def scenario_path(name: str) -> Path:
 
 
 def is_study(raw: dict) -> bool:
-    """A parsed TOML file is a study (for `fedsim sweep`) when it has a [sweep] table."""
-    return "sweep" in raw
+    """A parsed TOML file is a study (for `fedsim sweep`) when it has a [sweep] table, or is the
+    study.toml that a sweep records in a study's folder (its base config and axes)."""
+    return "sweep" in raw or isinstance(raw.get("base"), dict) and "axes" in raw
 
 
 def config_scenarios() -> list[str]:

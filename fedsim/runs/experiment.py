@@ -175,7 +175,7 @@ class Experiment:
         self.device = resolve_device(config.run.device)
         cfg = config
         # a model plugin's own keys, its defaults included (or the run's own, where it resumes)
-        self.model_options = {**(model_options(cfg.model.name, cfg.source) or {}),
+        self.model_options = {**(model_options(cfg.model.name) or {}),
                               **self.started_options.get("model", {}), **cfg.model.options}
         model = dataclasses.replace(cfg.model, options=self.model_options)
         self.task = build_task(cfg.data, model, seed=cfg.run.seed, device=self.device, rules=rules,

@@ -155,7 +155,7 @@ def load_study(source: str, overrides: list[str] = (), yes: bool = False) -> Stu
     for (point_name, values, raw_point), warm_name in zip(raws, warm_of):
         if warm_name is not None:
             _set(raw_point, "model.init_from", str(folder.absolute() / warm_name))  # (from any directory)
-        raw_point.setdefault("run", {}).update(name=point_name, out=str(folder))
+        raw_point.setdefault("run", {}).update(name=point_name, out=str(folder.absolute()))  # (from any directory)
         _own_keys(raw_point, chosen)
     points = _checked(raws, origins, path, "point")
     _unique_names(points, path)

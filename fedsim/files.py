@@ -137,11 +137,12 @@ TRACE_PICTURE = "fedsim trace plot"
 
 
 def check_out(path: str | Path | None, force: bool, inputs: list = (), flag: str = "--out",
-              redraws: str | None = None) -> None:
+              redraws: str | None = None, suffix: str = "") -> None:
     """Where a command may write its output `path`: never over an input or a folder, nor over
     a file in the folder of a run, comparison or study (the run's own, or one put there by
     hand), even with --force, unless it is a picture this command drew there (`redraws`: its
-    PNG's Software text); over any other file that exists only with --force."""
+    PNG's Software text); over any other file that exists only with --force. `suffix`: the
+    file's format (.parquet, .png), which its name must say."""
     if not path:
         return
     out = Path(path)
@@ -151,14 +152,16 @@ def check_out(path: str | Path | None, force: bool, inputs: list = (), flag: str
                               "written over)")
     if out.is_dir():
         raise FedsimError(f"{flag} {path}: is a folder; give the path of a file")
-    if not out.exists():
-        return
-    folder = run_folder_of(out)
-    if folder is not None and not (redraws and _drawn_by(out, redraws)):
-        raise FedsimError(f"{flag} {path}: is a file of the run directory {folder}, which no other command "
-                          "writes over (not even with --force); give a path outside it, or a new file name")
-    if not force:
-        raise FedsimError(f"{flag} {path}: the file exists; give another path, or --force to overwrite it")
+    if out.exists():
+        folder = run_folder_of(out)
+        if folder is not None and not (redraws and _drawn_by(out, redraws)):
+            raise FedsimError(f"{flag} {path}: is a file of the run directory {folder}, which no other command "
+                              "writes over (not even with --force); give a path outside it, or a new file name")
+        if not force:
+            raise FedsimError(f"{flag} {path}: the file exists; give another path, or --force to overwrite it")
+    if suffix and out.suffix and out.suffix.lower() != suffix:  # (a name without one is the user's)
+        raise FedsimError(f"{flag} {path}: the file is written as {suffix[1:].upper()}; name it "
+                          f"{out.with_suffix(suffix).name}")
 
 
 def run_folder_of(path: Path) -> Path | None:

@@ -196,7 +196,12 @@ def test_plot_draws_its_own_picture_again_but_never_a_runs_files(diurnal_file, t
     assert (run_dir / "manifest.json").read_text() == "{}"
     mine = tmp_path / "mine"
     mine.mkdir()
-    (mine / "notes.txt").write_text("mine")
+    (mine / "old.png").write_text("mine")
     (mine / "study.toml").write_text("[sweep]\n")  # the user's own study file: not a study's folder
-    assert run(["plot", str(diurnal_file), "--out", str(mine / "notes.txt"), "--force"]) == 0
-    assert (mine / "notes.txt").read_bytes()[:4] == b"\x89PNG"
+    assert run(["plot", str(diurnal_file), "--out", str(mine / "old.png"), "--force"]) == 0
+    assert (mine / "old.png").read_bytes()[:4] == b"\x89PNG"
+    for name, fmt, fixed in (("d.pdf", "PNG", "d.png"), ("t.csv", "PARQUET", "t.parquet")):  # a name says its format
+        command = ["plot", str(diurnal_file)] if fmt == "PNG" else ["generate", "always", "--devices", "2", "--days", "1"]
+        with pytest.raises(FedsimError, match=f"^--out {mine / name}: the file is written as {fmt}; name it {fixed}$"):
+            run([*command, "--out", str(mine / name)])
+        assert not (mine / name).exists()

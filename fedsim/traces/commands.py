@@ -134,8 +134,8 @@ def generate_command(args) -> int:
             options[name.removeprefix("option:")] = parse_value(value)
     if args.days is not None and not args.days > 0:
         raise FedsimError(f"--days {args.days}: give a number of days > 0")
-    check_out(args.out, args.force)
-    check_out(args.devices_out, args.force, flag="--devices-out")
+    check_out(args.out, args.force, suffix=".parquet")
+    check_out(args.devices_out, args.force, flag="--devices-out", suffix=".parquet")
     began = time.perf_counter()
     trace = generate(args.kind, args.devices, seed=args.seed, rounds=args.rounds,
                      round_duration=args.round_duration, days=args.days, **options)
@@ -176,7 +176,7 @@ def info_command(args) -> int:
 def plot_command(args) -> int:
     from fedsim.traces.plot import plot_trace
 
-    check_out(args.out, args.force, inputs=[args.file, args.devices], redraws=TRACE_PICTURE)
+    check_out(args.out, args.force, inputs=[args.file, args.devices], redraws=TRACE_PICTURE, suffix=".png")
     trace = read_given(args)
     shown = plot_trace(trace, args.out, zones=trace_zones(trace, args.file, args.devices))
     print(f"wrote {args.out}: {shown} of {trace.n_devices} devices")
@@ -190,7 +190,7 @@ def convert_command(args) -> int:
 
     for out, flag in ((args.out, "--out"), (str(beside(args.out)), "--out's device table"),
                       (args.devices_out, "--devices-out")):
-        check_out(out, args.force, inputs=[args.input], flag=flag)
+        check_out(out, args.force, inputs=[args.input], flag=flag, suffix=".parquet")
     trace = convert(args.fmt, args.input, horizon=args.horizon, time_unit=args.time_unit,
                     tz=args.tz, device_col=args.device_col, start_col=args.start_col,
                     end_col=args.end_col, repeat=args.repeat)

@@ -35,7 +35,7 @@ def _summary_table(result) -> str:
     runs = result.runs or [result]
     targets = read_toml(runs[0].run_dir / "config.toml").get("run", {}).get("targets", [])
     width = max(16, *(len(r.algorithm) + 1 for r in runs))  # a plugin's 'module:Name' may be long
-    header = (f"{'algorithm':<{width}} {'status':<10} {'rounds':>7} {'sim time':>10} {'test acc':>9} "
+    header = (f"{'algorithm':<{width}} {'status':<11} {'rounds':>6} {'sim time':>10} {'test acc':>9} "
               f"{'test loss':>10} {'server mem':>11}")
     header += "".join(f" {'to ' + target_label(t):>9}" for t in targets)
     lines = [header, "-" * len(header)]
@@ -46,7 +46,7 @@ def _summary_table(result) -> str:
         mem = server_memory(manifest["server_memory_bytes"])
         reached = "".join(f" {hit_time(time_to_target(r.rounds, t, manifest.get('initial')), acc != '-'):>9}"
                           for t in targets)
-        lines.append(f"{r.algorithm:<{width}} {r.status:<10} {manifest['rounds']:>7} {duration(manifest['sim_time_s']):>10} "
+        lines.append(f"{r.algorithm:<{width}} {r.status:<11} {manifest['rounds']:>6} {duration(manifest['sim_time_s']):>10} "
                      f"{acc:>9} {loss:>10} {mem:>11}{reached}")
     return "\n".join(lines)
 

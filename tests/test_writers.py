@@ -180,6 +180,9 @@ def test_a_comparison_stopped_inside_an_algorithm_resumes_as_a_whole(cli_run, mo
     monkeypatch.setattr(Recorder, "add_round", sigint_in_mifa)
     cut = cli_run(comparison_config(), name="cut", expect=130)
     monkeypatch.setattr(Recorder, "add_round", add_round)
+    table = [line for line in cli_run.last_output.out.splitlines() if line.startswith(("algorithm ", "---", "fedavg ",
+                                                                                        "mifa "))]
+    assert len(table) == 4 and "interrupted" in table[-1] and len({len(line) for line in table}) == 1, table
     assert main(["run", "--resume", str(cut), "--quiet"]) == 0
     assert same_summary(cut, whole)
 

@@ -259,6 +259,8 @@ def _cmd_run(args, ready: list[Path]) -> int:
             f"fedsim run {args.config} --resume {args.resume}: give a config or --resume "
             "RUN_DIR, not both (a resumed run uses the config.toml in its directory)"
         )
+    if args.force and not args.resume:
+        raise FedsimError("--force: resumes a diverged run, with --resume RUN_DIR; a new run needs no --force")
     use_recorded_plugin_folders(args.resume or args.config)  # (a run's own config.toml, run again)
     # the whole config is checked before torch is imported or any data is read
     config = None if args.resume else load_config(args.config, args.set)
@@ -344,6 +346,12 @@ def _cmd_sweep(args, loaded: list) -> int:
     if (args.study is None) == (args.resume is None):
         raise FedsimError("fedsim sweep: give a study file (or scenario), or --resume STUDY_FOLDER to finish "
                           f"one that was interrupted{', not both' if args.study else ''}")
+    if args.processes is not None and args.processes < 1:
+        raise FedsimError(f"--processes {args.processes}: not a number of processes; give 1 or more, or leave it out "
+                          "(one per 8 points, at most one per core)")
+    if args.address is not None and args.backend != "ray":
+        raise FedsimError(f"--address {args.address}: joins a Ray cluster, for --backend ray; add --backend ray, or "
+                          "leave --address out")
     folder = Path(args.resume or args.study)
     if args.resume is not None and not folder.is_dir():
         what = "a file" if folder.exists() else "no such folder"
@@ -369,7 +377,7 @@ def _cmd_sweep(args, loaded: list) -> int:
         print(f"  {point.name}: {what}", flush=True)
 
     records = run_study(study, progress=not args.quiet, plotter=plotter, on_point=on_point,
-                        backend=args.backend, address=args.address, processes=args.processes)
+                        backend=args.backend, address=args.address, processes=args.processes or 0)
     if plotter is not None:
         plotter.finish()
     stopped = [r for r in records if r["status"] == "interrupted"]
@@ -613,7 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "lockstep (their training shares batched calls); ray: points as Ray tasks "
                         "(pip install 'fedsim-avail[ray]')")
     p.add_argument("--address", help="Ray: the cluster to join (default: RAY_ADDRESS, else a local Ray)")
-    p.add_argument("--processes", type=int, default=0, metavar="N",
+    p.add_argument("--processes", type=int, default=None, metavar="N",
                    help="inprocess: step the points in N worker processes side by side, each its share in "
                         "lockstep (default: one per 8 points, at most one per core; 1 on a GPU)")
     p.set_defaults(func=cmd_sweep)

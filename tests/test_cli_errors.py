@@ -224,3 +224,17 @@ def test_out_of_gpu_memory_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     err = fails(capsys, ["run", "quickstart", "--set", "run.rounds=2", "--quiet"])
     assert "out of GPU memory" in err and 'run.device = "cpu"' in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "--force", "--quiet"], "--force: resumes a diverged run, with --resume RUN_DIR; a new run needs no --force"),
+    (["sweep", "S", "--processes", "0"], "--processes 0: not a number of processes; give 1 or more, or leave it out "
+                                         "(one per 8 points, at most one per core)"),
+    (["sweep", "S", "--address", "foo:1"], "--address foo:1: joins a Ray cluster, for --backend ray; add --backend "
+                                           "ray, or leave --address out"),
+])
+def test_flags_that_would_be_ignored_are_one_line(tmp_path, capsys, argv, says):
+    (tmp_path / "s.toml").write_text('[run]\nname = "s"\nrounds = 2\n[sweep]\n"run.seed" = [0, 1]\n')
+    assert main([str(tmp_path / "s.toml") if a == "S" else a for a in argv]) == 2
+    assert capsys.readouterr().err == f"error: {says}\n"
+    assert not (tmp_path / "runs").exists()

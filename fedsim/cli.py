@@ -554,11 +554,34 @@ class OneLineParser(argparse.ArgumentParser):
         return super().parse_args(self.argv, namespace)
 
     def error(self, message: str):
+        import re
+
+        from fedsim.errors import did_you_mean
+
+        parser = self._command_parser()  # (argparse reports a subcommand's unknown flags at the top)
         spaced = [(key, value) for flag, key, value in zip(self.argv, self.argv[1:], self.argv[2:])
                   if flag == "--set" and "=" not in key and not value.startswith("-")]
+        unknown = [w.split("=")[0] for w in message.partition(": ")[2].split() if w.startswith("--")]
         if message.startswith("unrecognized arguments") and spaced:  # `--set client.lr 0.1`
             message += f" (write --set {spaced[0][0]}={spaced[0][1]}, with '=')"
-        self.exit(2, f"error: {self.prog}: {message}; see `{self.prog} --help`\n")
+        hint = ""
+        if message.startswith("unrecognized arguments") and unknown and not spaced:  # `--availabilty 0.5`
+            flags = [o.lstrip("-") for a in parser._actions for o in a.option_strings if o.startswith("--")]
+            hint = did_you_mean(unknown[0].lstrip("-"), flags).replace("mean '", "mean '--")  # (not by the dashes)
+        chosen = re.match(r"argument \S+: invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if chosen and "did you mean" not in message:  # `fedsim rnu`
+            hint = did_you_mean(chosen[1], re.findall(r"'?([\w-]+)'?", chosen[2]))
+        help_ = f"`{parser.prog} --help`"
+        self.exit(2, f"error: {parser.prog}: {message}; {f'{hint} (see {help_})' if hint else f'see {help_}'}\n")
+
+    def _command_parser(self) -> argparse.ArgumentParser:
+        """The (sub)command's parser the words of argv choose."""
+        parser = self
+        for word in self.argv:
+            commands = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+            if commands is not None and word in commands.choices:
+                parser = commands.choices[word]
+        return parser
 
 
 class ListingParser(OneLineParser):

@@ -365,8 +365,8 @@ def test_a_set_written_with_a_space_says_to_write_the_equals_sign(capsys):
     with pytest.raises(SystemExit) as exit:  # (argparse's, in the process)
         main(["run", "quickstart", "--set", "client.lr", "0.1"])
     assert exit.value.code == 2
-    assert capsys.readouterr().err == ("error: fedsim: unrecognized arguments: 0.1 (write --set client.lr=0.1, "
-                                       "with '='); see `fedsim --help`\n")
+    assert capsys.readouterr().err == ("error: fedsim run: unrecognized arguments: 0.1 (write --set client.lr=0.1, "
+                                       "with '='); see `fedsim run --help`\n")
 
 
 def test_a_dataset_called_by_its_nickname_gets_its_name(tmp_path, monkeypatch, capsys):

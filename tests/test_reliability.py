@@ -548,7 +548,13 @@ CASES = [
     case("set-without-equals", "run quickstart --set run.rounds", r"--set 'run\.rounds': expected section\.key=value"),
     case("set-bad-value", "run quickstart --set run.rounds=x", r"\[run\] rounds: expected an integer, got 'x'"),
     # --- CLI: arguments, missing files, resume ------------------------------------------------
-    case("unknown-option", "run --bogus", r"fedsim: unrecognized arguments: --bogus; see `fedsim --help`"),
+    case("unknown-option", "run --bogus", r"fedsim run: unrecognized arguments: --bogus; see `fedsim run --help`$"),
+    case("option-typo", "run --quite", r"^error: fedsim run: unrecognized arguments: --quite; did you mean '--quiet'\? "
+         r"\(see `fedsim run --help`\)$"),
+    case("generator-option-typo", "trace generate diurnal --devices 3 --days 1 --out {tmp}/x.parquet --availabilty 0.5",
+         r"^error: fedsim trace generate: unrecognized arguments: --availabilty 0\.5; did you mean '--availability'\? "
+         r"\(see `fedsim trace generate --help`\)$"),
+    case("command-typo", "rnu", r"invalid choice: 'rnu' \(choose from .*\); did you mean 'run'\? \(see `fedsim --help`\)$"),
     case("no-command", "", r"the following arguments are required: command"),
     case("not-an-integer-argument", "trace generate always --devices x --days 1 --out {tmp}/t.parquet",
          r"fedsim trace generate: argument --devices: invalid int value: 'x'; see `fedsim trace generate --help`"),

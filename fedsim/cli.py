@@ -277,7 +277,8 @@ def _cmd_run(args, ready: list[Path]) -> int:
             from fedsim.results.run_format import check_readable
 
             check_readable(Path(args.resume))
-        print(f"resuming {args.resume}{crash_note(Path(args.resume))}", flush=True)
+        if Path(args.resume).is_dir():  # (else `resume` says what it is, in one line)
+            print(f"resuming {args.resume}{crash_note(Path(args.resume))}", flush=True)
         result = resume(args.resume, args.set, progress=not args.quiet, plotter=plotter, force=args.force)
     else:
         def on_ready(run_dir: Path) -> None:
@@ -624,13 +625,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue a run from its checkpoint (with --set run.rounds=N to extend it; "
                         "only " + ", ".join(RESUME_KEYS) + " can be changed)")
     p.add_argument("--force", action="store_true", help="with --resume: resume a diverged run too")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, nor progress lines")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="run a study: a base config over axes of values (seeds, "
                                      "algorithms, settings), summarised over seeds")
     p.add_argument("study", nargs="?", help="a study .toml ([sweep] axes) or a built-in study scenario "
-                                            "(paper-fedlaavg, paper-mifa, paper-fedawe, paper-wangji)")
+                                            "(`fedsim scenarios` lists them)")
     p.add_argument("--resume", metavar="STUDY_FOLDER",
                    help="finish the study recorded in this folder (its study.toml holds the base config "
                         "with every --set it ran with): runs the points not done, resumes the interrupted")
@@ -649,8 +650,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "lockstep (default: one per 8 points, at most one per core; 1 on a GPU)")
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("plot", help="(re)draw the plots of a run directory")
-    p.add_argument("run_dir")
+    p = sub.add_parser("plot", help="(re)draw the plots of a run directory, a comparison or a study")
+    p.add_argument("run_dir", metavar="FOLDER", help="a run directory, a comparison's or a study's folder, or a "
+                                                     "folder of runs (its plots go to FOLDER/plots; docs/plots.md)")
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("report", help="accuracy, time to target accuracies, round durations and "

@@ -238,3 +238,26 @@ def test_flags_that_would_be_ignored_are_one_line(tmp_path, capsys, argv, says):
     assert main([str(tmp_path / "s.toml") if a == "S" else a for a in argv]) == 2
     assert capsys.readouterr().err == f"error: {says}\n"
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_file_of_the_wrong_kind_says_what_it_is(tmp_path, capsys):
+    from fedsim.traces import Trace, write_trace
+
+    (tmp_path / "top.toml").write_text("rounds = 5\n")
+    write_trace(Trace.from_intervals([0], [0.0], [10.0], n_devices=1, horizon=10.0), tmp_path / "t.parquet")
+    cases = [
+        (["run", str(tmp_path / "top.toml")], f"{tmp_path / 'top.toml'}: unknown key rounds outside any section; it "
+                                              "is a [run] key: write it under [run]"),
+        (["config", "show", str(tmp_path / "t.parquet")],
+         f"config {tmp_path / 't.parquet'}: is a Parquet file (a trace, or a dataset's table), not a TOML config; a "
+         "trace goes in a config as [trace] path (--set trace.path=FILE --set trace.source=file)"),
+        (["run", "--resume", str(tmp_path / "top.toml")],
+         f"{tmp_path / 'top.toml'}: a file, not a run directory; give the folder that `fedsim run` printed after "
+         "'run directory:'"),
+        (["report", str(tmp_path / "top.toml")],
+         f"{tmp_path / 'top.toml'}: a file, not a run's folder; pass the folder that `fedsim run` printed after "
+         "'results:'"),
+    ]
+    for argv, says in cases:
+        assert main(argv) == 2
+        assert capsys.readouterr() == ("", f"error: {says}\n"), argv

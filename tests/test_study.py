@@ -994,3 +994,17 @@ def test_a_study_folders_study_toml_given_to_run_says_to_sweep_it(grid, capsys):
                                            f"`fedsim sweep {recorded}`\n")
     assert main(["sweep", str(recorded), "--quiet"]) == 0  # as printed: the study is done, nothing runs again
     assert "done, skipped" in capsys.readouterr().out
+
+
+def test_the_report_of_a_study_with_a_point_not_run_prints_the_sweep_that_runs_it(tmp_path, capsys):
+    from test_stop_and_resume import as_printed
+
+    sweep(write_study(tmp_path, {"run.seed": [0, 1]}, run={"rounds": 3}))
+    folder = tmp_path / "runs" / "s"
+    shutil.rmtree(folder / "seed-1")
+    assert main(["report", str(folder)]) == 2
+    command = f"fedsim sweep --resume {folder.absolute()}"
+    assert capsys.readouterr().err == (f"error: {folder}: point seed-1 has not run yet (1 of 2 missing); run "
+                                       f"`{command}` to finish it\n")
+    assert as_printed(command, Path("/")).returncode == 0
+    assert main(["report", str(folder)]) == 0

@@ -730,6 +730,11 @@ def _unknown_keys(raw: dict, algorithms: list, origin: str, origins: dict) -> li
     for section, body in raw.items():
         if section not in _SECTION_CLASSES:
             first = next(iter(body), None) if isinstance(body, dict) else None
+            owners = [name for name, cls in _SECTION_CLASSES.items() if section in _field_names(cls)]
+            if not isinstance(body, dict) and owners:  # `rounds = 5` above every [section]
+                unknown.append((origin, f"key {section} outside any section",
+                                f"it is a [{owners[0]}] key: write it under [{owners[0]}]"))
+                continue
             unknown.append((origins.get((section, first), origin), f"section [{section}]",
                             suggest(section, _SECTION_CLASSES)))
             continue
@@ -759,7 +764,7 @@ def _unknown_error(unknown: list[tuple[str, str, str]]) -> FedsimError:
     several, each with its own suggestion (and file, where they differ)."""
     if len(unknown) == 1:
         ((where, what, hint),) = unknown
-        return FedsimError(f"{where}: unknown {what if what.startswith('section') else 'key ' + what}; {hint}")
+        return FedsimError(f"{where}: unknown {what if what.startswith(('section', 'key ')) else 'key ' + what}; {hint}")
     first = unknown[0][0]
     parts = [("" if where == first else f"{where}: ") + f"{what} ({hint})" for where, what, hint in unknown]
     sections = any(what.startswith("section") for _, what, _ in unknown)
@@ -1115,6 +1120,10 @@ def read_toml(path: str | Path) -> dict:
     except tomllib.TOMLDecodeError as err:
         raise FedsimError(f"config {path}: invalid TOML ({err})") from None
     except UnicodeDecodeError:
+        if Path(path).read_bytes()[:4] == b"PAR1":
+            raise FedsimError(f"config {path}: is a Parquet file (a trace, or a dataset's table), not a TOML config; "
+                              "a trace goes in a config as [trace] path (--set trace.path=FILE --set trace.source=file)") \
+                from None
         raise FedsimError(f"config {path}: not UTF-8 text; save the TOML file as UTF-8") from None
     except OSError as err:
         raise FedsimError(f"config {path}: cannot read it ({err.strerror}); "

@@ -268,7 +268,8 @@ def runs_under(folder: Path) -> tuple[list[Path], list[Path]]:
     comparisons: `[run] out`), in name order, and the studies in it, which are reported alone.
     One line where it holds no run."""
     if not folder.is_dir():
-        raise FedsimError(f"{folder}: no such folder; pass the folder that `fedsim run` printed after 'results:'")
+        what = "a file, not a run's folder" if Path(folder).exists() else "no such folder"
+        raise FedsimError(f"{folder}: {what}; pass the folder that `fedsim run` printed after 'results:'")
     if _is_run(folder):
         return [folder], []
     children = sorted(p for p in folder.iterdir() if p.is_dir())

@@ -594,7 +594,8 @@ def prepare_resume(run_dir: Path, overrides: list[str] = (), progress: bool = Tr
     None for a run that stopped before its first checkpoint, which starts over."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FedsimError(f"{run_dir}: no such run directory; give the folder that `fedsim run` "
+        what = "a file, not a run directory" if run_dir.exists() else "no such run directory"
+        raise FedsimError(f"{run_dir}: {what}; give the folder that `fedsim run` "
                           "printed after 'run directory:'")
     ended = read_manifest(run_dir, strict=False)
     if ended.get("status") == "diverged" and not force:

@@ -31,6 +31,7 @@ from fedsim.config import (AlgorithmConfig, Config, DataConfig, TraceConfig, alg
 from fedsim.config.layers import SET, Layered, drop_unselected, layered_config
 from fedsim.config.schema import FILE_KEYS, _field_names, absolute_file_keys, suggest, takes_one_value
 from fedsim.errors import FedsimError
+from fedsim.files import resume_command
 
 MAX_POINTS = 10_000  # more need --yes
 SEED = "run.seed"
@@ -612,7 +613,7 @@ def open_study(folder: Path) -> Study:
     missing = [p.name for p in points if not (folder / p.name / "rounds.parquet").exists()]
     if missing:
         raise FedsimError(f"{folder}: point {missing[0]} has not run yet ({len(missing)} of "
-                          f"{len(points)} missing); run `fedsim sweep` on the study to finish it")
+                          f"{len(points)} missing); run `{resume_command('sweep', folder)}` to finish it")
     return Study(folder.name, str(folder), axes, points, folder, resolved)
 
 

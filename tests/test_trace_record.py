@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import quadratic_config, rounds
+import numpy as np
+
+from conftest import final_x, quadratic_config, rounds
 from fedsim.cli import main
 from fedsim.traces import generate, write_trace
 
@@ -80,13 +82,20 @@ def test_a_moved_or_changed_trace_file_is_one_error_line_naming_path_and_fingerp
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"error: {path}: the run's trace file is gone (moved or deleted; it had {recorded['bytes']} bytes, "
-        f"sha256 {recorded['sha256'][:12]}...); put it back at that path (the run reads it there)")
+        f"sha256 {recorded['sha256'][:12]}...); put it back at that path, or give its new place to the resume with "
+        "--set trace.path=NEW (its bytes are checked to be the run's)")
     write_trace(generate("always", 4, seed=0, rounds=60, round_duration=60.0), path)
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 2
     assert "the trace file changed since the run started" in capsys.readouterr().err
-    (tmp_path / "moved.parquet").replace(path)
-    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 0
-    assert len(rounds(run_dir)) == 8
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--set", f"trace.path={path}",
+                 "--quiet"]) == 2  # (another file at the new place: refused alike)
+    assert "the trace file changed since the run started" in capsys.readouterr().err
+    whole = cli_run(quadratic_config(targets(4), rounds=8), trace=trace, name="whole")
+    moved = tmp_path / "moved.parquet"
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--set", f"trace.path={moved}",
+                 "--quiet"]) == 0
+    assert len(rounds(run_dir)) == 8 and np.array_equal(final_x(run_dir), final_x(whole))
+    assert f'path = "{moved}"' in (run_dir / "config.toml").read_text()  # where it is now
 
 
 def test_trace_info_and_plot_of_a_run_directory_show_the_trace_it_replays(cli_run, capsys, tmp_path):

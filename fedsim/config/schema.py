@@ -520,7 +520,8 @@ class Config:
 # what a resumed run may change: how long it goes on and how it is watched, never what is
 # simulated (that would silently mix two experiments in one run directory)
 RESUME_KEYS = ("run.rounds", "run.max_time", "run.eval_every", "run.checkpoint_every",
-               "run.progress", "run.device", "run.targets", "run.plots", "run.trackers")
+               "run.progress", "run.device", "run.targets", "run.plots", "run.trackers",
+               "trace.path")  # (a trace file moved: the resume checks that its bytes are the run's)
 
 
 def check_resume_overrides(overrides: list[str]) -> None:

@@ -148,7 +148,8 @@ def check_trace_file(path: Path, recorded: dict | None) -> None:
     was = f"it had {recorded['bytes']} bytes, sha256 {recorded['sha256'][:12]}..."
     if not path.is_file():
         raise FedsimError(f"{path}: the run's trace file is gone (moved or deleted; {was}); put it back "
-                          "at that path (the run reads it there)")
+                          "at that path, or give its new place to the resume with --set trace.path=NEW (its bytes "
+                          "are checked to be the run's)")
     if file_fingerprint(path) != recorded:
         raise FedsimError(f"{path}: the trace file changed since the run started ({was}); put the "
                           "original back, or start a new run with this trace")

@@ -24,8 +24,11 @@ def first_line(err: BaseException) -> str:
 
 
 def did_you_mean(word, valid, end: str = "?") -> str:
-    """``"did you mean 'x'" + end`` for the valid name closest to `word`; "" if none is close."""
-    close = difflib.get_close_matches(str(word), [str(v) for v in valid], n=1, cutoff=0.5)
+    """``"did you mean 'x'" + end`` for the valid name closest to `word` (the same name in other
+    letter case first: `MLP` for `mlp`); "" if none is close."""
+    same = {str(v).lower(): str(v) for v in valid}.get(str(word).lower())
+    close = [same] if same is not None else difflib.get_close_matches(str(word), [str(v) for v in valid], n=1,
+                                                                       cutoff=0.5)
     return f"did you mean '{close[0]}'{end}" if close else ""
 
 

@@ -554,6 +554,8 @@ CASES = [
     case("generator-option-typo", "trace generate diurnal --devices 3 --days 1 --out {tmp}/x.parquet --availabilty 0.5",
          r"^error: fedsim trace generate: unrecognized arguments: --availabilty 0\.5; did you mean '--availability'\? "
          r"\(see `fedsim trace generate --help`\)$"),
+    case("name-in-capitals", "run quickstart --set model.name=MLP", r"\[model\] name = 'MLP' is unknown; did you mean "
+         r"'mlp'\? "),
     case("command-typo", "rnu", r"invalid choice: 'rnu' \(choose from .*\); did you mean 'run'\? \(see `fedsim --help`\)$"),
     case("no-command", "", r"the following arguments are required: command"),
     case("not-an-integer-argument", "trace generate always --devices x --days 1 --out {tmp}/t.parquet",

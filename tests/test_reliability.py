@@ -554,6 +554,8 @@ CASES = [
     case("generator-option-typo", "trace generate diurnal --devices 3 --days 1 --out {tmp}/x.parquet --availabilty 0.5",
          r"^error: fedsim trace generate: unrecognized arguments: --availabilty 0\.5; did you mean '--availability'\? "
          r"\(see `fedsim trace generate --help`\)$"),
+    case("generator-option-by-set", "run quickstart --set trace.p_min=2",
+         r"^error: --set trace\.p_min=2: trace generator 'bernoulli': p_min = 2; give a value in \[0\.0, 1\.0\]$"),
     case("name-in-capitals", "run quickstart --set model.name=MLP", r"\[model\] name = 'MLP' is unknown; did you mean "
          r"'mlp'\? "),
     case("command-typo", "rnu", r"invalid choice: 'rnu' \(choose from .*\); did you mean 'run'\? \(see `fedsim --help`\)$"),

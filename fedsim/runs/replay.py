@@ -10,6 +10,7 @@ bits per round and device (fedsim/traces/round_bits.py), not as intervals.
 from __future__ import annotations
 
 import dataclasses
+import re
 import hashlib
 import math
 from dataclasses import dataclass
@@ -331,11 +332,16 @@ def source_trace(config: Config, n_devices: int, label_dist: np.ndarray | None,
     rounds = trace_rounds(config)
     if extent is not None:
         rounds, days = extent["rounds"], extent["days"]
-    trace = generate(
-        tc.source, n_devices, seed=config.run.seed, rounds=rounds,
-        round_duration=config.server.round_duration, days=days,
-        label_dist=label_dist if spec.needs_labels else None, as_bits=True, **tc.options,
-    )
+    try:
+        trace = generate(
+            tc.source, n_devices, seed=config.run.seed, rounds=rounds,
+            round_duration=config.server.round_duration, days=days,
+            label_dist=label_dist if spec.needs_labels else None, as_bits=True, **tc.options,
+        )
+    except FedsimError as err:  # a generator's own check of its option: named with where it was set
+        named = re.match(r"trace generator '[^']+': (\w+) ", str(err))
+        where = config.origins.get(("trace", named[1])) if named else None
+        raise (FedsimError(f"{where}: {err}") if where else err) from None
     # A generated trace repeats, so that a run is never cut short by the trace's length.
     return dataclasses.replace(trace, wrap="loop")
 

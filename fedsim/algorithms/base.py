@@ -230,24 +230,12 @@ class Strategy:
             return self.ctx.device_steps[ids]
         return np.full(len(ids), self.ctx.local_steps, dtype=np.int64)
 
-    # --- what the engine hands back -----------------------------------------------------------
-    def options_in_use(self) -> dict[str, Any]:
-        """Every option this run's algorithm and selection policy use, defaults included, and the
-        policy's name: what a resume keeps, so that a release with other defaults goes on with
-        the run's own (checkpoint.pt and manifest.json record it)."""
-        return {"algorithm": {**getattr(self.selector, "opt", {}), **self.opt}, "selection": self.selection_policy}
-
     # --- what the engine checks of a plugin's answers (a built-in's are right by construction) -----
-    @property
-    def _own_code(self) -> bool:
-        """Whether this is a user's algorithm (not fedsim's own module), whose answers are checked."""
-        return _users(self)
-
     def invitations(self, rnd: int, choices: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """`select`'s ids (int64), checked for a user's algorithm: distinct ids among `choices`
         (a duplicate would train twice, an offline device count as dropped)."""
         ids = np.asarray(self.select(rnd, choices, rng))
-        if (self._own_code or _users(self.selector)) and ids.size:
+        if (_users(self) or _users(self.selector)) and ids.size:
             wrong = ("not a list of device ids" if ids.ndim != 1 or ids.dtype.kind not in "iu" else
                      f"device {_repeated(ids)} twice" if len(np.unique(ids)) < len(ids) else
                      f"device {ids[~np.isin(ids, choices)][0]}, which was not among the devices it was offered"
@@ -260,7 +248,7 @@ class Strategy:
     def steps_of(self, rnd: int, ids: np.ndarray) -> np.ndarray:
         """`local_steps` (int64 [k]), checked for a user's algorithm: a whole number >= 0 for each id."""
         steps = np.asarray(self.local_steps(rnd, ids))
-        if self._own_code and (steps.shape != ids.shape or steps.dtype.kind not in "iuf" or
+        if _users(self) and (steps.shape != ids.shape or steps.dtype.kind not in "iuf" or
                                (steps.size and (steps.min() < 0 or not np.array_equal(steps, np.floor(steps))))):
             raise FedsimError(f"algorithm {self.name!r}: local_steps(rnd={rnd}, ids) returned {_shown(steps)} for "
                               f"{len(ids)} devices; return one whole number of steps >= 0 for each id (int64 [k])")
@@ -270,7 +258,7 @@ class Strategy:
         """After a user's algorithm aggregated: the global model is still a flat float32 vector
         of `like`'s size on its device (a shape or dtype gone wrong fails far from its cause)."""
         params = getattr(self, "params", None)
-        if self._own_code and not (isinstance(params, Tensor) and params.shape == like.shape and
+        if _users(self) and not (isinstance(params, Tensor) and params.shape == like.shape and
                                    params.dtype == like.dtype and params.device == like.device):
             got = (f"{tuple(params.shape)} {params.dtype} on {params.device}" if isinstance(params, Tensor)
                    else type(params).__name__)
@@ -278,6 +266,7 @@ class Strategy:
                               f"flat model ({like.shape[0]},) {like.dtype} on {like.device}; keep it so (e.g. "
                               "self.params + update, not a [k, d] table or .double())")
 
+    # --- what the engine hands back -----------------------------------------------------------
     def receive(self, rnd: int, arrivals: Arrivals) -> None:
         """The engine's entry point after each round: the selection policy learns what arrived
         (a device that dropped did not participate), then the algorithm aggregates."""
@@ -309,6 +298,12 @@ class Strategy:
         return {}
 
     # --- checkpoints and the price of the state ---------------------------------------------
+    def options_in_use(self) -> dict[str, Any]:
+        """Every option this run's algorithm and selection policy use, defaults included, and the
+        policy's name: what a resume keeps, so that a release with other defaults goes on with
+        the run's own (checkpoint.pt and manifest.json record it)."""
+        return {"algorithm": {**getattr(self.selector, "opt", {}), **self.opt}, "selection": self.selection_policy}
+
     def state_names(self) -> list[str]:
         """`state`, with the global model first unless it is derived from the state (FedAWE's
         mean of the local models): what checkpoints keep and memory_bytes counts."""
@@ -445,7 +440,7 @@ def _holds_numbers(value: Any) -> bool:
     """Whether an attribute holds numbers a checkpoint must keep: a tensor or array of more
     than one number, or a table of them (an empty one is a metric's placeholder)."""
     if isinstance(value, (Tensor, np.ndarray)):
-        return value.size().numel() > 1 if isinstance(value, Tensor) else value.size > 1
+        return (value.numel() if isinstance(value, Tensor) else value.size) > 1
     return callable(getattr(value, "state_dict", None))
 
 

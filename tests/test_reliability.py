@@ -560,6 +560,8 @@ CASES = [
          r"'mlp'\? "),
     case("command-typo", "rnu", r"invalid choice: 'rnu' \(choose from .*\); did you mean 'run'\? \(see `fedsim --help`\)$"),
     case("no-command", "", r"the following arguments are required: command"),
+    case("no-devices", "trace generate diurnal --devices 0 --days 1 --out {tmp}/t.parquet",
+         r"^error: --devices 0: give a number of devices >= 1$"),
     case("not-an-integer-argument", "trace generate always --devices x --days 1 --out {tmp}/t.parquet",
          r"fedsim trace generate: argument --devices: invalid int value: 'x'; see `fedsim trace generate --help`"),
     case("missing-config", "run {tmp}/nope.toml", r"config .*nope\.toml: no such file"),

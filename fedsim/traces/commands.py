@@ -134,6 +134,8 @@ def generate_command(args) -> int:
             options[name.removeprefix("option:")] = parse_value(value)
     if args.days is not None and not args.days > 0:
         raise FedsimError(f"--days {args.days}: give a number of days > 0")
+    if args.devices < 1:
+        raise FedsimError(f"--devices {args.devices}: give a number of devices >= 1")
     check_out(args.out, args.force, suffix=".parquet")
     check_out(args.devices_out, args.force, flag="--devices-out", suffix=".parquet")
     began = time.perf_counter()

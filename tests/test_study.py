@@ -132,6 +132,10 @@ def test_report_prints_mean_and_ci_and_picks_the_best_learning_rate(tmp_path, ca
     assert [e["values"]["algorithm.name"] for e in best] == ["fedavg", "mifa"]
     assert main(["report", str(folder), "--best-by", "final_acc", "--over", "client.momentum"]) == 2
     assert "not an axis of the study" in capsys.readouterr().err
+    assert main(["report", str(folder), "--best-by", "final_acc", "--over", "run.seed"]) == 2
+    assert capsys.readouterr().err == ("error: --over 'run.seed': the seeds are what the study's means and intervals are "
+                                       "over, not a setting to choose the best of; give one of its axes: "
+                                       "algorithm.name, client.lr\n")
     assert main(["report", str(folder), "--target", "0.999", "--best-by", "time_to_0.999_s", "--over", "client.lr"]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--best-by")]
     assert notes == [f"--best-by time_to_0.999_s: no value of client.lr has it for algorithm.name = {name} (no seed "

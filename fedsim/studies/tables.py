@@ -121,6 +121,9 @@ def best_by(summary: pl.DataFrame, metric: str, over: str, group_axes: list[str]
         target = re.fullmatch(r"time_to_(.+)_s|rounds_to_(.+)", metric)
         hint = f"; add --target {target[1] or target[2]} to report it" if target else ""
         raise FedsimError(f"--best-by {metric!r}: not a metric of the summary (one of: {', '.join(known)}){hint}")
+    if over == "run.seed":
+        raise FedsimError(f"--over {over!r}: the seeds are what the study's means and intervals are over, not a "
+                          f"setting to choose the best of; give one of its axes: {', '.join(group_axes) or 'none'}")
     if over not in group_axes:
         raise FedsimError(f"--over {over!r}: not an axis of the study (axes: {', '.join(group_axes) or 'none'})")
     lowest = metric.endswith("loss") or metric.startswith(("time_to_", "rounds_to_"))

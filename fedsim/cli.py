@@ -229,6 +229,15 @@ def run_stop_hint(run_dir: Path | None, fresh: bool) -> str:
     return " before the run started; nothing was written"
 
 
+def check_spaced_set(overrides: list[str], config: str | None) -> None:
+    """`--set client.lr 0.1`: argparse took the value for the config file; say so, not that no
+    file `0.1` exists."""
+    spaced = next((text for text in overrides if "=" not in text), None)
+    if spaced is not None and config is not None and not Path(config).exists():
+        raise FedsimError(f"--set {spaced!r}: expected section.key=value; write --set {spaced}={config}, with '=' "
+                          f"({config!r} was read as the config file)")
+
+
 def refuse_a_study_folder(folder: Path, overrides: list[str]) -> None:
     """`fedsim run --resume` of a study's folder, or of one of its points (or warm-start runs),
     which only its sweep writes to (a point resumed alone would leave the study's points unlike
@@ -261,6 +270,7 @@ def _cmd_run(args, ready: list[Path]) -> int:
         )
     if args.force and not args.resume:
         raise FedsimError("--force: resumes a diverged run, with --resume RUN_DIR; a new run needs no --force")
+    check_spaced_set(args.set, args.config)
     use_recorded_plugin_folders(args.resume or args.config)  # (a run's own config.toml, run again)
     # the whole config is checked before torch is imported or any data is read
     config = None if args.resume else load_config(args.config, args.set)
@@ -347,6 +357,7 @@ def _cmd_sweep(args, loaded: list) -> int:
     if (args.study is None) == (args.resume is None):
         raise FedsimError("fedsim sweep: give a study file (or scenario), or --resume STUDY_FOLDER to finish "
                           f"one that was interrupted{', not both' if args.study else ''}")
+    check_spaced_set(args.set, args.study)
     if args.processes is not None and args.processes < 1:
         raise FedsimError(f"--processes {args.processes}: not a number of processes; give 1 or more, or leave it out "
                           "(one per 8 points, at most one per core)")

@@ -367,6 +367,10 @@ def test_a_set_written_with_a_space_says_to_write_the_equals_sign(capsys):
     assert exit.value.code == 2
     assert capsys.readouterr().err == ("error: fedsim run: unrecognized arguments: 0.1 (write --set client.lr=0.1, "
                                        "with '='); see `fedsim run --help`\n")
+    for command in ("run", "sweep"):  # without a config before it, the value is read as the config
+        assert main([command, "--set", "client.lr", "0.1"]) == 2
+        assert capsys.readouterr().err == ("error: --set 'client.lr': expected section.key=value; write --set "
+                                           "client.lr=0.1, with '=' ('0.1' was read as the config file)\n")
 
 
 def test_a_dataset_called_by_its_nickname_gets_its_name(tmp_path, monkeypatch, capsys):

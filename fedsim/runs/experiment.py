@@ -321,9 +321,10 @@ class Experiment:
             self.restore(resume)
         self.plugin_files = plugin_files(dataclasses.asdict(cfg))
         before = read_manifest(self.run_dir, strict=False) if self.resumed else {}
-        changed = warn_of_changed_plugins(before.get("plugin_files") or {}, self.plugin_files, self.run_dir,
-                                          self.start_round) + warn_of_other_threads(before.get("threads"), self.threads,
-                                                                                    self.run_dir, self.start_round)
+        changed = [*changed_plugins(before.get("plugin_files") or {}, self.plugin_files, self.start_round),
+                   *other_threads(before.get("threads"), self.threads, self.start_round)]
+        for warning in changed:  # (the manifest keeps them too)
+            print(f"warning: {self.run_dir}: {warning}", file=sys.stderr, flush=True)
         # which code ran which rounds: a resume adds its own session, the earlier ones stay
         earlier = before.get("sessions") if isinstance(before.get("sessions"), list) else []
         self.sessions = [*(s for s in earlier if isinstance(s, dict)), session(self.start_round, self.plugin_files,
@@ -514,30 +515,24 @@ def check_same_data(recorded: str | None, now: str | None, root: str) -> None:
                           "started with, or start a new run on these")
 
 
-def warn_of_changed_plugins(before: dict[str, str], now: dict[str, str], run_dir: Path, rnd: int) -> list[str]:
-    """A warning line for each plugin module whose source file differs from the one the run's
-    earlier rounds ran (a fix may be meant; its numbers are then no one code's); the warnings,
-    which the manifest keeps."""
-    warnings = [f"the plugin {module} ({sys.modules[module].__file__}) changed after the run's first {rnd} rounds; "
-                "the rounds from there on ran the new code"
-                for module in sorted(m for m in now if m in before and before[m] != now[m])]
-    for warning in warnings:
-        print(f"warning: {run_dir}: {warning}", file=sys.stderr, flush=True)
-    return warnings
+def changed_plugins(before: dict[str, str], now: dict[str, str], rnd: int) -> list[str]:
+    """A resume's warning for each plugin module whose source file differs from the one the
+    run's earlier rounds ran (a fix may be meant; its numbers are then no one code's)."""
+    return [f"the plugin {module} ({sys.modules[module].__file__}) changed after the run's first {rnd} rounds; "
+            "the rounds from there on ran the new code"
+            for module in sorted(m for m in now if m in before and before[m] != now[m])]
 
 
-def warn_of_other_threads(before, threads, run_dir: Path, rnd: int) -> list[str]:
-    """A warning where a resume's training calls may get another number of threads than the
+def other_threads(before, threads, rnd: int) -> list[str]:
+    """A resume's warning where its training calls may get another number of threads than the
     run's earlier rounds had (`[run] threads = "auto"` on a machine with other cores): a CPU's
-    sums over other thread counts round differently. The warning, which the manifest keeps."""
-    then, now = (before or {}).get("max") if isinstance(before, dict) else None, threads.summary()["max"]
+    sums over other thread counts round differently."""
+    then, now = before.get("max") if isinstance(before, dict) else None, threads.summary()["max"]
     if then is None or now is None or then == now:
         return []
-    warning = (f"the run's first {rnd} rounds trained with up to {then} threads a call, the rounds from there on with "
-               f"up to {now} ([run] threads = {threads.setting!r} on this machine): sums over other thread counts "
-               "round differently, so they may differ in the last bits from the run uninterrupted there")
-    print(f"warning: {run_dir}: {warning}", file=sys.stderr, flush=True)
-    return [warning]
+    return [f"the run's first {rnd} rounds trained with up to {then} threads a call, the rounds from there on with "
+            f"up to {now} ([run] threads = {threads.setting!r} on this machine): sums over other thread counts "
+            "round differently, so they may differ in the last bits from the run uninterrupted there"]
 
 
 def first_change(started: dict, now: dict, skip: Sequence[str] = ()) -> tuple[str, str, Any, Any] | None:

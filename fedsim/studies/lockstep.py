@@ -211,7 +211,6 @@ def run_batches(folder: Path, waiting: list[tuple[Point, str]], plotter, callbac
         for point, result in zip(batch, run_together(experiments, resumes, announce_stop)):
             if isinstance(result, Exception):
                 failed.append(point_failure(folder, point.name, result))
-                statuses[point.name] = "failed"
             else:
                 statuses[point.name] = result.status
                 stopped_by = stopped_by or (result.reason if result.status == "interrupted" else "")

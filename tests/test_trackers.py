@@ -567,11 +567,46 @@ def test_a_study_whose_point_fails_ends_its_parent_run_failed_and_is_no_complete
     [parent] = [r for r in client.search_runs([client.get_experiment_by_name("st").experiment_id])
                 if r.info.run_name == "st"]
     assert parent.info.status == "FAILED"
+
+    def point_status(point):  # its MLflow run's
+        return client.get_run(json.loads((tmp_path / "runs" / "st" / point / "mlflow.json").read_text())["run_id"]
+                              ).info.status
+
     for point in ("seed-0", "seed-1"):  # left as a crash leaves a run: not completed, resumable
         assert json.loads((tmp_path / "runs" / "st" / point / "manifest.json").read_text())["status"] == "running"
+        assert point_status(point) == "FAILED"  # not RUNNING for ever
     assert main(["sweep", "--resume", str(tmp_path / "runs" / "st"), "--quiet"]) == 0
     for point in ("seed-0", "seed-1"):
         assert json.loads((tmp_path / "runs" / "st" / point / "manifest.json").read_text())["rounds"] == 6
+        assert point_status(point) == "FINISHED"
+
+
+def test_a_run_that_raises_ends_its_mlflow_run_failed_and_its_resume_finished(cli_run, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from fedsim.results.recorder import Recorder
+
+    add_round = Recorder.add_round
+
+    def failing_in_round_3(self, outcome, *args):
+        if outcome.round == 3:
+            raise RuntimeError("a bug in round 3")
+        return add_round(self, outcome, *args)
+
+    monkeypatch.setattr(Recorder, "add_round", failing_in_round_3)
+    config = tracked(rounds=6, trackers=["mlflow"])
+    config["run"]["checkpoint_every"] = 2
+    with pytest.raises(RuntimeError, match="a bug in round 3"):
+        cli_run(config)
+    [run_dir] = [p for p in (cli_run.tmp / "runs").iterdir() if (p / "mlflow.json").is_file()]
+    kept = json.loads((run_dir / "mlflow.json").read_text())
+    client = MlflowClient(kept["tracking_uri"])
+    assert client.get_run(kept["run_id"]).info.status == "FAILED"
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 0
+    assert client.get_run(kept["run_id"]).info.status == "FINISHED"
+    assert [step for step, _ in mlflow_values(run_dir, "t_end")] == \
+        pl.read_parquet(run_dir / "rounds.parquet")["round"].to_list()  # each round once
 
 
 def test_kill_9_between_checkpoints_leaves_no_step_twice_in_either_tracker(tmp_path, monkeypatch):

@@ -46,6 +46,11 @@ class Callback:
         """Once the run's files are written (model.pt, manifest.json, events.parquet): for
         callbacks that copy them somewhere (the MLflow tracker's artifacts)."""
 
+    def on_failed(self, run: Experiment, error: Exception) -> None:
+        """The run raised (a bug, fedsim's or a plugin's): it keeps its last checkpoint and
+        no `on_end` comes. For callbacks that hold something open (a tracker's run, which
+        ends FAILED)."""
+
 
 class Evaluation(Callback):
     """Test loss and accuracy of the global model: at the start (the initial model), every

@@ -282,8 +282,23 @@ class Experiment:
                     engine = self.start(resume, stop_signal)
                     engine.env.run(until=engine.process)
                     return self.end()
+        except Exception as err:
+            self.failed(err)
+            raise
         finally:
             self.lock.release()
+
+    def failed(self, error: Exception) -> None:
+        """After the run raised: the callbacks that hold something open close it (`on_failed`:
+        an MLflow run ends FAILED, not RUNNING), and the run directory is free again; its
+        files are as its last checkpoint left them."""
+        for callback in getattr(self, "chain", ()):
+            try:
+                callback.on_failed(self, error)
+            except Exception as err:  # (the run's own error is the one to report)
+                print(f"warning: {self.run_dir}: {type(callback).__name__}.on_failed raised {err!r}",
+                      file=sys.stderr, flush=True)
+        self.lock.release()
 
     def start(self, resume: dict | None, stop_signal: dict) -> Engine:
         """Everything before the first round, and the engine that will run the rounds (run

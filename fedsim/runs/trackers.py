@@ -146,6 +146,10 @@ class _RowTracker(Callback):
         self.guard(self.close)
         return {}
 
+    def on_failed(self, run, error):
+        if hasattr(self, "run"):  # (it started)
+            self.guard(self.close)
+
     def guard(self, action, *args):
         """`action(*args)`, or None once it or an earlier call failed."""
         if self.broken:
@@ -393,6 +397,10 @@ class MlflowTracker(_RowTracker):
 
     def on_saved(self, run, result):
         self.guard(self.save, run, result)
+
+    def on_failed(self, run, error):
+        if getattr(self, "run_id", None):  # (it started)
+            self.guard(self.client.set_terminated, self.run_id, "FAILED")
 
     def save(self, run, result) -> None:
         for name in ("config.toml", "manifest.json", "rounds.parquet", "devices.parquet", "events.parquet",

@@ -89,7 +89,7 @@ def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | Non
             results = []
             for experiment, engine in zip(experiments, engines):
                 if engine in failed:  # its folder keeps its last checkpoint, as a crash leaves it
-                    experiment.lock.release()
+                    experiment.failed(failed[engine])
                     results.append(failed[engine])
                 else:
                     results.append(experiment.end(plot_interrupted=False))

@@ -120,3 +120,22 @@ def test_async_arrivals_obey_the_trace_and_a_busy_device_is_never_invited_twice(
     end = ev["invited_at"] + ev["work_s"]
     same = ev["device_id"][1:].to_numpy() == ev["device_id"][:-1].to_numpy()
     assert (ev["invited_at"][1:].to_numpy()[same] >= end[:-1].to_numpy()[same]).all()
+
+
+def test_a_looped_trace_of_decimals_keeps_its_clock_going_cycle_after_cycle(events_of):
+    """Device 0 alone online, over [0.5, 8.3) of every 10.1 s (its tasks take 3 s): each cycle
+    holds rounds at 0.5, 3.5 (arrived) and 6.5 (dropped when the session ends at 8.3 of the
+    cycle); the next round waits for the next cycle. In most cycles the instant k x 10.1 + 8.3
+    rounds down to below the session's end, and the device read as online there: the round
+    after the drop started and closed at that instant, for ever (the clock stopped)."""
+    trace = Trace.from_intervals([0], [0.5], [8.3], n_devices=len(SPS), horizon=10.1, wrap="loop")
+    cycles = 20
+    run_dir, df, ev = events_of(3 * cycles, trace=trace, clients_per_round=1, deadline=1e6)
+    index = AvailabilityIndex(trace)
+    assert (df["duration"] > 0).all()
+    k = np.arange(cycles)
+    np.testing.assert_allclose(df["t_start"], np.stack([k * 10.1 + 0.5, k * 10.1 + 3.5, k * 10.1 + 6.5], 1).ravel(),
+                               rtol=0, atol=1e-9)
+    assert df["arrived"].to_list() == [1, 1, 0] * cycles
+    for end in df["t_end"].to_numpy()[2::3]:  # each cycle's drop: the first instant the device is offline
+        assert not index.online(end)[0] and index.online(np.nextafter(end, -np.inf))[0]

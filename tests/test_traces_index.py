@@ -155,3 +155,64 @@ def test_rejects_ids_outside_population():
     index = AvailabilityIndex(Trace.from_intervals([0], [0], [1], n_devices=2, horizon=1))
     with pytest.raises(IndexError):
         index.next_offline([2], 0.0)
+
+
+@st.composite
+def decimal_traces(draw):
+    """Looped traces whose boundaries and horizon are decimals (tenths, as converted traces
+    have them): in later cycles, cycle start + boundary is rarely a double."""
+    n = draw(st.integers(1, 4))
+    horizon = draw(st.integers(2, 400)) / 10
+    ids, starts, ends = [], [], []
+    for device in range(n):
+        points = sorted(draw(st.lists(st.integers(0, int(round(horizon * 10))), max_size=6, unique=True)))
+        for a, b in zip(points[0::2], points[1::2]):
+            ids.append(device)
+            starts.append(a / 10)
+            ends.append(b / 10)
+    return Trace.from_intervals(ids, starts, ends, n_devices=n, horizon=horizon, wrap="loop")
+
+
+def assert_instants_agree(index, times, n_devices: int) -> None:
+    """The instants the index answers are instants at which it says what they promise: at a
+    run's end the device is offline (a task started at t on a device online at t ends after
+    t), where someone is next online someone is, and online_during agrees with both."""
+    ids = np.arange(n_devices)
+    for t in times:
+        online = index.online(t)
+        ends = index.next_offline(ids, t)
+        assert (ends[online] > t).all() and (ends[~online] == t).all(), t
+        for device in np.flatnonzero(online & np.isfinite(ends)):
+            assert not index.online(float(ends[device]))[device], (t, device, ends[device])
+            assert index.online(float(np.nextafter(ends[device], -math.inf)))[device], (t, device)
+            assert index.online_during([device], t, float(ends[device])).tolist() == [True]
+            assert index.online_during([device], t, float(np.nextafter(ends[device], math.inf))).tolist() == [False]
+        nxt = index.next_online(t)
+        assert nxt >= t and (math.isinf(nxt) or index.online(nxt).any()), t
+        for count in range(1, n_devices + 1):
+            reached = index.next_online_count(count, t)
+            assert math.isinf(reached) or index.online(reached).sum() >= count, (t, count)
+
+
+@settings(max_examples=150, deadline=None)
+@given(decimal_traces(), st.data())
+def test_a_looped_trace_of_decimals_answers_instants_it_agrees_with_in_every_cycle(trace, data):
+    """(A FedScale trace of 172,800 s with a session ending at 8875.3 s: 172800 + 8875.3 rounds
+    down, so the device was online at the instant its run "ended", and a run replaying it
+    stopped its clock there: zero-length rounds with every device dropped, for ever.)"""
+    cycles = data.draw(st.lists(st.integers(1, 10**6), min_size=1, max_size=3))
+    index = AvailabilityIndex(trace)
+    times = [k * trace.horizon + x for k in cycles for x in (*trace.start, *trace.end, trace.horizon / 3)]
+    times += [float(e) for t in list(times) for e in index.next_offline(np.arange(trace.n_devices), t)
+              if math.isfinite(e)]
+    assert_instants_agree(index, times, trace.n_devices)
+
+
+def test_the_fedscale_session_that_stopped_the_clock():
+    trace = Trace.from_intervals([0], [6569.0], [8875.3], n_devices=1, horizon=172800.0, wrap="loop")
+    index = AvailabilityIndex(trace)
+    start = index.next_online(172800.0 + 100)  # the second cycle's session
+    assert start == 172800.0 + 6569.0
+    end = float(index.next_offline([0], start)[0])
+    assert end == np.nextafter(172800.0 + 8875.3, math.inf)  # the first double at or after the real sum
+    assert not index.online(end)[0] and index.online(172800.0 + 8875.3)[0]  # 8875.29999... of the cycle

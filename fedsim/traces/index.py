@@ -9,9 +9,11 @@ the cost of a round follows the cohort, not the population. Three precomputed st
   mean interval length that it overlaps, so ``online(t)`` scans one bucket, not every device;
 * the union of all intervals, for "when is anybody online next".
 
-With ``wrap = "loop"`` a time t reads the trace at ``t mod horizon``; a run that reaches the
-horizon continues into the device's interval starting at 0. Times after the first period are
-exact when the horizon and interval ends are exactly representable sums (e.g. whole seconds).
+With ``wrap = "loop"`` a time t reads the trace at ``t mod horizon`` (exact); a run that
+reaches the horizon continues into the device's interval starting at 0. The instants the
+index answers in a later cycle are the first doubles at or after the real cycle start +
+position (`_instant`), so that at the instant a run ends the device is offline; they are the
+exact sums where those are representable (e.g. whole seconds).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class AvailabilityIndex(TraceQueries):
         if tau is None:
             return out
         row, on = self._locate(ids, tau)
-        out[on] = (t - tau) + self._run_end[row[on]]
+        out[on] = self._run_end_at(t, tau, row[on])
         return out
 
     def next_online(self, t: float) -> float:
@@ -98,10 +100,9 @@ class AvailabilityIndex(TraceQueries):
         k = int(np.searchsorted(us, tau, side="right")) - 1
         if k >= 0 and tau < ue[k]:
             return float(t)
-        base = t - tau
         if k + 1 < len(us):
-            return float(base + us[k + 1])
-        return float(base + self.horizon + us[0]) if self._loop else math.inf
+            return float(self._instant(t, tau, us[k + 1]))
+        return float(self._instant_next_cycle(t, tau, us[0])) if self._loop else math.inf
 
     def next_online_count(self, count: int, t: float) -> float:
         """Earliest t' >= t at which at least `count` devices are online at once; math.inf if
@@ -116,8 +117,8 @@ class AvailabilityIndex(TraceQueries):
         reached = self._count_reached(count)
         k = int(np.searchsorted(reached, tau, side="right"))
         if k < len(reached):
-            return float((t - tau) + reached[k])
-        return float((t - tau) + self.horizon + reached[0]) if self._loop and len(reached) else math.inf
+            return float(self._instant(t, tau, reached[k]))
+        return float(self._instant_next_cycle(t, tau, reached[0])) if self._loop and len(reached) else math.inf
 
     def _count_reached(self, count: int) -> np.ndarray:
         """Sorted times at which at least `count` devices are online (the count only changes
@@ -138,7 +139,7 @@ class AvailabilityIndex(TraceQueries):
         if tau is None:
             return np.zeros(len(ids), dtype=bool)
         row, on = self._locate(ids, tau)
-        on[on] = (t0 - tau) + self._run_end[row[on]] >= t1
+        on[on] = self._run_end_at(t0, tau, row[on]) >= t1
         return on
 
     # -- internals -----------------------------------------------------------------------
@@ -164,17 +165,30 @@ class AvailabilityIndex(TraceQueries):
         return _union(self._start, self._end)
 
     def _run_ends(self) -> np.ndarray:
-        """Per interval: when the online run containing it ends, across the loop wrap point."""
+        """Per interval: where the online run containing it ends, as a position in the trace
+        (its end), or in the next cycle (`_wraps_into`: the run reaches the horizon and goes on
+        into the device's interval starting at 0), or never (inf: online throughout)."""
         run_end = self._end.copy()
+        self._wraps_into = np.zeros(len(run_end), dtype=bool)
         if not self._loop or not len(run_end):
             return run_end
-        dev = self._dev
-        first = self._ptr[dev]  # row of each device's first interval
+        first = self._ptr[self._dev]  # row of each device's first interval
         wraps = (self._end == self.horizon) & (self._start[first] == 0)
-        forever = wraps & (first == np.arange(len(dev)))
-        run_end[wraps] = self.horizon + self._end[first[wraps]]
+        forever = wraps & (first == np.arange(len(first)))
+        self._wraps_into = wraps & ~forever
+        run_end[wraps] = self._end[first[wraps]]
         run_end[forever] = math.inf
         return run_end
+
+    def _run_end_at(self, t: float, tau: float, rows: np.ndarray) -> np.ndarray:
+        """The instants at which the runs holding intervals `rows` (online at t) end."""
+        ends = self._run_end[rows]
+        wraps = self._wraps_into[rows]
+        if not wraps.any():
+            return self._instant(t, tau, ends)
+        out = np.asarray(self._instant(t, tau, ends), dtype=float).copy()
+        out[wraps] = self._instant_next_cycle(t, tau, ends[wraps])
+        return out
 
     def _build_buckets(self) -> None:
         """List each interval in every bucket it overlaps; bucket width ~ mean interval length

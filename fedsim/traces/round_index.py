@@ -72,7 +72,7 @@ class RoundIndex(TraceQueries):
 
     def _next_round_in(self, rounds: np.ndarray, t: float) -> float:
         """Start of the first of `rounds` (sorted) after the round of t, as the interval
-        index computes it: (t - tau) + its start, or a cycle later when the trace loops."""
+        index computes it: its start in t's cycle (`_instant`), or in the next when the trace loops."""
         if not len(rounds):
             return math.inf
         tau = self._phase(t)
@@ -85,8 +85,8 @@ class RoundIndex(TraceQueries):
             r = self._rounds if r is None else r
         k = int(np.searchsorted(rounds, r, side="right"))
         if k < len(rounds):
-            return float((t - tau) + rounds[k] * self._d)
-        return float((t - tau) + self.horizon + rounds[0] * self._d) if self._loop else math.inf
+            return float(self._instant(t, tau, rounds[k] * self._d))
+        return float(self._instant_next_cycle(t, tau, rounds[0] * self._d)) if self._loop else math.inf
 
     def _run_ends(self, ids: np.ndarray, t: float) -> tuple[np.ndarray, np.ndarray]:
         """Which of `ids` are online at t, and for those when their online run ends (across
@@ -98,13 +98,14 @@ class RoundIndex(TraceQueries):
         on = self._bit(r, ids)
         live = ids[on]
         stop = self._stops(live, r)
-        ends = stop * self._d
+        ends = np.asarray(self._instant(t, tau, stop * self._d), dtype=float)
         if self._loop:
             wraps = np.flatnonzero(stop == self._rounds)
             wraps = wraps[self._bit(0, live[wraps])]
             first = self._first_stops(live[wraps])
-            ends[wraps] = np.where(first == self._rounds, math.inf, self.horizon + first * self._d)
-        return on, (t - tau) + ends
+            ends[wraps] = np.where(first == self._rounds, math.inf,
+                                   self._instant_next_cycle(t, tau, first * self._d))
+        return on, ends
 
     def _bit(self, r: int, ids: np.ndarray) -> np.ndarray:
         return ((self.trace.bits[r, ids >> 3] >> (ids & 7).astype(np.uint8)) & 1).astype(bool)

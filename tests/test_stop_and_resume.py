@@ -436,7 +436,27 @@ def test_a_study_resumed_with_another_setting_is_one_line_naming_the_key(tmp_pat
     study["client"] = {"lr": 0.5}
     (tmp_path / "s.toml").write_text(dump_toml(study))
     assert main(["sweep", str(tmp_path / "s.toml"), "--quiet", "--set", f"run.out={tmp_path}"]) == 2
-    assert "holds a different study (base.client.lr is unset in its study.toml, 0.5 in" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds a different study (base.client.lr is unset in its study.toml, 0.5 in" in err
+    command = re.search(r"run `(fedsim sweep --resume [^`]+)` to go on with it as it was, or give this one another "
+                        r"\[run\] name\n$", err)[1]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = as_printed(command, elsewhere)
+    assert done.returncode == 0 and "done, skipped" in done.stdout, done.stderr
+
+
+def test_a_study_file_with_more_rounds_grows_the_study_and_says_so(tmp_path, capsys):
+    (tmp_path / "s.toml").write_text(dump_toml(STUDY))
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet", "--set", f"run.out={tmp_path}"]) == 0
+    rounds = STUDY["run"]["rounds"]
+    capsys.readouterr()
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet", "--set", f"run.out={tmp_path}",
+                 "--set", f"run.rounds={rounds + 2}"]) == 0
+    assert capsys.readouterr().err == (
+        f"note: {tmp_path / 's'}: {tmp_path / 's.toml'} gives run.rounds = {rounds + 2} (was {rounds}): the study's "
+        "points go on to it from where they are, as `fedsim sweep --resume` with that --set would\n")
+    assert {json.loads(m.read_text())["rounds"] for m in (tmp_path / "s").glob("*/manifest.json")} == {rounds + 2}
 
 
 def test_resume_keys_reach_every_point_of_a_study_and_are_recorded(tmp_path, capsys):

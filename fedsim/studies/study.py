@@ -20,6 +20,7 @@ recorded with the study and checked by ``fedsim report --claims``.
 from __future__ import annotations
 
 import itertools
+import sys
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -474,7 +475,23 @@ def check_same_study(study: Study) -> None:
         if differs is not None and _has_runs(study.folder):
             raise FedsimError(f"{study.folder}: holds a different study ({differs} is "
                               f"{_shown(before, differs)} in its study.toml, {_shown(now, differs)} in "
-                              f"{study.source}); give this one another [run] name, or delete the folder")
+                              f"{study.source}); run `{resume_command('sweep', study.folder)}` to go on with "
+                              "it as it was, or give this one another [run] name")
+        if _has_runs(study.folder) and Path(study.source) != recorded:
+            _say_resume_keys_changed(study, read_recorded(recorded))
+
+
+def _say_resume_keys_changed(study: Study, recorded: dict) -> None:
+    """One line when the study file changes keys a resume may change (more rounds, a later
+    max_time): its points resume to them, as `--resume --set` would make them."""
+    from fedsim.config import RESUME_KEYS
+
+    before, now = (_flat(r.get("base", {}).get("run", {}), "run.") for r in (recorded, study.resolved))
+    changed = [f"{key} = {_shown(now, key)} (was {_shown(before, key)})" for key in RESUME_KEYS
+               if key.startswith("run.") and key not in ("run.progress", "run.plots") and before.get(key) != now.get(key)]
+    if changed:
+        print(f"note: {study.folder}: {study.source} gives {', '.join(changed)}: the study's points go on to "
+              "it from where they are, as `fedsim sweep --resume` with that --set would", file=sys.stderr, flush=True)
 
 
 # the keys of a point that do not tell studies apart: where the study folder is (it may move)

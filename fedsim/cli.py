@@ -392,7 +392,7 @@ def _cmd_sweep(args, loaded: list) -> int:
                         backend=args.backend, address=args.address, processes=args.processes or 0)
     if plotter is not None:
         plotter.finish()
-    stopped = [r for r in records if r["status"] == "interrupted"]
+    stopped = [r for r in records if r["status"] == "interrupted" or r["stopped_by"]]
     if stopped:
         finished = sum(r["status"] in ("completed", "diverged") for r in records)
         signal = "SIGTERM" if "SIGTERM" in stopped[0]["stopped_by"] else "Ctrl-C"

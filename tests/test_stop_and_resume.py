@@ -662,3 +662,36 @@ def test_a_reader_that_goes_away_ends_the_lines_not_the_work(tmp_path, command):
         [tmp_path / "runs" / "piped" / f"seed-{seed}" for seed in (0, 1)]
     assert all(json.loads((r / "manifest.json").read_text())["status"] == "completed" for r in runs)
     assert command == "run" or (tmp_path / "runs" / "piped" / "summary.parquet").exists()
+
+
+def test_ctrl_c_as_a_studys_points_save_stops_it_there_and_its_resume_draws_what_was_left(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """The points had done their rounds when Ctrl-C came (as the first of them saved): the others
+    save without drawing their plots, the study stops before its tables (exit 130), and the
+    printed resume draws the plots left out and the tables."""
+    from fedsim.runs.experiment import Experiment
+
+    end, ended = Experiment.end, []
+
+    def end_then_ctrl_c(self, *args, **kwargs):
+        if not ended:
+            os.kill(os.getpid(), signal.SIGINT)
+        ended.append(self.run_dir.name)
+        return end(self, *args, **kwargs)
+
+    monkeypatch.setattr(Experiment, "end", end_then_ctrl_c)
+    study = {**STUDY, "run": {**STUDY["run"], "plots": True}}
+    (tmp_path / "s.toml").write_text(dump_toml(study))
+    assert main(["sweep", str(tmp_path / "s.toml"), "--quiet", "--set", f"run.out={tmp_path}"]) == 130
+    out = capsys.readouterr().out
+    folder = tmp_path / "s"
+    assert f"study interrupted by Ctrl-C (4 of 4 runs finished); run `fedsim sweep --resume {folder}` to finish it" in out
+    assert [(folder / name / "plots").is_dir() for name in ended] == [True, False, False, False]
+    assert {json.loads(m.read_text())["status"] for m in folder.glob("*/manifest.json")} == {"completed"}
+    assert not (folder / "summary.parquet").exists()
+    monkeypatch.setattr(Experiment, "end", end)
+    (tmp_path / "elsewhere").mkdir()
+    done = as_printed(hint(out, "sweep"), tmp_path / "elsewhere")
+    assert done.returncode == 0, done.stderr
+    assert all((folder / name / "plots" / "accuracy_vs_rounds.png").is_file() for name in ended)
+    assert (folder / "summary.parquet").is_file()

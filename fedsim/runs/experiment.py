@@ -384,10 +384,12 @@ class Experiment:
             return f"training loss {loss:.4g} above [run] diverge_loss {limit:.4g}"
         return None
 
-    def end(self, plot_interrupted: bool = True) -> RunResult:
+    def end(self, plot_interrupted: bool = True, plots: bool = True) -> RunResult:
         """Everything after the last round: final evaluation and checkpoint, the outputs; the
         plots unless the run was interrupted and not `plot_interrupted` (a study's point: it is
-        drawn once resumed, and a study stopped by Ctrl-C should not wait for its drawing)."""
+        drawn once resumed, and a study stopped by Ctrl-C should not wait for its drawing), or
+        not `plots` (a study's point that a stop signal caught saving: the study's resume draws
+        them)."""
         cfg, result = self.config, self.engine.result()
         metrics: dict = {}
         if result.status != "interrupted" and self.task.own_test_data:  # score each device on its own tests
@@ -402,7 +404,7 @@ class Experiment:
             callback.on_saved(self, result)
         member = self.run_dir.name == plain_name(cfg.algorithm.name) and is_comparison(self.run_dir.parent)
         # a comparison's plots show each of its members
-        if cfg.run.plots and not member and (plot_interrupted or result.status != "interrupted"):
+        if cfg.run.plots and plots and not member and (plot_interrupted or result.status != "interrupted"):
             draw_plots(self.plotter, {cfg.algorithm.name: self.run_dir}, self.run_dir / "plots", cfg.run.name)
         self.lock.release()
         return RunResult(self.run_dir, cfg.algorithm.name, result.status, result.reason,

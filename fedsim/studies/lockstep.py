@@ -69,13 +69,15 @@ class TrainGate:
 
 
 def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | None] = (),
-                 announce_stop: bool = True) -> list[RunResult | Exception]:
+                 announce_stop: bool = True, stop_signal: dict | None = None) -> list[RunResult | Exception]:
     """Run `experiments` (each from its checkpoint state in `resumes`, if given) in lockstep;
     their results, in order: a run that raised (its plugin's bug, a mistake found mid-run) gives
     its exception, and the others go on. Ctrl-C or SIGTERM stops every run after its round in
-    progress (`announce_stop`: with a line saying so; a worker process leaves that to the sweep)."""
+    progress (`announce_stop`: with a line saying so; a worker process leaves that to the sweep),
+    and sets `stop_signal`'s name (the caller's: one that came once the runs had done their
+    rounds stops the study too); the runs then save without drawing their plots."""
     resumes = list(resumes) or [None] * len(experiments)
-    stop_signal = {"name": None}
+    stop_signal = {"name": None} if stop_signal is None else stop_signal
     runs = f"the {len(experiments)} running points finish" if len(experiments) > 1 else "the running point finishes"
     notice = f"stopping: {runs} their round, then save their results and checkpoint" if announce_stop else ""
     try:
@@ -92,7 +94,7 @@ def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | Non
                     experiment.failed(failed[engine])
                     results.append(failed[engine])
                 else:
-                    results.append(experiment.end(plot_interrupted=False))
+                    results.append(experiment.end(plot_interrupted=False, plots=not stop_signal["name"]))
             return results
     except BaseException:  # a run that raised: its directory is left as a crash leaves it, free to resume
         for experiment in experiments:
@@ -205,17 +207,17 @@ def run_batches(folder: Path, waiting: list[tuple[Point, str]], plotter, callbac
     state_of = {p.name: s for p, s in waiting}
     statuses: dict[str, str] = {}
     failed: list[str] = []
-    stopped_by = ""
+    stop_signal = {"name": None}  # (one for all batches: a signal as a batch saves stops the next)
     for batch, experiments, resumes in _batches(lockstep_groups([p for p, _ in waiting])[0], state_of, folder,
                                                 plotter, callbacks, notes):
-        for point, result in zip(batch, run_together(experiments, resumes, announce_stop)):
+        for point, result in zip(batch, run_together(experiments, resumes, announce_stop, stop_signal)):
             if isinstance(result, Exception):
                 failed.append(point_failure(folder, point.name, result))
             else:
                 statuses[point.name] = result.status
-                stopped_by = stopped_by or (result.reason if result.status == "interrupted" else "")
-        if stopped_by:
+        if stop_signal["name"]:
             break
+    stopped_by = f"interrupted by {stop_signal['name']}" if stop_signal["name"] else ""
     if failed:
         raise FedsimError(failed[0] + (f" ({len(failed) - 1} more points failed)" if len(failed) > 1 else ""))
     return statuses, stopped_by

@@ -18,6 +18,10 @@ def run_point(config: Config, run_dir: Path, state: str, progress: bool = True, 
     from fedsim.runs.experiment import Experiment, resume, resume_overrides
 
     if state == "done":
+        if config.run.plots and not (run_dir / "plots").is_dir():  # (a stop signal caught it saving)
+            from fedsim.results.plots import draw_plots
+
+            draw_plots(plotter, {config.algorithm.name: run_dir}, run_dir / "plots", config.run.name)
         return read_manifest(run_dir)["status"]
     if state == "resume":
         return resume(run_dir, resume_overrides(config), progress, plotter).status

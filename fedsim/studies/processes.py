@@ -98,7 +98,7 @@ def run_points_together(study: Study, todo: list[tuple[Point, str]], plotter=Non
     waiting = [(p, state_of[p.name]) for group in groups for p in group]
     shown = StudyProgress([p.config.run.rounds for p, _ in waiting], len(todo), len(todo) - len(waiting),
                           progress and bool(waiting), label=study.name)
-    statuses = {p.name: run_point(p.config, study.folder / p.name, s) for p, s in todo if s == "done"}
+    statuses = {p.name: run_point(p.config, study.folder / p.name, s, plotter=plotter) for p, s in todo if s == "done"}
     workers = worker_processes([p for p, _ in waiting], processes)
     if workers > 1:
         ran, stopped_by = run_shares(study, shares(waiting, workers), shown, progress)

@@ -69,7 +69,7 @@ def _run_study_locked(study: Study, progress: bool, plotter, on_point, backend: 
 
     with study_parent(study.name, study.folder) as parent:  # one MLflow experiment, one parent run
         records = _run_phases(study, progress, plotter, on_point, backend, address, processes)
-        if any(r["status"] == "interrupted" for r in records):
+        if any(r["status"] == "interrupted" or r["stopped_by"] for r in records):
             parent["status"] = "KILLED"
     return records
 
@@ -91,7 +91,7 @@ def _run_phases(study: Study, progress: bool, plotter, on_point, backend: str, a
             statuses, stopped_by = run_points_together(study, todo, plotter, progress, processes)
         records += [{"point": p.name, **p.values, "was": state, "status": status, "stopped_by": stopped_by}
                     for (p, state), status in zip(todo, statuses)]
-        if any(r["status"] == "interrupted" for r in records):
+        if any(r["status"] == "interrupted" or r["stopped_by"] for r in records):
             return records
         _check_warm_runs(study, records)
     write_tables(study)

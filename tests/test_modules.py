@@ -56,15 +56,18 @@ class TinyResNet(nn.Module):
 class PixelTransformer(nn.Module):
     """Digits' rows as 8 tokens: pixel intensities (0..16) through an embedding, summed per row."""
 
-    def __init__(self, n_classes, dim=8, dropout=0.2):
+    def __init__(self, n_classes, dim=8, dropout=0.2, batch_first=True):
         super().__init__()
         self.emb = nn.Embedding(17, dim)
-        self.layer = nn.TransformerEncoderLayer(dim, 2, 16, dropout=dropout, batch_first=True)
+        self.layer = nn.TransformerEncoderLayer(dim, 2, 16, dropout=dropout, batch_first=batch_first)
         self.fc = nn.Linear(dim, n_classes)
+        self.batch_first = batch_first
 
     def forward(self, x):
         tokens = self.emb((x[:, 0] * 16).round().long()).sum(dim=2)  # [B, 8 rows, dim]
-        return self.fc(self.layer(tokens).mean(dim=1))
+        if self.batch_first:
+            return self.fc(self.layer(tokens).mean(dim=1))
+        return self.fc(self.layer(tokens.transpose(0, 1)).mean(dim=0))  # [8 rows, B, dim] through the layer
 
 
 class RowLSTM(nn.Module):
@@ -105,6 +108,10 @@ def resnet_dropout(in_shape, n_classes, cfg):
 
 def transformer(in_shape, n_classes, cfg):
     return PixelTransformer(n_classes)
+
+
+def transformer_sequence_first(in_shape, n_classes, cfg):
+    return PixelTransformer(n_classes, batch_first=False)
 
 
 def lstm(in_shape, n_classes, cfg):
@@ -359,6 +366,51 @@ def test_batched_equals_loop_through_the_engine(cli_run, user_models, name):
         assert not torch.equal(a["bn.running_mean"], torch.zeros(4))
 
 
+PADDED = {"epochs": {"batch_size": 10, "local_epochs": 1.0},  # devices of 224 or 225 samples: last minibatches of 4, 5
+          "full data": {"batch_size": 0}}  # each step all 224 or 225 samples of a device (padded to 225)
+
+
+@pytest.mark.parametrize("name", ["transformer", "transformer_sequence_first"])
+@pytest.mark.parametrize("setting", list(PADDED))
+def test_dropout_of_devices_padded_in_a_batched_call_is_their_own_as_on_the_loop(cli_run, user_models, name,
+                                                                                  setting):
+    """The batched call pads devices' samples to the widest (an epoch's last, smaller minibatch;
+    unequal full local data): from training rules 12 each device's dropout masks are those of a
+    forward of its own samples, which the loop computes, so the two trainers agree to float
+    rounding (before, every dropout call after the first took the padded forward's numbers: a
+    transformer layer's model differed by 5-15 %), for a sequence-first transformer too (its
+    dropout inputs are [tokens, batch, ...])."""
+    config = {**BASE, "data": {**BASE["data"], "partition": "dirichlet", "alpha": 0.5},
+              "client": {**BASE["client"], **PADDED[setting]}, "model": {"name": f"user_nets:{name}"}}
+    batched, loop = (cli_run({**config, "client": {**config["client"], "trainer": trainer}}, name=trainer)
+                     for trainer in ("batched", "loop"))
+    a, b = torch.load(batched / "model.pt"), torch.load(loop / "model.pt")
+    for key in a:
+        assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-6), key
+    assert json.loads((batched / "manifest.json").read_text())["rules"] == 12
+
+
+def test_a_devices_dropout_does_not_depend_on_the_devices_padded_beside_it(user_models):
+    """Device 0 trained alone and beside a device of more samples (its own samples padded to
+    theirs): the same update; under training rules 11, another."""
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.training import build_task, build_trainer
+
+    def delta(rules: int, cohort: list[int]):
+        task = build_task(DataConfig(dataset="digits", clients=6, partition="dirichlet", alpha=0.5),
+                          ModelConfig(name="user_nets:transformer"), seed=3, device=torch.device("cpu"), rules=rules)
+        assert len(set(task.data.sizes_np[cohort].tolist())) == len(cohort)
+        trainer = build_trainer(task, ClientConfig(batch_size=0, local_steps=2, trainer="batched"), seed=3)
+        start = task.init_params()[None].expand(len(cohort), -1).clone()
+        return trainer.train(1, np.array(cohort), start, np.full(len(cohort), 2), 0.1).deltas[0]
+
+    sizes = build_task(DataConfig(dataset="digits", clients=6, partition="dirichlet", alpha=0.5),
+                       ModelConfig(name="user_nets:transformer"), seed=3, device=torch.device("cpu")).data.sizes_np
+    small, large = int(np.argmin(sizes)), int(np.argmax(sizes))
+    torch.testing.assert_close(delta(12, [small]), delta(12, [small, large]), rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(delta(11, [small]), delta(11, [small, large]), rtol=1e-3, atol=1e-5)
+
+
 def test_a_run_is_deterministic_with_dropout(cli_run, user_models):
     first, again = run(cli_run, "resnet_dropout"), cli_run(
         {**BASE, "model": {"name": "user_nets:resnet_dropout"}, "client": {**BASE["client"], "trainer": "batched"}},
@@ -417,7 +469,7 @@ def test_a_steps_dropout_numbers_drawn_at_once_are_the_per_call_draws_bit_for_bi
     assert task.model.activations == {"transformer": 10138, "mlp_dropout": 1818}[name]  # as before: the same chunks
     with monkeypatch.context() as patch:
         patch.setattr(modules.ModuleModel, "randomness",
-                      lambda self, seed, rnd, ids, step, batch: rng.keys(seed, rng.MODULE, rnd, ids, step))
+                      lambda self, seed, rnd, ids, step, batch, own=None: rng.keys(seed, rng.MODULE, rnd, ids, step))
         patch.setattr(modules, "_keyed_dropout", per_call_dropout)
         before = {setting: train(client) for setting, client in clients.items()}
     for setting in clients:

@@ -274,6 +274,18 @@ def test_a_run_of_training_rules_9_resumes_under_them(tmp_path, monkeypatch):
     assert not torch.equal(a["1.weight"], b["1.weight"])
 
 
+def test_a_run_of_training_rules_11_resumes_under_them(tmp_path, monkeypatch):
+    """Made under training rules 11 (e25266b; a user's transformer layer with dropout, batched,
+    one local epoch of minibatches of 10 over devices of 112 or 113 samples): an epoch's last,
+    smaller minibatch was padded to 10, and the dropout calls after the first took the padded
+    forward's numbers; from rules 12 a device's own samples take the numbers of a forward of
+    them alone (as the loop's), so the same config started today has other numbers and the
+    resumed run keeps the rules it started with."""
+    whole, today = resumes_under_its_own_rules("e25266b", 11, tmp_path, monkeypatch)
+    assert json.loads((today / "manifest.json").read_text())["trainer"]["path"] == "batched"
+    assert not torch.equal(torch.load(today / "model.pt")["fc.weight"], torch.load(whole / "model.pt")["fc.weight"])
+
+
 def test_a_run_that_max_time_ended_under_training_rules_10_resumes_under_them(tmp_path):
     """Made under training rules 10 (9ba4dcd; mifa on digits, devices with speeds and links,
     max_time 6 s): the round max_time cut short counted (`close_reason = "max-time"`). Resumed

@@ -884,9 +884,10 @@ class KernelModel:
     def load_state_dict(self, saved: dict[str, Tensor]) -> Tensor:
         return torch.cat([saved[name].reshape(-1).float() for name in self.names])
 
-    def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int) -> Tensor:
+    def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int, own=None) -> Tensor:
         """A local step's dropout uniforms [m, batch, dropout_features] (empty without dropout:
-        one tensor for every step, so that a shared call stacks it once)."""
+        one tensor for every step, so that a shared call stacks it once); each sample's own, so
+        a device's samples take theirs whatever the padding (`own` is not needed)."""
         if not self.dropout_features:
             shape = (len(ids), batch, 0, ids.device)
             if shape not in self._no_draws:

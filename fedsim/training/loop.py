@@ -69,7 +69,7 @@ class LoopTrainer(Trainer):
             starts = task.split(start[one])
             linear = task.split(objective.linear[one]) if objective.per_device else ()
             inputs = task.inputs(ids_t[one], rnd, int(steps[j]), self.batch_size, self.seed,
-                                 epochs=self.client.local_epochs)
+                                 epochs=self.client.local_epochs, cut=bool(own_rows))
             rows = self.epoch_rows(int(self.sizes[ids[j]]), int(steps[j])) if own_rows else None
             device_lr, fused_lr = lr[one], None if fused is None else fused[j]
             total = torch.zeros((), device=task.device)  # (the steps' losses summed in order, as loss_sum's row)

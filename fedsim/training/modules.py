@@ -32,6 +32,8 @@ import re
 import threading
 import warnings
 from contextlib import contextmanager, nullcontext
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -75,6 +77,7 @@ class _Draws(threading.local):
     used = 0
     where = ""
     rates: list[float]  # while counting: each dropout call's probability, per number
+    shapes: list[tuple[int, ...]]  # while counting: each dropout call's input shape
 
 
 def _next_numbers(n: int) -> Tensor | None:
@@ -106,6 +109,7 @@ def _keyed_dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace
     numbers = _next_numbers(input.numel())
     if numbers is None:  # counting
         _draws.rates.append(p)
+        _draws.shapes.append(tuple(input.shape))
         return input
     if numbers.is_floating_point():  # a CPU step's divisors: 1 - p where kept, inf where dropped
         return input / numbers.view(input.shape)
@@ -161,7 +165,7 @@ def keyed_randomness(numbers: Tensor | None, where: str = "", rules: int = train
     forward runs: modules call them through `torch.nn.functional`, whatever module they sit in
     (nn.Dropout, attention); max pooling too (`_loop_max_pool2d`, for the loop's forwards)."""
     global _forwards
-    _draws.on, _draws.numbers, _draws.used, _draws.where, _draws.rates = True, numbers, 0, where, []
+    _draws.on, _draws.numbers, _draws.used, _draws.where, _draws.rates, _draws.shapes = True, numbers, 0, where, [], []
     _draws.rules = rules
     with _swap:
         _forwards += 1
@@ -284,16 +288,18 @@ def probe_forward(module: nn.Module, state: dict[str, Tensor], samples: Tensor, 
     return logits, counter.get_total_flops() / 2 / n, (outputs.floats + 6 * draws.used) // n, outputs
 
 
-def count_dropout_numbers(module: nn.Module, state: dict[str, Tensor], samples: Tensor) -> tuple[int, set[float]]:
+def count_dropout_numbers(module: nn.Module, state: dict[str, Tensor],
+                          samples: Tensor) -> tuple[int, set[float], list[tuple[int, ...]]]:
     """How many random numbers the dropout of `module`'s training-mode forward pass (with
-    `state`, left as it was) uses on `samples`, and the dropout probabilities of its calls."""
+    `state`, left as it was) uses on `samples`, the dropout probabilities of its calls, and
+    their input shapes in order."""
     state = {n: t.clone() for n, t in state.items()}
     try:
         with torch.no_grad(), keyed_randomness(None) as draws:
             functional_call(module.train(), state, (samples,))
     finally:
         module.eval()
-    return draws.used, set(draws.rates)
+    return draws.used, set(draws.rates), draws.shapes
 
 
 # --- the model -------------------------------------------------------------------------------
@@ -347,6 +353,8 @@ class ModuleModel:
         self._one = grad_and_value(self._loss, has_aux=True)
         self._vmap_checked: tuple[str, list[str]] | None = None  # (`_vmap_probe`)
         self._numbers: dict[int, tuple[int, set[float]]] = {}  # batch size -> dropout numbers, rates
+        self._call_shapes: dict[int, list[tuple[int, ...]]] = {}  # batch size -> its dropout calls' input shapes
+        self._own_positions: dict[tuple[int, int], Tensor] = {}  # (padded, own batch size) -> `own_positions`
         self._divisors: dict[float, tuple[int, Tensor]] = {}  # p -> (threshold, a kept unit's divisor)
         self._no_numbers: dict[tuple, Tensor] = {}  # (devices, device) -> `randomness` of a module that draws none
         self._working: dict[int, tuple[nn.Module, list[Tensor]] | None] = {}  # thread -> `_working_copy`
@@ -462,9 +470,13 @@ class ModuleModel:
     def fuse(self) -> None:
         pass  # (torch's own layers: nothing of fedsim's to compile)
 
-    def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int) -> Tensor:
+    def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int, own=None) -> Tensor:
         """The random numbers [m, n] of a local step's dropout, drawn for the cohort in one call:
         the n numbers (`dropout_numbers`) a forward of `batch` samples takes, call after call.
+        `own` (int [m], host): each device's own samples in the batch (the rest padding: an
+        epoch's last minibatch, unequal full local data); from training rules 12 a device with
+        fewer takes the numbers of a forward of its own samples (`own_positions`), as the loop
+        trainer and a cohort without padding give it.
         On a CPU, where every dropout call has one probability p, as divisors (1 - p where
         `rng.keep_threshold` keeps a unit, inf where it drops it): each call in the forward is
         then one division, input / (1 - p) or 0 exactly as input * mask / (1 - p) computes it,
@@ -479,11 +491,50 @@ class ModuleModel:
             return self._no_numbers[key]
         keys = rng.keys(seed, rng.MODULE, rnd, ids, step)
         if ids.device.type != "cpu" or len(rates) != 1 or rng.keep_threshold(next(iter(rates))) is None:
-            return rng.dropout_bits(keys, n)
+            return self._as_own(rng.dropout_bits(keys, n), batch, own)
         p = next(iter(rates))
         if p not in self._divisors:
             self._divisors[p] = (rng.keep_threshold(p), torch.tensor(1.0 - p, dtype=torch.float32))
-        return rng.dropout_bits(keys, n, divisors=self._divisors[p])
+        return self._as_own(rng.dropout_bits(keys, n, divisors=self._divisors[p]), batch, own)
+
+    def _as_own(self, numbers: Tensor, batch: int, own) -> Tensor:
+        """`numbers` of a padded forward of `batch` samples, each device's row rearranged so that
+        its own samples take the numbers of a forward of them alone (training rules 12)."""
+        if own is None or self.rules < 12:
+            return numbers
+        for b in np.unique(own[own < batch]):
+            rows = torch.as_tensor(np.flatnonzero(own == b), device=numbers.device)
+            numbers[rows] = numbers[rows].index_select(1, self.own_positions(batch, int(b), numbers.device))
+        return numbers
+
+    def own_positions(self, batch: int, own: int, device: torch.device) -> Tensor:
+        """int64 [n(batch)]: for each number a forward of `batch` samples takes, the position
+        that a forward of the first `own` of them takes for the same unit of the same dropout
+        call (its padding samples: that call's first). Each call's input is laid out by its
+        shapes at the two batch sizes: the dimension that differs is the batch's, wherever it is
+        (a sequence-first transformer's [L, B, E]); where more than one differs, the own
+        samples' numbers are taken as the first."""
+        key = (batch, own)
+        if key not in self._own_positions:
+            self._dropout(batch), self._dropout(own)
+            padded, alone = self._call_shapes[batch], self._call_shapes[own]
+            parts, start = [], 0
+            for big, small in zip(padded, alone):
+                taken = math.prod(small)
+                source = torch.arange(start, start + taken).view(small)
+                differ = [k for k, (a, b) in enumerate(zip(big, small)) if a != b] if len(big) == len(small) else []
+                if len(differ) == 1:
+                    k = differ[0]
+                    fill = list(small)
+                    fill[k] = big[k] - small[k]
+                    part = torch.cat([source, source.narrow(k, 0, 1).expand(fill)], dim=k).reshape(-1)
+                else:
+                    part = torch.cat([source.reshape(-1), torch.full((math.prod(big) - taken,), start)])
+                parts.append(part)
+                start += taken
+            positions = torch.cat(parts) if parts and len(padded) == len(alone) else torch.arange(self._dropout(batch)[0])
+            self._own_positions[key] = positions
+        return self._own_positions[key].to(device)
 
     def check_trains_on(self, batch: int) -> None:
         """FedsimError where the module's training forward of `batch` samples raises (BatchNorm1d
@@ -502,12 +553,13 @@ class ModuleModel:
             state = self.typed(dict(zip(self.names, self.split(self._init.to(device)))))
             x = self._sample(batch).to(device)
 
-            def count() -> tuple[int, set[float]]:
+            def count() -> tuple[int, set[float], list]:
                 return count_dropout_numbers(self.module, state, x)
 
             try:
                 with self._module_lock:
-                    self._numbers[batch] = count()
+                    n, rates, self._call_shapes[batch] = count()
+                    self._numbers[batch] = n, rates
             except Exception as err:
                 fix = "set [client] batch_size >= 2" if batch == 1 and "more than 1 value per channel" in str(err) \
                     else "fix the forward (it ran on a batch of 2 at build time)"  # (BatchNorm's on one sample)

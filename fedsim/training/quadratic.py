@@ -66,7 +66,7 @@ class QuadraticTask(Task):
     def state_dict(self, params: Tensor) -> dict[str, Tensor]:
         return {"x": params.detach().cpu().clone()}
 
-    def inputs(self, ids, rnd, steps, batch_size, seed, width=None, epochs=0.0, draws=None, data=None):
+    def inputs(self, ids, rnd, steps, batch_size, seed, width=None, epochs=0.0, draws=None, data=None, cut=False):
         targets = self.targets[ids]
         if self.noise == 0:
             return lambda step, which: (targets[which],)

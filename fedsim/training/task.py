@@ -116,7 +116,7 @@ class Task:
 
     def inputs(self, ids: Tensor, rnd: int, steps: int, batch_size: int, seed: int,
                width: int | None = None, epochs: float = 0.0, draws: Tensor | None = None,
-               data=None) -> StepInputs:
+               data=None, cut: bool = False) -> StepInputs:
         """The inputs of local steps 0..steps-1 of devices `ids` [m] in round `rnd`. What can be
         drawn for all steps at once (minibatch sample ids) is, in one call; the returned
         function gathers one step's inputs for some of the devices. `width`: samples per device
@@ -125,7 +125,10 @@ class Task:
         local_epochs`) instead of draws with replacement. `draws`: the minibatch uniforms
         `rng.uniform(seed, rng.BATCH, rnd, ids, range(steps), batch_size)` where a caller drew
         them for several runs at once (fedsim/training/cohort.py); `data`: the ClientData to
-        draw from instead of the task's own (several runs' stacked, `inputs_stack`)."""
+        draw from instead of the task's own (several runs' stacked, `inputs_stack`); `cut`: the
+        caller computes a step on each device's own samples, not on the padded batch (the loop
+        trainer under local epochs), so a module's dropout numbers are those of the own forward
+        as drawn."""
         raise NotImplementedError
 
     def distinct_rows(self) -> bool:
@@ -255,7 +258,7 @@ class ClassificationTask(Task):
     def inputs_stack(self) -> bool:
         return not self.model.draws_randomness  # (dropout keys are the seed's)
 
-    def inputs(self, ids, rnd, steps, batch_size, seed, width=None, epochs=0.0, draws=None, data=None):
+    def inputs(self, ids, rnd, steps, batch_size, seed, width=None, epochs=0.0, draws=None, data=None, cut=False):
         data, model = self.data if data is None else data, self.model
         if draws is None and batch_size > 0 and not epochs:
             draws = rng.uniform(seed, rng.BATCH, rnd, ids, range(steps), batch_size)
@@ -282,13 +285,32 @@ class ClassificationTask(Task):
                 # every device (a slice): the same tensors each step, so a stacked call cats them once
                 return (x, y) if isinstance(which, slice) else (x[which], y[which])
 
+        own = None if cut else self._own_samples(ids, batch_size, epochs)
+
         def at(step: int, which: slice | Tensor) -> tuple[Tensor, ...]:
             x, y = samples(step, which)
             if isinstance(which, slice):  # every device: no indexing (a shared call asks this each step)
-                return x, y, weight[step], model.randomness(seed, rnd, ids, step, y.shape[1])
-            return x, y, weight[step, which], model.randomness(seed, rnd, ids[which], step, y.shape[1])
+                return x, y, weight[step], model.randomness(seed, rnd, ids, step, y.shape[1], own and own(step))
+            mine = own and own(step)[which.cpu().numpy()]
+            return x, y, weight[step, which], model.randomness(seed, rnd, ids[which], step, y.shape[1], mine)
 
         return at
+
+    def _own_samples(self, ids: Tensor, batch_size: int, epochs: float):
+        """Where a module draws dropout numbers and a step may pad devices' samples (local epochs'
+        last minibatches, unequal full local data): step -> each device's own samples in it
+        (int [m], on the host, known from the sizes); else None."""
+        if not (self.model.draws_randomness and not self.model.samples_independent and (epochs or batch_size == 0)):
+            return None
+        sizes = self.data.sizes_np[ids.cpu().numpy()]
+        if not epochs:
+            return lambda step: sizes
+        per_epoch = np.maximum(-(-sizes // batch_size), 1)
+
+        def own(step: int) -> np.ndarray:
+            first = (step % per_epoch) * batch_size
+            return np.minimum(sizes, first + batch_size) - first
+        return own
 
     def batch_problem(self, batch_size: int = 1, epochs: float = 0.0) -> str:
         sizes = self.data.sizes_np

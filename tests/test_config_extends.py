@@ -53,6 +53,22 @@ def test_a_scenario_switches_to_a_trace_file_by_set(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
 
 
+def test_a_scenario_switches_its_device_model_and_the_bases_speeds_go(tmp_path):
+    """The quickstart's lognormal speeds (seconds_per_sample, sigmas, ...) are dropped once the
+    file or --set chooses another [devices] model; written in the user's own file they stay
+    errors."""
+    for model in ("profiles", "constant", "halfnormal"):
+        config = load_config("quickstart", [f"devices.model={model}"])
+        assert config.devices.model == model
+    mine = write(tmp_path / "mine.toml", 'extends = "quickstart"\n[devices]\nmodel = "profiles"\n')
+    assert load_config(str(mine)).devices.seconds_per_sample == load_config(None, ["devices.model=profiles"]
+                                                                              ).devices.seconds_per_sample
+    wrong = write(tmp_path / "wrong.toml", 'extends = "quickstart"\n[devices]\nmodel = "profiles"\n'
+                                           'seconds_per_sample = 0.5\n')
+    with pytest.raises(FedsimError, match=r"wrong.toml: \[devices\] seconds_per_sample applies to model = "):
+        load_config(str(wrong))
+
+
 def test_keys_the_user_wrote_for_an_unselected_generator_stay_errors(tmp_path):
     mine = write(tmp_path / "mine.toml", 'extends = "quickstart"\n[trace]\nsource = "always"\np_min = 0.1\n')
     with pytest.raises(FedsimError) as err:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedsim.config.schema import (AlgorithmConfig, Config, TraceConfig, _declared_options, _field_names,
+from fedsim.config.schema import (DEVICE_MODEL_KEYS, AlgorithmConfig, Config, DevicesConfig, TraceConfig,
+                                  _declared_options, _field_names,
                                   config_from_dict, is_study, parse_override, read_toml, scenario_names,
                                   scenario_path)
 from fedsim.errors import FedsimError
@@ -91,8 +92,8 @@ def _merge(into: Layered, raw: dict, label: str, is_base: bool) -> None:
 
 
 def drop_unselected(layered: Layered) -> dict:
-    """The sections without the generator and algorithm keys that only a base gave and that
-    the final config's generator or algorithms do not take."""
+    """The sections without the generator, algorithm and device-model keys that only a base
+    gave and that the final config's generator, algorithms or device model do not take."""
 
     raw = {s: dict(b) if isinstance(b, dict) else b for s, b in layered.raw.items()}
     algorithms = raw.get("run", {}).get("algorithms", []) if isinstance(raw.get("run"), dict) else []
@@ -110,6 +111,12 @@ def drop_unselected(layered: Layered) -> dict:
         for key in list(body):
             if key not in known and (section, key) in layered.bases:
                 del body[key]
+    devices = raw.get("devices")
+    if isinstance(devices, dict):
+        model = devices.get("model", DevicesConfig.model)
+        for key in list(devices):
+            if model not in DEVICE_MODEL_KEYS.get(key, (model,)) and ("devices", key) in layered.bases:
+                del devices[key]
     return raw
 
 

@@ -111,3 +111,10 @@ def test_a_chain_of_64_files_is_followed_and_one_more_is_refused(tmp_path, capsy
     assert config.run.rounds == 2 and config.origins[("run", "rounds")] == str(tmp_path / "e0.toml")
     assert main(["config", "show", str(tmp_path / "c.toml")]) == 0
     assert "rounds = 2" in capsys.readouterr().out
+
+
+def test_a_trace_offset_given_by_set_is_blamed_on_the_set(capsys):
+    """Checked once the trace is read (its horizon), the line still names the --set."""
+    assert main(["run", "quickstart", "--set", "trace.source=always", "--set", "trace.offset=200000"]) == 2
+    assert capsys.readouterr().err == ("error: --set trace.offset=200000: [trace] offset = 200000.0 is beyond the "
+                                       "trace's horizon (18000 s); give an offset below it\n")

@@ -695,7 +695,7 @@ CASES = [
          **{"s.toml": 'base = "quickstart"\n[sweep]\n"algorithm.name" = ["fedavg", "fedavg-wait"]\n'
                       '"server.mode" = ["sync", "async"]\n'}),
     case("sweep-every-point-invalid", "sweep {tmp}/s.toml --set server.timing=ideal --set server.mode=async",
-         r"^error: \S+s\.toml: every point: \[server\] mode = 'async' needs timing = 'model'",
+         r"^error: --set server\.mode=async: \[server\] mode = 'async' needs timing = 'model' .*\(every point\)$",
          **{"s.toml": 'base = "quickstart"\n[sweep]\n"run.seed" = [0, 1]\n'}),
     case("extends-1200-files-deep", RUN, r"c\.toml: extends goes deeper than 64 files \(c\.toml -> e0\.toml -> \.\.\. -> "
          r"e62\.toml -> e63\.toml -> \.\.\.\); fedsim follows at most 64: merge some of the files into one",

@@ -1012,3 +1012,17 @@ def test_the_report_of_a_study_with_a_point_not_run_prints_the_sweep_that_runs_i
                                        f"`{command}` to finish it\n")
     assert as_printed(command, Path("/")).returncode == 0
     assert main(["report", str(folder)]) == 0
+
+
+def test_a_value_given_by_set_that_breaks_some_points_blames_the_set(tmp_path, capsys):
+    """FedAU's cutoff = 0 from --set breaks the fedau points only: the line names the --set (not
+    the study file, which does not hold it) and how many points it breaks."""
+    path = write_study(tmp_path, {"algorithm.name": ["fedavg", "fedau"], "run.seed": [0, 1]})
+    sweep(path, "--set", "algorithm.cutoff=0", expect=2)
+    assert capsys.readouterr().err == (
+        "error: --set algorithm.cutoff=0: [algorithm] cutoff = 0 for 'fedau' must be >= 1 (K, the longest interval "
+        "recorded, in rounds) (2 of the 4 points, the first algorithm-fedau_seed-0 (algorithm.name = 'fedau', "
+        "run.seed = 0))\n")
+    sweep(path, "--set", "algorithm.cutoff=0", "--set", "sweep.algorithm.name=['fedau']", expect=2)
+    assert capsys.readouterr().err.endswith("must be >= 1 (K, the longest interval recorded, in rounds) (every point)\n")
+    assert not (tmp_path / "runs").exists()

@@ -506,6 +506,11 @@ class Config:
             out[f.name] = section
         return out
 
+    def where(self, section: str, key: str) -> str:
+        """`SOURCE: [section] key`, SOURCE where the key was set (a `--set`, a base, the file):
+        what a line about its value starts with."""
+        return f"{self.origins.get((section, key), self.source)}: [{section}] {key}"
+
     def with_algorithm(self, name: str) -> "Config":
         """A copy running `name` (options of the configured algorithm that `name` lacks are dropped)."""
         valid = algorithm_options(name) | selection_options(self.algorithm.selection)

@@ -45,7 +45,7 @@ def _option_lines(config: Config, section: str) -> list[str]:
     """The keys that the chosen generator or algorithm(s) declare: set ones as keys, the
     others commented out with their defaults."""
     if section == "trace" and config.trace.source != "file":
-        spec = GENERATORS.lookup(config.trace.source, f"{config.source}: [trace] source")
+        spec = GENERATORS.lookup(config.trace.source, config.where("trace", "source"))
         owner = f"generator {config.trace.source!r}"
         owners = {k: [(owner, d)] for k, d in spec.options.items()}
         given, lines = config.trace.options, [f"# {owner}: {' '.join(spec.doc.split())}"]

@@ -61,7 +61,7 @@ def refuse_study_folder(config: Config) -> None:
     if study is not None:
         source = str(Path(config.source).absolute()) if Path(config.source).is_file() else config.source
         again = f"fedsim run {shlex.quote(source)} --set run.out={shlex.quote(str(study.parent.absolute()))}"
-        raise FedsimError(f"{config.source}: [run] out = {config.run.out!r} is in the folder of the study {study}, "
+        raise FedsimError(f"{config.where('run', 'out')} = {config.run.out!r} is in the folder of the study {study}, "
                           f"which only its sweep writes to; run it as a new run beside the study with "
                           f"`{again}`, or finish the study with `{resume_command('sweep', study)}`")
 

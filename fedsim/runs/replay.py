@@ -223,7 +223,7 @@ def placed(config: Config, trace: Trace | RoundBits, n_devices: int) -> tuple[Tr
     if isinstance(trace, RoundBits):
         if trace.n_devices == n_devices and not offset_seconds(config, trace):
             return trace, np.arange(n_devices)
-        trace = trace.to_trace(f"{config.source}: [trace] source = {config.trace.source!r}",
+        trace = trace.to_trace(f"{config.where('trace', 'source')} = {config.trace.source!r}",
                                "use fewer devices or rounds, or no [trace] offset")
     chosen = np.arange(n_devices)
     if trace.n_devices != n_devices:
@@ -242,7 +242,7 @@ def choose_devices(config: Config, trace: Trace, n_devices: int) -> np.ndarray:
             f"{where}: has {trace.n_devices} devices but [data] clients = {n_devices}; set "
             f"data.clients = {trace.n_devices}, or [trace] select = \"random\" (or \"first\", "
             "\"most-available\") to replay that many of them")
-    select = TRACE_SELECTIONS.lookup(config.trace.select, f"{config.source}: [trace] select")
+    select = TRACE_SELECTIONS.lookup(config.trace.select, config.where("trace", "select"))
     return select(trace, n_devices, config.run.seed)
 
 
@@ -274,7 +274,7 @@ def subset(trace: Trace, chosen: np.ndarray) -> Trace:
 
 def offset_seconds(config: Config, trace: Trace) -> float:
     """`[trace] offset` in seconds after the trace's t = 0 (a date-time needs its origin)."""
-    offset, where = config.trace.offset, f"{config.source}: [trace] offset"
+    offset, where = config.trace.offset, config.where("trace", "offset")
     if isinstance(offset, str):
         if trace.origin is None:
             raise FedsimError(f"{where} = {offset!r}: the trace has no origin (no date for its t = 0); "
@@ -325,7 +325,7 @@ def source_trace(config: Config, n_devices: int, label_dist: np.ndarray | None,
     tc = config.trace
     if tc.source == "file":
         return read_trace(Path(tc.path))
-    spec = GENERATORS.lookup(tc.source, f"{config.source}: [trace] source")
+    spec = GENERATORS.lookup(tc.source, config.where("trace", "source"))
     days = tc.days or None
     if days is None and not spec.round_indexed:  # wall-clock models: cover max_time, or a week
         days = config.run.max_time / 86400 if config.run.max_time else 7.0

@@ -45,7 +45,7 @@ def check_resumable(saved: dict[str, Tensor] | None, built: dict[str, Tensor], w
 
 
 def init_from_where(config: Config) -> str:
-    return f"{config.source}: [model] init_from = {config.model.init_from!r}"
+    return f"{config.where('model', 'init_from')} = {config.model.init_from!r}"
 
 
 def model_file(config: Config) -> Path:

@@ -456,3 +456,19 @@ def test_a_run_folder_with_a_newline_round_trips_through_config_toml(tmp_path, c
     run_dir = out / "tiny"
     assert tomllib.loads((run_dir / "config.toml").read_text())["run"]["out"] == str(out)
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=3", "--quiet"]) == 0
+
+
+def test_date_times_written_unquoted_are_taken_as_their_text(tmp_path, capsys):
+    """TOML reads 2024-03-04T08:00:00 as a date-time; fedsim's keys take times as ISO 8601 text,
+    so an unquoted one in a file, a --set or a generator option is the same as a quoted one."""
+    from fedsim.config import parse_override, read_toml
+
+    assert parse_override("trace.offset=2024-03-04T08:00:00+02:00") == ("trace", "offset", "2024-03-04T08:00:00+02:00")
+    (tmp_path / "c.toml").write_text('[trace]\nsource = "diurnal"\norigin = 2024-03-04T08:00:00Z\n')
+    assert read_toml(tmp_path / "c.toml")["trace"]["origin"] == "2024-03-04T08:00:00+00:00"
+    out = tmp_path / "o.parquet"
+    assert main(["trace", "generate", "diurnal", "--devices", "4", "--days", "1", "--origin",
+                 "2024-03-04T08:00:00+02:00", "--out", str(out)]) == 0, capsys.readouterr().err
+    from fedsim.traces.io import read_trace
+
+    assert read_trace(out).origin == "2024-03-04T08:00:00+02:00"

@@ -10,6 +10,7 @@ meaning and the rules of its value beside it: the checks, the error lines and
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 import re
 import tomllib
@@ -147,10 +148,8 @@ def _auto(where: str, value: Any) -> Any:
 def _offset(where: str, value: Any) -> Any:
     """A number of seconds, or an ISO 8601 date-time (resolved against the trace's origin)."""
     if isinstance(value, str):
-        from datetime import datetime
-
         try:
-            datetime.fromisoformat(value)
+            datetime.datetime.fromisoformat(value)
         except ValueError:
             raise FedsimError(f"{where} = {value!r} is not a date-time; give seconds into the trace "
                               "or an ISO 8601 date-time like '2024-03-04T08:00:00+00:00'") from None
@@ -1084,7 +1083,7 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     path, literal = text.split("=", 1)
     section, key = path.strip().split(".", 1)
     try:
-        value = tomllib.loads(f"v = {literal}")["v"]
+        value = toml_value(literal)
     except tomllib.TOMLDecodeError:
         if literal.strip().startswith("["):  # a list of bare words: say how to quote them
             items = [item.strip().strip("'\"") for item in literal.strip().strip("[]").split(",") if item.strip()]
@@ -1093,6 +1092,24 @@ def parse_override(text: str) -> tuple[str, str, Any]:
                               f"--set '{path.strip()}=[{quoted}]'") from None
         value = literal
     return section, key.strip(), value
+
+
+def toml_value(literal: str) -> Any:
+    """A TOML literal's value (0.3, [1, 0.5], "sine", true), a date-time as its text (fedsim's
+    keys take times as ISO 8601 text: `--set trace.offset=2024-03-01T08:00:00`, unquoted); a
+    TOMLDecodeError where the text is no literal."""
+    return _times_as_text(tomllib.loads(f"v = {literal}")["v"])
+
+
+def _times_as_text(value: Any) -> Any:
+    """TOML's date-times (and dates, times) as ISO 8601 text, in tables and lists too."""
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: _times_as_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_times_as_text(v) for v in value]
+    return value
 
 
 def _is_number(word: str) -> bool:
@@ -1126,7 +1143,7 @@ def read_toml(path: str | Path) -> dict:
         raise FedsimError(f"config {path}: " + (f"no such file or scenario; {hint}" if hint else
                                                  "no such file; pass an existing .toml file or a scenario name"))
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return _times_as_text(tomllib.loads(path.read_text(encoding="utf-8")))
     except tomllib.TOMLDecodeError as err:
         raise FedsimError(f"config {path}: invalid TOML ({err})") from None
     except UnicodeDecodeError:

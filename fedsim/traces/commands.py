@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from fedsim.config.catalog import CONVERTERS, GENERATORS
+from fedsim.config.schema import toml_value
 from fedsim.errors import FedsimError
 from fedsim.files import TRACE_PICTURE, check_out, human_duration
 from fedsim.traces.converters import TIME_UNITS, convert
@@ -245,9 +246,10 @@ def device_table(trace: Trace, columns: dict) -> dict:
 # -- helpers --------------------------------------------------------------------------------
 
 def parse_value(text: str):
-    """A TOML literal (0.3, 20, [1, 0.5], "sine", true), else the text as a string."""
+    """A TOML literal (0.3, 20, [1, 0.5], "sine", true; a date-time as its text), else the text
+    as a string."""
     try:
-        return tomllib.loads(f"value = {text}")["value"]
+        return toml_value(text)
     except tomllib.TOMLDecodeError:
         return text
 

@@ -20,7 +20,6 @@ recorded with the study and checked by ``fedsim report --claims``.
 from __future__ import annotations
 
 import itertools
-import sys
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -469,10 +468,12 @@ def _unique_names(points: list[Point], path: Path) -> None:
 
 # -- running ----------------------------------------------------------------------------------
 
-def check_same_study(study: Study) -> None:
+def check_same_study(study: Study) -> str:
     """A study folder holds one study: running another into it is refused, unless none of its
     runs ever started (a sweep that stopped before its first point, e.g. for missing data, is
-    then run again with a fixed --set, not refused as another study)."""
+    then run again with a fixed --set, not refused as another study). The note to print once
+    the points' own checks pass where the study file changes keys a resume may change ("" if
+    none)."""
     recorded = study.folder / "study.toml"
     if recorded.exists():
         before = _flat(_what_runs(json.loads(json.dumps(read_recorded(recorded)))))
@@ -484,20 +485,20 @@ def check_same_study(study: Study) -> None:
                               f"{study.source}); run `{resume_command('sweep', study.folder)}` to go on with "
                               "it as it was, or give this one another [run] name")
         if _has_runs(study.folder) and Path(study.source) != recorded:
-            _say_resume_keys_changed(study, read_recorded(recorded))
+            return _resume_keys_changed(study, read_recorded(recorded))
+    return ""
 
 
-def _say_resume_keys_changed(study: Study, recorded: dict) -> None:
+def _resume_keys_changed(study: Study, recorded: dict) -> str:
     """One line when the study file changes keys a resume may change (more rounds, a later
-    max_time): its points resume to them, as `--resume --set` would make them."""
+    max_time): its points resume to them, as `--resume --set` would make them ("" if none)."""
     from fedsim.config import RESUME_KEYS
 
     before, now = (_flat(r.get("base", {}).get("run", {}), "run.") for r in (recorded, study.resolved))
     changed = [f"{key} = {_shown(now, key)} (was {_shown(before, key)})" for key in RESUME_KEYS
                if key.startswith("run.") and key not in ("run.progress", "run.plots") and before.get(key) != now.get(key)]
-    if changed:
-        print(f"note: {study.folder}: {study.source} gives {', '.join(changed)}: the study's points go on to "
-              "it from where they are, as `fedsim sweep --resume` with that --set would", file=sys.stderr, flush=True)
+    return (f"note: {study.folder}: {study.source} gives {', '.join(changed)}: the study's points go on to it from "
+            "where they are, as `fedsim sweep --resume` with that --set would") if changed else ""
 
 
 # the keys of a point that do not tell studies apart: where the study folder is (it may move)

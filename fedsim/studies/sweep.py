@@ -4,6 +4,8 @@ its points, on the in-process backend (fedsim/studies/lockstep.py) or on Ray
 
 from __future__ import annotations
 
+import sys
+
 from fedsim.config import dump_toml
 from fedsim.errors import FedsimError
 from fedsim.files import DirectoryLock
@@ -42,7 +44,7 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
         check_backend(address)
     check_trackers(study.points[0].config)  # before the folder is made: a tracker that cannot log stops here
     with comparison_lock(study.folder, "fedsim sweep"):  # one sweep of a study at a time
-        check_same_study(study)
+        grows = check_same_study(study)
         for point in [*study.warm, *study.points]:  # a run of it that another process writes to, or
             DirectoryLock(study.folder / point.name).refuse_if_held()  # that a later release wrote
             if (study.folder / point.name).is_dir():
@@ -50,6 +52,8 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
         check_own_runs(study)  # (a run that another process writes to is refused as such first)
         for point in [*study.warm, *study.points]:
             check_only_adds_rounds(study.folder / point.name, point.config, f"point {point.name}")
+        if grows:
+            print(grows, file=sys.stderr, flush=True)
         recorded = study.folder / "study.toml"
         before = recorded.read_text() if recorded.exists() else None
         write_text(recorded, dump_toml(study.resolved))

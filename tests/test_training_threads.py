@@ -174,8 +174,11 @@ def test_a_study_of_small_runs_trains_in_parts_and_equals_each_run_alone(tmp_pat
 
 
 def test_a_resume_that_trains_with_another_thread_count_says_so_and_keeps_it(tmp_path, capsys):
-    """The run's earlier rounds had up to 4 threads a call (another machine, as its manifest
-    says); resumed here with 2 (or 1), sums may round differently: one warning, kept."""
+    """The run's earlier rounds had calls of 4 threads (another machine, as its manifest says);
+    resumed here with up to 2 (or 1), sums may round differently: one warning, kept. Where the
+    earlier calls had no more threads than now and their limit did not hold them (a study's
+    points resumed in two worker processes, one thread each, after one process of two threads
+    whose calls took one), nothing."""
     from fedsim.cli import main
     from fedsim.config import dump_toml
 
@@ -187,7 +190,7 @@ def test_a_resume_that_trains_with_another_thread_count_says_so_and_keeps_it(tmp
     run_dir = tmp_path / "runs" / "r"
     manifest = json.loads((run_dir / "manifest.json").read_text())
     here = manifest["threads"]["max"]
-    manifest["threads"]["max"] = here + 2
+    manifest["threads"].update(max=here + 2, calls_by_threads={"1": 2, str(here + 2): 2})
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     capsys.readouterr()
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=3", "--quiet"]) == 0
@@ -196,3 +199,8 @@ def test_a_resume_that_trains_with_another_thread_count_says_so_and_keeps_it(tmp
                "differently, so they may differ in the last bits from the run uninterrupted there")
     assert f"warning: {run_dir}: {warning}\n" in capsys.readouterr().err
     assert warning in json.loads((run_dir / "manifest.json").read_text())["warnings"]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["threads"].update(max=here + 2, calls_by_threads={"1": 3})  # its calls took one thread of their 4
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=4", "--quiet"]) == 0
+    assert "threads a call" not in capsys.readouterr().err

@@ -547,6 +547,10 @@ def other_threads(before, threads, rnd: int) -> list[str]:
     then, now = before.get("max") if isinstance(before, dict) else None, threads.summary()["max"]
     if then is None or now is None or then == now:
         return []
+    calls = before.get("calls_by_threads")
+    used = max((int(k) for k, n in calls.items() if n), default=None) if isinstance(calls, dict) else None
+    if used is not None and used <= now and (used < then or now < then):
+        return []  # no earlier call had more threads than now, nor was held back by the earlier limit
     return [f"the run's first {rnd} rounds trained with up to {then} threads a call, the rounds from there on with "
             f"up to {now} ([run] threads = {threads.setting!r} on this machine): sums over other thread counts "
             "round differently, so they may differ in the last bits from the run uninterrupted there"]

@@ -106,6 +106,27 @@ def resnet_dropout(in_shape, n_classes, cfg):
     return TinyResNet(in_shape[0], n_classes, dropout=0.5)
 
 
+class ChannelDropout(nn.Module):
+    """Whole channels dropped (nn.Dropout2d), then units (nn.Dropout)."""
+
+    def __init__(self, channels, n_classes):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(channels, 6, 3, padding=1), nn.ReLU(), nn.Dropout2d(0.3),
+                                      nn.Conv2d(6, 4, 3), nn.ReLU(), nn.Flatten(), nn.Dropout(0.2))
+        self.fc = nn.Linear(4 * 6 * 6, n_classes)
+
+    def forward(self, x):
+        return self.fc(self.features(x))
+
+
+def conv_dropout2d(in_shape, n_classes, cfg):
+    return ChannelDropout(in_shape[0], n_classes)
+
+
+def alpha_dropout(in_shape, n_classes, cfg):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.SELU(), nn.AlphaDropout(0.1), nn.Linear(16, n_classes))
+
+
 def transformer(in_shape, n_classes, cfg):
     return PixelTransformer(n_classes)
 
@@ -341,7 +362,7 @@ def run(cli_run, name, trainer="batched", expect=0, **model):
 
 
 @pytest.mark.parametrize("name", ["resnet", "resnet_bn", "resnet_dropout", "transformer", "transformer_no_dropout",
-                                  "gelu_net"])
+                                  "gelu_net", "conv_dropout2d"])
 def test_batched_equals_loop_through_the_engine(cli_run, user_models, name):
     """Residual + GroupNorm, BatchNorm (its running statistics averaged), dropout and an
     embedding + transformer layer (dropout keyed per device; without dropout, CPU attention
@@ -495,8 +516,9 @@ def test_randomness_fedsim_cannot_key_is_one_line_on_every_trainer(cli_run, user
     run(cli_run, "noisy", trainer, expect=2)
     assert cli_run.last_output.err == (
         "error: [model] name = 'user_nets:noisy': the module draws random numbers other than dropout "
-        "(aten.randn_like); fedsim keys only F.dropout and attention dropout by (seed, round, device, step): "
-        "use nn.Dropout\n")
+        "(aten.randn_like); fedsim keys only dropout (nn.Dropout, nn.Dropout1d/2d/3d, attention dropout) by (seed, "
+        "round, device, step), so that runs repeat and resume exactly: use one of those, or take the draw out of the "
+        "forward\n")
     assert not (tmp_path / "runs").exists()
 
 
@@ -534,6 +556,8 @@ def test_frozen_parameters_stay_fixed(cli_run, user_models):
                       "(other precisions are not simulated): build the module in float32"),
     ("resnet", {"local_buffers": True}, "local_buffers = true, but the module has no buffers"),
     ("noisy", {}, "draws random numbers other than dropout (aten.randn_like)"),
+    ("alpha_dropout", {}, "draws random numbers other than dropout (aten.bernoulli_, by nn.AlphaDropout at '3'); fedsim keys "
+                          "only dropout (nn.Dropout, nn.Dropout1d/2d/3d, attention dropout)"),
 ])
 def test_bad_modules_are_one_line_before_training(cli_run, user_models, tmp_path, name, model, says):
     run(cli_run, name, expect=2, **model)

@@ -1304,8 +1304,9 @@ CASES = [
          r"per channel when training, .* in torch\.nn\.functional\.batch_norm; set \[client\] batch_size >= 2$",
          **user_module("batchnorm_average", client={"batch_size": 1})),
     *[case(f"module-draws-random-numbers-{trainer}", RUN, r"^error: \[model\] name = 'audit_nets:noisy': the "
-           r"module draws random numbers other than dropout \(aten\.randn_like\); fedsim keys only F\.dropout and "
-           r"attention dropout by \(seed, round, device, step\): use nn\.Dropout$",
+           r"module draws random numbers other than dropout \(aten\.randn_like\); fedsim keys only dropout "
+           r"\(nn\.Dropout, nn\.Dropout1d/2d/3d, attention dropout\) by \(seed, round, device, step\), so that runs "
+           r"repeat and resume exactly: use one of those, or take the draw out of the forward$",
            **user_module("noisy", client={"trainer": trainer})) for trainer in ("batched", "loop")],
     case("module-integer-buffer-beyond-float32", RUN, r"'audit_nets:huge_buffer': buffer 'hash' holds the integer "
          r"1099511627776, beyond 2\*\*24, which fedsim's float32 copy of the state \(sent and averaged\) cannot hold "

@@ -106,17 +106,42 @@ def _keyed_dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace
         return input
     if not _draws.on:
         return _DROPOUT(input, p, training, inplace)
-    numbers = _next_numbers(input.numel())
+    return _masked(input, p, tuple(input.shape))
+
+
+def _keyed_feature_dropout(unkeyed, batched_dims: tuple[int, ...]):
+    """F.dropout1d / 2d / 3d keyed: whole channels dropped, one number per (sample, channel)
+    of a batched input (of `batched_dims` dimensions, as torch reads them), one per channel of
+    an unbatched one."""
+    def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+        if not training or p == 0 or not _draws.on:
+            return unkeyed(input, p, training, inplace) if training and p else input
+        lead = 2 if input.dim() in batched_dims else 1
+        return _masked(input, p, (*input.shape[:lead], *[1] * (input.dim() - lead)))
+    return dropout
+
+
+def _masked(input: Tensor, p: float, shape: tuple[int, ...]) -> Tensor:
+    """`input` with the units of a mask of `shape` (broadcast over the input) kept with
+    probability 1 - p and scaled by 1 / (1 - p), the mask from the forward's next numbers."""
+    numbers = _next_numbers(math.prod(shape))
     if numbers is None:  # counting
         _draws.rates.append(p)
-        _draws.shapes.append(tuple(input.shape))
+        _draws.shapes.append(shape)
         return input
     if numbers.is_floating_point():  # a CPU step's divisors: 1 - p where kept, inf where dropped
-        return input / numbers.view(input.shape)
+        return input / numbers.view(shape)
     threshold = rng.keep_threshold(p)
     if threshold is None:  # no uniform reaches p: every unit dropped
         return input * 0.0
-    return input * (numbers.view(input.shape) >= threshold) / (1.0 - p)  # (bools multiply as 1.0 and 0.0)
+    return input * (numbers.view(shape) >= threshold) / (1.0 - p)  # (bools multiply as 1.0 and 0.0)
+
+
+# F's channel dropouts: the dimensions of an input they read as batched (dropout2d reads a 3-d
+# input as a batch of 1-d channels, with a warning)
+_FEATURE_DROPOUT = {"dropout1d": (3,), "dropout2d": (3, 4), "dropout3d": (5,)}
+_UNKEYED = {name: getattr(F, name) for name in _FEATURE_DROPOUT}
+_KEYED = {name: _keyed_feature_dropout(_UNKEYED[name], dims) for name, dims in _FEATURE_DROPOUT.items()}
 
 
 def _keyed_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -163,13 +188,16 @@ def keyed_randomness(numbers: Tensor | None, where: str = "", rules: int = train
     vmap), in the order of its calls; None: it only counts them (`.used` of what it yields,
     after the forward). torch's dropout functions are swapped for the keyed ones while any
     forward runs: modules call them through `torch.nn.functional`, whatever module they sit in
-    (nn.Dropout, attention); max pooling too (`_loop_max_pool2d`, for the loop's forwards)."""
+    (nn.Dropout, nn.Dropout1d/2d/3d, attention); max pooling too (`_loop_max_pool2d`, for the
+    loop's forwards)."""
     global _forwards
     _draws.on, _draws.numbers, _draws.used, _draws.where, _draws.rates, _draws.shapes = True, numbers, 0, where, [], []
     _draws.rules = rules
     with _swap:
         _forwards += 1
         F.dropout, F.scaled_dot_product_attention, F.max_pool2d = _keyed_dropout, _keyed_attention, _loop_max_pool2d
+        for name, keyed in _KEYED.items():
+            setattr(F, name, keyed)
     try:
         yield _draws
     finally:
@@ -177,6 +205,8 @@ def keyed_randomness(numbers: Tensor | None, where: str = "", rules: int = train
             _forwards -= 1
             if not _forwards:
                 F.dropout, F.scaled_dot_product_attention, F.max_pool2d = _DROPOUT, _SDPA, _MAX_POOL2D
+                for name, unkeyed in _UNKEYED.items():
+                    setattr(F, name, unkeyed)
         _draws.on, _draws.numbers = False, None
 
 
@@ -748,9 +778,13 @@ class ModuleModel:
                               f"must return floating-point logits [batch, {n_classes}] (scores before softmax, "
                               "not class indices)")
         if did.random:
+            alpha = [f"nn.{type(m).__name__} at {name!r}" if name else f"nn.{type(m).__name__}"
+                     for name, m in self.module.named_modules() if isinstance(m, (nn.AlphaDropout, nn.FeatureAlphaDropout))]
             raise FedsimError(f"{self.where}: the module draws random numbers other than dropout "
-                              f"({', '.join(sorted(did.random))}); fedsim keys only F.dropout and attention "
-                              "dropout by (seed, round, device, step): use nn.Dropout")
+                              f"({', '.join(sorted(did.random))}{', by ' + ', '.join(alpha) if alpha else ''}); fedsim "
+                              "keys only dropout (nn.Dropout, nn.Dropout1d/2d/3d, attention dropout) by (seed, round, "
+                              "device, step), so that runs repeat and resume exactly: use one of those, or take the "
+                              "draw out of the forward")
         self._check_state_kept(did, before, state, x)
         self._convolution_share = did.convolution_flops / flops if flops else 0.0
         return flops, floats

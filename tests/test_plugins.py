@@ -452,3 +452,25 @@ def test_recorded_plugin_folders_read_every_run_of_a_folder_and_skip_what_this_r
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "manifest.json").write_text('{"plugin_folders": ["/w"')
     assert recorded_plugin_folders(tmp_path) == ["/x", "/y"]
+
+
+def test_a_model_of_a_scripts_main_is_refused_elsewhere_with_what_to_do(tmp_path, capsys):
+    """A factory defined in a script (`__main__:make`) runs from that script; its run resumed
+    from the command line says to move the factory into a module file."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "nb.py"
+    script.write_text(
+        "import fedsim\nfrom torch import nn\n\n"
+        "def make(in_shape, n_classes, cfg):\n    return nn.Sequential(nn.Flatten(), nn.Linear(64, n_classes))\n\n"
+        "config = fedsim.load_config(None, ['model.name=__main__:make', 'data.dataset=digits', 'data.clients=10', "
+        "'run.rounds=2', 'run.algorithms=[]', 'run.plots=false', 'run.progress=false', 'run.name=nb', "
+        f"'run.out={tmp_path / 'runs'}'])\n"
+        "fedsim.run(config)\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert main(["run", "--resume", str(tmp_path / "runs" / "nb"), "--set", "run.rounds=3", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'__main__:make': the script or notebook that defined it (__main__) is not what " \
+        "runs now; move 'make' into a module file (my_models.py: 'my_models:make')" in err, err

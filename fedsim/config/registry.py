@@ -163,6 +163,11 @@ class Registry(MutableMapping):
             elif hasattr(obj, part):
                 obj = getattr(obj, part)
             else:
+                if module_name == "__main__":  # defined in a script or notebook that is not running now
+                    raise FedsimError(f"{where}: {what}: the script or notebook that defined it (__main__) is not "
+                                      f"what runs now; move {attr!r} into a module file (my_models.py: "
+                                      f"'my_models:{attr}') to use it from the command line and to resume its "
+                                      "runs, or resume with fedsim.resume() from that script")
                 names = list(obj) if isinstance(obj, Mapping) else [n for n in dir(obj) if not n.startswith("_")]
                 hint = did_you_mean(part, names)
                 raise FedsimError(f"{where}: {what}: module {module_name!r} has no {attr!r}"

@@ -1770,7 +1770,8 @@ def test_a_loop_cohort_in_parts_side_by_side_equals_one_device_after_another(cli
         pl.read_parquet(parts / "rounds.parquet").drop("wall_s"))
     why = json.loads((parts / "manifest.json").read_text())["trainer"]["why"]
     n = min(4, torch.get_num_threads())
-    assert why.endswith(f" devices' calls together reach it: {n} one-thread parts side by side"), why
+    assert why.endswith(f" devices' calls together reach the 22.5 M crossover: {n} one-thread parts side by side, "
+                        f"{n} cores in all"), why
     assert main(["report", str(parts)]) == 0  # its headline says the parts, not "on 1 thread"
     assert f"trainer: fedavg: loop in {n} one-thread parts side by side with " in cli_run.capsys.readouterr().out
     assert "parts" not in json.loads((one / "manifest.json").read_text())["trainer"]["why"]

@@ -18,7 +18,7 @@ from torch import Tensor
 from fedsim.config import ClientConfig
 from fedsim.training.objective import PLAIN, LocalObjective
 from fedsim.training.task import Task
-from fedsim.training.threads import ThreadPolicy
+from fedsim.training.threads import CROSSOVER_FLOPS, ThreadPolicy
 
 
 @dataclass
@@ -115,7 +115,8 @@ class Trainer:
         path, reason = self.choice(ids)
         threads, threads_why = self.threads.choice(flops, task.func_steps)
         if path.parts > 1:
-            threads_why += f"; the {k} devices' calls together reach it: {path.parts} one-thread parts side by side"
+            threads_why += (f"; the {k} devices' calls together reach the {CROSSOVER_FLOPS / 1e6:g} M crossover: "
+                            f"{path.parts} one-thread parts side by side, {path.parts} cores in all")
         self.count(path.ran_as(), threads, threads_why, reason + company, path.parts)
         result = self.result(ids, end - start, loss_sum, steps)
         if kept is not None:

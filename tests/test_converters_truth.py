@@ -162,3 +162,36 @@ def test_fedscale_without_repetition_keeps_each_clients_record_once(tmp_path, ca
     assert online_seconds(tmp_path / "once.parquet") == {0: 10.0, 1: 10.0} and once.wrap == "none"
     table = read_device_table(tmp_path / "once.devices.parquet")
     assert table["finish_time"].tolist() == [100.0, 25.0] and table["model"].tolist() == ["m1", "m2"]
+
+
+def test_relative_milliseconds_read_as_seconds_are_a_warning_with_the_fix(tmp_path, capsys):
+    """0 .. 172,800,000 ms (two days) read as seconds is 2,000 days: one warning naming --time-unit
+    ms, which reads them as the two days they are."""
+    (tmp_path / "ms.csv").write_text("0,0,3600000\n1,1800000,172800000\n")
+    out = tmp_path / "ms.parquet"
+    assert main(["trace", "convert", "--from", "csv", str(tmp_path / "ms.csv"), "--out", str(out)]) == 0
+    assert capsys.readouterr().err == ("warning: the times were read as seconds since t = 0 (they start below 1e+08), "
+                                       "which makes the trace 2,000 days long; if they are milliseconds, give "
+                                       "--time-unit ms\n")
+    assert main(["trace", "convert", "--from", "csv", str(tmp_path / "ms.csv"), "--out", str(out), "--force",
+                 "--time-unit", "ms"]) == 0
+    assert "warning" not in capsys.readouterr().err and read_trace(out).horizon == 172800.0
+
+
+def test_wrap_loop_makes_a_recorded_day_replay_again(tmp_path, capsys):
+    """A csv record of one day, converted with --wrap loop: the trace loops (a run past its
+    horizon replays it from the start: device 0 online again an hour into day 2); without it,
+    the format's default, none."""
+    from fedsim.traces import AvailabilityIndex
+
+    (tmp_path / "day.csv").write_text("0,0,7200\n1,3600,86400\n")
+    for wrap in ("loop", None):
+        out = tmp_path / f"{wrap}.parquet"
+        assert main(["trace", "convert", "--from", "csv", str(tmp_path / "day.csv"), "--out", str(out),
+                     *(["--wrap", wrap] if wrap else [])]) == 0
+        trace = read_trace(out)
+        assert trace.wrap == (wrap or "none")
+        assert AvailabilityIndex(trace).online(86400 + 3600).tolist() == ([True, True] if wrap else [False, False])
+    capsys.readouterr()
+    assert main(["trace", "info", str(tmp_path / "loop.parquet")]) == 0
+    assert "wrap loop" in capsys.readouterr().out

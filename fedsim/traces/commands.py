@@ -74,6 +74,9 @@ def add_trace_commands(subparsers, run_trace: Callable[[Path], Trace] | None = N
                            "first-to-last-message span, as FLASH replays it) or none (only what was "
                            "recorded); fedscale: period (default: each client repeats every "
                            "finish_time, as FedScale replays it) or none; csv, sessions: none")
+    conv.add_argument("--wrap", choices=("none", "loop"),
+                      help="past the trace's horizon: loop (a run replays it again from its start) or none (every "
+                           "device offline); default: fedscale's --repeat period loops, the rest do not")
     conv.add_argument("--time-unit", metavar="UNIT",
                       help=f"csv, sessions: times written as {', '.join(TIME_UNITS)} (seconds or "
                            "milliseconds since 1970, ISO 8601); default: detected (docs/traces.md)")
@@ -199,7 +202,7 @@ def convert_command(args) -> int:
                     end_col=args.end_col, repeat=args.repeat)
     generator = dict(trace.generator)
     columns, warnings = generator.pop("device_columns", {}), generator.pop("warnings", [])
-    trace = dataclasses.replace(trace, generator=generator)  # the trace's metadata stays small
+    trace = dataclasses.replace(trace, generator=generator, wrap=args.wrap or trace.wrap)  # (metadata stays small)
     table = device_table(trace, columns)
     next_to = str(beside(args.out))
     same = args.devices_out and Path(args.devices_out).resolve() == Path(next_to).resolve()
@@ -214,7 +217,8 @@ def convert_command(args) -> int:
         print(f"warning: {line}", file=sys.stderr)
     for path, checked in tables.items():
         write_device_table(checked, path)
-        print(f"wrote {path}: the device table ({', '.join(table)}) of the {trace.n_devices} devices")
+        print(f"wrote {path}: the device table ({', '.join(table)}) of the {trace.n_devices} "
+              f"device{'s' * (trace.n_devices != 1)}")
     return 0
 
 

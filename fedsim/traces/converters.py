@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 TIME_UNITS = ("s", "ms", "iso")  # --time-unit: seconds or milliseconds since 1970, ISO 8601
 RELATIVE_BELOW = 1e8  # csv numbers (detected) starting below this are seconds since t = 0
 MS_FROM = 1e11  # detected csv instants starting from here are milliseconds (year 5138 as s)
+LONG_RELATIVE_S = 366 * 86400.0  # relative csv seconds spanning more: a warning (milliseconds read as seconds?)
 YEARS_S = (-62_135_596_800, 253_402_300_799)  # 0001-01-01 .. 9999-12-31 23:59:59 UTC, seconds
 
 
@@ -440,6 +441,10 @@ def csv(path: Path, where: str, horizon: float | None, *, time_unit: str | None 
         generator["ids"] = ids
     frame = frame.with_columns(number=pl.Series(numbers))
     warnings = []
+    if kind == "number" and unit is None and origin is None and float(end.max()) > LONG_RELATIVE_S:
+        warnings.append(f"the times were read as seconds since t = 0 (they start below {RELATIVE_BELOW:g}), which "
+                        f"makes the trace {float(end.max()) / 86400:,.0f} days long; if they are milliseconds, give "
+                        "--time-unit ms")
     if kind == "iso":
         tz_h, unknown = _device_offsets(frame.with_columns(offset=_local_offsets(frame["start"], tz_s)), n_devices)
         if unknown:

@@ -408,7 +408,11 @@ def _flash_json(messages: str) -> str:
      r"line 1: the header has no column 'bgin'; did you mean 'begin'\? columns found: phone, "
      r"begin, finish; pick them with --device-col, --start-col, --end-col$"),
     ("csv", "\nphone,begin,finish,x\na,0,5,1\n", [],
-     "line 2: 4 columns but none named device_id, start and end; pick them with --device-col"),
+     r"line 2: 4 columns \(phone, begin, finish, x\) but none named device_id, start and end; pick them with "
+     "--device-col"),
+    ("csv", "device_id,start\n0,5\n", [], r"line 1: 2 columns \(device_id, start\) but no column named end; pick them"),
+    ("csv", "device_id;start;end\n0;0;5\n", [], "line 1: one column, its fields separated by semicolons; csv fields "
+                                                 "are separated by commas: save the file with commas"),
     ("sessions", "u 1 2024-03-01 0 1000\n", ["--time-unit", "ms"],
      "line 1: start '2024-03-01' is an ISO 8601 time, which contradicts --time-unit ms"),
     ("sessions", "u 1 0 0 1000\n", ["--device-col", "u"],

@@ -570,8 +570,15 @@ def _csv_columns(head: tuple | None, named: tuple, where: str, line: int):
         return [head.index(name) for name in wanted], wanted
     width = 3 if head is None else len(head)
     if width != 3:
-        raise FedsimError(f"{where}: line {line}: {width} column{'s' * (width != 1)} but none named device_id, start "
-                          f"and end; pick them with {', '.join(_CSV_FLAGS)}")
+        separator = next((name for sep, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "bars"))
+                          if width == 1 and sep in (head[0] or "")), None)
+        if separator:
+            raise FedsimError(f"{where}: line {line}: one column, its fields separated by {separator}; csv fields are "
+                              "separated by commas: save the file with commas")
+        missing = [name for name in defaults if name not in head]
+        named_some = f"no column named {' or '.join(missing)}" if len(missing) < 3 else "none named device_id, start and end"
+        raise FedsimError(f"{where}: line {line}: {width} column{'s' * (width != 1)} ({', '.join(map(str, head))}) but "
+                          f"{named_some}; pick them with {', '.join(_CSV_FLAGS)}")
     return [0, 1, 2], ["device", "start", "end"] if head is None else [h or "" for h in head]
 
 

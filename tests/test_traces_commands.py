@@ -30,8 +30,9 @@ def test_generate_with_set_and_flag_options(tmp_path, capsys):
                 "--out", str(out), "--set", "availability=0.4", "--set", "tz_offsets=[0, 8]",
                 "--tz-weights", "[1, 3]", "--devices-out", str(tmp_path / "devices.parquet")])
     assert code == 0
-    line = capsys.readouterr().out
-    assert line.count("\n") == 1 and "diurnal, 120 devices" in line and str(out) in line
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and "diurnal, 120 devices" in lines[0] and str(out) in lines[0]
+    assert lines[1] == f"wrote {tmp_path / 'devices.parquet'}: the device table (device_id, tz_offset) of the 120 devices"
     trace = read_trace(out)
     assert trace.n_devices == 120 and trace.horizon == 3 * 86400
     assert trace.generator["options"]["tz_weights"] == [1, 3]

@@ -146,14 +146,19 @@ def generate_command(args) -> int:
     trace = generate(args.kind, args.devices, seed=args.seed, rounds=args.rounds,
                      round_duration=args.round_duration, days=args.days, **options)
     write_trace(trace, args.out)
+    print(f"wrote {args.out}: {_one_line(trace)} ({time.perf_counter() - began:.2f} s)")
     if args.devices_out:
-        from fedsim.traces.io import write_device_table
-
         table = device_table(trace, {"group": trace.generator["group"]}
                              if isinstance(trace.generator.get("group"), list) else {})
-        write_device_table(table, args.devices_out)
-    print(f"wrote {args.out}: {_one_line(trace)} ({time.perf_counter() - began:.2f} s)")
+        _write_device_table(table, args.devices_out, trace.n_devices)
     return 0
+
+
+def _write_device_table(table: dict, path: str, n_devices: int) -> None:
+    from fedsim.traces.io import write_device_table
+
+    write_device_table(table, path)
+    print(f"wrote {path}: the device table ({', '.join(table)}) of the {n_devices} device{'s' * (n_devices != 1)}")
 
 
 def read_given(args) -> Trace:
@@ -192,7 +197,7 @@ def plot_command(args) -> int:
 def convert_command(args) -> int:
     import dataclasses
 
-    from fedsim.traces.io import checked_device_table, write_device_table, write_trace
+    from fedsim.traces.io import checked_device_table, write_trace
 
     for out, flag in ((args.out, "--out"), (str(beside(args.out)), "--out's device table"),
                       (args.devices_out, "--devices-out")):
@@ -216,9 +221,7 @@ def convert_command(args) -> int:
     for line in [*warnings, *_repetition_warning(trace)]:
         print(f"warning: {line}", file=sys.stderr)
     for path, checked in tables.items():
-        write_device_table(checked, path)
-        print(f"wrote {path}: the device table ({', '.join(table)}) of the {trace.n_devices} "
-              f"device{'s' * (trace.n_devices != 1)}")
+        _write_device_table(checked, path, trace.n_devices)
     return 0
 
 

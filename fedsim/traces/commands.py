@@ -150,15 +150,15 @@ def generate_command(args) -> int:
     if args.devices_out:
         table = device_table(trace, {"group": trace.generator["group"]}
                              if isinstance(trace.generator.get("group"), list) else {})
-        _write_device_table(table, args.devices_out, trace.n_devices)
+        _write_device_table(table, args.devices_out, list(table), trace.n_devices)
     return 0
 
 
-def _write_device_table(table: dict, path: str, n_devices: int) -> None:
+def _write_device_table(table, path: str, columns: list[str], n_devices: int) -> None:
     from fedsim.traces.io import write_device_table
 
     write_device_table(table, path)
-    print(f"wrote {path}: the device table ({', '.join(table)}) of the {n_devices} device{'s' * (n_devices != 1)}")
+    print(f"wrote {path}: the device table ({', '.join(columns)}) of the {n_devices} device{'s' * (n_devices != 1)}")
 
 
 def read_given(args) -> Trace:
@@ -221,7 +221,7 @@ def convert_command(args) -> int:
     for line in [*warnings, *_repetition_warning(trace)]:
         print(f"warning: {line}", file=sys.stderr)
     for path, checked in tables.items():
-        _write_device_table(checked, path, trace.n_devices)
+        _write_device_table(checked, path, list(table), trace.n_devices)
     return 0
 
 

@@ -1026,3 +1026,15 @@ def test_a_value_given_by_set_that_breaks_some_points_blames_the_set(tmp_path, c
     sweep(path, "--set", "algorithm.cutoff=0", "--set", "sweep.algorithm.name=['fedau']", expect=2)
     assert capsys.readouterr().err.endswith("must be >= 1 (K, the longest interval recorded, in rounds) (every point)\n")
     assert not (tmp_path / "runs").exists()
+
+
+def test_best_by_a_time_to_target_prefers_the_group_where_more_seeds_reached_it():
+    """lr 0.1 reached the target with one seed of three (its mean: that seed's 100 s), lr 0.05
+    with all three (200 s): 0.05 is the best; among groups that all reached it, the fastest."""
+    from fedsim.studies.tables import best_by
+
+    summary = pl.DataFrame({"algorithm.name": ["fedavg"] * 3, "client.lr": [0.1, 0.05, 0.01],
+                            "time_to_0.8_s_mean": [100.0, 200.0, 300.0], "time_to_0.8_s_n": [1, 3, 3],
+                            "time_to_0.8_s_std": [None, 10.0, 10.0]})
+    best = best_by(summary, "time_to_0.8_s", "client.lr", ["algorithm.name", "client.lr"])
+    assert best["client.lr"].to_list() == [0.05]

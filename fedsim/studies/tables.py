@@ -114,7 +114,8 @@ def summarize_points(points: pl.DataFrame, group_axes: list[str]) -> pl.DataFram
 def best_by(summary: pl.DataFrame, metric: str, over: str, group_axes: list[str]) -> pl.DataFrame:
     """For each value of the other axes, the row whose mean `metric` is best over the values
     of axis `over` (losses and times: lowest; accuracies: highest) — the papers' "best
-    learning rate per method"."""
+    learning rate per method". A time or rounds to a target: the row where most seeds reached
+    it, then the lowest mean (the mean is over those seeds)."""
     column = f"{metric}_mean"
     if column not in summary.columns:
         known = sorted(c.removesuffix("_mean") for c in summary.columns if c.endswith("_mean"))
@@ -128,7 +129,11 @@ def best_by(summary: pl.DataFrame, metric: str, over: str, group_axes: list[str]
         raise FedsimError(f"--over {over!r}: not an axis of the study (axes: {', '.join(group_axes) or 'none'})")
     lowest = metric.endswith("loss") or metric.startswith(("time_to_", "rounds_to_"))
     others = [a for a in group_axes if a != over]
-    ranked = summary.sort(column, descending=not lowest, nulls_last=True)
+    reached = f"{metric}_n"  # a target's: the seeds that reached it, whose mean it is
+    if reached in summary.columns:  # more seeds reaching it first: a mean over the lucky one seed is no best
+        ranked = summary.sort([reached, column], descending=[True, False], nulls_last=True)
+    else:
+        ranked = summary.sort(column, descending=not lowest, nulls_last=True)
     return ranked.group_by(others, maintain_order=True).first() if others else ranked.head(1)
 
 

@@ -121,7 +121,7 @@ def test_report_prints_mean_and_ci_and_picks_the_best_learning_rate(tmp_path, ca
     capsys.readouterr()
     assert main(["report", str(folder), "--target", "0.5"]) == 0
     text = capsys.readouterr().out
-    assert "algorithm.name" in text and "client.lr" in text and "±" in text and "time to 50%" in text
+    assert "algorithm.name" in text and "client.lr" in text and "±" in text and "time to 50%" in text and "rounds to 50%" in text
     assert main(["report", str(folder), "--best-by", "final_acc", "--over", "client.lr", "--json"]) == 0
     best = json.loads(capsys.readouterr().out)["groups"]
     summary = pl.read_parquet(folder / "summary.parquet")

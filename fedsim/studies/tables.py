@@ -156,13 +156,15 @@ def _pm(mean, ci, scale: float = 1.0, spec: str = ".2f") -> str:
     return f"{mean * scale:{spec}}" + (f" ± {ci * scale:{spec}}" if ci is not None else "")
 
 
-def _time_pm(row: dict, column: str) -> str:
-    """`4.22h ± 12.0min`, each in the unit its size calls for, `(2 of 3)` when some seeds never
-    reached the target (the mean is over those that did), `never` when none did."""
+def _target_pm(row: dict, column: str) -> str:
+    """`4.22h ± 12.0min` (times, each in the unit its size calls for) or `26.1 ± 3.2` (rounds),
+    `(2 of 3)` when some seeds never reached the target (the mean is over those that did),
+    `never` when none did."""
     mean, ci, reached = row[f"{column}_mean"], row[f"{column}_ci95"], row.get(f"{column}_n")
     if mean is None:
         return "never" if reached == 0 else "-"
-    text = duration(mean) + (f" ± {duration(ci)}" if ci is not None else "")
+    shown = duration if column.startswith("time_to_") else (lambda rounds: f"{rounds:.1f}")
+    text = shown(mean) + (f" ± {shown(ci)}" if ci is not None else "")
     return text + (f" ({reached} of {row['seeds']})" if reached is not None and reached < row["seeds"] else "")
 
 
@@ -172,15 +174,17 @@ def format_summary(study: Study, summary: pl.DataFrame | None = None) -> str:
         summary = pl.read_parquet(study.folder / "summary.parquet")
     targets = sorted({c.removeprefix("time_to_").removesuffix("_s_mean") for c in summary.columns
                       if c.startswith("time_to_") and c.endswith("_s_mean")}, key=float)
-    header = [*study.group_axes, "seeds", "final acc %", "best acc %", "final loss",
-              *(f"time to {100 * float(t):g}%" for t in targets)]
+    columns = [(f"{kind} to {100 * float(t):g}%", f"{kind}_to_{t}{'_s' * (kind == 'time')}")
+               for t in targets for kind in ("rounds", "time") if f"{kind}_to_{t}{'_s' * (kind == 'time')}_mean"
+               in summary.columns]
+    header = [*study.group_axes, "seeds", "final acc %", "best acc %", "final loss", *(h for h, _ in columns)]
     rows = []
     for r in summary.iter_rows(named=True):
         rows.append([*(str(r[a]) for a in study.group_axes), str(r["seeds"]),
                      _pm(r["final_acc_mean"], r["final_acc_ci95"], 100),
                      _pm(r["best_acc_mean"], r["best_acc_ci95"], 100),
                      _pm(r["final_loss_mean"], r["final_loss_ci95"], 1, ".4g"),
-                     *(_time_pm(r, f"time_to_{t}_s") if r["best_acc_mean"] is not None else "-" for t in targets)])
+                     *(_target_pm(r, column) if r["best_acc_mean"] is not None else "-" for _, column in columns)])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]

@@ -52,8 +52,8 @@ def keyed_dropout_off():
         stack.enter_context(mock.patch.object(modules, "_keyed_dropout",
                                               lambda input, p=0.5, training=True, inplace=False: input))
         stack.enter_context(mock.patch.object(modules.ModuleModel, "randomness",
-                                              lambda self, seed, rnd, ids, step, batch: rng.keys(seed, rng.MODULE,
-                                                                                                  rnd, ids, step)))
+                                              lambda self, seed, rnd, ids, step, batch, own=None:
+                                              rng.keys(seed, rng.MODULE, rnd, ids, step)))
         yield
 
 

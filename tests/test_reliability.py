@@ -1094,6 +1094,12 @@ CASES = [
          r=run_dir(lambda d: with_initial(d, {"test_loss": 1.0, "test_acc": "high", "t": 0.0}))),
     case("plot-initial-time-a-list", "plot {tmp}/r", r"\"initial\" = \{\"test_loss\": 1.0, \"test_acc\": null, \"t\": \[0\]\} is not",
          r=run_dir(lambda d: with_initial(d, {"test_loss": 1.0, "test_acc": None, "t": [0]}))),
+    case("best-by-a-time-without-its-unit", "report {tmp}/runs/t --best-by final_los --over algorithm.name",
+         r"^error: --best-by 'final_los': not a metric of the summary \(one of: best_acc, best_loss, final_acc, "
+         r"final_loss\); did you mean 'final_loss'\?$", **{"s.toml": quadratic_study(), "runs": swept_then_claimed}),
+    case("study-base-misspelled", "sweep {tmp}/s.toml",
+         r"^error: \S+s\.toml: bse = 'quickstart' is not a \[section\] table; did you mean 'base'\? a study has "
+         r"`base`, config sections and \[sweep\]$", **{"s.toml": 'bse = "quickstart"\n[sweep]\n"run.seed" = [0, 1]\n'}),
     case("best-by-a-target-not-reported", "report {tmp}/runs/t --best-by time_to_0.9_s --over algorithm.name",
          r"^error: --best-by 'time_to_0\.9_s': not a metric of the summary \(one of: best_acc, best_loss, final_acc, "
          r"final_loss\); add --target 0\.9 to report it$", **{"s.toml": quadratic_study(), "runs": swept_then_claimed}),

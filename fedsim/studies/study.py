@@ -31,7 +31,7 @@ from fedsim.config import (AlgorithmConfig, Config, DataConfig, TraceConfig, alg
                            selection_options, trace_options)
 from fedsim.config.layers import SET, Layered, drop_unselected, layered_config
 from fedsim.config.schema import FILE_KEYS, _field_names, _first_origin, absolute_file_keys, suggest, takes_one_value
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, did_you_mean
 from fedsim.files import resume_command
 
 MAX_POINTS = 10_000  # more need --yes
@@ -368,8 +368,9 @@ def _base(raw: dict, path: Path) -> tuple[dict, dict, set]:
                               "sections into this file")
     for section, body in raw.items():
         if not isinstance(body, dict):
-            raise FedsimError(f"{path}: {section} = {body!r} is not a [section] table (a study has "
-                              "`base`, config sections and [sweep])")
+            hint = did_you_mean(section, ["base", "extends"], end="? ")
+            raise FedsimError(f"{path}: {section} = {body!r} is not a [section] table; {hint}a study has "
+                              "`base`, config sections and [sweep]")
         base.setdefault(section, {}).update(body)
         origins.update({(section, key): f"base config {path}" for key in body})
         only_base -= {(section, key) for key in body}

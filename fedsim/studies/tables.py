@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, did_you_mean
 from fedsim.files import atomic_write, resume_command
 from fedsim.results.report import ci95, config_targets, duration, read_run, summarize_run
 from fedsim.studies.study import Study
@@ -119,8 +119,9 @@ def best_by(summary: pl.DataFrame, metric: str, over: str, group_axes: list[str]
     column = f"{metric}_mean"
     if column not in summary.columns:
         known = sorted(c.removesuffix("_mean") for c in summary.columns if c.endswith("_mean"))
-        target = re.fullmatch(r"time_to_(.+)_s|rounds_to_(.+)", metric)
-        hint = f"; add --target {target[1] or target[2]} to report it" if target else ""
+        target = re.fullmatch(r"time_to_(.+)_s|rounds_to_(.+)", metric)  # (a target not reported)
+        close = did_you_mean(metric, known)
+        hint = f"; add --target {target[1] or target[2]} to report it" if target else f"; {close}" if close else ""
         raise FedsimError(f"--best-by {metric!r}: not a metric of the summary (one of: {', '.join(known)}){hint}")
     if over == "run.seed":
         raise FedsimError(f"--over {over!r}: the seeds are what the study's means and intervals are over, not a "

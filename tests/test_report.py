@@ -419,7 +419,7 @@ def test_a_study_report_shows_each_time_in_its_unit_as_json_says(timed_study, ca
     doc = report_json(capsys, timed_study, "--target", "0.7,0.9")
     assert main(["report", str(timed_study), "--target", "0.7,0.9"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[-6:] == ["time", "to", "70%", "time", "to", "90%"]
+    assert re.split(r" {2,}", lines[0])[-4:] == ["rounds to 70%", "time to 70%", "rounds to 90%", "time to 90%"]
     for group, unit, suffix in zip(doc["groups"], (1.0, 60.0, H), ("s", "min", "h")):
         target, unreached = group["targets"]
         assert unreached["reached"] == 0 and unreached["time_s"]["mean"] is None
@@ -431,7 +431,9 @@ def test_a_study_report_shows_each_time_in_its_unit_as_json_says(timed_study, ca
         line = next(line for line in lines if line.startswith(group["values"]["algorithm.name"] + " "))
         stats = target["time_s"]
         shown = duration(stats["mean"]) + (f" ± {duration(stats['ci95'])}" if stats["ci95"] is not None else "")
-        assert re.split(r" {2,}", line)[-2:] == [shown + (" (1 of 2)" if len(times) == 1 else ""), "never"]
+        cells = re.split(r" {2,}", line)
+        assert [cells[-3], cells[-1]] == [shown + (" (1 of 2)" if len(times) == 1 else ""), "never"]
+        assert cells[-2] == "never" and cells[-4].startswith(f"{target['rounds']['mean']:.1f}")
         assert duration(stats["mean"]).endswith(suffix)
 
 

@@ -281,7 +281,7 @@ class DataConfig:
     dataset: str = key("digits", "dataset to train on (digits, fashion-mnist, mnist, cifar10, cifar100, svhn, "
                        "femnist, shakespeare, sent140, parquet, quadratic or logistic)")
     root: str = key("", "folder of the dataset's files", zero="the dataset's default location")
-    download: bool = key(False, "download a missing mnist, cifar10, cifar100 or svhn into root")
+    download: bool = key(False, "download a missing fashion-mnist, mnist, cifar10, cifar100 or svhn into root")
     clients: int = key(100, "number of clients, one per device", positive=True)
     partition: str = key("", "how the data is split among clients", choices=PARTITIONS,
                          zero="natural (one device per user) for femnist, shakespeare, sent140 and "

@@ -195,3 +195,12 @@ def test_wrap_loop_makes_a_recorded_day_replay_again(tmp_path, capsys):
     capsys.readouterr()
     assert main(["trace", "info", str(tmp_path / "loop.parquet")]) == 0
     assert "wrap loop" in capsys.readouterr().out
+
+
+def test_ids_written_two_ways_that_are_one_device_number_are_a_warning(tmp_path, capsys):
+    (tmp_path / "lead.csv").write_text("007,0,10\n7,20,30\n3,0,5\n")
+    assert main(["trace", "convert", "--from", "csv", str(tmp_path / "lead.csv"), "--out",
+                 str(tmp_path / "t.parquet")]) == 0
+    assert capsys.readouterr().err == ("warning: ids written differently are one device: '007' and '7' are device 7; "
+                                       "write each id one way if they are different devices\n")
+    assert read_trace(tmp_path / "t.parquet").n_devices == 8

@@ -553,8 +553,12 @@ def study_bands(study: pl.DataFrame, group_axes: list[str], x: str, metric: str 
         bands = bands.with_columns(seeds=pl.lit(points["point"].n_unique()))
     bands = bands.filter(pl.col("n") == pl.col("seeds")).drop("seeds")
     half = ci95(bands["std"], bands["n"], single=0.0)
-    return (bands.with_columns(ci95=pl.Series(half, dtype=pl.Float64))
-            .sort([*(keys if group_axes else []), "round", "held"], descending=[False] * (len(group_axes) + 1) + [True]))
+    bands = bands.with_columns(ci95=pl.Series(half, dtype=pl.Float64))
+    if not group_axes:
+        return bands.sort(["round", "held"], descending=[False, True])
+    order = study.select(group_axes).unique(maintain_order=True).with_row_index("group_order")  # the study's
+    return (bands.join(order, on=group_axes).sort(["group_order", "round", "held"], descending=[False, False, True])
+            .drop("group_order"))
 
 
 def _initial_rows(folder: Path, frame: pl.DataFrame) -> pl.DataFrame | None:
@@ -591,7 +595,9 @@ def plot_study(folder: Path, name: str, group_axes: list[str], targets: list[flo
         cols = min(4, math.ceil(math.sqrt(panels)))
         rows = -(-panels // cols) * len(metrics)
         width, height = 4.0 * cols + 1.5, 2.6 * rows + 0.9
-        fig, axes = _figure(width, height, rows=rows, cols=cols, sharex=True, top=1 - 0.6 / height,
+        titled = 0.3 if panels > 1 else 0.0  # the top panels' own titles, under the figure's
+        height += titled
+        fig, axes = _figure(width, height, rows=rows, cols=cols, sharex=True, top=1 - (0.6 + titled) / height,
                             bottom=0.55 / height, left=0.95 / width, hspace=0.3,
                             title=f"{name}: test metrics, mean and 95 % CI over seeds")
         for spare in range(panels, -(-panels // cols) * cols):  # the grid's empty places
@@ -621,7 +627,7 @@ def plot_study(folder: Path, name: str, group_axes: list[str], targets: list[flo
                     ax.set_xlabel(ax.get_xlabel() if named else "")
         for r in range(rows):
             metric = metrics[r % len(metrics)]
-            axes[r * cols].set_ylabel("test accuracy (%)" if metric == "test_acc" else "test loss")
+            axes[r * cols].set_ylabel("test accuracy (%)" if metric == "test_acc" else "test loss (log scale)")
         if panels == 1:
             axes[0].legend(title=", ".join(group_axes) or None, fontsize="small")
         path = folder / "plots" / f"{file}.png"

@@ -433,6 +433,7 @@ def csv(path: Path, where: str, horizon: float | None, *, time_unit: str | None 
                           f"needs finite 0 <= start < end")
     dev, ids = _device_numbers(frame["device"])
     numbers = dev
+    merged_ids = _ids_of_one_number(frame["device"], dev) if ids is None else None
     n_devices = len(ids) if ids is not None else int(dev.max()) + 1
     horizon = float(end.max()) if horizon is None else horizon
     dev, start, end = clip(dev, start, end, 0.0, horizon)
@@ -440,7 +441,7 @@ def csv(path: Path, where: str, horizon: float | None, *, time_unit: str | None 
     if ids is not None:
         generator["ids"] = ids
     frame = frame.with_columns(number=pl.Series(numbers))
-    warnings = []
+    warnings = [merged_ids] if merged_ids else []
     if kind == "number" and unit is None and origin is None and float(end.max()) > LONG_RELATIVE_S:
         warnings.append(f"the times were read as seconds since t = 0 (they start below {RELATIVE_BELOW:g}), which "
                         f"makes the trace {float(end.max()) / 86400:,.0f} days long; if they are milliseconds, give "
@@ -619,6 +620,20 @@ def _csv_seconds(frame, kind: str, unit: str | None, labels: list, where: str):
         raise FedsimError(f"{where}: line {row['line']}: {label} {row[key]} as {what} since 1970 "
                           f"is outside the years 1..9999{fix}")
     return (t0 - first) * scale, (t1 - first) * scale, _utc(round(first * scale * 1e6))
+
+
+def _ids_of_one_number(names, numbers: np.ndarray) -> str:
+    """A warning where ids written differently are one device number ('007' and '7'), else ""."""
+    import polars as pl
+
+    spellings = pl.DataFrame({"name": names, "number": numbers}).unique().group_by("number").agg(pl.col("name").sort())
+    twice = spellings.filter(pl.col("name").list.len() > 1)
+    if not twice.height:
+        return ""
+    first = twice.sort("number").row(0, named=True)
+    others = f" (and {twice.height - 1} more numbers written two ways)" if twice.height > 1 else ""
+    return (f"ids written differently are one device: {' and '.join(repr(n) for n in first['name'])} are device "
+            f"{first['number']}{others}; write each id one way if they are different devices")
 
 
 def _device_numbers(names):

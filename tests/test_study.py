@@ -419,7 +419,7 @@ def study_figure(folder: Path, monkeypatch, group_axes, targets=()):
 def test_study_plots_start_at_the_initial_model_clip_their_bands_and_mark_the_targets(grid, monkeypatch):
     fig = study_figure(grid, monkeypatch, ["algorithm.name"], targets=[0.5, 0.9])
     accuracy, loss = fig.axes[0], fig.axes[1]
-    assert accuracy.get_ylabel() == "test accuracy (%)" and loss.get_ylabel() == "test loss"
+    assert accuracy.get_ylabel() == "test accuracy (%)" and loss.get_ylabel() == "test loss (log scale)"
     assert loss.get_yscale() == "log"
     curves = [line for line in accuracy.get_lines() if line.get_label() in ("fedavg", "mifa", "fedau")]
     fedavg = curves[1]

@@ -263,7 +263,7 @@ def test_devices_too_slow_for_the_deadline_are_named_by_a_warning(cli_run):
                               trace={"devices_table": str(cli_run.tmp / "devices.parquet")},
                               devices={"model": "table"})
     run_dir = cli_run(config, always_online(n))
-    warning = ("never arrived: 7 of 10 devices invited at least 5 times never arrived (35 late, 0 dropped); "
+    warning = ("never arrived: 7 of 10 devices invited at least 5 times never arrived (35 late, 0 dropped, 0 surplus); "
                "mostly late: too slow for the deadline (their median task takes 1.67 min, the deadline is "
                "10 s); raise [server] deadline or see [devices] in docs/timing.md")
     assert json.loads((run_dir / "manifest.json").read_text())["warnings"] == [warning]
@@ -271,6 +271,24 @@ def test_devices_too_slow_for_the_deadline_are_named_by_a_warning(cli_run):
     # four invitations each: not yet a pattern
     config["run"]["rounds"] = 4
     assert json.loads((cli_run(config, always_online(n), name="short") / "manifest.json").read_text())["warnings"] == []
+
+
+def test_devices_left_over_by_overcommitted_rounds_are_named_as_surplus(cli_run):
+    """All 10 invited (K = 3, overcommit 2.4), no deadline to miss: the 3 fast devices are the
+    K kept each round, the 7 slow ones surplus every time (not late, nor a question's wait)."""
+    n = 10
+    table = {"device_id": np.arange(n), "seconds_per_sample": [1.0] * 3 + [100.0] * 7,
+             "bandwidth_bps": [1e12] * n, "latency_s": [0.0] * n}
+    write_device_table(table, cli_run.tmp / "devices.parquet")
+    config = quadratic_config([[float(i), 0.0] for i in range(n)], rounds=5,
+                              server={"timing": "model", "deadline": 1e6, "clients_per_round": 3, "overcommit": 2.4},
+                              trace={"devices_table": str(cli_run.tmp / "devices.parquet")},
+                              devices={"model": "table"})
+    warnings = json.loads((cli_run(config, always_online(n)) / "manifest.json").read_text())["warnings"]
+    assert warnings == ["never arrived: 7 of 10 devices invited at least 5 times never arrived (0 late, 0 dropped, "
+                        "35 surplus); mostly surplus: over-committed rounds ([server] overcommit) kept the first "
+                        "arrivals, and these devices finished after them each time (the slow tail of the cohort); "
+                        "lower overcommit if the slow devices should count"]
 
 
 def test_devices_that_go_offline_before_finishing_are_named_by_a_warning(cli_run):
@@ -289,7 +307,7 @@ def test_devices_that_go_offline_before_finishing_are_named_by_a_warning(cli_run
     warnings = json.loads((cli_run(config, trace) / "manifest.json").read_text())["warnings"]
     # rounds of 5 s from t = 0: the seven are online at the start of every other one
     assert warnings == ["never arrived: 7 of 10 devices invited at least 5 times never arrived (0 late, 210 "
-                        "dropped); mostly dropped: offline before finishing (availability: their online "
+                        "dropped, 0 surplus); mostly dropped: offline before finishing (availability: their online "
                         "sessions are shorter than their tasks)"]
 
 
@@ -303,3 +321,23 @@ def test_the_quickstart_scenario_gives_no_warning(tmp_path, capsys):
     assert "warning" not in out.out + out.err
     manifest = json.loads((tmp_path / "quickstart" / "manifest.json").read_text())
     assert manifest["warnings"] == [] and manifest["rounds"] == 300
+
+
+def test_participation_is_judged_against_the_devices_the_rounds_could_reach():
+    """200 devices, 10 rounds of 2 invitations: at most 20 can ever arrive; 15 arriving is no
+    degenerate participation, 1 is (of the 20 reachable); with every online device invited
+    (0), all 200 count."""
+    from types import SimpleNamespace
+
+    from fedsim.results.warnings import participation_warnings
+
+    def run(ever: int):
+        return SimpleNamespace(rows=[{"arrived": 2}] * 10,
+                               counters={"arrivals": np.r_[np.ones(ever, dtype=np.int64), np.zeros(200 - ever, dtype=np.int64)]})
+
+    assert participation_warnings(run(15), per_round=2) == []
+    assert participation_warnings(run(1), per_round=2) == [
+        "degenerate participation: only 1 of 200 devices (0.5%) ever arrived (its 10 rounds of 2 could reach 20 of "
+        "them)"]
+    assert participation_warnings(run(15), per_round=0) == [
+        "degenerate participation: only 15 of 200 devices (7.5%) ever arrived"]

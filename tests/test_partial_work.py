@@ -168,7 +168,7 @@ def test_a_device_too_slow_for_one_step_is_named_with_its_one_step_task(cli_run)
     config["client"]["work"] = "fit-deadline"
     run_dir = cli_run(config, always(n, horizon=100.0))
     warnings = json.loads((run_dir / "manifest.json").read_text())["warnings"]
-    assert warnings == ["never arrived: 7 of 10 devices invited at least 5 times never arrived (35 late, 0 dropped); "
+    assert warnings == ["never arrived: 7 of 10 devices invited at least 5 times never arrived (35 late, 0 dropped, 0 surplus); "
                         "mostly late: too slow for the deadline (their median task takes 1.67 min, the deadline is "
                         "10 s); raise [server] deadline or see [devices] in docs/timing.md"]
     ev = pl.read_parquet(run_dir / "events.parquet")

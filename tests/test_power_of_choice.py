@@ -165,7 +165,7 @@ def test_tasks_that_fit_the_deadline_but_start_after_the_question_are_named_as_s
     ev = pl.read_parquet(run_dir / "events.parquet")
     trained = ev.filter(~pl.col("outcome").is_in(["answered", "unanswered"]))
     assert set(trained["device_id"]) == {2, 6} and (trained["outcome"] == "late").all()
-    warning = ("never arrived: 2 of 2 devices invited at least 5 times never arrived (12 late, 0 dropped); mostly "
+    warning = ("never arrived: 2 of 2 devices invited at least 5 times never arrived (12 late, 0 dropped, 0 surplus); mostly "
                "late although their median task (4.25 s) fits the deadline (5 s): their tasks started late, after "
                "power-of-choice's question, which waits for its slowest candidate; lower [algorithm] candidates "
                "or raise [server] deadline")

@@ -196,6 +196,14 @@ class Strategy:
         (power-of-choice), or None; `answered` hands it the losses of those that reported in time."""
         return self.selector.candidates(rnd, online, rng)
 
+    @property
+    def asks_candidates(self) -> bool:
+        """Whether rounds ask candidates a question before they invite (power-of-choice, or an
+        override of `candidates`): the invited devices' tasks start that much later."""
+        selector = getattr(self, "selector", None)
+        return type(self).candidates is not Strategy.candidates or (
+            selector is not None and type(selector).candidates is not Selector.candidates)
+
     def answered(self, ids: np.ndarray, losses: np.ndarray) -> None:
         """The candidates that answered in time and their losses [c] (float64), before `select`
         is called with those candidates as the online devices."""

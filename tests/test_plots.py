@@ -375,3 +375,17 @@ def test_a_study_groups_band_ends_where_its_first_seed_ended():
              "test_acc": 0.1 * r} for k, (p, last) in enumerate((("seed-0", 3), ("seed-1", 5))) for r in range(last)]
     bands = study_bands(pl.DataFrame(rows), ["algorithm.name"], "t_end")
     assert bands["round"].max() == 2 and (bands["n"] == 2).all()
+
+
+def test_a_cohort_small_beside_its_population_gets_the_online_line_on_an_axis_of_its_own(tmp_path):
+    """4,000 devices online, 120 invited: the online line on the right axis, the stacked fates
+    of the invitations readable on the left; a cohort near its population keeps one axis."""
+    run = load_run(write_run(tmp_path / "run"))
+    near = build_figures({"fedavg": run})["participation_fedavg"]
+    assert len(near.axes) == 1 and near.axes[0].get_ylabel() == "devices per round"
+    run.rounds = run.rounds.with_columns(online=pl.lit(4000))
+    fig = build_figures({"fedavg": run})["participation_fedavg"]
+    left, right = fig.axes
+    assert left.get_ylabel() == "devices per round (invited)" and right.get_ylabel() == "devices online"
+    assert left.get_ylim()[1] < 100 and right.get_ylim()[1] >= 4000
+    assert [t.get_text() for t in left.get_legend().get_texts()][-2:] == ["invited", "online (right axis)"]

@@ -311,20 +311,31 @@ def _steps(run: RunData, values) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _participation_figure(run: RunData, title: str):
-    """Per round: online and invited devices (lines) and the fates of the invitations (stacked)."""
-    fig, (ax,) = _figure(7.2, 4.0, left=0.09, right=0.84, title=title)
+    """Per round: online and invited devices (lines) and the fates of the invitations (stacked).
+    Where the online devices outnumber the invited ten to one (a large population, a small
+    cohort), the online line has an axis of its own on the right, so the cohort stays readable."""
+    online, invited = run.rounds["online"], run.rounds["invited"]
+    apart = float(online.max() or 0) > 10 * max(float(invited.max() or 0), 1.0)
+    fig, (ax,) = _figure(8.4 if apart else 7.2, 4.0, left=0.08 if apart else 0.09, right=0.72 if apart else 0.84,
+                         title=title)
     bottom = np.zeros(2 * run.rounds.height)
     for column in STACKED:
         x, y = _steps(run, run.rounds[column])
         ax.fill_between(x, bottom, bottom + y, lw=0, alpha=0.8, label=column)
         bottom = bottom + y
-    for column, style in (("online", "-"), ("invited", "--")):
-        ax.plot(*_steps(run, run.rounds[column]), ls=style, color="black", lw=1, label=column)
+    on = ax.twinx() if apart else ax
+    on.plot(*_steps(run, online), ls="-", color="0.45" if apart else "black", lw=1,
+            label="online (right axis)" if apart else "online")
+    ax.plot(*_steps(run, invited), ls="--", color="black", lw=1, label="invited")
+    for axis in {ax, on}:
+        axis.set_ylim(bottom=0)
     ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
     _time_axis(ax)
-    ax.set_ylabel("devices per round")
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    ax.set_ylabel("devices per round (invited)" if apart else "devices per round")
+    handles = [h for axis in dict.fromkeys((ax, on)) for h in axis.get_legend_handles_labels()[0]]
+    if apart:
+        on.set_ylabel("devices online")
+    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.15 if apart else 1.0, 0.5), fontsize="small")
     return fig
 
 

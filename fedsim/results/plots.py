@@ -365,11 +365,11 @@ def _device_figure(runs: dict[str, RunData], title: str):
     if group:
         ax = axes[1]
         means = {name: run.devices.drop_nulls(group).group_by(group).agg(pl.col("arrivals").mean())
-                 .sort(group) for name, run in runs.items()}
+                 .sort(group) for name, run in same.items()}  # (equal arrivals: one bar, named by both)
         keys = np.unique(np.concatenate([m[group].to_numpy() for m in means.values()]))
-        bar = 0.8 / len(runs)
+        bar = 0.8 / len(means)
         for i, (name, m) in enumerate(means.items()):
-            at = np.searchsorted(keys, m[group].to_numpy()) + (i - (len(runs) - 1) / 2) * bar
+            at = np.searchsorted(keys, m[group].to_numpy()) + (i - (len(means) - 1) / 2) * bar
             ax.bar(at, m["arrivals"].to_numpy(), width=bar, label=name)
         ax.set_xticks(range(len(keys)), [f"{k:+g}" if group == "tz_offset" else f"{k:g}" for k in keys])
         ax.set_xlabel(GROUP_COLUMNS[group])

@@ -204,3 +204,17 @@ def test_ids_written_two_ways_that_are_one_device_number_are_a_warning(tmp_path,
     assert capsys.readouterr().err == ("warning: ids written differently are one device: '007' and '7' are device 7; "
                                        "write each id one way if they are different devices\n")
     assert read_trace(tmp_path / "t.parquet").n_devices == 8
+
+
+def test_fedscale_sessions_past_finish_time_are_cut_with_a_warning(tmp_path, capsys):
+    import pickle
+
+    (tmp_path / "behave").write_bytes(pickle.dumps({0: {"active": [0, 150], "inactive": [10, 200], "finish_time": 100},
+                                                    1: {"active": [5], "inactive": [50], "finish_time": 100}}))
+    out = tmp_path / "t.parquet"
+    assert main(["trace", "convert", "--from", "fedscale", str(tmp_path / "behave"), "--out", str(out)]) == 0
+    assert capsys.readouterr().err == ("warning: 1 client(s) online past their finish_time, which ends each record "
+                                       "(client 0: 50 s after 100 s); that time is left out, as FedScale's replay "
+                                       "leaves it\n")
+    trace = read_trace(out)
+    assert trace.start.tolist() == [0.0, 5.0] and trace.end.tolist() == [10.0, 50.0]

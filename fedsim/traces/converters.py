@@ -157,10 +157,12 @@ def fedscale(path: Path, where: str, horizon: float | None, *, repeat: str | Non
                           f"'finish_time'}}}}, got {got}")
     ids = _sorted_ids(data)
     periods = np.empty(len(ids))
-    devs, starts, ends = [], [], []
+    devs, starts, ends, past = [], [], [], {}
     for device, client in enumerate(ids):
-        active, inactive, finish = _fedscale_client(data[client], client, where)
+        active, inactive, finish, cut = _fedscale_client(data[client], client, where)
         periods[device] = finish
+        if cut:
+            past[client] = cut
         devs.append(np.full(len(active), device))
         starts.append(active)
         ends.append(inactive)
@@ -172,16 +174,21 @@ def fedscale(path: Path, where: str, horizon: float | None, *, repeat: str | Non
     else:
         dev, start, end = recorded
     columns = _record_columns([data[c] for c in ids], ("active", "inactive"))
+    first = next(iter(past), None)
+    warnings = [f"{len(past)} client(s) online past their finish_time, which ends each record (client {first!r}: "
+                f"{past[first]:g} s after {periods[ids.index(first)]:g} s); that time is left out, as FedScale's "
+                "replay leaves it"] if past else []
     return _trace(dev, start, end, n_devices=len(ids), horizon=horizon,
                   wrap="loop" if mode == "period" else "none", where=where,
                   generator={"kind": "fedscale", "source": path.name,
                              "ids": [_jsonable(i) for i in ids], "finish_time": periods.tolist(),
                              **_repetition(mode, recorded, (dev, start, end), periods, horizon),
-                             "device_columns": columns})
+                             "device_columns": columns, **({"warnings": warnings} if warnings else {})})
 
 
 def _fedscale_client(record, client, where: str):
-    """One client's intervals within [0, finish_time) and its finish_time, checked."""
+    """One client's intervals within [0, finish_time), its finish_time and the seconds online
+    past it (cut), checked."""
     at = f"{where}: client {client!r}"
     if not isinstance(record, dict) or not {"active", "inactive", "finish_time"} <= set(record):
         raise FedsimError(f"{at}: needs keys 'active', 'inactive' and 'finish_time'")
@@ -202,8 +209,9 @@ def _fedscale_client(record, client, where: str):
         k = int(bad[0])
         raise FedsimError(f"{at}: interval {k} [{active[k]}, {inactive[k]}) is not a valid online "
                           f"interval (need 0 <= active <= inactive)")
+    cut = float(np.maximum(inactive - np.maximum(active, finish), 0.0).sum())  # online time past finish_time
     _, active, inactive = clip(np.zeros(len(active)), active, inactive, 0.0, finish)
-    return active, inactive, finish
+    return active, inactive, finish, cut
 
 
 # -- flash ----------------------------------------------------------------------------------

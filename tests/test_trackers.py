@@ -541,16 +541,10 @@ def test_a_study_stopped_by_ctrl_c_and_resumed_is_one_parent_run_and_its_points_
         assert_tables(folder / point)
 
 
-def test_a_study_whose_point_fails_ends_its_parent_run_failed_and_is_no_completed_point(
-        tmp_path, capsys, monkeypatch):
-    from mlflow.tracking import MlflowClient
-
+def bug_in_round_3(monkeypatch):
+    """The recorder raises in round 3 (a bug), until the returned function puts it back."""
     from fedsim.results.recorder import Recorder
 
-    study = tracked(rounds=6, trackers=["mlflow"])
-    study["run"].update(name="st", out=str(tmp_path / "runs"), progress=False, plots=False)
-    study["sweep"] = {"run.seed": [0, 1]}
-    (tmp_path / "st.toml").write_text(dump_toml(study))
     add_round = Recorder.add_round
 
     def failing_in_round_3(self, outcome, *args):
@@ -559,10 +553,22 @@ def test_a_study_whose_point_fails_ends_its_parent_run_failed_and_is_no_complete
         return add_round(self, outcome, *args)
 
     monkeypatch.setattr(Recorder, "add_round", failing_in_round_3)
+    return lambda: monkeypatch.setattr(Recorder, "add_round", add_round)
+
+
+def test_a_study_whose_point_fails_ends_its_parent_run_failed_and_is_no_completed_point(
+        tmp_path, capsys, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    study = tracked(rounds=6, trackers=["mlflow"])
+    study["run"].update(name="st", out=str(tmp_path / "runs"), progress=False, plots=False)
+    study["sweep"] = {"run.seed": [0, 1]}
+    (tmp_path / "st.toml").write_text(dump_toml(study))
+    fixed = bug_in_round_3(monkeypatch)
     assert main(["sweep", str(tmp_path / "st.toml"), "--quiet"]) == 2  # each point failed alone
     assert "error: point seed-0: its run failed with RuntimeError: a bug in round 3 (traceback: " in \
         capsys.readouterr().err
-    monkeypatch.setattr(Recorder, "add_round", add_round)
+    fixed()
     client = MlflowClient((tmp_path / "runs" / "mlruns").as_uri())
     [parent] = [r for r in client.search_runs([client.get_experiment_by_name("st").experiment_id])
                 if r.info.run_name == "st"]
@@ -584,16 +590,7 @@ def test_a_study_whose_point_fails_ends_its_parent_run_failed_and_is_no_complete
 def test_a_run_that_raises_ends_its_mlflow_run_failed_and_its_resume_finished(cli_run, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from fedsim.results.recorder import Recorder
-
-    add_round = Recorder.add_round
-
-    def failing_in_round_3(self, outcome, *args):
-        if outcome.round == 3:
-            raise RuntimeError("a bug in round 3")
-        return add_round(self, outcome, *args)
-
-    monkeypatch.setattr(Recorder, "add_round", failing_in_round_3)
+    fixed = bug_in_round_3(monkeypatch)
     config = tracked(rounds=6, trackers=["mlflow"])
     config["run"]["checkpoint_every"] = 2
     with pytest.raises(RuntimeError, match="a bug in round 3"):
@@ -602,7 +599,7 @@ def test_a_run_that_raises_ends_its_mlflow_run_failed_and_its_resume_finished(cl
     kept = json.loads((run_dir / "mlflow.json").read_text())
     client = MlflowClient(kept["tracking_uri"])
     assert client.get_run(kept["run_id"]).info.status == "FAILED"
-    monkeypatch.setattr(Recorder, "add_round", add_round)
+    fixed()
     assert main(["run", "--resume", str(run_dir), "--quiet"]) == 0
     assert client.get_run(kept["run_id"]).info.status == "FINISHED"
     assert [step for step, _ in mlflow_values(run_dir, "t_end")] == \

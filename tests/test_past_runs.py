@@ -276,8 +276,8 @@ def test_a_run_of_training_rules_9_resumes_under_them(tmp_path, monkeypatch):
 
 def test_a_run_of_training_rules_11_resumes_under_them(tmp_path, monkeypatch):
     """Made under training rules 11 (e25266b; a user's transformer layer with dropout, batched,
-    one local epoch of minibatches of 10 over devices of 112 or 113 samples): an epoch's last,
-    smaller minibatch was padded to 10, and the dropout calls after the first took the padded
+    one local epoch of minibatches of 8 over devices of 112 or 113 samples): an epoch's last
+    minibatch of 1 was padded to 8, and the dropout calls after the first took the padded
     forward's numbers; from rules 12 a device's own samples take the numbers of a forward of
     them alone (as the loop's), so the same config started today has other numbers and the
     resumed run keeps the rules it started with."""

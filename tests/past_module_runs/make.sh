@@ -14,7 +14,9 @@
 # vision transformer with a convolution as its patch embedding, on the loop) with DATA = images;
 # 04db67b (rules 6) is gelunet:make (an MLP with a GELU and dropout, batched through torch.func);
 # 7294324 (rules 7) is resnet:make (a class with a residual block and ELUs) with CLIENT = 'trainer = "loop"';
-# cde3baa (rules 8) is the same; c4bbafa (rules 9) is bnnet:make (an MLP with BatchNorm, batched through torch.func).
+# cde3baa (rules 8) is the same; c4bbafa (rules 9) is bnnet:make (an MLP with BatchNorm, batched through torch.func);
+# e25266b (rules 11) is attnnet:make with CLIENT = 'trainer = "batched"<newline>local_epochs = 1' (its devices of 113
+# samples end an epoch with a minibatch of 1, padded to 8).
 set -e
 sha=$1; code=$2; model=${3:-seqnet:make}; client=${4:-}; data=${5:-digits}
 here=$(cd "$(dirname "$0")" && pwd)

@@ -62,7 +62,6 @@ class TraceQueries:
         return ids
 
 
-
 def _first_at_or_after(t, tau, x):
     """The smallest double >= the real number t - tau + x, for doubles with 0 <= tau <= t
     (t - tau is then the real start of t's cycle, whatever its rounding) and x >= tau or x

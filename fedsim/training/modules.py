@@ -384,7 +384,7 @@ class ModuleModel:
         self._vmap_checked: tuple[str, list[str]] | None = None  # (`_vmap_probe`)
         self._numbers: dict[int, tuple[int, set[float]]] = {}  # batch size -> dropout numbers, rates
         self._call_shapes: dict[int, list[tuple[int, ...]]] = {}  # batch size -> its dropout calls' input shapes
-        self._own_positions: dict[tuple[int, int], Tensor] = {}  # (padded, own batch size) -> `own_positions`
+        self._own_positions: dict[tuple, Tensor] = {}  # (padded, own batch size, device) -> `own_positions`
         self._divisors: dict[float, tuple[int, Tensor]] = {}  # p -> (threshold, a kept unit's divisor)
         self._no_numbers: dict[tuple, Tensor] = {}  # (devices, device) -> `randomness` of a module that draws none
         self._working: dict[int, tuple[nn.Module, list[Tensor]] | None] = {}  # thread -> `_working_copy`
@@ -544,7 +544,7 @@ class ModuleModel:
         shapes at the two batch sizes: the dimension that differs is the batch's, wherever it is
         (a sequence-first transformer's [L, B, E]); where more than one differs, the own
         samples' numbers are taken as the first."""
-        key = (batch, own)
+        key = (batch, own, str(device))
         if key not in self._own_positions:
             self._dropout(batch), self._dropout(own)
             padded, alone = self._call_shapes[batch], self._call_shapes[own]
@@ -563,8 +563,8 @@ class ModuleModel:
                 parts.append(part)
                 start += taken
             positions = torch.cat(parts) if parts and len(padded) == len(alone) else torch.arange(self._dropout(batch)[0])
-            self._own_positions[key] = positions
-        return self._own_positions[key].to(device)
+            self._own_positions[key] = positions.to(device)
+        return self._own_positions[key]
 
     def check_trains_on(self, batch: int) -> None:
         """FedsimError where the module's training forward of `batch` samples raises (BatchNorm1d

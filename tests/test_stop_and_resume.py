@@ -614,7 +614,13 @@ def test_a_run_whose_output_goes_to_a_file_prints_progress_lines_not_bars(tmp_pa
     assert done.returncode == 0 and "\r" not in done.stdout + done.stderr, done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("  fedavg: ")]
     assert [line.split()[1] for line in lines] == [f"{k}/20" for k in range(2, 21, 2)], done.stdout
-    assert all(re.fullmatch(r"  fedavg: \d+/20 rounds \(simulated .+, test acc -\)", line) for line in lines)
+    assert all(re.fullmatch(r"  fedavg: \d+/20 rounds \(simulated [0-9.]+(s|min|h), test acc -\)", line)
+               for line in lines)  # (the quadratic task: no accuracy), the time as the tables write it
+    resumed = fedsim(["run", "--resume", "runs/logged", "--set", "run.rounds=30"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    lines = [line for line in resumed.stdout.splitlines() if line.startswith("  fedavg: ")]
+    assert [line.split()[1] for line in lines] == ["21/30", "22/30", "23/30", "24/30", "25/30", "26/30", "27/30",
+                                                   "28/30", "29/30", "30/30"], resumed.stdout
 
 
 def test_a_plugins_bug_mid_run_ends_its_traceback_with_the_resume_that_goes_on_once_fixed(tmp_path):
@@ -695,3 +701,18 @@ def test_ctrl_c_as_a_studys_points_save_stops_it_there_and_its_resume_draws_what
     assert done.returncode == 0, done.stderr
     assert all((folder / name / "plots" / "accuracy_vs_rounds.png").is_file() for name in ended)
     assert (folder / "summary.parquet").is_file()
+
+
+def test_a_resumed_runs_progress_lines_start_from_its_last_accuracy(tmp_path):
+    """Resumed after round 4 (evaluated), round 5 (not evaluated) shows round 4's accuracy, not '-'."""
+    config = {"run": {"rounds": 4, "eval_every": 2, "progress": True, "plots": False, "name": "acc"},
+              "data": {"dataset": "digits", "clients": 10}, "server": {"timing": "ideal", "clients_per_round": 5},
+              "client": {"local_steps": 2, "batch_size": 8}}
+    (tmp_path / "c.toml").write_text(dump_toml(config))
+    assert fedsim(["run", "c.toml"], tmp_path).returncode == 0
+    last = pl.read_parquet(tmp_path / "runs" / "acc" / "rounds.parquet")["test_acc"][-1]
+    resumed = fedsim(["run", "--resume", "runs/acc", "--set", "run.rounds=6"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    lines = [line for line in resumed.stdout.splitlines() if line.startswith("  fedavg: ")]
+    assert lines[0].startswith("  fedavg: 5/6 rounds (simulated ") and lines[0].endswith(
+        f", test acc {100 * last:.1f}%)"), resumed.stdout

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from fedsim.files import human_duration
+from fedsim.results.report import duration
 
 if TYPE_CHECKING:
     from fedsim.runs.experiment import Experiment
@@ -103,6 +103,8 @@ class ProgressBar(Callback):
 
     def on_start(self, run, metrics):
         cfg = run.config
+        last = next((row["test_acc"] for row in reversed(run.recorder.rows) if row.get("test_acc") is not None), None)
+        self.acc = "-" if last is None else f"{100 * last:.1f}%"  # (a resumed run's last evaluation)
         if sys.stderr.isatty():
             self.bar = tqdm(total=cfg.run.rounds, initial=run.start_round, desc=cfg.algorithm.name,
                             unit="round", leave=False, dynamic_ncols=True)
@@ -114,11 +116,11 @@ class ProgressBar(Callback):
         if metrics.get("test_acc") is not None:
             self.acc = f"{100 * metrics['test_acc']:.1f}%"
         if self.bar is not None:
-            self.bar.set_postfix_str(f"t={outcome.t_end / 3600:.2f}h acc={self.acc}", refresh=False)
+            self.bar.set_postfix_str(f"t={duration(outcome.t_end)} acc={self.acc}", refresh=False)
             self.bar.update(1)
         elif (outcome.round + 1 - run.start_round) % self.every == 0:
             print(f"  {run.config.algorithm.name}: {outcome.round + 1}/{run.config.run.rounds} rounds "
-                  f"(simulated {human_duration(outcome.t_end)}, test acc {self.acc})", flush=True)
+                  f"(simulated {duration(outcome.t_end)}, test acc {self.acc})", flush=True)
         return False, {}
 
     def on_end(self, run, result, metrics):

@@ -102,11 +102,15 @@ def test_a_looping_trace_rotates_at_the_offset():
     ({}, 5, "has 10 devices but [data] clients = 5; set data.clients = 10, or [trace] select = \"random\""),
     ({"offset": "2024-01-01T00:00:00"}, 10, "the trace has no origin"),
 ])
-def test_replay_errors_are_one_line(cli_run, tmp_path, trace_kw, clients, says):
+def test_replay_errors_are_one_line(cli_run, tmp_path, monkeypatch, trace_kw, clients, says):
+    import fedsim.runs.replay as replay
+
     trace = generate("markov", 10, seed=0, days=2.0)
     path = tmp_path / "m.parquet"
     write_trace(Trace.from_intervals(trace.device_id, trace.start, trace.end, n_devices=10,
                                      horizon=trace.horizon), path)  # no origin
+    if clients != 10:  # a device count that cannot be replayed: said from the file's metadata alone
+        monkeypatch.setattr(replay, "read_trace", lambda path: pytest.fail("the intervals were read"))
     cli_run(model_config(clients, source="file", path=str(path), **trace_kw), name="bad", expect=2)
     err = cli_run.last_output.err
     assert err.count("\n") == 1 and says in err, err

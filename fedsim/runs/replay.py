@@ -25,6 +25,7 @@ from fedsim.errors import FedsimError
 from fedsim.files import file_fingerprint, resolved
 from fedsim.results.run_format import read_manifest, run_config, runs_in
 from fedsim.traces import Trace, generate, read_trace
+from fedsim.traces.io import devices_in_header
 from fedsim.traces.round_bits import RoundBits
 
 
@@ -233,17 +234,23 @@ def placed(config: Config, trace: Trace | RoundBits, n_devices: int) -> tuple[Tr
 
 
 def choose_devices(config: Config, trace: Trace, n_devices: int) -> np.ndarray:
-    where = f"trace {config.trace.path}"
-    if trace.n_devices < n_devices:
-        raise FedsimError(f"{where}: has {trace.n_devices} devices but [data] clients = {n_devices}; "
-                          f"set data.clients = {trace.n_devices} or fewer (or use a larger trace)")
-    if not config.trace.select:
-        raise FedsimError(
-            f"{where}: has {trace.n_devices} devices but [data] clients = {n_devices}; set "
-            f"data.clients = {trace.n_devices}, or [trace] select = \"random\" (or \"first\", "
-            "\"most-available\") to replay that many of them")
+    check_device_count(config, trace.n_devices, n_devices)
     select = TRACE_SELECTIONS.lookup(config.trace.select, config.where("trace", "select"))
     return select(trace, n_devices, config.run.seed)
+
+
+def check_device_count(config: Config, in_trace: int, n_devices: int) -> None:
+    """A trace file of `in_trace` devices can replay a run of `n_devices` (with `[trace] select`
+    where it has more); checked from its metadata before its intervals are read too."""
+    where = f"trace {config.trace.path}"
+    if in_trace < n_devices:
+        raise FedsimError(f"{where}: has {in_trace} devices but [data] clients = {n_devices}; "
+                          f"set data.clients = {in_trace} or fewer (or use a larger trace)")
+    if in_trace != n_devices and not config.trace.select:
+        raise FedsimError(
+            f"{where}: has {in_trace} devices but [data] clients = {n_devices}; set "
+            f"data.clients = {in_trace}, or [trace] select = \"random\" (or \"first\", "
+            "\"most-available\") to replay that many of them")
 
 
 def select_first(trace: Trace, n: int, seed: int) -> np.ndarray:
@@ -324,6 +331,9 @@ def source_trace(config: Config, n_devices: int, label_dist: np.ndarray | None,
     days, when given: a resume's recorded one); a round-indexed generator's as bits."""
     tc = config.trace
     if tc.source == "file":
+        in_trace = devices_in_header(Path(tc.path))
+        if in_trace is not None:  # (a mismatch is one line before 100 MB of intervals are read)
+            check_device_count(config, in_trace, n_devices)
         return read_trace(Path(tc.path))
     spec = GENERATORS.lookup(tc.source, config.where("trace", "source"))
     days = tc.days or None

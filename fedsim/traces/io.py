@@ -62,6 +62,16 @@ def read_trace(path) -> Trace:
     return Trace(device_id, start, end, n_devices, horizon, wrap, origin, generator)
 
 
+def devices_in_header(path) -> int | None:
+    """A trace file's device count from its Parquet metadata alone (its intervals unread), or
+    None where the file or its metadata is not as `write_trace` writes them (`read_trace` then
+    says what is wrong)."""
+    try:
+        return int((pq.read_schema(path).metadata or {})[b"n_devices"])
+    except (pa.ArrowException, OSError, KeyError, ValueError):
+        return None
+
+
 def checked_device_table(table: dict, path) -> pa.Table:
     """A device table (one row per trace device) as it is written to `path`: the known columns
     with their types, any other column as given, checked as `read_device_table` checks it (a

@@ -811,20 +811,21 @@ def _blamed(err: FedsimError, config: Config, where: str) -> FedsimError:
     word, as a single key's error does), not the config file: the first key of the line that
     a `--set` gave."""
     text = str(err)
-    label = _first_origin(text, config, only_set=True) if text.startswith(f"{where}: ") else None
+    label = first_origin(text, config.origins, only_set=True) if text.startswith(f"{where}: ") else None
     return FedsimError(label + text[len(where):]) if label else err
 
 
 def blamed(text: str, config: Config) -> str:
     """`text` (a line about `[section] key`s) led by where the first key it names was set (a
     `--set`, or the file), as a config's own errors are; as it is where none was given."""
-    label = _first_origin(text, config)
+    label = first_origin(text, config.origins)
     return f"{label}: {text}" if label else text
 
 
-def _first_origin(text: str, config: Config, only_set: bool = False) -> str | None:
-    """Where the first `[section] key` that `text` names was set (only a `--set`: `only_set`)."""
-    found = [(hit.start(), label) for (section, key), label in config.origins.items()
+def first_origin(text: str, origins: dict, only_set: bool = False) -> str | None:
+    """Where the first `[section] key` that `text` names was set, by a config's `origins`
+    (only a `--set`: `only_set`)."""
+    found = [(hit.start(), label) for (section, key), label in origins.items()
              if not only_set or label.startswith("--set ")
              for hit in [re.search(rf"\[{section}\] {re.escape(key)}\b", text)] if hit]
     return min(found)[1] if found else None

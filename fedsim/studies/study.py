@@ -23,14 +23,13 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from fedsim.config import (AlgorithmConfig, Config, DataConfig, TraceConfig, algorithm_options, config_from_dict,
                            is_study, parse_override, plain_folder_name, read_toml, scenario_names, scenario_path,
                            selection_options, trace_options)
 from fedsim.config.layers import SET, Layered, drop_unselected, layered_config
-from fedsim.config.schema import FILE_KEYS, _field_names, _first_origin, absolute_file_keys, suggest, takes_one_value
+from fedsim.config.schema import FILE_KEYS, _field_names, absolute_file_keys, first_origin, suggest, takes_one_value
 from fedsim.errors import FedsimError, did_you_mean
 from fedsim.files import resume_command
 
@@ -225,7 +224,7 @@ def _checked(raws: list, origins: dict, path: Path, kind: str) -> list[Point]:
     if broken:
         where, why = broken[0]
         every = not points and len({reason for _, reason in broken}) == 1 and len(broken) > 1
-        given = _first_origin(why, SimpleNamespace(origins=origins), only_set=True)
+        given = first_origin(why, origins, only_set=True)
         if given:  # a value given on the command line: blame that, for the points it breaks
             which = f"every {kind}" if every else f"{len(broken)} of the {len(raws)} {kind}s, the first " + \
                 where[len(f"{path}: {kind} "):]

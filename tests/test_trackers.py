@@ -587,9 +587,17 @@ def test_a_study_whose_point_fails_ends_its_parent_run_failed_and_is_no_complete
         assert point_status(point) == "FINISHED"
 
 
-def test_a_run_that_raises_ends_its_mlflow_run_failed_and_its_resume_finished(cli_run, monkeypatch):
+@pytest.mark.parametrize("store", ["default", "sqlite"])
+def test_a_run_that_raises_ends_its_mlflow_run_failed_and_its_resume_finished(cli_run, tmp_path, monkeypatch,
+                                                                               sqlite_template, store):
+    """In the default store beside the runs, and in a SQLite store as MLflow's docs recommend."""
+    import shutil
+
     from mlflow.tracking import MlflowClient
 
+    if store == "sqlite":
+        shutil.copy(sqlite_template, tmp_path / "mlflow.db")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     fixed = bug_in_round_3(monkeypatch)
     config = tracked(rounds=6, trackers=["mlflow"])
     config["run"]["checkpoint_every"] = 2
@@ -597,6 +605,7 @@ def test_a_run_that_raises_ends_its_mlflow_run_failed_and_its_resume_finished(cl
         cli_run(config)
     [run_dir] = [p for p in (cli_run.tmp / "runs").iterdir() if (p / "mlflow.json").is_file()]
     kept = json.loads((run_dir / "mlflow.json").read_text())
+    assert kept["tracking_uri"].startswith("sqlite:///") == (store == "sqlite")
     client = MlflowClient(kept["tracking_uri"])
     assert client.get_run(kept["run_id"]).info.status == "FAILED"
     fixed()

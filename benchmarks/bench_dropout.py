@@ -47,13 +47,22 @@ from fedsim.training import ThreadPolicy, build_trainer, modules, rng  # noqa: E
 
 @contextmanager
 def keyed_dropout_off():
-    """fedsim's keyed dropout as the identity, and a step's randomness its keys alone."""
+    """fedsim's keyed dropout as the identity, and a step's randomness drawn no more: the numbers of
+    the first step of each shape, kept (a CUDA graph captures inputs of the same shapes as with
+    dropout; their values no longer matter)."""
+    drawn: dict = {}
+    randomness = modules.ModuleModel.randomness
+
+    def kept(self, seed, rnd, ids, step, batch, own=None):
+        key = (len(ids), batch, ids.device)
+        if key not in drawn:
+            drawn[key] = randomness(self, seed, rnd, ids, step, batch, own)
+        return drawn[key]
+
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(modules, "_keyed_dropout",
                                               lambda input, p=0.5, training=True, inplace=False: input))
-        stack.enter_context(mock.patch.object(modules.ModuleModel, "randomness",
-                                              lambda self, seed, rnd, ids, step, batch, own=None:
-                                              rng.keys(seed, rng.MODULE, rnd, ids, step)))
+        stack.enter_context(mock.patch.object(modules.ModuleModel, "randomness", kept))
         yield
 
 
@@ -76,9 +85,10 @@ class Rows:
         self.pair = Pair(MODELS["user-transformer"], dataclasses.replace(setting, devices=devices or setting.devices),
                          device=device)
         self.setting = self.pair.setting
-        self.trainers = {path: build_trainer(self.pair.task, ClientConfig(
+        # a trainer each with and without dropout: a CUDA graph keeps what it captured
+        self.trainers = {(path, dropout): build_trainer(self.pair.task, ClientConfig(
             batch_size=self.setting.batch, local_steps=self.setting.local_steps, trainer=path), seed=0,
-            threads=ThreadPolicy(threads, self.pair.device)) for path in ("batched", "loop")}
+            threads=ThreadPolicy(threads, self.pair.device)) for path in ("batched", "loop") for dropout in (True, False)}
         self.plain_nets = {True: self.pair.work, False: without_dropout(self.pair.work)}
 
     def round(self, row: str, dropout: bool, rnd: int) -> tuple[float, float]:
@@ -87,7 +97,7 @@ class Rows:
         if row == "plain":
             self.pair.work = self.plain_nets[dropout]
             return self.pair.plain_round(), time.process_time() - cpu
-        trainer, pair = self.trainers[row], self.pair
+        trainer, pair = self.trainers[row, dropout], self.pair
         with pair.threads.scope(), ExitStack() as stack:
             if not dropout:
                 stack.enter_context(keyed_dropout_off())
@@ -100,7 +110,7 @@ class Rows:
         """Seconds of a round's dropout numbers alone (None before they were drawn outside the forward)."""
         if row == "plain" or not hasattr(rng, "dropout_bits"):
             return None
-        trainer, pair, model = self.trainers[row], self.pair, self.pair.task.model
+        trainer, pair, model = self.trainers[row, True], self.pair, self.pair.task.model
         ids = torch.as_tensor(pair.ids, device=pair.device)
         cohorts = [ids] if row == "batched" else list(ids.split(1))
         with pair.threads.scope(), trainer.threads.work(trainer.call_flops(pair.ids)):
@@ -112,7 +122,7 @@ class Rows:
             return time.perf_counter() - t0
 
     def threads(self, row: str) -> int:
-        return 1 if row == "plain" else self.trainers[row].summary()["threads"]
+        return 1 if row == "plain" else self.trainers[row, True].summary()["threads"]
 
 
 def measure(rows: Rows, row: str, repeats: int) -> dict:
@@ -144,7 +154,7 @@ def measure(rows: Rows, row: str, repeats: int) -> dict:
 def row_text(rec: dict) -> str:
     spread = lambda xs: f"{min(xs):.3f}-{max(xs):.3f}"  # noqa: E731
     draws = "-" if rec["draws_median_s"] is None else f"{rec['draws_median_s']:.4f} {100 * rec['draws_share']:5.1f}%"
-    return (f"{rec['row']:<8} {rec['threads']:>2} {rec['with_median_s']:>8.3f} {spread(rec['with_s']):>13} "
+    return (f"{rec['row']:<8} {rec['threads'] or '-':>2} {rec['with_median_s']:>8.3f} {spread(rec['with_s']):>13} "
             f"{rec['without_median_s']:>8.3f} {spread(rec['without_s']):>13} {100 * rec['dropout_share']:>6.1f}% "
             f"{100 * rec['dropout_share_cpu']:>6.1f}% {draws:>15}")
 

@@ -10,8 +10,10 @@ round with dropout is timed against the same round without it, alternated in one
   still written out as with dropout): the difference is what keyed dropout costs.
 * plain without dropout: the module with every dropout rate at 0 (what torch's own dropout
   costs, for comparison; torch then takes its fused attention kernel).
-* draws: a round's dropout numbers alone (`ModuleModel.randomness` per step, for the cohort or
-  per device as the trainer draws them), on the threads of the trainer's call.
+* draws: a round's dropout numbers alone (`Task.step_numbers`, for the cohort or per device as
+  the trainer draws them: on a GPU several steps in one call), on the threads of the trainer's
+  call; draw ops: the torch ops they take (each a kernel launched from the host on a GPU),
+  here / as a GPU draws them.
 
 The share is 1 - without / with (and draws / with), of the medians of wall time and of the
 process's CPU time (less sensitive to other jobs). `--busy N` runs N busy processes beside it;
@@ -37,6 +39,7 @@ from unittest import mock
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_modules import MODELS, SETTINGS, Pair, busy_processes, machine  # noqa: E402
@@ -64,6 +67,16 @@ def keyed_dropout_off():
                                               lambda input, p=0.5, training=True, inplace=False: input))
         stack.enter_context(mock.patch.object(modules.ModuleModel, "randomness", kept))
         yield
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the torch ops run inside it."""
+
+    count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 def without_dropout(net: nn.Module) -> nn.Module:
@@ -107,19 +120,33 @@ class Rows:
             return time.perf_counter() - t0, time.process_time() - cpu
 
     def draws(self, row: str, rnd: int) -> float | None:
-        """Seconds of a round's dropout numbers alone (None before they were drawn outside the forward)."""
-        if row == "plain" or not hasattr(rng, "dropout_bits"):
+        """Seconds of a round's dropout numbers alone, drawn as the trainer draws them (the
+        cohort's, or each device's; off a CPU several steps in one call)."""
+        if row == "plain":
             return None
-        trainer, pair, model = self.trainers[row, True], self.pair, self.pair.task.model
-        ids = torch.as_tensor(pair.ids, device=pair.device)
-        cohorts = [ids] if row == "batched" else list(ids.split(1))
+        trainer, pair = self.trainers[row, True], self.pair
         with pair.threads.scope(), trainer.threads.work(trainer.call_flops(pair.ids)):
             t0 = time.perf_counter()
-            for step in range(self.setting.local_steps):
-                for cohort in cohorts:
-                    model.randomness(0, rnd, cohort, step, self.setting.batch)
+            self.draw_round(row, rnd)
             pair.synchronize()
             return time.perf_counter() - t0
+
+    def draw_round(self, row: str, rnd: int) -> None:
+        ids = torch.as_tensor(self.pair.ids, device=self.pair.device)
+        for cohort in [ids] if row == "batched" else list(ids.split(1)):
+            numbers = self.pair.task.step_numbers(0, rnd, cohort, self.setting.local_steps, None)
+            for step in range(self.setting.local_steps):
+                numbers(step, self.setting.batch)
+
+    def draw_ops(self, row: str) -> dict[str, int]:
+        """torch ops (on a GPU: kernels launched from the host) of a round's draws, on this device
+        and as a GPU draws them (`rng.in_blocks` false: steps in one call, keep-masks)."""
+        counts = {}
+        for where, in_blocks in (("here", rng.in_blocks), ("as_on_gpu", lambda device: False)):
+            with mock.patch.object(rng, "in_blocks", in_blocks), _Ops() as ops:
+                self.draw_round(row, 0)
+            counts[where] = ops.count
+        return counts
 
     def threads(self, row: str) -> int:
         return 1 if row == "plain" else self.trainers[row, True].summary()["threads"]
@@ -148,15 +175,17 @@ def measure(rows: Rows, row: str, repeats: int) -> dict:
             "draws_median_s": None if draws_s is None else round(draws_s, 4),
             "dropout_share": round(1 - without_s / with_s, 3),
             "dropout_share_cpu": round(1 - without_cpu / with_cpu, 3),
-            "draws_share": None if draws_s is None else round(draws_s / with_s, 3)}
+            "draws_share": None if draws_s is None else round(draws_s / with_s, 3),
+            "draw_ops": None if row == "plain" else rows.draw_ops(row)}
 
 
 def row_text(rec: dict) -> str:
     spread = lambda xs: f"{min(xs):.3f}-{max(xs):.3f}"  # noqa: E731
     draws = "-" if rec["draws_median_s"] is None else f"{rec['draws_median_s']:.4f} {100 * rec['draws_share']:5.1f}%"
+    ops = "-" if rec["draw_ops"] is None else f"{rec['draw_ops']['here']} / {rec['draw_ops']['as_on_gpu']}"
     return (f"{rec['row']:<8} {rec['threads'] or '-':>2} {rec['with_median_s']:>8.3f} {spread(rec['with_s']):>13} "
             f"{rec['without_median_s']:>8.3f} {spread(rec['without_s']):>13} {100 * rec['dropout_share']:>6.1f}% "
-            f"{100 * rec['dropout_share_cpu']:>6.1f}% {draws:>15}")
+            f"{100 * rec['dropout_share_cpu']:>6.1f}% {draws:>15} {ops:>13}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -183,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"{' '.join(f'{x:.2f}' for x in load_before)}; {rows.setting.devices} devices x "
               f"{rows.setting.local_steps} steps x {rows.setting.batch}")
         print(f"{'trainer':<8} {'th':>2} {'with s':>8} {'with spread':>13} {'without':>8} {'without spread':>13} "
-              f"{'share':>7} {'cpu sh':>7} {'draws s, share':>15}")
+              f"{'share':>7} {'cpu sh':>7} {'draws s, share':>15} {'draw ops':>13}")
         for row in ("batched", "loop", "plain"):
             records.append(measure(rows, row, args.repeats))
             print(row_text(records[-1]), flush=True)

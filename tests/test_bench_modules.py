@@ -129,6 +129,9 @@ def test_bench_dropout_writes_each_trainers_share_with_and_without_dropout(tmp_p
         assert len(rec["with_s"]) == len(rec["without_s"]) == 1 and rec["threads"] == 1
         assert rec["dropout_share"] == pytest.approx(1 - rec["without_median_s"] / rec["with_median_s"], abs=0.002)
         assert (rec["draws_median_s"] is None) == (rec["row"] == "plain")
+    # as a GPU draws them: the cohort's 10 steps in one call, the loop's each device's in one
+    batched, loop = (r["draw_ops"]["as_on_gpu"] for r in result["records"][:2])
+    assert 5 * batched < loop and result["records"][2]["draw_ops"] is None
     # 2 layers x (attention 4 heads x 8 x 8 + 3 dropouts of 8 tokens x (32, 64, 32)) per sample, x 16
     assert result["records"][0]["dropout_numbers_per_step"] == 16 * 2 * (4 * 8 * 8 + 8 * (32 + 64 + 32))
 

@@ -499,6 +499,55 @@ def test_a_steps_dropout_numbers_drawn_at_once_are_the_per_call_draws_bit_for_bi
     assert not torch.equal(now["steps"].deltas[0], now["steps"].deltas[4])  # devices drew their own masks
 
 
+@pytest.mark.parametrize("name, rules, drawn_as", [("transformer", None, torch.bool), ("mlp_dropout", 3, torch.int64),
+                                                    ("mlp_dropout", None, torch.float32)])
+@pytest.mark.parametrize("trainer", ["batched", "loop"])
+def test_dropout_drawn_as_on_a_gpu_trains_the_cpus_numbers_bit_for_bit(user_models, monkeypatch, name, rules,
+                                                                       drawn_as, trainer):
+    """Off a CPU (`rng.in_blocks` false) a model's dropout numbers are drawn for several local
+    steps in one call and, where a module's dropout has one rate (the transformer's), are
+    keep-masks: the same masks and products as the CPU's divisors, bit for bit (the MLP's two
+    rates keep the numbers through torch.func, and on fedsim's kernels it draws uniforms).
+    Blocks of two steps here, so that a round's steps span blocks; local epochs (padded: a step
+    at a time) too."""
+    from fedsim.config import ClientConfig, DataConfig, ModelConfig
+    from fedsim.training import build_task, build_trainer, rng, task as task_module
+
+    task = build_task(DataConfig(dataset="digits", clients=8), ModelConfig(name=f"user_nets:{name}"), seed=3,
+                      device=torch.device("cpu"), **({"rules": rules} if rules else {}))
+    start = task.init_params()[None].expand(5, -1).clone()
+    clients = {"steps": ClientConfig(batch_size=6, local_steps=5, trainer=trainer),
+               "epochs": ClientConfig(batch_size=6, local_epochs=1.5, trainer=trainer)}
+
+    def train(client):
+        t = build_trainer(task, client, seed=3)
+        steps = t.epoch_steps()[:5] if client.local_epochs else np.array([5, 5, 4, 5, 4])
+        return t.train(2, np.arange(5), start, steps, 0.1)
+
+    on_cpu = {setting: train(client) for setting, client in clients.items()}
+    drawn, randomness = [], type(task.model).randomness
+
+    def recorded(self, seed, rnd, ids, step, batch, own=None):
+        numbers = randomness(self, seed, rnd, ids, step, batch, own)
+        drawn.append((step, numbers.dtype))
+        return numbers
+
+    with monkeypatch.context() as patch:
+        patch.setattr(rng, "in_blocks", lambda device: False)
+        patch.setattr(task_module, "DRAWN_AT_ONCE", 2 * len(start) * task.model.dropout_numbers(6))
+        patch.setattr(type(task.model), "randomness", recorded)
+        as_on_gpu = {"steps": train(clients["steps"])}
+        blocks = [step for step, _ in drawn if isinstance(step, range)]
+        as_on_gpu["epochs"] = train(clients["epochs"])
+    for setting in clients:
+        assert torch.equal(as_on_gpu[setting].deltas, on_cpu[setting].deltas), setting
+        torch.testing.assert_close(as_on_gpu[setting].loss, on_cpu[setting].loss, rtol=0, atol=0, equal_nan=True)
+    assert {dtype for _, dtype in drawn} == {drawn_as}
+    # local steps, batched: every device's first 4 steps in blocks of two (then the devices still going, step by step);
+    # the loop: each device's steps in one block
+    assert blocks == ([range(0, 2), range(2, 4)] if trainer == "batched" else [range(0, k) for k in (5, 5, 4, 5, 4)])
+
+
 def test_dropout_that_depends_on_the_data_is_one_line(cli_run, user_models):
     """A step's dropout numbers are counted on a batch of zeros: a forward that drops more (as
     many numbers as its input has bright pixels) stops in one line instead of reusing numbers."""

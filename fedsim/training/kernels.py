@@ -731,7 +731,7 @@ class KernelModel:
         self.batch_statistics = any(isinstance(layer, BatchNorm) for layer in flat_layers(layers))
         self.samples_independent = not self.batch_statistics  # (else every layer reads its own sample only)
         self.dropout_features = sum(layer.dropout for layer in layers)
-        self._no_draws: dict[tuple, Tensor] = {}  # (m, batch, 0, device) -> the empty dropout draw
+        self._no_draws: dict[tuple, Tensor] = {}  # (shape, device) -> the empty dropout draw
         # a CPU's cohort convolution (one grouped convolution) is slower than a loop of ordinary ones
         convolutions = any(isinstance(layer, Conv) for layer in flat_layers(layers))
         self.cohort_slow_on_cpu = convolutions_loop(self.code) if convolutions else ""
@@ -884,17 +884,22 @@ class KernelModel:
     def load_state_dict(self, saved: dict[str, Tensor]) -> Tensor:
         return torch.cat([saved[name].reshape(-1).float() for name in self.names])
 
-    def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int, own=None) -> Tensor:
-        """A local step's dropout uniforms [m, batch, dropout_features] (empty without dropout:
-        one tensor for every step, so that a shared call stacks it once); each sample's own, so
-        a device's samples take theirs whatever the padding (`own` is not needed)."""
+    def randomness(self, seed: int, rnd: int, ids: Tensor, step: int | range, batch: int, own=None) -> Tensor:
+        """A local step's dropout uniforms [m, batch, dropout_features] ([S, m, ...] for a range of
+        S steps; empty without dropout: one tensor for every step, so that a shared call stacks it
+        once); each sample's own, so a device's samples take theirs whatever the padding (`own`
+        is not needed)."""
+        lead = (len(step), len(ids)) if isinstance(step, range) else (len(ids),)
         if not self.dropout_features:
-            shape = (len(ids), batch, 0, ids.device)
-            if shape not in self._no_draws:
-                self._no_draws[shape] = torch.empty(shape[:3], device=ids.device)
-            return self._no_draws[shape]
+            shape = (*lead, batch, 0)
+            if (shape, ids.device) not in self._no_draws:
+                self._no_draws[shape, ids.device] = torch.empty(shape, device=ids.device)
+            return self._no_draws[shape, ids.device]
         return rng.uniform(seed, rng.DROPOUT, rnd, ids, step, batch * self.dropout_features).view(
-            len(ids), batch, self.dropout_features)
+            *lead, batch, self.dropout_features)
+
+    def dropout_numbers(self, batch: int) -> int:
+        return batch * self.dropout_features
 
 
 def _dense_stack(layers: list[Layer]) -> tuple[tuple[LayerNorm | None, Layer, float | None], ...] | None:

@@ -131,6 +131,8 @@ def _masked(input: Tensor, p: float, shape: tuple[int, ...]) -> Tensor:
         return input
     if numbers.is_floating_point():  # a CPU step's divisors: 1 - p where kept, inf where dropped
         return input / numbers.view(shape)
+    if numbers.dtype == torch.bool:  # a GPU step's keep-mask
+        return input * numbers.view(shape) / (1.0 - p)
     threshold = rng.keep_threshold(p)
     if threshold is None:  # no uniform reaches p: every unit dropped
         return input * 0.0
@@ -386,7 +388,7 @@ class ModuleModel:
         self._call_shapes: dict[int, list[tuple[int, ...]]] = {}  # batch size -> its dropout calls' input shapes
         self._own_positions: dict[tuple, Tensor] = {}  # (padded, own batch size, device) -> `own_positions`
         self._divisors: dict[float, tuple[int, Tensor]] = {}  # p -> (threshold, a kept unit's divisor)
-        self._no_numbers: dict[tuple, Tensor] = {}  # (devices, device) -> `randomness` of a module that draws none
+        self._no_numbers: dict[tuple, Tensor] = {}  # (shape, device) -> `randomness` of a module that draws none
         self._working: dict[int, tuple[nn.Module, list[Tensor]] | None] = {}  # thread -> `_working_copy`
         # the module itself: functional_call swaps its tensors (and sets its mode) for a call, so
         # the threads that train a run's devices side by side (loop.py) take turns with it
@@ -500,32 +502,38 @@ class ModuleModel:
     def fuse(self) -> None:
         pass  # (torch's own layers: nothing of fedsim's to compile)
 
-    def randomness(self, seed: int, rnd: int, ids: Tensor, step: int, batch: int, own=None) -> Tensor:
+    def randomness(self, seed: int, rnd: int, ids: Tensor, step: int | range, batch: int, own=None) -> Tensor:
         """The random numbers [m, n] of a local step's dropout, drawn for the cohort in one call:
-        the n numbers (`dropout_numbers`) a forward of `batch` samples takes, call after call.
+        the n numbers (`dropout_numbers`) a forward of `batch` samples takes, call after call
+        ([S, m, n] for a range of S steps, drawn in one call: the same numbers; `own` None).
         `own` (int [m], host): each device's own samples in the batch (the rest padding: an
         epoch's last minibatch, unequal full local data); from training rules 12 a device with
         fewer takes the numbers of a forward of its own samples (`own_positions`), as the loop
         trainer and a cohort without padding give it.
-        On a CPU, where every dropout call has one probability p, as divisors (1 - p where
-        `rng.keep_threshold` keeps a unit, inf where it drops it): each call in the forward is
-        then one division, input / (1 - p) or 0 exactly as input * mask / (1 - p) computes it,
-        forward and backward, where the mask and its products cost a quarter of a
-        transformer's step (benchmarks/RESULTS.md, "Keyed dropout"). (On a GPU, division by a
-        scalar is a product with its reciprocal: the numbers stay bits there.)"""
+        Where every dropout call has one probability p, the numbers are what each call needs:
+        on a CPU divisors (1 - p where `rng.keep_threshold` keeps a unit, inf where it drops
+        it): each call in the forward is then one division, input / (1 - p) or 0 exactly as
+        input * mask / (1 - p) computes it, forward and backward, where the mask and its
+        products cost a quarter of a transformer's step (benchmarks/RESULTS.md, "Keyed
+        dropout"); on a GPU, where division by a scalar is a product with its reciprocal, the
+        keep-mask itself (bool: the same product as the comparison in the forward gave)."""
         n, rates = self._dropout(batch)
+        lead = (len(step), len(ids)) if isinstance(step, range) else (len(ids),)
         if not n:  # (none: the same empty tensor every step)
-            key = (len(ids), ids.device)
+            key = (lead, ids.device)
             if key not in self._no_numbers:
-                self._no_numbers[key] = torch.empty(len(ids), 0, dtype=torch.int64, device=ids.device)
+                self._no_numbers[key] = torch.empty(*lead, 0, dtype=torch.int64, device=ids.device)
             return self._no_numbers[key]
-        keys = rng.keys(seed, rng.MODULE, rnd, ids, step)
-        if ids.device.type != "cpu" or len(rates) != 1 or rng.keep_threshold(next(iter(rates))) is None:
-            return self._as_own(rng.dropout_bits(keys, n), batch, own)
-        p = next(iter(rates))
-        if p not in self._divisors:
-            self._divisors[p] = (rng.keep_threshold(p), torch.tensor(1.0 - p, dtype=torch.float32))
-        return self._as_own(rng.dropout_bits(keys, n, divisors=self._divisors[p]), batch, own)
+        keys = rng.keys(seed, rng.MODULE, rnd, ids, step).reshape(-1)
+        threshold = rng.keep_threshold(next(iter(rates))) if len(rates) == 1 else None
+        if not rng.in_blocks(ids.device) or threshold is None:
+            numbers = rng.dropout_bits(keys, n, keep=threshold)
+        else:
+            p = next(iter(rates))
+            if p not in self._divisors:
+                self._divisors[p] = (threshold, torch.tensor(1.0 - p, dtype=torch.float32))
+            numbers = rng.dropout_bits(keys, n, divisors=self._divisors[p])
+        return self._as_own(numbers, batch, own).view(*lead, n)
 
     def _as_own(self, numbers: Tensor, batch: int, own) -> Tensor:
         """`numbers` of a padded forward of `batch` samples, each device's row rearranged so that

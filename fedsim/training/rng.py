@@ -114,7 +114,14 @@ def uniform_of_keys(key: Tensor, n: int) -> Tensor:
     return z.to(torch.float32).mul_(2.0**-24)
 
 
-def dropout_bits(key: Tensor, n: int, divisors: tuple[int, Tensor] | None = None) -> Tensor:
+def in_blocks(device: torch.device) -> bool:
+    """Whether numbers are mixed in cache-sized blocks, a local step at a time (a CPU: a draw is
+    bound by its arithmetic), or whole, several steps in one call (a GPU: bound by launching
+    its kernels)."""
+    return device.type == "cpu"
+
+
+def dropout_bits(key: Tensor, n: int, divisors: tuple[int, Tensor] | None = None, keep: int | None = None) -> Tensor:
     """[m, n] int64 of each key [m] in the order of `uniform_of_keys`' uniforms:
     (uniform >= p) is (number >= `keep_threshold(p)`), a comparison of integers. They are
     `from_keys`' bits (the top 24 as they are) with the sign bit flipped, so that their signed
@@ -123,9 +130,10 @@ def dropout_bits(key: Tensor, n: int, divisors: tuple[int, Tensor] | None = None
     thread, and two threads beside busy processes wait for a core at every op).
     `divisors` = (threshold, kept): float32 instead, `kept` (a 0-d tensor) where a number is
     >= threshold and inf where it is not (a CPU step's dropout divisors), made from each block
-    while it is in cache."""
+    while it is in cache. `keep` (a threshold): bool instead, number >= keep (a GPU step's
+    keep-mask: an eighth of the bytes to copy into a CUDA graph and read in its forward)."""
     out = torch.empty(len(key), n, dtype=torch.int64 if divisors is None else torch.float32, device=key.device)
-    rows, cols = (len(key), n) if key.device.type != "cpu" else (max(1, _BLOCK // max(n, 1)), min(n, _BLOCK))
+    rows, cols = (max(1, _BLOCK // max(n, 1)), min(n, _BLOCK)) if in_blocks(key.device) else (len(key), n)
     bits = out if divisors is None else torch.empty(min(rows, len(key)), cols, dtype=torch.int64, device=key.device)
     for c in range(0, n, cols):
         counter = _counter(c, min(c + cols, n), key.device)
@@ -136,7 +144,7 @@ def dropout_bits(key: Tensor, n: int, divisors: tuple[int, Tensor] | None = None
             _mix(z, last_shift=False).bitwise_xor_(-(1 << 63))
             if divisors is not None:
                 torch.where(z >= divisors[0], divisors[1], _INF, out=mine)
-    return out
+    return out if keep is None else out >= keep
 
 
 @functools.lru_cache(maxsize=64)

@@ -31,6 +31,7 @@ from fedsim.training.models import Model, build_model, input_shape, model_dim
 CPU_LOOP_PARAMETERS = 2**18  # floats a device (1 MiB) above which `auto` trains on a CPU's loop (rules 7)
 CPU_FUNC_LOOP_PARAMETERS = 2**16  # the same for a module through torch.func (rules 8)
 CPU_EPOCHS_LOOP_PARAMETERS = 2**17  # the same under local epochs (rules 8)
+DRAWN_AT_ONCE = 2**24  # dropout numbers of several local steps drawn in one call off a CPU (128 MiB of int64)
 # (local step, which of the round's devices: a slice or positions) -> their inputs [m, ...]
 StepInputs = Callable[[int, "slice | Tensor"], tuple[Tensor, ...]]
 
@@ -286,15 +287,37 @@ class ClassificationTask(Task):
                 return (x, y) if isinstance(which, slice) else (x[which], y[which])
 
         own = None if cut else self._own_samples(ids, batch_size, epochs)
+        numbers = self.step_numbers(seed, rnd, ids, steps, own)
 
         def at(step: int, which: slice | Tensor) -> tuple[Tensor, ...]:
             x, y = samples(step, which)
             if isinstance(which, slice):  # every device: no indexing (a shared call asks this each step)
-                return x, y, weight[step], model.randomness(seed, rnd, ids, step, y.shape[1], own and own(step))
+                return x, y, weight[step], numbers(step, y.shape[1])
             mine = own and own(step)[which.cpu().numpy()]
             return x, y, weight[step, which], model.randomness(seed, rnd, ids[which], step, y.shape[1], mine)
 
         return at
+
+    def step_numbers(self, seed: int, rnd: int, ids: Tensor, steps: int, own):
+        """(step, batch) -> the dropout numbers of the cohort's local step. Off a CPU several
+        steps are drawn in one call (up to DRAWN_AT_ONCE numbers): a step's draw is a couple of
+        dozen small kernels, and launched step by step from the host they were most of keyed
+        dropout's cost on a GPU (benchmarks/RESULTS.md, "The lent H200"). On a CPU, where a
+        draw is bound by its arithmetic in cache-sized blocks, and where devices' samples are
+        padded (`own`), a step at a time."""
+        model = self.model
+        if rng.in_blocks(ids.device) or own is not None or not model.draws_randomness:
+            return lambda step, batch: model.randomness(seed, rnd, ids, step, batch, own and own(step))
+        drawn: dict[tuple[int, int], Tensor] = {}
+
+        def numbers(step: int, batch: int) -> Tensor:
+            if (step, batch) not in drawn:
+                together = max(1, DRAWN_AT_ONCE // max(1, len(ids) * model.dropout_numbers(batch)))
+                block = range(step, min(steps, step + together))
+                drawn.clear()
+                drawn.update(zip(((s, batch) for s in block), model.randomness(seed, rnd, ids, block, batch)))
+            return drawn[step, batch]
+        return numbers
 
     def _own_samples(self, ids: Tensor, batch_size: int, epochs: float):
         """Where a module draws dropout numbers and a step may pad devices' samples (local epochs'

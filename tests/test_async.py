@@ -370,7 +370,7 @@ def in_flight(run_dir) -> dict:
 
 @pytest.mark.parametrize("make, stop, resume, held", [
     (flaky_config, ["--set", "run.rounds=7"], [], {"running": 2}),
-    (flaky_config, ["--set", "run.max_time=20.0"], ["--set", "run.max_time=0"], {"buffered": 1, "running": 1}),
+    (flaky_config, ["--set", "run.max_time=21.0"], ["--set", "run.max_time=0"], {"buffered": 1, "running": 2}),
     (in_step_config, ["--set", "run.rounds=5"], [], {"unread": 1}),
 ], ids=["rounds", "max-time-mid-aggregation", "reports-unread"])
 def test_an_async_run_stopped_with_tasks_in_flight_resumes_to_the_uninterrupted_run(cli_run, make, stop, resume, held):

@@ -207,6 +207,56 @@ def test_a_run_that_max_time_ended_resumes_with_a_later_one_as_if_given_it_from_
     same_results(cut, whole)
 
 
+def test_the_rounds_before_max_time_are_the_whole_runs_with_their_last_tasks_fates(cli_run):
+    """A run that max_time stops records its rounds as a run without max_time does: a round
+    that closed at its K-th arrival (overcommit) shortly before max_time still had tasks
+    running, and their fates are those of the round's own deadline (a device that finishes
+    after max_time but by the deadline is surplus, not late; its work is not cut at max_time)."""
+    config = {"run": {"rounds": 12, "eval_every": 12},
+              "data": {"dataset": "digits", "clients": 60},
+              "client": {"local_steps": 2, "batch_size": 16},
+              "server": {"timing": "model", "clients_per_round": 5, "overcommit": 0.4, "deadline": 3.0},
+              "devices": {"model": "lognormal", "seconds_per_sample": 0.01, "bandwidth_bps": 1e6, "latency_s": 0.1},
+              "trace": {"source": "always"}}
+    whole = cli_run(config, name="whole")
+    events = pl.read_parquet(whole / "events.parquet")
+    rows = rounds(whole)
+    # max_time just after rounds that closed by quota while a task that will be surplus still ran
+    ends = events["invited_at"] + events["download_s"] + events["compute_s"] + events["upload_s"]
+    running = events.with_columns(ends=ends).filter(pl.col("outcome") == "surplus").join(
+        rows.select("round", "t_end"), on="round").filter(pl.col("ends") > pl.col("t_end"))
+    cuts = sorted({(t_end + ends) / 2 for t_end, ends in running.select("t_end", "ends").iter_rows()})[:3]
+    assert cuts
+    for k, max_time in enumerate(cuts):
+        cut = cli_run({**config, "run": {**config["run"], "max_time": max_time}}, name=f"cut{k}")
+        done = rounds(cut)
+        kept = ["wall_s", "test_loss", "test_acc"]  # (a stopped run evaluates its last model)
+        assert done.drop(kept).equals(rows.head(len(done)).drop(kept))
+        assert pl.read_parquet(cut / "events.parquet").equals(events.filter(pl.col("round") < len(done)))
+
+
+def test_an_async_run_stops_at_max_time_and_hears_of_no_task_after_it(cli_run):
+    """Buffered aggregation: a task that ends after max_time is not heard of (it neither fills
+    the buffer nor closes an aggregation after max_time); the run ends at max_time exactly and
+    goes on from there as a run given the later max_time from the start."""
+    config = {"run": {"rounds": 12, "eval_every": 12},
+              "data": {"dataset": "digits", "clients": 60},
+              "client": {"local_steps": 2, "batch_size": 16},
+              "algorithm": {"name": "fedbuff"},
+              "server": {"timing": "model", "mode": "async", "buffer": 3, "concurrency": 6, "clients_per_round": 0,
+                         "deadline": 5.0},
+              "devices": {"model": "lognormal", "seconds_per_sample": 0.01, "bandwidth_bps": 1e6, "latency_s": 0.1},
+              "trace": {"source": "always"}}
+    whole = cli_run(config, name="whole")
+    ended = rounds(whole)["t_end"].to_list()
+    for k, max_time in enumerate([ended[2] + 1e-3, (ended[4] + ended[5]) / 2]):
+        cut = cli_run({**config, "run": {**config["run"], "max_time": max_time}}, name=f"cut{k}")
+        manifest = json.loads((cut / "manifest.json").read_text())
+        assert manifest["sim_time_s"] == max_time and rounds(cut)["t_end"].max() <= max_time
+        assert main(["run", "--resume", str(cut), "--quiet", "--set", "run.max_time=0"]) == 0
+        same_results(cut, whole)
+
+
 def test_async_events_carry_staleness(cli_run):
     config = timed(targets(6), 8, mode="async", buffer=2, concurrency=4)
     run_dir = cli_run(config, always(6))

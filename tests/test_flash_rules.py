@@ -88,9 +88,21 @@ def test_min_selected_that_the_trace_never_reaches_is_refused_before_the_run(cli
     trace = Trace.from_intervals([0, 1], [0.0, 50.0], [40.0, 100.0], n_devices=2, horizon=100.0)
     cli_run(timed(targets(2), 5, min_selected=2), trace, expect=2)
     assert cli_run.last_output.err == (f"error: {tmp_path / 't.toml'}: [server] min_selected = 2: the trace never has 2 "
-                                       "devices online at once (over its 1.67 min), so no round could start; lower "
-                                       "it, or replay a trace where that many are online together\n")
+                                       "devices online at once (at most 1, over its 1.67 min), so no round could "
+                                       "start; lower it, or replay a trace where that many are online together\n")
     assert not (tmp_path / "runs").exists()
+
+
+def test_min_selected_above_a_round_indexed_traces_peak_names_the_peak(cli_run, tmp_path):
+    """A generated round-indexed trace (Bernoulli bits): the refusal gives the most devices any
+    round has online, which a user cannot see in `fedsim trace info`'s per-device figures."""
+    config = timed(targets(6), 5, min_selected=6)
+    config["trace"] = {"source": "bernoulli", "p": [0.2] * 6}
+    cli_run(config, expect=2)
+    peak = int(re.search(r"never has 6 devices online at once \(at most (\d+), over its", cli_run.last_output.err)[1])
+    assert 0 < peak < 6
+    config["server"]["min_selected"] = peak  # reached, so the run starts
+    assert rounds(cli_run(config, name="peak"))["wait_s"].min() >= 0
 
 
 def test_a_round_short_of_its_quorum_fails_and_leaves_the_model(cli_run):

@@ -1218,7 +1218,7 @@ CASES = [
     case("min-selected-above-the-devices", RUN, r"\[server\] min_selected = 4 is more than the 3 devices \(\[data\] "
          r"clients\): no round could ever start", **{"c.toml": config(server={"timing": "model", "min_selected": 4})}),
     case("min-selected-never-reached-by-the-trace", RUN, r"^error: \S+c\.toml: \[server\] min_selected = 2: the trace "
-         r"never has 2 devices online at once \(over its 1\.67 min\), so no round could start; lower it",
+         r"never has 2 devices online at once \(at most 1, over its 1\.67 min\), so no round could start; lower it",
          **{"t.parquet": trace(start=[0.0, 40.0, 80.0], end=[30.0, 70.0, 100.0]),
             "c.toml": config("{tmp}/t.parquet", server={"timing": "model", "min_selected": 2})}),
     case("min-selected-a-fraction", RUN, r"\[server\] min_selected: expected an integer, got 2\.5",

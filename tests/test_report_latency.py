@@ -111,6 +111,29 @@ def test_the_latency_and_speed_plots_are_drawn_and_skipped_without_their_files(s
     assert "latency_fedavg" not in build_figures({"fedavg": load_run(slow_run)})
 
 
+def test_the_latency_plot_draws_each_rounds_deadline_under_deadline_sigma(cli_run):
+    """FLASH's deadline_sigma: each round's own deadline is drawn as a step, at the rounds'
+    starts; a fixed deadline is one line."""
+    from fedsim.results.plots import build_figures, load_run
+
+    n = 6
+    trace = Trace.from_intervals(np.arange(n), np.zeros(n), np.full(n, 900.0), n_devices=n, horizon=900.0,
+                                 wrap="loop")
+    server = {"timing": "model", "deadline": 20.0, "deadline_sigma": 6.0}
+    devices = {"model": "constant", "seconds_per_sample": 2.0, "bandwidth_bps": 8e6, "latency_s": 0.5}
+    run_dir = cli_run(quadratic_config([[float(i), 0.0] for i in range(n)], rounds=6, steps=3, server=server,
+                                       devices=devices), trace)
+    rows = pl.read_parquet(run_dir / "rounds.parquet")
+    ax = build_figures({"fedavg": load_run(run_dir)})["latency_fedavg"].axes[0]
+    (line,) = [line for line in ax.get_lines() if line.get_label().startswith("deadline")]
+    assert line.get_label() == "deadline (drawn per round\naround 20 s)"
+    assert set(line.get_ydata()) == set(rows["deadline"].to_list()) and rows["deadline"].n_unique() == 6
+    fixed = cli_run(quadratic_config([[float(i), 0.0] for i in range(n)], rounds=2, steps=3,
+                                     server={"timing": "model", "deadline": 20.0}, devices=devices), trace, name="fixed")
+    ax = build_figures({"fedavg": load_run(fixed)})["latency_fedavg"].axes[0]
+    assert [line.get_label() for line in ax.get_lines()] == ["deadline (20 s)"]
+
+
 def test_a_run_without_stragglers_says_so(cli_run, capsys):
     n = 4
     trace = Trace.from_intervals(np.arange(n), np.zeros(n), np.full(n, 300.0), n_devices=n, horizon=300.0,

@@ -410,12 +410,18 @@ def _latency_figure(run: RunData, title: str):
     ax.stackplot(x, *[medians[c].to_numpy() for c in PHASE_LABELS], labels=list(PHASE_LABELS.values()),
                  step="post", alpha=0.85)
     top = float(np.max(medians.select(pl.sum_horizontal(list(PHASE_LABELS))).to_numpy(), initial=0.0))
+    drawn = run.rounds.drop_nulls("deadline") if "deadline" in run.rounds.columns else run.rounds.clear()
+    varies = drawn["deadline"].n_unique() > 1 if len(drawn) else False  # [server] deadline_sigma
+    highest = float(drawn["deadline"].max()) if varies else run.deadline
     shown = run.deadline is not None and run.deadline <= 3 * top
-    if shown:
+    if shown and varies:  # each round's own draw, from its start
+        ax.step(_hours(run, drawn["t_start"]), drawn["deadline"].to_numpy(), where="post", color="black", ls="--",
+                lw=1, label=f"deadline (drawn per round\naround {run.deadline:g} s)")
+    elif shown:
         ax.axhline(run.deadline, color="black", ls="--", lw=1, label=f"deadline ({run.deadline:g} s)")
     elif run.deadline is not None:  # far above the tasks: said, not drawn
         ax.plot([], [], color="black", ls="--", lw=1, label=f"deadline {run.deadline:g} s\n(off the scale)")
-    ax.set_ylim(0, 1.1 * max(top, run.deadline) if shown else 1.15 * max(top, 1e-9))
+    ax.set_ylim(0, 1.1 * max(top, highest) if shown else 1.15 * max(top, 1e-9))
     ax.set_xlim(left=0)
     _time_axis(ax)
     ax.set_ylabel("median seconds of a task" + (" (per round)" if len(edges) == len(np.unique(t)) else ""))

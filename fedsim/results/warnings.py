@@ -121,8 +121,8 @@ def never_arrived_warning(counters: dict, typical_task_s: np.ndarray, deadline: 
                  "which waits for its slowest candidate; lower [algorithm] candidates or raise [server] deadline")
     elif late >= dropped:
         cause = (f"mostly late although their median task ({human_duration(task_s)}) fits the deadline "
-                 f"({human_duration(deadline)}): their tasks had less than the deadline left (a round's wait for "
-                 "[server] min_selected devices counts against it, and deadline_sigma draws shorter ones)")
+                 f"({human_duration(deadline)}): their tasks had less than the deadline left ([server] deadline_sigma "
+                 "draws shorter deadlines, and a device's task varies around its median)")
     else:
         cause = ("mostly dropped: offline before finishing (availability: their online sessions are "
                  "shorter than their tasks)")

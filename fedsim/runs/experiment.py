@@ -105,8 +105,9 @@ def check_min_selected(config: Config, index) -> None:
     if count and math.isinf(index.next_online_count(count, 0.0)):
         raise FedsimError(
             f"{config.origins.get(('server', 'min_selected'), config.source)}: [server] min_selected = {count}: the "
-            f"trace never has {count} devices online at once (over its {human_duration(index.horizon)}), so no round "
-            "could start; lower it, or replay a trace where that many are online together")
+            f"trace never has {count} devices online at once (at most {index.most_online()}, over its "
+            f"{human_duration(index.horizon)}), so no round could start; lower it, or replay a trace where that many "
+            "are online together")
 
 
 def check_async_deadline(config: Config, task_s: np.ndarray, ever_online: np.ndarray) -> None:

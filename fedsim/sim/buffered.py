@@ -16,8 +16,9 @@ Simulated time always moves on: with nobody online the server sleeps until the i
 someone comes online; when the Strategy invites nobody although devices are free it retries
 ``round_duration`` later. An aggregation that cannot fill its buffer ends the run (the round
 returns a Stop saying why): the trace has nobody online ever again, or
-``max_time`` is reached (checked before every invitation or wait; the retry never sleeps
-past it), so a run with ``max_time`` always ends. Updates buffered then are not aggregated
+``max_time`` is reached (checked before every invitation or wait; neither the retry nor the
+wait for the next task's end goes past it: a task that ends later is not heard of), so a run
+with ``max_time`` always ends, at ``max_time``. Updates buffered then are not aggregated
 and the tasks of that unfinished aggregation are not recorded.
 
 A task still running at the deadline (invitation + ``deadline``) is late, also when the device
@@ -129,7 +130,13 @@ class BufferedServer(Server):
                     self.retry_at = self.env.now + wait
                     yield self.env.timeout(min(wait, max_time - self.env.now) if max_time else wait)
                 continue
-            dispatch, pos, outcome = yield self.done.get()
+            report = self.done.get()
+            if max_time:  # a task that ends after max_time is not heard of: the run stops there
+                yield report | self.env.timeout(max(max_time - self.env.now, 0.0))
+                if not report.triggered:
+                    report.cancel()
+                    continue
+            dispatch, pos, outcome = yield report
             device = dispatch.ids[pos]
             self.running -= 1
             self.busy[device] = False

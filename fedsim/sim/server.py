@@ -137,7 +137,10 @@ class Server:
             self.restore(before)
             return Stop(f"max_time {max_time:g} s reached before the round in progress closed (it is not counted)",
                         resume_at=begun)
-        outcome = self.outcomes(tasks, arrived_pos, close_at)
+        # a round that closed before max_time: its other tasks' fates are those of its own close
+        # (a device still running at max_time may finish by its deadline: surplus, not late)
+        fates_until = close_at if reason == "max-time" else self.rounds.close_at(rnd, t0, len(ids))
+        outcome = self.outcomes(tasks, arrived_pos, fates_until)
         model = strategy.params  # (what the round's aggregation must leave a model like)
         if failed:
             strategy.refuse(rnd)
@@ -150,7 +153,7 @@ class Server:
             strategy.receive(rnd, arrivals)
             loss = float(arrivals.loss.mean()) if len(arrivals) else None
         strategy.check_model(rnd, model)
-        events = task_events(rnd, ids, tasks, outcome, steps, stop_at=close_at, wasted=failed)
+        events = task_events(rnd, ids, tasks, outcome, steps, stop_at=fates_until, wasted=failed)
         extra = {"wasted_s": wasted_seconds(events)}
         round_deadline = self.rounds.deadline(rnd)
         if round_deadline is not None:

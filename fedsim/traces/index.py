@@ -120,14 +120,22 @@ class AvailabilityIndex(TraceQueries):
             return float(self._instant(t, tau, reached[k]))
         return float(self._instant_next_cycle(t, tau, reached[0])) if self._loop and len(reached) else math.inf
 
+    def most_online(self) -> int:
+        """The most devices online at once, at any time of the trace."""
+        return int(self._online_counts()[1].max(initial=0))
+
+    def _online_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the sorted times where an interval starts or ends, the count online from each)."""
+        starts, ends = np.sort(self._start), np.sort(self._end)
+        times = np.unique(np.concatenate([starts, ends]))
+        return times, np.searchsorted(starts, times, side="right") - np.searchsorted(ends, times, side="right")
+
     def _count_reached(self, count: int) -> np.ndarray:
         """Sorted times at which at least `count` devices are online (the count only changes
         where an interval starts or ends: count(x) = #starts <= x - #ends <= x)."""
         cache = self.__dict__.setdefault("_reached", {})
         if count not in cache:
-            starts, ends = np.sort(self._start), np.sort(self._end)
-            times = np.unique(np.concatenate([starts, ends]))
-            online = np.searchsorted(starts, times, side="right") - np.searchsorted(ends, times, side="right")
+            times, online = self._online_counts()
             cache[count] = times[online >= count]
         return cache[count]
 

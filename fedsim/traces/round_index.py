@@ -64,6 +64,10 @@ class RoundIndex(TraceQueries):
             self._reached[count] = np.flatnonzero(self.trace.online_count >= count)
         return self._next_round_in(self._reached[count], t)
 
+    def most_online(self) -> int:
+        """The most devices online at once, in any round of the trace."""
+        return int(self.trace.online_count.max(initial=0))
+
     # -- internals -----------------------------------------------------------------------
 
     def _round(self, t: float) -> int | None:

@@ -256,6 +256,32 @@ def test_parquet_without_test_files_splits_each_client(tmp_path):
     assert np.bincount(data.owner_train).tolist() == [4, 7, 3]
 
 
+def test_a_run_of_a_dataset_named_relatively_resumes_from_anywhere_and_after_the_dataset_moved(tmp_path, monkeypatch,
+                                                                                                capsys):
+    """config.toml names the dataset's folder absolutely (as it does trace files); a moved
+    dataset resumes with --set data.root=NEW, and another dataset there is refused by its bytes."""
+    write_image_parquet(tmp_path / "work" / "pq")
+    config = tmp_path / "work" / "c.toml"
+    config.write_text('[run]\nname = "r"\nrounds = 2\nout = "runs"\nprogress = false\nplots = false\n'
+                      '[data]\ndataset = "parquet"\nroot = "pq"\nclients = 3\nclient_column = "writer_id"\n'
+                      'label_column = "character"\nfeature_column = "image"\n[model]\nname = "logreg"\n')
+    monkeypatch.chdir(tmp_path / "work")
+    assert main(["run", "c.toml", "--quiet"]) == 0
+    run_dir = tmp_path / "work" / "runs" / "r"
+    assert json.loads(json.dumps(__import__("tomllib").loads((run_dir / "config.toml").read_text())))["data"][
+        "root"] == str(tmp_path / "work" / "pq")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--resume", str(run_dir), "--quiet", "--set", "run.rounds=3"]) == 0
+    (tmp_path / "work" / "pq").rename(tmp_path / "moved")
+    assert main(["run", "--resume", str(run_dir), "--quiet", "--set", "run.rounds=4",
+                 "--set", f"data.root='{tmp_path / 'moved'}'"]) == 0
+    other = write_image_parquet(tmp_path / "other", with_test=False)
+    err = fails(capsys, ["run", "--resume", str(run_dir), "--quiet", "--set", "run.rounds=5",
+                         "--set", f"data.root='{other}'"])
+    assert "the dataset's files changed since the run started" in err and "\n" not in err.strip()
+    assert pl.read_parquet(run_dir / "rounds.parquet")["round"].to_list() == [0, 1, 2, 3]
+
+
 def test_parquet_split_follows_test_fraction_through_the_cache(tmp_path):
     root = write_image_parquet(tmp_path / "pq", with_test=False)
     cfg = dict(dataset="parquet", root=str(root), clients=3, client_column="writer_id",
@@ -311,7 +337,8 @@ def test_parquet_errors_name_file_and_row(tmp_path, capsys):
                    root / "train.parquet")  # a stray label: a model of a million outputs
     err = fails(capsys, ["run", run_config(tmp_path, "parquet", root, "logreg", **base)])
     assert err.endswith("the training rows use 2 class numbers of 0..999,999 (in " + str(root) + "), so the model would "
-                        "have 1,000,000 outputs; number the classes 0, 1, ... (or give them as strings)")
+                        "have 1,000,000 outputs, 999,998 of them for classes no sample has; number the classes 0, 1, ... (or "
+                        "give them as strings)")
     err = fails(capsys, ["run", run_config(tmp_path, "parquet", root / "train.parquet", "logreg", **base)])
     assert err.endswith(f"{root / 'train.parquet'} is a file; set [data] root to its folder ('{root}'), which holds the "
                         "dataset's Parquet files")

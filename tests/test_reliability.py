@@ -177,14 +177,14 @@ def samples(x, **columns) -> dict:
     return {"user": ["a", "a", "b", "b"], "label": [0, 1, 0, 1], "x": x, **columns}
 
 
-def png() -> bytes:
-    """A 4 x 4 grey PNG."""
+def png(mode: str = "L") -> bytes:
+    """A 4 x 4 PNG (grey by default)."""
     import io
 
     from PIL import Image
 
     out = io.BytesIO()
-    Image.new("L", (4, 4)).save(out, format="PNG")
+    Image.new(mode, (4, 4)).save(out, format="PNG")
     return out.getvalue()
 
 
@@ -863,6 +863,35 @@ CASES = [
              samples([[[1.0, 2.0]]] * 4))}),
     case("parquet-nan-feature", RUN, r"pq/train\.parquet, row 1: the feature holds nan, not a finite number; fix or "
          r"drop the row", **{"c.toml": PARQUET, "pq": parquet_data(samples([[1.0, 2.0], [3.0, float("nan")]] * 2))}),
+    case("parquet-one-column-two-roles", RUN, r"\[data\] label_column = 'user' is also the client_column: a column has "
+         r"one role", **{"c.toml": PARQUET.replace('label_column = "label"', 'label_column = "user"'),
+                         "pq": parquet_data(samples([[1.0]] * 4))}),
+    case("parquet-one-hot-labels", RUN, r"pq/train\.parquet: column 'label' holds list<\w+: int64> values, not one class "
+         r"a row; store each row's class as one integer or string \(the class number of a one-hot vector: its argmax\)",
+         **{"c.toml": PARQUET, "pq": parquet_data(samples([[1.0]] * 4, label=[[1, 0], [0, 1], [1, 0], [0, 1]]))}),
+    case("parquet-client-records", RUN, r"pq/train\.parquet: column 'user' holds struct<a: int64> values, not one client "
+         r"id a row; store each row's client id as one string or number", **{"c.toml": PARQUET, "pq": parquet_data(
+             samples([[1.0]] * 4, user=[{"a": 1}, {"a": 1}, {"a": 2}, {"a": 2}]))}),
+    case("parquet-no-test-rows-pooled", RUN, r"no test samples: without test files fedsim holds out \[data\] "
+         r"test_fraction = 0\.25 of each client's rows, and a client keeps at least one for training, so clients of "
+         r"one row hold none out; give the dataset test files, or leave \[data\] client_column unset",
+         **{"c.toml": PARQUET.replace('clients = 2', 'clients = 2\npartition = "iid"'),
+            "pq": parquet_data(samples([[1.0]] * 4, user=["a", "b", "c", "d"]))}),
+    case("parquet-no-test-rows-every-user", RUN, r"pq: no test samples: without test files fedsim holds out \[data\] "
+         r"test_fraction = 0\.25 of each client's rows, and a client keeps at least one for training, so clients of "
+         r"one row hold none out; give the dataset test files$", **{"c.toml": PARQUET.replace('clients = 2', 'clients = 4'),
+                                                                  "pq": parquet_data(samples([[1.0]] * 4, user=["a", "b", "c", "d"]))}),
+    case("parquet-16-bit-images", RUN, r"pq/train\.parquet, row 0: a 16-bit image \(mode I;16\); fedsim reads images "
+         r"of 8 bits a channel, as bytes / 255: save them as 8-bit images", **{"c.toml": PARQUET, "pq": parquet_data(
+             samples([png("I;16")] * 4))}),
+    case("parquet-images-of-two-modes", RUN, r"pq/train\.parquet, row 2: RGB image where the first is L; give every "
+         r"image one colour mode", **{"c.toml": PARQUET, "pq": parquet_data(samples([png(), png(), png("RGB"), png()]))}),
+    case("parquet-image-paths-without-bytes", RUN, r"pq/train\.parquet, row 0: the image has no bytes \(only a path, "
+         r"'a\.png', which fedsim does not read\); store each image's PNG or JPEG bytes in the column",
+         **{"c.toml": PARQUET, "pq": parquet_data(samples([{"bytes": None, "path": "a.png"}] * 4))}),
+    case("parquet-labels-numbered-sparsely", RUN, r"label_column = 'label': the training rows use 3 class numbers of "
+         r"0\.\.30 \(in \S+pq\), so the model would have 31 outputs, 28 of them for classes no sample has",
+         **{"c.toml": PARQUET, "pq": parquet_data(samples([[1.0]] * 4, label=[10, 20, 30, 10]))}),
     # --- outputs -----------------------------------------------------------------------------
     case("run-out-under-a-file", RUN, r"cannot create the folder (\S+)/blocker/runs: \1/blocker is a file; choose another \[run\] out", blocker="",
          **{"c.toml": config(run={"out": "{tmp}/blocker/runs"})}),

@@ -525,7 +525,7 @@ class Config:
 # simulated (that would silently mix two experiments in one run directory)
 RESUME_KEYS = ("run.rounds", "run.max_time", "run.eval_every", "run.checkpoint_every",
                "run.progress", "run.device", "run.targets", "run.plots", "run.trackers",
-               "trace.path")  # (a trace file moved: the resume checks that its bytes are the run's)
+               "trace.path", "data.root")  # (a trace file or dataset moved: the resume checks that its bytes are the run's)
 
 
 def check_resume_overrides(overrides: list[str]) -> None:
@@ -1121,11 +1121,12 @@ def _is_number(word: str) -> bool:
     return True
 
 
-FILE_KEYS = (("trace", "path"), ("trace", "devices_table"), ("model", "init_from"))  # the files a config names
+FILE_KEYS = (("trace", "path"), ("trace", "devices_table"), ("model", "init_from"),
+             ("data", "root"))  # the files (and the dataset folder) a config names
 
 
 def absolute_file_keys(raw: dict, source: str | Path) -> None:
-    """`raw`'s (a config's sections) trace file, device table and warm start as absolute paths,
+    """`raw`'s (a config's sections) trace file, device table, warm start and dataset folder as absolute paths,
     found as a run finds them (in the working directory, then beside the file `source`), so
     that a config.toml or study.toml written with them names them from any directory; a path
     found nowhere stays as given (the run's own checks name it)."""

@@ -45,8 +45,9 @@ def federated_dataset(name: str, arrays: Arrays, cfg: DataConfig) -> Dataset:
         setattr(data, f"owner_{split}", owner[keep])
     data.users = arrays["users"][chosen]
     if not len(data.y_test):
-        raise FedsimError(f"[data] dataset = {name!r}: the {len(chosen)} users taken have no test samples; "
-                          "take more users ([data] clients) or give the dataset test files")
+        more = "take more users ([data] clients) or " if len(chosen) < len(arrays["users"]) else ""
+        raise FedsimError(f"[data] dataset = {name!r}: the {len(chosen)} users taken have no test samples; " + more
+                          + "give the dataset test files")
     return data
 
 

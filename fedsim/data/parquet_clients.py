@@ -26,10 +26,13 @@ from fedsim.data import text
 from fedsim.data.cache import Arrays, cached_arrays
 from fedsim.errors import FedsimError
 
-VERSION = 3  # of the parsed arrays: a new version re-parses every cached dataset (2: labels, features checked;
-# 3: test files by TEST_NAME, not by 'test' anywhere in a path: `latest.parquet` was a test file)
+VERSION = 4  # of the parsed arrays: a new version re-parses every cached dataset (2: labels, features checked;
+# 3: test files by TEST_NAME, not by 'test' anywhere in a path: `latest.parquet` was a test file; 4: 16-bit
+# images and class numbers that leave most of 0..max unused refused, a split that holds out no test row too)
 TEST_NAME = re.compile(r"(^|[^a-z])test(s|ing)?([^a-z]|$)")  # test-00000-of-00001.parquet, test/, my_test.parquet
 MAX_CLASSES = 1_000_000  # a label beyond it is a damaged or misread one (an output layer that wide is not trained)
+WIDE_MODES = {"I;16": "16-bit", "I;16B": "16-bit", "I;16L": "16-bit", "I;16N": "16-bit", "I": "32-bit integer",
+              "F": "32-bit float"}  # PIL's modes of more than 8 bits a channel
 MAX_SIDE = 4096  # pixels of an image's side: federated datasets' images are small; a larger one is a mistake
 
 
@@ -50,6 +53,12 @@ def read_parquet_clients(cfg: DataConfig, root: Path) -> Arrays:
         raise FedsimError(f"[data] dataset = 'parquet' needs [data] {' and '.join(missing)}: the name"
                           f"{'s' if len(missing) > 1 else ''} of the column{'s' if len(missing) > 1 else ''} holding "
                           "each row's " + " and ".join(k.removesuffix("_column") for k in missing))
+    roles = [(k, getattr(cfg, k)) for k in ("client_column", "label_column", "feature_column") if getattr(cfg, k)]
+    for i, (key, name) in enumerate(roles):
+        other = next((k for k, n in roles[:i] if n == name), None)
+        if other:
+            raise FedsimError(f"[data] {key} = {name!r} is also the {other}: a column has one role; set each of "
+                              "client_column, label_column and feature_column to a column of its own")
     if not cfg.client_column and (cfg.partition or "natural") == "natural":
         raise FedsimError("[data] dataset = 'parquet' with partition = 'natural' (its default) needs [data] "
                           "client_column, the column of each row's client; without one, spread the rows over "
@@ -85,6 +94,13 @@ def _parse(cfg: DataConfig, root: Path, files: list[Path]) -> Arrays:
                   "x_test": _features(test, cfg, test_files), "y_test": labels[1], "owner_test": np.where(known, device_of[at], -1)}
     else:
         held_out = _per_client_split(owner_train, cfg.test_fraction)
+        if not held_out.any():
+            pooled = (cfg.partition or "natural") != "natural"
+            raise FedsimError(f"{root}: no test samples: without test files fedsim holds out [data] test_fraction = "
+                              f"{cfg.test_fraction:g} of each client's rows, and a client keeps at least one for "
+                              "training, so clients of one row hold none out; give the dataset test files"
+                              + (", or leave [data] client_column unset (the rows are then split as one client's)"
+                                 if pooled else ""))
         arrays = {"x_train": x_train[~held_out], "y_train": labels[0][~held_out], "owner_train": owner_train[~held_out],
                   "x_test": x_train[held_out], "y_test": labels[0][held_out], "owner_test": owner_train[held_out]}
     arrays["users"] = users.astype(str)
@@ -130,8 +146,14 @@ def _concat(tables: list[pa.Table], files: list[Path], split: str) -> pa.Table:
     return table
 
 
-def _column(table: pa.Table, name: str, files: list[Path]) -> np.ndarray:
+def _column(table: pa.Table, name: str, files: list[Path], role: str = "") -> np.ndarray:
+    """The values of a column of one value a row (`role`: what they are, for the refusal of
+    lists and records)."""
     column = table.column(name)
+    if role and pa.types.is_nested(column.type):
+        raise FedsimError(f"{files[0]}: column {name!r} holds {column.type} values, not one {role} a row; store "
+                          f"each row's {role} as one {'integer or string' if role == 'class' else 'string or number'}"
+                          + (" (the class number of a one-hot vector: its argmax)" if role == "class" else ""))
     if column.null_count:
         row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
         raise FedsimError(f"{_file_of(files, table, row)}: a row without a {name!r} value; fill or drop it")
@@ -149,7 +171,7 @@ def _labels(train, test, cfg, train_files, test_files) -> tuple[list[np.ndarray]
     """Class numbers of the training and test rows (none for no test files), and the class
     names of string labels."""
     parts = [(t, f) for t, f in ((train, train_files), (test, test_files)) if t is not None]
-    raw = [_column(t, cfg.label_column, f) for t, f in parts]
+    raw = [_column(t, cfg.label_column, f, role="class") for t, f in parts]
     names = np.unique(raw[0]).astype(str) if raw[0].dtype.kind in "OUS" else None
     numbers = []
     for values, (table, files) in zip(raw, parts):
@@ -180,21 +202,23 @@ def _labels(train, test, cfg, train_files, test_files) -> tuple[list[np.ndarray]
 
 
 def _refuse_sparse_labels(labels: np.ndarray, cfg: DataConfig, files: list[Path]) -> None:
-    """Class numbers that leave most of 0..max unused over a thousand classes (one stray label
-    999999 among 0..3) would give the model max + 1 outputs: a mistake, not a dataset."""
+    """Class numbers that leave most of 0..max unused (a stray label 999999 among 0..3; classes
+    numbered 10, 20, 30) would give the model max + 1 outputs, most for classes no sample has,
+    and its accuracy would be below chance: a mistake, not a dataset."""
     top = int(labels.max(initial=-1)) + 1
     used = len(np.unique(labels))
-    if top > 1000 and used * 10 < top:
+    if used * 2 < top:
         raise FedsimError(f"[data] label_column = {cfg.label_column!r}: the training rows use {used:,} class numbers "
-                          f"of 0..{top - 1:,} (in {files[0].parent}), so the model would have {top:,} outputs; "
-                          "number the classes 0, 1, ... (or give them as strings)")
+                          f"of 0..{top - 1:,} (in {files[0].parent}), so the model would have {top:,} outputs, "
+                          f"{top - used:,} of them for classes no sample has; number the classes 0, 1, ... (or give "
+                          "them as strings)")
 
 
 def _clients(table: pa.Table, cfg: DataConfig, files: list[Path]) -> np.ndarray:
     """Each row's client; without a client column, one (the rows are pooled and partitioned)."""
     if not cfg.client_column:
         return np.zeros(table.num_rows, dtype=np.int64)
-    return _column(table, cfg.client_column, files)
+    return _column(table, cfg.client_column, files, role="client id")
 
 
 def _find(known: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -209,7 +233,8 @@ def _features(table: pa.Table, cfg: DataConfig, files: list[Path]) -> np.ndarray
     if column.null_count:
         _column(table, cfg.feature_column, files)  # raises, naming the row
     if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
-        return _images(column.field("bytes").to_pylist(), table, files)
+        paths = column.field("path").to_pylist() if kind.get_field_index("path") >= 0 else None
+        return _images(column.field("bytes").to_pylist(), table, files, paths)
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
         return _images(column.to_pylist(), table, files)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
@@ -249,27 +274,41 @@ def _finite(x: np.ndarray, table: pa.Table, files: list[Path]) -> np.ndarray:
     return x
 
 
-def _images(encoded: list, table: pa.Table, files: list[Path]) -> np.ndarray:
-    """PNG/JPEG bytes -> uint8 [n, channels, height, width] (decoding is cached with the rest)."""
+def _images(encoded: list, table: pa.Table, files: list[Path], paths: list | None = None) -> np.ndarray:
+    """PNG/JPEG bytes -> uint8 [n, channels, height, width] (decoding is cached with the rest);
+    `paths`: the rows' image paths where the column has them (Hugging Face's image records)."""
     from PIL import Image, UnidentifiedImageError
 
-    pictures = []
+    pictures, modes = [], []
     bomb_limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # MAX_SIDE, lower, is checked instead
     try:
         for row, data in enumerate(encoded):  # load time only: the decoded array is cached
+            if data is None:
+                path = paths[row] if paths is not None else None
+                raise FedsimError(f"{_file_of(files, table, row)}: the image has no bytes"
+                                  + (f" (only a path, {path!r}, which fedsim does not read)" if path else "")
+                                  + "; store each image's PNG or JPEG bytes in the column")
             try:
                 image = Image.open(io.BytesIO(data))
                 if max(image.size) > MAX_SIDE:  # read from the header: nothing decoded yet
                     raise FedsimError(f"{_file_of(files, table, row)}: the image is larger than fedsim reads "
                                       f"({image.width} x {image.height} pixels; at most {MAX_SIDE} x {MAX_SIDE}); "
                                       "resize the images")
+                if image.mode in WIDE_MODES:
+                    raise FedsimError(f"{_file_of(files, table, row)}: a {WIDE_MODES[image.mode]} image (mode "
+                                      f"{image.mode}); fedsim reads images of 8 bits a channel, as bytes / 255: "
+                                      "save them as 8-bit images")
                 picture = np.asarray(image)
             except (UnidentifiedImageError, OSError, TypeError):
                 raise FedsimError(f"{_file_of(files, table, row)}: the feature is not a readable image") from None
             if pictures and picture.shape != pictures[0].shape:
-                raise FedsimError(f"{_file_of(files, table, row)}: image of shape {picture.shape} where the first "
-                                  f"is {pictures[0].shape}; every image needs the same size")
+                what = (f"{image.mode} image where the first is {modes[0]}; give every image one colour mode "
+                        "(convert them)") if image.mode != modes[0] else (
+                        f"image of shape {picture.shape} where the first is {pictures[0].shape}; every image needs "
+                        "the same size")
+                raise FedsimError(f"{_file_of(files, table, row)}: {what}")
             pictures.append(picture)
+            modes.append(image.mode)
     finally:
         Image.MAX_IMAGE_PIXELS = bomb_limit
     images = np.stack(pictures)

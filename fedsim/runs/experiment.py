@@ -23,7 +23,7 @@ import torch
 from fedsim.algorithms import Context, Strategy, make_strategy, planned_state
 from fedsim.algorithms.server_optimizer import ServerOptimizerConfig
 from fedsim.runs.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, RecordRounds
-from fedsim.config.schema import blamed, model_options
+from fedsim.config.schema import absolute_file_keys, blamed, model_options
 from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, check_cohort_size, config_from_dict, dump_toml,
                            read_toml)
 from fedsim.config.catalog import GENERATORS
@@ -308,8 +308,8 @@ class Experiment:
         cfg = self.config
         self.model_layout = model_layout(self.task)  # what checkpoints record of the model
         if resume is not None:
-            check_resumable(resume.get("model"), self.model_layout, str(self.run_dir / "checkpoint.pt"))
-            check_same_data(resume.get("data_sha256"), self.data_sha256, self.config.data.root)
+            check_same_data(resume.get("data_sha256"), self.data_sha256, self.config.data.root)  # (before the
+            check_resumable(resume.get("model"), self.model_layout, str(self.run_dir / "checkpoint.pt"))  # model's)
         self.lock = DirectoryLock(self.run_dir)
         study = self.run_dir.parent.parent if self.run_dir.parent.name == "warm-start" else self.run_dir.parent
         in_study = (study / "study.toml").is_file()  # a point of a study, or one of its warm-start runs
@@ -323,7 +323,9 @@ class Experiment:
         # outputs (a tracker's log) that lack rounds, by name: the trackers complete or add to them
         self.incomplete_outputs = incomplete_outputs(self.run_dir) if self.resumed else {}
         remove_stale_temporaries(self.run_dir)
-        write_text(self.run_dir / "config.toml", dump_toml(cfg.to_dict()))
+        recorded = cfg.to_dict()
+        absolute_file_keys(recorded, cfg.source)  # (what --resume goes on with, from any directory)
+        write_text(self.run_dir / "config.toml", dump_toml(recorded))
         env = new_environment(self.start_time)
         server_class = BufferedServer if cfg.server.mode == "async" else Server
         self.server = server_class(

@@ -288,6 +288,9 @@ def _cmd_run(args, ready: list[Path]) -> int:
 
             check_readable(Path(args.resume))
         if Path(args.resume).is_dir():  # (else `resume` says what it is, in one line)
+            from fedsim.files import DirectoryLock
+
+            DirectoryLock(Path(args.resume)).refuse_if_held()  # (before a word of resuming a run in use)
             print(f"resuming {args.resume}{crash_note(Path(args.resume))}", flush=True)
         result = resume(args.resume, args.set, progress=not args.quiet, plotter=plotter, force=args.force)
     else:

@@ -101,9 +101,8 @@ def _no_space(path: Path, write: Callable, written: int) -> str:
     free = shutil.disk_usage(path.parent).free
     # room for the file twice over, yet no space: not the bytes but a quota or the count of files ran out
     limit = ": a quota or the limit on the number of files is reached" if free > 2 * counter.count + (1 << 16) else ""
-    return (f"{path}: no space left on device (the file {needed}, {human_size(free)} free{limit}); free some space, "
-            "then run the command again, or `fedsim run --resume` a run (the earlier file, if "
-            "any, is intact)")
+    return (f"{path}: no space left on device (the file {needed}, {human_size(free)} free{limit}; the earlier file, "
+            "if any, is intact); free some space, then run the command again")  # (a run's line adds its resume)
 
 
 class _ByteCounter(io.RawIOBase):

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import quadratic_config, rounds, same_results  # noqa: E402
@@ -205,6 +207,45 @@ def test_a_run_that_max_time_ended_resumes_with_a_later_one_as_if_given_it_from_
     assert manifest["sim_time_s"] == df["t_end"][-1] < 12.0 and "before the round in progress closed" in manifest["reason"]
     assert main(["run", "--resume", str(cut), "--quiet", "--set", "run.max_time=30"]) == 0
     same_results(cut, whole)
+
+
+def test_an_events_log_behind_its_checkpoint_is_a_warning_and_listed_incomplete(cli_run, monkeypatch, capsys):
+    """The log's newest part gone (a folder copied while its run wrote it): the resume goes on,
+    says how many rows the log lacks, and the manifest and the report list events.parquet as
+    incomplete (it lost them silently, the run ending `completed` with nothing said)."""
+    import fedsim.results.events_log as events_log
+    from fedsim.results.recorder import Recorder
+
+    monkeypatch.setattr(events_log, "ROWS_PER_PART", 5)
+    config = churn_config(30)
+    whole = cli_run(config, name="whole")
+    add_round = Recorder.add_round
+
+    def abort_at_18(self, outcome, *args):
+        row = add_round(self, outcome, *args)
+        if outcome.round == 18:
+            raise KeyboardInterrupt
+        return row
+
+    monkeypatch.setattr(Recorder, "add_round", abort_at_18)
+    cut = cli_run(config, name="cut", expect=130)
+    monkeypatch.setattr(Recorder, "add_round", add_round)
+    parts = sorted((cut / ".events").glob("part-*.parquet"))
+    checkpointed = torch.load(cut / "checkpoint.pt", weights_only=False)["recorder"]["events_rows"]
+    sizes = [pq.ParquetFile(p).metadata.num_rows for p in parts]
+    kept = next(k for k in range(len(parts)) if sum(sizes[:k + 1]) >= checkpointed)  # the parts a copy had
+    for part in parts[kept:]:
+        part.unlink()
+    lost = checkpointed - sum(sizes[:kept])
+    capsys.readouterr()
+    assert main(["run", "--resume", str(cut), "--quiet"]) == 0
+    assert lost > 0
+    assert f"events.parquet lacks {lost:,} rows of the run's first 14 rounds" in capsys.readouterr().err
+    manifest = json.loads((cut / "manifest.json").read_text())
+    assert [o["output"] for o in manifest["incomplete_outputs"]] == ["events"] and manifest["status"] == "completed"
+    assert len(pl.read_parquet(cut / "events.parquet")) == len(pl.read_parquet(whole / "events.parquet")) - lost
+    assert main(["report", str(cut)]) == 0
+    assert "its events log" in capsys.readouterr().out
 
 
 def test_the_rounds_before_max_time_are_the_whole_runs_with_their_last_tasks_fates(cli_run):

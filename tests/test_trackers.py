@@ -82,6 +82,28 @@ def test_a_resumed_run_continues_both_without_a_step_twice(cli_run):
     assert steps == sorted(set(steps)) == list(range(6))
 
 
+def test_a_run_resumed_from_another_directory_goes_on_in_its_mlflow_run(tmp_path, monkeypatch, capsys):
+    """The default store (run.out/mlruns) is where the run began, whatever directory resumes it
+    (with a relative run.out it was the resuming directory's: a second store, a new MLflow run,
+    the first left RUNNING)."""
+    config = tracked(rounds=3, trackers=("mlflow",))
+    config["run"].update(out="runs", name="r", progress=False, plots=False)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "c.toml").write_text(dump_toml(config))
+    monkeypatch.chdir(tmp_path / "work")
+    assert main(["run", "c.toml", "--quiet"]) == 0
+    run_dir = tmp_path / "work" / "runs" / "r"
+    first = json.loads((run_dir / "mlflow.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=6", "--quiet"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert json.loads((run_dir / "mlflow.json").read_text()) == first
+    assert [step for step, _ in mlflow_values(run_dir, "train_loss")] == list(range(6))
+    assert not (tmp_path / "runs").exists()
+    from mlflow.tracking import MlflowClient
+    assert MlflowClient(first["tracking_uri"]).get_run(first["run_id"]).info.status == "FINISHED"
+
+
 def test_a_missing_tracker_library_is_one_line(cli_run, monkeypatch):
     import sys
 

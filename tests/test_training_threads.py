@@ -173,6 +173,25 @@ def test_a_study_of_small_runs_trains_in_parts_and_equals_each_run_alone(tmp_pat
         assert all(torch.equal(a[k], b[k]) for k in a), point.name
 
 
+def test_a_resume_warns_of_threads_only_where_a_call_may_get_another_count(restore_threads):
+    """Under auto a large call gets half the threads, at least one: a study point's earlier
+    rounds in a worker process of one thread and its resume in one process of two threads give
+    every call one thread (no warning: a sweep resumed after --processes 2 warned for every
+    point); four threads now would give a large call two."""
+    from fedsim.runs.experiment import other_threads
+
+    before = {"max": 1, "calls_by_threads": {"1": 14}}
+    policy = ThreadPolicy("auto", CPU)
+    policy.most = 2
+    assert other_threads(before, policy, 114) == []
+    policy.most = 4
+    (warning,) = other_threads(before, policy, 114)
+    assert warning.startswith("the run's first 114 rounds trained with up to 1 threads a call, the rounds from there "
+                              "on with up to 2 ([run] threads = 'auto' on this machine)")
+    pinned = ThreadPolicy(2, CPU)
+    assert other_threads({"max": 1, "calls_by_threads": {"1": 3}}, pinned, 3) != []  # every call: 1, now 2
+
+
 def test_a_resume_that_trains_with_another_thread_count_says_so_and_keeps_it(tmp_path, capsys):
     """The run's earlier rounds had calls of 4 threads (another machine, as its manifest says);
     resumed here with up to 2 (or 1), sums may round differently: one warning, kept. Where the
@@ -189,18 +208,18 @@ def test_a_resume_that_trains_with_another_thread_count_says_so_and_keeps_it(tmp
     assert main(["run", str(tmp_path / "c.toml"), "--quiet"]) == 0
     run_dir = tmp_path / "runs" / "r"
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    here = manifest["threads"]["max"]
-    manifest["threads"].update(max=here + 2, calls_by_threads={"1": 2, str(here + 2): 2})
+    here = manifest["threads"]["max"]  # (under auto a large call gets half of them, at least one)
+    manifest["threads"].update(max=4 * here, calls_by_threads={"1": 2, str(2 * here): 2})
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     capsys.readouterr()
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=3", "--quiet"]) == 0
-    warning = (f"the run's first 2 rounds trained with up to {here + 2} threads a call, the rounds from there on with "
-               f"up to {here} ([run] threads = 'auto' on this machine): sums over other thread counts round "
+    warning = (f"the run's first 2 rounds trained with up to {2 * here} threads a call, the rounds from there on with "
+               f"up to {max(1, here // 2)} ([run] threads = 'auto' on this machine): sums over other thread counts round "
                "differently, so they may differ in the last bits from the run uninterrupted there")
     assert f"warning: {run_dir}: {warning}\n" in capsys.readouterr().err
     assert warning in json.loads((run_dir / "manifest.json").read_text())["warnings"]
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    manifest["threads"].update(max=here + 2, calls_by_threads={"1": 3})  # its calls took one thread of their 4
+    manifest["threads"].update(max=4 * here, calls_by_threads={"1": 3})  # its calls took one thread of their 2 x here
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=4", "--quiet"]) == 0
     assert "threads a call" not in capsys.readouterr().err

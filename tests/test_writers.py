@@ -46,9 +46,10 @@ def test_a_run_directory_in_use_refuses_a_second_writer(cli_run, capsys):
     lock.acquire("a test")
     try:
         assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 2
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
         assert err == f"error: {run_dir}: in use by process {os.getpid()} on {os.uname().nodename} " \
                       "(a test); wait until it ends (or stop it), then try again\n"
+        assert "resuming" not in out  # (nor "it crashed": another process runs it)
     finally:
         lock.release()
     assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=8", "--quiet"]) == 0
@@ -237,8 +238,8 @@ def test_damaged_files_and_a_replaced_trace_are_one_line(cli_run, capsys, tmp_pa
     assert "is a folder; give the file to convert" in capsys.readouterr().err
 
 
-NO_SPACE = ("no space left on device (the file needs {needed}, {free} free); free some space, then "
-            "run the command again, or `fedsim run --resume` a run (the earlier file, if any, is intact)")
+NO_SPACE = ("no space left on device (the file needs {needed}, {free} free; the earlier file, if any, is intact); "
+            "free some space, then run the command again")
 
 
 def test_a_full_disk_is_one_line_saying_how_much_the_file_needs(tmp_path, monkeypatch):

@@ -1125,6 +1125,14 @@ FILE_KEYS = (("trace", "path"), ("trace", "devices_table"), ("model", "init_from
              ("data", "root"))  # the files (and the dataset folder) a config names
 
 
+def absolute_out(raw: dict) -> None:
+    """`raw`'s `[run] out` as an absolute path: what a run's config.toml records, so that a
+    resume from another directory finds what lives beside the runs (MLflow's default store)."""
+    run = raw.get("run")
+    if isinstance(run, dict) and isinstance(run.get("out"), str):
+        run["out"] = str(Path(run["out"]).absolute())
+
+
 def absolute_file_keys(raw: dict, source: str | Path) -> None:
     """`raw`'s (a config's sections) trace file, device table, warm start and dataset folder as absolute paths,
     found as a run finds them (in the working directory, then beside the file `source`), so

@@ -129,13 +129,15 @@ class EventLog:
         atomic_write(self.path, write)
         shutil.rmtree(self.spool, ignore_errors=True)
 
-    def resume(self, rows: int) -> None:
+    def resume(self, rows: int) -> int:
         """Keep the first `rows` rows of what an earlier run logged as this log's first part,
         streamed batch by batch. The newest log is read: the parts of a run cut short (also of
         a resumed run, whose events.parquet is older), else the rows an earlier resume kept
-        (cut before they became a part), else the events.parquet of a run that finished."""
+        (cut before they became a part), else the events.parquet of a run that finished.
+        Returns how many of the `rows` were not there (a folder copied while its run wrote
+        them: the log then lacks them for good)."""
         if self.kept == "none":
-            return
+            return 0
         kept = self.spool.with_name(".events-kept.parquet")
         sources = sorted(self.spool.glob("part-*.parquet")) or [p for p in (kept, self.path) if p.exists()][:1]
         left = rows
@@ -155,3 +157,4 @@ class EventLog:
         self.spool.mkdir()
         kept.replace(self._part(0))
         self.parts, self.rows = 1, rows - left
+        return left

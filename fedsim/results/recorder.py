@@ -120,4 +120,4 @@ class Recorder:
             self.counters.setdefault(name, np.zeros(len(sd["last_round"]), dtype=np.int64))
         self.last_round = np.asarray(sd["last_round"])
         self.initial = sd.get("initial")
-        self.events.resume(sd.get("events_rows", 0))
+        self.events_missing = self.events.resume(sd.get("events_rows", 0))  # (rows the log lacks for good)

@@ -560,7 +560,9 @@ def incomplete_block(runs: list[dict]) -> list[str]:
     """A line per output of a run that lacks rounds (a tracker that failed), with the command
     that logs them once the cause is fixed; none when every output is complete."""
 
-    lines = [f"incomplete: {r['name']}: its {o.get('output')} output ({o.get('path')}) lacks rounds ({o.get('cause')}); "
+    lines = [f"incomplete: {r['name']}: its events log ({o.get('path')}) lacks rows ({o.get('cause')}); they cannot be "
+             "written again (its other files are complete)" if o.get("output") == "events" else
+             f"incomplete: {r['name']}: its {o.get('output')} output ({o.get('path')}) lacks rounds ({o.get('cause')}); "
              f"rounds.parquet has them all: once that is fixed, `{resume_command('run', Path(r['run_dir']))}` logs them"
              for r in runs for o in r.get("incomplete_outputs", [])]
     return ["\n".join(lines)] if lines else []

@@ -15,7 +15,7 @@ import polars as pl
 
 from fedsim.runs.callbacks import Callback
 from fedsim.config import Config, check_resume_overrides, config_from_dict, dump_toml
-from fedsim.config.schema import absolute_file_keys
+from fedsim.config.schema import absolute_file_keys, absolute_out
 from fedsim.errors import FedsimError, Stopped, stop_at_once
 from fedsim.runs.experiment import Experiment, RunResult, check_only_adds_rounds, is_comparison
 from fedsim.runs.experiment import resume as resume_run
@@ -84,6 +84,7 @@ def _run(config, run_dir, claim, progress, on_ready, plotter, callbacks) -> RunR
         on_ready(run_dir)
         raw = config.to_dict()
         absolute_file_keys(raw, config.source)  # what --resume goes on with, from any directory
+        absolute_out(raw)
         write_text(run_dir / "config.toml", dump_toml(raw))
         return _members(config, run_dir, progress, plotter, callbacks, first=first)
 

@@ -23,7 +23,7 @@ import torch
 from fedsim.algorithms import Context, Strategy, make_strategy, planned_state
 from fedsim.algorithms.server_optimizer import ServerOptimizerConfig
 from fedsim.runs.callbacks import Callback, Checkpoints, Evaluation, ProgressBar, RecordRounds
-from fedsim.config.schema import absolute_file_keys, blamed, model_options
+from fedsim.config.schema import absolute_file_keys, absolute_out, blamed, model_options
 from fedsim.config import (RESUME_KEYS, AlgorithmConfig, Config, check_cohort_size, config_from_dict, dump_toml,
                            read_toml)
 from fedsim.config.catalog import GENERATORS
@@ -325,6 +325,7 @@ class Experiment:
         remove_stale_temporaries(self.run_dir)
         recorded = cfg.to_dict()
         absolute_file_keys(recorded, cfg.source)  # (what --resume goes on with, from any directory)
+        absolute_out(recorded)
         write_text(self.run_dir / "config.toml", dump_toml(recorded))
         env = new_environment(self.start_time)
         server_class = BufferedServer if cfg.server.mode == "async" else Server
@@ -340,7 +341,7 @@ class Experiment:
         self.plugin_files = plugin_files(dataclasses.asdict(cfg))
         before = read_manifest(self.run_dir, strict=False) if self.resumed else {}
         changed = [*changed_plugins(before.get("plugin_files") or {}, self.plugin_files, self.start_round),
-                   *other_threads(before.get("threads"), self.threads, self.start_round)]
+                   *other_threads(before.get("threads"), self.threads, self.start_round), *self.events_lost()]
         for warning in changed:  # (the manifest keeps them too)
             print(f"warning: {self.run_dir}: {warning}", file=sys.stderr, flush=True)
         # which code ran which rounds: a resume adds its own session, the earlier ones stay
@@ -515,6 +516,20 @@ class Experiment:
         """The algorithm's, selection policy's and model plugin's options, defaults included."""
         return {**self.strategy.options_in_use(), "model": self.model_options}
 
+    def events_lost(self) -> list[str]:
+        """A resume's warning where the events log on disk lacked rows its checkpoint counted
+        (its parts behind the checkpoint: a folder copied while the run wrote); the manifest
+        then lists events.parquet as incomplete."""
+        missing = getattr(self.recorder, "events_missing", 0) if self.resumed else 0
+        if not missing:
+            return []
+        entry = {"output": "events", "path": str(self.run_dir / "events.parquet"),
+                 "cause": f"{missing:,} rows of the first {self.start_round} rounds were not on disk at the resume"}
+        self.incomplete_outputs["events"] = entry
+        return [f"events.parquet lacks {missing:,} rows of the run's first {self.start_round} rounds (the events log "
+                "on disk was behind the checkpoint: was the folder copied while the run wrote it?); the run goes on, "
+                "its other files are complete, and manifest.json lists events.parquet as incomplete"]
+
     def restore(self, state: dict) -> None:
         """The parts' state from a checkpoint (`checkpoint_state`; checked by `read_checkpoint`)."""
         self.strategy.load_state_dict(state["strategy"])
@@ -548,7 +563,10 @@ def other_threads(before, threads, rnd: int) -> list[str]:
     run's earlier rounds had (`[run] threads = "auto"` on a machine with other cores): a CPU's
     sums over other thread counts round differently."""
     then, now = before.get("max") if isinstance(before, dict) else None, threads.summary()["max"]
-    if then is None or now is None or then == now:
+    if then is None or now is None:
+        return []
+    then, now = threads.largest(then), threads.largest(now)  # what a call may get (auto: half, at least one)
+    if then == now:
         return []
     calls = before.get("calls_by_threads")
     used = max((int(k) for k, n in calls.items() if n), default=None) if isinstance(calls, dict) else None
@@ -577,8 +595,10 @@ def first_change(started: dict, now: dict, skip: Sequence[str] = ()) -> tuple[st
 def check_unchanged(started: dict, now: dict, where: Path) -> None:
     """FedsimError naming the first key of a resumed run's config.toml (edited by hand, say)
     that differs from the config its checkpoint was written with (read as today's run format; a
-    key that its release did not have had today's default), RESUME_KEYS aside."""
-    change = first_change(started, now)
+    key that its release did not have had today's default), RESUME_KEYS aside, and `[run] out`
+    (config.toml records it absolutely, as earlier releases did not; a resume goes on in its own
+    folder whatever it says)."""
+    change = first_change(started, now, skip=("run.out",))
     if change is not None:
         section, key, old, new = change
         raise FedsimError(

@@ -54,9 +54,14 @@ class ThreadPolicy:
         self.setting, self.rules = setting, rules
         self.most = torch.get_num_threads() if setting == "auto" else int(setting)
         # what a large call gets under auto (rules 1: every thread)
-        self.large = self.most if rules < 2 else max(1, self.most // 2)
+        self.large = self.largest(self.most)
         self.active = device.type == "cpu"  # a GPU's kernels do not use them
         self.calls: Counter[int] = Counter()
+
+    def largest(self, most: int) -> int:
+        """The most threads a call gets under this setting where `most` threads are there (a
+        large call's, under auto)."""
+        return most if self.setting != "auto" or self.rules < 2 else max(1, most // 2)
 
     @contextmanager
     def scope(self):

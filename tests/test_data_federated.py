@@ -282,6 +282,23 @@ def test_a_run_of_a_dataset_named_relatively_resumes_from_anywhere_and_after_the
     assert pl.read_parquet(run_dir / "rounds.parquet")["round"].to_list() == [0, 1, 2, 3]
 
 
+def test_a_client_column_that_no_partition_reads_is_a_warning(tmp_path, capsys):
+    """A Parquet dataset's clients pooled by a partition other than natural (a base's
+    `classes`, say): the run says so and how to get one device per client."""
+    root = write_image_parquet(tmp_path / "pq")
+    data = dict(clients=3, client_column="writer_id", label_column="character", feature_column="image")
+    assert main(["run", run_config(tmp_path, "parquet", root, "logreg", partition="iid", **data), "--quiet"]) == 0
+    manifest = json.loads((tmp_path / "out" / "parquet" / "manifest.json").read_text())
+    said = [w for w in manifest["warnings"] if "client_column" in w]
+    assert said == [f"[data] client_column = 'writer_id' makes no devices under partition = 'iid' (set in "
+                    f"{tmp_path / 'parquet.toml'}): the rows of its clients are pooled and spread over 3 devices; set "
+                    "partition = 'natural' for one device per client"]
+    assert f"warning: fedavg: {said[0]}" in capsys.readouterr().out  # (the run's summary, as every warning)
+    assert main(["run", run_config(tmp_path, "parquet", root, "logreg", partition="natural", **data), "--quiet"]) == 0
+    manifest = json.loads((tmp_path / "out" / "parquet-2" / "manifest.json").read_text())
+    assert not [w for w in manifest["warnings"] if "client_column" in w]
+
+
 def test_parquet_split_follows_test_fraction_through_the_cache(tmp_path):
     root = write_image_parquet(tmp_path / "pq", with_test=False)
     cfg = dict(dataset="parquet", root=str(root), clients=3, client_column="writer_id",

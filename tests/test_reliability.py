@@ -537,6 +537,10 @@ CASES = [
          **{"c.toml": config(trace={"source": "file"})}),
     case("partition-on-quadratic", RUN, r"partition = 'dirichlet' does not apply to the quadratic task",
          **{"c.toml": config(data={"partition": "dirichlet"})}),
+    case("one-class-sizes-spread-too-far", RUN, r"partition = 'one-class' left \d+ of 20 clients without samples "
+         r"\(\d+ training samples\); lower \[data\] clients, or lower \[data\] size_sigma",
+         **{"c.toml": config(data={"dataset": "digits", "clients": 20, "partition": "one-class", "size_sigma": 50.0,
+                                   "targets": []}, model={"name": "logreg"})}),
     case("async-with-ideal-timing", RUN, r"mode = 'async' needs timing = 'model'",
          **{"c.toml": config(server={"mode": "async"})}),
     case("more-per-round-than-devices", RUN, r"clients_per_round = 4 is more than the 3 devices",

@@ -170,9 +170,11 @@ def partition(labels: np.ndarray, cfg: DataConfig, seed: int) -> np.ndarray:
     owner = split(labels, cfg.clients, cfg, rng)
     sizes = np.bincount(owner, minlength=cfg.clients)
     if sizes.min() == 0:
+        skew = ", or lower [data] size_sigma (its spread of sizes leaves the smallest clients none)" \
+            if cfg.partition == "one-class" else ""
         raise FedsimError(
             f"[data] partition = {cfg.partition or 'iid'!r} left {int((sizes == 0).sum())} of {cfg.clients} "
-            f"clients without samples ({len(labels)} training samples); lower [data] clients"
+            f"clients without samples ({len(labels)} training samples); lower [data] clients{skew}"
         )
     return owner
 

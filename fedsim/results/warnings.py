@@ -41,7 +41,19 @@ def run_warnings(run, status: str, sim_time: float) -> list[str]:
         if status != "running" and not run.coverage_matters and run.config.trace.source != "always":
             warnings += static_availability_warning(len(run.recorder.rows), sim_time, run.config.server.round_duration)
     warnings += quorum_warning(run.recorder, run.config.server.update_frac)
-    return warnings
+    return warnings + unused_clients_warning(run.config)
+
+
+def unused_clients_warning(config) -> list[str]:
+    """A Parquet dataset's client column that no partition reads (partition other than natural):
+    its clients' rows are pooled and spread anew, which a user who named the column rarely means."""
+    data = config.data
+    if data.dataset != "parquet" or not data.client_column or (data.partition or "natural") == "natural":
+        return []
+    where = config.origins.get(("data", "partition"), config.source)
+    return [f"[data] client_column = {data.client_column!r} makes no devices under partition = {data.partition!r} "
+            f"(set in {where}): the rows of its clients are pooled and spread over {data.clients} devices; set "
+            "partition = 'natural' for one device per client"]
 
 
 STATIC_ROUNDS = 5  # rounds of a run within one slot of a round-indexed trace that make it worth a word

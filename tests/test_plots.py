@@ -144,6 +144,19 @@ def test_round_durations_are_placed_at_the_clock_time_of_day(tmp_path):
     assert ax.get_ylabel() == "round duration (s)"
 
 
+def test_runs_of_different_clock_origins_get_no_shared_clock(tmp_path):
+    """`fedsim plot runs` over runs whose traces start at other times of day: no clock on top
+    of their common axis (it was the first run's, wrong for the others)."""
+    runs = {"a": load_run(write_run(tmp_path / "a")),
+            "b": load_run(write_run(tmp_path / "b", origin="2024-03-04T13:53:20+00:00", algorithm="mifa"))}
+    figs = build_figures(runs, "t")
+    assert not figs["accuracy_vs_time"].axes[0].child_axes
+    assert figs["round_duration_vs_time_of_day"].axes[0].get_xlabel() == (
+        "hours since the start, modulo 24 (the runs' clock origins differ)")
+    same = {"a": runs["a"], "c": load_run(write_run(tmp_path / "c", algorithm="mifa"))}
+    assert len(build_figures(same, "t")["accuracy_vs_time"].axes[0].child_axes) == 1
+
+
 def test_without_an_origin_durations_go_by_hours_since_the_start_and_without_duration_by_the_span(tmp_path):
     ax = figures(tmp_path, origin=None, rounds_drop=["duration"])["round_duration_vs_time_of_day"].axes[0]
     x, y = lines(ax)["fedavg"]

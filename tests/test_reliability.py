@@ -885,6 +885,9 @@ CASES = [
          r"test_fraction = 0\.25 of each client's rows, and a client keeps at least one for training, so clients of "
          r"one row hold none out; give the dataset test files$", **{"c.toml": PARQUET.replace('clients = 2', 'clients = 4'),
                                                                   "pq": parquet_data(samples([[1.0]] * 4, user=["a", "b", "c", "d"]))}),
+    case("parquet-test-rows-of-another-shape", RUN, r"pq: the test rows' features have shape \(3,\) where the training "
+         r"rows' have \(2,\); give every row one shape \(images of one size and colour mode, lists of one length\)",
+         **{"c.toml": PARQUET, "pq": parquet_data(samples([[1.0, 2.0]] * 4), samples([[1.0, 2.0, 3.0]] * 4))}),
     case("parquet-16-bit-images", RUN, r"pq/train\.parquet, row 0: a 16-bit image \(mode I;16\); fedsim reads images "
          r"of 8 bits a channel, as bytes / 255: save them as 8-bit images", **{"c.toml": PARQUET, "pq": parquet_data(
              samples([png("I;16")] * 4))}),

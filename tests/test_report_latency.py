@@ -126,7 +126,7 @@ def test_the_latency_plot_draws_each_rounds_deadline_under_deadline_sigma(cli_ru
     rows = pl.read_parquet(run_dir / "rounds.parquet")
     ax = build_figures({"fedavg": load_run(run_dir)})["latency_fedavg"].axes[0]
     (line,) = [line for line in ax.get_lines() if line.get_label().startswith("deadline")]
-    assert line.get_label() == "deadline (drawn per round\naround 20 s)"
+    assert line.get_label() == "deadline, drawn\nper round\n(around 20 s)"
     assert set(line.get_ydata()) == set(rows["deadline"].to_list()) and rows["deadline"].n_unique() == 6
     fixed = cli_run(quadratic_config([[float(i), 0.0] for i in range(n)], rounds=2, steps=3,
                                      server={"timing": "model", "deadline": 20.0}, devices=devices), trace, name="fixed")
@@ -146,3 +146,23 @@ def test_a_run_without_stragglers_says_so(cli_run, capsys):
     (head,) = [line for line in lines if "straggler" in line]
     assert head == "fedavg: 0 stragglers (invited >= 5 times, arrived < 10 %)"
     assert "likely cause" not in "\n".join(lines)  # no empty table under it
+
+
+def test_a_straggler_too_slow_for_the_deadline_is_called_so_whatever_dropped_it_first(tmp_path, monkeypatch, capsys):
+    """The quick start: device 64's tasks take 61.7 s against a 60 s deadline, and most of its
+    invitations ended offline before that: its cause is the speed (it was "offline before
+    finishing", a cause that would not have let it arrive had it stayed online). Under ideal
+    timing there is no latency to report (every task takes no time)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "quickstart", "--quiet", "--set", "run.algorithms=[]", "--set", "run.plots=false"]) == 0
+    capsys.readouterr()
+    report = report_json(tmp_path / "runs" / "quickstart", capsys)
+    slow = [s for s in report["stragglers"] if s["median_task_s"] > 60.0]
+    assert slow and any(s["dropped"] > s["late"] for s in slow)
+    assert {s["cause"] for s in slow} == {"slow for the deadline"}
+    assert main(["run", "quickstart", "--quiet", "--set", "run.algorithms=[]", "--set", "run.plots=false",
+                 "--set", "server.timing=ideal", "--set", "run.name=ideal", "--set", "run.rounds=3"]) == 0
+    capsys.readouterr()
+    assert report_json(tmp_path / "runs" / "ideal", capsys)["latency"] is None
+    assert main(["report", str(tmp_path / "runs" / "ideal")]) == 0
+    assert "latency (tasks run to their end)" not in capsys.readouterr().out

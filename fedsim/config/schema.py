@@ -370,8 +370,8 @@ class ServerConfig:
                                  non_negative=True, zero="every online device")
     overcommit: float = key(0.0, "invite ceil(K * (1 + overcommit)), keep the first K",
                             non_negative=True)
-    deadline: float = key(600.0, "seconds after the round start (async: the invitation) after "
-                          "which a device is late", positive=True)
+    deadline: float = key(600.0, "seconds after the invitations (the round's start, after any min_selected "
+                          "wait; async: each task's) after which a device is late", positive=True)
     timing: str = key("model", "model: simulated transfers and compute; ideal: the papers' "
                       "round model", choices=("model", "ideal"))
     round_duration: float = key(60.0, "ideal timing: round r spans [r*D, (r+1)*D); also the slot "

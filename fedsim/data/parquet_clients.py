@@ -43,7 +43,8 @@ def read_parquet_clients(cfg: DataConfig, root: Path) -> Arrays:
                           f"({str(root.parent)!r}), which holds the dataset's Parquet files")
     if not root.is_dir():
         raise FedsimError(f"[data] dataset = 'parquet': folder {root} not found; set [data] root to the "
-                          "folder of the dataset's Parquet files")
+                          "folder of the dataset's Parquet files (a resume of a run whose dataset moved: "
+                          "--set data.root=NEW)")
     files = sorted(f for f in root.rglob("*.parquet") if ".fedsim-cache" not in f.parts)
     if not files:
         raise FedsimError(f"[data] dataset = 'parquet': {root} holds no *.parquet files; set [data] root "
@@ -90,8 +91,13 @@ def _parse(cfg: DataConfig, root: Path, files: list[Path]) -> Arrays:
     x_train = _features(train, cfg, train_files)
     if test is not None:
         at, known = _find(clients, _clients(test, cfg, test_files))  # unknown: test-only clients
+        x_test = _features(test, cfg, test_files)
+        if x_test.shape[1:] != x_train.shape[1:] and x_train.dtype != object:
+            raise FedsimError(f"{test_files[0].parent}: the test rows' features have shape {x_test.shape[1:]} where "
+                              f"the training rows' have {x_train.shape[1:]}; give every row one shape (images of one "
+                              "size and colour mode, lists of one length)")
         arrays = {"x_train": x_train, "y_train": labels[0], "owner_train": owner_train,
-                  "x_test": _features(test, cfg, test_files), "y_test": labels[1], "owner_test": np.where(known, device_of[at], -1)}
+                  "x_test": x_test, "y_test": labels[1], "owner_test": np.where(known, device_of[at], -1)}
     else:
         held_out = _per_client_split(owner_train, cfg.test_fraction)
         if not held_out.any():

@@ -88,7 +88,7 @@ def wasted_work(run_dir: Path, rounds: pl.DataFrame, devices: pl.DataFrame, kept
         wasted_s = float(rounds["wasted_s"].sum())
         return {"wasted_s": wasted_s, "per_round": wasted_s / max(len(rounds), 1), "share": None, "rows": []}
     events = _events(run_dir, kept)
-    if events is None or "work_s" not in events.collect_schema().names():
+    if events is None or "work_s" not in collect(events.head(0), run_dir).columns:
         return None
     refused = rounds.filter(pl.col("close_reason") == "quorum")["round"] if "close_reason" in rounds.columns else []
     wasted = (pl.col("outcome").cast(pl.String) != "arrived") | pl.col("round").is_in(list(refused))
@@ -106,10 +106,12 @@ def wasted_work(run_dir: Path, rounds: pl.DataFrame, devices: pl.DataFrame, kept
     return doc
 
 
-def stragglers(run_dir: Path, devices: pl.DataFrame, kept: str = "all") -> list[dict]:
+def stragglers(run_dir: Path, devices: pl.DataFrame, kept: str = "all", deadline: float | None = None) -> list[dict]:
     """Devices invited at least 5 times that arrived in fewer than 10 % of their invitations,
     most invited first (ties: the lower id), with what is known of them, their median compute
-    and whole task (download + compute + upload, as planned at invitation) and the likely cause."""
+    and whole task (download + compute + upload, as planned at invitation) and the likely cause:
+    too slow where their median task is longer than the `deadline` (whatever dropped them first),
+    else what most of their invitations came to."""
     frame = devices.filter((pl.col("invitations") >= STRAGGLER_INVITED)
                            & (pl.col("arrivals") < STRAGGLER_ARRIVED_BELOW * pl.col("invitations")))
     events = _events(run_dir, kept)
@@ -120,8 +122,10 @@ def stragglers(run_dir: Path, devices: pl.DataFrame, kept: str = "all") -> list[
 )
         frame = frame.join(collect(compute, run_dir), on="device_id", how="left")
     surplus = pl.col("surplus") if "surplus" in frame.columns else pl.lit(0)
+    too_slow = pl.lit(False) if deadline is None or "median_task_s" not in frame.columns else \
+        pl.col("median_task_s").fill_null(0.0) > deadline
     frame = frame.with_columns(
-        pl.when((pl.col("late") >= pl.col("drops")) & (pl.col("late") >= surplus))
+        pl.when(too_slow | ((pl.col("late") >= pl.col("drops")) & (pl.col("late") >= surplus)))
         .then(pl.lit("slow for the deadline"))
         .when(pl.col("drops") >= surplus).then(pl.lit("offline before finishing"))
         .otherwise(pl.lit("after the quota (surplus)")).alias("cause"))

@@ -124,10 +124,13 @@ def _hours(run: RunData, seconds) -> np.ndarray:
     return (np.asarray(seconds, dtype=np.float64) - run.start) / 3600.0
 
 
-def _clock(runs: dict[str, RunData]) -> tuple[datetime, float, str] | None:
-    """The trace's clock, from the first run that has an origin: midnight of the origin's day,
-    the clock hours from it to trace t = 0, and the zone's name. None without an origin."""
-    origin = next((run.origin for run in runs.values() if run.origin is not None), None)
+def _clock(runs: dict[str, RunData], same_start: bool = True) -> tuple[datetime, float, str] | None:
+    """The runs' clock: midnight of their origin's day, the clock hours from it to trace t = 0,
+    and the zone's name. None where a run has no origin, or the runs' origins (or, for an axis
+    of hours since the start, their starts) differ: one clock would be wrong for some."""
+    if len({(run.origin, run.start if same_start else 0.0) for run in runs.values()}) != 1:
+        return None
+    origin = next(iter(runs.values())).origin
     if origin is None:
         return None
     midnight = origin.replace(hour=0, minute=0, second=0, microsecond=0)
@@ -285,7 +288,7 @@ def _log_ticks(axis) -> None:
 
 def _duration_figure(runs: dict[str, RunData], title: str):
     """Round duration against the time of day at which the round started, one series per run."""
-    clock = _clock(runs)
+    clock = _clock(runs, same_start=False)
     fig, (ax,) = _figure(title=title)
     same = _same_series(runs, lambda run: (run.rounds["t_start"].to_numpy(), run.rounds["duration"].to_numpy()))
     for k, (name, run) in enumerate(same.items()):
@@ -298,7 +301,9 @@ def _duration_figure(runs: dict[str, RunData], title: str):
     ax.set_xticks(range(0, 25, 3))
     ax.set_ylim(0, 1.08 * longest or 1.0)
     ax.set_xlabel(f"time of day at the round's start (h, {clock[2]})" if clock
-                  else "hours since the start, modulo 24 (the trace has no clock origin)")
+                  else "hours since the start, modulo 24 (" + ("the runs' clock origins differ)"
+                                                                    if any(r.origin for r in runs.values())
+                                                                    else "the trace has no clock origin)"))
     ax.set_ylabel("round duration (s)")
     ax.legend(loc="upper right")
     return fig
@@ -416,7 +421,7 @@ def _latency_figure(run: RunData, title: str):
     shown = run.deadline is not None and run.deadline <= 3 * top
     if shown and varies:  # each round's own draw, from its start
         ax.step(_hours(run, drawn["t_start"]), drawn["deadline"].to_numpy(), where="post", color="black", ls="--",
-                lw=1, label=f"deadline (drawn per round\naround {run.deadline:g} s)")
+                lw=1, label=f"deadline, drawn\nper round\n(around {run.deadline:g} s)")
     elif shown:
         ax.axhline(run.deadline, color="black", ls="--", lw=1, label=f"deadline ({run.deadline:g} s)")
     elif run.deadline is not None:  # far above the tasks: said, not drawn

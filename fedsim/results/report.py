@@ -112,7 +112,11 @@ def t_quantile(df: int) -> float:
     table = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
              2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
              2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-    return table[df - 1] if df <= len(table) else 1.96
+    if df <= len(table):
+        return table[df - 1]
+    z = 1.959964  # beyond: Cornish-Fisher's expansion about the normal quantile (to 1e-5 from 31 on)
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
 
 
 def ci95(stds, counts, single=None) -> list:
@@ -369,6 +373,15 @@ def _best(frame: pl.DataFrame, column: str, best: str, initial: float | None) ->
     return final, float(getattr(values, best)()) if len(values) else None
 
 
+def model_deadline(config: dict) -> float | None:
+    """A run's `[server] deadline` where its tasks have durations (model timing), else None."""
+    from fedsim.config import ServerConfig
+
+    server = config.get("server", {})
+    model = server.get("timing", ServerConfig.timing) == "model"
+    return float(server.get("deadline", ServerConfig.deadline)) if model else None
+
+
 def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
     """The report of one run, with plain numbers (None where there is nothing to report)."""
     initial = run.manifest.get("initial") or {}
@@ -389,10 +402,10 @@ def summarize_run(run: Run, name: str, targets: list[float]) -> dict:
         "round_duration": round_durations(run.rounds),
         "participation": participation(run.rounds, run.devices),
         "events": kept,
-        "latency": latency(run.path, kept),
+        "latency": latency(run.path, kept) if model_deadline(run.config) is not None else None,  # (ideal: none)
         "close_reasons": close_reasons(run.rounds),
         "wasted": wasted_work(run.path, run.rounds, run.devices, kept),
-        "stragglers": stragglers(run.path, run.devices, kept),
+        "stragglers": stragglers(run.path, run.devices, kept, deadline=model_deadline(run.config)),
         "participation_by": participation_by(run.devices),
         "samples": sample_spread(run.devices),
         "device_accuracy": device_accuracy(run.devices),

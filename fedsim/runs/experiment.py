@@ -323,10 +323,11 @@ class Experiment:
         # outputs (a tracker's log) that lack rounds, by name: the trackers complete or add to them
         self.incomplete_outputs = incomplete_outputs(self.run_dir) if self.resumed else {}
         remove_stale_temporaries(self.run_dir)
-        recorded = cfg.to_dict()
-        absolute_file_keys(recorded, cfg.source)  # (what --resume goes on with, from any directory)
-        absolute_out(recorded)
-        write_text(self.run_dir / "config.toml", dump_toml(recorded))
+        # config.toml and the checkpoints name files and folders absolutely: --resume goes on from any directory
+        self.recorded_config = cfg.to_dict()
+        absolute_file_keys(self.recorded_config, cfg.source)
+        absolute_out(self.recorded_config)
+        write_text(self.run_dir / "config.toml", dump_toml(self.recorded_config))
         env = new_environment(self.start_time)
         server_class = BufferedServer if cfg.server.mode == "async" else Server
         self.server = server_class(
@@ -505,7 +506,7 @@ class Experiment:
             "round": rounds_done, "sim_time": sim_time, "strategy": self.strategy.state_dict(),
             "recorder": self.recorder.state_dict(), "host_s": self._host_s(),
             "server": self.server.state_dict(),
-            "config": self.config.to_dict(), "run_format": RUN_FORMAT, "rules": self.rules,
+            "config": self.recorded_config, "run_format": RUN_FORMAT, "rules": self.rules,
             "options": self.options_in_use(),
             "model": self.model_layout,
             **({"device_buffers": self.task.device_buffers.state_dict()} if self.task.device_buffers else {}),
@@ -523,7 +524,7 @@ class Experiment:
         missing = getattr(self.recorder, "events_missing", 0) if self.resumed else 0
         if not missing:
             return []
-        entry = {"output": "events", "path": str(self.run_dir / "events.parquet"),
+        entry = {"output": "events", "path": str((self.run_dir / "events.parquet").absolute()),
                  "cause": f"{missing:,} rows of the first {self.start_round} rounds were not on disk at the resume"}
         self.incomplete_outputs["events"] = entry
         return [f"events.parquet lacks {missing:,} rows of the run's first {self.start_round} rounds (the events log "
@@ -595,10 +596,8 @@ def first_change(started: dict, now: dict, skip: Sequence[str] = ()) -> tuple[st
 def check_unchanged(started: dict, now: dict, where: Path) -> None:
     """FedsimError naming the first key of a resumed run's config.toml (edited by hand, say)
     that differs from the config its checkpoint was written with (read as today's run format; a
-    key that its release did not have had today's default), RESUME_KEYS aside, and `[run] out`
-    (config.toml records it absolutely, as earlier releases did not; a resume goes on in its own
-    folder whatever it says)."""
-    change = first_change(started, now, skip=("run.out",))
+    key that its release did not have had today's default), RESUME_KEYS aside."""
+    change = first_change(started, now)
     if change is not None:
         section, key, old, new = change
         raise FedsimError(

@@ -298,8 +298,9 @@ def test_how_many_more_seeds_would_decide_by_hand():
     # a better claim +1.87 ± 3.06 pp over 3 seeds (paper-fedawe): s = 1.232 pp, the bar 0 is 1.87 pp off;
     # n' = 4: 3.182 * 1.232 / 2 = 1.96 > 1.87; n' = 5: 2.776 * 1.232 / sqrt(5) = 1.53 < 1.87
     assert seeds_to_decide(0.0187, 0.0306 * math.sqrt(3) / 4.303, 3) == 2
-    # beyond 30 degrees of freedom t = 1.96: 1.96 * 1 / sqrt(n') < 0.1 from n' = 385
-    assert seeds_to_decide(0.1, 1.0, 3) == 382
+    # beyond 30 degrees of freedom Student's t still: t(0.975, 385) / sqrt(386) = 1.96613 / 19.647 = 0.10007 > 0.1,
+    # t(0.975, 386) / sqrt(387) = 1.96611 / 19.672 = 0.09994 < 0.1: n' = 387 (with 1.96 it said 385)
+    assert seeds_to_decide(0.1, 1.0, 3) == 384
     assert seeds_to_decide(1e-6, 1.0, 3) is None  # more than 1000 more
 
 

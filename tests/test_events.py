@@ -78,17 +78,13 @@ def test_every_invitation_is_one_event_and_the_outcomes_add_up(cli_run):
         assert np.array_equal(np.bincount(per_device, minlength=60), devices[column].to_numpy()), column
 
 
-@pytest.mark.parametrize("kept", ["all", "failures"])
-def test_resume_after_a_hard_stop_gives_the_same_events_log(cli_run, monkeypatch, kept):
-    """A second Ctrl-C aborts at once: the run keeps its last checkpoint (round 14) while the
-    log has flushed part files beyond it (small parts); the resumed run's log equals an
-    uninterrupted run's (of every invitation, or of those that did not arrive)."""
+def stopped_hard_in_round_18(cli_run, monkeypatch, config: dict) -> tuple[Path, Path]:
+    """(the run whole, the run a second Ctrl-C aborted in round 18): its last checkpoint is of
+    round 14, its events log (parts of 5 rows) flushed beyond it."""
     import fedsim.results.events_log as events_log
     from fedsim.results.recorder import Recorder
 
     monkeypatch.setattr(events_log, "ROWS_PER_PART", 5)
-    config = churn_config(30)
-    config["run"]["events"] = kept
     whole = cli_run(config, name="whole")
     add_round = Recorder.add_round
 
@@ -100,8 +96,19 @@ def test_resume_after_a_hard_stop_gives_the_same_events_log(cli_run, monkeypatch
 
     monkeypatch.setattr(Recorder, "add_round", abort_at_18)
     cut = cli_run(config, name="cut", expect=130)
-    assert len(list((cut / ".events").glob("part-*.parquet"))) > 0
     monkeypatch.setattr(Recorder, "add_round", add_round)
+    return whole, cut
+
+
+@pytest.mark.parametrize("kept", ["all", "failures"])
+def test_resume_after_a_hard_stop_gives_the_same_events_log(cli_run, monkeypatch, kept):
+    """A second Ctrl-C aborts at once: the run keeps its last checkpoint (round 14) while the
+    log has flushed part files beyond it (small parts); the resumed run's log equals an
+    uninterrupted run's (of every invitation, or of those that did not arrive)."""
+    config = churn_config(30)
+    config["run"]["events"] = kept
+    whole, cut = stopped_hard_in_round_18(cli_run, monkeypatch, config)
+    assert len(list((cut / ".events").glob("part-*.parquet"))) > 0
     assert main(["run", "--resume", str(cut), "--quiet"]) == 0
     assert pl.read_parquet(cut / "events.parquet").equals(pl.read_parquet(whole / "events.parquet"))
     assert not (cut / ".events").exists()
@@ -213,23 +220,7 @@ def test_an_events_log_behind_its_checkpoint_is_a_warning_and_listed_incomplete(
     """The log's newest part gone (a folder copied while its run wrote it): the resume goes on,
     says how many rows the log lacks, and the manifest and the report list events.parquet as
     incomplete (it lost them silently, the run ending `completed` with nothing said)."""
-    import fedsim.results.events_log as events_log
-    from fedsim.results.recorder import Recorder
-
-    monkeypatch.setattr(events_log, "ROWS_PER_PART", 5)
-    config = churn_config(30)
-    whole = cli_run(config, name="whole")
-    add_round = Recorder.add_round
-
-    def abort_at_18(self, outcome, *args):
-        row = add_round(self, outcome, *args)
-        if outcome.round == 18:
-            raise KeyboardInterrupt
-        return row
-
-    monkeypatch.setattr(Recorder, "add_round", abort_at_18)
-    cut = cli_run(config, name="cut", expect=130)
-    monkeypatch.setattr(Recorder, "add_round", add_round)
+    whole, cut = stopped_hard_in_round_18(cli_run, monkeypatch, churn_config(30))
     parts = sorted((cut / ".events").glob("part-*.parquet"))
     checkpointed = torch.load(cut / "checkpoint.pt", weights_only=False)["recorder"]["events_rows"]
     sizes = [pq.ParquetFile(p).metadata.num_rows for p in parts]

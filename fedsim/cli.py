@@ -384,6 +384,10 @@ def _cmd_sweep(args, loaded: list) -> int:
     from fedsim.studies.sweep import run_study
     from fedsim.studies.tables import format_summary
 
+    if study.folder.is_dir():
+        from fedsim.files import DirectoryLock
+
+        DirectoryLock(study.folder).refuse_if_held()  # (before a word of a study another sweep runs)
     warm = f" after {len(study.warm)} warm-start runs" if study.warm else ""
     print(f"study {study.name}: {len(study.points)} points{warm} in {study.folder}", flush=True)
 

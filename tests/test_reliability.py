@@ -888,6 +888,9 @@ CASES = [
     case("parquet-test-rows-of-another-shape", RUN, r"pq: the test rows' features have shape \(3,\) where the training "
          r"rows' have \(2,\); give every row one shape \(images of one size and colour mode, lists of one length\)",
          **{"c.toml": PARQUET, "pq": parquet_data(samples([[1.0, 2.0]] * 4), samples([[1.0, 2.0, 3.0]] * 4))}),
+    case("parquet-one-class", RUN, r"label_column = 'label': every training row \(in \S+pq\) has one class, so any "
+         r"model scores 100 %; name the column that holds the labels", **{"c.toml": PARQUET, "pq": parquet_data(
+             samples([[1.0]] * 4, label=[0, 0, 0, 0]))}),
     case("parquet-16-bit-images", RUN, r"pq/train\.parquet, row 0: a 16-bit image \(mode I;16\); fedsim reads images "
          r"of 8 bits a channel, as bytes / 255: save them as 8-bit images", **{"c.toml": PARQUET, "pq": parquet_data(
              samples([png("I;16")] * 4))}),

@@ -455,8 +455,9 @@ def test_a_second_sweep_of_a_study_that_runs_is_refused_and_changes_nothing(tmp_
     holder.acquire("fedsim sweep")  # another sweep of the study, running
     try:
         assert main(["sweep", str(path), "--quiet", "--backend", backend]) == 2
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
         assert err.startswith(f"error: {folder}: in use by process ") and "(fedsim sweep)" in err
+        assert "points" not in out  # (no "study busy: 2 points" before it)
         assert sorted(p.name for p in folder.iterdir()) == [".lock"]  # no point, no study.toml
     finally:
         holder.release()

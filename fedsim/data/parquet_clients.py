@@ -28,7 +28,8 @@ from fedsim.errors import FedsimError
 
 VERSION = 4  # of the parsed arrays: a new version re-parses every cached dataset (2: labels, features checked;
 # 3: test files by TEST_NAME, not by 'test' anywhere in a path: `latest.parquet` was a test file; 4: 16-bit
-# images and class numbers that leave most of 0..max unused refused, a split that holds out no test row too)
+# images, one class and class numbers that leave most of 0..max unused refused, a split that holds out no test
+# row too)
 TEST_NAME = re.compile(r"(^|[^a-z])test(s|ing)?([^a-z]|$)")  # test-00000-of-00001.parquet, test/, my_test.parquet
 MAX_CLASSES = 1_000_000  # a label beyond it is a damaged or misread one (an output layer that wide is not trained)
 WIDE_MODES = {"I;16": "16-bit", "I;16B": "16-bit", "I;16L": "16-bit", "I;16N": "16-bit", "I": "32-bit integer",
@@ -213,6 +214,9 @@ def _refuse_sparse_labels(labels: np.ndarray, cfg: DataConfig, files: list[Path]
     and its accuracy would be below chance: a mistake, not a dataset."""
     top = int(labels.max(initial=-1)) + 1
     used = len(np.unique(labels))
+    if used == 1:
+        raise FedsimError(f"[data] label_column = {cfg.label_column!r}: every training row (in {files[0].parent}) has "
+                          "one class, so any model scores 100 %; name the column that holds the labels")
     if used * 2 < top:
         raise FedsimError(f"[data] label_column = {cfg.label_column!r}: the training rows use {used:,} class numbers "
                           f"of 0..{top - 1:,} (in {files[0].parent}), so the model would have {top:,} outputs, "

@@ -17,6 +17,7 @@ from fedsim.cli import main
 from fedsim.config import DataConfig, ModelConfig
 from fedsim.data import cache, leaf, text
 from fedsim.data.datasets import load_dataset
+from fedsim.errors import FedsimError
 from fedsim.training import build_task
 from leaf_files import write_json, write_leaf
 
@@ -280,6 +281,13 @@ def test_a_run_of_a_dataset_named_relatively_resumes_from_anywhere_and_after_the
                          "--set", f"data.root='{other}'"])
     assert "the dataset's files changed since the run started" in err and "\n" not in err.strip()
     assert pl.read_parquet(run_dir / "rounds.parquet")["round"].to_list() == [0, 1, 2, 3]
+    import fedsim  # the run's test samples through the API: its own files only
+
+    assert len(fedsim.test_data(run_dir)[1]) == 3  # (config.toml names the moved folder since the resume)
+    (tmp_path / "moved").rename(tmp_path / "aside")
+    other.rename(tmp_path / "moved")
+    with pytest.raises(FedsimError, match="the dataset's files changed since the run started"):
+        fedsim.test_data(run_dir)
 
 
 def test_a_client_column_that_no_partition_reads_is_a_warning(tmp_path, capsys):

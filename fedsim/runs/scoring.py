@@ -10,7 +10,7 @@ import torch
 from fedsim.config import load_config
 from fedsim.data.datasets import load_dataset
 from fedsim.errors import FedsimError
-from fedsim.results.run_format import use_recorded_plugin_folders
+from fedsim.results.run_format import read_manifest, use_recorded_plugin_folders
 
 
 def test_data(source: str | Path):
@@ -24,6 +24,12 @@ def test_data(source: str | Path):
     use_recorded_plugin_folders(folder if folder.exists() else None)  # its plugins, from any directory
     config = load_config(folder / "config.toml" if folder.is_dir() else source)
     dataset = load_dataset(config.data, config.run.seed)
+    if folder.is_dir() and config.data.root:  # a run's: the files it read, not others now at its root
+        from fedsim.data.cache import source_digest
+        from fedsim.runs.experiment import check_same_data
+
+        ran = read_manifest(folder, strict=False).get("data_sha256")
+        check_same_data(ran, source_digest(Path(config.data.root)), config.data.root)
     x = torch.from_numpy(np.array(dataset.x_test))  # (a copy: the cached arrays are read-only)
     x = x.long() if dataset.vocab_size else x.float() * dataset.scale
     return x, torch.from_numpy(np.array(dataset.y_test, dtype=np.int64))

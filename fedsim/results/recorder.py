@@ -62,6 +62,7 @@ class Recorder:
         self.device_info = device_info or {}  # per-device columns known before the run
         self.events = EventLog(self.run_dir, events)
         self.initial: dict[str, float | None] | None = None  # the initial model's evaluation
+        self.events_missing = 0  # rows a resume found missing from the events log (lost for good)
 
     def add_round(self, outcome, metrics: dict[str, Any]) -> dict[str, Any]:
         """Record a round; `metrics` (test_loss, test_acc, the strategy's and callbacks') join
@@ -120,4 +121,4 @@ class Recorder:
             self.counters.setdefault(name, np.zeros(len(sd["last_round"]), dtype=np.int64))
         self.last_round = np.asarray(sd["last_round"])
         self.initial = sd.get("initial")
-        self.events_missing = self.events.resume(sd.get("events_rows", 0))  # (rows the log lacks for good)
+        self.events_missing = self.events.resume(sd.get("events_rows", 0))

@@ -521,7 +521,7 @@ class Experiment:
         """A resume's warning where the events log on disk lacked rows its checkpoint counted
         (its parts behind the checkpoint: a folder copied while the run wrote); the manifest
         then lists events.parquet as incomplete."""
-        missing = getattr(self.recorder, "events_missing", 0) if self.resumed else 0
+        missing = self.recorder.events_missing
         if not missing:
             return []
         entry = {"output": "events", "path": str((self.run_dir / "events.parquet").absolute()),

@@ -224,7 +224,7 @@ def test_a_diverging_model_stops_the_run_with_status_diverged(cli_run):
 
 
 def test_the_finite_model_check_answers_for_every_entry_not_for_the_sum():
-    from fedsim.sim.engine import finite
+    from fedsim.sim.receive import finite
 
     big = torch.full((4,), 3e38)  # finite entries whose float32 sum overflows to inf
     assert finite(big) and finite(torch.zeros(3)) and finite(torch.empty(0))

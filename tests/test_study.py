@@ -548,7 +548,7 @@ def test_a_group_evaluated_together_equals_its_runs_alone(tmp_path, monkeypatch)
 
     calls = []
     real = lockstep.evaluate_together
-    monkeypatch.setattr(lockstep, "evaluates_together", lambda device: True)
+    monkeypatch.setattr(lockstep, "rounding_allowed", lambda device: True)
     monkeypatch.setattr(lockstep, "evaluate_together", lambda runs, threads: calls.append(len(runs)) or real(runs, threads))
 
     def config(algorithm, seed):

@@ -281,6 +281,16 @@ class Strategy:
         self.selector.learn(rnd, arrivals)
         self.aggregate(rnd, arrivals)
 
+    @classmethod
+    def receive_together(cls, runs: list[tuple[Strategy, int, Arrivals]]) -> list[Exception | None] | None:
+        """Several runs' `receive(rnd, arrivals)` (each `(strategy, rnd, arrivals)`, all of this
+        class) in batched calls, for the runs of a lockstep study on a GPU, where each torch call
+        is a kernel launched from the host: once for the group rather than once a run. Each
+        run's result must equal its own `receive` to float rounding. Returns each run's
+        exception (None: it received; `each_run` keeps a run's failure its own), or None, having
+        done nothing, where it cannot (the default: each run then receives on its own)."""
+        return None
+
     def aggregate(self, rnd: int, arrivals: Arrivals) -> None:
         """The algorithm's rule, every round (also when nothing arrived): compute the
         aggregated update and hand it to `apply_update`. Every algorithm implements it."""
@@ -396,6 +406,40 @@ def _nbytes(value: Any, side: str) -> int:
     return 0
 
 
+def each_run(runs: list[tuple], errors: list[Exception | None], step: Callable) -> list:
+    """`step(*run)` for each of `runs` that has not failed yet (`errors`), and what each returned
+    (None for a failed run): a run whose step raises keeps its exception in `errors` and takes no
+    further part, as a run alone would stop there (a batched step's per-run parts)."""
+    found = []
+    for i, run in enumerate(runs):
+        value = None
+        if errors[i] is None:
+            try:
+                value = step(*run)
+            except Exception as error:  # (the run's own failure: the lockstep driver fails that run)
+                errors[i] = error
+        found.append(value)
+    return found
+
+
+def steps_together(strategy: Strategy, aggregate: Callable) -> bool:
+    """Whether a run's round is `aggregate` (its class's rule, not a subclass's other one) and an
+    sgd server step, which a batched `receive_together` of several runs may take for it."""
+    cls = type(strategy)
+    return (strategy.server_optimizer.cfg.name == "sgd" and cls.aggregate is aggregate
+            and cls.receive is Strategy.receive and cls.apply_update is Strategy.apply_update
+            and cls.server_step is Strategy.server_step)
+
+
+def apply_updates_together(strategies: list[Strategy], updates: Tensor) -> None:
+    """`apply_update(updates[r])` of several runs whose server optimizer is sgd, in one call:
+    x <- x + server_lr * update for each (to float rounding: a lockstep group's runs)."""
+    lr = torch.tensor([s.server_optimizer.cfg.lr for s in strategies], dtype=updates.dtype)
+    moved = torch.stack([s.params for s in strategies]) + lr.to(updates.device).unsqueeze(1) * updates
+    for strategy, params in zip(strategies, moved):
+        strategy.params = params
+
+
 def weighted_sum(deltas: Tensor, weights: Tensor) -> Tensor:
     """Σ_i w_i Δ_i over the rows of ``deltas`` [k, d] (one matrix-vector product)."""
     return weights.to(deltas.dtype) @ deltas
@@ -459,4 +503,4 @@ def make_strategy(name: str, origin: str = "") -> Strategy:
 
 
 __all__ = ["Arrivals", "Context", "Strategy", "register", "algorithm_options", "make_strategy", "planned_state",
-           "REGISTRY", "weighted_sum", "nan_stats", "check_range"]
+           "REGISTRY", "apply_updates_together", "each_run", "steps_together", "weighted_sum", "nan_stats", "check_range"]

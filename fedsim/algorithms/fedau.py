@@ -36,11 +36,12 @@ class FedAu(FedAvg):
         return np.where(self.interval_count > 0, self.interval_sum / count, 1.0)
 
     def weights(self, rnd, arrivals):
+        self.used = self.omega()[arrivals.ids]  # weights from the intervals recorded so far
         return torch.as_tensor(self.used / self.n, dtype=torch.float32, device=arrivals.deltas.device)
 
-    def aggregate(self, rnd, arrivals):
-        self.used = self.omega()[arrivals.ids]  # weights from the intervals recorded so far
-        super().aggregate(rnd, arrivals)
+    def counted(self, rnd, arrivals):
+        if not len(arrivals):  # (`weights` was not asked)
+            self.used = np.empty(0)
         self.record(arrivals.ids)
 
     def record(self, present_ids: np.ndarray) -> None:

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from fedsim.config.catalog import ALGORITHM_OPTIONS, ALGORITHM_RANGES
-from fedsim.algorithms.base import Arrivals, Strategy, weighted_sum
+from fedsim.algorithms.base import Arrivals, Strategy, apply_updates_together, each_run, steps_together, weighted_sum
+from fedsim.algorithms.table import padded_rows
 from fedsim.errors import FedsimError
 from fedsim.training.objective import LocalObjective
 
@@ -39,7 +40,31 @@ class FedAvg(Strategy):
         update = self.update(rnd, arrivals)
         if update is not None:
             self.apply_update(update)
+        self.counted(rnd, arrivals)
 
+    def counted(self, rnd: int, arrivals: Arrivals) -> None:
+        """What the algorithm notes of the round's arrivals once the model has moved (FedAU:
+        the devices' participation intervals); nothing by default."""
+
+    @classmethod
+    def receive_together(cls, runs: list[tuple[Strategy, int, Arrivals]]) -> list[Exception | None] | None:
+        """The runs' weighted sums in one call (each arrival's row weighted by its run's own
+        `weights`) and their server steps in one: runs whose server optimizer is sgd and whose
+        class keeps the family's rule (`update`, `aggregate`, the step); else None."""
+        if not all(steps_together(s, FedAvg.aggregate) and type(s).update is FedAvg.update for s, _, _ in runs):
+            return None
+        errors: list[Exception | None] = [None] * len(runs)
+        weights = each_run(runs, errors, lambda s, rnd, a: s.selector.learn(rnd, a) or
+                           (s.weights(rnd, a) if len(a) else None))
+        moving = [i for i, (_, _, a) in enumerate(runs) if errors[i] is None and len(a)]
+        if moving:
+            deltas, real = padded_rows([len(runs[i][2]) for i in moving], torch.cat([runs[i][2].deltas for i in moving]))
+            rows_weights = deltas.new_zeros(real.shape)
+            rows_weights[real] = torch.cat([weights[i] for i in moving]).to(deltas.dtype)
+            apply_updates_together([runs[i][0] for i in moving],
+                                   torch.bmm(rows_weights.unsqueeze(1), deltas).squeeze(1))  # [runs, d]
+        each_run(runs, errors, lambda s, rnd, a: s.counted(rnd, a))
+        return errors
 
 class FedAvgAll(FedAvg):
     """(1/N) Σ Δ_i: absent devices count as a zero update (Xiang et al. Example 1: biased)."""
@@ -110,3 +135,4 @@ class FedProx(FedAvg):
     def init_state(self, params):
         super().init_state(params)
         self.local_objective = LocalObjective(prox_mu=float(self.opt["mu"]))
+

@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from fedsim.config.catalog import ALGORITHM_OPTIONS, ALGORITHM_RANGES
-from fedsim.algorithms.base import Strategy
+from fedsim.algorithms.base import Strategy, apply_updates_together, each_run, steps_together
 from fedsim.algorithms.table import DeviceTable
 
 
@@ -56,17 +57,45 @@ class Mifa(Strategy):
         return super().select(rnd, online, rng)
 
     def aggregate(self, rnd, arrivals):
-        self.last_round = rnd
         if len(arrivals):
             fresh = -arrivals.deltas / arrivals.lr.unsqueeze(1)  # G_i = (x − LocalSGD(x)) / lr
             self.table.write(arrivals.ids, fresh, rnd)
+        if self.count_update(rnd, arrivals):
+            lr = self.ctx.lr(self.updates)
+            self.apply_update(-lr * self.table.mean())
+
+    @classmethod
+    def receive_together(cls, runs):
+        """The runs' tables written in one call (`DeviceTable.write_together`) and the steps of
+        those past their warm-up in one (tables of one shape; the rule, not a subclass's other)."""
+        if not (all(steps_together(s, Mifa.aggregate) for s, _, _ in runs)
+                and DeviceTable.stackable([s.table for s, _, _ in runs])):
+            return None
+        errors: list[Exception | None] = [None] * len(runs)
+        each_run(runs, errors, lambda s, rnd, a: s.selector.learn(rnd, a))
+        writing = [run for run, error in zip(runs, errors) if error is None and len(run[2])]
+        if writing:
+            fresh = -torch.cat([a.deltas for _, _, a in writing]) / torch.cat([a.lr for _, _, a in writing]).unsqueeze(1)
+            DeviceTable.write_together([s.table for s, _, _ in writing], [a.ids for _, _, a in writing], fresh,
+                                       [rnd for _, rnd, _ in writing])
+        stepping = [s for s, stepped in zip((run[0] for run in runs),
+                                            each_run(runs, errors, lambda s, rnd, a: s.count_update(rnd, a))) if stepped]
+        if stepping:
+            lr = torch.tensor([-s.ctx.lr(s.updates) for s in stepping]).to(stepping[0].params.device)
+            means = DeviceTable.means_together([s.table for s in stepping])
+            apply_updates_together(stepping, lr.to(means.dtype).unsqueeze(1) * means)
+        return errors
+
+    def count_update(self, rnd, arrivals) -> bool:
+        """After the round's rows are written: whether this round updates the model (past the
+        warm-up), counting it (the t of lr_t)."""
+        self.last_round = rnd
         if self.warming_up():
             self.seen[arrivals.ids] = True
             if self.warming_up():
-                return
+                return False
         self.updates += 1
-        lr = self.ctx.lr(self.updates)
-        self.apply_update(-lr * self.table.mean())
+        return True
 
     def refuse(self, rnd):
         """A failed round does not step with the table (which would move the model) nor store

@@ -480,7 +480,7 @@ class Experiment:
         """Before the round's callbacks: in a lockstep study that evaluates its runs together
         (on a GPU), a due evaluation waits at the gate for the others' and is done in one call."""
         gate = self.server.gate
-        if gate is not None and gate.evaluates_together and self.evaluation_due(outcome.round):
+        if gate is not None and gate.rounding_allowed and self.evaluation_due(outcome.round):
             self.evaluated = yield gate.request_evaluation(self.task, self.strategy.params)
 
     def evaluation_due(self, rnd: int) -> bool:

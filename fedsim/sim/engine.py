@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import signal
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -10,7 +9,6 @@ from heapq import heappush
 from typing import Callable, Generator
 
 import simpy
-import torch
 
 from fedsim.errors import STOP_SIGNALS, Stopped, on_stop_signals, say_stopping
 from fedsim.sim.round_timing import Stop
@@ -70,7 +68,7 @@ class Engine:
                 yield from self.before_callbacks(outcome)
             asked = self.on_round(outcome)
             self.done = rnd = rnd + 1
-            if not finite(server.strategy.params):
+            if not server.model_finite():
                 self.status, self.reason = "diverged", f"non-finite model after {rounds(rnd)}"
                 return
             why = self.diverged(outcome)
@@ -93,13 +91,6 @@ class Engine:
 def rounds(n: int) -> str:
     """`12 rounds`: a count, as the tables count rounds (rounds.parquet numbers them from 0)."""
     return f"{n} round{'s' * (n != 1)}"
-
-
-def finite(params: torch.Tensor) -> bool:
-    """Whether every entry is finite. Any inf or NaN makes the sum non-finite, so a finite sum
-    answers in one reduction (no [d] mask a round); only a non-finite sum (perhaps an
-    overflow of finite entries) looks at the entries."""
-    return math.isfinite(float(params.sum())) or bool(torch.isfinite(params).all())
 
 
 def run_engine(server: Server, *, rounds: int, max_time: float, start_round: int = 0,

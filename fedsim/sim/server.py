@@ -9,6 +9,7 @@ the close of the round, evaluate when due, record.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -18,8 +19,10 @@ import torch
 
 from fedsim.algorithms.base import Arrivals, Strategy
 from fedsim.config import ServerConfig
+from fedsim.sim.arrivals import ArrivalRows
 from fedsim.sim.device import RoundBoard, deadline, start_device_tasks
 from fedsim.sim.events import ANSWERED, ARRIVED, DROPPED, LATE, SURPLUS, UNANSWERED, task_events, wasted_seconds
+from fedsim.sim.receive import finite, receive
 from fedsim.sim.round_timing import Stop, Tasks, round_timing
 from fedsim.sim.timing import DeviceTiming
 
@@ -67,6 +70,7 @@ class Server:
         self.rounds = round_timing(cfg, index=index, timing=timing, message_bytes=strategy.message_bytes(),
                                    seed=seed)
         self.gate = None  # set when runs train together (fedsim/studies/lockstep.py)
+        self.known_finite: torch.Tensor | None = None  # a global model found finite with other runs'
 
     def state_dict(self) -> dict:
         """The server's state between rounds, for checkpoints: none, a round leaves nothing in
@@ -146,12 +150,12 @@ class Server:
             strategy.refuse(rnd)
             loss = None
         else:
-            arrivals = self._arrivals(rnd, invited_at, ids, arrived_pos, trained, result, steps, lr,
-                                      start if strategy.needs_start else None)
-            arrivals.arrived_at = tasks.ends_at[arrived_pos]
-            arrivals.missed, arrivals.waited_s = self.missed(tasks, ids, arrived_pos, env.now)
-            strategy.receive(rnd, arrivals)
-            loss = float(arrivals.loss.mean()) if len(arrivals) else None
+            missed, waited_s = self.missed(tasks, ids, arrived_pos, env.now)
+            loss = yield from self.receive(ArrivalRows(
+                ids=ids[arrived_pos], rows=self._rows(len(ids), arrived_pos, trained), result=result,
+                steps=steps[arrived_pos], lr=lr, rnd=rnd, invited_at=invited_at,
+                start=start if strategy.needs_start else None, arrived_at=tasks.ends_at[arrived_pos],
+                missed=missed, waited_s=waited_s, dim=strategy.params.shape[0], device=self.device))
         strategy.check_model(rnd, model)
         events = task_events(rnd, ids, tasks, outcome, steps, stop_at=fates_until, wasted=failed)
         extra = {"wasted_s": wasted_seconds(events)}
@@ -245,24 +249,25 @@ class Server:
         missing[arrived_pos] = False
         return ids[missing], np.minimum(tasks.ends_at[missing], closed_at) - tasks.invited_at
 
-    def _arrivals(self, rnd, t0, ids, arrived_pos, trained, result, steps, lr, start=None) -> Arrivals:
-        """The trained rows of the devices that arrived, in arrival order (`index_select`: a
-        few times cheaper than `tensor[index]` on a cohort's small rows); `start`: the trained
-        devices' start parameters, for a Strategy that needs them."""
-        if result is None:
-            return Arrivals.none(self.strategy.params.shape[0], self.device)
-        row_of = np.full(len(ids), -1, dtype=np.int64)
+    def receive(self, arrivals: ArrivalRows):
+        """The strategy's `receive` of the round's arrivals, and their mean training loss (None:
+        nobody arrived): at once, or, when this run steps with others whose numbers may differ
+        from their runs alone by float rounding (a lockstep group on a GPU), in the driver's
+        step for all of them."""
+        if self.gate is not None and self.gate.rounding_allowed:
+            loss, self.known_finite = yield self.gate.request_receive(self.strategy, arrivals)
+            return loss
+        return receive(self.strategy, arrivals.rnd, arrivals.arrivals())
+
+    def model_finite(self) -> bool:
+        """Whether the global model is finite: known already where the group's receive read it
+        back with its other runs' (`known_finite`: one wait for all on a GPU), else looked at."""
+        params = self.strategy.params
+        return params is self.known_finite or finite(params)
+
+    @staticmethod
+    def _rows(invited: int, arrived_pos: np.ndarray, trained: np.ndarray) -> np.ndarray:
+        """Each arrival's row in the training result, which holds the `trained` positions' rows."""
+        row_of = np.full(invited, -1, dtype=np.int64)
         row_of[trained] = np.arange(len(trained))
-        rows = torch.as_tensor(row_of[arrived_pos], device=self.device)
-        return Arrivals(
-            ids=ids[arrived_pos],
-            deltas=result.deltas.index_select(0, rows),
-            steps=torch.as_tensor(steps[arrived_pos], device=self.device),
-            samples=result.samples.index_select(0, rows),
-            loss=result.loss.index_select(0, rows),
-            version=np.full(len(arrived_pos), rnd, dtype=np.int64),
-            # (through float64: an lr beyond float32's range is inf, and the run diverges, not crashes)
-            lr=torch.full((len(arrived_pos),), float(lr), dtype=torch.float64, device=self.device).float(),
-            invited_at=np.full(len(arrived_pos), t0),
-            start=None if start is None else start.index_select(0, rows),
-        )
+        return row_of[arrived_pos]

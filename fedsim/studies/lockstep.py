@@ -22,6 +22,7 @@ import torch
 from fedsim.errors import FedsimError, first_line
 from fedsim.files import human_size, resume_command
 from fedsim.runs.experiment import Experiment, RunResult, prepare_resume, resume_overrides
+from fedsim.sim.receive import receive_together
 from fedsim.sim.engine import finish_round_on_stop_signal
 from fedsim.sim.server import Server
 from fedsim.studies.point import clear_for_new_run
@@ -34,26 +35,32 @@ if TYPE_CHECKING:
     from fedsim.studies.study import Point, Study
 
 
-def evaluates_together(device: torch.device) -> bool:
-    """Whether a group's due evaluations run in one call: on a GPU, where lockstep runs equal
-    the runs alone to float rounding anyway (their training is stacked); on a CPU each run
-    evaluates alone, so that a study's point equals its run alone bit for bit."""
+def rounding_allowed(device: torch.device) -> bool:
+    """Whether a group's runs may differ from their runs alone by float rounding, so that its
+    due evaluations run in one call and its runs of one algorithm aggregate in one batched step:
+    on a GPU, where lockstep runs equal the runs alone to float rounding anyway (their training
+    is stacked); on a CPU each run evaluates and aggregates alone, so that a study's point equals
+    its run alone bit for bit."""
     return device.type == "cuda"
 
 
 class TrainGate:
-    """Holds a run's training (or evaluation) request until the driver does it with the others'."""
+    """Holds a run's training (or evaluation, or receive of its arrivals) request until the
+    driver does it with the others'."""
 
-    def __init__(self, env: simpy.Environment, evaluate_together: bool = False):
+    def __init__(self, env: simpy.Environment, rounding: bool = False):
         self.env = env
-        self.evaluates_together = evaluate_together
+        self.rounding_allowed = rounding  # (`rounding_allowed`)
         self.pending: tuple | None = None
-        self.kind = ""  # what is pending: "train" or "evaluate"
+        self.kind = ""  # what is pending: "train", "receive" or "evaluate"
         self.event: simpy.Event | None = None
 
     def request(self, server: Server, rnd, ids, start, steps, lr) -> simpy.Event:
         objective = server.strategy.local_objective_of(ids)
         return self._wait("train", (server.trainer, rnd, ids, start, steps, lr, objective))
+
+    def request_receive(self, strategy, arrivals) -> simpy.Event:
+        return self._wait("receive", (strategy, arrivals))
 
     def request_evaluation(self, task, params) -> simpy.Event:
         return self._wait("evaluate", (task, params))
@@ -64,8 +71,12 @@ class TrainGate:
         return self.event
 
     def resolve(self, result) -> None:
+        """Hand the run its result: an exception (its own plugin's, say) is raised where it waits."""
         self.pending = None
-        self.event.succeed(result)
+        if isinstance(result, Exception):
+            self.event.fail(result)
+        else:
+            self.event.succeed(result)
 
 
 def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | None] = (),
@@ -86,7 +97,7 @@ def run_together(experiments: Sequence[Experiment], resumes: Sequence[dict | Non
             engines = [e.start(r, stop_signal) for e, r in zip(experiments, resumes)]
             for engine in engines:
                 if type(engine.server) is Server:
-                    engine.server.gate = TrainGate(engine.env, evaluates_together(engine.server.device))
+                    engine.server.gate = TrainGate(engine.env, rounding_allowed(engine.server.device))
             failed = step_together(engines, experiments[0].threads)
             results = []
             for experiment, engine in zip(experiments, engines):
@@ -118,7 +129,7 @@ def share_indexes(experiments: Sequence[Experiment]) -> None:
 
 
 def step_together(engines, threads) -> dict:
-    """Step each engine until it waits at its gate, then train (and evaluate) what the gates
+    """Step each engine until it waits at its gate, then train (receive, evaluate) what the gates
     hold in shared calls, until every engine is done; the exception of each engine whose run
     raised (by engine), which the others outlive."""
     live, failed = engines, {}
@@ -131,6 +142,9 @@ def step_together(engines, threads) -> dict:
         training = [g for g in waiting if g.kind == "train"]
         for gate, result in zip(training, train_together([g.pending for g in training])):
             gate.resolve(result)
+        receiving = [g for g in waiting if g.kind == "receive"]
+        for gate, received in zip(receiving, receive_together([g.pending for g in receiving])):
+            gate.resolve(received)
         evaluating = [g for g in waiting if g.kind == "evaluate"]
         if evaluating:
             for gate, result in zip(evaluating, evaluate_together([g.pending for g in evaluating], threads)):

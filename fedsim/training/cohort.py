@@ -300,9 +300,12 @@ def _train_stacked(calls: list[tuple], trainers: list[Trainer], width: int) -> l
         blocks = ks
     objective = LocalObjective.stacked([c[6].on(device) for c in calls])
     end, loss_sum = local_sgd(trainers[0], start, steps, lr, objective, inputs, blocks)
-    deltas = end - start  # every run's in one subtraction
-    return [t.result(c[2], deltas[lo:hi], loss_sum[lo:hi], np.asarray(c[4], dtype=np.int64))
-            for t, c, lo, hi in zip(trainers, calls, offsets[:-1], offsets[1:])]
+    # every run's deltas, mean losses and samples in one call each; each run's rows are views
+    samples = np.concatenate([t.samples(np.asarray(c[2]), np.asarray(c[4], dtype=np.int64))
+                              for t, c in zip(trainers, calls)])
+    whole = trainers[0].result(np.empty(0), end - start, loss_sum, steps, samples)
+    return [TrainResult(whole.deltas[lo:hi], whole.loss[lo:hi], whole.samples[lo:hi], call=whole, first_row=lo)
+            for lo, hi in zip(offsets[:-1], offsets[1:])]
 
 
 def _stacked_clients(trainers: list[Trainer]):

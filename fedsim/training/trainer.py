@@ -26,6 +26,10 @@ class TrainResult:
     deltas: Tensor  # [k, d] end minus start parameters
     loss: Tensor  # [k] mean training loss over the steps taken (nan for 0 steps)
     samples: Tensor  # [k] int64 samples used
+    # a cohort trained in one call with other runs' (a lockstep group): that call's result, whose
+    # rows from `first_row` on are this one's, so that the runs' arrivals are gathered in one go
+    call: TrainResult | None = None
+    first_row: int = 0
 
 
 def sgd_update_(ws: tuple[Tensor, ...], grads: tuple[Tensor, ...], starts: tuple[Tensor, ...],
@@ -152,11 +156,13 @@ class Trainer:
                 "path": main["path"], "threads": main["threads"], "why": main["why"], "calls": calls,
                 "code": None if model is None else model.loop_code if main["path"] == "loop" else model.code}
 
-    def result(self, ids: np.ndarray, deltas: Tensor, loss_sum: Tensor, steps: np.ndarray) -> TrainResult:
-        """Deltas (end minus start), mean step loss and samples used of devices `ids`."""
+    def result(self, ids: np.ndarray, deltas: Tensor, loss_sum: Tensor, steps: np.ndarray,
+               samples: np.ndarray | None = None) -> TrainResult:
+        """Deltas (end minus start), mean step loss and samples used of devices `ids` (`samples`:
+        as `self.samples` gives them, where the caller has them already)."""
         device = self.task.device
         return TrainResult(deltas, loss_sum / torch.as_tensor(steps, device=device),
-                           torch.as_tensor(self.samples(ids, steps), device=device))
+                           torch.as_tensor(self.samples(ids, steps) if samples is None else samples, device=device))
 
     def samples(self, ids: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """Training samples of each device's `steps` local steps (int64): steps x batch size, the

@@ -13,6 +13,9 @@ plane at all): the ceiling of batching the control plane.
 `--processes N [N ...]` also runs the study as `fedsim sweep --processes N` (a study file of the
 same runs, its points stepped in lockstep by N worker processes side by side; N = 1: in the
 sweep's own process), each at --rounds and --short rounds: the same difference, per run-round.
+`--ops` counts the torch ops of a run-round outside the shared training call (each a kernel
+launched from the host on a GPU; views apart) as each run's server takes them, and as a GPU's
+group takes them (its receive step together: `lockstep.rounding_allowed`, forced on a CPU).
 `--profile` runs the long study under cProfile and prints where a run-round's time goes in
 microseconds (cumulative, profiler overhead included). `--code DIR` imports fedsim from DIR
 (another checkout); `--alternate DIR DIR ...` measures each checkout in turn, `--repeat` times,
@@ -20,7 +23,7 @@ each in its own process, and records the medians: on a shared machine, code befo
 see the same minutes.
 
     python benchmarks/bench_plane.py [--runs 16] [--rounds 60] [--short 10] [--repeat 3]
-                                     [--sequential] [--processes N ...] [--profile] [--code DIR]
+                                     [--sequential] [--processes N ...] [--profile] [--ops] [--code DIR]
                                      [--alternate DIR DIR ...] [--json FILE]
 """
 
@@ -162,6 +165,58 @@ def profile(runs: int, rounds: int, out: Path) -> list[dict]:
     return rows
 
 
+# ops that launch no kernel on a GPU: views and metadata (and a host number's read, counted apart)
+VIEWS = {"view", "_unsafe_view", "unsqueeze", "squeeze", "expand", "select", "slice", "detach", "alias", "split",
+         "split_with_sizes", "unbind", "t", "transpose", "permute", "as_strided", "flatten", "lift_fresh",
+         "numpy_T", "resolve_conj", "resolve_neg", "_local_scalar_dense"}
+
+
+def ops(runs: int, rounds: int, out: Path, gpu_way: bool) -> dict:
+    """Torch ops a run-round on the driving thread outside the shared training call (each a kernel
+    launched from the host on a GPU): as a CPU group steps them (each run's server alone), or the
+    GPU's way (`gpu_way`: the group's receive step together, `lockstep.rounding_allowed`; each
+    way forced, on a CPU or a GPU)."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import bench_study
+    from fedsim.runs.experiment import Experiment
+    from fedsim.studies import lockstep
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen, self.paused = Counter(), 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not self.paused:
+                self.seen[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    counter, train, allowed = Count(), lockstep.train_together, lockstep.rounding_allowed
+
+    def uncounted(*args, **kwargs):
+        counter.paused += 1
+        try:
+            return train(*args, **kwargs)
+        finally:
+            counter.paused -= 1
+
+    lockstep.train_together = uncounted
+    lockstep.rounding_allowed = lambda device: gpu_way
+    try:
+        experiments = [Experiment(c, out / c.run.name, False) for c in bench_study.configs(runs, rounds, DEVICE, out)]
+        with counter:
+            lockstep.run_together(experiments)
+    finally:
+        lockstep.train_together, lockstep.rounding_allowed = train, allowed
+    per = runs * rounds
+    return {"ops": round(sum(counter.seen.values()) / per, 1),
+            "kernel_ops": round(sum(n for name, n in counter.seen.items() if name not in VIEWS) / per, 1),
+            "scalar_reads": round(counter.seen["_local_scalar_dense"] / per, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=16)
@@ -175,6 +230,9 @@ def main() -> None:
     parser.add_argument("--code", type=Path, help="import fedsim from this checkout")
     parser.add_argument("--alternate", type=Path, nargs="+", metavar="DIR", help="checkouts measured in turn")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (every study of the benchmark)")
+    parser.add_argument("--ops", action="store_true",
+                        help="also count the torch ops a run-round outside the shared training, each run's way "
+                             "and the GPU's group receive (forced on a CPU)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     global DEVICE
@@ -237,6 +295,10 @@ def main() -> None:
                     record["sequential_us_per_run_round_best"] / best, 2)
         if args.profile:
             record["profile"] = profile(args.runs, args.rounds, Path(tmp) / "profiled")
+        if args.ops:
+            for way, gpu_way in (("each_run", False), ("group_receive", True)):
+                for key, value in ops(args.runs, args.rounds, Path(tmp) / f"ops-{way}", gpu_way).items():
+                    record[f"{key}_per_run_round_{way}"] = value
     record["loadavg_before"] = [round(x, 2) for x in load_before]
     record["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     show(record, args.json, lambda row: f"{row['part']:<40} {row['us_per_run_round']:>9.1f} us")

@@ -11,7 +11,9 @@
 # BlazeFL's CIFAR-10, Shakespeare unfused, ResNet-18 on the loop),
 # cohort (bench_cohort's GPU rows: resnet18-gn at FLUTE's round, module vs built-in, graphs vs
 # eager), paper (bench_paper_scale on CUDA), study (bench_study: 32 runs in lockstep vs one
-# after another; study-profile: the same under cProfile, the whole profile in study32.prof), workers (bench_plane: the same 32 runs as `fedsim sweep --processes 1, 2, 4`
+# after another; study-profile: the same under cProfile, the whole profile in study32.prof), plane (bench_plane:
+# the same 32 runs per run-round, lockstep against one after another, and the torch ops a run-round outside
+# the training each run's way and the group receive's), workers (bench_plane: the same 32 runs as `fedsim sweep --processes 1, 2, 4`
 # on the GPU: whether lockstep shares in worker processes should share one GPU; auto keeps one),
 # rules3 (bench_rules3 --steps: the MLP's step by reverse mode and in closed form on CUDA),
 # modules (bench_modules on CUDA: issue 38's table, fedsim against a plain GPU loop of the same steps,
@@ -67,6 +69,9 @@ for stage in "$@"; do
     study-profile)
       timeout 120 python3 $B/bench_study.py --device cuda --runs 32 --rounds 100 --profile \
         --profile-dump "$OUT/study32.prof" --json "$OUT/study32_profile.json" 2>&1 | tee "$OUT/study_profile.log" ;;
+    plane)
+      timeout 200 python3 $B/bench_plane.py --device cuda --runs 32 --rounds 60 --short 10 --repeat 1 --sequential \
+        --ops --json "$OUT/plane32.json" 2>&1 | tee "$OUT/plane.log" ;;
     workers)
       timeout 240 python3 $B/bench_plane.py --device cuda --runs 32 --rounds 110 --short 10 --repeat 1 \
         --processes 1 2 4 --json "$OUT/workers32.json" 2>&1 | tee "$OUT/workers.log" ;;

@@ -155,3 +155,20 @@ def test_tables_written_together_equal_their_writes_alone_and_restack_after_a_ch
     DeviceTable.write_together(stacked, [np.array([2]), np.array([2]), np.array([2])], torch.ones(3, 5), [2] * 3)
     assert stacked[1].stacked[0] is not stack and stacked[1].rows[2].eq(1).all()
     assert DeviceTable.get_together(stacked, [np.array([2, 0])] * 3).shape == (6, 5)
+
+
+def test_a_model_gone_non_finite_in_the_groups_receive_stops_its_run_as_alone(tmp_path, on_a_gpus_terms, monkeypatch):
+    """The group reads its models' sums back at once (here one model at a time: the stacking's
+    limit made tiny): a run whose model overflows stops diverged after the round it would alone;
+    the run beside it goes on."""
+    from fedsim.sim import receive
+
+    monkeypatch.setattr(receive, "STACKED_FLOATS", 1)
+    configs = [config(tmp_path, "fedavg", 0, client__lr=1e38, server__timing="ideal", run__diverge_loss=0),
+               config(tmp_path, "fedavg", 1, server__timing="ideal")]
+    together = lockstep.run_together([Experiment(c, tmp_path / "together" / c.run.name) for c in configs])
+    for c, result in zip(configs, together):
+        alone = Experiment(c, tmp_path / "alone" / c.run.name).run()
+        assert (result.status, result.reason) == (alone.status, alone.reason), c.run.name
+    assert together[0].status == "diverged" and "non-finite model" in together[0].reason
+    assert together[1].status == "completed" and on_a_gpus_terms["FedAvg"] >= 1

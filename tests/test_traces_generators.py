@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pytest
 
 from fedsim.errors import FedsimError
@@ -140,14 +141,14 @@ def test_periodic_turns_and_offset():
     assert np.all(lengths[interior] == 100)
     first = trace.end[(trace.start == 0)]
     assert np.all(first == 100 - offset)
-    fixed = generate("periodic", 10, seed=1, rounds=10, groups=2, rounds_per_group=5, offset=3)
+    fixed = generate("periodic", 10, seed=1, rounds=10, groups=2, rounds_per_group=5, phase=3)
     assert fixed.generator["offset"] == 3 and fixed.generator["group"][:3] == [0, 1, 0]
 
 
 def test_periodic_without_labels_puts_device_i_in_group_i_mod_g():
     """3 devices in 3 groups take three turns (each online a third of the time), not one
     group of everybody that is always online."""
-    trace = generate("periodic", 3, seed=0, rounds=30, groups=3, rounds_per_group=5, offset=0)
+    trace = generate("periodic", 3, seed=0, rounds=30, groups=3, rounds_per_group=5, phase=0)
     assert trace.generator["group"] == [0, 1, 2]
     online = round_matrix(trace, 30)
     assert np.array_equal(online.sum(axis=0), [10, 10, 10]) and np.all(online.sum(axis=1) == 1)
@@ -275,3 +276,27 @@ def test_registry_declares_typed_defaults():
             assert default is None or isinstance(default, (int, float, str, list)), (name, key)
     assert isinstance(GENERATORS["bernoulli"].options["gamma"], float)
     assert isinstance(GENERATORS["bernoulli"].options["period"], int)
+
+
+def test_a_runs_periodic_trace_takes_its_phase(tmp_path):
+    """`[trace] offset` is where a run starts in its trace: the periodic generator's own phase is
+    `phase` (it was `offset`, which a run could not set), and the run records it."""
+    import json
+
+    from fedsim.cli import main
+
+    (tmp_path / "run.toml").write_text(
+        f'[run]\nname = "p"\nout = "{tmp_path}"\nrounds = 4\nprogress = false\nplots = false\n'
+        '[data]\ndataset = "quadratic"\nclients = 4\n'
+        '[server]\ntiming = "ideal"\n[trace]\nsource = "periodic"\ngroups = 2\nrounds_per_group = 5\nphase = 3\n')
+    assert main(["run", str(tmp_path / "run.toml"), "--quiet"]) == 0
+    generator = json.loads((tmp_path / "p" / "manifest.json").read_text())["trace"]["generator"]
+    assert generator["options"]["phase"] == 3 and generator["offset"] == 3
+    events = pl.read_parquet(tmp_path / "p" / "events.parquet")
+    invited = [sorted(events.filter(pl.col("round") == r)["device_id"].to_list()) for r in range(4)]
+    assert invited == [[0, 2], [0, 2], [1, 3], [1, 3]]  # turn floor((t + 3) / 5) mod 2: group 1 from round 2
+
+
+def test_the_periodic_generators_former_offset_is_refused_naming_phase():
+    with pytest.raises(FedsimError, match="unknown option 'offset'; it is 'phase' now"):
+        check_options("periodic", {"offset": 2})

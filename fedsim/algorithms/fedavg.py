@@ -58,9 +58,9 @@ class FedAvg(Strategy):
                            (s.weights(rnd, a) if len(a) else None))
         moving = [i for i, (_, _, a) in enumerate(runs) if errors[i] is None and len(a)]
         if moving:
-            deltas, real = padded_rows([len(runs[i][2]) for i in moving], torch.cat([runs[i][2].deltas for i in moving]))
-            rows_weights = deltas.new_zeros(real.shape)
-            rows_weights[real] = torch.cat([weights[i] for i in moving]).to(deltas.dtype)
+            sizes = [len(runs[i][2]) for i in moving]
+            deltas = padded_rows(sizes, torch.cat([runs[i][2].deltas for i in moving]))
+            rows_weights = padded_rows(sizes, torch.cat([weights[i] for i in moving]).to(deltas.dtype))
             apply_updates_together([runs[i][0] for i in moving],
                                    torch.bmm(rows_weights.unsqueeze(1), deltas).squeeze(1))  # [runs, d]
         each_run(runs, errors, lambda s, rnd, a: s.counted(rnd, a))

@@ -48,7 +48,7 @@ class FedVarp(Strategy):
         if moving:
             tables, ids = [s.table for s, _, _ in moving], [a.ids for _, _, a in moving]
             deltas = torch.cat([a.deltas for _, _, a in moving])
-            differences, _ = padded_rows([len(i) for i in ids], deltas - DeviceTable.get_together(tables, ids))
+            differences = padded_rows([len(i) for i in ids], deltas - DeviceTable.get_together(tables, ids))
             arrived = torch.tensor([len(i) for i in ids], dtype=deltas.dtype).to(deltas.device)
             correction = differences.sum(1) / arrived.unsqueeze(1)
             apply_updates_together([s for s, _, _ in moving], DeviceTable.means_together(tables) + correction)

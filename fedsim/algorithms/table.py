@@ -82,7 +82,7 @@ class DeviceTable:
         stack = TableStack.of(tables)
         index, flat = stack.index(tables, ids), stack.flat()
         fresh = values.to(stack.rows.dtype)
-        change, _ = padded_rows([len(i) for i in ids], fresh.double() - flat.index_select(0, index).double())
+        change = padded_rows([len(i) for i in ids], fresh.double() - flat.index_select(0, index).double())
         at = stack.at(tables)
         stack.total.index_copy_(0, at, stack.total.index_select(0, at) + change.sum(1))
         flat.index_copy_(0, index, fresh)
@@ -176,18 +176,16 @@ class TableStack:
                                                for t, i in zip(tables, ids)]), device=self.device)
 
 
-def padded_rows(sizes: list[int], rows: Tensor) -> tuple[Tensor, Tensor]:
-    """Runs' rows [sum(sizes), d], run after run, as [runs, k, d], k the most rows of a run, a run
-    with fewer padded with zero rows; and which entries are real rows [runs, k] (bool). No sum
-    over the padded rows reaches another run's (deterministic on a GPU, and one run's inf stays
-    its own, as a summing matrix over all rows would not keep it)."""
+def padded_rows(sizes: list[int], rows: Tensor) -> Tensor:
+    """Runs' rows [sum(sizes), ...], run after run, as [runs, k, ...], k the most rows of a run, a
+    run with fewer padded with zeros. No sum over a run's k rows reaches another run's
+    (deterministic on a GPU, and one run's inf stays its own, as a summing matrix over all rows
+    would not keep it)."""
     k, runs = max(sizes), len(sizes)
     if min(sizes) == k:
-        return rows.view(runs, k, -1), torch.ones(runs, k, dtype=torch.bool, device=rows.device)
+        return rows.view(runs, k, *rows.shape[1:])
     run = torch.as_tensor(np.repeat(np.arange(runs), sizes), device=rows.device)
     slot = torch.as_tensor(np.concatenate([np.arange(n) for n in sizes]), device=rows.device)
-    padded = rows.new_zeros(runs, k, rows.shape[1])
+    padded = rows.new_zeros((runs, k, *rows.shape[1:]))
     padded[run, slot] = rows
-    real = torch.zeros(runs, k, dtype=torch.bool, device=rows.device)
-    real[run, slot] = True
-    return padded, real
+    return padded

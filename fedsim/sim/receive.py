@@ -18,6 +18,9 @@ from fedsim.algorithms.base import Arrivals, Strategy, each_run
 from fedsim.sim.arrivals import ArrivalRows, arrivals_together
 
 
+STACKED_FLOATS = 1 << 26  # the most floats of models stacked at once for their sums (256 MiB)
+
+
 def receive(strategy: Strategy, rnd: int, arrivals: Arrivals) -> float | None:
     """`strategy.receive(rnd, arrivals)`, and the arrivals' mean training loss (None: nobody arrived)."""
     strategy.receive(rnd, arrivals)
@@ -84,7 +87,9 @@ def finite_models(strategies: list[Strategy]) -> list[Tensor | None]:
         if isinstance(params, Tensor) and params.dim() == 1:  # (a plugin's wrong model: its own check says so)
             alike.setdefault((params.device, params.shape, params.dtype), []).append(i)
     for members in alike.values():
-        sums = torch.stack([strategies[i].params for i in members]).sum(1).tolist()  # (two kernels, not one a run)
+        models = [strategies[i].params for i in members]
+        at_once = max(1, STACKED_FLOATS // models[0].numel())  # (two kernels for so many models, not one each)
+        sums = torch.cat([torch.stack(models[j:j + at_once]).sum(1) for j in range(0, len(models), at_once)]).tolist()
         for i, sum_ in zip(members, sums):
             if finite(strategies[i].params, sum_):
                 found[i] = strategies[i].params

@@ -153,6 +153,10 @@ def known_probability_at(trace: Trace, t: float) -> np.ndarray:
     return known_probability(trace, math.floor(t / duration + 1e-9))
 
 
+# options given another name, (generator, old name) -> new name, for their refusal
+RENAMED_OPTIONS = {("periodic", "offset"): "phase"}  # (a run's [trace] offset is where it starts)
+
+
 def check_options(kind: str, options: dict) -> dict:
     """The generator's options with defaults filled in; unknown keys and wrong types raise."""
     spec = _spec(kind)
@@ -162,8 +166,9 @@ def check_options(kind: str, options: dict) -> dict:
             valid = sorted(spec.options)
             if not valid:
                 raise FedsimError(f"trace generator {kind!r} takes no options; remove {key!r}")
-            raise FedsimError(f"trace generator {kind!r}: unknown option {key!r}; "
-                              f"{did_you_mean(key, valid, end='? ')}valid options: {', '.join(valid)}")
+            renamed = RENAMED_OPTIONS.get((kind, key))
+            hint = f"it is {renamed!r} now? " if renamed else did_you_mean(key, valid, end='? ')
+            raise FedsimError(f"trace generator {kind!r}: unknown option {key!r}; {hint}valid options: {', '.join(valid)}")
         resolved[key] = _typed(kind, key, value, spec.options[key])
     return resolved
 

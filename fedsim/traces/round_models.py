@@ -29,7 +29,8 @@ BERNOULLI_OPTIONS = {
     "p_min": None,           # float: MIFA's label-dependent p_i
 }
 GRID_OPTIONS = {"half_period": 100, "digits": 5}
-PERIODIC_OPTIONS = {"groups": 5, "rounds_per_group": 100, "offset": None}
+# (`phase` was `offset` before 2026-11-28, a name a run's [trace] offset took: recorded traces keep it in their params)
+PERIODIC_OPTIONS = {"groups": 5, "rounds_per_group": 100, "phase": None}
 
 
 def sample_rounds(req: Request, params: dict, probability, *, random: bool) -> GeneratedRounds:
@@ -176,11 +177,11 @@ def periodic(req: Request) -> GeneratedRounds:
     if groups < 1 or length < 1:
         raise FedsimError(f"trace generator 'periodic': groups = {groups} and rounds_per_group = "
                           f"{length} must both be >= 1")
-    offset = o["offset"]
+    offset = o["phase"]
     if offset is None:
         offset = int(req.rng.integers(0, length))
     elif isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < length:
-        raise FedsimError(f"trace generator 'periodic': offset = {offset!r}; give an integer in "
+        raise FedsimError(f"trace generator 'periodic': phase = {offset!r}; give an integer in "
                           f"0..{length - 1}, or leave it out for a random one")
     group = periodic_groups(req, groups)
     params = {"groups": groups, "rounds_per_group": length, "offset": offset,

@@ -129,29 +129,37 @@ def share_indexes(experiments: Sequence[Experiment]) -> None:
 
 
 def step_together(engines, threads) -> dict:
-    """Step each engine until it waits at its gate, then train (receive, evaluate) what the gates
-    hold in shared calls, until every engine is done; the exception of each engine whose run
-    raised (by engine), which the others outlive."""
+    """Step each engine until it waits at its gate, serve what the gates hold in shared calls,
+    until every engine is done; the exception of each engine whose run raised (by engine), which
+    the others outlive. The receive steps and evaluations (a GPU's) are served first, again and
+    again, until every run waits to train: a run that trained nobody in a round asks to receive
+    before the others do, and would otherwise train a round apart from them from then on."""
     live, failed = engines, {}
     while live:
-        for engine in live:
-            gate = engine.server.gate
-            while not engine.process.triggered and (gate is None or gate.pending is None):
-                engine.env.step()
-        waiting = [e.server.gate for e in live if e.server.gate is not None and e.server.gate.pending]
-        training = [g for g in waiting if g.kind == "train"]
-        for gate, result in zip(training, train_together([g.pending for g in training])):
+        waiting = _step_to_gates(live)
+        while others := [g for g in waiting if g.kind != "train"]:
+            receiving = [g for g in others if g.kind == "receive"]
+            for gate, received in zip(receiving, receive_together([g.pending for g in receiving])):
+                gate.resolve(received)
+            evaluating = [g for g in others if g.kind == "evaluate"]
+            if evaluating:
+                for gate, result in zip(evaluating, evaluate_together([g.pending for g in evaluating], threads)):
+                    gate.resolve(result)
+            waiting = _step_to_gates(live)
+        for gate, result in zip(waiting, train_together([g.pending for g in waiting])):
             gate.resolve(result)
-        receiving = [g for g in waiting if g.kind == "receive"]
-        for gate, received in zip(receiving, receive_together([g.pending for g in receiving])):
-            gate.resolve(received)
-        evaluating = [g for g in waiting if g.kind == "evaluate"]
-        if evaluating:
-            for gate, result in zip(evaluating, evaluate_together([g.pending for g in evaluating], threads)):
-                gate.resolve(result)
         failed.update(failures(live))
         live = [e for e in live if not e.process.triggered]
     return failed
+
+
+def _step_to_gates(engines) -> list[TrainGate]:
+    """Step each engine until it waits at its gate (or is done); the gates that wait."""
+    for engine in engines:
+        gate = engine.server.gate
+        while not engine.process.triggered and (gate is None or gate.pending is None):
+            engine.env.step()
+    return [e.server.gate for e in engines if e.server.gate is not None and e.server.gate.pending]
 
 
 def failures(engines) -> dict:

@@ -9,6 +9,7 @@ import argparse
 import atexit
 import errno
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -347,7 +348,7 @@ def cmd_sweep(args) -> int:
         stop = as_stopped(err)
         folder = loaded[0].folder if loaded else None
         if folder is not None and (folder / "study.toml").exists():
-            stop.hint = f"; the runs finished are kept: run `{resume_command('sweep', folder)}` to finish the study"
+            stop.hint = f"; the runs finished are kept: run `{loaded[0].resume_command()}` to finish the study"
         else:
             stop.hint = " before the study started; nothing was written"
         raise stop from None
@@ -379,6 +380,8 @@ def _cmd_sweep(args, loaded: list) -> int:
     if args.resume is not None:
         check_resume_overrides(args.set)
     study = load_study(args.study or args.resume, args.set, yes=args.yes)  # checked before torch is imported
+    if args.backend == "ray":  # (the printed resume commands finish it there too)
+        study.backend_flags = " --backend ray" + (f" --address {shlex.quote(args.address)}" if args.address else "")
     loaded.append(study)
     plotter = shared_worker()  # started before torch's import, so that matplotlib's overlaps it
     from fedsim.studies.sweep import run_study
@@ -404,7 +407,7 @@ def _cmd_sweep(args, loaded: list) -> int:
         finished = sum(r["status"] in ("completed", "diverged") for r in records)
         signal = "SIGTERM" if "SIGTERM" in stopped[0]["stopped_by"] else "Ctrl-C"
         print(f"study interrupted by {signal} ({finished} of {len(study.warm) + len(study.points)} runs "
-              f"finished); run `{resume_command('sweep', study.folder)}` to finish it")
+              f"finished); run `{study.resume_command()}` to finish it")
         return stop_code(stopped[0]["stopped_by"])
     print(format_summary(study))
     print(f"results: {study.folder}")

@@ -396,10 +396,13 @@ def test_on_a_terminal_the_bar_counts_rounds_and_points(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     shown = StudyProgress([10, 10, 5], points=4, done=1)
     shown.bar.fp = io.StringIO()
+    drawn = []
+    monkeypatch.setattr(shown.bar, "refresh", lambda *args, **kwargs: drawn.append(shown.bar.postfix))
     shown.rounds_done(7)
     shown.point_finished("seed-1", "completed")
     assert (shown.bar.n, shown.bar.total, shown.done) == (7, 25, 2)
-    assert shown.bar.postfix == "points 2/4"
+    # drawn at once: the last point's end comes after the bar's last round, with no round to redraw it
+    assert shown.bar.postfix == "points 2/4" and drawn[-1] == "points 2/4"
     shown.close()
 
 

@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import shutil
+import shlex
 import signal
 import socket
 import subprocess
@@ -163,13 +164,14 @@ def test_a_point_whose_node_dies_again_and_again_is_one_error_line(tmp_path, cap
         submitted.append((i, state))
         return f"task {len(submitted)}"
 
-    study = SimpleNamespace(folder=tmp_path / "runs")
+    study = SimpleNamespace(folder=tmp_path / "runs",
+                            resume_command=lambda: f"fedsim sweep --resume {tmp_path / 'runs'} --backend ray")
     statuses = [None]
     failures = study_ray.gather(fake_ray, {"task 0": 0}, submit, [(SimpleNamespace(name="p1"), "new")], study,
                                 statuses, shown, {"name": ""})
     assert submitted == [(0, None)] * 3 and statuses == [None]
     assert failures == [(0, f"point p1: its Ray node (10.0.0.7) died while it ran (4 times); run `fedsim sweep --resume "
-                            f"{tmp_path / 'runs'}` to run it again from its last checkpoint")]
+                            f"{tmp_path / 'runs'} --backend ray` to run it again from its last checkpoint")]
     assert capsys.readouterr().err == 3 * ("warning: point p1: its Ray node (10.0.0.7) died while it ran; it runs "
                                            "again on a node that is left, from its last checkpoint\n")
 
@@ -256,10 +258,13 @@ def start_sweep(tmp_path: Path) -> subprocess.Popen:
     """`fedsim sweep --backend ray` of a tiny study in its own process: point seed-0 ends at
     once, seed-1 runs (a minute or more) until it is stopped."""
     (tmp_path / "s.toml").write_text(LONG)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
-                                                        os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-m", "fedsim", "sweep", "s.toml", "--backend", "ray"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=sweep_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def sweep_env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
+                                                         os.environ.get("PYTHONPATH", "")])}
 
 
 def wait_until(condition, sweep: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -279,7 +284,8 @@ def test_sigterm_stops_a_ray_sweep_with_143_keeping_what_it_finished(tmp_path):
     sweep.send_signal(signal.SIGTERM)
     out, err = sweep.communicate(timeout=60)
     assert sweep.returncode == 143, err
-    assert "Traceback" not in err and f"fedsim sweep --resume {tmp_path / 'runs/long'}" in out
+    printed = f"fedsim sweep --resume {tmp_path / 'runs/long'} --backend ray"  # (finished on Ray, as started)
+    assert "Traceback" not in err and f"run `{printed}` to finish it" in out, out
     assert err == "stopping: the running points finish their round (SIGTERM again to abort)\n"
     assert manifest(done)["status"] == "completed"
     assert manifest(running)["status"] == "interrupted" and (running / "checkpoint.pt").exists()
@@ -287,6 +293,16 @@ def test_sigterm_stops_a_ray_sweep_with_143_keeping_what_it_finished(tmp_path):
     points = {p.name: p for p in load_study(str(tmp_path / "runs/long")).points}
     assert run_state(done, points[done.name].config) == "done"
     assert run_state(running, points[running.name].config) == "resume"
+    # the printed command, as printed from another directory: the point goes on as a Ray task
+    (tmp_path / "elsewhere").mkdir()
+    first_node = manifest(running).get("ray_node")
+    again = subprocess.Popen([sys.executable, "-m", *shlex.split(printed)], cwd=tmp_path / "elsewhere",
+                             env=sweep_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: manifest(running).get("status") == "running", again)
+    again.send_signal(signal.SIGTERM)
+    out, err = again.communicate(timeout=60)
+    assert again.returncode == 143 and f"{running.name}: resuming" in out, err
+    assert manifest(running).get("ray_node") not in (None, first_node)  # (a new local Ray's node ran it)
 
 
 def test_a_killed_ray_worker_is_one_error_line_naming_its_point(tmp_path):
@@ -299,7 +315,7 @@ def test_a_killed_ray_worker_is_one_error_line_naming_its_point(tmp_path):
     assert err.startswith("error: point seed-1_rounds-100000: its Ray worker died while it ran") and \
         err.count("\n") == 1, err
     # the command it prints is the one a stopped sweep prints (run as printed in test_stop_and_resume.py)
-    assert f"run `fedsim sweep --resume {(tmp_path / 'runs/long').absolute()}` to run it again" in err, err
+    assert f"run `fedsim sweep --resume {(tmp_path / 'runs/long').absolute()} --backend ray` to run it again" in err, err
     assert "raylet" not in out + err and "seed-0_rounds-2: completed" in out
 
 
@@ -313,7 +329,7 @@ def test_sigterm_once_ray_started_is_143_and_one_line_as_in_process(tmp_path):
                      "fedsim.studies.ray_backend.check_gpus", signal.SIGTERM, after=0.5)
     assert proc.returncode == 143, proc.stderr
     assert proc.stderr == (f"stopped by SIGTERM; the runs finished are kept: run `fedsim sweep --resume "
-                           f"{tmp_path / 'runs/long'}` to finish the study\n")
+                           f"{tmp_path / 'runs/long'} --backend ray` to finish the study\n")
 
 
 def test_a_tracker_that_fails_in_a_ray_worker_is_warned_by_the_sweep(tmp_path, capsys):
@@ -558,3 +574,25 @@ def test_the_address_of_a_stopped_head_is_one_line_within_10_s(cluster, tmp_path
     err = capsys.readouterr().err
     assert err.startswith(f"error: --address {cluster.address}: no Ray cluster answers there") and err.count("\n") == 1
     assert not (tmp_path / "ray").exists()
+
+
+def test_a_second_signal_inside_rays_wait_aborts_as_the_signal_it_is(tmp_path):
+    """The second Ctrl-C's Stopped, raised by its handler while `ray.wait` ran in Ray's C code,
+    comes out of it as a SystemError: the sweep cancels its tasks and stops as that signal (exit
+    130 and one line), not with a traceback; any other SystemError is left alone."""
+    from fedsim.errors import Stopped
+
+    def wait(left, num_returns, timeout):
+        try:
+            raise Stopped("Ctrl-C")
+        except Stopped:
+            raise SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set")
+
+    cancelled = []
+    fake_ray = SimpleNamespace(wait=wait, cancel=lambda ref, force=False: cancelled.append((ref, force)))
+    shown = SimpleNamespace(rounds_done=lambda n: None, point_finished=lambda name, status: None)
+    with pytest.raises(Stopped, match="Ctrl-C"):
+        study_ray.gather(fake_ray, {"task 0": 0}, None, [(SimpleNamespace(name="p1"), "new")],
+                         SimpleNamespace(folder=tmp_path), [None], shown, {"name": "Ctrl-C"})
+    assert ("task 0", True) in cancelled
+    assert study_ray.stopped_within(SystemError("another")) is None

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedsim.errors import FedsimError, STOP_SIGNALS, Stopped, on_stop_signals, raise_stopped, say_stopping
-from fedsim.files import resume_command
 from fedsim.studies.lockstep import lockstep_groups, run_batches
 from fedsim.studies.point import run_point
 from fedsim.studies.progress import PointProgress, StudyProgress
@@ -179,7 +178,7 @@ def _gather(workers, shown, statuses: dict, failure: list, stopped: dict, study)
                 if not getattr(worker, "finished", False) and not failure and not stopped["name"]:
                     left = [name for name in worker.points if name not in statuses]
                     named = ", ".join(left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
-                    resume = resume_command("sweep", study.folder)
+                    resume = study.resume_command()
                     failure.append(f"the worker process of points {named} ended without its results (killed, or "
                                    f"out of memory?); run `{resume}` to run them again from their last checkpoints, "
                                    f"or `{resume} --processes 1` to run the study in one process (one copy of "

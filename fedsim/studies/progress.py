@@ -35,7 +35,7 @@ class StudyProgress:
         """A point ended: it counts as done if it completed or diverged (not if it was
         interrupted or failed: it runs again)."""
         self.done += status in ("completed", "diverged")
-        self._postfix()
+        self._postfix(refresh=True)  # (now: the bar's next round may be another point's, or none)
         if self.lines:
             print(f"  {name}: {status} ({self.done}/{self.total}, {time.perf_counter() - self.started:.0f} s)",
                   flush=True)
@@ -44,9 +44,9 @@ class StudyProgress:
         if self.bar is not None:
             self.bar.close()
 
-    def _postfix(self) -> None:
+    def _postfix(self, refresh: bool = False) -> None:
         if self.bar is not None:
-            self.bar.set_postfix_str(f"points {self.done}/{self.total}", refresh=False)
+            self.bar.set_postfix_str(f"points {self.done}/{self.total}", refresh=refresh)
 
 
 class PointProgress(Callback):

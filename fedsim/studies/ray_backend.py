@@ -28,7 +28,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedsim.errors import FedsimError, Stopped, first_line, say_stopping
-from fedsim.files import resume_command
 from fedsim.results.recorder import write_json
 from fedsim.results.run_format import read_manifest
 from fedsim.sim.engine import finish_round_on_stop_signal
@@ -293,6 +292,15 @@ def main_thread_output():
         sys.stdout, sys.stderr = streams
 
 
+def stopped_within(error: BaseException) -> Stopped | None:
+    """The second Ctrl-C or SIGTERM's Stopped, raised by its handler while Ray's C code waited,
+    which Ray hands on as a SystemError ("returned a result with an exception set") whose
+    context is the Stopped; None for another error."""
+    while error is not None and not isinstance(error, Stopped):
+        error = error.__cause__ or error.__context__
+    return error
+
+
 def gather(ray, refs: dict, submit, todo: list, study: Study, statuses: list, shown,
            stopped: dict) -> list[tuple[int, str]]:
     """Wait for the tasks, filling `statuses`; (index, error line) of the points that failed.
@@ -314,10 +322,13 @@ def gather(ray, refs: dict, submit, todo: list, study: Study, statuses: list, sh
                 ray.cancel(ref)
         try:
             ready, left = ray.wait(left, num_returns=1, timeout=WAIT_S)
-        except Stopped:
+        except (Stopped, SystemError) as err:  # (Ray's C code wraps the signal handler's Stopped)
+            stop = stopped_within(err)
+            if stop is None:
+                raise
             for ref in left:
                 ray.cancel(ref, force=True)
-            raise
+            raise stop from None
         for ref in ready:
             i = refs[ref]
             point = todo[i][0]
@@ -331,7 +342,7 @@ def gather(ray, refs: dict, submit, todo: list, study: Study, statuses: list, sh
                     refs[again] = i
                     left.append(again)
                     continue
-                resume = resume_command("sweep", study.folder)
+                resume = study.resume_command()
                 status, failure = None, f"{died} ({losses[i] + 1} times); run `{resume}` to run it again from its last checkpoint"
             statuses[i] = status
             warn_incomplete(study.folder / point.name)
@@ -376,7 +387,7 @@ def outcome(ray, ref, point: Point, study: Study) -> tuple[str | None, str | Non
         return "lost", node[1] if node else "its address unknown"
     except WorkerCrashedError:  # its process was killed (by hand, by the kernel for memory, ...)
         return None, (f"point {point.name}: its Ray worker died while it ran (killed, or out of memory); "
-                      f"run `{resume_command('sweep', study.folder)}` to run it again from its last checkpoint")
+                      f"run `{study.resume_command()}` to run it again from its last checkpoint")
     except RayError as err:  # its node lost, Ray's own memory monitor, ...
         first = first_line(err)
         return None, f"point {point.name}: its Ray task failed: {first}"

@@ -56,6 +56,11 @@ class Study:
     resolved: dict  # what study.toml records: the base config, the axes, the warm start, the claims
     gpus_per_task: float = 0.0  # the Ray backend's request per point
     warm: list[Point] = field(default_factory=list)  # the warm-start runs, before the points
+    backend_flags: str = ""  # how the sweep that runs it was told to: ` --backend ray --address ...`
+
+    def resume_command(self) -> str:
+        """`fedsim sweep --resume FOLDER`, on the backend the study runs on (a Ray study's cluster)."""
+        return resume_command("sweep", self.folder) + self.backend_flags
 
     @property
     def claims(self) -> list[dict]:

@@ -10,8 +10,11 @@ drift towards whoever happened to be available. ``eta = 1`` is FedAvg. Pairs wit
 
 from __future__ import annotations
 
+import torch
+
 from fedsim.config.catalog import ALGORITHM_OPTIONS, ALGORITHM_RANGES
-from fedsim.algorithms.fedavg import FedAvg
+from fedsim.algorithms.base import apply_updates_together, each_run, steps_together
+from fedsim.algorithms.fedavg import FedAvg, updates_together
 
 
 class Amplified(FedAvg):
@@ -32,6 +35,25 @@ class Amplified(FedAvg):
             step = self.server_step(update)  # u accumulates the steps taken
             self.params = self.params + step
             self.accumulated = self.accumulated + step
+        self.amplify(rnd)
+
+    @classmethod
+    def receive_together(cls, runs):
+        """The runs' weighted sums (`updates_together`), steps and accumulations in one call each."""
+        if not all(steps_together(s, Amplified.aggregate) and type(s).update is FedAvg.update for s, _, _ in runs):
+            return None
+        errors: list[Exception | None] = [None] * len(runs)
+        moving, updates = updates_together(runs, errors)
+        if moving:
+            strategies = [runs[i][0] for i in moving]
+            steps = apply_updates_together(strategies, updates)
+            for strategy, accumulated in zip(strategies, torch.stack([s.accumulated for s in strategies]) + steps):
+                strategy.accumulated = accumulated
+        each_run(runs, errors, lambda s, rnd, a: s.amplify(rnd))
+        return errors
+
+    def amplify(self, rnd: int) -> None:
+        """At the end of a period: x <- x + (eta − 1) u, and u starts again."""
         self.amplified = 0.0
         if rnd + 1 - self.interval_start == int(self.opt["period"]):
             self.params = self.params + (float(self.opt["eta"]) - 1.0) * self.accumulated

@@ -431,13 +431,39 @@ def steps_together(strategy: Strategy, aggregate: Callable) -> bool:
             and cls.server_step is Strategy.server_step)
 
 
-def apply_updates_together(strategies: list[Strategy], updates: Tensor) -> None:
+def apply_updates_together(strategies: list[Strategy], updates: Tensor) -> Tensor:
     """`apply_update(updates[r])` of several runs whose server optimizer is sgd, in one call:
-    x <- x + server_lr * update for each (to float rounding: a lockstep group's runs)."""
+    x <- x + server_lr * update for each (to float rounding: a lockstep group's runs); the steps
+    taken [runs, d]."""
     lr = torch.tensor([s.server_optimizer.cfg.lr for s in strategies], dtype=updates.dtype)
-    moved = torch.stack([s.params for s in strategies]) + lr.to(updates.device).unsqueeze(1) * updates
-    for strategy, params in zip(strategies, moved):
+    steps = lr.to(updates.device).unsqueeze(1) * updates
+    for strategy, params in zip(strategies, torch.stack([s.params for s in strategies]) + steps):
         strategy.params = params
+    return steps
+def padded_rows(sizes: list[int], rows: Tensor) -> Tensor:
+    """Runs' rows [sum(sizes), ...], run after run, as [runs, k, ...], k the most rows of a run, a
+    run with fewer padded with zeros. No sum over a run's k rows reaches another run's
+    (deterministic on a GPU, and one run's inf stays its own, as a summing matrix over all rows
+    would not keep it)."""
+    k, runs = max(sizes), len(sizes)
+    if min(sizes) == k:
+        return rows.view(runs, k, *rows.shape[1:])
+    run = torch.as_tensor(np.repeat(np.arange(runs), sizes), device=rows.device)
+    slot = torch.as_tensor(np.concatenate([np.arange(n) for n in sizes]), device=rows.device)
+    padded = rows.new_zeros((runs, k, *rows.shape[1:]))
+    padded[run, slot] = rows
+    return padded
+
+
+def run_means(sizes: list[int], rows: Tensor) -> Tensor:
+    """Each run's mean of its rows [runs, ...] (`rows`: run after run, `sizes` of each)."""
+    counts = torch.tensor(sizes, dtype=rows.dtype).to(rows.device)
+    return padded_rows(sizes, rows).sum(1) / counts.view(-1, *[1] * (rows.dim() - 1))
+
+
+def rows_of_runs(sizes: list[int], device: torch.device) -> Tensor:
+    """Each row's run (int64 [sum(sizes)]), rows run after run: to give each row its run's value."""
+    return torch.as_tensor(np.repeat(np.arange(len(sizes)), sizes), device=device)
 
 
 def weighted_sum(deltas: Tensor, weights: Tensor) -> Tensor:
@@ -503,4 +529,5 @@ def make_strategy(name: str, origin: str = "") -> Strategy:
 
 
 __all__ = ["Arrivals", "Context", "Strategy", "register", "algorithm_options", "make_strategy", "planned_state",
-           "REGISTRY", "apply_updates_together", "each_run", "steps_together", "weighted_sum", "nan_stats", "check_range"]
+           "REGISTRY", "apply_updates_together", "each_run", "padded_rows", "rows_of_runs", "run_means",
+           "steps_together", "weighted_sum", "nan_stats", "check_range"]

@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from fedsim.config.catalog import ALGORITHM_OPTIONS, ALGORITHM_RANGES
-from fedsim.algorithms.base import Arrivals, Strategy, apply_updates_together, each_run, steps_together, weighted_sum
-from fedsim.algorithms.table import padded_rows
+from fedsim.algorithms.base import (Arrivals, Strategy, apply_updates_together, each_run, padded_rows,
+                                   steps_together, weighted_sum)
 from fedsim.errors import FedsimError
 from fedsim.training.objective import LocalObjective
 
@@ -48,21 +48,15 @@ class FedAvg(Strategy):
 
     @classmethod
     def receive_together(cls, runs: list[tuple[Strategy, int, Arrivals]]) -> list[Exception | None] | None:
-        """The runs' weighted sums in one call (each arrival's row weighted by its run's own
-        `weights`) and their server steps in one: runs whose server optimizer is sgd and whose
-        class keeps the family's rule (`update`, `aggregate`, the step); else None."""
+        """The runs' weighted sums in one call (`updates_together`) and their server steps in one:
+        runs whose server optimizer is sgd and whose class keeps the family's rule (`update`,
+        `aggregate`, the step); else None."""
         if not all(steps_together(s, FedAvg.aggregate) and type(s).update is FedAvg.update for s, _, _ in runs):
             return None
         errors: list[Exception | None] = [None] * len(runs)
-        weights = each_run(runs, errors, lambda s, rnd, a: s.selector.learn(rnd, a) or
-                           (s.weights(rnd, a) if len(a) else None))
-        moving = [i for i, (_, _, a) in enumerate(runs) if errors[i] is None and len(a)]
+        moving, updates = updates_together(runs, errors)
         if moving:
-            sizes = [len(runs[i][2]) for i in moving]
-            deltas = padded_rows(sizes, torch.cat([runs[i][2].deltas for i in moving]))
-            rows_weights = padded_rows(sizes, torch.cat([weights[i] for i in moving]).to(deltas.dtype))
-            apply_updates_together([runs[i][0] for i in moving],
-                                   torch.bmm(rows_weights.unsqueeze(1), deltas).squeeze(1))  # [runs, d]
+            apply_updates_together([runs[i][0] for i in moving], updates)
         each_run(runs, errors, lambda s, rnd, a: s.counted(rnd, a))
         return errors
 
@@ -136,3 +130,18 @@ class FedProx(FedAvg):
         super().init_state(params)
         self.local_objective = LocalObjective(prox_mu=float(self.opt["mu"]))
 
+
+
+def updates_together(runs: list[tuple[FedAvg, int, Arrivals]], errors: list) -> tuple[list[int], Tensor | None]:
+    """The FedAvg family's part of a batched receive: each run's selection policy learns and its
+    `weights` are asked (a run that raises keeps its error in `errors`); then the sums Σ w_i Δ_i
+    of the runs that received something, in one call: (their indexes, [those runs, d])."""
+    weights = each_run(runs, errors, lambda s, rnd, a: s.selector.learn(rnd, a) or
+                       (s.weights(rnd, a) if len(a) else None))
+    moving = [i for i, (_, _, a) in enumerate(runs) if errors[i] is None and len(a)]
+    if not moving:
+        return moving, None
+    sizes = [len(runs[i][2]) for i in moving]
+    deltas = padded_rows(sizes, torch.cat([runs[i][2].deltas for i in moving]))
+    row_weights = padded_rows(sizes, torch.cat([weights[i] for i in moving]).to(deltas.dtype))
+    return moving, torch.bmm(row_weights.unsqueeze(1), deltas).squeeze(1)

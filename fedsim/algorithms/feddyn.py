@@ -13,9 +13,10 @@ Absent devices keep their h_i (stale), and it keeps counting in h with weight 1/
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from fedsim.algorithms.base import Strategy
-from fedsim.algorithms.table import DeviceTable
+from fedsim.algorithms.base import Strategy, apply_updates_together, rows_of_runs, run_means
+from fedsim.algorithms.table import DeviceTable, tables_together
 from fedsim.config.catalog import ALGORITHM_OPTIONS, ALGORITHM_RANGES
 from fedsim.training.objective import LocalObjective
 
@@ -43,6 +44,22 @@ class FedDyn(Strategy):
         fresh = self.gradients.get(arrivals.ids) - self.alpha * arrivals.deltas  # h_i − alpha (y_i − x)
         self.gradients.write(arrivals.ids, fresh, rnd)
         self.apply_update(arrivals.deltas.mean(0) - self.gradients.mean() / self.alpha)
+
+    @classmethod
+    def receive_together(cls, runs):
+        """The runs' h_i gathered, written and averaged in one call each, their steps in one."""
+        started = tables_together(runs, FedDyn, "gradients")
+        if started is None:
+            return None
+        errors, moving = started
+        if moving is not None:
+            alpha = torch.tensor([s.alpha for s in moving.strategies], dtype=moving.deltas.dtype).to(moving.deltas.device)
+            row_alpha = alpha.index_select(0, rows_of_runs(moving.sizes, moving.deltas.device)).unsqueeze(1)
+            fresh = DeviceTable.get_together(moving.tables, moving.ids) - row_alpha * moving.deltas  # h_i − alpha (y_i − x)
+            DeviceTable.write_together(moving.tables, moving.ids, fresh, moving.rounds)
+            apply_updates_together(moving.strategies, run_means(moving.sizes, moving.deltas)
+                                   - DeviceTable.means_together(moving.tables) / alpha.unsqueeze(1))
+        return errors
 
     def metrics(self):
         return self.gradients.metrics(self.last_round)

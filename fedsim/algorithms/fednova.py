@@ -34,9 +34,9 @@ class FedNova(FedAvg):
         self.tau_eff = float(tau_eff)
         return (tau_eff * p / tau).float()
 
-    def aggregate(self, rnd, arrivals):
-        self.tau_eff = math.nan
-        super().aggregate(rnd, arrivals)
+    def counted(self, rnd, arrivals):
+        if not len(arrivals):  # (`weights` was not asked)
+            self.tau_eff = math.nan
 
     def metrics(self):
         return {"tau_eff": self.tau_eff}

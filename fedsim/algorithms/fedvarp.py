@@ -7,10 +7,8 @@ v = ȳ + (1/|A_t|) Σ_{A_t} (Δ_i − y_i). O(N·d) server memory, like MIFA.
 
 from __future__ import annotations
 
-import torch
-
-from fedsim.algorithms.base import Strategy, apply_updates_together, each_run, steps_together
-from fedsim.algorithms.table import DeviceTable, padded_rows
+from fedsim.algorithms.base import Strategy, apply_updates_together, run_means
+from fedsim.algorithms.table import DeviceTable, tables_together
 
 
 class FedVarp(Strategy):
@@ -36,23 +34,14 @@ class FedVarp(Strategy):
     def receive_together(cls, runs):
         """The runs' corrections from one gather of their stored rows, their steps in one call and
         their tables written in one (`DeviceTable.write_together`; tables of one shape)."""
-        if not (all(steps_together(s, FedVarp.aggregate) for s, _, _ in runs)
-                and DeviceTable.stackable([s.table for s, _, _ in runs])):
+        started = tables_together(runs, FedVarp, "table")
+        if started is None:
             return None
-        errors: list[Exception | None] = [None] * len(runs)
-        each_run(runs, errors, lambda s, rnd, a: s.selector.learn(rnd, a))
-        for (strategy, rnd, _), error in zip(runs, errors):
-            if error is None:
-                strategy.last_round = rnd
-        moving = [run for run, error in zip(runs, errors) if error is None and len(run[2])]
-        if moving:
-            tables, ids = [s.table for s, _, _ in moving], [a.ids for _, _, a in moving]
-            deltas = torch.cat([a.deltas for _, _, a in moving])
-            differences = padded_rows([len(i) for i in ids], deltas - DeviceTable.get_together(tables, ids))
-            arrived = torch.tensor([len(i) for i in ids], dtype=deltas.dtype).to(deltas.device)
-            correction = differences.sum(1) / arrived.unsqueeze(1)
-            apply_updates_together([s for s, _, _ in moving], DeviceTable.means_together(tables) + correction)
-            DeviceTable.write_together(tables, ids, deltas, [rnd for _, rnd, _ in moving])
+        errors, moving = started
+        if moving is not None:
+            correction = run_means(moving.sizes, moving.deltas - DeviceTable.get_together(moving.tables, moving.ids))
+            apply_updates_together(moving.strategies, DeviceTable.means_together(moving.tables) + correction)
+            DeviceTable.write_together(moving.tables, moving.ids, moving.deltas, moving.rounds)
         return errors
 
     def metrics(self):

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from fedsim.config.catalog import ALGORITHM_OPTIONS, ALGORITHM_RANGES
-from fedsim.algorithms.base import Strategy, apply_updates_together, each_run, steps_together
-from fedsim.algorithms.table import DeviceTable
+from fedsim.algorithms.base import Strategy, apply_updates_together, each_run
+from fedsim.algorithms.table import DeviceTable, tables_together
 
 
 class Mifa(Strategy):
@@ -68,16 +68,13 @@ class Mifa(Strategy):
     def receive_together(cls, runs):
         """The runs' tables written in one call (`DeviceTable.write_together`) and the steps of
         those past their warm-up in one (tables of one shape; the rule, not a subclass's other)."""
-        if not (all(steps_together(s, Mifa.aggregate) for s, _, _ in runs)
-                and DeviceTable.stackable([s.table for s, _, _ in runs])):
+        started = tables_together(runs, Mifa, "table")
+        if started is None:
             return None
-        errors: list[Exception | None] = [None] * len(runs)
-        each_run(runs, errors, lambda s, rnd, a: s.selector.learn(rnd, a))
-        writing = [run for run, error in zip(runs, errors) if error is None and len(run[2])]
-        if writing:
-            fresh = -torch.cat([a.deltas for _, _, a in writing]) / torch.cat([a.lr for _, _, a in writing]).unsqueeze(1)
-            DeviceTable.write_together([s.table for s, _, _ in writing], [a.ids for _, _, a in writing], fresh,
-                                       [rnd for _, rnd, _ in writing])
+        errors, writing = started
+        if writing is not None:
+            fresh = -writing.deltas / torch.cat([a.lr for a in writing.arrivals]).unsqueeze(1)
+            DeviceTable.write_together(writing.tables, writing.ids, fresh, writing.rounds)
         stepping = [s for s, stepped in zip((run[0] for run in runs),
                                             each_run(runs, errors, lambda s, rnd, a: s.count_update(rnd, a))) if stepped]
         if stepping:

@@ -17,9 +17,10 @@ update and the change of c_i back up.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from fedsim.algorithms.base import Strategy
-from fedsim.algorithms.table import DeviceTable
+from fedsim.algorithms.base import Strategy, apply_updates_together, rows_of_runs, run_means
+from fedsim.algorithms.table import DeviceTable, tables_together
 from fedsim.training.objective import LocalObjective
 
 
@@ -51,6 +52,23 @@ class Scaffold(Strategy):
         per_step = (arrivals.steps.to(arrivals.lr.dtype) * arrivals.lr).unsqueeze(1)  # K_i lr
         self.apply_update(arrivals.deltas.mean(0))
         self.controls.write(arrivals.ids, -arrivals.deltas / per_step - correction, rnd)  # c_i⁺
+
+    @classmethod
+    def receive_together(cls, runs):
+        """The runs' corrections from one gather of their controls, their steps in one call and
+        their controls written in one (`DeviceTable.write_together`; tables of one shape)."""
+        started = tables_together(runs, Scaffold, "controls")
+        if started is None:
+            return None
+        errors, moving = started
+        if moving is not None:
+            run = rows_of_runs(moving.sizes, moving.deltas.device)
+            correction = (DeviceTable.means_together(moving.tables).index_select(0, run)
+                          - DeviceTable.get_together(moving.tables, moving.ids))  # c − c_i
+            per_step = torch.cat([a.steps.to(a.lr.dtype) * a.lr for a in moving.arrivals]).unsqueeze(1)  # K_i lr
+            apply_updates_together(moving.strategies, run_means(moving.sizes, moving.deltas))
+            DeviceTable.write_together(moving.tables, moving.ids, -moving.deltas / per_step - correction, moving.rounds)
+        return errors
 
     def metrics(self):
         return self.controls.metrics(self.last_round)

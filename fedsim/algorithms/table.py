@@ -10,13 +10,14 @@ last written (-1: never), which is FedAWE's τ_i and the staleness of stored upd
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedsim.algorithms.base import nan_stats
+from fedsim.algorithms.base import each_run, nan_stats, padded_rows, steps_together
 
 
 class DeviceTable:
@@ -176,16 +177,40 @@ class TableStack:
                                                for t, i in zip(tables, ids)]), device=self.device)
 
 
-def padded_rows(sizes: list[int], rows: Tensor) -> Tensor:
-    """Runs' rows [sum(sizes), ...], run after run, as [runs, k, ...], k the most rows of a run, a
-    run with fewer padded with zeros. No sum over a run's k rows reaches another run's
-    (deterministic on a GPU, and one run's inf stays its own, as a summing matrix over all rows
-    would not keep it)."""
-    k, runs = max(sizes), len(sizes)
-    if min(sizes) == k:
-        return rows.view(runs, k, *rows.shape[1:])
-    run = torch.as_tensor(np.repeat(np.arange(runs), sizes), device=rows.device)
-    slot = torch.as_tensor(np.concatenate([np.arange(n) for n in sizes]), device=rows.device)
-    padded = rows.new_zeros((runs, k, *rows.shape[1:]))
-    padded[run, slot] = rows
-    return padded
+
+@dataclass
+class TablesRound:
+    """What the runs that received something in a batched receive hand to their tables' step
+    (FedVARP, SCAFFOLD, FedDyn): their strategies, tables, arrivals (and their ids), deltas (run
+    after run, `sizes` rows each) and rounds."""
+
+    strategies: list
+    tables: list[DeviceTable]
+    arrivals: list
+    ids: list[np.ndarray]
+    sizes: list[int]
+    deltas: Tensor
+    rounds: list[int]
+
+
+def tables_together(runs: list[tuple], owner: type, table: str) -> tuple[list, TablesRound | None] | None:
+    """The start that the batched receives of the algorithms with a device table `table` share:
+    None where one of the runs cannot take `owner`'s batched step (`steps_together`, its own local
+    objective, tables of another shape); else each run's selection policy learns and its
+    `last_round` is set, and (each run's error, the runs that received something, or None)."""
+    if not (all(steps_together(s, owner.aggregate) and type(s).local_objective_of is owner.local_objective_of
+                for s, _, _ in runs) and DeviceTable.stackable([getattr(s, table) for s, _, _ in runs])):
+        return None
+    errors: list[Exception | None] = [None] * len(runs)
+    each_run(runs, errors, lambda s, rnd, a: s.selector.learn(rnd, a))
+    for (strategy, rnd, _), error in zip(runs, errors):
+        if error is None:
+            strategy.last_round = rnd
+    moving = [run for run, error in zip(runs, errors) if error is None and len(run[2])]
+    if not moving:
+        return errors, None
+    ids = [a.ids for _, _, a in moving]
+    return errors, TablesRound([s for s, _, _ in moving], [getattr(s, table) for s, _, _ in moving],
+                               [a for _, _, a in moving], ids,
+                               [len(i) for i in ids], torch.cat([a.deltas for _, _, a in moving]),
+                               [rnd for _, rnd, _ in moving])

@@ -13,7 +13,8 @@ plane at all): the ceiling of batching the control plane.
 `--processes N [N ...]` also runs the study as `fedsim sweep --processes N` (a study file of the
 same runs, its points stepped in lockstep by N worker processes side by side; N = 1: in the
 sweep's own process), each at --rounds and --short rounds: the same difference, per run-round.
-`--ops` counts the torch ops of a run-round outside the shared training call (each a kernel
+`--gpu-way` steps the lockstep studies as a GPU does (their receive steps and evaluations
+together), on a CPU too: the host time of that way without a GPU's launches. `--ops` counts the torch ops of a run-round outside the shared training call (each a kernel
 launched from the host on a GPU; views apart) as each run's server takes them, and as a GPU's
 group takes them (its receive step together: `lockstep.rounding_allowed`, forced on a CPU).
 `--profile` runs the long study under cProfile and prints where a run-round's time goes in
@@ -23,7 +24,7 @@ each in its own process, and records the medians: on a shared machine, code befo
 see the same minutes.
 
     python benchmarks/bench_plane.py [--runs 16] [--rounds 60] [--short 10] [--repeat 3]
-                                     [--sequential] [--processes N ...] [--profile] [--ops] [--code DIR]
+                                     [--sequential] [--processes N ...] [--profile] [--ops] [--gpu-way] [--code DIR]
                                      [--alternate DIR DIR ...] [--json FILE]
 """
 
@@ -61,6 +62,7 @@ PARTS = [("training (train_together)", "training/cohort.py", "train_together"),
 
 
 DEVICE = "cpu"  # --device
+GPU_WAY = False  # --gpu-way: lockstep steps its groups as on a GPU (`lockstep.rounding_allowed`)
 
 
 def study(runs: int, rounds: int, out: Path, how: str = "together") -> tuple[float, float, float]:
@@ -75,6 +77,8 @@ def study(runs: int, rounds: int, out: Path, how: str = "together") -> tuple[flo
 
     owner, name = (lockstep, "train_together") if how == "together" else (Trainer, "train")
     training, call = [0.0], getattr(owner, name)
+    if GPU_WAY:
+        lockstep.rounding_allowed = lambda device: True
 
     def timed(*args, **kwargs):
         t0 = time.perf_counter()
@@ -230,13 +234,16 @@ def main() -> None:
     parser.add_argument("--code", type=Path, help="import fedsim from this checkout")
     parser.add_argument("--alternate", type=Path, nargs="+", metavar="DIR", help="checkouts measured in turn")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (every study of the benchmark)")
+    parser.add_argument("--gpu-way", action="store_true",
+                        help="lockstep steps its groups as on a GPU (their receive steps and evaluations "
+                             "together: to float rounding), here too")
     parser.add_argument("--ops", action="store_true",
                         help="also count the torch ops a run-round outside the shared training, each run's way "
                              "and the GPU's group receive (forced on a CPU)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    global DEVICE
-    DEVICE = args.device
+    global DEVICE, GPU_WAY
+    DEVICE, GPU_WAY = args.device, args.gpu_way
     for code in [*(args.alternate or []), *([args.code] if args.code else [])]:
         if not (code / "fedsim" / "__init__.py").is_file():  # (before any import of fedsim: --code picks which)
             print(f"error: {code} is not a fedsim checkout (no fedsim/__init__.py); give a folder made by "
@@ -258,7 +265,7 @@ def main() -> None:
 
     load_before = os.getloadavg()
     record = {"code": str(Path(fedsim.__file__).parent.parent), "runs": args.runs, "rounds": args.rounds,
-              "short": args.short, "device": args.device, "machine": machine()}
+              "short": args.short, "device": args.device, "gpu_way": args.gpu_way, "machine": machine()}
     with tempfile.TemporaryDirectory() as tmp:
         study(4, 2, Path(tmp) / "warm")
         per, plane, trained = [], [], []

@@ -22,13 +22,14 @@ from fedsim.runs.experiment import Experiment
 from fedsim.studies import lockstep
 
 BATCHED = ("fedavg", "fedavg-all", "fedavg-known-p", "fedbuff", "fedsgd", "fedprox", "fedau", "fednova", "amplified",
-           "mifa", "fedlaavg", "fedvarp", "scaffold", "feddyn")
+           "mifa", "fedlaavg", "fedvarp", "scaffold", "feddyn", "fedawe")
 
 
 @pytest.fixture
 def on_a_gpus_terms(monkeypatch):
     """The GPU's way of a lockstep group, on the CPU; and how often each class's batched step was taken."""
     from fedsim.algorithms.amplified import Amplified
+    from fedsim.algorithms.fedawe import FedAwe
     from fedsim.algorithms.feddyn import FedDyn
     from fedsim.algorithms.fedvarp import FedVarp
     from fedsim.algorithms.mifa import Mifa
@@ -36,7 +37,7 @@ def on_a_gpus_terms(monkeypatch):
 
     monkeypatch.setattr(lockstep, "rounding_allowed", lambda device: True)
     taken = Counter()
-    for cls in (FedAvg, Amplified, Mifa, FedVarp, Scaffold, FedDyn):
+    for cls in (FedAvg, Amplified, Mifa, FedVarp, Scaffold, FedDyn, FedAwe):
         own = cls.__dict__["receive_together"].__func__
 
         def spy(c, runs, own=own):
@@ -72,7 +73,8 @@ def test_every_algorithm_received_together_equals_its_run_alone_to_float_roundin
     """Model timing with slow devices: the runs' arrivals differ in number each round (the batched
     steps pad them); every synchronous algorithm, two seeds each, in one group."""
     names = [n for n in BUILT_IN_ALGORITHMS if n != "fedasync"]
-    own = {"amplified": {"algorithm__period": 3, "algorithm__eta": 2.0}}  # (amplified within the 8 rounds)
+    own = {"amplified": {"algorithm__period": 3, "algorithm__eta": 2.0},  # (amplified within the 8 rounds)
+           "fedawe": {"algorithm__clip": 0.5}}  # (clipped in some rounds)
     configs = [config(tmp_path, a, s, **own.get(a, {})) for a in names for s in (0, 1)]
     calls, train = [], lockstep.train_together
     monkeypatch.setattr(lockstep, "train_together", lambda pending: calls.append(len(pending)) or train(pending))
@@ -84,11 +86,14 @@ def test_every_algorithm_received_together_equals_its_run_alone_to_float_roundin
         alone = Experiment(c, tmp_path / "alone" / c.run.name).run()
         assert result.status == alone.status == "completed", c.run.name
         columns = ["round", "t_start", "t_end", "online", "invited", "arrived", "dropped", "late"]
+        columns += [k for k in ("clipped", "amplified", "memory_filled", "staleness_max") if k in alone.rounds.columns]
         assert result.rounds[columns].equals(alone.rounds[columns]), c.run.name
         torch.testing.assert_close(result.params, alone.params, rtol=1e-5, atol=1e-6, msg=c.run.name)
         np.testing.assert_allclose(result.rounds["train_loss"].to_numpy(), alone.rounds["train_loss"].to_numpy(),
                                    rtol=1e-5, err_msg=c.run.name)
     assert together[names.index("amplified") * 2].rounds["amplified"].sum() == 2  # rounds 2 and 5
+    clipped = together[names.index("fedawe") * 2].rounds["clipped"]
+    assert 0 < clipped.sum() < len(clipped)  # some rounds clipped
     arrived = np.stack([r.rounds["arrived"].to_numpy() for r in together])
     assert (arrived.min(0) < arrived.max(0)).any()  # runs of one round with other numbers of arrivals
     assert (arrived == 0).any()  # and rounds in which nobody arrived

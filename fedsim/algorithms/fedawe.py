@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from fedsim.config.catalog import ALGORITHM_OPTIONS, ALGORITHM_RANGES
-from fedsim.algorithms.base import Strategy, nan_stats
+from fedsim.algorithms.base import (Strategy, each_run, nan_stats, padded_rows, rows_of_runs, run_means,
+                                   steps_together)
 from fedsim.algorithms.table import DeviceTable
 
 
@@ -42,19 +43,56 @@ class FedAwe(Strategy):
         return self.local.get(ids)
 
     def aggregate(self, rnd, arrivals):
-        self.echo = torch.as_tensor(rnd - self.local.stamp[arrivals.ids], dtype=torch.float32)
-        self.clipped = 0.0
+        self.echoes(rnd, arrivals)
         if not len(arrivals):
             return
         echo = self.echo.to(arrivals.deltas.device)
         update = self.server_step((echo @ arrivals.deltas) / len(arrivals))
         limit = float(self.opt["clip"])
-        norm = float(update.norm())
-        if limit > 0 and norm > limit:
-            update = update * (limit / norm)
-            self.clipped = 1.0
+        if limit > 0:  # (the norm only then: on a GPU reading it back waits for the GPU)
+            norm = float(update.norm())
+            if norm > limit:
+                update = update * (limit / norm)
+                self.clipped = 1.0
         x = self.local.get(arrivals.ids).mean(0) + update
         self.local.write(arrivals.ids, x.unsqueeze(0).expand(len(arrivals), -1), rnd)
+
+    @classmethod
+    def receive_together(cls, runs):
+        """The runs' echoed sums, clipping (one read-back of the norms), new local models and their
+        writes in one call each (`DeviceTable.write_together`; tables of one shape)."""
+        if not (all(steps_together(s, FedAwe.aggregate) for s, _, _ in runs)
+                and DeviceTable.stackable([s.local for s, _, _ in runs])):
+            return None
+        errors: list[Exception | None] = [None] * len(runs)
+        each_run(runs, errors, lambda s, rnd, a: s.selector.learn(rnd, a) or s.echoes(rnd, a))
+        moving = [run for run, error in zip(runs, errors) if error is None and len(run[2])]
+        if not moving:
+            return errors
+        strategies, tables = [s for s, _, _ in moving], [s.local for s, _, _ in moving]
+        ids, sizes = [a.ids for _, _, a in moving], [len(a) for _, _, a in moving]
+        deltas = torch.cat([a.deltas for _, _, a in moving])
+        echo = padded_rows(sizes, torch.cat([s.echo for s in strategies]).to(deltas.device))
+        counts = torch.tensor(sizes, dtype=deltas.dtype).to(deltas.device).unsqueeze(1)
+        lr = torch.tensor([s.server_optimizer.cfg.lr for s in strategies], dtype=deltas.dtype).to(deltas.device)
+        updates = lr.unsqueeze(1) * (torch.bmm(echo.unsqueeze(1), padded_rows(sizes, deltas)).squeeze(1) / counts)
+        limits = torch.tensor([float(s.opt["clip"]) for s in strategies], dtype=torch.float64)
+        if (limits > 0).any():
+            norms = updates.norm(dim=1).cpu().double()
+            clipped = (limits > 0) & (norms > limits)
+            for strategy, cut in zip(strategies, clipped.tolist()):
+                strategy.clipped = float(cut)
+            scale = torch.where(clipped, limits / norms, torch.ones_like(norms)).to(updates.dtype)
+            updates = updates * scale.to(updates.device).unsqueeze(1)
+        x = run_means(sizes, DeviceTable.get_together(tables, ids)) + updates
+        DeviceTable.write_together(tables, ids, x.index_select(0, rows_of_runs(sizes, deltas.device)),
+                                   [rnd for _, rnd, _ in moving])
+        return errors
+
+    def echoes(self, rnd, arrivals) -> None:
+        """The arrivals' echo factors t − τ_i (a metric too); nothing clipped yet."""
+        self.echo = torch.as_tensor(rnd - self.local.stamp[arrivals.ids], dtype=torch.float32)
+        self.clipped = 0.0
 
     def metrics(self):
         mean, worst = nan_stats(self.echo.numpy())

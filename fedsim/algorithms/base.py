@@ -440,6 +440,8 @@ def apply_updates_together(strategies: list[Strategy], updates: Tensor) -> Tenso
     for strategy, params in zip(strategies, torch.stack([s.params for s in strategies]) + steps):
         strategy.params = params
     return steps
+
+
 def padded_rows(sizes: list[int], rows: Tensor) -> Tensor:
     """Runs' rows [sum(sizes), ...], run after run, as [runs, k, ...], k the most rows of a run, a
     run with fewer padded with zeros. No sum over a run's k rows reaches another run's

@@ -60,6 +60,7 @@ class FedAvg(Strategy):
         each_run(runs, errors, lambda s, rnd, a: s.counted(rnd, a))
         return errors
 
+
 class FedAvgAll(FedAvg):
     """(1/N) Σ Δ_i: absent devices count as a zero update (Xiang et al. Example 1: biased)."""
 
@@ -129,7 +130,6 @@ class FedProx(FedAvg):
     def init_state(self, params):
         super().init_state(params)
         self.local_objective = LocalObjective(prox_mu=float(self.opt["mu"]))
-
 
 
 def updates_together(runs: list[tuple[FedAvg, int, Arrivals]], errors: list) -> tuple[list[int], Tensor | None]:

@@ -177,11 +177,10 @@ class TableStack:
                                                for t, i in zip(tables, ids)]), device=self.device)
 
 
-
 @dataclass
 class TablesRound:
     """What the runs that received something in a batched receive hand to their tables' step
-    (FedVARP, SCAFFOLD, FedDyn): their strategies, tables, arrivals (and their ids), deltas (run
+    (MIFA, FedVARP, SCAFFOLD, FedDyn): their strategies, tables, arrivals (and their ids), deltas (run
     after run, `sizes` rows each) and rounds."""
 
     strategies: list

@@ -77,9 +77,10 @@ def mean_losses(arrivals: list[Arrivals]) -> list[float | None]:
 
 
 def finite_models(strategies: list[Strategy]) -> list[Tensor | None]:
-    """Each strategy's global model where every entry is finite (`finite`), else None:
-    the sums of models of one size on one device (a lockstep group's) taken and read back in one call. A model derived from the state anew at
-    each look (FedAWE's mean) is not looked at here (None: its run looks itself)."""
+    """Each strategy's global model where every entry is finite (`finite`), else None: the sums
+    of models of one size on one device (a lockstep group's) taken and read back in one call. A
+    model derived from the state anew at each look (FedAWE's mean) is not looked at here (None:
+    its run looks itself)."""
     found: list[Tensor | None] = [None] * len(strategies)
     alike: dict[tuple, list[int]] = {}
     for i, strategy in enumerate(strategies):

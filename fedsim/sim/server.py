@@ -9,7 +9,6 @@ the close of the round, evaluate when due, record.
 from __future__ import annotations
 
 import copy
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -17,7 +16,7 @@ import numpy as np
 import simpy
 import torch
 
-from fedsim.algorithms.base import Arrivals, Strategy
+from fedsim.algorithms.base import Strategy
 from fedsim.config import ServerConfig
 from fedsim.sim.arrivals import ArrivalRows
 from fedsim.sim.device import RoundBoard, deadline, start_device_tasks

@@ -596,3 +596,22 @@ def test_a_second_signal_inside_rays_wait_aborts_as_the_signal_it_is(tmp_path):
                          SimpleNamespace(folder=tmp_path), [None], shown, {"name": "Ctrl-C"})
     assert ("task 0", True) in cancelled
     assert study_ray.stopped_within(SystemError("another")) is None
+
+
+def test_a_task_ray_loses_after_a_stop_signal_was_interrupted(tmp_path):
+    """A SIGTERM to the sweep's process group stops a local Ray's raylet too: its tasks come back
+    as Ray's errors. Once a stop signal came they count as interrupted (the point keeps its last
+    checkpoint; the sweep prints its resume command), not as the point's failure."""
+    from ray.exceptions import RaySystemError, WorkerCrashedError
+
+    study = SimpleNamespace(folder=tmp_path, resume_command=lambda: f"fedsim sweep --resume {tmp_path} --backend ray")
+    point = SimpleNamespace(name="p1")
+    for error in (RaySystemError("The task's local raylet died. Check raylet.out for more information."),
+                  WorkerCrashedError()):
+        def get(ref, error=error):
+            raise error
+
+        fake_ray = SimpleNamespace(get=get)
+        assert study_ray.outcome(fake_ray, None, point, study, stopping=True) == ("interrupted", None)
+        status, line = study_ray.outcome(fake_ray, None, point, study)
+        assert status is None and line.startswith("point p1: its Ray")

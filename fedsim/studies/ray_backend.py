@@ -332,7 +332,7 @@ def gather(ray, refs: dict, submit, todo: list, study: Study, statuses: list, sh
         for ref in ready:
             i = refs[ref]
             point = todo[i][0]
-            status, failure = outcome(ray, ref, point, study)
+            status, failure = outcome(ray, ref, point, study, stopping=bool(stopped["name"]))
             if status == "lost":
                 died = f"point {point.name}: its Ray node ({failure}) died while it ran"
                 if losses[i] < NODE_LOSSES and not stopped["name"]:
@@ -373,24 +373,19 @@ def name_the_signal(run_dir: Path, name: str) -> None:
         write_json(run_dir / "manifest.json", {**manifest, "reason": reason.replace("Ctrl-C", name)})
 
 
-def outcome(ray, ref, point: Point, study: Study) -> tuple[str | None, str | None]:
+def outcome(ray, ref, point: Point, study: Study, stopping: bool = False) -> tuple[str | None, str | None]:
     """(status, None) of a finished task, (None, the error line naming its point), or ("lost",
-    the node's address) where the task's node died."""
-    from ray.exceptions import NodeDiedError, RayError, TaskCancelledError, WorkerCrashedError
+    the node's address) where the task's node died. `stopping`: once a stop signal came, a task
+    that Ray lost (its worker, raylet or node: a SIGTERM to the sweep's process group stops a
+    local Ray's processes too) was interrupted, as the point's folder keeps its last checkpoint."""
+    from ray.exceptions import RayError, TaskCancelledError
 
     try:
         result = ray.get(ref)
     except TaskCancelledError:  # cancelled before it started, or before its run's first round
         return "interrupted", None
-    except NodeDiedError as err:  # its node's raylet died (the machine lost, preempted, ...)
-        node = re.search(r"node IP: ([^,\s]+)", str(err), re.IGNORECASE)
-        return "lost", node[1] if node else "its address unknown"
-    except WorkerCrashedError:  # its process was killed (by hand, by the kernel for memory, ...)
-        return None, (f"point {point.name}: its Ray worker died while it ran (killed, or out of memory); "
-                      f"run `{study.resume_command()}` to run it again from its last checkpoint")
-    except RayError as err:  # its node lost, Ray's own memory monitor, ...
-        first = first_line(err)
-        return None, f"point {point.name}: its Ray task failed: {first}"
+    except RayError as error:
+        return ("interrupted", None) if stopping else lost(error, point, study)
     if result[0] == "ok":
         return result[1], None
     message = result[1]
@@ -400,3 +395,16 @@ def outcome(ray, ref, point: Point, study: Study) -> tuple[str | None, str | Non
         log.write_text(result[2])
         return None, f"point {point.name}: its run failed with {message.splitlines()[0]} (traceback: {log})"
     return None, message if point.name in message else f"point {point.name}: {message}"
+
+
+def lost(error: Exception, point: Point, study: Study) -> tuple[str | None, str | None]:
+    """`outcome` of a task that Ray lost (`error`: what `ray.get` raised)."""
+    from ray.exceptions import NodeDiedError, WorkerCrashedError
+
+    if isinstance(error, NodeDiedError):  # its node's raylet died (the machine lost, preempted, ...)
+        node = re.search(r"node IP: ([^,\s]+)", str(error), re.IGNORECASE)
+        return "lost", node[1] if node else "its address unknown"
+    if isinstance(error, WorkerCrashedError):  # its process was killed (by hand, by the kernel for memory, ...)
+        return None, (f"point {point.name}: its Ray worker died while it ran (killed, or out of memory); "
+                      f"run `{study.resume_command()}` to run it again from its last checkpoint")
+    return None, f"point {point.name}: its Ray task failed: {first_line(error)}"  # (Ray's memory monitor, ...)

@@ -1042,3 +1042,31 @@ def test_best_by_a_time_to_target_prefers_the_group_where_more_seeds_reached_it(
                             "time_to_0.8_s_std": [None, 10.0, 10.0]})
     best = best_by(summary, "time_to_0.8_s", "client.lr", ["algorithm.name", "client.lr"])
     assert best["client.lr"].to_list() == [0.05]
+
+
+def test_a_moved_two_phase_studys_point_runs_on_its_own_with_the_warm_start_fedsim_names(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """A study with a warm start, moved: a point's config.toml still names its warm start where it
+    was; run on its own, that is one line naming where the warm start is now, and the run with the
+    `--set` it gives, typed from another directory, is the point's run."""
+    import re
+    import shlex
+
+    path = write_study(tmp_path, {"algorithm.name": ["fedavg", "mifa"]}, warm_start={"run.rounds": 2})
+    sweep(path)
+    moved = tmp_path / "elsewhere" / "renamed"
+    moved.parent.mkdir()
+    (tmp_path / "runs" / "s").rename(moved)
+    point = moved / "algorithm-mifa"
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    capsys.readouterr()
+    command = ["run", str(point / "config.toml"), "--set", f"run.out={tmp_path / 'alone'}"]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has moved since, and its warm start with it: add `--set" in err, err
+    added = re.search(r"add `(--set [^`]+)`", err)[1]
+    assert added.startswith(f"--set model.init_from={moved / 'warm-start'}/")
+    assert main([*command, *shlex.split(added)]) == 0
+    columns = ["round", "arrived", "train_loss", "test_loss"]
+    assert rounds(tmp_path / "alone" / "algorithm-mifa")[columns].equals(rounds(point)[columns])

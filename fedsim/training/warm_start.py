@@ -6,6 +6,7 @@ shapes; anything else is one error line before the run starts.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import torch
@@ -48,6 +49,17 @@ def init_from_where(config: Config) -> str:
     return f"{config.where('model', 'init_from')} = {config.model.init_from!r}"
 
 
+def moved_with_its_study(config: Config, path: Path) -> Path | None:
+    """Where a warm start `path` of the study folder whose point (or warm-start run) `config`'s
+    file is now lies, that folder having moved: the same run (the last two names of its path)
+    in the folder's study; None where it is not so."""
+    for folder in Path(config.source).absolute().parents[:3]:
+        if (folder / "study.toml").is_file():
+            moved = folder / path.parent.name / path.name
+            return moved if moved.is_dir() and moved != path else None
+    return None
+
+
 def model_file(config: Config) -> Path:
     """The model.pt that init_from names: a relative path is looked up in the working
     directory, then beside the config file (as [trace] path is); a run directory gives its
@@ -58,6 +70,11 @@ def model_file(config: Config) -> Path:
     if not path.is_absolute() and not path.exists() and beside_config.exists():
         path = beside_config
     if not path.exists():
+        moved = moved_with_its_study(config, path)
+        if moved is not None:  # (a point's config.toml names its warm start absolutely)
+            raise FedsimError(f"{where}: no such run directory; the study this config.toml is a point of has "
+                              f"moved since, and its warm start with it: add `--set model.init_from="
+                              f"{shlex.quote(str(moved))}`")
         raise FedsimError(f"{where}: no such file or run directory; give a run's model.pt or its "
                           "run directory (relative: to the working directory or the config file)")
     if not path.is_dir():

@@ -37,8 +37,9 @@ for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
     tests)
-      timeout 120 python3 -m pytest -p no:cacheprovider -q -rs tests/test_cuda_graphs.py tests/test_clock_independence.py \
-        tests/test_training_task.py -k "cuda or gpu or graph" 2>&1 | tail -60 | tee "$OUT/tests.log" ;;
+      timeout 150 python3 -m pytest -p no:cacheprovider -q -rs tests/test_cuda_graphs.py tests/test_clock_independence.py \
+        tests/test_training_task.py tests/test_lockstep_receive_together.py -k "cuda or gpu or graph" 2>&1 | tail -60 \
+        | tee "$OUT/tests.log" ;;
     published)
       P="python3 $B/bench_published.py --device cuda --max-clients 500"
       timeout 70 $P --settings femnist-cnn --rounds 150 --json "$OUT/published_femnist.json" 2>&1 | tee "$OUT/published.log"

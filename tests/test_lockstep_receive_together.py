@@ -188,3 +188,24 @@ def test_a_model_gone_non_finite_in_the_groups_receive_stops_its_run_as_alone(tm
         assert (result.status, result.reason) == (alone.status, alone.reason), c.run.name
     assert together[0].status == "diverged" and "non-finite model" in together[0].reason
     assert together[1].status == "completed" and on_a_gpus_terms["FedAvg"] >= 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (gpu_checks.sh tests runs it there)")
+def test_on_a_gpu_a_group_receives_together_and_equals_its_runs_alone_to_float_rounding(tmp_path, monkeypatch):
+    """The real thing on CUDA: no forcing; the batched steps taken, each point its run alone's to
+    float rounding (the same rounds' invitations and arrivals)."""
+    from fedsim.algorithms.mifa import Mifa
+
+    taken = Counter()
+    for cls in (FedAvg, Mifa):
+        own = cls.__dict__["receive_together"].__func__
+        monkeypatch.setattr(cls, "receive_together",
+                            classmethod(lambda c, runs, own=own: taken.update([c.__name__]) or own(c, runs)))
+    configs = [config(tmp_path, a, s, run__device="cuda") for a in ("fedavg", "fedau", "mifa") for s in (0, 1)]
+    together = lockstep.run_together([Experiment(c, tmp_path / "together" / c.run.name) for c in configs])
+    for c, result in zip(configs, together):
+        alone = Experiment(c, tmp_path / "alone" / c.run.name).run()
+        columns = ["round", "online", "invited", "arrived", "dropped", "late"]
+        assert result.rounds[columns].equals(alone.rounds[columns]), c.run.name
+        torch.testing.assert_close(result.params.cpu(), alone.params.cpu(), rtol=1e-4, atol=1e-5, msg=c.run.name)
+    assert set(taken) == {"FedAvg", "FedAu", "Mifa"}

@@ -6,6 +6,7 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,3 +207,26 @@ def test_plot_draws_its_own_picture_again_but_never_a_runs_files(diurnal_file, t
         with pytest.raises(FedsimError, match=f"^--out {mine / name}: the file is written as {fmt}; name it {fixed}$"):
             run([*command, "--out", str(mine / name)])
         assert not (mine / name).exists()
+
+
+def test_a_trace_file_written_into_a_run_directory_is_not_the_runs_trace(tmp_path, monkeypatch):
+    """`fedsim trace generate --out RUN/trace.parquet` (a new file: no command writes over the
+    run's own) is not taken for the trace.parquet that runs of earlier releases kept: the run
+    resumes with its own trace, as an uninterrupted run ends."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import quadratic_config, same_results
+
+    from fedsim.cli import main
+    from fedsim.config import dump_toml
+
+    monkeypatch.chdir(tmp_path)
+    config = quadratic_config([[1.0, 0.0], [0.0, 1.0], [2.0, 1.0], [1.0, 1.0]], rounds=10,
+                              trace={"source": "periodic", "groups": 2, "rounds_per_group": 3})
+    for name, rounds in (("m", 10), ("whole", 20)):
+        config["run"].update(name=name, out="runs", rounds=rounds, progress=False, plots=False)
+        (tmp_path / f"{name}.toml").write_text(dump_toml(config))
+        assert main(["run", f"{name}.toml", "--quiet"]) == 0
+    assert main(["trace", "generate", "periodic", "--devices", "2", "--rounds", "10",
+                 "--out", "runs/m/trace.parquet"]) == 0
+    assert main(["run", "--resume", "runs/m", "--set", "run.rounds=20", "--quiet"]) == 0
+    same_results(tmp_path / "runs" / "m", tmp_path / "runs" / "whole")

@@ -66,15 +66,33 @@ class TraceRecord:
 def recorded_trace(run_dir: Path, manifest: dict) -> TraceRecord | None:
     """The TraceRecord of a generated-trace run: from its manifest, or from the trace.parquet
     that runs of earlier releases wrote; None for a file trace (kept by path and fingerprint)."""
-    saved = run_dir / "trace.parquet"
-    if saved.exists():
-        trace = read_trace(saved)
-        return dataclasses.replace(TraceRecord.of(trace), saved=trace)
     trace = check_trace_record(run_dir, manifest)
+    saved = saved_trace(run_dir, trace)
+    if saved is not None:
+        return dataclasses.replace(TraceRecord.of(saved), saved=saved)
     if not trace.get("fingerprint"):
         return None
     return TraceRecord(trace["fingerprint"], float(trace["horizon"]), trace.get("generator") or {},
                        hashed=trace.get("fingerprint_of", "intervals"))
+
+
+def saved_trace(run_dir: Path, recorded: dict) -> Trace | None:
+    """The trace.parquet that runs of earlier releases wrote into their directory, where the
+    manifest records no trace or that one (`recorded`: its record): a file of that name put
+    there since (`fedsim trace generate --out RUN/trace.parquet`) is not the run's trace."""
+    saved = run_dir / "trace.parquet"
+    if not saved.exists():
+        return None
+    if not recorded.get("fingerprint"):
+        return read_trace(saved)
+    if recorded.get("fingerprint_of", "intervals") != "intervals":  # (bits: a release that wrote no file)
+        return None
+    try:
+        trace = read_trace(saved)
+    except FedsimError:
+        return None
+    horizon = float(recorded.get("horizon", trace.horizon))
+    return trace if trace_fingerprint(trace, horizon, of="intervals") == recorded["fingerprint"] else None
 
 
 # what a manifest's record of the trace holds where it is set: (type, what the error calls it)

@@ -189,8 +189,25 @@ def test_csv_iso_times_with_offsets_named_columns_and_string_ids(tmp_path):
     assert trace.device_id.tolist() == [0, 0, 1]
     assert trace.start.tolist() == [0.0, 3600.0, 7200.0]
     assert trace.end.tolist() == [0.003, 7200.0, 12600.0]  # a 3 ms session, exactly
-    utc = convert("csv", path, **columns)  # naive times default to UTC
+    utc = convert("csv", path, **columns)  # naive times default to UTC, and it says so
     assert utc.origin == "2024-03-01T05:00:00+00:00" and utc.start.tolist() == [0.0, 3600.0, 3600.0]
+    assert utc.generator["warnings"] == ["1 of 2 devices have no UTC offset in their times, which are read as UTC; "
+                                         "no tz_offset written (give --tz ZONE for the zone of times written "
+                                         "without one)"]
+
+
+def test_csv_devices_with_no_line_take_the_zone_most_devices_have(tmp_path):
+    """Ids 0-3 with 2 missing (a device never online): the others' zones are kept, and it takes
+    the one most of them have, where a device with no line used to drop every device's zone."""
+    path = tmp_path / "z.csv"
+    path.write_text("device,start,end\n"
+                    "0,2024-03-01T08:00:00+02:00,2024-03-01T09:00:00+02:00\n"
+                    "1,2024-03-01T08:00:00+02:00,2024-03-01T10:00:00+02:00\n"
+                    "3,2024-03-01T01:00:00-05:00,2024-03-01T03:00:00-05:00\n")
+    trace = convert("csv", path)
+    assert trace.n_devices == 4 and trace.generator["tz_offset_h"] == [2.0, 2.0, 2.0, -5.0]
+    assert trace.generator["warnings"] == ["1 of 4 devices have no line (never online: ids with gaps); their "
+                                           "tz_offset is the one most devices have, +2 h"]
 
 
 def test_csv_header_names_pick_columns_in_any_order(tmp_path):

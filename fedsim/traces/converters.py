@@ -455,12 +455,16 @@ def csv(path: Path, where: str, horizon: float | None, *, time_unit: str | None 
                         f"makes the trace {float(end.max()) / 86400:,.0f} days long; if they are milliseconds, give "
                         "--time-unit ms")
     if kind == "iso":
-        tz_h, unknown = _device_offsets(frame.with_columns(offset=_local_offsets(frame["start"], tz_s)), n_devices)
+        tz_h, unknown, lineless = _device_offsets(frame.with_columns(offset=_local_offsets(frame["start"], tz_s)),
+                                                  n_devices)
         if unknown:
-            warnings.append(f"{unknown} of {n_devices} devices have no UTC offset in their times; no tz_offset "
-                            "written (give --tz for times written without one)")
+            warnings.append(f"{unknown} of {n_devices} devices have no UTC offset in their times, which are read as "
+                            "UTC; no tz_offset written (give --tz ZONE for the zone of times written without one)")
         else:
             generator["tz_offset_h"] = tz_h
+            if lineless:
+                warnings.append(f"{lineless} of {n_devices} devices have no line (never online: ids with gaps); their "
+                                f"tz_offset is the one most devices have, {_most_common(tz_h):+g} h")
     generator["device_columns"], skipped = _csv_device_columns(frame, n_devices)
     if skipped and len(np.unique(numbers)) < n_devices:
         warnings.append(f"some device numbers have no line (ids with gaps), so the columns "
@@ -476,17 +480,27 @@ def csv(path: Path, where: str, horizon: float | None, *, time_unit: str | None 
                   generator=generator, where=where)
 
 
-def _device_offsets(frame, n_devices: int) -> tuple[list[float], int]:
-    """Each device's most common UTC offset in hours (ties: the smallest), and how many devices
-    have none known."""
-    import polars as pl
-
+def _device_offsets(frame, n_devices: int) -> tuple[list[float], int, int]:
+    """Each device's most common UTC offset in hours (ties: the smallest); how many devices with
+    times have none known; and how many have no line at all, which take the offset most devices
+    have (a device never online has no times to tell its zone, and needs one in the table)."""
     modes = (frame.drop_nulls("offset").group_by("number", "offset").len()
              .sort(["number", "len", "offset"], descending=[False, True, False])
              .unique("number", keep="first", maintain_order=True))
     tz = np.full(n_devices, np.nan)
     tz[modes["number"].to_numpy()] = modes["offset"].to_numpy()
-    return tz.tolist(), int(np.isnan(tz).sum())
+    lined = np.zeros(n_devices, dtype=bool)
+    lined[frame["number"].to_numpy()] = True
+    unknown = int((np.isnan(tz) & lined).sum())
+    if not unknown and not lined.all():
+        tz[~lined] = _most_common(tz[lined])
+    return tz.tolist(), unknown, int((~lined).sum())
+
+
+def _most_common(values) -> float:
+    """The most common of `values` (ties: the smallest)."""
+    found, counts = np.unique(np.asarray(values, dtype=np.float64), return_counts=True)
+    return float(found[np.argmax(counts)])
 
 
 def _csv_device_columns(frame, n_devices: int) -> tuple[dict[str, list], list[str]]:

@@ -95,6 +95,10 @@ def _clock_ticks(ax, trace: Trace, scale: float) -> None:
     first = (day - origin).total_seconds()
     ticks = first + step * np.arange(np.ceil(-first / step), np.floor((trace.horizon - first) / step) + 1)
     ax.set_xticks(ticks / scale, [(origin + timedelta(seconds=float(t))).strftime("%a %H:%M") for t in ticks])
+    if len(ticks) > 8:  # (more would overlap side by side: a fortnight's midnights)
+        ax.tick_params(axis="x", labelrotation=40)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
     ax.set_xlabel(f"clock time ({clock_name(trace.origin)})")
 
 

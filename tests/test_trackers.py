@@ -655,6 +655,8 @@ def test_kill_9_between_checkpoints_leaves_no_step_twice_in_either_tracker(tmp_p
 
 def test_a_study_report_names_each_point_whose_tracker_failed(tmp_path, capsys, monkeypatch):
     import errno
+    import re
+    import shlex
 
     from tensorboard.summary.writer.record_writer import RecordWriter
 
@@ -675,4 +677,46 @@ def test_a_study_report_names_each_point_whose_tracker_failed(tmp_path, capsys, 
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("incomplete:")]
     assert lines == [f"incomplete: {point}: its tensorboard output ({folder / point / 'tensorboard'}) lacks rounds "
                      "(OSError: [Errno 30] Read-only file system); rounds.parquet has them all: once that is fixed, "
-                     f"`fedsim run --resume {folder / point}` logs them" for point in ("seed-0", "seed-1")]
+                     f"`fedsim sweep --resume {folder}` logs them" for point in ("seed-0", "seed-1")]
+    # fixed, the printed command (a point's own resume is refused: only its sweep writes to a study),
+    # typed from another directory, resumes the finished points to log their rounds
+    monkeypatch.undo()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    command = re.search(r"`(fedsim sweep --resume [^`]+)` logs them", lines[0]).group(1)
+    assert main(shlex.split(command)[1:]) == 0
+    assert "seed-0: resuming" in capsys.readouterr().out
+    for point in ("seed-0", "seed-1"):
+        assert json.loads((folder / point / "manifest.json").read_text())["incomplete_outputs"] == []
+        assert_tracked(folder / point, complete(folder / point, 3), mlflow=False)
+    assert main(["report", str(folder)]) == 0
+    assert "incomplete:" not in capsys.readouterr().out
+
+
+def test_a_relative_sqlite_store_is_one_store_for_a_resume_from_another_directory(tmp_path, monkeypatch,
+                                                                                    sqlite_template):
+    """`MLFLOW_TRACKING_URI=sqlite:///mlflow.db` (MLflow's own example) names a file in the working
+    directory: recorded absolutely, so that the printed resume, typed from another directory with
+    the same variable, goes on with the same MLflow run in the same database (it made a second
+    database there and a second run)."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    start, other = tmp_path / "start", tmp_path / "other"
+    start.mkdir(), other.mkdir()
+    shutil.copy(sqlite_template, start / "mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    monkeypatch.chdir(start)
+    config = tracked(rounds=3, trackers=["mlflow"])
+    config["run"].update(name="rel", out=str(tmp_path / "runs"), progress=False, plots=False)
+    (start / "rel.toml").write_text(dump_toml(config))
+    assert main(["run", "rel.toml", "--quiet"]) == 0
+    run_dir = tmp_path / "runs" / "rel"
+    kept = json.loads((run_dir / "mlflow.json").read_text())
+    assert kept["tracking_uri"] == f"sqlite:///{start / 'mlflow.db'}"
+    monkeypatch.chdir(other)
+    assert main(["run", "--resume", str(run_dir), "--set", "run.rounds=6", "--quiet"]) == 0
+    assert json.loads((run_dir / "mlflow.json").read_text()) == kept and list(other.iterdir()) == []
+    history = MlflowClient(kept["tracking_uri"]).get_metric_history(kept["run_id"], "t_end")
+    assert sorted(m.step for m in history) == list(range(6))

@@ -569,6 +569,15 @@ def _on(call: dict) -> str:
     return call["path"] + ("" if n is None else f" on {n} thread{'s' * (n != 1)}")
 
 
+def completing_command(run_dir: Path) -> str:
+    """What logs a run's missing rounds: its resume, or for a point of a study (which only its
+    sweep writes to) the study's, which resumes such a point."""
+    study = run_dir.absolute().parent
+    if (study / "study.toml").is_file():
+        return resume_command("sweep", study)
+    return resume_command("run", run_dir)
+
+
 def incomplete_block(runs: list[dict]) -> list[str]:
     """A line per output of a run that lacks rounds (a tracker that failed), with the command
     that logs them once the cause is fixed; none when every output is complete."""
@@ -576,7 +585,7 @@ def incomplete_block(runs: list[dict]) -> list[str]:
     lines = [f"incomplete: {r['name']}: its events log ({o.get('path')}) lacks rows ({o.get('cause')}); they cannot be "
              "written again (its other files are complete)" if o.get("output") == "events" else
              f"incomplete: {r['name']}: its {o.get('output')} output ({o.get('path')}) lacks rounds ({o.get('cause')}); "
-             f"rounds.parquet has them all: once that is fixed, `{resume_command('run', Path(r['run_dir']))}` logs them"
+             f"rounds.parquet has them all: once that is fixed, `{completing_command(Path(r['run_dir']))}` logs them"
              for r in runs for o in r.get("incomplete_outputs", [])]
     return ["\n".join(lines)] if lines else []
 

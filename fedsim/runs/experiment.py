@@ -160,7 +160,7 @@ class Experiment:
         `started_options`: the options the resumed run started with, defaults included
         (`options_in_use`): those the config does not give keep their values, whatever this
         release's defaults."""
-        check_trackers(config)  # before anything is read or written: a tracker that cannot log stops here
+        check_trackers(config, Path(run_dir) / "mlflow.json")  # before anything is read or written: a tracker that cannot log stops here
         self.resuming, self.rules = resuming, rules
         self.started_options = started_options or {}
         self.lock = DirectoryLock(run_dir)
@@ -710,14 +710,17 @@ def check_only_adds_rounds(run_dir: Path, config: Config, name: str) -> None:
 
 def run_state(run_dir: Path, config: Config) -> str:
     """done (it ran its rounds, or stopped for good: diverged, trace over, max_time), resume
-    (interrupted, or the study now asks for more rounds or a later max_time), or new. A done
+    (interrupted, or the study now asks for more rounds or a later max_time, or a tracker's log
+    of it lacks rounds), or new. A done
     run records the `[run] targets` now asked for (they change its report, not its rounds)."""
     m = read_manifest(run_dir, strict=False)
     if m.get("status") in ("completed", "diverged"):
         reason, done = str(m.get("reason", "")), m.get("rounds", 0)
         more = m["status"] == "completed" and config.run.rounds > done and (
             reason == f"{done} rounds" or reason.startswith("max_time") and later_max_time(run_dir, config))
-        if not more:
+        # a tracker of the run whose log lacks rounds: a resume logs them (its rounds are done)
+        unlogged = any(o.get("output") in config.run.trackers for o in m.get("incomplete_outputs") or [])
+        if not (more or unlogged and (run_dir / "checkpoint.pt").exists()):
             record_targets(run_dir, config)
             return "done"
     return "resume" if (run_dir / "checkpoint.pt").exists() else "new"

@@ -54,13 +54,14 @@ def tracker_callbacks(names: list[str]) -> list[Callback]:
     return [{"tensorboard": TensorBoardTracker, "mlflow": MlflowTracker}[name]() for name in names]
 
 
-def check_trackers(config) -> None:
-    """FedsimError (one line) for a tracker of `[run] trackers` that cannot log."""
+def check_trackers(config, kept: Path | None = None) -> None:
+    """FedsimError (one line) for a tracker of `[run] trackers` that cannot log (`kept`: the
+    mlflow.json of the run or study, which names the store it logs to)."""
     for name in config.run.trackers:
         if name == "tensorboard":
             _tensorboard_records()
         else:
-            check_mlflow_store(tracking_uri(config.run.out))
+            check_mlflow_store(tracking_uri(config.run.out, kept))
 
 
 def _missing(extra: str, library: str) -> FedsimError:
@@ -264,14 +265,37 @@ def _mlflow_client():
     return MlflowClient
 
 
-def tracking_uri(out: str | Path) -> str:
-    """MLFLOW_TRACKING_URI, else a local store beside the runs (MLflow's file store, which it
-    keeps for those who opt in: fedsim opts in for this one)."""
+def tracking_uri(out: str | Path, kept: Path | None = None) -> str:
+    """MLFLOW_TRACKING_URI (a SQLite file named relatively made absolute: `absolute_sqlite`), else
+    a local store beside the runs (MLflow's file store, which it keeps for those who opt in:
+    fedsim opts in for this one). `kept`: the mlflow.json of the run or study that goes on."""
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
-        return uri
+        return absolute_sqlite(uri, kept)
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     return (Path(out).resolve() / "mlruns").as_uri()
+
+
+def absolute_sqlite(uri: str, kept: Path | None = None) -> str:
+    """`sqlite:///mlflow.db` (MLflow's own example, relative to the working directory) as the
+    absolute path it names, so that mlflow.json records one store and a resume typed from
+    another directory goes on in it: where `kept` records the store of the run's start, under
+    that name, that one; else against the working directory. Other URIs as they are."""
+    if not uri.startswith("sqlite:///") or uri.startswith("sqlite:////") or ":memory:" in uri:
+        return uri
+    relative = os.path.normpath(uri[len("sqlite:///"):])
+    recorded = _recorded_store(kept)
+    if recorded.startswith("sqlite:////") and recorded.endswith(f"/{relative}"):
+        return recorded
+    return f"sqlite:///{Path(relative).resolve()}"
+
+
+def _recorded_store(kept: Path | None) -> str:
+    """The store that a run's or study's mlflow.json records ("" where none can be read)."""
+    try:
+        return str(json.loads(kept.read_text())["tracking_uri"]) if kept is not None and kept.exists() else ""
+    except (OSError, ValueError, TypeError, KeyError):
+        return ""
 
 
 def check_mlflow_store(uri: str) -> None:
@@ -355,10 +379,10 @@ class MlflowTracker(_RowTracker):
         return _environment(RUN_HTTP, override=False)
 
     def where(self) -> str:
-        return tracking_uri(self.run.config.run.out)
+        return tracking_uri(self.run.config.run.out, self.run.run_dir / "mlflow.json")
 
     def open(self, run, incomplete):
-        uri = tracking_uri(run.config.run.out)
+        uri = tracking_uri(run.config.run.out, run.run_dir / "mlflow.json" if run.resumed else None)
         self.client = _mlflow_client()(tracking_uri=uri)
         parent = os.environ.get(PARENT, "")
         experiment_id, parent_id = parent.split(":") if parent else (None, None)
@@ -419,7 +443,7 @@ def study_parent(study_name: str, folder: Path):
     "status" the caller sets to KILLED when a stop signal interrupted points; an exception
     through the block ends it KILLED (a stop signal) or FAILED. A store that fails once the
     check passed is a warning: the points are then runs of their own."""
-    uri = tracking_uri(folder.parent)
+    uri = tracking_uri(folder.parent, folder / "mlflow.json")
     check_mlflow_store(uri)
     kept, outcome = folder / "mlflow.json", {"status": "FINISHED"}
     try:

@@ -42,7 +42,7 @@ def run_study(study: Study, progress: bool = True, plotter=None, on_point=None,
         from fedsim.studies.ray_backend import check_backend  # Ray is imported only when asked
 
         check_backend(address)
-    check_trackers(study.points[0].config)  # before the folder is made: a tracker that cannot log stops here
+    check_trackers(study.points[0].config, study.folder / "mlflow.json")  # (before the folder is made: one that cannot log stops here)
     with comparison_lock(study.folder, "fedsim sweep"):  # one sweep of a study at a time
         grows = check_same_study(study)
         for point in [*study.warm, *study.points]:  # a run of it that another process writes to, or

@@ -144,3 +144,22 @@ def test_a_runs_own_devices_table_gives_the_zones_of_its_trace(tmp_path, capsys)
                                                                                  (2, 1, pytest.approx(0.25))]
     assert main(["trace", "info", str(run), "--json"]) == 0  # the run's own table without being named
     assert json.loads(capsys.readouterr().out)["by_zone"] == by
+
+
+def test_a_fortnights_clock_labels_turn_and_the_axis_title_stays_in_the_picture():
+    """15 midnights side by side overlapped: more than 8 labels are turned, and the figure keeps
+    room for them and the axis's title (which says whose clock it is)."""
+    days = 14
+    ids = np.repeat(np.arange(2), days)
+    start = np.tile(np.arange(days) * 24 * H, 2)
+    trace = Trace.from_intervals(ids, start, start + H, n_devices=2, horizon=days * 24 * H,
+                                 origin="2024-03-04T00:00:00+00:00")
+    fig, _ = trace_figure(trace)
+    axis = fig.axes[1]
+    assert len(axis.get_xticklabels()) == 15 and {t.get_rotation() for t in axis.get_xticklabels()} == {40.0}
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    assert axis.xaxis.label.get_window_extent(renderer).y0 >= 0  # the title inside the picture
+    assert min(t.get_window_extent(renderer).y0 for t in axis.get_xticklabels()) >= 0

@@ -99,6 +99,7 @@ def _clock_ticks(ax, trace: Trace, scale: float) -> None:
         ax.tick_params(axis="x", labelrotation=40)
         for label in ax.get_xticklabels():
             label.set_horizontalalignment("right")
+        ax.figure.subplots_adjust(bottom=0.17)  # (room for the turned labels and the axis's title)
     ax.set_xlabel(f"clock time ({clock_name(trace.origin)})")
 
 

@@ -310,6 +310,8 @@ def check_mlflow_store(uri: str) -> None:
     if scheme in DATABASES and not (find_spec("sqlalchemy") and find_spec("alembic")):
         raise FedsimError(f"{where}: MLflow's database stores need SQLAlchemy and Alembic: pip install "
                           f"'fedsim-avail[mlflow]', {FIX}")
+    if scheme == "sqlite" and ":memory:" not in uri:  # (MLflow retries an unopenable file for minutes)
+        _check_sqlite_file(uri[len("sqlite:///"):], where)
     if scheme in ("http", "https") and not (getproxies().get(scheme) and not proxy_bypass(parts.hostname or "")):
         port = parts.port or (443 if scheme == "https" else 80)
         try:
@@ -326,6 +328,24 @@ def check_mlflow_store(uri: str) -> None:
                               f"set that, or give sqlite:///PATH/mlflow.db (MLflow's local store), {FIX}") from None
         raise FedsimError(f"{where}: MLflow cannot log there ({_reason(err)}); correct MLFLOW_TRACKING_URI, "
                           f"{FIX}") from None
+
+
+def _check_sqlite_file(path: str, where: str) -> None:
+    """FedsimError (at once) unless the SQLite database `path` can be opened for writing (made,
+    empty, where it is new: MLflow makes its tables in it next), where MLflow would retry for
+    a minute or two before it said so."""
+    import sqlite3
+
+    try:
+        database = sqlite3.connect(path, timeout=10)
+        try:
+            database.execute("BEGIN IMMEDIATE")
+            database.rollback()
+        finally:
+            database.close()
+    except sqlite3.Error as err:
+        raise FedsimError(f"{where}: SQLite cannot open {path} for writing ({err}); give a file in a folder you can "
+                          f"write to, {FIX}") from None
 
 
 def _experiment(client, name: str, uri: str) -> str:

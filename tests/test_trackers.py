@@ -723,3 +723,21 @@ def test_a_relative_sqlite_store_is_one_store_for_a_resume_from_another_director
     assert json.loads((run_dir / "mlflow.json").read_text()) == kept and list(other.iterdir()) == []
     history = MlflowClient(kept["tracking_uri"]).get_metric_history(kept["run_id"], "t_end")
     assert sorted(m.step for m in history) == list(range(6))
+
+
+def test_mlflows_own_log_lines_are_held_back(cli_run, tmp_path, monkeypatch):
+    """A new SQLite store: MLflow's INFO lines as it makes the tables (and its ERROR tracebacks of
+    a store that fails, dozens of lines) do not reach the run's output, where fedsim speaks."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'new.db'}")
+    run_dir = cli_run(tracked(rounds=2, trackers=["mlflow"]))
+    assert cli_run.last_output.err == ""
+    assert_tracked(run_dir, complete(run_dir, 2), tensorboard=False)
+
+
+def test_a_reason_skips_sqlalchemys_autoflush_note():
+    from fedsim.runs.trackers import _reason
+
+    err = RuntimeError("(raised as a result of Query-invoked autoflush; consider using a session.no_autoflush block "
+                       "if this flush is occurring prematurely)\n(sqlite3.OperationalError) attempt to write a readonly "
+                       "database\n[SQL: INSERT ...]")
+    assert _reason(err) == "RuntimeError: (sqlite3.OperationalError) attempt to write a readonly database"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import socket
@@ -70,8 +71,11 @@ def _missing(extra: str, library: str) -> FedsimError:
 
 
 def _reason(err: BaseException) -> str:
-    """An exception in a line: its type and the first line of its message."""
+    """An exception in a line: its type and the first line of its message (but SQLAlchemy's note
+    that a query flushed the session, which it puts before the database's own error)."""
     lines = str(err).strip().splitlines()
+    if len(lines) > 1 and lines[0].startswith("(raised as a result of Query-invoked autoflush"):
+        lines = lines[1:]
     text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
     return text if len(text) <= 200 else text[:197] + "..."
 
@@ -100,6 +104,21 @@ def _environment(values: dict[str, str], override: bool):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _mlflow_calls(values: dict[str, str], override: bool):
+    """Within: MLflow's calls, `values` in the environment (`_environment`) and MLflow's own log
+    lines held back (its INFO lines as it makes a new database's tables, its ERROR tracebacks of a
+    store that fails, dozens of lines a point): fedsim says what matters in one line."""
+    logger = logging.getLogger("mlflow")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        with _environment(values, override):
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def _numbers(row: dict) -> dict[str, float]:
@@ -320,7 +339,7 @@ def check_mlflow_store(uri: str) -> None:
             raise FedsimError(f"{where}: no server answers at {parts.hostname}:{port} ({err.strerror or err}); "
                               f"start the MLflow server, correct MLFLOW_TRACKING_URI, {FIX}") from None
     try:
-        with _environment(CHECK_HTTP, override=True):
+        with _mlflow_calls(CHECK_HTTP, override=True):
             client(tracking_uri=uri).search_experiments(max_results=1)
     except Exception as err:  # whatever the store raises: one line
         if "MLFLOW_ALLOW_FILE_STORE" in str(err):
@@ -396,7 +415,7 @@ class MlflowTracker(_RowTracker):
     output = "mlflow"
 
     def limits(self):
-        return _environment(RUN_HTTP, override=False)
+        return _mlflow_calls(RUN_HTTP, override=False)
 
     def where(self) -> str:
         return tracking_uri(self.run.config.run.out, self.run.run_dir / "mlflow.json")
@@ -467,7 +486,7 @@ def study_parent(study_name: str, folder: Path):
     check_mlflow_store(uri)
     kept, outcome = folder / "mlflow.json", {"status": "FINISHED"}
     try:
-        with _environment(RUN_HTTP, override=False):
+        with _mlflow_calls(RUN_HTTP, override=False):
             client = _mlflow_client()(tracking_uri=uri)
             experiment_id = _experiment(client, study_name, uri)
             parent = kept_run(client, kept, uri, lambda text: warn(f"study {study_name}: {text}"),
@@ -497,7 +516,7 @@ def study_parent(study_name: str, folder: Path):
         if before is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
         try:
-            with _environment(RUN_HTTP, override=False):
+            with _mlflow_calls(RUN_HTTP, override=False):
                 client.set_terminated(parent, status=outcome["status"])
         except Exception as err:
             warn(f"study {study_name}: MLflow failed to end the study's parent run ({_reason(err)})")

@@ -39,9 +39,10 @@ class FedVarp(Strategy):
             return None
         errors, moving = started
         if moving is not None:
-            correction = run_means(moving.sizes, moving.deltas - DeviceTable.get_together(moving.tables, moving.ids))
+            stored = DeviceTable.get_together(moving.tables, moving.ids)
+            correction = run_means(moving.sizes, moving.deltas - stored)
             apply_updates_together(moving.strategies, DeviceTable.means_together(moving.tables) + correction)
-            DeviceTable.write_together(moving.tables, moving.ids, moving.deltas, moving.rounds)
+            DeviceTable.write_together(moving.tables, moving.ids, moving.deltas, moving.rounds, old=stored)
         return errors
 
     def metrics(self):

@@ -75,15 +75,18 @@ class DeviceTable:
         return stack.flat().index_select(0, stack.index(tables, ids))
 
     @staticmethod
-    def write_together(tables: list[DeviceTable], ids: list[np.ndarray], values: Tensor, rnd: list[int]) -> None:
+    def write_together(tables: list[DeviceTable], ids: list[np.ndarray], values: Tensor, rnd: list[int],
+                       old: Tensor | None = None) -> None:
         """`table.write(ids, values, rnd)` of several runs' tables (each its own devices' rows,
         no id twice; `values` run after run) in one gather, one difference and one copy for all,
-        their rows and sums held in one stacked tensor (`TableStack`). To float rounding: the
+        their rows and sums held in one stacked tensor (`TableStack`). `old`: those rows as they
+        are, where the caller gathered them already (`get_together`). To float rounding: the
         sums of the rows' differences are taken for all tables at once."""
         stack = TableStack.of(tables)
         index, flat = stack.index(tables, ids), stack.flat()
         fresh = values.to(stack.rows.dtype)
-        change = padded_rows([len(i) for i in ids], fresh.double() - flat.index_select(0, index).double())
+        old = flat.index_select(0, index) if old is None else old
+        change = padded_rows([len(i) for i in ids], fresh.double() - old.double())
         at = stack.at(tables)
         stack.total.index_copy_(0, at, stack.total.index_select(0, at) + change.sum(1))
         flat.index_copy_(0, index, fresh)

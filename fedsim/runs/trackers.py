@@ -312,9 +312,16 @@ def absolute_sqlite(uri: str, kept: Path | None = None) -> str:
 def _recorded_store(kept: Path | None) -> str:
     """The store that a run's or study's mlflow.json records ("" where none can be read)."""
     try:
-        return str(json.loads(kept.read_text())["tracking_uri"]) if kept is not None and kept.exists() else ""
+        return _kept_record(kept)[1] if kept is not None and kept.exists() else ""
     except (OSError, ValueError, TypeError, KeyError):
         return ""
+
+
+def _kept_record(kept: Path, uri: str = "") -> tuple[str, str]:
+    """(run id, store) that a run's or study's mlflow.json records (the store: `uri` where it
+    names none, as early releases wrote it); what reading it raises where it is unreadable."""
+    record = json.loads(kept.read_text())
+    return str(record["run_id"]), str(record.get("tracking_uri", uri))
 
 
 def check_mlflow_store(uri: str) -> None:
@@ -386,8 +393,7 @@ def kept_run(client, kept: Path, uri: str, warn, fresh: str) -> str | None:
     if not kept.exists():
         return None
     try:
-        record = json.loads(kept.read_text())
-        run_id, was = str(record["run_id"]), record.get("tracking_uri", uri)
+        run_id, was = _kept_record(kept, uri)
     except (OSError, ValueError, TypeError, KeyError) as err:
         warn(f"{kept.name} is unreadable ({_reason(err)}): {fresh}")
         return None

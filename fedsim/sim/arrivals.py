@@ -42,10 +42,9 @@ class ArrivalRows:
             return self._complete(Arrivals.none(self.dim, self.device))
         rows = torch.as_tensor(self.rows, device=self.device)
         r = self.result
-        # (the lr through float64: `_lr_column`)
-        lr = torch.full((len(self.ids),), float(self.lr), dtype=torch.float64, device=self.device).float()
         return self._fill(r.deltas.index_select(0, rows), r.samples.index_select(0, rows),
-                          r.loss.index_select(0, rows), torch.as_tensor(self.steps, device=self.device), lr,
+                          r.loss.index_select(0, rows), torch.as_tensor(self.steps, device=self.device),
+                          _lr_column(np.full(len(self.ids), self.lr)).to(self.device),
                           None if self.start is None else self.start.index_select(0, rows))
 
     def _fill(self, deltas, samples, loss, steps, lr, start) -> Arrivals:
